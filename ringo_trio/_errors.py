@@ -1,0 +1,115 @@
+"""The exceptions of ringo_trio: one class per condition a caller can act on.
+
+Transport errors are mapped to these at exactly one boundary
+(`ringo_trio._transport`); nothing above it sees grpclib or asyncio errors.
+The daemon reports unary failures as gRPC status codes and Work-stream
+failures as `ErrorDetail.code`; both map through `error_for_code`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+__all__ = [
+    "FailedPreconditionError",
+    "IncompatibleVersionError",
+    "InvalidArgumentError",
+    "LeaseLostError",
+    "NotFoundError",
+    "PermanentTaskError",
+    "RetryTaskError",
+    "RingoError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "error_for_code",
+]
+
+
+class RingoError(Exception):
+    """Base class of every error ringo_trio raises on its own behalf."""
+
+
+class InvalidArgumentError(RingoError, ValueError):
+    """The request was malformed; the daemon changed nothing."""
+
+
+class NotFoundError(RingoError, LookupError):
+    """No task (or queue entry) matches the given id or unique key."""
+
+
+class FailedPreconditionError(RingoError):
+    """The task is not in a state that allows the operation (e.g. retrying a PENDING task)."""
+
+
+class UnavailableError(RingoError):
+    """The daemon could not be reached or the connection dropped.
+
+    A mutation that fails this way may or may not have been applied: the SDK
+    never replays it, so the caller decides (unique keys make re-enqueueing safe).
+    """
+
+
+class UnauthenticatedError(RingoError):
+    """The daemon refused the bearer token (or the shared-daemon local token)."""
+
+
+class IncompatibleVersionError(RingoError):
+    """The negotiated protocol cannot serve the request (major mismatch, a
+    feature newer than the server's minor, or a rejected session token)."""
+
+
+class LeaseLostError(RingoError):
+    """The lease named by the request is no longer the task's current lease:
+    it expired, was superseded by a newer attempt, or the task finished."""
+
+
+class RetryTaskError(Exception):
+    """Raised by a handler to nack its task.
+
+    ``delay`` overrides the task's backoff for this retry; ``congestion``
+    tells an adaptive concurrency controller to back off.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        delay: timedelta | None = None,
+        congestion: bool = False,
+    ) -> None:
+        super().__init__(message)
+        if delay is not None and delay < timedelta(0):
+            raise InvalidArgumentError("RetryTaskError delay must not be negative")
+        self.delay = delay
+        self.congestion = congestion
+
+
+class PermanentTaskError(Exception):
+    """Raised by a handler to reject its task: it becomes DEAD, no more attempts."""
+
+
+# Keyed by the ErrorCode / gRPC status *name* so that this module imports no
+# transport or generated code.
+_BY_CODE: dict[str, type[RingoError]] = {
+    "INVALID_ARGUMENT": InvalidArgumentError,
+    # The daemon's status for a rejected RequestContext (unknown or expired
+    # session token, other protocol major): the SDK renegotiates once.
+    "OUT_OF_RANGE": IncompatibleVersionError,
+    "NOT_FOUND": NotFoundError,
+    "FAILED_PRECONDITION": FailedPreconditionError,
+    "ALREADY_EXISTS": FailedPreconditionError,
+    "LEASE_LOST": LeaseLostError,
+    # The daemon's status for a stale LeaseRef on a unary call.
+    "ABORTED": LeaseLostError,
+    "UNAVAILABLE": UnavailableError,
+    "DEADLINE_EXCEEDED": UnavailableError,
+    "UNAUTHENTICATED": UnauthenticatedError,
+    "PERMISSION_DENIED": UnauthenticatedError,
+    "INCOMPATIBLE_VERSION": IncompatibleVersionError,
+    "UNIMPLEMENTED": IncompatibleVersionError,
+}
+
+
+def error_for_code(code: str, message: str) -> RingoError:
+    """Build the exception for a status or ErrorDetail code name."""
+    return _BY_CODE.get(code, RingoError)(message or code.lower().replace("_", " "))

@@ -1,0 +1,37 @@
+"""Protocol limits shared by the SDK (early validation) and the daemon (authority).
+
+Documented in docs/protocol.md; changing one is a protocol change.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+PROTOCOL_MAJOR = 1
+#: Newest minor this package speaks (client) and serves (daemon).
+PROTOCOL_MINOR = 6
+
+MAX_BATCH = 1000
+"""Tasks per EnqueueMany call and tasks per Claim."""
+MAX_NAME_BYTES = 200
+"""Queue names, task types and worker ids (UTF-8 bytes)."""
+MAX_UNIQUE_KEY_BYTES = 512
+MAX_PAYLOAD_BYTES = 1024 * 1024
+"""Payload of one task."""
+MAX_ERROR_BYTES = 256 * 1024
+"""Error text of a nack/reject; the SDK truncates, the daemon refuses longer."""
+MAX_PROGRESS_MESSAGE_BYTES = 4 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""gRPC message size both sides accept (a full EnqueueMany batch of large payloads)."""
+MAX_ATTEMPTS_LIMIT = 10_000
+MAX_TASK_TYPES = 100
+
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_LEASE = timedelta(seconds=60)
+MAX_LEASE = timedelta(days=1)
+MAX_WAIT_TIMEOUT = timedelta(seconds=60)
+DEFAULT_BACKOFF_INITIAL = timedelta(seconds=1)
+DEFAULT_BACKOFF_MAX = timedelta(minutes=5)
+DEFAULT_BACKOFF_MULTIPLIER = 2.0
+DEFAULT_SESSION_TTL = timedelta(hours=1)
+DEFAULT_PORT = 7233

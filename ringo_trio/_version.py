@@ -1,0 +1,2 @@
+SDK_NAME = "ringo-trio"
+SDK_VERSION = "0.1.0"

@@ -1,0 +1,1 @@
+"""Storage engines of the daemon behind one interface (`_base.Storage`)."""

@@ -1,0 +1,169 @@
+"""The storage interface every engine implements (SQLite now, PostgreSQL next).
+
+Theory of operation
+-------------------
+The daemon's service layer validates requests and owns time; an engine owns
+durability and the task state machine:
+
+    PENDING(available_at) --claim--> LEASED(attempt+1, fresh token, until, worker)
+    LEASED --ack--> SUCCEEDED
+    LEASED --nack / lease expiry--> PENDING(now + backoff or override)
+                                   | DEAD when attempt == max_attempts
+    LEASED --reject--> DEAD
+    SUCCEEDED | DEAD --retry--> PENDING(now), attempt counter kept, max_attempts
+                                raised so the task gets one more attempt budget
+
+Rules every engine keeps (the shared storage test suite checks them):
+
+* Every mutation is one transaction: it fully happens or not at all, and a
+  committed one survives `kill -9` of the daemon.
+* `(queue, unique_key)` dedupes among non-empty keys; a duplicate enqueue
+  returns the existing task with `created=False` and changes nothing.
+* A `LeaseRef` changes a task only if `(task_id, attempt, lease_token)` is the
+  task's *current* lease and the task is LEASED and the lease has not expired
+  at `now`; otherwise `LeaseLost` and nothing changes.
+* An expired lease is never handed out again for the same attempt: claim
+  first returns expired leases to PENDING/DEAD (as `expire_leases` does), then
+  leases with a new attempt number and a fresh token.
+* Claim order: highest priority first, then earliest available_at, then
+  enqueue order.
+
+Engines take `now` from the caller; they never read a clock themselves.
+Rows cross this interface as the generated wire dataclasses (`Task`,
+`Lease`, `LeasedTask`) so the service sends them without a copy.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, Task, TaskSpec
+
+__all__ = [
+    "EnqueueOutcome",
+    "FailedPrecondition",
+    "LeaseLost",
+    "NotFound",
+    "Storage",
+    "StorageError",
+]
+
+
+class StorageError(Exception):
+    """Base of the conditions an engine reports to the service layer."""
+
+
+class NotFound(StorageError):
+    pass
+
+
+class LeaseLost(StorageError):
+    pass
+
+
+class FailedPrecondition(StorageError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOutcome:
+    task: Task
+    created: bool
+
+
+class Storage(abc.ABC):
+    """One durable task store. Methods are coroutines so that network engines
+    fit; an engine must be safe to call from concurrent tasks of one event loop."""
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Create or migrate the schema; take any exclusive resources."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release everything; idempotent."""
+
+    # -- submission --------------------------------------------------------
+
+    @abc.abstractmethod
+    async def enqueue(
+        self, queue: str, specs: Sequence[TaskSpec], now: datetime
+    ) -> list[EnqueueOutcome]:
+        """Insert a batch atomically, in order; duplicates (also within the
+        batch) resolve to the first task with that unique key."""
+
+    @abc.abstractmethod
+    async def get(
+        self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
+    ) -> Task:
+        """Exactly one of task_id / unique_key. Raises NotFound."""
+
+    @abc.abstractmethod
+    async def retry(
+        self,
+        queue: str,
+        now: datetime,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+    ) -> Task:
+        """Reactivate a SUCCEEDED or DEAD task. NotFound; FailedPrecondition
+        for a PENDING or LEASED task."""
+
+    # -- leases ------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def claim(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease_duration: timedelta,
+        now: datetime,
+    ) -> list[LeasedTask]:
+        """Lease up to `limit` available tasks (empty task_types = any type)."""
+
+    @abc.abstractmethod
+    async def ack(self, ref: LeaseRef, now: datetime) -> Task: ...
+
+    @abc.abstractmethod
+    async def nack(
+        self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
+    ) -> Task:
+        """PENDING after the task's backoff (or `retry_delay`), or DEAD when
+        the attempt was the last one."""
+
+    @abc.abstractmethod
+    async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task: ...
+
+    @abc.abstractmethod
+    async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
+        """until = now + extension (absolute reset)."""
+
+    @abc.abstractmethod
+    async def report_progress(
+        self, ref: LeaseRef, current: float, total: float, message: str, now: datetime
+    ) -> None: ...
+
+    @abc.abstractmethod
+    async def expire_leases(self, now: datetime) -> int:
+        """Return every lease with until <= now to PENDING (with backoff) or
+        DEAD; the number of tasks changed."""
+
+    # -- observation -------------------------------------------------------
+
+    @abc.abstractmethod
+    async def activity(self, queue: str, task_types: Sequence[str]) -> int:
+        """PENDING (due or scheduled) + LEASED tasks of the queue."""
+
+    @abc.abstractmethod
+    async def next_wakeup(
+        self, queue: str, task_types: Sequence[str], now: datetime
+    ) -> datetime | None:
+        """Earliest future moment a claim on this queue could succeed without
+        a new enqueue: the soonest scheduled available_at or lease expiry;
+        None when nothing is pending or leased."""
