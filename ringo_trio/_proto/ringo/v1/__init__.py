@@ -167,9 +167,7 @@ class AckRequest(betterproto2.Message):
         1, betterproto2.TYPE_MESSAGE, optional=True
     )
 
-    lease: "LeaseRef | None" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    lease: "LeaseRef | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
 
 
 default_message_pool.register_message("ringo.v1", "AckRequest", AckRequest)
@@ -193,9 +191,7 @@ class AttachLocalRequest(betterproto2.Message):
     generation: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
 
-default_message_pool.register_message(
-    "ringo.v1", "AttachLocalRequest", AttachLocalRequest
-)
+default_message_pool.register_message("ringo.v1", "AttachLocalRequest", AttachLocalRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -203,9 +199,7 @@ class AttachLocalResponse(betterproto2.Message):
     generation: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
 
-default_message_pool.register_message(
-    "ringo.v1", "AttachLocalResponse", AttachLocalResponse
-)
+default_message_pool.register_message("ringo.v1", "AttachLocalResponse", AttachLocalResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -223,9 +217,7 @@ class ClaimRequest(betterproto2.Message):
 
     worker_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
 
-    task_types: "list[str]" = betterproto2.field(
-        4, betterproto2.TYPE_STRING, repeated=True
-    )
+    task_types: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
     """
     Empty means every type.
     """
@@ -236,20 +228,14 @@ class ClaimRequest(betterproto2.Message):
     """
 
     wait_timeout: "datetime.timedelta | None" = betterproto2.field(
-        6,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Duration,
-        optional=True,
+        6, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
     )
     """
     Long-poll: wait up to this long for the first task.
     """
 
     lease_duration: "datetime.timedelta | None" = betterproto2.field(
-        7,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Duration,
-        optional=True,
+        7, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
     )
     """
     Unset means the daemon default.
@@ -261,9 +247,7 @@ default_message_pool.register_message("ringo.v1", "ClaimRequest", ClaimRequest)
 
 @dataclass(eq=False, repr=False)
 class ClaimResponse(betterproto2.Message):
-    tasks: "list[LeasedTask]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    tasks: "list[LeasedTask]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
 default_message_pool.register_message("ringo.v1", "ClaimResponse", ClaimResponse)
@@ -296,33 +280,25 @@ class EnqueueManyRequest(betterproto2.Message):
 
     queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
 
-    tasks: "list[TaskSpec]" = betterproto2.field(
-        3, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    tasks: "list[TaskSpec]" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     At most 1000.
     """
 
 
-default_message_pool.register_message(
-    "ringo.v1", "EnqueueManyRequest", EnqueueManyRequest
-)
+default_message_pool.register_message("ringo.v1", "EnqueueManyRequest", EnqueueManyRequest)
 
 
 @dataclass(eq=False, repr=False)
 class EnqueueManyResponse(betterproto2.Message):
-    results: "list[EnqueueResult]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    results: "list[EnqueueResult]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
     created_count: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
 
     duplicate_count: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
 
 
-default_message_pool.register_message(
-    "ringo.v1", "EnqueueManyResponse", EnqueueManyResponse
-)
+default_message_pool.register_message("ringo.v1", "EnqueueManyResponse", EnqueueManyResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -338,9 +314,7 @@ class EnqueueRequest(betterproto2.Message):
 
     queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
 
-    task: "TaskSpec | None" = betterproto2.field(
-        3, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    task: "TaskSpec | None" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, optional=True)
 
 
 default_message_pool.register_message("ringo.v1", "EnqueueRequest", EnqueueRequest)
@@ -348,9 +322,7 @@ default_message_pool.register_message("ringo.v1", "EnqueueRequest", EnqueueReque
 
 @dataclass(eq=False, repr=False)
 class EnqueueResponse(betterproto2.Message):
-    result: "EnqueueResult | None" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    result: "EnqueueResult | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
 
 
 default_message_pool.register_message("ringo.v1", "EnqueueResponse", EnqueueResponse)
@@ -358,9 +330,7 @@ default_message_pool.register_message("ringo.v1", "EnqueueResponse", EnqueueResp
 
 @dataclass(eq=False, repr=False)
 class EnqueueResult(betterproto2.Message):
-    task: "Task | None" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    task: "Task | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
 
     created: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
     """
@@ -387,9 +357,7 @@ class ErrorDetail(betterproto2.Message):
     metadata: "dict[str, str]" = betterproto2.field(
         3,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
     """
     Machine-readable hints, e.g. {"reason": "credit_capacity", "field": "limit"}.
@@ -405,36 +373,25 @@ class ExtendLeaseRequest(betterproto2.Message):
         1, betterproto2.TYPE_MESSAGE, optional=True
     )
 
-    lease: "LeaseRef | None" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    lease: "LeaseRef | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
 
     extension: "datetime.timedelta | None" = betterproto2.field(
-        3,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Duration,
-        optional=True,
+        3, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
     )
     """
     until = server now + extension (an absolute reset, not an addition).
     """
 
 
-default_message_pool.register_message(
-    "ringo.v1", "ExtendLeaseRequest", ExtendLeaseRequest
-)
+default_message_pool.register_message("ringo.v1", "ExtendLeaseRequest", ExtendLeaseRequest)
 
 
 @dataclass(eq=False, repr=False)
 class ExtendLeaseResponse(betterproto2.Message):
-    lease: "Lease | None" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    lease: "Lease | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
 
 
-default_message_pool.register_message(
-    "ringo.v1", "ExtendLeaseResponse", ExtendLeaseResponse
-)
+default_message_pool.register_message("ringo.v1", "ExtendLeaseResponse", ExtendLeaseResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -445,9 +402,7 @@ class GetQueueActivityRequest(betterproto2.Message):
 
     queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
 
-    task_types: "list[str]" = betterproto2.field(
-        3, betterproto2.TYPE_STRING, repeated=True
-    )
+    task_types: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
 
 
 default_message_pool.register_message(
@@ -494,9 +449,7 @@ default_message_pool.register_message("ringo.v1", "GetTaskRequest", GetTaskReque
 
 @dataclass(eq=False, repr=False)
 class GetTaskResponse(betterproto2.Message):
-    task: "Task | None" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    task: "Task | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
 
 
 default_message_pool.register_message("ringo.v1", "GetTaskResponse", GetTaskResponse)
@@ -505,10 +458,7 @@ default_message_pool.register_message("ringo.v1", "GetTaskResponse", GetTaskResp
 @dataclass(eq=False, repr=False)
 class Heartbeat(betterproto2.Message):
     server_time: "datetime.datetime | None" = betterproto2.field(
-        1,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Timestamp,
-        optional=True,
+        1, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
 
 
@@ -526,10 +476,7 @@ class Lease(betterproto2.Message):
     worker_id: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
 
     until: "datetime.datetime | None" = betterproto2.field(
-        5,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Timestamp,
-        optional=True,
+        5, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
 
 
@@ -538,13 +485,9 @@ default_message_pool.register_message("ringo.v1", "Lease", Lease)
 
 @dataclass(eq=False, repr=False)
 class LeasedTask(betterproto2.Message):
-    task: "Task | None" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    task: "Task | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
 
-    lease: "Lease | None" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    lease: "Lease | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
 
 
 default_message_pool.register_message("ringo.v1", "LeasedTask", LeasedTask)
@@ -572,17 +515,12 @@ class NackRequest(betterproto2.Message):
         1, betterproto2.TYPE_MESSAGE, optional=True
     )
 
-    lease: "LeaseRef | None" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    lease: "LeaseRef | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
 
     error: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
 
     retry_delay_override: "datetime.timedelta | None" = betterproto2.field(
-        4,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Duration,
-        optional=True,
+        4, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
     )
     """
     Replaces the task's backoff for this retry.
@@ -630,16 +568,11 @@ class NegotiateResponse(betterproto2.Message):
     server_version: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
 
     session_ttl: "datetime.timedelta | None" = betterproto2.field(
-        5,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Duration,
-        optional=True,
+        5, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
     )
 
 
-default_message_pool.register_message(
-    "ringo.v1", "NegotiateResponse", NegotiateResponse
-)
+default_message_pool.register_message("ringo.v1", "NegotiateResponse", NegotiateResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -651,10 +584,7 @@ class Progress(betterproto2.Message):
     message: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
 
     updated_at: "datetime.datetime | None" = betterproto2.field(
-        4,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Timestamp,
-        optional=True,
+        4, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
 
 
@@ -667,9 +597,7 @@ class RejectRequest(betterproto2.Message):
         1, betterproto2.TYPE_MESSAGE, optional=True
     )
 
-    lease: "LeaseRef | None" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    lease: "LeaseRef | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
 
     error: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
 
@@ -691,9 +619,7 @@ class ReportProgressRequest(betterproto2.Message):
         1, betterproto2.TYPE_MESSAGE, optional=True
     )
 
-    lease: "LeaseRef | None" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    lease: "LeaseRef | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
 
     current: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
 
@@ -702,9 +628,7 @@ class ReportProgressRequest(betterproto2.Message):
     message: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
 
 
-default_message_pool.register_message(
-    "ringo.v1", "ReportProgressRequest", ReportProgressRequest
-)
+default_message_pool.register_message("ringo.v1", "ReportProgressRequest", ReportProgressRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -712,9 +636,7 @@ class ReportProgressResponse(betterproto2.Message):
     pass
 
 
-default_message_pool.register_message(
-    "ringo.v1", "ReportProgressResponse", ReportProgressResponse
-)
+default_message_pool.register_message("ringo.v1", "ReportProgressResponse", ReportProgressResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -737,20 +659,14 @@ default_message_pool.register_message("ringo.v1", "RequestContext", RequestConte
 @dataclass(eq=False, repr=False)
 class RetryBackoff(betterproto2.Message):
     initial: "datetime.timedelta | None" = betterproto2.field(
-        1,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Duration,
-        optional=True,
+        1, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
     )
     """
     Delay before the second attempt; doubles (times multiplier) after that.
     """
 
     maximum: "datetime.timedelta | None" = betterproto2.field(
-        2,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Duration,
-        optional=True,
+        2, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
     )
 
     multiplier: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
@@ -788,14 +704,10 @@ default_message_pool.register_message("ringo.v1", "RetryTaskRequest", RetryTaskR
 
 @dataclass(eq=False, repr=False)
 class RetryTaskResponse(betterproto2.Message):
-    task: "Task | None" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    task: "Task | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
 
 
-default_message_pool.register_message(
-    "ringo.v1", "RetryTaskResponse", RetryTaskResponse
-)
+default_message_pool.register_message("ringo.v1", "RetryTaskResponse", RetryTaskResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -828,38 +740,24 @@ class Task(betterproto2.Message):
     )
 
     created_at: "datetime.datetime | None" = betterproto2.field(
-        11,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Timestamp,
-        optional=True,
+        11, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
 
     updated_at: "datetime.datetime | None" = betterproto2.field(
-        12,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Timestamp,
-        optional=True,
+        12, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
 
     available_at: "datetime.datetime | None" = betterproto2.field(
-        13,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Timestamp,
-        optional=True,
+        13, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
 
     finished_at: "datetime.datetime | None" = betterproto2.field(
-        14,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Timestamp,
-        optional=True,
+        14, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
 
     last_error: "str" = betterproto2.field(15, betterproto2.TYPE_STRING)
 
-    progress: "Progress | None" = betterproto2.field(
-        16, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    progress: "Progress | None" = betterproto2.field(16, betterproto2.TYPE_MESSAGE, optional=True)
 
     worker_id: "str" = betterproto2.field(17, betterproto2.TYPE_STRING)
     """
@@ -867,10 +765,7 @@ class Task(betterproto2.Message):
     """
 
     lease_until: "datetime.datetime | None" = betterproto2.field(
-        18,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Timestamp,
-        optional=True,
+        18, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
 
 
@@ -898,20 +793,14 @@ class TaskSpec(betterproto2.Message):
     )
 
     delay: "datetime.timedelta | None" = betterproto2.field(
-        6,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Duration,
-        optional=True,
+        6, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
     )
     """
     At most one of delay / not_before.
     """
 
     not_before: "datetime.datetime | None" = betterproto2.field(
-        7,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Timestamp,
-        optional=True,
+        7, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
 
     priority: "int" = betterproto2.field(8, betterproto2.TYPE_INT32)
@@ -938,10 +827,7 @@ default_message_pool.register_message("ringo.v1", "WorkerDrain", WorkerDrain)
 @dataclass(eq=False, repr=False)
 class WorkerRegistered(betterproto2.Message):
     lease_duration: "datetime.timedelta | None" = betterproto2.field(
-        1,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Duration,
-        optional=True,
+        1, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
     )
 
     max_concurrency: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
@@ -973,17 +859,12 @@ class WorkerRegistration(betterproto2.Message):
 
     worker_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
 
-    task_types: "list[str]" = betterproto2.field(
-        4, betterproto2.TYPE_STRING, repeated=True
-    )
+    task_types: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
 
     max_concurrency: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
 
     lease_duration: "datetime.timedelta | None" = betterproto2.field(
-        6,
-        betterproto2.TYPE_MESSAGE,
-        unwrap=lambda: __google__protobuf__.Duration,
-        optional=True,
+        6, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
     )
 
     ordered_request_ids: "bool" = betterproto2.field(7, betterproto2.TYPE_BOOL)
@@ -992,9 +873,7 @@ class WorkerRegistration(betterproto2.Message):
     """
 
 
-default_message_pool.register_message(
-    "ringo.v1", "WorkerRegistration", WorkerRegistration
-)
+default_message_pool.register_message("ringo.v1", "WorkerRegistration", WorkerRegistration)
 
 
 @dataclass(eq=False, repr=False)
@@ -1077,16 +956,12 @@ default_message_pool.register_message("ringo.v1", "WorkResponse", WorkResponse)
 class WorkResult(betterproto2.Message):
     request_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
 
-    error: "ErrorDetail | None" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    error: "ErrorDetail | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
     """
     Unset on success.
     """
 
-    lease: "Lease | None" = betterproto2.field(
-        3, betterproto2.TYPE_MESSAGE, optional=True
-    )
+    lease: "Lease | None" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, optional=True)
     """
     Set for extend_lease.
     """
@@ -1390,9 +1265,7 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def enqueue_many(
-        self, message: "EnqueueManyRequest"
-    ) -> "EnqueueManyResponse":
+    async def enqueue_many(self, message: "EnqueueManyRequest") -> "EnqueueManyResponse":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
@@ -1429,15 +1302,11 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def extend_lease(
-        self, message: "ExtendLeaseRequest"
-    ) -> "ExtendLeaseResponse":
+    async def extend_lease(self, message: "ExtendLeaseRequest") -> "ExtendLeaseResponse":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def report_progress(
-        self, message: "ReportProgressRequest"
-    ) -> "ReportProgressResponse":
+    async def report_progress(self, message: "ReportProgressRequest") -> "ReportProgressResponse":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
@@ -1450,9 +1319,7 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def work(
-        self, messages: "AsyncIterator[WorkRequest]"
-    ) -> "AsyncIterator[WorkResponse]":
+    async def work(self, messages: "AsyncIterator[WorkRequest]") -> "AsyncIterator[WorkResponse]":
         """
         The credit-controlled push stream of a worker.
         """
@@ -1518,17 +1385,13 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.claim(request)
         await stream.send_message(response)
 
-    async def __rpc_ack(
-        self, stream: "grpclib.server.Stream[AckRequest, AckResponse]"
-    ) -> None:
+    async def __rpc_ack(self, stream: "grpclib.server.Stream[AckRequest, AckResponse]") -> None:
         request = await stream.recv_message()
         assert request is not None
         response = await self.ack(request)
         await stream.send_message(response)
 
-    async def __rpc_nack(
-        self, stream: "grpclib.server.Stream[NackRequest, NackResponse]"
-    ) -> None:
+    async def __rpc_nack(self, stream: "grpclib.server.Stream[NackRequest, NackResponse]") -> None:
         request = await stream.recv_message()
         assert request is not None
         response = await self.nack(request)
@@ -1551,8 +1414,7 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
         await stream.send_message(response)
 
     async def __rpc_report_progress(
-        self,
-        stream: "grpclib.server.Stream[ReportProgressRequest, ReportProgressResponse]",
+        self, stream: "grpclib.server.Stream[ReportProgressRequest, ReportProgressResponse]"
     ) -> None:
         request = await stream.recv_message()
         assert request is not None
@@ -1560,17 +1422,14 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
         await stream.send_message(response)
 
     async def __rpc_get_queue_activity(
-        self,
-        stream: "grpclib.server.Stream[GetQueueActivityRequest, GetQueueActivityResponse]",
+        self, stream: "grpclib.server.Stream[GetQueueActivityRequest, GetQueueActivityResponse]"
     ) -> None:
         request = await stream.recv_message()
         assert request is not None
         response = await self.get_queue_activity(request)
         await stream.send_message(response)
 
-    async def __rpc_work(
-        self, stream: "grpclib.server.Stream[WorkRequest, WorkResponse]"
-    ) -> None:
+    async def __rpc_work(self, stream: "grpclib.server.Stream[WorkRequest, WorkResponse]") -> None:
         request = stream.__aiter__()
         await self._call_rpc_handler_server_stream(
             self.work,

@@ -48,23 +48,17 @@ class HealthCheckRequest(betterproto2.Message):
     service: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
 
-default_message_pool.register_message(
-    "grpc.health.v1", "HealthCheckRequest", HealthCheckRequest
-)
+default_message_pool.register_message("grpc.health.v1", "HealthCheckRequest", HealthCheckRequest)
 
 
 @dataclass(eq=False, repr=False)
 class HealthCheckResponse(betterproto2.Message):
     status: "HealthCheckResponseServingStatus" = betterproto2.field(
-        1,
-        betterproto2.TYPE_ENUM,
-        default_factory=lambda: HealthCheckResponseServingStatus(0),
+        1, betterproto2.TYPE_ENUM, default_factory=lambda: HealthCheckResponseServingStatus(0)
     )
 
 
-default_message_pool.register_message(
-    "grpc.health.v1", "HealthCheckResponse", HealthCheckResponse
-)
+default_message_pool.register_message("grpc.health.v1", "HealthCheckResponse", HealthCheckResponse)
 
 
 class HealthStub(betterproto2_grpclib.ServiceStub):
@@ -111,9 +105,7 @@ class HealthBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def watch(
-        self, message: "HealthCheckRequest"
-    ) -> "AsyncIterator[HealthCheckResponse]":
+    async def watch(self, message: "HealthCheckRequest") -> "AsyncIterator[HealthCheckResponse]":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield HealthCheckResponse()

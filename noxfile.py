@@ -1,0 +1,67 @@
+"""Developer and CI entry points. `nox` (no arguments) runs what CI runs."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import sys
+import tempfile
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = True
+
+ROOT = pathlib.Path(__file__).parent
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The default suite: everything except tests marked slow."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "not slow", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def soak(session: nox.Session) -> None:
+    """Long-running tests (marked slow)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "slow", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff==0.17.6")
+    session.run("ruff", "check", "ringo_trio", "tests", "noxfile.py", "bench")
+    session.run("ruff", "format", "--check", "ringo_trio", "tests", "noxfile.py", "bench")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".[test]", "mypy>=1.11")
+    session.run("mypy", "--strict", "ringo_trio")
+
+
+@nox.session(python=PYTHON)
+def proto(session: nox.Session) -> None:
+    """Regenerate ringo_trio/_proto from protos/ (commit the result)."""
+    session.install("-e", ".[test]")
+    session.run("python", "tests/_codegen.py", str(ROOT / "ringo_trio" / "_proto"))
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks; writes bench/results.md."""
+    session.install("-e", ".[test]")
+    session.run("python", "bench/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def mutate(session: nox.Session) -> None:
+    """Mutation testing of the storage engine against its test suite (slow)."""
+    session.install("-e", ".[test]", "mutmut")
+    work = pathlib.Path(tempfile.mkdtemp(prefix="ringo-mutmut-"))
+    shutil.copytree(ROOT, work / "src", ignore=shutil.ignore_patterns(".venv", ".nox", ".git"))
+    session.chdir(work / "src")
+    session.run("mutmut", "run", *session.posargs)
