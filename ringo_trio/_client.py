@@ -1,0 +1,517 @@
+"""Ringo and RingoClient: connection, negotiation and the retry rules of unary calls.
+
+Theory of operation
+-------------------
+*Ownership.* A `RingoClient` is an async context manager. Entering it opens,
+in this order and in the entering task: the client's task group (home of every
+background task the client ever runs), the local daemon's process owner (for
+`Ringo.local`), and the `Transport` (which, under trio, is where the
+trio-asyncio loop lives). Leaving it closes them in reverse. Nothing the
+client starts can outlive the ``async with`` block. `RingoClient.aclose`
+performs the graceful part of shutdown (close the channel, stop the daemon
+through its lifecycle pipe) and may be called from any task, any number of
+times; every step is shielded from cancellation and bounded in time, so a
+cancelled caller can neither skip cleanup nor hang in it. A failed or
+cancelled entry runs the same unwinding before it re-raises, so a half-started
+daemon is never leaked.
+
+*Sessions.* After connecting, the client negotiates: it offers protocol major
+`PROTOCOL_MAJOR` and its newest minor, and keeps the minor the daemon agreed
+to together with the short-lived session token. Every request carries them in
+its ``RequestContext``.
+
+*Retry rules* (the contract users rely on; see `RingoClient._call`):
+
+* A rejected session (the daemon answers ``OUT_OF_RANGE`` before running the
+  operation) is renegotiated and the call is sent once more — only if the
+  token actually changed, so a daemon that keeps refusing cannot loop us.
+* ``UNAVAILABLE`` triggers connection recovery (3 attempts, 0.2/0.6/1.5 s
+  apart; for a local client this restarts a dead daemon, at most 3 times in
+  the client's life, 0.3 s * 2^n apart) so that *later* calls work. The failed
+  call itself is never replayed if it is a mutation — an unavailable reply
+  may hide a committed write — and raises `UnavailableError`. Only the
+  read-only ``GetTask`` is re-sent once after recovery.
+* Recovery is serialised by a lock and keyed by the session token the failed
+  call carried: when several calls fail together, the first recovers and the
+  others find a fresh token and skip straight to their own outcome. Calls
+  issued while a recovery runs wait for it instead of hammering a restarting
+  daemon.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+import anyio
+import anyio.abc
+
+from . import _limits
+from ._daemon import LocalDaemon
+from ._endpoint import Endpoint, parse_endpoint
+from ._errors import (
+    IncompatibleVersionError,
+    InvalidArgumentError,
+    RingoError,
+    UnavailableError,
+)
+from ._models import PostgresStorage, SQLiteStorage, _check_name
+from ._proto.ringo.v1 import NegotiateRequest, NegotiateResponse, RequestContext
+from ._queue import TaskQueue
+from ._transport import SessionRejectedError, Transport
+from ._version import SDK_NAME, SDK_VERSION
+
+__all__ = ["CompressionOption", "Ringo", "RingoClient"]
+
+_T = TypeVar("_T")
+
+CompressionOption = Literal["none", "gzip"]
+
+DEFAULT_RPC_TIMEOUT = 30.0
+_RECOVERY_BACKOFF = (0.2, 0.6, 1.5)
+_MAX_DAEMON_RESTARTS = 3
+_DAEMON_RESTART_BACKOFF = 0.3
+_HEALTH_POLL_INTERVAL = 0.05
+_CLOSE_CHANNEL_TIMEOUT = 5.0
+
+_SERVICE = "/ringo.v1.QueueService/"
+
+
+class SharedModeUnavailableError(RingoError, NotImplementedError):
+    """``Ringo.local(shared=True)`` is not implemented in this release."""
+
+
+def _normalize_compression(value: object) -> CompressionOption:
+    if value is None or value == "none":
+        return "none"
+    if value == "gzip":
+        raise InvalidArgumentError(
+            "compression='gzip' is not supported: ringo_trio's gRPC transport (grpclib)"
+            " has no message compression, and accepting the option without compressing"
+            " would be a lie; use compression='none' or leave it unset"
+        )
+    raise InvalidArgumentError(f"unsupported compression {value!r}; expected 'none' or None")
+
+
+def _bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    if token is None or token == "":
+        return ()
+    if not isinstance(token, str):
+        raise InvalidArgumentError("token must be a string")
+    if not token.isascii() or any(c in token for c in "\r\n\0") or token != token.strip():
+        raise InvalidArgumentError("token must be printable ASCII without surrounding whitespace")
+    return (("authorization", f"Bearer {token}"),)
+
+
+def _positive_seconds(what: str, value: object) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidArgumentError(f"{what} must be a positive number of seconds")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Session:
+    minor: int
+    token: str
+
+    def context(self) -> RequestContext:
+        return RequestContext(
+            protocol_major=_limits.PROTOCOL_MAJOR,
+            protocol_minor=self.minor,
+            session_token=self.token,
+        )
+
+
+_NO_SESSION = _Session(minor=_limits.PROTOCOL_MINOR, token="")
+
+
+class RingoClient:
+    """A client of one Ringo daemon; create it with `Ringo.local` or `Ringo.connect`.
+
+    ::
+
+        async with Ringo.connect("127.0.0.1:7233") as client:
+            result = await client.queue("emails").enqueue(task_type="send", payload=b"...")
+    """
+
+    def __init__(
+        self,
+        *,
+        endpoint: str | None = None,
+        token: str | None = None,
+        daemon: LocalDaemon | None = None,
+        compression: CompressionOption | None = None,
+    ) -> None:
+        if (endpoint is None) == (daemon is None):
+            raise InvalidArgumentError("give exactly one of endpoint and daemon")
+        self._compression = _normalize_compression(compression)
+        self._endpoint: Endpoint | None = parse_endpoint(endpoint) if endpoint is not None else None
+        self._metadata = _bearer_metadata(token)
+        self._daemon = daemon
+        self._transport: Transport | None = None
+        self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._session = _NO_SESSION
+        self._queues: dict[str, TaskQueue] = {}
+        self._entered = False
+        self._closed = False
+        self._close_done: anyio.Event | None = None
+        self._recovery_lock = anyio.Lock()
+        self._recovering = False
+        self._daemon_restarts = 0
+
+    # -- properties ---------------------------------------------------------
+
+    @property
+    def is_local(self) -> bool:
+        return self._daemon is not None
+
+    @property
+    def compression(self) -> CompressionOption:
+        """The effective message compression: always ``"none"`` (see `Ringo.connect`)."""
+        return self._compression
+
+    @property
+    def endpoint(self) -> str | None:
+        """The daemon's endpoint; for a local client known once started."""
+        if self._transport is not None:
+            return self._transport.endpoint.authority
+        return self._endpoint.authority if self._endpoint is not None else None
+
+    @property
+    def protocol_minor(self) -> int:
+        """The protocol minor negotiated with the daemon."""
+        return self._session.minor
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def daemon_pid(self) -> int | None:
+        """Process id of the local daemon (None for a remote client)."""
+        return self._daemon.pid if self._daemon is not None else None
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def __aenter__(self) -> RingoClient:
+        if self._entered:
+            raise RingoError("a RingoClient can be entered only once")
+        self._entered = True
+        stack = AsyncExitStack()
+        try:
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            if self._daemon is not None:
+                await stack.enter_async_context(self._daemon)
+                endpoint = parse_endpoint(await self._daemon.start())
+            else:
+                assert self._endpoint is not None
+                endpoint = self._endpoint
+            self._transport = await stack.enter_async_context(
+                Transport(endpoint, metadata=self._metadata)
+            )
+            if self._daemon is not None:
+                await self._wait_serving(self._daemon.startup_timeout)
+            await self._negotiate()
+        except BaseException as exc:
+            # Each component shields and bounds its own cleanup (a daemon is
+            # killed even when this start was cancelled).
+            self._closed = True
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+            try:
+                await stack.aclose()
+            except BaseException as cleanup_error:
+                exc.add_note(f"while unwinding a failed start: {cleanup_error!r}")
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        close_error: BaseException | None = None
+        try:
+            await self.aclose()
+        except Exception as error:
+            close_error = error
+        finally:
+            if stack is not None:
+                assert self._tg is not None
+                self._tg.cancel_scope.cancel()
+                await stack.aclose()
+        if close_error is not None:
+            if exc is None:
+                raise close_error
+            # The body's exception is what the caller must see; the cleanup
+            # failure rides along instead of replacing it.
+            exc.add_note(f"while closing the Ringo client: {close_error!r}")
+
+    async def aclose(self) -> None:
+        """Close the channel and stop a local daemon. Idempotent; safe from any task.
+
+        Calls in flight fail with `UnavailableError`; later calls raise `RingoError`.
+        """
+        self._closed = True
+        if self._close_done is not None:
+            with anyio.CancelScope(shield=True):
+                await self._close_done.wait()
+            return
+        self._close_done = anyio.Event()
+        errors: list[Exception] = []
+        try:
+            with anyio.CancelScope(shield=True):
+                if self._transport is not None:
+                    with anyio.move_on_after(_CLOSE_CHANNEL_TIMEOUT):
+                        try:
+                            await self._transport.aclose()
+                        except Exception as error:
+                            errors.append(error)
+                if self._daemon is not None:
+                    try:
+                        await self._daemon.stop()  # bounded by stop_timeout, then kill
+                    except Exception as error:
+                        errors.append(error)
+        finally:
+            self._close_done.set()
+        if errors:
+            raise ExceptionGroup("errors while closing the Ringo client", errors)
+
+    close = aclose
+
+    # -- queues -------------------------------------------------------------
+
+    def queue(self, name: str) -> TaskQueue:
+        """The `TaskQueue` named ``name`` (one object per name per client)."""
+        _check_name("queue name", name)
+        if self._closed:
+            raise RingoError("client is closed")
+        existing = self._queues.get(name)
+        if existing is None:
+            existing = self._queues[name] = TaskQueue(self, name)
+        return existing
+
+    # -- calls --------------------------------------------------------------
+
+    def _require_transport(self) -> Transport:
+        if self._closed:
+            raise RingoError("client is closed")
+        if self._transport is None:
+            raise RingoError("client is not started; use 'async with Ringo.connect(...) as client'")
+        return self._transport
+
+    async def _call(
+        self,
+        method: str,
+        request: Any,
+        response_type: type[_T],
+        *,
+        read_only: bool = False,
+        extra_timeout: float = 0.0,
+    ) -> _T:
+        """Send one unary call with the session context, applying the retry rules.
+
+        ``extra_timeout`` extends the deadline for calls the daemon may hold
+        (a long-polling claim).
+        """
+        transport = self._require_transport()
+        timeout = DEFAULT_RPC_TIMEOUT + extra_timeout
+        if self._recovering:
+            # Wait out a recovery in progress rather than hit a restarting daemon.
+            async with self._recovery_lock:
+                pass
+        route = _SERVICE + method
+        sent = self._session
+        request.context = sent.context()
+        try:
+            return await transport.unary(route, request, response_type, rpc_timeout=timeout)
+        except SessionRejectedError:
+            if self._closed:
+                raise
+            # Rejected before the operation ran: safe to send again, once.
+            await self._recover(sent, session_rejected=True)
+            if self._session.token == sent.token:
+                raise
+            request.context = self._session.context()
+            return await transport.unary(route, request, response_type, rpc_timeout=timeout)
+        except UnavailableError:
+            if self._closed:
+                raise
+            await self._recover(sent, session_rejected=False)
+            if not read_only:
+                # Never replay a mutation: it may have been applied.
+                raise
+            request.context = self._session.context()
+            return await transport.unary(route, request, response_type, rpc_timeout=timeout)
+
+    async def _recover(self, failed: _Session, *, session_rejected: bool) -> None:
+        """Bounded best-effort recovery so later calls can succeed.
+
+        Failures are swallowed: the caller raises the error of its own call.
+        """
+        async with self._recovery_lock:
+            if self._closed or self._session.token != failed.token:
+                return  # closed, or another call already recovered this session
+            self._recovering = True
+            try:
+                for attempt, delay in enumerate(_RECOVERY_BACKOFF):
+                    # A session rejection proves the daemon is up: renegotiate now.
+                    if attempt > 0 or not session_rejected:
+                        await anyio.sleep(delay)
+                    if self._closed:
+                        return
+                    try:
+                        await self._reconnect()
+                        return
+                    except RingoError:
+                        if self._daemon_restarts_exhausted():
+                            return
+            finally:
+                self._recovering = False
+
+    def _daemon_restarts_exhausted(self) -> bool:
+        return (
+            self._daemon is not None
+            and self._daemon.is_dead
+            and self._daemon_restarts >= _MAX_DAEMON_RESTARTS
+        )
+
+    async def _reconnect(self) -> None:
+        transport = self._require_transport()
+        daemon = self._daemon
+        if daemon is not None and daemon.is_dead:
+            if self._daemon_restarts >= _MAX_DAEMON_RESTARTS:
+                raise UnavailableError(
+                    f"local daemon restart budget ({_MAX_DAEMON_RESTARTS}) exhausted;"
+                    f" last stderr: {daemon.stderr_tail}"
+                )
+            self._daemon_restarts += 1
+            await anyio.sleep(_DAEMON_RESTART_BACKOFF * 2 ** (self._daemon_restarts - 1))
+            if self._closed:
+                # aclose() stopped the daemon meanwhile; do not resurrect it.
+                raise RingoError("client is closed")
+            endpoint = parse_endpoint(await daemon.start())
+            await transport.reset(endpoint)
+            await self._wait_serving(daemon.startup_timeout)
+        await self._negotiate()
+
+    async def _wait_serving(self, limit_s: float) -> None:
+        """Poll health until SERVING: readiness on stdout precedes it by design."""
+        transport = self._require_transport()
+        last: str = "no answer"
+        with anyio.move_on_after(limit_s):
+            while True:
+                try:
+                    if await transport.health_check(rpc_timeout=2.0):
+                        return
+                    last = "health status is not SERVING"
+                except RingoError as error:
+                    last = str(error)
+                await anyio.sleep(_HEALTH_POLL_INTERVAL)
+        raise RingoError(f"local daemon did not report SERVING within {limit_s:g}s: {last}")
+
+    async def _negotiate(self) -> None:
+        transport = self._require_transport()
+        reply = await transport.unary(
+            _SERVICE + "Negotiate",
+            NegotiateRequest(
+                sdk_name=SDK_NAME,
+                sdk_version=SDK_VERSION,
+                protocol_major=_limits.PROTOCOL_MAJOR,
+                protocol_minor=_limits.PROTOCOL_MINOR,
+            ),
+            NegotiateResponse,
+            rpc_timeout=DEFAULT_RPC_TIMEOUT,
+        )
+        if reply.protocol_major != _limits.PROTOCOL_MAJOR:
+            raise IncompatibleVersionError(
+                f"the daemon speaks protocol major {reply.protocol_major}, this SDK"
+                f" speaks {_limits.PROTOCOL_MAJOR}; upgrade one side"
+            )
+        self._session = _Session(
+            minor=min(reply.protocol_minor, _limits.PROTOCOL_MINOR), token=reply.session_token
+        )
+
+
+class Ringo:
+    """Factories for clients: `Ringo.local` (private daemon) and `Ringo.connect` (remote).
+
+    Both are synchronous and validate their arguments at once; connecting
+    happens when the returned client is entered with ``async with``.
+    """
+
+    @staticmethod
+    def local(
+        data_dir: str | os.PathLike[str],
+        storage: str | SQLiteStorage | PostgresStorage = "sqlite",
+        daemon_path: str | os.PathLike[str] | None = None,
+        *,
+        shared: bool = False,
+        startup_timeout: float = 15.0,
+        stop_timeout: float = 10.0,
+    ) -> RingoClient:
+        """A client with its own daemon child process storing in ``data_dir``.
+
+        ``storage`` is ``"sqlite"``/`SQLiteStorage` (the default) or
+        `PostgresStorage`. ``daemon_path`` runs another daemon executable
+        instead of ``python -m ringo_trio.server``. The daemon exits with
+        the client — and with this process, however it dies.
+        """
+        if not isinstance(shared, bool):
+            raise InvalidArgumentError("shared must be a boolean")
+        if isinstance(data_dir, str | os.PathLike):
+            if not os.fspath(data_dir):
+                raise InvalidArgumentError("data_dir is required")
+        else:
+            raise InvalidArgumentError("data_dir must be a path")
+        postgres_dsn: str | None = None
+        if isinstance(storage, PostgresStorage):
+            postgres_dsn = storage.dsn
+        elif not (storage == "sqlite" or isinstance(storage, SQLiteStorage)):
+            raise InvalidArgumentError(
+                f"unsupported local storage {storage!r}; use 'sqlite', SQLiteStorage()"
+                " or PostgresStorage(dsn)"
+            )
+        if shared:
+            if postgres_dsn is not None:
+                raise InvalidArgumentError("shared local mode supports SQLite only")
+            raise SharedModeUnavailableError(
+                "shared local mode is not available yet in ringo_trio; use"
+                " Ringo.local(data_dir) for a private daemon"
+            )
+        daemon = LocalDaemon(
+            data_dir,
+            postgres_dsn=postgres_dsn,
+            daemon_path=daemon_path,
+            startup_timeout=_positive_seconds("startup_timeout", startup_timeout),
+            stop_timeout=_positive_seconds("stop_timeout", stop_timeout),
+        )
+        return RingoClient(daemon=daemon)
+
+    @staticmethod
+    def connect(
+        endpoint: str,
+        token: str | None = None,
+        *,
+        compression: CompressionOption | None = None,
+    ) -> RingoClient:
+        """A client of the daemon at ``endpoint``.
+
+        ``endpoint`` is ``host``, ``host:port`` (default port 7233) or a URL
+        with scheme ``grpc``/``http`` (plaintext) or ``grpcs``/``https``
+        (TLS, system trust store). ``token`` is sent as a bearer token.
+        ``compression`` accepts ``"none"`` or None: the transport cannot
+        compress messages, so ``"gzip"`` is refused with
+        `InvalidArgumentError` rather than silently ignored.
+        """
+        return RingoClient(endpoint=endpoint, token=token, compression=compression)

@@ -1,0 +1,273 @@
+"""Control of a private local daemon running as a child process.
+
+The daemon is ``python -m ringo_trio.server`` (or ``daemon_path``) listening
+on a random loopback port. It announces readiness with one JSON line on
+stdout (``{"endpoint": "127.0.0.1:PORT", ...}``). Its stdin is a pipe this
+process keeps open for the daemon's whole life: ``--lifecycle-stdin`` makes
+the daemon exit when the pipe reaches EOF, which is what happens when we close
+it on purpose (graceful stop) and also when this process dies without any
+chance to clean up (SIGKILL, OOM): the kernel closes the pipe for us. It runs
+in its own session so that a terminal's Ctrl-C reaches only the SDK process,
+which then stops the daemon in order.
+
+`LocalDaemon` is an async context manager owning a task group; each daemon
+process it starts has its stdout and stderr drained by tasks in that group
+(so a chatty daemon never blocks on a full pipe) and its stderr tail kept for
+error messages. Every path that starts a process either hands it to the
+context manager or kills it before returning: a failed start (timeout, early
+exit, garbage on stdout) and a cancelled start kill the child and wait for
+it, so no daemon outlives its owner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import anyio
+import anyio.abc
+
+from ._endpoint import parse_endpoint
+from ._errors import RingoError
+
+__all__ = ["LocalDaemon"]
+
+_READY_LINE_LIMIT = 64 * 1024
+_STDERR_TAIL_BYTES = 8 * 1024
+
+
+@dataclass(eq=False)
+class _Child:
+    """One daemon process and what its drain tasks learned about it."""
+
+    process: anyio.abc.Process
+    stderr_tail: bytearray = field(default_factory=bytearray)
+    stderr_closed: anyio.Event = field(default_factory=anyio.Event)
+    endpoint: str | None = None
+
+    def tail_text(self) -> str:
+        text = self.stderr_tail.decode("utf-8", errors="replace").strip()
+        return text or "(no stderr output)"
+
+
+class LocalDaemon:
+    """A private daemon child process; see the module docstring."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        postgres_dsn: str | None = None,
+        daemon_path: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 15.0,
+        stop_timeout: float = 10.0,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self._data_dir = os.fspath(data_dir)
+        self._postgres_dsn = postgres_dsn
+        self._daemon_path = os.fspath(daemon_path) if daemon_path is not None else None
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self._extra_args = tuple(extra_args)
+        self._env = env
+        self._child: _Child | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stopped = False
+        self._start_lock = anyio.Lock()
+
+    # -- introspection ------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.process.pid if self._child is not None else None
+
+    @property
+    def endpoint(self) -> str | None:
+        return self._child.endpoint if self._child is not None else None
+
+    @property
+    def is_dead(self) -> bool:
+        """True when a daemon was started and has exited without being stopped."""
+        child = self._child
+        return not self._stopped and child is not None and child.process.returncode is not None
+
+    @property
+    def stderr_tail(self) -> str:
+        return self._child.tail_text() if self._child is not None else ""
+
+    def command(self) -> list[str]:
+        if self._daemon_path is not None:
+            argv = [self._daemon_path]
+        else:
+            argv = [sys.executable, "-m", "ringo_trio.server"]
+        argv += ["--listen", "127.0.0.1:0", "--data-dir", self._data_dir, "--lifecycle-stdin"]
+        if self._postgres_dsn is not None:
+            argv += ["--postgres", self._postgres_dsn]
+        argv += self._extra_args
+        return argv
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def __aenter__(self) -> LocalDaemon:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        tg, self._tg = self._tg, None
+        assert tg is not None
+        try:
+            await self.stop()  # shielded and bounded inside
+        finally:
+            # Drains end by themselves at EOF; cancelling covers a daemon that
+            # left a grandchild holding its pipes open. The exception in
+            # flight (if any) is not ours to wrap, so the group exits clean.
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+
+    async def start(self) -> str:
+        """Start (or restart, after it died) the daemon; return its endpoint."""
+        async with self._start_lock:
+            if self._tg is None:
+                raise RingoError("LocalDaemon must be entered with 'async with' before start()")
+            if self._child is not None:
+                if self._child.process.returncode is None:
+                    raise RingoError("local daemon is already running")
+                await self._kill(self._child)
+            self._stopped = False
+            try:
+                await anyio.Path(self._data_dir).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RingoError(f"cannot create the data dir {self._data_dir!r}: {exc}") from exc
+            try:
+                process = await anyio.open_process(
+                    self.command(),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    env=self._env,
+                )
+            except OSError as exc:
+                raise RingoError(
+                    f"cannot start the local daemon {self.command()[0]!r}: {exc}"
+                ) from exc
+            child = _Child(process)
+            self._child = child
+            try:
+                self._tg.start_soon(self._drain_stderr, child)
+                child.endpoint = await self._await_ready(child)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._kill(child)
+                raise
+            return child.endpoint
+
+    async def stop(self) -> None:
+        """Stop the daemon: close its lifecycle pipe, wait stop_timeout, then kill. Idempotent."""
+        child = self._child
+        self._stopped = True
+        if child is None:
+            return
+        with anyio.CancelScope(shield=True):
+            process = child.process
+            if process.returncode is None and process.stdin is not None:
+                with contextlib.suppress(
+                    anyio.BrokenResourceError, anyio.ClosedResourceError, OSError
+                ):
+                    await process.stdin.aclose()
+                with anyio.move_on_after(self.stop_timeout):
+                    await process.wait()
+            await self._kill(child)
+
+    # -- internals ----------------------------------------------------------
+
+    async def _await_ready(self, child: _Child) -> str:
+        process = child.process
+        assert process.stdout is not None
+        buffer = bytearray()
+        with anyio.move_on_after(self.startup_timeout) as scope:
+            while b"\n" not in buffer:
+                try:
+                    chunk = await process.stdout.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    await self._collect_exit(child)
+                    raise RingoError(
+                        f"local daemon exited (code {process.returncode}) before it was ready:"
+                        f" {child.tail_text()}"
+                    ) from None
+                buffer += chunk
+                if len(buffer) > _READY_LINE_LIMIT:
+                    break
+        if scope.cancelled_caught:
+            await self._kill(child)
+            raise RingoError(
+                f"local daemon did not report readiness within {self.startup_timeout:g}s:"
+                f" {child.tail_text()}"
+            )
+        line = bytes(buffer).partition(b"\n")[0]
+        try:
+            announcement = json.loads(line)
+            endpoint = announcement["endpoint"]
+            parse_endpoint(endpoint)
+        except (ValueError, KeyError, TypeError, RingoError):
+            await self._kill(child)
+            shown = line[:200].decode("utf-8", errors="replace")
+            raise RingoError(
+                f"local daemon printed {shown!r} instead of its readiness line: {child.tail_text()}"
+            ) from None
+        assert self._tg is not None
+        self._tg.start_soon(self._drain_stdout, child)
+        return str(endpoint)
+
+    async def _collect_exit(self, child: _Child) -> None:
+        # The child closed stdout, so it is exiting; its last stderr words are
+        # the error message, so let the drain reach EOF (bounded).
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+            await child.process.wait()
+            await child.stderr_closed.wait()
+        await self._kill(child)
+
+    async def _kill(self, child: _Child) -> None:
+        with anyio.CancelScope(shield=True):
+            process = child.process
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+            await process.wait()
+            with anyio.move_on_after(1.0):
+                await child.stderr_closed.wait()
+            await process.aclose()
+
+    async def _drain_stderr(self, child: _Child) -> None:
+        stream = child.process.stderr
+        assert stream is not None
+        try:
+            async for chunk in stream:
+                child.stderr_tail += chunk
+                del child.stderr_tail[:-_STDERR_TAIL_BYTES]
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        finally:
+            child.stderr_closed.set()
+
+    async def _drain_stdout(self, child: _Child) -> None:
+        stream = child.process.stdout
+        assert stream is not None
+        try:
+            async for _ in stream:
+                pass
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass

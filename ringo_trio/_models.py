@@ -1,0 +1,317 @@
+"""Public value types and their wire conversion.
+
+Every type here is a frozen dataclass: what the SDK hands out is a snapshot of
+the daemon's state at one moment, never a live view. Validation mirrors the
+daemon's (`ringo_trio._limits`) so that a malformed spec fails before any
+network activity with an `InvalidArgumentError` naming the field; the daemon
+stays the authority. Conversion lives next to the types (`to_wire` /
+`from_wire`) so the rest of the SDK never builds wire messages field by field.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from . import _limits
+from ._errors import InvalidArgumentError
+from ._proto.ringo.v1 import EnqueueResult as _WireEnqueueResult
+from ._proto.ringo.v1 import Progress as _WireProgress
+from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
+from ._proto.ringo.v1 import Task as _WireTask
+from ._proto.ringo.v1 import TaskSpec as _WireTaskSpec
+from ._proto.ringo.v1 import TaskState as _WireTaskState
+
+__all__ = [
+    "BatchResult",
+    "EnqueueResult",
+    "PostgresStorage",
+    "Progress",
+    "RetryBackoff",
+    "SQLiteStorage",
+    "Task",
+    "TaskSpec",
+    "TaskState",
+]
+
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
+
+
+def _check_name(what: str, value: object, limit: int = _limits.MAX_NAME_BYTES) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidArgumentError(f"{what} is required")
+    if len(value.encode("utf-8")) > limit:
+        raise InvalidArgumentError(f"{what} is longer than {limit} UTF-8 bytes")
+    return value
+
+
+def _check_int(what: str, value: object, low: int, high: int) -> int:
+    # bool is an int subclass; True as "max_attempts" is a bug, not a 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{what} must be an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidArgumentError(f"{what} must be between {low} and {high}, got {value}")
+    return value
+
+
+def truncate_utf8(text: str, limit: int) -> str:
+    """Cut ``text`` to at most ``limit`` UTF-8 bytes without splitting a character."""
+    encoded = text.encode("utf-8")
+    if len(encoded) <= limit:
+        return text
+    # errors="ignore" drops the partial trailing sequence the byte cut produced.
+    return encoded[:limit].decode("utf-8", errors="ignore")
+
+
+class TaskState(enum.Enum):
+    """Where a task is in its lifecycle (see DESIGN §3)."""
+
+    UNSPECIFIED = "unspecified"
+    """A state this SDK does not know (a newer daemon)."""
+    PENDING = "pending"
+    """Waiting for ``available_at``; a future ``available_at`` means scheduled."""
+    LEASED = "leased"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+
+    @classmethod
+    def from_wire(cls, value: int) -> TaskState:
+        try:
+            return cls[_WireTaskState(value).name]
+        except (ValueError, KeyError):
+            return cls.UNSPECIFIED
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (TaskState.SUCCEEDED, TaskState.DEAD)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBackoff:
+    """Delay before retry *n* is ``initial * multiplier**(n-1)``, capped at ``maximum``."""
+
+    initial: timedelta = _limits.DEFAULT_BACKOFF_INITIAL
+    maximum: timedelta = _limits.DEFAULT_BACKOFF_MAX
+    multiplier: float = _limits.DEFAULT_BACKOFF_MULTIPLIER
+
+    def __post_init__(self) -> None:
+        for what, value in (("initial", self.initial), ("maximum", self.maximum)):
+            if not isinstance(value, timedelta):
+                raise InvalidArgumentError(f"retry_backoff.{what} must be a timedelta")
+            if value < timedelta(0):
+                raise InvalidArgumentError(f"retry_backoff.{what} must not be negative")
+        if self.maximum < self.initial:
+            raise InvalidArgumentError("retry_backoff.maximum must be >= initial")
+        if (
+            isinstance(self.multiplier, bool)
+            or not isinstance(self.multiplier, int | float)
+            or not 1.0 <= self.multiplier <= 1000.0
+        ):
+            raise InvalidArgumentError("retry_backoff.multiplier must be between 1 and 1000")
+
+    def to_wire(self) -> _WireRetryBackoff:
+        return _WireRetryBackoff(
+            initial=self.initial, maximum=self.maximum, multiplier=float(self.multiplier)
+        )
+
+    @classmethod
+    def from_wire(cls, wire: _WireRetryBackoff | None) -> RetryBackoff | None:
+        if wire is None:
+            return None
+        # Built without validation: the daemon's values are facts, not input.
+        value = object.__new__(cls)
+        object.__setattr__(value, "initial", wire.initial or timedelta(0))
+        object.__setattr__(value, "maximum", wire.maximum or timedelta(0))
+        object.__setattr__(value, "multiplier", wire.multiplier)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """What to enqueue.
+
+    ``payload`` is bytes (a ``str`` is stored as its UTF-8 encoding).
+    ``unique_key`` dedupes within the queue: enqueueing an existing key
+    returns the existing task with ``created=False``. ``max_attempts`` and
+    ``retry_backoff`` default to the daemon's policy. ``delay`` and
+    ``not_before`` (timezone-aware) schedule the first attempt; give at most
+    one. Higher ``priority`` runs first.
+    """
+
+    task_type: str
+    payload: bytes = b""
+    unique_key: str | None = None
+    max_attempts: int | None = None
+    retry_backoff: RetryBackoff | None = None
+    delay: timedelta | None = None
+    not_before: datetime | None = None
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        _check_name("task_type", self.task_type)
+        payload: object = self.payload
+        if isinstance(payload, str):
+            payload = payload.encode("utf-8")
+        elif isinstance(payload, bytearray | memoryview):
+            payload = bytes(payload)
+        if not isinstance(payload, bytes):
+            raise InvalidArgumentError(
+                f"payload must be bytes or str, got {type(self.payload).__name__}"
+            )
+        if len(payload) > _limits.MAX_PAYLOAD_BYTES:
+            raise InvalidArgumentError(
+                f"payload is {len(payload)} bytes; the limit is {_limits.MAX_PAYLOAD_BYTES}"
+            )
+        object.__setattr__(self, "payload", payload)
+        if self.unique_key is not None:
+            _check_name("unique_key", self.unique_key, _limits.MAX_UNIQUE_KEY_BYTES)
+        if self.max_attempts is not None:
+            _check_int("max_attempts", self.max_attempts, 1, _limits.MAX_ATTEMPTS_LIMIT)
+        if self.retry_backoff is not None and not isinstance(self.retry_backoff, RetryBackoff):
+            raise InvalidArgumentError("retry_backoff must be a RetryBackoff")
+        if self.delay is not None:
+            if not isinstance(self.delay, timedelta):
+                raise InvalidArgumentError("delay must be a timedelta")
+            if self.delay < timedelta(0):
+                raise InvalidArgumentError("delay must not be negative")
+        if self.not_before is not None:
+            if not isinstance(self.not_before, datetime):
+                raise InvalidArgumentError("not_before must be a datetime")
+            if self.not_before.tzinfo is None or self.not_before.utcoffset() is None:
+                raise InvalidArgumentError("not_before must be timezone-aware")
+            if self.delay is not None:
+                raise InvalidArgumentError("give at most one of delay and not_before")
+        _check_int("priority", self.priority, _INT32_MIN, _INT32_MAX)
+
+    def to_wire(self) -> _WireTaskSpec:
+        return _WireTaskSpec(
+            task_type=self.task_type,
+            payload=self.payload,
+            unique_key=self.unique_key or "",
+            max_attempts=self.max_attempts or 0,
+            retry_backoff=self.retry_backoff.to_wire() if self.retry_backoff else None,
+            delay=self.delay,
+            not_before=self.not_before,
+            priority=self.priority,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """The last progress a handler reported for a task."""
+
+    current: float
+    total: float
+    message: str = ""
+    updated_at: datetime | None = None
+
+    @classmethod
+    def from_wire(cls, wire: _WireProgress | None) -> Progress | None:
+        if wire is None:
+            return None
+        return cls(
+            current=wire.current,
+            total=wire.total,
+            message=wire.message,
+            updated_at=wire.updated_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A snapshot of one task as the daemon stored it."""
+
+    id: str
+    queue: str
+    task_type: str
+    payload: bytes
+    state: TaskState
+    attempt: int
+    """Attempts started so far (every lease bumps it)."""
+    max_attempts: int
+    priority: int = 0
+    unique_key: str | None = None
+    retry_backoff: RetryBackoff | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    available_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_error: str | None = None
+    progress: Progress | None = None
+    worker_id: str | None = None
+    """Set while LEASED."""
+    lease_until: datetime | None = None
+    """Set while LEASED."""
+
+    @classmethod
+    def from_wire(cls, wire: _WireTask | None) -> Task:
+        if wire is None:
+            # The daemon always sets it; an empty reply is a protocol bug.
+            raise InvalidArgumentError("daemon reply carried no task")
+        return cls(
+            id=wire.id,
+            queue=wire.queue,
+            task_type=wire.task_type,
+            payload=wire.payload,
+            state=TaskState.from_wire(wire.state),
+            attempt=wire.attempt,
+            max_attempts=wire.max_attempts,
+            priority=wire.priority,
+            unique_key=wire.unique_key or None,
+            retry_backoff=RetryBackoff.from_wire(wire.retry_backoff),
+            created_at=wire.created_at,
+            updated_at=wire.updated_at,
+            available_at=wire.available_at,
+            finished_at=wire.finished_at,
+            last_error=wire.last_error or None,
+            progress=Progress.from_wire(wire.progress),
+            worker_id=wire.worker_id or None,
+            lease_until=wire.lease_until,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """``created`` is False when the unique key existed; ``task`` is then the existing task."""
+
+    task: Task
+    created: bool
+
+    @classmethod
+    def from_wire(cls, wire: _WireEnqueueResult | None) -> EnqueueResult:
+        if wire is None:
+            raise InvalidArgumentError("daemon reply carried no enqueue result")
+        return cls(task=Task.from_wire(wire.task), created=wire.created)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """Per-spec results of `TaskQueue.enqueue_many`, in submission order."""
+
+    results: tuple[EnqueueResult, ...]
+    created_count: int
+    duplicate_count: int
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+
+@dataclass(frozen=True, slots=True)
+class SQLiteStorage:
+    """The embedded default: a SQLite database (WAL) inside the local data dir."""
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresStorage:
+    """A user-managed PostgreSQL database, given by a libpq DSN or URL."""
+
+    # repr=False: a DSN usually carries a password and reprs end up in logs.
+    dsn: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dsn, str) or not self.dsn.strip():
+            raise InvalidArgumentError("PostgresStorage needs a non-empty dsn")

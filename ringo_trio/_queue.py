@@ -1,0 +1,326 @@
+"""TaskQueue (submission, lookup, manual claim) and LeasedTask (one claimed attempt).
+
+Every operation validates its arguments before touching the network and
+goes through `RingoClient._call`, which owns the retry rules: only lookups
+(`TaskQueue.get_by_id`, `TaskQueue.get_by_unique_key`) are ever re-sent after
+the daemon became unavailable; every other call here is a mutation and
+surfaces `UnavailableError` instead of risking a double apply.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from . import _limits
+from ._errors import InvalidArgumentError
+from ._models import (
+    BatchResult,
+    EnqueueResult,
+    Task,
+    TaskSpec,
+    _check_int,
+    _check_name,
+    truncate_utf8,
+)
+from ._proto.ringo.v1 import (
+    AckRequest,
+    AckResponse,
+    ClaimRequest,
+    ClaimResponse,
+    EnqueueManyRequest,
+    EnqueueManyResponse,
+    EnqueueRequest,
+    EnqueueResponse,
+    ExtendLeaseRequest,
+    ExtendLeaseResponse,
+    GetTaskRequest,
+    GetTaskResponse,
+    LeaseRef,
+    NackRequest,
+    NackResponse,
+    RejectRequest,
+    RejectResponse,
+    ReportProgressRequest,
+    ReportProgressResponse,
+    RetryTaskRequest,
+    RetryTaskResponse,
+)
+from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
+
+if TYPE_CHECKING:
+    from ._client import RingoClient
+
+__all__ = ["LeasedTask", "TaskQueue", "new_worker_id"]
+
+
+def new_worker_id() -> str:
+    return f"py-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _check_timedelta(what: str, value: object) -> timedelta:
+    if not isinstance(value, timedelta):
+        raise InvalidArgumentError(f"{what} must be a datetime.timedelta")
+    return value
+
+
+def _task_types(task_types: Iterable[str] | None) -> list[str]:
+    if task_types is None:
+        return []
+    # A bare string is an iterable of one-letter "types": always a mistake.
+    if isinstance(task_types, str | bytes):
+        raise InvalidArgumentError("task_types must be a collection of strings, not a string")
+    types = [_check_name("task type", t) for t in task_types]
+    if len(types) > _limits.MAX_TASK_TYPES:
+        raise InvalidArgumentError(f"at most {_limits.MAX_TASK_TYPES} task types per call")
+    return types
+
+
+def _error_text(error: object) -> str:
+    if not isinstance(error, str):
+        raise InvalidArgumentError(f"error must be a string, got {type(error).__name__}")
+    return truncate_utf8(error, _limits.MAX_ERROR_BYTES)
+
+
+class TaskQueue:
+    """One named queue of a client. Get it with `RingoClient.queue`."""
+
+    def __init__(self, client: RingoClient, name: str) -> None:
+        self._client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<TaskQueue {self.name!r}>"
+
+    # -- submission ---------------------------------------------------------
+
+    async def enqueue(self, spec: TaskSpec | None = None, /, **kwargs: Any) -> EnqueueResult:
+        """Enqueue one task, given as a `TaskSpec` or as `TaskSpec` keyword arguments.
+
+        A duplicate ``unique_key`` is not an error: the existing task comes
+        back with ``created=False``.
+        """
+        if spec is None:
+            spec = TaskSpec(**kwargs)
+        elif kwargs:
+            raise InvalidArgumentError("pass either a TaskSpec or keyword arguments, not both")
+        elif not isinstance(spec, TaskSpec):
+            raise InvalidArgumentError(f"spec must be a TaskSpec, got {type(spec).__name__}")
+        reply = await self._client._call(
+            "Enqueue", EnqueueRequest(queue=self.name, task=spec.to_wire()), EnqueueResponse
+        )
+        return EnqueueResult.from_wire(reply.result)
+
+    async def enqueue_many(self, specs: Iterable[TaskSpec]) -> BatchResult:
+        """Enqueue any number of tasks, in calls of at most 1000, in order.
+
+        Fail-fast: the first failing call raises and later calls are not
+        made (earlier ones stay applied; unique keys make a resubmission
+        safe). Results keep submission order.
+        """
+        specs = list(specs)
+        for spec in specs:
+            if not isinstance(spec, TaskSpec):
+                raise InvalidArgumentError(f"specs must be TaskSpecs, got {type(spec).__name__}")
+        results: list[EnqueueResult] = []
+        created = duplicates = 0
+        for start in range(0, len(specs), _limits.MAX_BATCH):
+            chunk = specs[start : start + _limits.MAX_BATCH]
+            reply = await self._client._call(
+                "EnqueueMany",
+                EnqueueManyRequest(queue=self.name, tasks=[s.to_wire() for s in chunk]),
+                EnqueueManyResponse,
+            )
+            results.extend(EnqueueResult.from_wire(r) for r in reply.results)
+            created += reply.created_count
+            duplicates += reply.duplicate_count
+        return BatchResult(
+            results=tuple(results), created_count=created, duplicate_count=duplicates
+        )
+
+    # -- lookup -------------------------------------------------------------
+
+    async def get_by_id(self, task_id: str) -> Task:
+        """The task with this id; `NotFoundError` if there is none."""
+        _check_name("task_id", task_id)
+        reply = await self._client._call(
+            "GetTask",
+            GetTaskRequest(queue=self.name, task_id=task_id),
+            GetTaskResponse,
+            read_only=True,
+        )
+        return Task.from_wire(reply.task)
+
+    async def get_by_unique_key(self, unique_key: str) -> Task:
+        """The task with this unique key; `NotFoundError` if there is none."""
+        _check_name("unique_key", unique_key, _limits.MAX_UNIQUE_KEY_BYTES)
+        reply = await self._client._call(
+            "GetTask",
+            GetTaskRequest(queue=self.name, unique_key=unique_key),
+            GetTaskResponse,
+            read_only=True,
+        )
+        return Task.from_wire(reply.task)
+
+    # -- retry --------------------------------------------------------------
+
+    async def retry(self, unique_key: str) -> Task:
+        """Reactivate a SUCCEEDED or DEAD task, named by its unique key.
+
+        `FailedPreconditionError` if the task is still active.
+        """
+        _check_name("unique_key", unique_key, _limits.MAX_UNIQUE_KEY_BYTES)
+        reply = await self._client._call(
+            "RetryTask",
+            RetryTaskRequest(queue=self.name, unique_key=unique_key),
+            RetryTaskResponse,
+        )
+        return Task.from_wire(reply.task)
+
+    async def retry_by_id(self, task_id: str) -> Task:
+        """Reactivate a SUCCEEDED or DEAD task, named by its id."""
+        _check_name("task_id", task_id)
+        reply = await self._client._call(
+            "RetryTask", RetryTaskRequest(queue=self.name, task_id=task_id), RetryTaskResponse
+        )
+        return Task.from_wire(reply.task)
+
+    # -- manual claim -------------------------------------------------------
+
+    async def claim(
+        self,
+        limit: int = 1,
+        *,
+        task_types: Iterable[str] | None = None,
+        wait_timeout: timedelta | None = None,
+        lease_duration: timedelta | None = None,
+        worker_id: str | None = None,
+    ) -> list[LeasedTask]:
+        """Lease up to ``limit`` available tasks (the advanced, pull-style API).
+
+        ``wait_timeout`` long-polls for the first task; ``lease_duration``
+        defaults to the daemon's. Settle every claimed task with
+        `LeasedTask.ack`, `~LeasedTask.nack` or `~LeasedTask.reject` before
+        its lease ends, or it is handed out again.
+        """
+        _check_int("limit", limit, 1, _limits.MAX_BATCH)
+        types = _task_types(task_types)
+        request = ClaimRequest(
+            queue=self.name,
+            worker_id=_check_name("worker_id", worker_id)
+            if worker_id is not None
+            else new_worker_id(),
+            task_types=types,
+            limit=limit,
+        )
+        extra_timeout = 0.0
+        if wait_timeout is not None:
+            _check_timedelta("wait_timeout", wait_timeout)
+            if wait_timeout < timedelta(0):
+                raise InvalidArgumentError("wait_timeout must not be negative")
+            if wait_timeout > _limits.MAX_WAIT_TIMEOUT:
+                raise InvalidArgumentError(
+                    f"wait_timeout must be at most {_limits.MAX_WAIT_TIMEOUT}"
+                )
+            request.wait_timeout = wait_timeout
+            # The daemon may legitimately hold the call this long.
+            extra_timeout = wait_timeout.total_seconds()
+        if lease_duration is not None:
+            _check_timedelta("lease_duration", lease_duration)
+            if lease_duration < timedelta(0):
+                raise InvalidArgumentError("lease_duration must not be negative")
+            if lease_duration > _limits.MAX_LEASE:
+                raise InvalidArgumentError(f"lease_duration must be at most {_limits.MAX_LEASE}")
+            request.lease_duration = lease_duration
+        reply = await self._client._call(
+            "Claim", request, ClaimResponse, extra_timeout=extra_timeout
+        )
+        return [LeasedTask(self, leased) for leased in reply.tasks]
+
+
+class LeasedTask:
+    """One attempt of one task, claimed with `TaskQueue.claim`.
+
+    The lease is identified by (task id, attempt, lease token): once it has
+    expired or been settled, every operation on it raises `LeaseLostError`
+    and changes nothing.
+    """
+
+    def __init__(self, queue: TaskQueue, wire: _WireLeasedTask) -> None:
+        if wire.lease is None:
+            raise InvalidArgumentError("daemon reply carried a task without a lease")
+        self._queue = queue
+        self.task = Task.from_wire(wire.task)
+        self.attempt: int = wire.lease.attempt
+        self.worker_id: str = wire.lease.worker_id
+        self._token = wire.lease.lease_token
+        self._lease_until = wire.lease.until
+
+    def __repr__(self) -> str:
+        return f"<LeasedTask {self.task.id} attempt={self.attempt} until={self._lease_until}>"
+
+    @property
+    def lease_until(self) -> datetime | None:
+        """When the lease ends unless extended (daemon clock)."""
+        return self._lease_until
+
+    def _ref(self) -> LeaseRef:
+        return LeaseRef(task_id=self.task.id, attempt=self.attempt, lease_token=self._token)
+
+    async def ack(self) -> None:
+        """Mark the task SUCCEEDED."""
+        await self._queue._client._call("Ack", AckRequest(lease=self._ref()), AckResponse)
+
+    async def nack(self, error: str = "", *, delay: timedelta | None = None) -> None:
+        """Fail this attempt: the task is retried after its backoff (or ``delay``),
+        or becomes DEAD if it has no attempts left. ``error`` is kept as
+        ``last_error`` (truncated to 256 KiB)."""
+        request = NackRequest(lease=self._ref(), error=_error_text(error))
+        if delay is not None:
+            _check_timedelta("delay", delay)
+            if delay < timedelta(0):
+                raise InvalidArgumentError("delay must not be negative")
+            request.retry_delay_override = delay
+        await self._queue._client._call("Nack", request, NackResponse)
+
+    async def reject(self, error: str = "") -> None:
+        """Fail the task permanently: it becomes DEAD with no further attempts."""
+        await self._queue._client._call(
+            "Reject", RejectRequest(lease=self._ref(), error=_error_text(error)), RejectResponse
+        )
+
+    async def extend_lease(self, extension: timedelta) -> None:
+        """Make the lease end ``extension`` after now (daemon clock; a reset, not an addition)."""
+        _check_timedelta("extension", extension)
+        if extension <= timedelta(0):
+            raise InvalidArgumentError("extension must be positive")
+        if extension > _limits.MAX_LEASE:
+            raise InvalidArgumentError(f"extension must be at most {_limits.MAX_LEASE}")
+        reply = await self._queue._client._call(
+            "ExtendLease",
+            ExtendLeaseRequest(lease=self._ref(), extension=extension),
+            ExtendLeaseResponse,
+        )
+        if reply.lease is not None:
+            self._lease_until = reply.lease.until
+
+    async def report_progress(self, current: float, total: float = 0.0, message: str = "") -> None:
+        """Store progress on the task (visible in `Task.progress`)."""
+        for what, value in (("current", current), ("total", total)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidArgumentError(f"{what} must be a number")
+        if not isinstance(message, str):
+            raise InvalidArgumentError("message must be a string")
+        await self._queue._client._call(
+            "ReportProgress",
+            ReportProgressRequest(
+                lease=self._ref(),
+                current=float(current),
+                total=float(total),
+                message=truncate_utf8(message, _limits.MAX_PROGRESS_MESSAGE_BYTES),
+            ),
+            ReportProgressResponse,
+        )

@@ -1,0 +1,159 @@
+"""One serving lifetime of the daemon: storage, gRPC server, background tasks.
+
+`Daemon.serve` owns everything it starts. The lease reaper runs in an
+`asyncio.TaskGroup` that cannot outlive the call; grpclib's per-call tasks
+are drained and then cancelled by the server; storage is closed last, after
+no call can touch it any more. Shutdown order (on `stop`):
+
+1. health flips to NOT_SERVING (Watch streams deliver it and end);
+2. the gate refuses new calls with UNAVAILABLE;
+3. long-poll claims are woken and return what they have (nothing);
+4. in-flight calls get `shutdown_timeout` seconds to finish;
+5. the server is closed (cancelling stragglers) and the reaper cancelled;
+6. storage is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from grpclib.server import Server
+
+from ringo_trio import _limits as limits
+
+from ._clock import Clock
+from ._gate import Gate
+from ._service import HealthService, QueueService
+from ._sessions import SessionTable
+from ._wakeups import LeaseReaper, QueueWakeups
+from ._wire import StrictCodec
+from .storage._base import Storage
+
+__all__ = ["Daemon", "DaemonConfig", "ListenError", "format_endpoint"]
+
+log = logging.getLogger("ringo_trio.server")
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    host: str = "127.0.0.1"
+    port: int = limits.DEFAULT_PORT
+    protocol_minor: int = limits.PROTOCOL_MINOR
+    session_ttl: timedelta = limits.DEFAULT_SESSION_TTL
+    token: str | None = None
+    shutdown_timeout: float = 5.0
+    reaper_backstop: float = 5.0
+
+
+class ListenError(OSError):
+    """The configured address cannot be bound."""
+
+
+def format_endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _bind(host: str, port: int) -> socket.socket:
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    if not infos:
+        raise OSError(f"cannot resolve {host!r}")
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class Daemon:
+    def __init__(
+        self, config: DaemonConfig, storage: Storage, *, clock: Clock | None = None
+    ) -> None:
+        self.config = config
+        self.storage = storage
+        self.clock = clock or Clock()
+        self.wakeups = QueueWakeups()
+        self.reaper = LeaseReaper(
+            storage, self.clock, self.wakeups, backstop=config.reaper_backstop
+        )
+        self.sessions = SessionTable(config.session_ttl)
+        self.health = HealthService()
+        self.gate = Gate(config.token)
+        self.queue_service = QueueService(
+            storage,
+            clock=self.clock,
+            sessions=self.sessions,
+            served_minor=config.protocol_minor,
+            wakeups=self.wakeups,
+            reaper=self.reaper,
+        )
+        self.port: int | None = None
+
+    @property
+    def endpoint(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the daemon is not serving")
+        return format_endpoint(self.config.host, self.port)
+
+    async def serve(self, stop: asyncio.Event, on_ready: Callable[[Daemon], None]) -> None:
+        """Serve until `stop` is set, then shut down gracefully.
+
+        `on_ready` runs once the port is bound and health says SERVING.
+        Raises `ListenError` when the address cannot be bound.
+        """
+        await self.storage.open()
+        try:
+            await self._serve_open(stop, on_ready)
+        finally:
+            await self.storage.close()
+
+    async def _serve_open(self, stop: asyncio.Event, on_ready: Callable[[Daemon], None]) -> None:
+        try:
+            sock = await _bind(self.config.host, self.config.port)
+        except OSError as exc:
+            where = format_endpoint(self.config.host, self.config.port)
+            raise ListenError(f"cannot serve on {where}: {exc}") from exc
+        server = Server([self.queue_service, self.health], codec=StrictCodec())
+        self.gate.install(server)
+        try:
+            await server.start(sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                reaper = tasks.create_task(self.reaper.run(), name="ringod lease reaper")
+                self.health.set_serving()
+                log.info("serving on %s", self.endpoint)
+                on_ready(self)
+                await stop.wait()
+                await self._drain()
+                reaper.cancel()
+        finally:
+            server.close()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.shutdown_timeout):
+                    await server.wait_closed()
+
+    async def _drain(self) -> None:
+        self.health.shutdown()
+        self.gate.draining = True
+        self.wakeups.close()
+        if not await self.gate.wait_idle(self.config.shutdown_timeout):
+            log.warning(
+                "%d call(s) still running after %.1fs; cancelling them",
+                self.gate.in_flight,
+                self.config.shutdown_timeout,
+            )

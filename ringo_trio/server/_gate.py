@@ -1,0 +1,137 @@
+"""The door every RPC passes: bearer-token check, drain refusal, in-flight count.
+
+grpclib's generated service methods only see the decoded message, so
+connection-level policy hooks into the server's ``RecvRequest`` event, which
+fires after the headers arrive and before the request body is read. Raising
+`GRPCError` there answers the call without running the method.
+
+The same hook wraps the method so the daemon knows how many calls are in
+flight: graceful shutdown refuses new calls with ``UNAVAILABLE`` and waits
+(bounded) for that count to reach zero before it closes the server, which
+would otherwise cancel the calls mid-operation. A call still running when
+the bound runs out is cancelled and answered ``UNAVAILABLE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import hmac
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from grpclib.const import Status
+from grpclib.events import RecvRequest, listen
+from grpclib.exceptions import GRPCError
+from grpclib.metadata import Deadline
+from grpclib.server import Server, Stream
+
+__all__ = ["Gate", "time_remaining"]
+
+_HEALTH_PREFIX = "/grpc.health.v1.Health/"
+
+
+class _MethodFunc(Protocol):
+    # grpclib's handler shape (its own alias lives in a private module).
+    def __call__(self, stream: Stream[Any, Any]) -> Coroutine[Any, Any, None]: ...
+
+
+# The client's deadline of the call running in this task. Service methods see
+# only the message; a long-poll needs the deadline to answer in time instead of
+# being cancelled by grpclib with leases it could no longer deliver.
+_deadline: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
+    "ringod_call_deadline", default=None
+)
+
+
+def time_remaining() -> float | None:
+    """Seconds left until the current call's client deadline (None: no deadline)."""
+    deadline = _deadline.get()
+    return None if deadline is None else deadline.time_remaining()
+
+
+class Gate:
+    def __init__(self, token: str | None) -> None:
+        self._expected = f"bearer {token}".encode() if token else None
+        self._token_scheme_len = len("bearer ")
+        self.draining = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def install(self, server: Server) -> None:
+        listen(server, RecvRequest, self._on_request)
+
+    def _authorized(self, values: list[str]) -> bool:
+        if self._expected is None:
+            return True
+        if len(values) != 1:
+            return False
+        presented = values[0].strip()
+        # The auth scheme is case-insensitive (RFC 7235); the token is not.
+        scheme, token = presented[: self._token_scheme_len], presented[self._token_scheme_len :]
+        candidate = (scheme.lower() + token).encode()
+        return hmac.compare_digest(candidate, self._expected)
+
+    async def _on_request(self, event: RecvRequest) -> None:
+        values = [
+            value.decode("latin-1") if isinstance(value, bytes) else value
+            for value in event.metadata.getall("authorization", [])
+        ]
+        if not self._authorized(values):
+            raise GRPCError(
+                Status.UNAUTHENTICATED,
+                "missing or invalid bearer token (metadata 'authorization: Bearer <token>')",
+            )
+        is_health = event.method_name.startswith(_HEALTH_PREFIX)
+        if self.draining and not is_health:
+            # Health stays answerable so a prober sees NOT_SERVING rather
+            # than a refusal while the daemon drains.
+            raise GRPCError(Status.UNAVAILABLE, "the daemon is shutting down")
+        event.method_func = self._counted(event.method_func, event.deadline)
+
+    def _counted(self, method: _MethodFunc, deadline: Deadline | None) -> _MethodFunc:
+        async def counted(stream: Stream[Any, Any]) -> None:
+            # grpclib runs each call in its own task, so this value is seen by
+            # that call's method only.
+            _deadline.set(deadline)
+            self._in_flight += 1
+            self._idle.clear()
+            try:
+                await method(stream)
+            except asyncio.CancelledError:
+                if self.draining:
+                    await self._answer_unavailable(stream)
+                raise
+            finally:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.set()
+
+        return counted
+
+    @staticmethod
+    async def _answer_unavailable(stream: Stream[Any, Any]) -> None:
+        # A call cut off by the shutdown timeout would otherwise get no
+        # trailers at all and hang its client until the process is gone.
+        # UNAVAILABLE is the honest answer: it may or may not have happened.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await stream.send_trailing_metadata(
+                    status=Status.UNAVAILABLE,
+                    status_message="the daemon shut down before this call finished",
+                )
+
+    async def wait_idle(self, seconds: float) -> bool:
+        """True when no call is in flight, False if `seconds` ran out first."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True

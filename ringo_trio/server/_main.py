@@ -1,0 +1,399 @@
+"""``ringod`` / ``python -m ringo_trio.server``: the daemon's command line.
+
+Contract with whoever starts the daemon (the SDK's local-daemon control, the
+test kit, a human):
+
+* once it serves, exactly one JSON line goes to stdout (`ready_info`) and
+  stdout is flushed; everything else — logs, errors — goes to stderr;
+* it exits 0 after a graceful shutdown (SIGTERM, SIGINT, or EOF on stdin
+  when started with ``--lifecycle-stdin``), non-zero when it cannot start:
+  `EXIT_FAILURE`, `EXIT_USAGE`, or `EXIT_DATA_DIR_LOCKED` when another
+  daemon holds the data dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import pathlib
+import signal
+import stat
+import sys
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, NoReturn
+
+from ringo_trio import _limits as limits
+from ringo_trio._version import SDK_VERSION
+
+from ._daemon import Daemon, DaemonConfig, ListenError
+from ._lock import DataDirLock, DataDirLocked
+from .storage._base import Storage
+
+__all__ = [
+    "EXIT_DATA_DIR_LOCKED",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+    "run",
+    "select_loop_factory",
+]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_DATA_DIR_LOCKED = 3
+
+DB_FILE_NAME = "ringo.db"
+
+log = logging.getLogger("ringo_trio.server")
+
+_DESCRIPTION = """\
+The Ringo task-queue daemon: ringo.v1.QueueService and grpc.health.v1.Health
+over gRPC, on an embedded SQLite store.
+
+When it serves, ringod prints one JSON line on stdout, e.g.
+  {"endpoint": "127.0.0.1:7233", "pid": 4242, "protocol_minor": 6, ...}
+and logs only to stderr. SIGTERM and SIGINT shut it down gracefully
+(in-flight calls get --shutdown-timeout seconds), exit status 0."""
+
+_EPILOG = f"""\
+exit status: {EXIT_OK} after a graceful shutdown, {EXIT_FAILURE} when it cannot serve
+(e.g. the address is in use), {EXIT_USAGE} for a usage error or an unavailable
+option, {EXIT_DATA_DIR_LOCKED} when another ringod holds the data dir."""
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise argparse.ArgumentTypeError("write an IPv6 host in brackets: [::1]:7233")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be a number, got {port_text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0..65535")
+    return host, port
+
+
+def _minor(value: str) -> int:
+    try:
+        minor = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if not 0 <= minor <= limits.PROTOCOL_MINOR:
+        raise argparse.ArgumentTypeError(
+            f"{minor} is outside the served range 0..{limits.PROTOCOL_MINOR}"
+        )
+    return minor
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _default_data_dir() -> pathlib.Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join("~", ".local", "share")
+    return pathlib.Path(base, "ringo").expanduser()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ringod",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        type=_listen,
+        default=("127.0.0.1", limits.DEFAULT_PORT),
+        help=f"address to serve on (default 127.0.0.1:{limits.DEFAULT_PORT});"
+        " port 0 picks a free port, reported in the JSON line",
+    )
+    parser.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        type=pathlib.Path,
+        help="SQLite storage (the default engine) in DIR, created if missing;"
+        " one daemon per DIR (default: $XDG_DATA_HOME/ringo or ~/.local/share/ringo)",
+    )
+    parser.add_argument(
+        "--postgres",
+        metavar="DSN",
+        help="PostgreSQL storage instead of SQLite (not available yet: refused at startup)",
+    )
+    auth = parser.add_mutually_exclusive_group()
+    auth.add_argument(
+        "--token",
+        help="require metadata 'authorization: Bearer TOKEN' on every call, health"
+        " included (default: no authentication)",
+    )
+    auth.add_argument(
+        "--token-file",
+        metavar="FILE",
+        type=pathlib.Path,
+        help="like --token, read from FILE (surrounding whitespace stripped), so the"
+        " secret does not show in the process list",
+    )
+    parser.add_argument(
+        "--protocol-minor",
+        metavar="N",
+        type=_minor,
+        default=limits.PROTOCOL_MINOR,
+        help=f"serve an older protocol minor 0..{limits.PROTOCOL_MINOR}"
+        f" (default {limits.PROTOCOL_MINOR}, the newest)",
+    )
+    parser.add_argument(
+        "--session-ttl",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=limits.DEFAULT_SESSION_TTL.total_seconds(),
+        help="lifetime of a negotiated session token"
+        f" (default {limits.DEFAULT_SESSION_TTL.total_seconds():g})",
+    )
+    parser.add_argument(
+        "--lifecycle-stdin",
+        action="store_true",
+        help="shut down gracefully when stdin reaches EOF. For a parent process that"
+        " keeps a pipe to the daemon's stdin open: the pipe closes when the parent"
+        " dies, so the daemon never outlives it. stdin must then be a pipe or socket."
+        " Off by default, so a daemon started by hand (stdin a terminal or /dev/null)"
+        " keeps running until SIGTERM/SIGINT.",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=5.0,
+        help="how long in-flight calls may run after shutdown starts (default 5)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="stderr log level (default info)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="event loop: uvloop when installed (the 'fast' extra), else asyncio (default auto)",
+    )
+    parser.add_argument("--version", action="version", version=f"ringod {SDK_VERSION}")
+    return parser
+
+
+def select_loop_factory(
+    choice: str = "auto",
+) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    """(loop factory for `asyncio.Runner`, loop name). uvloop is optional."""
+    if choice == "asyncio":
+        return None, "asyncio"
+    try:
+        uvloop: Any = importlib.import_module("uvloop")
+    except ImportError:
+        if choice == "uvloop":
+            raise
+        return None, "asyncio"
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory, "uvloop"
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s ringod[%(process)d] %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    if level != "debug":
+        # grpclib reports every client-side cancellation at INFO.
+        logging.getLogger("grpclib").setLevel(logging.WARNING)
+
+
+def _open_storage(data_dir: pathlib.Path) -> Storage:
+    from .storage.sqlite import SQLiteEngine
+
+    return SQLiteEngine(data_dir / DB_FILE_NAME)
+
+
+def _lifecycle_pipe_problem() -> str | None:
+    """Why stdin cannot serve as the lifecycle pipe, or None if it can.
+
+    Only a pipe or socket has an EOF that means "the parent let go": a
+    terminal or /dev/null does not, and epoll cannot even watch /dev/null or
+    a regular file (the stock loop logs EPERM and never reports EOF; uvloop
+    aborts the process).
+    """
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError) as exc:
+        return f"not usable ({exc})"
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return None
+    if stat.S_ISCHR(mode):
+        return "a terminal" if sys.stdin.isatty() else "a character device such as /dev/null"
+    return "a regular file" if stat.S_ISREG(mode) else "not a pipe"
+
+
+class _LifecyclePipe(asyncio.Protocol):
+    """stdin as a liveness signal: its content is ignored, only EOF matters."""
+
+    def __init__(self, on_close: Callable[[], None]) -> None:
+        self._on_close = on_close
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        self._on_close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_close()
+
+
+def ready_info(daemon: Daemon, *, data_dir: pathlib.Path, loop_name: str) -> dict[str, Any]:
+    return {
+        "endpoint": daemon.endpoint,
+        "host": daemon.config.host,
+        "port": daemon.port,
+        "pid": os.getpid(),
+        "version": SDK_VERSION,
+        "protocol_major": limits.PROTOCOL_MAJOR,
+        "protocol_minor": daemon.config.protocol_minor,
+        "session_ttl": daemon.config.session_ttl.total_seconds(),
+        "auth": daemon.config.token is not None,
+        "storage": "sqlite",
+        "data_dir": str(data_dir),
+        "loop": loop_name,
+    }
+
+
+async def _amain(
+    args: argparse.Namespace, data_dir: pathlib.Path, loop_name: str, storage: Storage
+) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def request_stop(reason: str) -> None:
+        if not stop.is_set():
+            log.info("%s: shutting down", reason)
+            stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, request_stop, signal.Signals(signum).name)
+    pipe: asyncio.BaseTransport | None = None
+    try:
+        if args.lifecycle_stdin:
+            problem = _lifecycle_pipe_problem()
+            if problem is not None:
+                log.error("--lifecycle-stdin needs stdin to be a pipe or socket; it is %s", problem)
+                return EXIT_USAGE
+            pipe, _ = await loop.connect_read_pipe(
+                lambda: _LifecyclePipe(lambda: request_stop("stdin closed")), sys.stdin
+            )
+        host, port = args.listen
+        config = DaemonConfig(
+            host=host,
+            port=port,
+            protocol_minor=args.protocol_minor,
+            session_ttl=timedelta(seconds=args.session_ttl),
+            token=args.token,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+
+        def announce(daemon: Daemon) -> None:
+            line = json.dumps(ready_info(daemon, data_dir=data_dir, loop_name=loop_name))
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+        daemon = Daemon(config, storage)
+        try:
+            await daemon.serve(stop, announce)
+        except ListenError as exc:
+            log.error("%s", exc)
+            return EXIT_FAILURE
+        except Exception:
+            log.exception("ringod failed")
+            return EXIT_FAILURE
+        log.info("stopped")
+        return EXIT_OK
+    finally:
+        if pipe is not None:
+            pipe.close()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv`, serve until told to stop; the process exit status."""
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.log_level)
+    if args.postgres is not None:
+        log.error(
+            "PostgreSQL storage is not available yet; use --data-dir DIR for the"
+            " embedded SQLite engine"
+        )
+        return EXIT_USAGE
+    if args.token_file is not None:
+        try:
+            args.token = args.token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            log.error("cannot read --token-file %s: %s", args.token_file, exc)
+            return EXIT_USAGE
+        if not args.token:
+            log.error("--token-file %s is empty", args.token_file)
+            return EXIT_USAGE
+    if args.token is not None and not args.token:
+        log.error("--token must not be empty")
+        return EXIT_USAGE
+    data_dir: pathlib.Path = (args.data_dir or _default_data_dir()).expanduser().absolute()
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.error("cannot create data dir %s: %s", data_dir, exc)
+        return EXIT_FAILURE
+    try:
+        loop_factory, loop_name = select_loop_factory(args.loop)
+    except ImportError:
+        log.error("--loop uvloop: uvloop is not installed (pip install 'ringo-trio[fast]')")
+        return EXIT_USAGE
+    lock = DataDirLock(data_dir)
+    try:
+        lock.acquire()
+    except DataDirLocked as exc:
+        log.error("%s", exc)
+        return EXIT_DATA_DIR_LOCKED
+    except OSError as exc:
+        log.error("cannot lock data dir %s: %s", data_dir, exc)
+        return EXIT_FAILURE
+    try:
+        storage = _open_storage(data_dir)
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(_amain(args, data_dir, loop_name, storage))
+    finally:
+        lock.release()
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    sys.exit(run(argv))

@@ -1,0 +1,512 @@
+"""The daemon's gRPC services: ``ringo.v1.QueueService`` and ``grpc.health.v1.Health``.
+
+Theory of operation
+-------------------
+A unary call passes four stages, each of which can refuse it; a refusal at
+any stage leaves every task exactly as it was:
+
+1. **Gate** (`_gate.Gate`, a grpclib ``RecvRequest`` hook): bearer token
+   (``UNAUTHENTICATED``) and shutdown (``UNAVAILABLE``), before the body is
+   even read.
+2. **Codec** (`_wire.StrictCodec`): bytes that are not a well-formed
+   encoding of the method's message are ``INVALID_ARGUMENT``; oversized
+   frames are ``RESOURCE_EXHAUSTED``.
+3. **Context**: every method but Negotiate first checks its
+   ``RequestContext`` against the session table. Unknown or expired token,
+   another major, or a minor above what the session negotiated is
+   ``OUT_OF_RANGE``. Because this runs before the operation, the SDK may
+   safely renegotiate and re-send even a mutation. An RPC newer than the
+   session's minor is ``UNIMPLEMENTED``.
+4. **Fields** (`_validate`): ``INVALID_ARGUMENT`` naming the field path; the
+   validators also normalize defaults so storage never sees an ambiguous spec.
+
+Only then does the method call the storage engine, with ``now`` read once
+from the daemon's single `Clock`. Engine conditions map one-to-one onto
+status codes (`NotFound` → ``NOT_FOUND``, `LeaseLost` → ``ABORTED``,
+`FailedPrecondition` → ``FAILED_PRECONDITION``); anything unexpected is
+logged with its traceback and answered ``INTERNAL`` — a bug costs one call,
+never the daemon.
+
+Long-poll claims
+----------------
+Claim tries storage; if nothing is claimable and the caller allowed a
+``wait_timeout``, it sleeps until the first of: a wake-up for its queue
+(enqueue, nack, retry, an expired lease — `_wakeups.QueueWakeups`, armed
+before the attempt so none is lost), the queue's next scheduled moment
+(`Storage.next_wakeup`: a delayed task or backoff becoming due, a lease
+expiring), the caller's deadline, or shutdown. Then it tries again. There is
+no polling interval: an enqueue reaches a waiting claimer in one event-loop
+turn. A client deadline shorter than ``wait_timeout`` shortens the wait, so
+the call answers (empty) instead of being cut off.
+
+Every lease handed out is noted with the `LeaseReaper`, which expires leases
+at their deadline even when nobody is claiming, so activity counts and task
+states stay true.
+
+Responses are bounded by ``MAX_MESSAGE_BYTES``: a large Claim is taken from
+storage in rounds sized for the worst-case task, so it never leases tasks it
+then could not send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from datetime import datetime
+from typing import Any, TypeVar
+
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from ringo_trio import _limits as limits
+from ringo_trio._proto.grpc.health.v1 import (
+    HealthBase,
+    HealthCheckRequest,
+    HealthCheckResponse,
+    HealthCheckResponseServingStatus,
+)
+from ringo_trio._proto.ringo.v1 import (
+    AckRequest,
+    AckResponse,
+    ClaimRequest,
+    ClaimResponse,
+    EnqueueManyRequest,
+    EnqueueManyResponse,
+    EnqueueRequest,
+    EnqueueResponse,
+    EnqueueResult,
+    ExtendLeaseRequest,
+    ExtendLeaseResponse,
+    GetQueueActivityRequest,
+    GetQueueActivityResponse,
+    GetTaskRequest,
+    GetTaskResponse,
+    LeasedTask,
+    NackRequest,
+    NackResponse,
+    NegotiateRequest,
+    NegotiateResponse,
+    QueueServiceBase,
+    RejectRequest,
+    RejectResponse,
+    ReportProgressRequest,
+    ReportProgressResponse,
+    RequestContext,
+    RetryTaskRequest,
+    RetryTaskResponse,
+    TaskSpec,
+)
+from ringo_trio._version import SDK_VERSION
+
+from . import _validate as v
+from ._clock import Clock
+from ._gate import time_remaining
+from ._sessions import SessionTable
+from ._wakeups import LeaseReaper, QueueWakeups
+from .storage._base import FailedPrecondition, LeaseLost, NotFound, Storage
+
+__all__ = ["HealthService", "QUEUE_SERVICE_NAME", "QueueService"]
+
+log = logging.getLogger("ringo_trio.server")
+
+QUEUE_SERVICE_NAME = "ringo.v1.QueueService"
+
+# Minor that introduced each RPC newer than minor 0.
+_GET_QUEUE_ACTIVITY_MINOR = 1
+
+# Worst-case wire size of one LeasedTask: every variable field at its limit,
+# plus generous room for ids, timestamps and framing.
+_WORST_TASK_BYTES = (
+    limits.MAX_PAYLOAD_BYTES
+    + limits.MAX_ERROR_BYTES
+    + limits.MAX_PROGRESS_MESSAGE_BYTES
+    + limits.MAX_UNIQUE_KEY_BYTES
+    + 3 * limits.MAX_NAME_BYTES
+    + 1024
+)
+_CLAIM_BYTES_BUDGET = limits.MAX_MESSAGE_BYTES - 1024 * 1024
+
+# A scheduled wake-up sleeps this much past the due moment so the retry does
+# not race the deadline and find the task still a microsecond early.
+_SCHEDULE_SLACK = 0.002
+_INCONSISTENT_WAKEUP_RETRY = 0.05
+# How long before the client's own deadline a long-poll gives up waiting.
+_DEADLINE_MARGIN = 0.25
+
+
+class _ContextRejected(Exception):
+    """The RequestContext does not name a live, compatible session."""
+
+
+def _size_bound(leased: LeasedTask) -> int:
+    task = leased.task
+    if task is None:
+        return 1024
+    # str lengths are code points; 4 bytes each is the UTF-8 worst case.
+    text = len(task.last_error) + len(task.unique_key) + len(task.queue) + len(task.task_type)
+    progress = len(task.progress.message) if task.progress is not None else 0
+    return len(task.payload) + 4 * (text + progress + len(task.worker_id)) + 1024
+
+
+def _echo_size_bound(queue: str, spec: TaskSpec) -> int:
+    # Upper bound of the EnqueueResult for a newly created task: what the
+    # request carried plus ids, timestamps and framing.
+    text = len(queue) + len(spec.task_type) + len(spec.unique_key)
+    return len(spec.payload) + 4 * text + 256
+
+
+_Service = TypeVar("_Service", bound="QueueService")
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+_Method = Callable[[_Service, _Req], Coroutine[Any, Any, _Resp]]
+
+
+def _rpc(method: _Method[_Service, _Req, _Resp]) -> _Method[_Service, _Req, _Resp]:
+    """Map every failure of a unary method onto its status code."""
+    rpc_name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: _Service, message: _Req) -> _Resp:
+        try:
+            return await method(self, message)
+        except GRPCError:
+            raise
+        except v.FieldError as exc:
+            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+        except _ContextRejected as exc:
+            raise GRPCError(Status.OUT_OF_RANGE, str(exc)) from None
+        except NotFound as exc:
+            raise GRPCError(Status.NOT_FOUND, str(exc) or "no such task") from None
+        except LeaseLost as exc:
+            raise GRPCError(
+                Status.ABORTED, str(exc) or "the lease is not the task's current lease"
+            ) from None
+        except FailedPrecondition as exc:
+            raise GRPCError(
+                Status.FAILED_PRECONDITION, str(exc) or "not allowed in this state"
+            ) from None
+        except Exception as exc:
+            log.exception("%s failed unexpectedly", rpc_name)
+            raise GRPCError(
+                Status.INTERNAL,
+                f"internal error in {rpc_name} ({type(exc).__name__}); see the daemon log",
+            ) from None
+
+    return wrapper
+
+
+class QueueService(QueueServiceBase):
+    """The unary RPCs of ``ringo.v1.QueueService`` (Work and AttachLocal stay
+    UNIMPLEMENTED here)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        clock: Clock,
+        sessions: SessionTable,
+        served_minor: int,
+        wakeups: QueueWakeups,
+        reaper: LeaseReaper,
+    ) -> None:
+        if not 0 <= served_minor <= limits.PROTOCOL_MINOR:
+            raise ValueError(f"served minor must be within 0..{limits.PROTOCOL_MINOR}")
+        self._storage = storage
+        self._clock = clock
+        self._sessions = sessions
+        self._served_minor = served_minor
+        self._wakeups = wakeups
+        self._reaper = reaper
+
+    # -- session -----------------------------------------------------------
+
+    def _session_minor(self, context: RequestContext | None, now: datetime) -> int:
+        """The minor this call runs at, or `_ContextRejected`."""
+        if context is None:
+            raise _ContextRejected("context: missing RequestContext; call Negotiate first")
+        if context.protocol_major != limits.PROTOCOL_MAJOR:
+            raise _ContextRejected(
+                f"protocol major {context.protocol_major} is not served;"
+                f" this daemon speaks major {limits.PROTOCOL_MAJOR}"
+            )
+        session = self._sessions.lookup(context.session_token, now)
+        if session is None:
+            raise _ContextRejected("session token is unknown or expired; negotiate again")
+        if context.protocol_minor > session.minor:
+            raise _ContextRejected(
+                f"protocol minor {context.protocol_minor} is above the session's"
+                f" negotiated minor {session.minor}; negotiate again"
+            )
+        return context.protocol_minor
+
+    @_rpc
+    async def negotiate(self, message: NegotiateRequest) -> NegotiateResponse:
+        if message.protocol_major != limits.PROTOCOL_MAJOR:
+            raise _ContextRejected(
+                f"protocol major {message.protocol_major} is not served;"
+                f" this daemon speaks major {limits.PROTOCOL_MAJOR}"
+                f" (minors 0..{self._served_minor})"
+            )
+        minor = min(message.protocol_minor, self._served_minor)
+        token = self._sessions.open(minor, self._clock.now())
+        log.debug(
+            "negotiated minor %d with %s %s", minor, message.sdk_name or "?", message.sdk_version
+        )
+        return NegotiateResponse(
+            protocol_major=limits.PROTOCOL_MAJOR,
+            protocol_minor=minor,
+            session_token=token,
+            server_version=SDK_VERSION,
+            session_ttl=self._sessions.ttl,
+        )
+
+    # -- submission --------------------------------------------------------
+
+    @_rpc
+    async def enqueue(self, message: EnqueueRequest) -> EnqueueResponse:
+        now = self._clock.now()
+        self._session_minor(message.context, now)
+        queue = v.name(message.queue, "queue")
+        spec = v.task_spec(message.task, "task", now)
+        [outcome] = await self._storage.enqueue(queue, [spec], now)
+        if outcome.created:
+            self._wakeups.notify(queue)
+        return EnqueueResponse(result=EnqueueResult(task=outcome.task, created=outcome.created))
+
+    @_rpc
+    async def enqueue_many(self, message: EnqueueManyRequest) -> EnqueueManyResponse:
+        now = self._clock.now()
+        self._session_minor(message.context, now)
+        queue = v.name(message.queue, "queue")
+        specs = v.task_specs(message.tasks, "tasks", now)
+        echo = sum(_echo_size_bound(queue, spec) for spec in specs)
+        if echo > limits.MAX_MESSAGE_BYTES:
+            # The response echoes every task; one too large to send would
+            # report a failure for a batch that was in fact committed.
+            raise v.FieldError(
+                "tasks",
+                f"the response would echo about {echo} bytes, over the"
+                f" {limits.MAX_MESSAGE_BYTES}-byte message limit; split the batch",
+            )
+        outcomes = await self._storage.enqueue(queue, specs, now) if specs else []
+        created = sum(1 for outcome in outcomes if outcome.created)
+        if created:
+            self._wakeups.notify(queue)
+        return EnqueueManyResponse(
+            results=[EnqueueResult(task=o.task, created=o.created) for o in outcomes],
+            created_count=created,
+            duplicate_count=len(outcomes) - created,
+        )
+
+    @_rpc
+    async def get_task(self, message: GetTaskRequest) -> GetTaskResponse:
+        now = self._clock.now()
+        self._session_minor(message.context, now)
+        queue = v.name(message.queue, "queue")
+        task_id, unique_key = v.lookup(message.task_id, message.unique_key)
+        task = await self._storage.get(queue, task_id=task_id, unique_key=unique_key)
+        return GetTaskResponse(task=task)
+
+    @_rpc
+    async def retry_task(self, message: RetryTaskRequest) -> RetryTaskResponse:
+        now = self._clock.now()
+        self._session_minor(message.context, now)
+        queue = v.name(message.queue, "queue")
+        task_id, unique_key = v.lookup(message.task_id, message.unique_key)
+        task = await self._storage.retry(queue, now, task_id=task_id, unique_key=unique_key)
+        self._wakeups.notify(queue)
+        return RetryTaskResponse(task=task)
+
+    # -- leases ------------------------------------------------------------
+
+    @_rpc
+    async def claim(self, message: ClaimRequest) -> ClaimResponse:
+        self._session_minor(message.context, self._clock.now())
+        args = v.claim_args(message)
+        return ClaimResponse(tasks=await self._long_poll(args))
+
+    async def _long_poll(self, args: v.ClaimArgs) -> list[LeasedTask]:
+        loop = asyncio.get_running_loop()
+        wait = args.wait_timeout.total_seconds()
+        client_left = time_remaining()
+        if client_left is not None:
+            # Answer (empty) shortly before the client gives up rather than be
+            # cancelled at its deadline, possibly right after leasing tasks.
+            wait = min(wait, client_left - _DEADLINE_MARGIN)
+        deadline = loop.time() + wait
+        with self._wakeups.watch(args.queue) as watch:
+            while True:
+                # Armed before the attempt: a notify racing the attempt sets
+                # this very event, so the wait below returns at once.
+                armed = watch.arm()
+                if watch.closed:
+                    # Shutting down: hand out no lease whose response may
+                    # never be delivered.
+                    return []
+                now = self._clock.now()
+                leased = await self._claim_now(args, now)
+                if leased:
+                    return leased
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                wake_at = await self._storage.next_wakeup(args.queue, args.task_types, now)
+                if wake_at is not None:
+                    if wake_at <= now:
+                        # Storage calls it due yet the claim found nothing:
+                        # back off briefly instead of spinning on it.
+                        until_due = _INCONSISTENT_WAKEUP_RETRY
+                    else:
+                        until_due = (wake_at - self._clock.now()).total_seconds()
+                        until_due = max(until_due, 0.0) + _SCHEDULE_SLACK
+                    remaining = min(remaining, until_due)
+                await watch.wait(armed, remaining)
+
+    async def _claim_now(self, args: v.ClaimArgs, now: datetime) -> list[LeasedTask]:
+        leased: list[LeasedTask] = []
+        budget = _CLAIM_BYTES_BUDGET
+        wanted = args.limit
+        while wanted > 0:
+            batch_limit = min(wanted, budget // _WORST_TASK_BYTES)
+            if batch_limit <= 0:
+                break
+            batch = await self._storage.claim(
+                args.queue, args.task_types, batch_limit, args.worker_id, args.lease_duration, now
+            )
+            leased.extend(batch)
+            if len(batch) < batch_limit:
+                break
+            wanted -= len(batch)
+            budget -= sum(_size_bound(item) for item in batch)
+        for until in {item.lease.until for item in leased if item.lease is not None}:
+            self._reaper.note(until)
+        return leased
+
+    @_rpc
+    async def ack(self, message: AckRequest) -> AckResponse:
+        now = self._clock.now()
+        self._session_minor(message.context, now)
+        ref = v.lease_ref(message.lease)
+        await self._storage.ack(ref, now)
+        return AckResponse()
+
+    @_rpc
+    async def nack(self, message: NackRequest) -> NackResponse:
+        now = self._clock.now()
+        self._session_minor(message.context, now)
+        ref = v.lease_ref(message.lease)
+        error = v.error_text(message.error)
+        delay = v.duration(message.retry_delay_override, "retry_delay_override")
+        task = await self._storage.nack(ref, error, delay, now)
+        self._wakeups.notify(task.queue)
+        return NackResponse()
+
+    @_rpc
+    async def reject(self, message: RejectRequest) -> RejectResponse:
+        now = self._clock.now()
+        self._session_minor(message.context, now)
+        ref = v.lease_ref(message.lease)
+        error = v.error_text(message.error)
+        await self._storage.reject(ref, error, now)
+        return RejectResponse()
+
+    @_rpc
+    async def extend_lease(self, message: ExtendLeaseRequest) -> ExtendLeaseResponse:
+        now = self._clock.now()
+        self._session_minor(message.context, now)
+        ref = v.lease_ref(message.lease)
+        extension = v.duration(
+            message.extension, "extension", positive=True, maximum=limits.MAX_LEASE
+        )
+        if extension is None:
+            raise v.FieldError("extension", "is required")
+        lease = await self._storage.extend_lease(ref, extension, now)
+        self._reaper.note(lease.until)
+        return ExtendLeaseResponse(lease=lease)
+
+    @_rpc
+    async def report_progress(self, message: ReportProgressRequest) -> ReportProgressResponse:
+        now = self._clock.now()
+        self._session_minor(message.context, now)
+        ref = v.lease_ref(message.lease)
+        v.progress_values(message.current, message.total, message.message)
+        await self._storage.report_progress(
+            ref, message.current, message.total, message.message, now
+        )
+        return ReportProgressResponse()
+
+    # -- observation -------------------------------------------------------
+
+    @_rpc
+    async def get_queue_activity(
+        self, message: GetQueueActivityRequest
+    ) -> GetQueueActivityResponse:
+        minor = self._session_minor(message.context, self._clock.now())
+        if minor < _GET_QUEUE_ACTIVITY_MINOR:
+            raise GRPCError(
+                Status.UNIMPLEMENTED,
+                f"GetQueueActivity needs protocol minor {_GET_QUEUE_ACTIVITY_MINOR};"
+                f" this session runs at minor {minor}",
+            )
+        queue = v.name(message.queue, "queue")
+        types = v.task_types(message.task_types)
+        count = await self._storage.activity(queue, types)
+        return GetQueueActivityResponse(active_task_count=count)
+
+
+_ServingStatus = HealthCheckResponseServingStatus
+
+
+class HealthService(HealthBase):
+    """``grpc.health.v1.Health`` for the overall server ("") and the queue service.
+
+    Starts NOT_SERVING; the daemon flips it to SERVING once it accepts calls
+    and back to NOT_SERVING when it starts draining, which also ends every
+    Watch stream after it has delivered NOT_SERVING, so shutdown never waits
+    on a prober.
+    """
+
+    SERVICES = frozenset({"", QUEUE_SERVICE_NAME})
+
+    def __init__(self) -> None:
+        self._status = _ServingStatus.NOT_SERVING
+        self._changed = asyncio.Event()
+        self._final = False
+
+    @property
+    def status(self) -> HealthCheckResponseServingStatus:
+        return self._status
+
+    def set_serving(self) -> None:
+        self._set(_ServingStatus.SERVING)
+
+    def shutdown(self) -> None:
+        self._final = True
+        self._set(_ServingStatus.NOT_SERVING, force=True)
+
+    def _set(self, status: HealthCheckResponseServingStatus, *, force: bool = False) -> None:
+        if status == self._status and not force:
+            return
+        self._status = status
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def check(self, message: HealthCheckRequest) -> HealthCheckResponse:
+        if message.service not in self.SERVICES:
+            raise GRPCError(Status.NOT_FOUND, f"unknown service {message.service!r}")
+        return HealthCheckResponse(status=self._status)
+
+    async def watch(self, message: HealthCheckRequest) -> AsyncIterator[HealthCheckResponse]:
+        known = message.service in self.SERVICES
+        sent: HealthCheckResponseServingStatus | None = None
+        while True:
+            changed = self._changed
+            status = self._status if known else _ServingStatus.SERVICE_UNKNOWN
+            if status != sent:
+                yield HealthCheckResponse(status=status)
+                sent = status
+            if self._final:
+                return
+            await changed.wait()

@@ -1,0 +1,239 @@
+"""Request validation of the daemon: pure functions, no I/O, no clock reads.
+
+Every check raises `FieldError` naming the offending field by its path in the
+request (``tasks[3].payload``), so a refused request tells the caller exactly
+what to fix. The service maps `FieldError` to ``INVALID_ARGUMENT`` and calls
+these before it touches storage: a refused request changes nothing.
+
+Validators also *normalize*: defaults the protocol leaves to the daemon
+(``max_attempts = 0``, an unset backoff, an unset lease duration) are filled
+in here, and a relative ``delay`` becomes an absolute ``not_before``, so the
+storage engines never see an ambiguous spec.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from ringo_trio import _limits as limits
+from ringo_trio._proto.ringo.v1 import (
+    ClaimRequest,
+    LeaseRef,
+    RetryBackoff,
+    TaskSpec,
+)
+
+__all__ = [
+    "ClaimArgs",
+    "FieldError",
+    "claim_args",
+    "duration",
+    "error_text",
+    "lease_ref",
+    "lookup",
+    "name",
+    "progress_values",
+    "task_spec",
+    "task_specs",
+    "task_types",
+]
+
+_ZERO = timedelta(0)
+
+
+class FieldError(ValueError):
+    """One invalid field; ``str()`` is ``"<path>: <reason>"``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def _utf8_len(value: str) -> int:
+    # Limits are in bytes on the wire; ASCII (the common case) skips the encode.
+    return len(value) if value.isascii() else len(value.encode("utf-8"))
+
+
+def _bounded_text(value: str, path: str, limit: int) -> None:
+    size = _utf8_len(value)
+    if size > limit:
+        raise FieldError(path, f"{size} bytes exceeds the {limit}-byte limit")
+
+
+def name(value: str, path: str, limit: int = limits.MAX_NAME_BYTES) -> str:
+    """A required identifier: queue, task type, worker id."""
+    if not value:
+        raise FieldError(path, "must not be empty")
+    _bounded_text(value, path, limit)
+    return value
+
+
+def task_types(values: Sequence[str], path: str = "task_types") -> list[str]:
+    """A task-type filter: empty means every type; each entry is a name."""
+    if len(values) > limits.MAX_TASK_TYPES:
+        raise FieldError(
+            path, f"{len(values)} entries exceeds the limit of {limits.MAX_TASK_TYPES}"
+        )
+    for index, value in enumerate(values):
+        name(value, f"{path}[{index}]")
+    # Duplicates are harmless for the filter; dropping them keeps storage
+    # queries small and deterministic.
+    return list(dict.fromkeys(values))
+
+
+def duration(
+    value: timedelta | None,
+    path: str,
+    *,
+    positive: bool = False,
+    maximum: timedelta | None = None,
+) -> timedelta | None:
+    """None passes through (unset); otherwise non-negative (or > 0) and bounded."""
+    if value is None:
+        return None
+    if positive and value <= _ZERO:
+        raise FieldError(path, "must be positive")
+    if value < _ZERO:
+        raise FieldError(path, "must not be negative")
+    if maximum is not None and value > maximum:
+        raise FieldError(path, f"{_fmt(value)} exceeds the maximum of {_fmt(maximum)}")
+    return value
+
+
+def _fmt(value: timedelta) -> str:
+    seconds = value.total_seconds()
+    return f"{seconds:g}s"
+
+
+def _backoff(backoff: RetryBackoff | None, path: str) -> RetryBackoff:
+    if backoff is None:
+        return RetryBackoff(
+            initial=limits.DEFAULT_BACKOFF_INITIAL,
+            maximum=limits.DEFAULT_BACKOFF_MAX,
+            multiplier=limits.DEFAULT_BACKOFF_MULTIPLIER,
+        )
+    initial = duration(backoff.initial, f"{path}.initial")
+    maximum = duration(backoff.maximum, f"{path}.maximum")
+    multiplier = backoff.multiplier
+    if math.isnan(multiplier) or math.isinf(multiplier):
+        raise FieldError(f"{path}.multiplier", "must be a finite number")
+    if multiplier == 0:
+        # proto3 cannot tell "unset" from 0; 0 would stop backoff growth
+        # silently, so it means the default.
+        multiplier = limits.DEFAULT_BACKOFF_MULTIPLIER
+    elif multiplier < 1:
+        raise FieldError(f"{path}.multiplier", f"{multiplier:g} is below 1")
+    if initial is None:
+        initial = limits.DEFAULT_BACKOFF_INITIAL
+    if maximum is None:
+        maximum = max(limits.DEFAULT_BACKOFF_MAX, initial)
+    elif maximum < initial:
+        raise FieldError(f"{path}.maximum", "must not be less than initial")
+    return RetryBackoff(initial=initial, maximum=maximum, multiplier=multiplier)
+
+
+def task_spec(spec: TaskSpec | None, path: str, now: datetime) -> TaskSpec:
+    """Validate one spec and return a normalized copy (the request is not mutated)."""
+    if spec is None:
+        raise FieldError(path, "is required")
+    name(spec.task_type, f"{path}.task_type")
+    if len(spec.payload) > limits.MAX_PAYLOAD_BYTES:
+        raise FieldError(
+            f"{path}.payload",
+            f"{len(spec.payload)} bytes exceeds the {limits.MAX_PAYLOAD_BYTES}-byte limit",
+        )
+    _bounded_text(spec.unique_key, f"{path}.unique_key", limits.MAX_UNIQUE_KEY_BYTES)
+    if spec.max_attempts > limits.MAX_ATTEMPTS_LIMIT:
+        raise FieldError(
+            f"{path}.max_attempts",
+            f"{spec.max_attempts} exceeds the limit of {limits.MAX_ATTEMPTS_LIMIT}",
+        )
+    delay = duration(spec.delay, f"{path}.delay")
+    not_before = spec.not_before
+    if delay is not None and not_before is not None:
+        raise FieldError(f"{path}.delay", "at most one of delay and not_before may be set")
+    if delay is not None:
+        try:
+            not_before = now + delay
+        except OverflowError:
+            raise FieldError(f"{path}.delay", "is too far in the future") from None
+    return replace(
+        spec,
+        max_attempts=spec.max_attempts or limits.DEFAULT_MAX_ATTEMPTS,
+        retry_backoff=_backoff(spec.retry_backoff, f"{path}.retry_backoff"),
+        delay=None,
+        not_before=not_before,
+    )
+
+
+def task_specs(specs: Sequence[TaskSpec], path: str, now: datetime) -> list[TaskSpec]:
+    if len(specs) > limits.MAX_BATCH:
+        raise FieldError(path, f"{len(specs)} tasks exceeds the limit of {limits.MAX_BATCH}")
+    return [task_spec(spec, f"{path}[{index}]", now) for index, spec in enumerate(specs)]
+
+
+def lookup(task_id: str | None, unique_key: str | None) -> tuple[str | None, str | None]:
+    """The ``lookup`` oneof of GetTask / RetryTask: exactly one, non-empty."""
+    if task_id is None and unique_key is None:
+        raise FieldError("lookup", "exactly one of task_id or unique_key is required")
+    if task_id is not None:
+        name(task_id, "task_id", limits.MAX_UNIQUE_KEY_BYTES)
+    if unique_key is not None:
+        name(unique_key, "unique_key", limits.MAX_UNIQUE_KEY_BYTES)
+    return task_id, unique_key
+
+
+def lease_ref(ref: LeaseRef | None, path: str = "lease") -> LeaseRef:
+    if ref is None:
+        raise FieldError(path, "is required")
+    name(ref.task_id, f"{path}.task_id", limits.MAX_UNIQUE_KEY_BYTES)
+    if ref.attempt < 1:
+        raise FieldError(f"{path}.attempt", "must be at least 1")
+    name(ref.lease_token, f"{path}.lease_token", limits.MAX_UNIQUE_KEY_BYTES)
+    return ref
+
+
+def error_text(value: str, path: str = "error") -> str:
+    _bounded_text(value, path, limits.MAX_ERROR_BYTES)
+    return value
+
+
+def progress_values(current: float, total: float, message: str) -> None:
+    for path, number in (("current", current), ("total", total)):
+        if math.isnan(number) or math.isinf(number):
+            raise FieldError(path, "must be a finite number")
+    _bounded_text(message, "message", limits.MAX_PROGRESS_MESSAGE_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimArgs:
+    queue: str
+    worker_id: str
+    task_types: list[str]
+    limit: int
+    wait_timeout: timedelta
+    lease_duration: timedelta
+
+
+def claim_args(request: ClaimRequest) -> ClaimArgs:
+    queue = name(request.queue, "queue")
+    worker_id = name(request.worker_id, "worker_id")
+    types = task_types(request.task_types)
+    if not 1 <= request.limit <= limits.MAX_BATCH:
+        raise FieldError("limit", f"{request.limit} is outside 1..{limits.MAX_BATCH}")
+    wait = duration(request.wait_timeout, "wait_timeout", maximum=limits.MAX_WAIT_TIMEOUT)
+    lease = duration(
+        request.lease_duration, "lease_duration", positive=True, maximum=limits.MAX_LEASE
+    )
+    return ClaimArgs(
+        queue=queue,
+        worker_id=worker_id,
+        task_types=types,
+        limit=request.limit,
+        wait_timeout=wait if wait is not None else _ZERO,
+        lease_duration=lease if lease is not None else limits.DEFAULT_LEASE,
+    )

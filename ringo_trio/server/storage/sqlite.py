@@ -1,0 +1,757 @@
+"""The embedded storage engine: one SQLite database file in WAL mode.
+
+Theory of operation
+-------------------
+One connection, used synchronously from the daemon's event loop. Every call
+is sub-millisecond and never awaits, so a call is atomic with respect to the
+other tasks of the loop; a thread pool would only add hand-offs. Every
+mutation runs in one `BEGIN IMMEDIATE ... COMMIT` (the write lock is taken up
+front, so reads inside see the state the writes are based on) and any
+exception rolls it back: a failed call changes nothing.
+
+Durability: WAL with `synchronous=NORMAL`. A committed transaction is in the
+WAL file (the OS page cache) when COMMIT returns, so it survives `kill -9`
+of the daemon; it is not fsynced on every commit, so a power loss or kernel
+crash can lose the last transactions. `PRAGMA synchronous=FULL` closes that
+window at the cost of one fsync per commit.
+
+Rows: one table `tasks`; times are integer microseconds since the Unix epoch
+(UTC) and are converted to aware datetimes only at this module's boundary.
+`seq` (the rowid) is enqueue order. Three partial indexes do the work:
+
+* `tasks_pending (queue, priority DESC, available_at) WHERE state = PENDING`
+  -- claim order. Claims walk the distinct priorities of a queue from the top
+  (each step an index seek) and take the due tasks of each priority by a
+  range seek, so tasks scheduled far in the future are never scanned. Past
+  `_PRIORITY_PROBES` distinct priorities the rest is one ordered scan.
+* `tasks_leased (queue, lease_until) WHERE state = LEASED` -- lease expiry,
+  which claim runs for its queue before leasing.
+* `tasks_unique_key (queue, unique_key) UNIQUE WHERE unique_key != ''` --
+  dedupe, and lookup by key.
+
+Task ids are 32 hex digits: 48 bits of the enqueue time in milliseconds, then
+80 random bits, so they sort roughly by creation and are unique across
+restarts and databases without coordination. Lease tokens are
+`secrets.token_hex(16)`, minted by a SQL function so one UPDATE leases a
+whole batch.
+
+Retry budget: a task keeps the `max_attempts` it was enqueued with as its
+base; retrying a SUCCEEDED or DEAD task sets `max_attempts = attempt + base`,
+i.e. it gets the same number of attempts again, and `attempt` keeps counting.
+`last_error` and `progress` describe the latest attempt that set them and are
+kept across attempts and retries; `worker_id` and `lease_until` exist only
+while LEASED.
+
+Schema: `PRAGMA user_version` is the schema version; `_MIGRATIONS[i]` takes
+the database from version i to i + 1. Open applies the missing migrations in
+one transaction and refuses (`SchemaVersionError`) a database written by a
+newer version of this code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import secrets
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ringo_trio._limits import (
+    DEFAULT_BACKOFF_INITIAL,
+    DEFAULT_BACKOFF_MAX,
+    DEFAULT_BACKOFF_MULTIPLIER,
+    DEFAULT_MAX_ATTEMPTS,
+)
+from ringo_trio._proto.ringo.v1 import (
+    Lease,
+    LeasedTask,
+    LeaseRef,
+    Progress,
+    RetryBackoff,
+    Task,
+    TaskSpec,
+    TaskState,
+)
+
+from ._base import EnqueueOutcome, FailedPrecondition, LeaseLost, NotFound, Storage, StorageError
+
+__all__ = ["SCHEMA_VERSION", "SQLiteEngine", "SchemaVersionError"]
+
+_T = TypeVar("_T")
+
+
+class SchemaVersionError(StorageError):
+    """The database was written by a newer schema than this code knows."""
+
+
+_PENDING = int(TaskState.PENDING)
+_LEASED = int(TaskState.LEASED)
+_SUCCEEDED = int(TaskState.SUCCEEDED)
+_DEAD = int(TaskState.DEAD)
+_STATES = {int(s): s for s in TaskState}
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+_UINT32_MAX = 2**32 - 1
+_BUSY_TIMEOUT_MS = 5000
+_MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
+_LEASE_EXPIRED = "lease expired"
+
+# A claim seeks priority by priority; a queue with more distinct priorities
+# than this falls back to one ordered scan for the rest, bounding the seeks.
+_PRIORITY_PROBES = 16
+# SQLite's bound-parameter limit is 32766 (>= 3.32); stay far below it.
+_IN_CHUNK = 500
+
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """
+        CREATE TABLE tasks (
+            seq                 INTEGER PRIMARY KEY,
+            id                  TEXT    NOT NULL,
+            queue               TEXT    NOT NULL,
+            task_type           TEXT    NOT NULL,
+            payload             BLOB    NOT NULL,
+            unique_key          TEXT    NOT NULL,
+            state               INTEGER NOT NULL,
+            attempt             INTEGER NOT NULL,
+            max_attempts        INTEGER NOT NULL,
+            base_max_attempts   INTEGER NOT NULL,
+            priority            INTEGER NOT NULL,
+            backoff_initial_us  INTEGER NOT NULL,
+            backoff_max_us      INTEGER NOT NULL,
+            backoff_multiplier  REAL    NOT NULL,
+            created_at          INTEGER NOT NULL,
+            updated_at          INTEGER NOT NULL,
+            available_at        INTEGER NOT NULL,
+            finished_at         INTEGER,
+            last_error          TEXT    NOT NULL,
+            progress_current    REAL,
+            progress_total      REAL,
+            progress_message    TEXT,
+            progress_at         INTEGER,
+            worker_id           TEXT    NOT NULL,
+            lease_token         TEXT    NOT NULL,
+            lease_until         INTEGER
+        )
+        """,
+        "CREATE UNIQUE INDEX tasks_id ON tasks (id)",
+        "CREATE UNIQUE INDEX tasks_unique_key ON tasks (queue, unique_key) WHERE unique_key != ''",
+        "CREATE INDEX tasks_pending ON tasks (queue, priority DESC, available_at)"
+        f" WHERE state = {_PENDING}",
+        f"CREATE INDEX tasks_leased ON tasks (queue, lease_until) WHERE state = {_LEASED}",
+    ),
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+_COLS = (
+    "seq, id, queue, task_type, payload, unique_key, state, attempt, max_attempts,"
+    " priority, backoff_initial_us, backoff_max_us, backoff_multiplier, created_at,"
+    " updated_at, available_at, finished_at, last_error, progress_current, progress_total,"
+    " progress_message, progress_at, worker_id, lease_until, lease_token"
+)
+# Positions in _COLS that the code reads by name.
+_C_SEQ, _C_ID, _C_ATTEMPT, _C_PRIORITY, _C_AVAILABLE = 0, 1, 7, 9, 15
+_C_WORKER, _C_LEASE_UNTIL, _C_TOKEN = 22, 23, 24
+
+_INSERT = (
+    "INSERT INTO tasks (id, queue, task_type, payload, unique_key, state, attempt,"
+    " max_attempts, base_max_attempts, priority, backoff_initial_us, backoff_max_us,"
+    " backoff_multiplier, created_at, updated_at, available_at, last_error, worker_id,"
+    " lease_token) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', '', '')"
+)
+
+# The current lease, alive at :now. Every LeaseRef operation is one UPDATE
+# guarded by this, so a stale ref matches no row and changes nothing.
+_LEASE_MATCH = (
+    f"id = :id AND state = {_LEASED} AND attempt = :attempt"
+    " AND lease_token = :token AND lease_until > :now"
+)
+# SET expressions see the row as it was before the UPDATE, so `attempt`
+# here is the attempt that just ended.
+_RELEASE = f"""
+    state = CASE WHEN attempt >= max_attempts THEN {_DEAD} ELSE {_PENDING} END,
+    available_at = CASE WHEN attempt >= max_attempts THEN available_at
+        ELSE :now + coalesce(:delay, ringo_backoff_us(
+            backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)) END,
+    finished_at = CASE WHEN attempt >= max_attempts THEN :now ELSE NULL END,
+    last_error = :error, worker_id = '', lease_token = '', lease_until = NULL,
+    updated_at = :now
+"""
+_ACK = f"""
+    UPDATE tasks SET state = {_SUCCEEDED}, finished_at = :now, worker_id = '',
+        lease_token = '', lease_until = NULL, updated_at = :now
+    WHERE {_LEASE_MATCH} RETURNING {_COLS}
+"""
+_NACK = f"UPDATE tasks SET {_RELEASE} WHERE {_LEASE_MATCH} RETURNING {_COLS}"
+_REJECT = f"""
+    UPDATE tasks SET state = {_DEAD}, finished_at = :now, last_error = :error,
+        worker_id = '', lease_token = '', lease_until = NULL, updated_at = :now
+    WHERE {_LEASE_MATCH} RETURNING {_COLS}
+"""
+_EXTEND = f"""
+    UPDATE tasks SET lease_until = :until, updated_at = :now
+    WHERE {_LEASE_MATCH} RETURNING id, attempt, lease_token, worker_id, lease_until
+"""
+_PROGRESS = f"""
+    UPDATE tasks SET progress_current = :current, progress_total = :total,
+        progress_message = :message, progress_at = :now, updated_at = :now
+    WHERE {_LEASE_MATCH} RETURNING id
+"""
+# INDEXED BY: without it the planner may prefer a table scan for the
+# queue-less form, and an expiry pass must only touch leased rows.
+_EXPIRE_ALL = (
+    f"UPDATE tasks INDEXED BY tasks_leased SET {_RELEASE}"
+    f" WHERE state = {_LEASED} AND lease_until <= :now"
+)
+_EXPIRE_QUEUE = f"{_EXPIRE_ALL} AND queue = :queue"
+
+_TOP_PRIORITY = f"SELECT max(priority) FROM tasks WHERE queue = ? AND state = {_PENDING}"
+_NEXT_PRIORITY = (
+    f"SELECT max(priority) FROM tasks WHERE queue = ? AND state = {_PENDING} AND priority < ?"
+)
+_RETRY = f"""
+    UPDATE tasks SET state = {_PENDING}, available_at = :now, finished_at = NULL,
+        max_attempts = min(attempt + base_max_attempts, {_UINT32_MAX}), updated_at = :now
+    WHERE seq = :seq RETURNING {_COLS}
+"""
+
+
+def _types_clause(task_types: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """An `AND task_type IN (...)` filter and its named parameters."""
+    if not task_types:
+        return "", {}
+    names = [f"t{i}" for i in range(len(task_types))]
+    clause = " AND task_type IN (" + ", ".join(":" + n for n in names) + ")"
+    return clause, dict(zip(names, task_types, strict=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _claim_sql(types_clause: str, rest: bool) -> str:
+    # `rest` covers every priority from :prio down in one ordered scan.
+    prio = "priority <= :prio" if rest else "priority = :prio"
+    order = "priority DESC, available_at, seq" if rest else "available_at, seq"
+    return f"""
+        UPDATE tasks SET state = {_LEASED}, attempt = attempt + 1,
+            lease_token = ringo_token(), worker_id = :worker, lease_until = :until,
+            updated_at = :now
+        WHERE seq IN (
+            SELECT seq FROM tasks
+            WHERE queue = :queue AND state = {_PENDING} AND {prio}
+                AND available_at <= :now{types_clause}
+            ORDER BY {order} LIMIT :limit)
+        RETURNING {_COLS}
+    """
+
+
+def _to_us(moment: datetime) -> int:
+    if moment.tzinfo is None:
+        raise ValueError(f"naive datetime {moment!r}: the storage needs aware (UTC) times")
+    return (moment - _EPOCH) // _MICRO
+
+
+def _from_us(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def _opt_from_us(us: int | None) -> datetime | None:
+    return None if us is None else _EPOCH + timedelta(microseconds=us)
+
+
+def _backoff_us(initial_us: int, max_us: int, multiplier: float, attempt: int) -> int:
+    """initial * multiplier^(attempt-1), capped at max (registered as SQL)."""
+    try:
+        delay = initial_us * multiplier ** max(attempt - 1, 0)
+    except OverflowError:
+        delay = math.inf
+    # `not <` also sends NaN to the cap.
+    if not delay < max_us:
+        return max_us
+    return max(int(delay), 0)
+
+
+def _new_token() -> str:
+    return secrets.token_hex(16)
+
+
+def _row_task(row: Sequence[Any]) -> Task:
+    # Literal positions of _COLS: this runs for every row a call returns.
+    progress = None
+    if row[21] is not None:
+        progress = Progress(
+            current=row[18], total=row[19], message=row[20], updated_at=_from_us(row[21])
+        )
+    return Task(
+        id=row[1],
+        queue=row[2],
+        task_type=row[3],
+        payload=row[4],
+        unique_key=row[5],
+        state=_STATES[row[6]],
+        attempt=row[7],
+        max_attempts=row[8],
+        priority=row[9],
+        retry_backoff=RetryBackoff(
+            initial=timedelta(microseconds=row[10]),
+            maximum=timedelta(microseconds=row[11]),
+            multiplier=row[12],
+        ),
+        created_at=_from_us(row[13]),
+        updated_at=_from_us(row[14]),
+        available_at=_from_us(row[15]),
+        finished_at=_opt_from_us(row[16]),
+        last_error=row[17],
+        progress=progress,
+        worker_id=row[22],
+        lease_until=_opt_from_us(row[23]),
+    )
+
+
+def _leased(row: Sequence[Any]) -> LeasedTask:
+    return LeasedTask(
+        task=_row_task(row),
+        lease=Lease(
+            task_id=row[_C_ID],
+            attempt=row[_C_ATTEMPT],
+            lease_token=row[_C_TOKEN],
+            worker_id=row[_C_WORKER],
+            until=_from_us(row[_C_LEASE_UNTIL]),
+        ),
+    )
+
+
+def _lease(row: Sequence[Any]) -> Lease:
+    """From `_EXTEND`'s RETURNING row."""
+    return Lease(
+        task_id=row[0],
+        attempt=row[1],
+        lease_token=row[2],
+        worker_id=row[3],
+        until=_from_us(row[4]),
+    )
+
+
+def _lookup(task_id: str | None, unique_key: str | None) -> tuple[str, str]:
+    if (task_id is None) == (unique_key is None):
+        raise ValueError("exactly one of task_id / unique_key")
+    if task_id is not None:
+        return "id = :value", task_id
+    assert unique_key is not None
+    # The literal term lets SQLite use the partial unique index; an empty
+    # key names no task.
+    return "unique_key = :value AND unique_key != ''", unique_key
+
+
+class SQLiteEngine(Storage):
+    """`Storage` on one SQLite file (`path` is the database file itself)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._db: sqlite3.Connection | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._db is not None:
+            return
+        if sqlite3.sqlite_version_info < _MIN_SQLITE:
+            raise StorageError(
+                f"SQLite {sqlite3.sqlite_version} is too old; ringo needs"
+                f" {'.'.join(map(str, _MIN_SQLITE))} or newer"
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, cached_statements=256)
+        try:
+            db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StorageError(
+                    f"{self.path}: SQLite refused WAL mode (got {mode!r});"
+                    " the data dir must be on a local filesystem"
+                )
+            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute("PRAGMA cache_size = -32768")
+            db.create_function("ringo_backoff_us", 4, _backoff_us, deterministic=True)
+            db.create_function("ringo_token", 0, _new_token)
+            _migrate(db, self.path)
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
+
+    async def close(self) -> None:
+        db, self._db = self._db, None
+        if db is None:
+            return
+        try:
+            db.execute("PRAGMA optimize")
+        finally:
+            db.close()
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError("SQLiteEngine is not open")
+        return self._db
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            # SQLite rolls some errors back by itself; ROLLBACK then has
+            # nothing to undo and would raise over the real error.
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    # -- submission --------------------------------------------------------
+
+    async def enqueue(
+        self, queue: str, specs: Sequence[TaskSpec], now: datetime
+    ) -> list[EnqueueOutcome]:
+        now_us = _to_us(now)
+        # Normalised to UTC so a returned Task equals what `get` reads back.
+        now = _from_us(now_us)
+        id_prefix = f"{max(now_us // 1000, 0) & 0xFFFF_FFFF_FFFF:012x}"
+        keys = {s.unique_key for s in specs if s.unique_key}
+        with self._write() as db:
+            existing = self._tasks_by_key(db, queue, keys) if keys else {}
+            outcomes: list[EnqueueOutcome] = []
+            rows: list[tuple[Any, ...]] = []
+            for spec in specs:
+                key = spec.unique_key
+                if key:
+                    found = existing.get(key)
+                    if found is not None:
+                        outcomes.append(EnqueueOutcome(found, created=False))
+                        continue
+                task, row = _new_task(queue, spec, now, now_us, id_prefix)
+                if key:
+                    # A later spec with the same key in this batch resolves here.
+                    existing[key] = task
+                rows.append(row)
+                outcomes.append(EnqueueOutcome(task, created=True))
+            if rows:
+                db.executemany(_INSERT, rows)
+        return outcomes
+
+    @staticmethod
+    def _tasks_by_key(db: sqlite3.Connection, queue: str, keys: set[str]) -> dict[str, Task]:
+        found: dict[str, Task] = {}
+        ordered = sorted(keys)
+        for i in range(0, len(ordered), _IN_CHUNK):
+            chunk = ordered[i : i + _IN_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            for row in db.execute(
+                f"SELECT {_COLS} FROM tasks WHERE queue = ? AND unique_key != ''"
+                f" AND unique_key IN ({marks})",
+                (queue, *chunk),
+            ):
+                found[row[5]] = _row_task(row)
+        return found
+
+    async def get(
+        self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
+    ) -> Task:
+        where, value = _lookup(task_id, unique_key)
+        row = (
+            self._conn()
+            .execute(
+                f"SELECT {_COLS} FROM tasks WHERE queue = :queue AND {where}",
+                {"queue": queue, "value": value},
+            )
+            .fetchone()
+        )
+        if row is None:
+            raise NotFound(_describe(queue, task_id, unique_key))
+        return _row_task(row)
+
+    async def retry(
+        self,
+        queue: str,
+        now: datetime,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+    ) -> Task:
+        where, value = _lookup(task_id, unique_key)
+        now_us = _to_us(now)
+        with self._write() as db:
+            row = db.execute(
+                f"SELECT seq, state FROM tasks WHERE queue = :queue AND {where}",
+                {"queue": queue, "value": value},
+            ).fetchone()
+            if row is None:
+                raise NotFound(_describe(queue, task_id, unique_key))
+            if row[1] not in (_SUCCEEDED, _DEAD):
+                raise FailedPrecondition(
+                    f"{_describe(queue, task_id, unique_key)} is {_STATES[row[1]].name};"
+                    " only SUCCEEDED or DEAD tasks can be retried"
+                )
+            updated = db.execute(_RETRY, {"seq": row[0], "now": now_us}).fetchone()
+            return _row_task(updated)
+
+    # -- leases ------------------------------------------------------------
+
+    async def claim(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease_duration: timedelta,
+        now: datetime,
+    ) -> list[LeasedTask]:
+        if limit <= 0:
+            return []
+        now_us = _to_us(now)
+        types_clause, params = _types_clause(task_types)
+        args: dict[str, Any] = {
+            **params,
+            "queue": queue,
+            "now": now_us,
+            "worker": worker_id,
+            "until": now_us + lease_duration // _MICRO,
+            "delay": None,
+            "error": _LEASE_EXPIRED,
+        }
+        rows: list[Any] = []
+        with self._write() as db:
+            db.execute(_EXPIRE_QUEUE, args)
+            prio = db.execute(_TOP_PRIORITY, (queue,)).fetchone()[0]
+            probes = 0
+            while prio is not None and len(rows) < limit:
+                rest = probes == _PRIORITY_PROBES
+                args["prio"] = prio
+                args["limit"] = limit - len(rows)
+                rows += db.execute(_claim_sql(types_clause, rest), args).fetchall()
+                if rest:
+                    break
+                probes += 1
+                if len(rows) < limit:
+                    prio = db.execute(_NEXT_PRIORITY, (queue, prio)).fetchone()[0]
+            # RETURNING yields rows in no promised order.
+            rows.sort(key=lambda r: (-r[_C_PRIORITY], r[_C_AVAILABLE], r[_C_SEQ]))
+            # Built inside the transaction: a failure here must undo the leases.
+            return [_leased(r) for r in rows]
+
+    def _settle(
+        self,
+        sql: str,
+        build: Callable[[Any], _T],
+        ref: LeaseRef,
+        now: datetime,
+        **extra: Any,
+    ) -> _T:
+        """Run one lease-guarded UPDATE ... RETURNING and build the reply
+        from its row, both in one transaction; LeaseLost when the ref is not
+        the task's live lease (the UPDATE then matched nothing)."""
+        args = {
+            "id": ref.task_id,
+            "attempt": ref.attempt,
+            "token": ref.lease_token,
+            "now": _to_us(now),
+            **extra,
+        }
+        with self._write() as db:
+            row = db.execute(sql, args).fetchone()
+            if row is None:
+                raise LeaseLost(
+                    f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease,"
+                    " or it has expired"
+                )
+            return build(row)
+
+    async def ack(self, ref: LeaseRef, now: datetime) -> Task:
+        return self._settle(_ACK, _row_task, ref, now)
+
+    async def nack(
+        self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
+    ) -> Task:
+        delay = None if retry_delay is None else max(retry_delay // _MICRO, 0)
+        return self._settle(_NACK, _row_task, ref, now, error=error, delay=delay)
+
+    async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
+        return self._settle(_REJECT, _row_task, ref, now, error=error)
+
+    async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
+        until = _to_us(now) + extension // _MICRO
+        return self._settle(_EXTEND, _lease, ref, now, until=until)
+
+    async def report_progress(
+        self, ref: LeaseRef, current: float, total: float, message: str, now: datetime
+    ) -> None:
+        self._settle(
+            _PROGRESS,
+            lambda _row: None,
+            ref,
+            now,
+            current=current,
+            total=total,
+            message=message,
+        )
+
+    async def expire_leases(self, now: datetime) -> int:
+        args = {"now": _to_us(now), "delay": None, "error": _LEASE_EXPIRED}
+        with self._write() as db:
+            return db.execute(_EXPIRE_ALL, args).rowcount
+
+    # -- observation -------------------------------------------------------
+
+    async def activity(self, queue: str, task_types: Sequence[str]) -> int:
+        types_clause, params = _types_clause(task_types)
+        db = self._conn()
+        total = 0
+        for state in (_PENDING, _LEASED):
+            # One literal state per query, so each uses its partial index.
+            total += db.execute(
+                f"SELECT count(*) FROM tasks WHERE queue = :queue AND state = {state}"
+                f"{types_clause}",
+                {**params, "queue": queue},
+            ).fetchone()[0]
+        return total
+
+    async def next_wakeup(
+        self, queue: str, task_types: Sequence[str], now: datetime
+    ) -> datetime | None:
+        """As the interface says; a moment that has already come (a due task,
+        an expired lease not yet reaped) is reported as `now`."""
+        now_us = _to_us(now)
+        types_clause, params = _types_clause(task_types)
+        args: dict[str, Any] = {**params, "queue": queue}
+        db = self._conn()
+        # A read transaction, so the several queries see one snapshot.
+        db.execute("BEGIN")
+        try:
+            soonest = db.execute(
+                f"SELECT min(lease_until) FROM tasks WHERE queue = :queue"
+                f" AND state = {_LEASED}{types_clause}",
+                args,
+            ).fetchone()[0]
+            prio = db.execute(_TOP_PRIORITY, (queue,)).fetchone()[0]
+            probes = 0
+            while prio is not None:
+                rest = probes == _PRIORITY_PROBES
+                args["prio"] = prio
+                cond = "priority <= :prio" if rest else "priority = :prio"
+                first = db.execute(
+                    f"SELECT min(available_at) FROM tasks WHERE queue = :queue"
+                    f" AND state = {_PENDING} AND {cond}{types_clause}",
+                    args,
+                ).fetchone()[0]
+                if first is not None and (soonest is None or first < soonest):
+                    soonest = first
+                if rest or (soonest is not None and soonest <= now_us):
+                    break
+                probes += 1
+                prio = db.execute(_NEXT_PRIORITY, (queue, prio)).fetchone()[0]
+        finally:
+            db.execute("COMMIT")
+        if soonest is None:
+            return None
+        return _from_us(max(soonest, now_us))
+
+
+def _new_task(
+    queue: str, spec: TaskSpec, now: datetime, now_us: int, id_prefix: str
+) -> tuple[Task, tuple[Any, ...]]:
+    """The Task a spec becomes, and its INSERT row (built together so the
+    returned Task is exactly what a later `get` reads back)."""
+    backoff = spec.retry_backoff
+    initial = DEFAULT_BACKOFF_INITIAL
+    maximum = DEFAULT_BACKOFF_MAX
+    multiplier = DEFAULT_BACKOFF_MULTIPLIER
+    if backoff is not None:
+        if backoff.initial is not None:
+            initial = max(backoff.initial, timedelta(0))
+        if backoff.maximum is not None:
+            maximum = max(backoff.maximum, timedelta(0))
+        if backoff.multiplier:
+            multiplier = backoff.multiplier
+    max_attempts = spec.max_attempts or DEFAULT_MAX_ATTEMPTS
+    # A task cannot become available before it exists; when both delay and
+    # not_before are given the later moment wins.
+    available_us = now_us
+    if spec.delay is not None:
+        available_us = max(available_us, now_us + spec.delay // _MICRO)
+    if spec.not_before is not None:
+        available_us = max(available_us, _to_us(spec.not_before))
+    available = now if available_us == now_us else _from_us(available_us)
+    task_id = id_prefix + secrets.token_hex(10)
+    initial_us = initial // _MICRO
+    maximum_us = maximum // _MICRO
+    task = Task(
+        id=task_id,
+        queue=queue,
+        task_type=spec.task_type,
+        payload=spec.payload,
+        unique_key=spec.unique_key,
+        state=TaskState.PENDING,
+        attempt=0,
+        max_attempts=max_attempts,
+        priority=spec.priority,
+        # Rebuilt from microseconds so the Task equals what the row reads back.
+        retry_backoff=RetryBackoff(
+            initial=timedelta(microseconds=initial_us),
+            maximum=timedelta(microseconds=maximum_us),
+            multiplier=float(multiplier),
+        ),
+        created_at=now,
+        updated_at=now,
+        available_at=available,
+    )
+    row = (
+        task_id,
+        queue,
+        spec.task_type,
+        spec.payload,
+        spec.unique_key,
+        _PENDING,
+        max_attempts,
+        max_attempts,
+        spec.priority,
+        initial_us,
+        maximum_us,
+        float(multiplier),
+        now_us,
+        now_us,
+        available_us,
+    )
+    return task, row
+
+
+def _describe(queue: str, task_id: str | None, unique_key: str | None) -> str:
+    if task_id is not None:
+        return f"task {task_id!r} in queue {queue!r}"
+    return f"task with unique key {unique_key!r} in queue {queue!r}"
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the schema to SCHEMA_VERSION in one transaction."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        # Read under the write lock: another process may have migrated.
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{path}: database schema version {version} is newer than this"
+                f" ringo_trio understands ({SCHEMA_VERSION}); upgrade ringo_trio or"
+                " use another data dir"
+            )
+        for statements in _MIGRATIONS[version:]:
+            for statement in statements:
+                db.execute(statement)
+        if version != SCHEMA_VERSION:
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise

@@ -1,0 +1,563 @@
+"""Unit tests of the daemon's pure parts: codec, validation, sessions, wake-ups,
+reaper and claim batching (no sockets)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import betterproto2
+import pytest
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ringo_trio import _limits as limits
+from ringo_trio._proto.ringo.v1 import (
+    AckRequest,
+    ClaimRequest,
+    EnqueueManyRequest,
+    EnqueueRequest,
+    ErrorDetail,
+    ExtendLeaseRequest,
+    GetTaskRequest,
+    Lease,
+    LeasedTask,
+    LeaseRef,
+    NackRequest,
+    RequestContext,
+    RetryBackoff,
+    Task,
+    TaskSpec,
+    WorkResult,
+)
+from ringo_trio.server import _validate as v
+from ringo_trio.server._clock import Clock, ManualClock
+from ringo_trio.server._service import QueueService
+from ringo_trio.server._sessions import SessionTable
+from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
+from ringo_trio.server._wire import StrictCodec, WireError, check_message
+from ringo_trio.server.storage._base import Storage
+
+pytestmark = pytest.mark.anyio
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+# -- codec ---------------------------------------------------------------------
+
+_text = st.text(max_size=20)
+# betterproto2 0.10 mis-encodes negative durations with a fractional part
+# (-0.5 s goes out as +0.5 s; the SDK must refuse negatives before sending),
+# so negative values here are whole seconds.
+_durations = st.none() | st.one_of(
+    st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=1000)),
+    st.integers(-(10**8), 0).map(lambda seconds: timedelta(seconds=seconds)),
+)
+_specs = st.builds(
+    TaskSpec,
+    task_type=_text,
+    payload=st.binary(max_size=50),
+    unique_key=_text,
+    max_attempts=st.integers(0, 2**32 - 1),
+    retry_backoff=st.none()
+    | st.builds(
+        RetryBackoff, initial=_durations, maximum=_durations, multiplier=st.floats(allow_nan=False)
+    ),
+    delay=_durations,
+    not_before=st.none() | st.datetimes(timezones=st.just(UTC)),
+    priority=st.integers(-(2**31), 2**31 - 1),
+)
+_contexts = st.none() | st.builds(
+    RequestContext,
+    protocol_major=st.integers(0, 2**32 - 1),
+    protocol_minor=st.integers(0, 2**32 - 1),
+    session_token=_text,
+)
+_requests = st.one_of(
+    st.builds(EnqueueRequest, context=_contexts, queue=_text, task=st.none() | _specs),
+    st.builds(
+        EnqueueManyRequest, context=_contexts, queue=_text, tasks=st.lists(_specs, max_size=4)
+    ),
+    st.builds(
+        ClaimRequest,
+        context=_contexts,
+        queue=_text,
+        task_types=st.lists(_text, max_size=3),
+        limit=st.integers(0, 2**32 - 1),
+        wait_timeout=_durations,
+    ),
+    st.builds(
+        WorkResult,
+        request_id=st.integers(0, 2**64 - 1),
+        error=st.none()
+        | st.builds(ErrorDetail, message=_text, metadata=st.dictionaries(_text, _text)),
+    ),
+)
+_REQUEST_TYPES: list[type[betterproto2.Message]] = [
+    EnqueueRequest,
+    EnqueueManyRequest,
+    ClaimRequest,
+    AckRequest,
+    NackRequest,
+    ExtendLeaseRequest,
+    GetTaskRequest,
+    WorkResult,
+]
+
+
+@given(_requests)
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_codec_accepts_every_valid_encoding_unchanged(message: betterproto2.Message) -> None:
+    """Property: the strict check never refuses a message betterproto itself
+    encoded, and decoding gives back an equal message."""
+    data = bytes(message)
+    check_message(data, type(message))
+    assert StrictCodec().decode(data, type(message)) == message
+
+
+@given(st.sampled_from(_REQUEST_TYPES), st.binary(max_size=64))
+@settings(max_examples=1000)
+def test_codec_turns_any_bytes_into_a_message_or_invalid_argument(
+    message_type: type[betterproto2.Message], data: bytes
+) -> None:
+    """Property: for arbitrary bytes the codec returns a message of the right
+    type or raises GRPCError(INVALID_ARGUMENT) — never another exception,
+    which would reach the client as UNKNOWN/INTERNAL."""
+    status: Status | None = None
+    try:
+        decoded = StrictCodec().decode(data, message_type)
+    except GRPCError as exc:
+        status = exc.status
+    else:
+        assert isinstance(decoded, message_type)
+    assert status in (None, Status.INVALID_ARGUMENT)
+
+
+@given(_requests, st.data())
+@settings(max_examples=200)
+def test_codec_refuses_truncations_inside_a_field(message: betterproto2.Message, data: Any) -> None:
+    """Property: cutting a valid encoding inside its last field is refused
+    (betterproto alone would silently accept a shortened message)."""
+    encoded = bytes(message)
+    if not encoded:
+        return
+    boundaries = _field_boundaries(encoded)
+    cut = data.draw(st.integers(1, len(encoded) - 1)) if len(encoded) > 1 else 0
+    if cut == 0 or cut in boundaries:
+        return
+    with pytest.raises(WireError):
+        check_message(encoded[:cut], type(message))
+
+
+def _field_boundaries(encoded: bytes) -> set[int]:
+    """Offsets at which a top-level field ends (cuts there are valid messages)."""
+    ends = {0}
+    pos = 0
+    while pos < len(encoded):
+        key, pos = _varint(encoded, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _varint(encoded, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            length, pos = _varint(encoded, pos)
+            pos += length
+        ends.add(pos)
+    return ends
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return result, pos
+
+
+@pytest.mark.parametrize(
+    ("data", "message_type", "fragment"),
+    [
+        (b"\x2a\x02\x01\x02", ClaimRequest, "limit: wire type 2 does not match a uint32 field"),
+        (b"\x12\x01", EnqueueRequest, "queue: truncated field"),
+        (b"\x0b", EnqueueRequest, "context: unsupported wire type 3"),
+        (b"\x7b", EnqueueRequest, "#15: unsupported wire type 3"),
+        (b"\x00\x00", EnqueueRequest, "field number 0"),
+        (b"\x1a\x03\x2a\x01\xff", EnqueueManyRequest, "tasks[0].retry_backoff: truncated"),
+        (b"\x1a\x03\x7a\x02\xff", EnqueueManyRequest, "tasks[0].#15: truncated field"),
+        (b"\x12\x03\x0a\x05\x61", AckRequest, "lease.task_id: truncated field"),
+        (b"\x12\x05\x1a\x03\x0a\x01\xc3", WorkResult, "error.metadata[0].key: string"),
+        (b"\x08" + b"\xff" * 10 + b"\x01", AckRequest, "varint longer than 10 bytes"),
+    ],
+)
+def test_codec_names_the_malformed_field(
+    data: bytes, message_type: type[betterproto2.Message], fragment: str
+) -> None:
+    with pytest.raises(GRPCError) as refused:
+        StrictCodec().decode(data, message_type)
+    assert refused.value.status is Status.INVALID_ARGUMENT
+    assert fragment in (refused.value.message or "")
+
+
+def test_codec_unrepresentable_duration_is_invalid_argument() -> None:
+    """Property: well-formed bytes whose values overflow Python's types (a
+    Duration of 10^15 s) are the caller's error, not an INTERNAL."""
+    duration = b"\x08" + _encode_varint(10**15)
+    data = b"\x32" + bytes([len(duration)]) + duration  # ClaimRequest.wait_timeout
+    with pytest.raises(GRPCError) as refused:
+        StrictCodec().decode(data, ClaimRequest)
+    assert refused.value.status is Status.INVALID_ARGUMENT
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def test_codec_enforces_the_message_size_limit_both_ways() -> None:
+    """Property: frames over the limit are RESOURCE_EXHAUSTED in both
+    directions; a frame exactly at the limit passes."""
+    codec = StrictCodec(max_message_bytes=20)
+    at_limit = EnqueueRequest(queue="q" * 18)
+    assert len(bytes(at_limit)) == 20
+    assert codec.decode(bytes(at_limit), EnqueueRequest) == at_limit
+    assert codec.encode(at_limit, EnqueueRequest) == bytes(at_limit)
+    over = EnqueueRequest(queue="q" * 19)
+    for call in (
+        lambda: codec.decode(bytes(over), EnqueueRequest),
+        lambda: codec.encode(over, EnqueueRequest),
+    ):
+        with pytest.raises(GRPCError) as refused:
+            call()
+        assert refused.value.status is Status.RESOURCE_EXHAUSTED
+
+
+# -- validation ------------------------------------------------------------------
+
+
+def test_task_spec_normalization_fills_defaults_and_resolves_delay() -> None:
+    """Property: the engine gets an unambiguous spec — defaults filled, a
+    relative delay turned into an absolute not_before; the request is not
+    mutated."""
+    original = TaskSpec(task_type="t", delay=timedelta(seconds=5))
+    spec = v.task_spec(original, "task", NOW)
+    assert spec.max_attempts == limits.DEFAULT_MAX_ATTEMPTS
+    assert spec.delay is None
+    assert spec.not_before == NOW + timedelta(seconds=5)
+    assert spec.retry_backoff == RetryBackoff(
+        initial=limits.DEFAULT_BACKOFF_INITIAL,
+        maximum=limits.DEFAULT_BACKOFF_MAX,
+        multiplier=limits.DEFAULT_BACKOFF_MULTIPLIER,
+    )
+    assert original.delay == timedelta(seconds=5)
+    partial = v.task_spec(
+        TaskSpec(
+            task_type="t", max_attempts=2, retry_backoff=RetryBackoff(initial=timedelta(hours=1))
+        ),
+        "task",
+        NOW,
+    )
+    assert partial.max_attempts == 2
+    assert partial.retry_backoff == RetryBackoff(
+        initial=timedelta(hours=1), maximum=timedelta(hours=1), multiplier=2.0
+    )
+
+
+def test_claim_args_defaults_and_type_dedupe() -> None:
+    args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=3, task_types=["a", "a", "b"]))
+    assert args.wait_timeout == timedelta(0)
+    assert args.lease_duration == limits.DEFAULT_LEASE
+    assert args.task_types == ["a", "b"]
+
+
+# -- sessions ------------------------------------------------------------------
+
+
+def test_session_expires_exactly_at_its_ttl_and_is_pruned() -> None:
+    table = SessionTable(timedelta(seconds=10))
+    token = table.open(3, NOW)
+    session = table.lookup(token, NOW + timedelta(seconds=9.999))
+    assert session is not None
+    assert session.minor == 3
+    assert table.lookup(token, NOW + timedelta(seconds=10)) is None
+    assert table.lookup("", NOW) is None
+    old = table.open(1, NOW)
+    table.open(1, NOW + timedelta(seconds=11))
+    assert len(table) == 1, "opening a session prunes expired ones"
+    assert table.lookup(old, NOW) is None
+
+
+def test_session_table_is_bounded() -> None:
+    """Property: a client negotiating in a loop cannot grow memory without
+    bound; the oldest session is dropped (its owner just renegotiates)."""
+    table = SessionTable(timedelta(hours=1), max_sessions=3)
+    tokens = [table.open(0, NOW) for _ in range(5)]
+    assert len(table) == 3
+    assert table.lookup(tokens[0], NOW) is None
+    assert table.lookup(tokens[-1], NOW) is not None
+
+
+# -- wake-ups --------------------------------------------------------------------
+
+
+async def test_notify_between_arm_and_wait_is_not_lost() -> None:
+    """Property: a waiter that armed before checking storage sees a notify
+    that lands before it starts waiting."""
+    wakeups = QueueWakeups()
+    with anyio.fail_after(1), wakeups.watch("q") as watch:
+        armed = watch.arm()
+        wakeups.notify("q")
+        await watch.wait(armed, 30)
+        fresh = watch.arm()
+        assert fresh is not armed
+        assert not fresh.is_set()
+    assert wakeups.watched_queues() == 0
+
+
+async def test_notify_wakes_only_its_queue_and_close_wakes_all() -> None:
+    wakeups = QueueWakeups()
+    with wakeups.watch("a") as a, wakeups.watch("b") as b:
+        armed_a, armed_b = a.arm(), b.arm()
+        wakeups.notify("a")
+        wakeups.notify("unwatched")
+        assert armed_a.is_set()
+        assert not armed_b.is_set()
+        wakeups.close()
+        assert armed_b.is_set()
+        assert b.closed
+        assert wakeups.watched_queues() == 2
+    assert wakeups.watched_queues() == 0
+
+
+class _CountingStorage(Storage):
+    """Only expire_leases is real: it records calls and can fail."""
+
+    def __init__(self) -> None:
+        self.expire_calls: list[datetime] = []
+        self.expired = 0
+        self.fail = False
+
+    async def expire_leases(self, now: datetime) -> int:
+        self.expire_calls.append(now)
+        if self.fail:
+            raise RuntimeError("engine hiccup")
+        return self.expired
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    async def enqueue(self, queue: str, specs: Sequence[TaskSpec], now: datetime) -> Any:
+        raise NotImplementedError
+
+    async def get(
+        self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
+    ) -> Task:
+        raise NotImplementedError
+
+    async def retry(self, queue: str, now: datetime, **lookup: Any) -> Task:
+        raise NotImplementedError
+
+    async def claim(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease_duration: timedelta,
+        now: datetime,
+    ) -> list[LeasedTask]:
+        raise NotImplementedError
+
+    async def ack(self, ref: LeaseRef, now: datetime) -> Task:
+        raise NotImplementedError
+
+    async def nack(
+        self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
+    ) -> Task:
+        raise NotImplementedError
+
+    async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
+        raise NotImplementedError
+
+    async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
+        raise NotImplementedError
+
+    async def report_progress(
+        self, ref: LeaseRef, current: float, total: float, message: str, now: datetime
+    ) -> None:
+        raise NotImplementedError
+
+    async def activity(self, queue: str, task_types: Sequence[str]) -> int:
+        raise NotImplementedError
+
+    async def next_wakeup(
+        self, queue: str, task_types: Sequence[str], now: datetime
+    ) -> datetime | None:
+        raise NotImplementedError
+
+
+async def _run_reaper(reaper: LeaseReaper, seconds: float) -> None:
+    with anyio.move_on_after(seconds):
+        await reaper.run()
+
+
+async def test_reaper_sweeps_at_the_noted_deadline_not_before() -> None:
+    """Property: after the startup sweep, the reaper sweeps when a noted lease
+    deadline arrives (not at the backstop), and wakes waiters when something
+    expired."""
+    storage = _CountingStorage()
+    storage.expired = 1
+    wakeups = QueueWakeups()
+    clock = Clock()
+    reaper = LeaseReaper(storage, clock, wakeups, backstop=60)
+    with wakeups.watch("q") as watch:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_run_reaper, reaper, 1.0)
+            await anyio.sleep(0.05)
+            assert len(storage.expire_calls) == 1  # startup sweep
+            armed = watch.arm()
+            deadline = clock.now() + timedelta(milliseconds=300)
+            reaper.note(deadline)
+            await anyio.sleep(0.2)
+            assert len(storage.expire_calls) == 1, "swept before the deadline"
+            await anyio.sleep(0.25)
+            assert len(storage.expire_calls) == 2
+            assert storage.expire_calls[1] >= deadline
+            assert armed.is_set()
+            tg.cancel_scope.cancel()
+
+
+async def test_reaper_coalesces_a_burst_of_deadlines() -> None:
+    """Property: many distinct deadlines close together cost a few sweeps, not
+    one write transaction each."""
+    storage = _CountingStorage()
+    clock = Clock()
+    reaper = LeaseReaper(storage, clock, QueueWakeups(), backstop=60, min_interval=0.05)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_run_reaper, reaper, 0.6)
+        await anyio.sleep(0.02)
+        start = clock.now()
+        for i in range(200):
+            reaper.note(start + timedelta(milliseconds=100 + i))  # 100..300 ms
+    sweeps_for_burst = len(storage.expire_calls) - 1
+    assert 1 <= sweeps_for_burst <= 8
+
+
+async def test_reaper_backstop_and_engine_errors(caplog: pytest.LogCaptureFixture) -> None:
+    """Property: with no deadline known the reaper still sweeps every
+    `backstop` seconds (leases from a previous process), and an engine error
+    is logged without ending the reaper."""
+    storage = _CountingStorage()
+    storage.fail = True
+    reaper = LeaseReaper(storage, Clock(), QueueWakeups(), backstop=0.1)
+    with caplog.at_level(logging.ERROR, logger="ringo_trio.server"):
+        await _run_reaper(reaper, 0.55)
+    assert 4 <= len(storage.expire_calls) <= 7
+    assert any("expiring leases failed" in r.getMessage() for r in caplog.records)
+
+
+# -- claim batching ----------------------------------------------------------------
+
+
+class _BigTaskStorage(_CountingStorage):
+    def __init__(self, payload_bytes: int, available: int) -> None:
+        super().__init__()
+        self.payload = b"x" * payload_bytes
+        self.available = available
+        self.limits: list[int] = []
+
+    async def claim(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease_duration: timedelta,
+        now: datetime,
+    ) -> list[LeasedTask]:
+        self.limits.append(limit)
+        n = min(limit, self.available)
+        self.available -= n
+        until = now + lease_duration
+        return [
+            LeasedTask(
+                task=Task(id=str(i), queue=queue, payload=self.payload),
+                lease=Lease(task_id=str(i), attempt=1, lease_token="t", until=until),
+            )
+            for i in range(n)
+        ]
+
+
+def _service(storage: Storage) -> QueueService:
+    clock = ManualClock(NOW)
+    wakeups = QueueWakeups()
+    return QueueService(
+        storage,
+        clock=clock,
+        sessions=SessionTable(timedelta(hours=1)),
+        served_minor=limits.PROTOCOL_MINOR,
+        wakeups=wakeups,
+        reaper=LeaseReaper(storage, clock, wakeups),
+    )
+
+
+async def test_large_claim_never_leases_more_than_one_message_can_carry() -> None:
+    """Property: a Claim of 1000 worst-case (1 MiB) tasks is taken in rounds
+    and stops before the response could exceed MAX_MESSAGE_BYTES, so no task
+    is leased that could not be sent."""
+    storage = _BigTaskStorage(limits.MAX_PAYLOAD_BYTES, available=1000)
+    args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=1000))
+    leased = await _service(storage)._claim_now(args, NOW)
+    total = sum(len(item.task.payload) for item in leased if item.task)
+    assert 0 < len(leased) < 1000
+    assert total <= limits.MAX_MESSAGE_BYTES - 1024 * 1024
+    assert 1000 - storage.available == len(leased)
+
+
+async def test_large_claim_of_small_tasks_gets_them_all() -> None:
+    """Property: the size rounds do not cap a claim of small tasks: all 1000
+    are leased, and a short round ends the claim."""
+    storage = _BigTaskStorage(100, available=1000)
+    args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=1000))
+    leased = await _service(storage)._claim_now(args, NOW)
+    assert len(leased) == 1000
+    assert sum(storage.limits) >= 1000
+    storage.available = 5
+    storage.limits.clear()
+    assert len(await _service(storage)._claim_now(args, NOW)) == 5
+    assert len(storage.limits) == 1
+
+
+async def test_enqueue_many_refuses_a_batch_whose_echo_cannot_be_sent() -> None:
+    """Property: a batch that fits in a request but whose response (which
+    echoes every task) would exceed MAX_MESSAGE_BYTES is refused before
+    anything is stored, instead of committing and then failing to answer."""
+    storage = _CountingStorage()  # any storage call would raise
+    service = _service(storage)
+    token = service._sessions.open(limits.PROTOCOL_MINOR, NOW)
+    ctx = RequestContext(limits.PROTOCOL_MAJOR, limits.PROTOCOL_MINOR, token)
+    payload = b"x" * limits.MAX_PAYLOAD_BYTES
+    count = limits.MAX_MESSAGE_BYTES // limits.MAX_PAYLOAD_BYTES  # 64: request just fits
+    request = EnqueueManyRequest(
+        context=ctx, queue="q", tasks=[TaskSpec(task_type="t", payload=payload)] * count
+    )
+    with pytest.raises(GRPCError) as refused:
+        await service.enqueue_many(request)
+    assert refused.value.status is Status.INVALID_ARGUMENT
+    assert "tasks: the response would echo" in (refused.value.message or "")

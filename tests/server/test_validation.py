@@ -1,0 +1,452 @@
+"""Malformed requests: INVALID_ARGUMENT naming the field, and nothing changes.
+
+Every case is a request that is valid except for one field, sent with a
+live session against a queue holding one LEASED and one PENDING task; after
+the refusal both tasks and the queue's activity count are exactly as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import pytest
+from grpclib.client import Channel
+from grpclib.const import Cardinality, Status
+
+from ringo_trio import _limits as limits
+from ringo_trio._proto.ringo.v1 import (
+    AckRequest,
+    AckResponse,
+    ClaimRequest,
+    EnqueueManyRequest,
+    EnqueueRequest,
+    EnqueueResponse,
+    ExtendLeaseRequest,
+    GetQueueActivityRequest,
+    GetTaskRequest,
+    LeaseRef,
+    NackRequest,
+    RejectRequest,
+    ReportProgressRequest,
+    RetryBackoff,
+    RetryTaskRequest,
+    TaskSpec,
+)
+from ringo_trio.testing import DaemonProcess
+
+from ._client import Client, connect, expect_status, new_queue, ref, split_endpoint
+
+pytestmark = pytest.mark.anyio
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class Setup:
+    queue: str
+    lease: LeaseRef
+    leased_id: str
+    pending_id: str
+
+
+def spec(**overrides: Any) -> TaskSpec:
+    overrides.setdefault("task_type", "t")
+    return TaskSpec(**overrides)
+
+
+Build = Callable[[Any, Setup], tuple[str, Any]]
+
+
+def enqueue(queue: str | None = None, **task: Any) -> Build:
+    return lambda ctx, s: (
+        "enqueue",
+        EnqueueRequest(context=ctx, queue=s.queue if queue is None else queue, task=spec(**task)),
+    )
+
+
+def claim(**fields: Any) -> Build:
+    def build(ctx: Any, s: Setup) -> tuple[str, Any]:
+        args = {"queue": s.queue, "worker_id": "w", "limit": 1, **fields}
+        return "claim", ClaimRequest(context=ctx, **args)
+
+    return build
+
+
+def with_lease(method: str, cls: type, lease: Callable[[Setup], Any], **fields: Any) -> Build:
+    return lambda ctx, s: (method, cls(context=ctx, lease=lease(s), **fields))
+
+
+def good_lease(s: Setup) -> LeaseRef:
+    return s.lease
+
+
+CASES: list[tuple[str, Build, str]] = [
+    ("queue-empty", enqueue(queue=""), "queue: must not be empty"),
+    ("queue-too-long", enqueue(queue="q" * 201), "queue: 201 bytes exceeds the 200-byte limit"),
+    ("queue-utf8-bytes", enqueue(queue="é" * 101), "queue: 202 bytes exceeds the 200-byte limit"),
+    (
+        "task-missing",
+        lambda ctx, s: ("enqueue", EnqueueRequest(context=ctx, queue=s.queue)),
+        "task: is required",
+    ),
+    ("task-type-empty", enqueue(task_type=""), "task.task_type: must not be empty"),
+    ("task-type-too-long", enqueue(task_type="x" * 201), "task.task_type: 201 bytes"),
+    (
+        "payload-too-large",
+        enqueue(payload=b"x" * (limits.MAX_PAYLOAD_BYTES + 1)),
+        "task.payload: 1048577 bytes exceeds the 1048576-byte limit",
+    ),
+    ("unique-key-too-long", enqueue(unique_key="k" * 513), "task.unique_key: 513 bytes"),
+    (
+        "max-attempts-too-high",
+        enqueue(max_attempts=limits.MAX_ATTEMPTS_LIMIT + 1),
+        "task.max_attempts: 10001 exceeds the limit of 10000",
+    ),
+    ("delay-negative", enqueue(delay=timedelta(seconds=-1)), "task.delay: must not be negative"),
+    (
+        "delay-and-not-before",
+        enqueue(delay=timedelta(seconds=1), not_before=datetime(2030, 1, 1, tzinfo=UTC)),
+        "task.delay: at most one of delay and not_before",
+    ),
+    (
+        "delay-overflows",
+        enqueue(delay=timedelta(days=999_999_000)),
+        "task.delay: is too far in the future",
+    ),
+    (
+        "backoff-multiplier-below-1",
+        enqueue(retry_backoff=RetryBackoff(multiplier=0.5)),
+        "task.retry_backoff.multiplier: 0.5 is below 1",
+    ),
+    (
+        "backoff-multiplier-nan",
+        enqueue(retry_backoff=RetryBackoff(multiplier=math.nan)),
+        "task.retry_backoff.multiplier: must be a finite number",
+    ),
+    (
+        "backoff-initial-negative",
+        enqueue(retry_backoff=RetryBackoff(initial=timedelta(seconds=-2))),
+        "task.retry_backoff.initial: must not be negative",
+    ),
+    (
+        "backoff-maximum-below-initial",
+        enqueue(
+            retry_backoff=RetryBackoff(initial=timedelta(seconds=10), maximum=timedelta(seconds=1))
+        ),
+        "task.retry_backoff.maximum: must not be less than initial",
+    ),
+    (
+        "batch-too-large",
+        lambda ctx, s: (
+            "enqueue_many",
+            EnqueueManyRequest(
+                context=ctx, queue=s.queue, tasks=[spec() for _ in range(limits.MAX_BATCH + 1)]
+            ),
+        ),
+        "tasks: 1001 tasks exceeds the limit of 1000",
+    ),
+    (
+        "batch-one-bad-payload",
+        lambda ctx, s: (
+            "enqueue_many",
+            EnqueueManyRequest(
+                context=ctx,
+                queue=s.queue,
+                tasks=[spec(), spec(), spec(), spec(payload=b"x" * 2_000_000), spec()],
+            ),
+        ),
+        "tasks[3].payload: 2000000 bytes exceeds the 1048576-byte limit",
+    ),
+    (
+        "batch-queue-empty",
+        lambda ctx, s: ("enqueue_many", EnqueueManyRequest(context=ctx, queue="", tasks=[spec()])),
+        "queue: must not be empty",
+    ),
+    (
+        "get-no-lookup",
+        lambda ctx, s: ("get_task", GetTaskRequest(context=ctx, queue=s.queue)),
+        "lookup: exactly one of task_id or unique_key is required",
+    ),
+    (
+        "get-empty-task-id",
+        lambda ctx, s: ("get_task", GetTaskRequest(context=ctx, queue=s.queue, task_id="")),
+        "task_id: must not be empty",
+    ),
+    (
+        "get-queue-empty",
+        lambda ctx, s: ("get_task", GetTaskRequest(context=ctx, queue="", task_id=s.pending_id)),
+        "queue: must not be empty",
+    ),
+    (
+        "retry-no-lookup",
+        lambda ctx, s: ("retry_task", RetryTaskRequest(context=ctx, queue=s.queue)),
+        "lookup: exactly one",
+    ),
+    (
+        "retry-key-too-long",
+        lambda ctx, s: (
+            "retry_task",
+            RetryTaskRequest(context=ctx, queue=s.queue, unique_key="k" * 513),
+        ),
+        "unique_key: 513 bytes",
+    ),
+    ("claim-limit-0", claim(limit=0), "limit: 0 is outside 1..1000"),
+    ("claim-limit-1001", claim(limit=1001), "limit: 1001 is outside 1..1000"),
+    ("claim-worker-empty", claim(worker_id=""), "worker_id: must not be empty"),
+    ("claim-worker-too-long", claim(worker_id="w" * 201), "worker_id: 201 bytes"),
+    ("claim-queue-empty", claim(queue=""), "queue: must not be empty"),
+    ("claim-type-empty", claim(task_types=["t", ""]), "task_types[1]: must not be empty"),
+    ("claim-too-many-types", claim(task_types=[f"t{i}" for i in range(101)]), "task_types: 101"),
+    (
+        "claim-wait-negative",
+        claim(wait_timeout=timedelta(seconds=-1)),
+        "wait_timeout: must not be negative",
+    ),
+    (
+        "claim-wait-too-long",
+        claim(wait_timeout=timedelta(seconds=61)),
+        "wait_timeout: 61s exceeds the maximum of 60s",
+    ),
+    ("claim-lease-zero", claim(lease_duration=timedelta(0)), "lease_duration: must be positive"),
+    (
+        "claim-lease-too-long",
+        claim(lease_duration=timedelta(days=2)),
+        "lease_duration: 172800s exceeds the maximum of 86400s",
+    ),
+    ("ack-lease-missing", with_lease("ack", AckRequest, lambda s: None), "lease: is required"),
+    (
+        "ack-task-id-empty",
+        with_lease("ack", AckRequest, lambda s: LeaseRef("", s.lease.attempt, "tok")),
+        "lease.task_id: must not be empty",
+    ),
+    (
+        "ack-token-empty",
+        with_lease("ack", AckRequest, lambda s: LeaseRef(s.lease.task_id, s.lease.attempt, "")),
+        "lease.lease_token: must not be empty",
+    ),
+    (
+        "ack-attempt-0",
+        with_lease("ack", AckRequest, lambda s: LeaseRef(s.lease.task_id, 0, s.lease.lease_token)),
+        "lease.attempt: must be at least 1",
+    ),
+    (
+        "nack-error-too-long",
+        with_lease("nack", NackRequest, good_lease, error="e" * (limits.MAX_ERROR_BYTES + 1)),
+        "error: 262145 bytes exceeds the 262144-byte limit",
+    ),
+    (
+        "nack-negative-override",
+        with_lease("nack", NackRequest, good_lease, retry_delay_override=timedelta(seconds=-1)),
+        "retry_delay_override: must not be negative",
+    ),
+    (
+        "nack-lease-missing",
+        with_lease("nack", NackRequest, lambda s: None),
+        "lease: is required",
+    ),
+    (
+        "reject-error-too-long",
+        with_lease(
+            "reject", RejectRequest, good_lease, error="é" * (limits.MAX_ERROR_BYTES // 2 + 1)
+        ),
+        "error: 262146 bytes exceeds",
+    ),
+    (
+        "extend-missing",
+        with_lease("extend_lease", ExtendLeaseRequest, good_lease),
+        "extension: is required",
+    ),
+    (
+        "extend-zero",
+        with_lease("extend_lease", ExtendLeaseRequest, good_lease, extension=timedelta(0)),
+        "extension: must be positive",
+    ),
+    (
+        "extend-negative",
+        with_lease("extend_lease", ExtendLeaseRequest, good_lease, extension=timedelta(seconds=-5)),
+        "extension: must be positive",
+    ),
+    (
+        "extend-too-long",
+        with_lease("extend_lease", ExtendLeaseRequest, good_lease, extension=timedelta(days=2)),
+        "extension: 172800s exceeds",
+    ),
+    (
+        "progress-message-too-long",
+        with_lease("report_progress", ReportProgressRequest, good_lease, message="m" * 4097),
+        "message: 4097 bytes exceeds the 4096-byte limit",
+    ),
+    (
+        "progress-current-nan",
+        with_lease("report_progress", ReportProgressRequest, good_lease, current=math.nan),
+        "current: must be a finite number",
+    ),
+    (
+        "progress-total-inf",
+        with_lease("report_progress", ReportProgressRequest, good_lease, total=math.inf),
+        "total: must be a finite number",
+    ),
+    (
+        "activity-queue-empty",
+        lambda ctx, s: ("get_queue_activity", GetQueueActivityRequest(context=ctx, queue="")),
+        "queue: must not be empty",
+    ),
+    (
+        "activity-type-empty",
+        lambda ctx, s: (
+            "get_queue_activity",
+            GetQueueActivityRequest(context=ctx, queue=s.queue, task_types=[""]),
+        ),
+        "task_types[0]: must not be empty",
+    ),
+]
+
+
+async def _setup(client: Client) -> Setup:
+    queue = new_queue("val")
+    await client.enqueue(queue)
+    [leased] = await client.claim(queue)
+    pending = await client.enqueue(queue)
+    assert leased.task is not None
+    return Setup(queue, ref(leased), leased.task.id, pending.id)
+
+
+async def _snapshot(client: Client, s: Setup) -> Any:
+    return (
+        await client.activity(s.queue),
+        await client.get(s.queue, s.leased_id),
+        await client.get(s.queue, s.pending_id),
+    )
+
+
+@pytest.mark.parametrize(("build", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+async def test_invalid_field_is_refused_by_name_and_changes_nothing(
+    daemon: DaemonProcess, build: Build, fragment: str
+) -> None:
+    """Property: a request invalid in one field is INVALID_ARGUMENT whose
+    message names that field and says what is wrong, and the refused request
+    changes nothing (no task enqueued, leased, settled, extended or retried)."""
+    with anyio.fail_after(15):
+        async with connect(daemon) as client:
+            setup = await _setup(client)
+            before = await _snapshot(client, setup)
+            method, request = build(client.context, setup)
+            await expect_status(
+                getattr(client.stub, method)(request), Status.INVALID_ARGUMENT, fragment
+            )
+            assert await _snapshot(client, setup) == before
+
+
+async def test_unknown_task_is_not_found(daemon: DaemonProcess) -> None:
+    """Property: GetTask / RetryTask of an id or key the queue does not hold
+    is NOT_FOUND."""
+    with anyio.fail_after(10):
+        async with connect(daemon) as client:
+            setup = await _setup(client)
+            ctx = client.context
+            for lookup in ({"task_id": "0" * 32}, {"unique_key": "missing"}):
+                await expect_status(
+                    client.stub.get_task(GetTaskRequest(context=ctx, queue=setup.queue, **lookup)),
+                    Status.NOT_FOUND,
+                )
+                await expect_status(
+                    client.stub.retry_task(
+                        RetryTaskRequest(context=ctx, queue=setup.queue, **lookup)
+                    ),
+                    Status.NOT_FOUND,
+                )
+
+
+class RawFrame:
+    """Sends its bytes verbatim through grpclib's ProtoCodec."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:
+        return self.data
+
+
+async def _raw_call(endpoint: str, method: str, data: bytes, reply: type) -> Any:
+    host, port = split_endpoint(endpoint)
+    channel = Channel(host, port)
+    try:
+        stream: Any
+        async with channel.request(
+            f"/ringo.v1.QueueService/{method}", Cardinality.UNARY_UNARY, RawFrame, reply
+        ) as stream:
+            await stream.send_message(RawFrame(data), end=True)
+            return await stream.recv_message()
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "data", "reply", "fragment"),
+    [
+        (
+            "Enqueue",
+            b"\xff\xff\xff",
+            EnqueueResponse,
+            "malformed EnqueueRequest: message: truncated",
+        ),
+        ("Enqueue", b"garbage bytes here", EnqueueResponse, "unsupported wire type"),
+        ("Enqueue", b"\x0a\x02\x1a\xc3", EnqueueResponse, "context.session_token"),
+        ("Enqueue", b"\x1a\x04\x0a\x02\xff\xfe", EnqueueResponse, "task.task_type: string is not"),
+        ("Ack", bytes(EnqueueRequest(queue="qqqqq", task=spec())), AckResponse, "lease"),
+    ],
+    ids=["truncated-varint", "bad-wire-type", "truncated-field", "bad-utf8", "wrong-message"],
+)
+async def test_undecodable_frames_are_invalid_argument_and_the_daemon_stays_up(
+    daemon: DaemonProcess, method: str, data: bytes, reply: type, fragment: str
+) -> None:
+    """Property: bytes that are not a valid encoding of the method's message
+    are INVALID_ARGUMENT naming where decoding failed; nothing changes and
+    the daemon keeps serving."""
+    with anyio.fail_after(10):
+        async with connect(daemon) as client:
+            setup = await _setup(client)
+            before = await _snapshot(client, setup)
+            await expect_status(
+                _raw_call(daemon.endpoint, method, data, reply), Status.INVALID_ARGUMENT, fragment
+            )
+            assert await _snapshot(client, setup) == before
+            assert daemon.running
+
+
+async def test_oversized_message_is_resource_exhausted(daemon: DaemonProcess) -> None:
+    """Property: a request frame over MAX_MESSAGE_BYTES is refused with
+    RESOURCE_EXHAUSTED and changes nothing; the daemon keeps serving."""
+    with anyio.fail_after(30):
+        async with connect(daemon) as client:
+            setup = await _setup(client)
+            before = await _snapshot(client, setup)
+            # A valid EnqueueRequest whose only problem is its size.
+            request = EnqueueRequest(
+                context=client.context,
+                queue=setup.queue,
+                task=spec(payload=b"x" * (limits.MAX_MESSAGE_BYTES + 1)),
+            )
+            await expect_status(
+                _raw_call(daemon.endpoint, "Enqueue", bytes(request), EnqueueResponse),
+                Status.RESOURCE_EXHAUSTED,
+                f"exceeds the {limits.MAX_MESSAGE_BYTES}-byte message limit",
+            )
+            assert await _snapshot(client, setup) == before
+
+
+async def test_payload_at_the_limit_is_accepted(daemon: DaemonProcess) -> None:
+    """Property: the limits are inclusive — a 1 MiB payload and a 512-byte
+    unique key are fine (the boundary the refusals above sit just past)."""
+    with anyio.fail_after(15):
+        async with connect(daemon) as client:
+            queue = new_queue()
+            task = await client.enqueue(
+                queue, payload=b"x" * limits.MAX_PAYLOAD_BYTES, unique_key="k" * 512
+            )
+            assert len((await client.get(queue, task.id)).payload) == MiB

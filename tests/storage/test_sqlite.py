@@ -1,0 +1,300 @@
+"""What only the SQLite engine has: its file, pragmas, schema versions, transactions
+and query plans."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import re
+import sqlite3
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from ringo_trio._proto.ringo.v1 import TaskState
+from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.storage import sqlite as sqlite_engine
+from ringo_trio.server.storage.sqlite import SCHEMA_VERSION, SchemaVersionError, SQLiteEngine
+
+from .conftest import ENGINE_KINDS, LEASE, SyncEngine, claim_one, ref_of, spec
+from .test_durability import _run_and_kill
+
+
+@pytest.fixture
+def runner() -> Iterator[asyncio.Runner]:
+    with asyncio.Runner() as r:
+        yield r
+
+
+@pytest.fixture
+def db_path(tmp_path: pathlib.Path) -> pathlib.Path:
+    return tmp_path / "data" / "ringo.db"
+
+
+@pytest.fixture
+def sqlite(tmp_path: pathlib.Path) -> Iterator[SyncEngine]:
+    with asyncio.Runner() as runner:
+        sync = SyncEngine(ENGINE_KINDS["sqlite"], tmp_path, runner)
+        try:
+            yield sync
+        finally:
+            sync.run(sync.raw.close())
+
+
+def _conn(engine: SyncEngine) -> sqlite3.Connection:
+    db = engine.raw._db  # type: ignore[attr-defined]
+    assert isinstance(db, sqlite3.Connection)
+    return db
+
+
+def test_the_database_is_wal_with_synchronous_normal(sqlite: SyncEngine) -> None:
+    """Durable across kill -9 needs WAL + synchronous >= NORMAL; a busy timeout keeps a
+    second reader/writer of the file (a CLI) from failing the daemon at once."""
+    db = _conn(sqlite)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    assert db.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
+    assert db.isolation_level is None
+
+
+def test_open_creates_the_file_and_its_directory(
+    runner: asyncio.Runner, db_path: pathlib.Path
+) -> None:
+    """The engine's path is the database file itself; missing parents are created."""
+    engine = SQLiteEngine(db_path)
+    runner.run(engine.open())
+    runner.run(engine.open())  # a second open is a no-op
+    runner.run(engine.close())
+    assert db_path.is_file()
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    raw.close()
+
+
+def test_close_is_idempotent_and_a_closed_engine_refuses_calls(
+    runner: asyncio.Runner, db_path: pathlib.Path
+) -> None:
+    """close() twice is fine; a call on a closed engine fails loudly instead of
+    reopening behind the caller's back."""
+    engine = SQLiteEngine(db_path)
+    with pytest.raises(RuntimeError, match="not open"):
+        runner.run(engine.activity("q", []))
+    runner.run(engine.open())
+    runner.run(engine.close())
+    runner.run(engine.close())
+    with pytest.raises(RuntimeError, match="not open"):
+        runner.run(engine.expire_leases(ManualClock().now()))
+
+
+def test_a_newer_schema_is_refused_and_left_untouched(
+    runner: asyncio.Runner, db_path: pathlib.Path
+) -> None:
+    """A database written by a newer ringo_trio is refused with a clear error naming
+    both versions, and is not modified."""
+    engine = SQLiteEngine(db_path)
+    runner.run(engine.open())
+    runner.run(engine.close())
+    with sqlite3.connect(db_path) as raw:
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    raw.close()
+    before = db_path.read_bytes()
+    with pytest.raises(SchemaVersionError, match=rf"version {SCHEMA_VERSION + 1} is newer"):
+        runner.run(SQLiteEngine(db_path).open())
+    assert db_path.read_bytes() == before
+
+
+def test_migrations_apply_in_order_on_open(
+    runner: asyncio.Runner, db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older database is brought to the current version by the missing migrations,
+    in order, and keeps its data."""
+    clock = ManualClock()
+    engine = SQLiteEngine(db_path)
+    runner.run(engine.open())
+    [out] = runner.run(engine.enqueue("q", [spec(unique_key="k")], clock.now()))
+    runner.run(engine.close())
+    extra = (
+        ("CREATE TABLE m2 (step INTEGER)", "INSERT INTO m2 VALUES (2)"),
+        ("INSERT INTO m2 SELECT max(step) + 1 FROM m2",),
+    )
+    monkeypatch.setattr(sqlite_engine, "_MIGRATIONS", sqlite_engine._MIGRATIONS + extra)
+    monkeypatch.setattr(sqlite_engine, "SCHEMA_VERSION", SCHEMA_VERSION + 2)
+    engine = SQLiteEngine(db_path)
+    runner.run(engine.open())
+    assert runner.run(engine.get("q", unique_key="k")) == out.task
+    runner.run(engine.close())
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 2
+        assert raw.execute("SELECT step FROM m2 ORDER BY step").fetchall() == [(2,), (3,)]
+    raw.close()
+
+
+def test_a_failed_migration_changes_nothing(
+    runner: asyncio.Runner, db_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migrations run in one transaction: when one fails, the version and the schema
+    are as before, and the old code can still open the database."""
+    engine = SQLiteEngine(db_path)
+    runner.run(engine.open())
+    runner.run(engine.close())
+    bad = (("CREATE TABLE half_done (x INTEGER)", "THIS IS NOT SQL"),)
+    with monkeypatch.context() as m:
+        m.setattr(sqlite_engine, "_MIGRATIONS", sqlite_engine._MIGRATIONS + bad)
+        m.setattr(sqlite_engine, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+        with pytest.raises(sqlite3.OperationalError):
+            runner.run(SQLiteEngine(db_path).open())
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        names = {r[0] for r in raw.execute("SELECT name FROM sqlite_master")}
+        assert "half_done" not in names
+    raw.close()
+    engine = SQLiteEngine(db_path)
+    runner.run(engine.open())
+    runner.run(engine.close())
+
+
+def _explode(*args: Any) -> Any:
+    raise RuntimeError("injected failure after the write")
+
+
+def test_a_failed_call_rolls_back_its_writes(
+    sqlite: SyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed call changes nothing: an exception after the UPDATE ran (while the reply
+    is built) rolls the transaction back -- the ack did not happen, the lease is live."""
+    clock = ManualClock()
+    sqlite.enqueue("q", [spec()], clock.now())
+    lt = claim_one(sqlite, clock.now())
+    before = sqlite.get("q", task_id=lt.task.id)
+    with monkeypatch.context() as m:
+        m.setattr(sqlite_engine, "_row_task", _explode)
+        with pytest.raises(RuntimeError, match="injected"):
+            sqlite.ack(ref_of(lt), clock.now())
+    assert not _conn(sqlite).in_transaction
+    assert sqlite.get("q", task_id=lt.task.id) == before
+    assert sqlite.ack(ref_of(lt), clock.now()).state == TaskState.SUCCEEDED
+
+
+def test_a_failed_claim_leases_nothing_and_expires_nothing(
+    sqlite: SyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim is one transaction, its expiry pass included: when it fails, the overdue
+    lease is still as it was and the pending task was not leased."""
+    clock = ManualClock()
+    [_, waiting] = sqlite.enqueue("q", [spec(), spec()], clock.now())
+    old = claim_one(sqlite, clock.now())
+    clock.advance(2 * LEASE)
+    before = [sqlite.get("q", task_id=old.task.id), sqlite.get("q", task_id=waiting.task.id)]
+    with monkeypatch.context() as m:
+        m.setattr(sqlite_engine, "_leased", _explode)
+        with pytest.raises(RuntimeError, match="injected"):
+            sqlite.claim("q", [], 5, "w", LEASE, clock.now())
+    after = [sqlite.get("q", task_id=old.task.id), sqlite.get("q", task_id=waiting.task.id)]
+    assert after == before
+    assert after[0].state == TaskState.LEASED
+    assert after[1].attempt == 0
+    [lt] = sqlite.claim("q", [], 5, "w", LEASE, clock.now())  # the old one is backing off
+    assert lt.task.id == waiting.task.id
+
+
+def test_committed_work_lives_in_the_wal_until_checkpoint(sqlite: SyncEngine) -> None:
+    """The kill -9 test really exercises WAL recovery: after the kill the work is in the
+    -wal file (not checkpointed into the main file), and reopening recovers it."""
+    out = _run_and_kill(ENGINE_KINDS["sqlite"], sqlite)
+    wal = sqlite.scratch / "ringo.db-wal"
+    assert wal.stat().st_size > 0
+    sqlite.reopen()
+    assert sqlite.activity("q", []) == 5
+    assert len(out) == 8
+
+
+def test_ids_and_tokens_have_the_documented_shape(sqlite: SyncEngine) -> None:
+    """Task ids are 32 hex digits (ms time prefix + random); lease tokens are
+    secrets.token_hex(16)."""
+    clock = ManualClock()
+    [out] = sqlite.enqueue("q", [spec()], clock.now())
+    assert re.fullmatch(r"[0-9a-f]{32}", out.task.id)
+    ms = int((clock.now().timestamp()) * 1000)
+    assert int(out.task.id[:12], 16) == ms
+    lt = claim_one(sqlite, clock.now())
+    assert lt.lease is not None
+    assert re.fullmatch(r"[0-9a-f]{32}", lt.lease.lease_token)
+
+
+_PARAMS = {
+    "queue": "q",
+    "now": 0,
+    "prio": 0,
+    "limit": 1,
+    "worker": "w",
+    "until": 0,
+    "t0": "t",
+    "delay": None,
+    "error": "",
+    "id": "x",
+    "attempt": 1,
+    "token": "x",
+    "seq": 1,
+    "current": 0.0,
+    "total": 0.0,
+    "message": "",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "sql", "index"),
+    [
+        ("claim", sqlite_engine._claim_sql("", False), "tasks_pending"),
+        (
+            "claim-typed",
+            sqlite_engine._claim_sql(" AND task_type IN (:t0)", False),
+            "tasks_pending",
+        ),
+        ("claim-rest", sqlite_engine._claim_sql("", True), "tasks_pending"),
+        ("top-priority", sqlite_engine._TOP_PRIORITY, "tasks_pending"),
+        ("next-priority", sqlite_engine._NEXT_PRIORITY, "tasks_pending"),
+        ("expire-queue", sqlite_engine._EXPIRE_QUEUE, "tasks_leased"),
+        ("expire-all", sqlite_engine._EXPIRE_ALL, "tasks_leased"),
+        ("ack", sqlite_engine._ACK, "tasks_id"),
+        ("nack", sqlite_engine._NACK, "tasks_id"),
+    ],
+)
+def test_hot_statements_use_their_index(
+    sqlite: SyncEngine, name: str, sql: str, index: str
+) -> None:
+    """Claim, expiry and lease operations are index searches, never a scan of the task
+    table (which holds every finished task too)."""
+    positional = sql.count("?")
+    params: Any = ("q", 0)[:positional] if positional else _PARAMS
+    plan = [r[3] for r in _conn(sqlite).execute("EXPLAIN QUERY PLAN " + sql, params)]
+    assert any(index in step for step in plan), plan
+    assert not [s for s in plan if s.startswith("SCAN tasks") and "USING" not in s], plan
+    assert not [s for s in plan if "TEMP B-TREE" in s], plan
+
+
+def test_claim_does_not_walk_scheduled_tasks(sqlite: SyncEngine) -> None:
+    """Tasks scheduled far ahead at the top priority do not slow a claim down: the walk
+    seeks per priority, so the number of rows SQLite steps over stays tiny."""
+    clock = ManualClock()
+    sqlite.enqueue(
+        "q", [spec(priority=9, delay=timedelta(days=1)) for _ in range(1000)], clock.now()
+    )
+    [due] = sqlite.enqueue("q", [spec(priority=0)], clock.now())
+    db = _conn(sqlite)
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    db.set_progress_handler(count, 100)  # called every 100 VM instructions
+    try:
+        [lt] = sqlite.claim("q", [], 1, "w", LEASE, clock.now())
+    finally:
+        db.set_progress_handler(None, 0)
+    assert lt.task.id == due.task.id
+    # Scanning the 1000 scheduled entries takes tens of thousands of instructions.
+    assert steps < 50, steps
