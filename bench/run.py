@@ -27,7 +27,7 @@ RESULTS = pathlib.Path(__file__).with_name("results.md")
 async def _sequential_enqueue(client: RingoClient, n: int) -> float:
     q = client.queue("bench-seq")
     t0 = time.perf_counter()
-    for i in range(n):
+    for _ in range(n):
         await q.enqueue(task_type="t", payload=b"x")
     return n / (time.perf_counter() - t0)
 
@@ -83,33 +83,25 @@ async def _best(repeat: int, fn: Callable[[], Awaitable[float]]) -> float:
 
 async def _run(args: argparse.Namespace) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
+    n = args.n
     with tempfile.TemporaryDirectory(prefix="ringo-bench-") as data_dir:
         async with Ringo.local(data_dir) as client:
-            n = args.n
-            rows.append(
-                (
-                    "unary Enqueue, sequential",
-                    f"{await _best(args.repeat, lambda: _sequential_enqueue(client, n)):,.0f} calls/s",
-                )
-            )
-            rows.append(
-                (
-                    "unary Enqueue, 40 concurrent",
-                    f"{await _best(args.repeat, lambda: _concurrent_enqueue(client, n)):,.0f} calls/s",
-                )
-            )
-            rows.append(
+            cases: list[tuple[str, str, Callable[[], Awaitable[float]]]] = [
+                ("Enqueue, sequential", "calls/s", lambda: _sequential_enqueue(client, n)),
+                ("Enqueue, 40 concurrent", "calls/s", lambda: _concurrent_enqueue(client, n)),
                 (
                     "enqueue_many (batches of 1000)",
-                    f"{await _best(args.repeat, lambda: _enqueue_many(client, 10 * n)):,.0f} tasks/s",
-                )
-            )
-            rows.append(
+                    "tasks/s",
+                    lambda: _enqueue_many(client, 10 * n),
+                ),
                 (
                     "manual claim(32) + unary ack, 16 loops",
-                    f"{await _best(args.repeat, lambda: _claim_ack(client, n)):,.0f} tasks/s",
-                )
-            )
+                    "tasks/s",
+                    lambda: _claim_ack(client, n),
+                ),
+            ]
+            for name, unit, fn in cases:
+                rows.append((name, f"{await _best(args.repeat, fn):,.0f} {unit}"))
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rows.append(("SDK process peak RSS", f"{rss_mb:.0f} MB"))
     return rows

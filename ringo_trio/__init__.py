@@ -23,4 +23,4 @@ from ._models import TaskSpec as TaskSpec
 from ._models import TaskState as TaskState
 from ._queue import LeasedTask as LeasedTask
 from ._queue import TaskQueue as TaskQueue
-from ._version import SDK_VERSION as __version__
+from ._version import __version__ as __version__

@@ -134,16 +134,12 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="enqueue and process tasks on a private SQLite daemon, then summarize"
     )
     demo.add_argument("-n", "--tasks", type=int, default=10_000, help="tasks to run (10000)")
-    demo.add_argument(
-        "-c", "--concurrency", type=int, default=8, help="parallel claim loops (8)"
-    )
+    demo.add_argument("-c", "--concurrency", type=int, default=8, help="parallel claim loops (8)")
     demo.add_argument("--batch", type=int, default=64, help="tasks claimed per call (64)")
     demo.add_argument(
         "--failure-rate", type=float, default=0.0, help="fraction of attempts that nack (0)"
     )
-    demo.add_argument(
-        "--sleep", type=float, default=0.0, help="seconds each handler sleeps (0)"
-    )
+    demo.add_argument("--sleep", type=float, default=0.0, help="seconds each handler sleeps (0)")
     demo.add_argument("--max-attempts", type=int, default=3, help="attempts per task (3)")
     demo.add_argument("--queue", default="demo", help="queue name (demo)")
     demo.add_argument("--data-dir", default=None, help="data dir (default: a fresh temp dir)")

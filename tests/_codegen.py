@@ -6,8 +6,8 @@ Used by `nox -s proto` (writes the committed code) and by the drift test
 
 from __future__ import annotations
 
-import pathlib
 import os
+import pathlib
 import shutil
 import subprocess
 import sys

@@ -49,7 +49,7 @@ from ringo_trio import (
     TaskQueue,
     TaskState,
 )
-from ringo_trio.testing import spawn_daemon
+from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 _T = TypeVar("_T")
 
@@ -225,26 +225,37 @@ class QueueMachine(RuleBasedStateMachine):
             assert task.successes <= task.activations
 
 
+Served = tuple[BlockingPortal, RingoClient, DaemonProcess]
+
+
 @pytest.fixture
-def served_client(tmp_path: pathlib.Path) -> Iterator[tuple[BlockingPortal, RingoClient]]:
+def served_client(tmp_path: pathlib.Path) -> Iterator[Served]:
     with (
         spawn_daemon(tmp_path) as daemon,
         start_blocking_portal("trio") as portal,
         portal.wrap_async_context_manager(Ringo.connect(daemon.endpoint)) as client,
     ):
-        yield portal, client
+        yield portal, client, daemon
 
 
-def test_queue_state_machine(served_client: tuple[BlockingPortal, RingoClient]) -> None:
+def test_queue_state_machine(served_client: Served) -> None:
     """Properties: no task lost, none SUCCEEDED twice, stale leases change nothing
     (see the module docstring), on a real daemon through the public API."""
-    portal, client = served_client
-    run_state_machine_as_test(
-        lambda: QueueMachine(portal, client),
-        settings=settings(
-            max_examples=15,
-            stateful_step_count=20,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],
-        ),
-    )
+    portal, client, daemon = served_client
+    try:
+        run_state_machine_as_test(
+            lambda: QueueMachine(portal, client),
+            settings=settings(
+                max_examples=15,
+                stateful_step_count=20,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )
+    except BaseException as exc:
+        # One daemon serves every example: its log explains a failure that
+        # outlives the example that caused it.
+        exc.add_note(
+            f"daemon running: {daemon.running}; stderr tail:\n{daemon.stderr_text()[-3000:]}"
+        )
+        raise
