@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-import shutil
 import sys
-import tempfile
 
 import nox
 
@@ -55,13 +53,3 @@ def bench(session: nox.Session) -> None:
     """Benchmarks; writes bench/results.md."""
     session.install("-e", ".[test]")
     session.run("python", "bench/run.py", *session.posargs)
-
-
-@nox.session(python=PYTHON)
-def mutate(session: nox.Session) -> None:
-    """Mutation testing of the storage engine against its test suite (slow)."""
-    session.install("-e", ".[test]", "mutmut")
-    work = pathlib.Path(tempfile.mkdtemp(prefix="ringo-mutmut-"))
-    shutil.copytree(ROOT, work / "src", ignore=shutil.ignore_patterns(".venv", ".nox", ".git"))
-    session.chdir(work / "src")
-    session.run("mutmut", "run", *session.posargs)
