@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import anyio
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, settings
@@ -87,7 +88,12 @@ class QueueMachine(RuleBasedStateMachine):
         self.tasks: dict[str, ModelTask] = {}
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return self.portal.call(functools.partial(fn, *args, **kwargs))
+        async def guarded() -> Any:
+            # Every step talks to a real daemon over a socket: bound it.
+            with anyio.fail_after(30):
+                return await fn(*args, **kwargs)
+
+        return self.portal.call(guarded)
 
     # -- helpers ------------------------------------------------------------
 
