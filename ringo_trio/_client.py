@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -107,6 +107,15 @@ def _bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
+def _check_path(what: str, value: object) -> str:
+    path = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+    if not isinstance(path, str):
+        raise InvalidArgumentError(f"{what} must be a path")
+    if not path:
+        raise InvalidArgumentError(f"{what} is required")
+    return path
+
+
 def _positive_seconds(what: str, value: object) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
@@ -119,13 +128,17 @@ def _positive_seconds(what: str, value: object) -> float:
 class _Session:
     minor: int
     token: str
+    # Built once per negotiation and shared by every request of the session
+    # (nothing mutates it), instead of one allocation per call.
+    context: RequestContext = field(init=False, repr=False, compare=False)
 
-    def context(self) -> RequestContext:
-        return RequestContext(
+    def __post_init__(self) -> None:
+        context = RequestContext(
             protocol_major=_limits.PROTOCOL_MAJOR,
             protocol_minor=self.minor,
             session_token=self.token,
         )
+        object.__setattr__(self, "context", context)
 
 
 _NO_SESSION = _Session(minor=_limits.PROTOCOL_MINOR, token="")
@@ -163,7 +176,6 @@ class RingoClient:
         self._closed = False
         self._close_done: anyio.Event | None = None
         self._recovery_lock = anyio.Lock()
-        self._recovering = False
         self._daemon_restarts = 0
 
     # -- properties ---------------------------------------------------------
@@ -326,13 +338,13 @@ class RingoClient:
         """
         transport = self._require_transport()
         timeout = DEFAULT_RPC_TIMEOUT + extra_timeout
-        if self._recovering:
+        if self._recovery_lock.locked():
             # Wait out a recovery in progress rather than hit a restarting daemon.
             async with self._recovery_lock:
                 pass
         route = _SERVICE + method
         sent = self._session
-        request.context = sent.context()
+        request.context = sent.context
         try:
             return await transport.unary(route, request, response_type, rpc_timeout=timeout)
         except SessionRejectedError:
@@ -342,8 +354,6 @@ class RingoClient:
             await self._recover(sent, session_rejected=True)
             if self._session.token == sent.token:
                 raise
-            request.context = self._session.context()
-            return await transport.unary(route, request, response_type, rpc_timeout=timeout)
         except UnavailableError:
             if self._closed:
                 raise
@@ -351,8 +361,8 @@ class RingoClient:
             if not read_only:
                 # Never replay a mutation: it may have been applied.
                 raise
-            request.context = self._session.context()
-            return await transport.unary(route, request, response_type, rpc_timeout=timeout)
+        request.context = self._session.context
+        return await transport.unary(route, request, response_type, rpc_timeout=timeout)
 
     async def _recover(self, failed: _Session, *, session_rejected: bool) -> None:
         """Bounded best-effort recovery so later calls can succeed.
@@ -362,22 +372,18 @@ class RingoClient:
         async with self._recovery_lock:
             if self._closed or self._session.token != failed.token:
                 return  # closed, or another call already recovered this session
-            self._recovering = True
-            try:
-                for attempt, delay in enumerate(_RECOVERY_BACKOFF):
-                    # A session rejection proves the daemon is up: renegotiate now.
-                    if attempt > 0 or not session_rejected:
-                        await anyio.sleep(delay)
-                    if self._closed:
+            for attempt, delay in enumerate(_RECOVERY_BACKOFF):
+                # A session rejection proves the daemon is up: renegotiate now.
+                if attempt > 0 or not session_rejected:
+                    await anyio.sleep(delay)
+                if self._closed:
+                    return
+                try:
+                    await self._reconnect()
+                    return
+                except RingoError:
+                    if self._daemon_restarts_exhausted():
                         return
-                    try:
-                        await self._reconnect()
-                        return
-                    except RingoError:
-                        if self._daemon_restarts_exhausted():
-                            return
-            finally:
-                self._recovering = False
 
     def _daemon_restarts_exhausted(self) -> bool:
         return (
@@ -469,11 +475,9 @@ class Ringo:
         """
         if not isinstance(shared, bool):
             raise InvalidArgumentError("shared must be a boolean")
-        if isinstance(data_dir, str | os.PathLike):
-            if not os.fspath(data_dir):
-                raise InvalidArgumentError("data_dir is required")
-        else:
-            raise InvalidArgumentError("data_dir must be a path")
+        data_dir = _check_path("data_dir", data_dir)
+        if daemon_path is not None:
+            daemon_path = _check_path("daemon_path", daemon_path)
         postgres_dsn: str | None = None
         if isinstance(storage, PostgresStorage):
             postgres_dsn = storage.dsn

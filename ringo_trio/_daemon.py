@@ -142,11 +142,13 @@ class LocalDaemon:
         async with self._start_lock:
             if self._tg is None:
                 raise RingoError("LocalDaemon must be entered with 'async with' before start()")
-            if self._child is not None:
-                if self._child.process.returncode is None:
-                    raise RingoError("local daemon is already running")
-                await self._kill(self._child)
+            if self._child is not None and self._child.process.returncode is None:
+                raise RingoError("local daemon is already running")
+            # Cleared before the first await so that a stop() landing anywhere
+            # in this start is seen below, once the new child is in place.
             self._stopped = False
+            if self._child is not None:
+                await self._kill(self._child)
             try:
                 await anyio.Path(self._data_dir).mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -168,6 +170,8 @@ class LocalDaemon:
             self._child = child
             try:
                 self._tg.start_soon(self._drain_stderr, child)
+                if self._stopped:
+                    raise RingoError("local daemon was stopped while it was starting")
                 child.endpoint = await self._await_ready(child)
             except BaseException:
                 with anyio.CancelScope(shield=True):

@@ -58,6 +58,24 @@ def _check_int(what: str, value: object, low: int, high: int) -> int:
     return value
 
 
+def _check_duration(
+    what: str, value: object, *, maximum: timedelta | None = None, positive: bool = False
+) -> timedelta:
+    if not isinstance(value, timedelta):
+        raise InvalidArgumentError(f"{what} must be a datetime.timedelta")
+    if positive and value <= timedelta(0):
+        raise InvalidArgumentError(f"{what} must be positive")
+    if value < timedelta(0):
+        raise InvalidArgumentError(f"{what} must not be negative")
+    if maximum is not None and value > maximum:
+        raise InvalidArgumentError(f"{what} must be at most {maximum}")
+    return value
+
+
+def _check_unique_key(value: object) -> str:
+    return _check_name("unique_key", value, _limits.MAX_UNIQUE_KEY_BYTES)
+
+
 def truncate_utf8(text: str, limit: int) -> str:
     """Cut ``text`` to at most ``limit`` UTF-8 bytes without splitting a character."""
     encoded = text.encode("utf-8")
@@ -99,11 +117,8 @@ class RetryBackoff:
     multiplier: float = _limits.DEFAULT_BACKOFF_MULTIPLIER
 
     def __post_init__(self) -> None:
-        for what, value in (("initial", self.initial), ("maximum", self.maximum)):
-            if not isinstance(value, timedelta):
-                raise InvalidArgumentError(f"retry_backoff.{what} must be a timedelta")
-            if value < timedelta(0):
-                raise InvalidArgumentError(f"retry_backoff.{what} must not be negative")
+        _check_duration("retry_backoff.initial", self.initial)
+        _check_duration("retry_backoff.maximum", self.maximum)
         if self.maximum < self.initial:
             raise InvalidArgumentError("retry_backoff.maximum must be >= initial")
         if (
@@ -168,16 +183,13 @@ class TaskSpec:
             )
         object.__setattr__(self, "payload", payload)
         if self.unique_key is not None:
-            _check_name("unique_key", self.unique_key, _limits.MAX_UNIQUE_KEY_BYTES)
+            _check_unique_key(self.unique_key)
         if self.max_attempts is not None:
             _check_int("max_attempts", self.max_attempts, 1, _limits.MAX_ATTEMPTS_LIMIT)
         if self.retry_backoff is not None and not isinstance(self.retry_backoff, RetryBackoff):
             raise InvalidArgumentError("retry_backoff must be a RetryBackoff")
         if self.delay is not None:
-            if not isinstance(self.delay, timedelta):
-                raise InvalidArgumentError("delay must be a timedelta")
-            if self.delay < timedelta(0):
-                raise InvalidArgumentError("delay must not be negative")
+            _check_duration("delay", self.delay)
         if self.not_before is not None:
             if not isinstance(self.not_before, datetime):
                 raise InvalidArgumentError("not_before must be a datetime")

@@ -22,8 +22,10 @@ from ._models import (
     EnqueueResult,
     Task,
     TaskSpec,
+    _check_duration,
     _check_int,
     _check_name,
+    _check_unique_key,
     truncate_utf8,
 )
 from ._proto.ringo.v1 import (
@@ -59,12 +61,6 @@ __all__ = ["LeasedTask", "TaskQueue", "new_worker_id"]
 
 def new_worker_id() -> str:
     return f"py-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _check_timedelta(what: str, value: object) -> timedelta:
-    if not isinstance(value, timedelta):
-        raise InvalidArgumentError(f"{what} must be a datetime.timedelta")
-    return value
 
 
 def _task_types(task_types: Iterable[str] | None) -> list[str]:
@@ -145,21 +141,16 @@ class TaskQueue:
 
     async def get_by_id(self, task_id: str) -> Task:
         """The task with this id; `NotFoundError` if there is none."""
-        _check_name("task_id", task_id)
-        reply = await self._client._call(
-            "GetTask",
-            GetTaskRequest(queue=self.name, task_id=task_id),
-            GetTaskResponse,
-            read_only=True,
-        )
-        return Task.from_wire(reply.task)
+        return await self._get(task_id=_check_name("task_id", task_id))
 
     async def get_by_unique_key(self, unique_key: str) -> Task:
         """The task with this unique key; `NotFoundError` if there is none."""
-        _check_name("unique_key", unique_key, _limits.MAX_UNIQUE_KEY_BYTES)
+        return await self._get(unique_key=_check_unique_key(unique_key))
+
+    async def _get(self, *, task_id: str | None = None, unique_key: str | None = None) -> Task:
         reply = await self._client._call(
             "GetTask",
-            GetTaskRequest(queue=self.name, unique_key=unique_key),
+            GetTaskRequest(queue=self.name, task_id=task_id, unique_key=unique_key),
             GetTaskResponse,
             read_only=True,
         )
@@ -172,19 +163,17 @@ class TaskQueue:
 
         `FailedPreconditionError` if the task is still active.
         """
-        _check_name("unique_key", unique_key, _limits.MAX_UNIQUE_KEY_BYTES)
-        reply = await self._client._call(
-            "RetryTask",
-            RetryTaskRequest(queue=self.name, unique_key=unique_key),
-            RetryTaskResponse,
-        )
-        return Task.from_wire(reply.task)
+        return await self._retry(unique_key=_check_unique_key(unique_key))
 
     async def retry_by_id(self, task_id: str) -> Task:
         """Reactivate a SUCCEEDED or DEAD task, named by its id."""
-        _check_name("task_id", task_id)
+        return await self._retry(task_id=_check_name("task_id", task_id))
+
+    async def _retry(self, *, task_id: str | None = None, unique_key: str | None = None) -> Task:
         reply = await self._client._call(
-            "RetryTask", RetryTaskRequest(queue=self.name, task_id=task_id), RetryTaskResponse
+            "RetryTask",
+            RetryTaskRequest(queue=self.name, task_id=task_id, unique_key=unique_key),
+            RetryTaskResponse,
         )
         return Task.from_wire(reply.task)
 
@@ -218,23 +207,15 @@ class TaskQueue:
         )
         extra_timeout = 0.0
         if wait_timeout is not None:
-            _check_timedelta("wait_timeout", wait_timeout)
-            if wait_timeout < timedelta(0):
-                raise InvalidArgumentError("wait_timeout must not be negative")
-            if wait_timeout > _limits.MAX_WAIT_TIMEOUT:
-                raise InvalidArgumentError(
-                    f"wait_timeout must be at most {_limits.MAX_WAIT_TIMEOUT}"
-                )
-            request.wait_timeout = wait_timeout
+            request.wait_timeout = _check_duration(
+                "wait_timeout", wait_timeout, maximum=_limits.MAX_WAIT_TIMEOUT
+            )
             # The daemon may legitimately hold the call this long.
             extra_timeout = wait_timeout.total_seconds()
         if lease_duration is not None:
-            _check_timedelta("lease_duration", lease_duration)
-            if lease_duration < timedelta(0):
-                raise InvalidArgumentError("lease_duration must not be negative")
-            if lease_duration > _limits.MAX_LEASE:
-                raise InvalidArgumentError(f"lease_duration must be at most {_limits.MAX_LEASE}")
-            request.lease_duration = lease_duration
+            request.lease_duration = _check_duration(
+                "lease_duration", lease_duration, maximum=_limits.MAX_LEASE
+            )
         reply = await self._client._call(
             "Claim", request, ClaimResponse, extra_timeout=extra_timeout
         )
@@ -280,10 +261,7 @@ class LeasedTask:
         ``last_error`` (truncated to 256 KiB)."""
         request = NackRequest(lease=self._ref(), error=_error_text(error))
         if delay is not None:
-            _check_timedelta("delay", delay)
-            if delay < timedelta(0):
-                raise InvalidArgumentError("delay must not be negative")
-            request.retry_delay_override = delay
+            request.retry_delay_override = _check_duration("delay", delay)
         await self._queue._client._call("Nack", request, NackResponse)
 
     async def reject(self, error: str = "") -> None:
@@ -294,11 +272,9 @@ class LeasedTask:
 
     async def extend_lease(self, extension: timedelta) -> None:
         """Make the lease end ``extension`` after now (daemon clock; a reset, not an addition)."""
-        _check_timedelta("extension", extension)
-        if extension <= timedelta(0):
-            raise InvalidArgumentError("extension must be positive")
-        if extension > _limits.MAX_LEASE:
-            raise InvalidArgumentError(f"extension must be at most {_limits.MAX_LEASE}")
+        extension = _check_duration(
+            "extension", extension, maximum=_limits.MAX_LEASE, positive=True
+        )
         reply = await self._queue._client._call(
             "ExtendLease",
             ExtendLeaseRequest(lease=self._ref(), extension=extension),

@@ -65,7 +65,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ._endpoint import Endpoint
 from ._errors import (
     IncompatibleVersionError,
-    InvalidArgumentError,
     RingoError,
     UnavailableError,
     error_for_code,
@@ -105,16 +104,16 @@ _UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
 def _map_error(exc: Exception, endpoint: Endpoint) -> RingoError | None:
     if isinstance(exc, grpclib.exceptions.GRPCError):
         code = exc.status.name
-        message = exc.message or ""
+        detail = exc.message or ""
         if code == "OUT_OF_RANGE":
-            return SessionRejectedError(message or "session rejected by the daemon")
-        if code == "UNAVAILABLE":
-            return UnavailableError(f"daemon at {endpoint.authority} is unavailable: {message}")
-        return error_for_code(code, message)
-    if isinstance(exc, _UNAVAILABLE_ERRORS):
+            return SessionRejectedError(detail or "session rejected by the daemon")
+        if code != "UNAVAILABLE":
+            return error_for_code(code, detail)
+    elif isinstance(exc, _UNAVAILABLE_ERRORS):
         detail = str(exc) or type(exc).__name__
-        return UnavailableError(f"daemon at {endpoint.authority} is unavailable: {detail}")
-    return None
+    else:
+        return None
+    return UnavailableError(f"daemon at {endpoint.authority} is unavailable: {detail}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +137,8 @@ class Transport:
     """
 
     def __init__(self, endpoint: Endpoint, *, metadata: tuple[tuple[str, str], ...] = ()) -> None:
-        for key, value in metadata:
-            if key != key.lower() or not key.isascii() or not value.isascii() or "\n" in value:
-                raise InvalidArgumentError(f"metadata {key!r} must be lowercase ASCII")
+        # ``metadata`` comes validated: the client checks the bearer token
+        # when it is constructed, before any network activity.
         self._endpoint = endpoint
         self._metadata = list(metadata)
         self._channel: grpclib.client.Channel | None = None
@@ -149,16 +147,12 @@ class Transport:
         self._closed = False
         # Set on entry: how to run an asyncio coroutine from the SDK side, and
         # how an asyncio pump waits on an SDK-side (anyio) operation.
-        self._run_aio: Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]] = _direct
+        self._run_aio: Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]] = _as_is
         self._run_sdk: Callable[..., Awaitable[Any]] = _call
 
     @property
     def endpoint(self) -> Endpoint:
         return self._endpoint
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -449,8 +443,9 @@ def sole_exception(group: BaseExceptionGroup[Any]) -> BaseException:
     return leaves[0] if len(leaves) == 1 else group
 
 
-async def _direct(coro: Coroutine[Any, Any, _T]) -> _T:
-    return await coro
+def _as_is(coro: Coroutine[Any, Any, _T]) -> Coroutine[Any, Any, _T]:
+    # Under asyncio the coroutine is awaited where it is: no wrapper per call.
+    return coro
 
 
 def _call(fn: Callable[..., Awaitable[_T]], *args: Any) -> Awaitable[_T]:

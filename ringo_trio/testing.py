@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 __all__ = ["DaemonProcess", "DaemonStartError", "spawn_daemon"]
 
@@ -53,16 +53,31 @@ class DaemonStartError(RuntimeError):
         self.stderr = stderr
 
 
+def _close_pipes(process: subprocess.Popen[bytes]) -> None:
+    for stream in (process.stdin, process.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
+def _wait(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """Wait for the exit (SIGKILL after `timeout` seconds), close our pipes;
+    the exit status."""
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    _close_pipes(process)
+    return process.returncode
+
+
 def _reap(process: subprocess.Popen[bytes]) -> None:
     # Safety net for a DaemonProcess dropped without close(): never leave an
     # orphan daemon (or a zombie) behind.
     if process.poll() is None:
         process.kill()
-        process.wait()
-    for stream in (process.stdin, process.stdout):
-        if stream is not None:
-            with contextlib.suppress(OSError):
-                stream.close()
+    _wait(process, _STOP_TIMEOUT)
 
 
 def _unlink(path: str) -> None:
@@ -103,7 +118,6 @@ class DaemonProcess:
         self.startup_timeout = startup_timeout
         self.info: dict[str, Any] = {}
         self._process: subprocess.Popen[bytes] | None = None
-        self._reaper: weakref.finalize[Any, Any] | None = None
         fd, self._stderr_path = tempfile.mkstemp(prefix="ringod-", suffix=".log")
         os.close(fd)
         weakref.finalize(self, _unlink, self._stderr_path)
@@ -192,7 +206,7 @@ class DaemonProcess:
         finally:
             os.close(stderr_fd)
         self._process = process
-        self._reaper = weakref.finalize(self, _reap, process)
+        weakref.finalize(self, _reap, process)
         try:
             line = self._read_ready_line(process)
             self.info = json.loads(line)
@@ -239,13 +253,7 @@ class DaemonProcess:
         if process.stdin is not None and not process.stdin.closed:
             with contextlib.suppress(OSError):
                 process.stdin.close()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        self._close_pipes(process)
-        return process.returncode
+        return _wait(process, timeout)
 
     close = stop
 
@@ -265,13 +273,7 @@ class DaemonProcess:
         process = self.process
         if process.poll() is None:
             process.send_signal(signum)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self._close_pipes(process)
-        return process.returncode
+        return _wait(process, timeout)
 
     def restart(self) -> None:
         """Stop the daemon (gracefully, if it still runs) and start a new one on
@@ -279,14 +281,6 @@ class DaemonProcess:
         if self._process is not None:
             self.stop()
         self.start()
-
-    @staticmethod
-    def _close_pipes(process: subprocess.Popen[bytes]) -> None:
-        streams: list[IO[bytes] | None] = [process.stdin, process.stdout]
-        for stream in streams:
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
 
     def __enter__(self) -> DaemonProcess:
         if self._process is None:

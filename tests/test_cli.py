@@ -10,8 +10,8 @@ import sys
 from ringo_trio.testing import spawn_daemon
 
 
-def _run_demo(tmp_path: pathlib.Path, *args: str) -> dict[str, str]:
-    proc = subprocess.run(
+def _demo(tmp_path: pathlib.Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             sys.executable,
             "-c",
@@ -23,8 +23,12 @@ def _run_demo(tmp_path: pathlib.Path, *args: str) -> dict[str, str]:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
+
+
+def _run_demo(tmp_path: pathlib.Path, *args: str) -> dict[str, str]:
+    proc = _demo(tmp_path, *args, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rows = dict(re.findall(r"^\| (.+?)\s+\| (.+?) \|$", proc.stdout, re.MULTILINE))
     return {name.strip(): value.replace(",", "") for name, value in rows.items()}
@@ -46,21 +50,7 @@ def test_demo_accounts_for_every_task(tmp_path: pathlib.Path) -> None:
 
 def test_demo_refuses_bad_flags(tmp_path: pathlib.Path) -> None:
     """Bad input gets a clear message and a usage exit status, and starts nothing."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from ringo_trio._cli import main; sys.exit(main(sys.argv[1:]))",
-            "demo",
-            "--failure-rate",
-            "1.5",
-            "--data-dir",
-            str(tmp_path / "data"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _demo(tmp_path, "--failure-rate", "1.5", timeout=60)
     assert proc.returncode == 2
     assert "--failure-rate" in proc.stderr
     assert not (tmp_path / "data").exists()

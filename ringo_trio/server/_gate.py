@@ -30,6 +30,7 @@ from grpclib.server import Server, Stream
 __all__ = ["Gate", "time_remaining"]
 
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
+_SCHEME = "bearer "
 
 
 class _MethodFunc(Protocol):
@@ -53,9 +54,11 @@ def time_remaining() -> float | None:
 
 class Gate:
     def __init__(self, token: str | None) -> None:
-        self._expected = f"bearer {token}".encode() if token else None
-        self._token_scheme_len = len("bearer ")
+        self._expected = f"{_SCHEME}{token}".encode() if token else None
         self.draining = False
+        # One counting wrapper per service method, built on first use: the
+        # method objects grpclib hands us are fixed for the server's life.
+        self._wrapped: dict[_MethodFunc, _MethodFunc] = {}
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -67,23 +70,21 @@ class Gate:
     def install(self, server: Server) -> None:
         listen(server, RecvRequest, self._on_request)
 
-    def _authorized(self, values: list[str]) -> bool:
+    def _authorized(self, event: RecvRequest) -> bool:
         if self._expected is None:
             return True
+        values = event.metadata.getall("authorization", [])
         if len(values) != 1:
             return False
-        presented = values[0].strip()
+        value = values[0]
+        presented = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
         # The auth scheme is case-insensitive (RFC 7235); the token is not.
-        scheme, token = presented[: self._token_scheme_len], presented[self._token_scheme_len :]
+        scheme, token = presented[: len(_SCHEME)], presented[len(_SCHEME) :]
         candidate = (scheme.lower() + token).encode()
         return hmac.compare_digest(candidate, self._expected)
 
     async def _on_request(self, event: RecvRequest) -> None:
-        values = [
-            value.decode("latin-1") if isinstance(value, bytes) else value
-            for value in event.metadata.getall("authorization", [])
-        ]
-        if not self._authorized(values):
+        if not self._authorized(event):
             raise GRPCError(
                 Status.UNAUTHENTICATED,
                 "missing or invalid bearer token (metadata 'authorization: Bearer <token>')",
@@ -93,13 +94,17 @@ class Gate:
             # Health stays answerable so a prober sees NOT_SERVING rather
             # than a refusal while the daemon drains.
             raise GRPCError(Status.UNAVAILABLE, "the daemon is shutting down")
-        event.method_func = self._counted(event.method_func, event.deadline)
+        method = event.method_func
+        counted = self._wrapped.get(method)
+        if counted is None:
+            counted = self._wrapped[method] = self._counted(method)
+        event.method_func = counted
 
-    def _counted(self, method: _MethodFunc, deadline: Deadline | None) -> _MethodFunc:
+    def _counted(self, method: _MethodFunc) -> _MethodFunc:
         async def counted(stream: Stream[Any, Any]) -> None:
             # grpclib runs each call in its own task, so this value is seen by
             # that call's method only.
-            _deadline.set(deadline)
+            _deadline.set(stream.deadline)
             self._in_flight += 1
             self._idle.clear()
             try:

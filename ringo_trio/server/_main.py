@@ -32,7 +32,7 @@ from ringo_trio._version import SDK_VERSION
 
 from ._daemon import Daemon, DaemonConfig, ListenError
 from ._lock import DataDirLock, DataDirLocked
-from .storage._base import Storage
+from .storage._base import Storage, StorageError
 
 __all__ = [
     "EXIT_DATA_DIR_LOCKED",
@@ -65,8 +65,9 @@ and logs only to stderr. SIGTERM and SIGINT shut it down gracefully
 
 _EPILOG = f"""\
 exit status: {EXIT_OK} after a graceful shutdown, {EXIT_FAILURE} when it cannot serve
-(e.g. the address is in use), {EXIT_USAGE} for a usage error or an unavailable
-option, {EXIT_DATA_DIR_LOCKED} when another ringod holds the data dir."""
+(e.g. the address is in use, or the data dir was written by a newer ringod),
+{EXIT_USAGE} for a usage error or an unavailable option,
+{EXIT_DATA_DIR_LOCKED} when another ringod holds the data dir."""
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -330,7 +331,9 @@ async def _amain(
         daemon = Daemon(config, storage)
         try:
             await daemon.serve(stop, announce)
-        except ListenError as exc:
+        except (ListenError, StorageError) as exc:
+            # Startup refusals (address in use, a schema newer than this code,
+            # an unusable engine): the message says it all, no traceback.
             log.error("%s", exc)
             return EXIT_FAILURE
         except Exception:

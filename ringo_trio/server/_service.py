@@ -140,6 +140,14 @@ class _ContextRejected(Exception):
     """The RequestContext does not name a live, compatible session."""
 
 
+def _check_major(major: int, detail: str = "") -> None:
+    if major != limits.PROTOCOL_MAJOR:
+        raise _ContextRejected(
+            f"protocol major {major} is not served;"
+            f" this daemon speaks major {limits.PROTOCOL_MAJOR}{detail}"
+        )
+
+
 def _size_bound(leased: LeasedTask) -> int:
     task = leased.task
     if task is None:
@@ -222,15 +230,18 @@ class QueueService(QueueServiceBase):
 
     # -- session -----------------------------------------------------------
 
+    def _admit(self, context: RequestContext | None) -> datetime:
+        """`now` for a call whose context names a live, compatible session;
+        `_ContextRejected` otherwise."""
+        now = self._clock.now()
+        self._session_minor(context, now)
+        return now
+
     def _session_minor(self, context: RequestContext | None, now: datetime) -> int:
         """The minor this call runs at, or `_ContextRejected`."""
         if context is None:
             raise _ContextRejected("context: missing RequestContext; call Negotiate first")
-        if context.protocol_major != limits.PROTOCOL_MAJOR:
-            raise _ContextRejected(
-                f"protocol major {context.protocol_major} is not served;"
-                f" this daemon speaks major {limits.PROTOCOL_MAJOR}"
-            )
+        _check_major(context.protocol_major)
         session = self._sessions.lookup(context.session_token, now)
         if session is None:
             raise _ContextRejected("session token is unknown or expired; negotiate again")
@@ -243,12 +254,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def negotiate(self, message: NegotiateRequest) -> NegotiateResponse:
-        if message.protocol_major != limits.PROTOCOL_MAJOR:
-            raise _ContextRejected(
-                f"protocol major {message.protocol_major} is not served;"
-                f" this daemon speaks major {limits.PROTOCOL_MAJOR}"
-                f" (minors 0..{self._served_minor})"
-            )
+        _check_major(message.protocol_major, f" (minors 0..{self._served_minor})")
         minor = min(message.protocol_minor, self._served_minor)
         token = self._sessions.open(minor, self._clock.now())
         log.debug(
@@ -266,8 +272,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def enqueue(self, message: EnqueueRequest) -> EnqueueResponse:
-        now = self._clock.now()
-        self._session_minor(message.context, now)
+        now = self._admit(message.context)
         queue = v.name(message.queue, "queue")
         spec = v.task_spec(message.task, "task", now)
         [outcome] = await self._storage.enqueue(queue, [spec], now)
@@ -277,8 +282,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def enqueue_many(self, message: EnqueueManyRequest) -> EnqueueManyResponse:
-        now = self._clock.now()
-        self._session_minor(message.context, now)
+        now = self._admit(message.context)
         queue = v.name(message.queue, "queue")
         specs = v.task_specs(message.tasks, "tasks", now)
         echo = sum(_echo_size_bound(queue, spec) for spec in specs)
@@ -302,8 +306,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def get_task(self, message: GetTaskRequest) -> GetTaskResponse:
-        now = self._clock.now()
-        self._session_minor(message.context, now)
+        self._admit(message.context)
         queue = v.name(message.queue, "queue")
         task_id, unique_key = v.lookup(message.task_id, message.unique_key)
         task = await self._storage.get(queue, task_id=task_id, unique_key=unique_key)
@@ -311,8 +314,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def retry_task(self, message: RetryTaskRequest) -> RetryTaskResponse:
-        now = self._clock.now()
-        self._session_minor(message.context, now)
+        now = self._admit(message.context)
         queue = v.name(message.queue, "queue")
         task_id, unique_key = v.lookup(message.task_id, message.unique_key)
         task = await self._storage.retry(queue, now, task_id=task_id, unique_key=unique_key)
@@ -323,7 +325,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def claim(self, message: ClaimRequest) -> ClaimResponse:
-        self._session_minor(message.context, self._clock.now())
+        self._admit(message.context)
         args = v.claim_args(message)
         return ClaimResponse(tasks=await self._long_poll(args))
 
@@ -375,27 +377,28 @@ class QueueService(QueueServiceBase):
             batch = await self._storage.claim(
                 args.queue, args.task_types, batch_limit, args.worker_id, args.lease_duration, now
             )
+            for item in batch:
+                # Noted per batch, before the next await; `note` skips a repeat
+                # of the deadline it just saw (every lease of a batch shares one).
+                if item.lease is not None:
+                    self._reaper.note(item.lease.until)
             leased.extend(batch)
             if len(batch) < batch_limit:
                 break
             wanted -= len(batch)
             budget -= sum(_size_bound(item) for item in batch)
-        for until in {item.lease.until for item in leased if item.lease is not None}:
-            self._reaper.note(until)
         return leased
 
     @_rpc
     async def ack(self, message: AckRequest) -> AckResponse:
-        now = self._clock.now()
-        self._session_minor(message.context, now)
+        now = self._admit(message.context)
         ref = v.lease_ref(message.lease)
         await self._storage.ack(ref, now)
         return AckResponse()
 
     @_rpc
     async def nack(self, message: NackRequest) -> NackResponse:
-        now = self._clock.now()
-        self._session_minor(message.context, now)
+        now = self._admit(message.context)
         ref = v.lease_ref(message.lease)
         error = v.error_text(message.error)
         delay = v.duration(message.retry_delay_override, "retry_delay_override")
@@ -405,8 +408,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def reject(self, message: RejectRequest) -> RejectResponse:
-        now = self._clock.now()
-        self._session_minor(message.context, now)
+        now = self._admit(message.context)
         ref = v.lease_ref(message.lease)
         error = v.error_text(message.error)
         await self._storage.reject(ref, error, now)
@@ -414,8 +416,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def extend_lease(self, message: ExtendLeaseRequest) -> ExtendLeaseResponse:
-        now = self._clock.now()
-        self._session_minor(message.context, now)
+        now = self._admit(message.context)
         ref = v.lease_ref(message.lease)
         extension = v.duration(
             message.extension, "extension", positive=True, maximum=limits.MAX_LEASE
@@ -428,8 +429,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def report_progress(self, message: ReportProgressRequest) -> ReportProgressResponse:
-        now = self._clock.now()
-        self._session_minor(message.context, now)
+        now = self._admit(message.context)
         ref = v.lease_ref(message.lease)
         v.progress_values(message.current, message.total, message.message)
         await self._storage.report_progress(
@@ -475,20 +475,16 @@ class HealthService(HealthBase):
         self._changed = asyncio.Event()
         self._final = False
 
-    @property
-    def status(self) -> HealthCheckResponseServingStatus:
-        return self._status
-
     def set_serving(self) -> None:
         self._set(_ServingStatus.SERVING)
 
     def shutdown(self) -> None:
         self._final = True
-        self._set(_ServingStatus.NOT_SERVING, force=True)
+        self._set(_ServingStatus.NOT_SERVING)
 
-    def _set(self, status: HealthCheckResponseServingStatus, *, force: bool = False) -> None:
-        if status == self._status and not force:
-            return
+    def _set(self, status: HealthCheckResponseServingStatus) -> None:
+        # Always wakes the watchers: an unchanged status costs them one look,
+        # and `shutdown` needs them to see `_final` even then.
         self._status = status
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()

@@ -84,7 +84,7 @@ class QueueWakeups:
             yield Watch(self, slot)
         finally:
             slot.watchers -= 1
-            if slot.watchers == 0 and self._slots.get(queue) is slot:
+            if slot.watchers == 0:
                 # Only watched queues keep a slot: memory follows waiters, not
                 # the number of queue names ever seen.
                 del self._slots[queue]
@@ -141,7 +141,6 @@ class LeaseReaper:
         self._deadlines: list[datetime] = []
         self._last_noted: datetime | None = None
         self._changed = asyncio.Event()
-        self.sweeps = 0
 
     def note(self, until: datetime | None) -> None:
         """A lease now ends at `until`; make sure a sweep happens then."""
@@ -157,7 +156,6 @@ class LeaseReaper:
         now = self._clock.now()
         while self._deadlines and self._deadlines[0] <= now:
             heapq.heappop(self._deadlines)
-        self.sweeps += 1
         try:
             expired = await self._storage.expire_leases(now)
         except Exception:

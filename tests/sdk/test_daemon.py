@@ -8,6 +8,7 @@ import signal
 import stat
 import sys
 import textwrap
+from typing import Any
 
 import anyio
 import pytest
@@ -210,3 +211,37 @@ async def test_unusable_data_dir_is_a_ringo_error(tmp_path: pathlib.Path) -> Non
     with trio.fail_after(20), pytest.raises(RingoError, match="cannot create the data dir"):
         async with Ringo.local(blocker / "data"):
             pass
+
+
+async def test_stop_during_start_leaves_no_daemon(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: a stop() that lands while start() is still before its spawn (the client's
+    aclose() racing a recovery restart) wins: start() fails and no daemon runs after
+    stop() returned — not just after the owner exits."""
+    reached, release = trio.Event(), trio.Event()
+    real_mkdir = anyio.Path.mkdir
+
+    async def parked_mkdir(self: anyio.Path, *args: Any, **kwargs: Any) -> None:
+        reached.set()
+        await release.wait()
+        await real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.Path, "mkdir", parked_mkdir)
+    with trio.fail_after(20):
+        async with LocalDaemon(tmp_path) as daemon:
+            outcome: list[object] = []
+
+            async def start() -> None:
+                try:
+                    outcome.append(await daemon.start())
+                except RingoError as error:
+                    outcome.append(error)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(start)
+                await reached.wait()
+                await daemon.stop()
+                release.set()
+            assert isinstance(outcome[0], RingoError), outcome
+            assert live_daemon_children() == []

@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from ringo_trio import FailedPreconditionError, RingoError, UnavailableError
-from ringo_trio._endpoint import Endpoint
+from ringo_trio._endpoint import Endpoint, parse_endpoint
 from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckRequest,
     HealthCheckResponse,
@@ -37,7 +37,7 @@ from ringo_trio._proto.ringo.v1 import (
 from ringo_trio._transport import HEALTH_WATCH, Transport
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
-from .conftest import eventually
+from .conftest import eventually, free_port
 
 WORK = "/ringo.v1.QueueService/Work"
 
@@ -206,8 +206,7 @@ async def leaving_early_cancels_the_stream(echo: EchoServer) -> None:
 
 
 async def health_watch(endpoint: str) -> None:
-    host, port = endpoint.rsplit(":", 1)
-    async with Transport(Endpoint(host, int(port), False)) as transport:
+    async with Transport(parse_endpoint(endpoint)) as transport:
         assert await transport.health_check(rpc_timeout=5)
         async with transport.open_stream(
             HEALTH_WATCH, HealthCheckRequest, HealthCheckResponse, request=HealthCheckRequest()
@@ -228,12 +227,6 @@ async def unavailable_and_closed(port: int) -> None:
         with pytest.raises(RingoError, match="closed"):
             async with transport.open_stream(WORK, WorkRequest, WorkResponse):
                 pass
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- trio ------------------------------------------------------------------------
@@ -272,7 +265,7 @@ async def test_health_watch_trio(health_daemon: DaemonProcess) -> None:
 @pytest.mark.trio
 async def test_unavailable_and_closed_trio() -> None:
     with trio.fail_after(20):
-        await unavailable_and_closed(_free_port())
+        await unavailable_and_closed(free_port())
 
 
 @pytest.mark.trio
@@ -348,4 +341,4 @@ async def test_health_watch_asyncio(health_daemon: DaemonProcess) -> None:
 @pytest.mark.anyio
 async def test_unavailable_and_closed_asyncio() -> None:
     with anyio.fail_after(20):
-        await unavailable_and_closed(_free_port())
+        await unavailable_and_closed(free_port())

@@ -242,3 +242,15 @@ async def test_claim_and_lease_arguments_are_validated_before_io() -> None:
         await queue.retry("")
     with pytest.raises(RingoError, match="not started"):
         await queue.get_by_id("x")
+
+
+def test_local_paths_are_validated_alike(tmp_path: pathlib.Path) -> None:
+    """data_dir and daemon_path fail the same way, in the factory, before any I/O."""
+    for bad in (5, b"/bin/ringod"):
+        with pytest.raises(InvalidArgumentError, match="data_dir must be a path"):
+            Ringo.local(bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="daemon_path must be a path"):
+            Ringo.local(tmp_path, daemon_path=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="daemon_path is required"):
+        Ringo.local(tmp_path, daemon_path="")
+    assert Ringo.local(tmp_path, daemon_path=tmp_path / "ringod").is_local

@@ -89,6 +89,33 @@ def ref(leased: LeasedTask) -> LeaseRef:
     )
 
 
+@dataclass
+class Setup:
+    """A queue holding one LEASED and one PENDING task (see `leased_and_pending`)."""
+
+    queue: str
+    lease: LeaseRef
+    leased_id: str
+    pending_id: str
+
+
+async def leased_and_pending(client: Client, queue: str) -> Setup:
+    await client.enqueue(queue)
+    [leased] = await client.claim(queue)
+    pending = await client.enqueue(queue)
+    assert leased.task is not None
+    return Setup(queue, ref(leased), leased.task.id, pending.id)
+
+
+async def snapshot(client: Client, s: Setup) -> tuple[int, Task, Task]:
+    """Everything a refused request must leave unchanged."""
+    return (
+        await client.activity(s.queue),
+        await client.get(s.queue, s.leased_id),
+        await client.get(s.queue, s.pending_id),
+    )
+
+
 def split_endpoint(endpoint: str) -> tuple[str, int]:
     host, _, port = endpoint.rpartition(":")
     return host.strip("[]"), int(port)

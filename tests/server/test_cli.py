@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -190,6 +191,26 @@ def test_address_in_use_fails_with_a_message(tmp_path: Path) -> None:
     assert result.returncode == _main.EXIT_FAILURE
     assert f"cannot serve on 127.0.0.1:{port}" in result.stderr
     assert result.stdout == ""
+
+
+def test_data_written_by_a_newer_schema_is_a_clear_startup_error(tmp_path: Path) -> None:
+    """Property: a data dir whose schema is newer than this ringod is refused
+    at startup with exit 1 and a one-line reason (no traceback), and the
+    database is left as it was."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    db_path = data_dir / _main.DB_FILE_NAME
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("PRAGMA journal_mode = WAL")  # as every ringod database is
+        raw.execute("PRAGMA user_version = 9999")
+    raw.close()
+    before = db_path.read_bytes()
+    result = _run("--listen", "127.0.0.1:0", "--data-dir", str(data_dir))
+    assert result.returncode == _main.EXIT_FAILURE
+    assert "schema version 9999 is newer" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert db_path.read_bytes() == before
 
 
 async def test_second_daemon_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:

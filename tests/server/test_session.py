@@ -32,7 +32,16 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
-from ._client import Client, connect, expect_status, new_queue, ref
+from ._client import (
+    Client,
+    Setup,
+    connect,
+    expect_status,
+    leased_and_pending,
+    new_queue,
+    ref,
+    snapshot,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -97,12 +106,11 @@ async def test_negotiate_refuses_another_major(daemon: DaemonProcess) -> None:
 
 
 def _every_call(
-    client: Client, ctx: RequestContext | None, queue: str, fixture: Any
+    client: Client, ctx: RequestContext | None, fixture: Setup
 ) -> list[Callable[[], Awaitable[Any]]]:
     """One call of every context-checked RPC, each valid apart from `ctx`."""
     stub = client.stub
-    lease = ref(fixture["leased"])
-    pending_id = fixture["pending"].id
+    queue, lease, pending_id = fixture.queue, fixture.lease, fixture.pending_id
     return [
         lambda: stub.enqueue(
             EnqueueRequest(context=ctx, queue=queue, task=TaskSpec(task_type="t"))
@@ -124,22 +132,6 @@ def _every_call(
         ),
         lambda: stub.get_queue_activity(GetQueueActivityRequest(context=ctx, queue=queue)),
     ]
-
-
-async def _fixture(client: Client, queue: str) -> dict[str, Any]:
-    await client.enqueue(queue)
-    [leased] = await client.claim(queue)
-    pending = await client.enqueue(queue)
-    return {"leased": leased, "pending": pending}
-
-
-async def _snapshot(client: Client, queue: str, fixture: dict[str, Any]) -> Any:
-    assert fixture["leased"].task is not None
-    return (
-        await client.activity(queue),
-        await client.get(queue, fixture["leased"].task.id),
-        await client.get(queue, fixture["pending"].id),
-    )
 
 
 @pytest.mark.parametrize(
@@ -168,12 +160,12 @@ async def test_rejected_context_refuses_every_rpc_before_it_runs(
         # A minor-5 session, so "minor above the session" is still a minor the
         # daemon serves: the check is against the session, not the daemon.
         async with connect(daemon, minor=5) as client:
-            fixture = await _fixture(client, queue)
-            before = await _snapshot(client, queue, fixture)
+            fixture = await leased_and_pending(client, queue)
+            before = await snapshot(client, fixture)
             ctx = bad_context(client.context)
-            for call in _every_call(client, ctx, queue, fixture):
+            for call in _every_call(client, ctx, fixture):
                 await expect_status(call(), Status.OUT_OF_RANGE)
-            assert await _snapshot(client, queue, fixture) == before
+            assert await snapshot(client, fixture) == before
             assert before[1].state is TaskState.LEASED
 
 

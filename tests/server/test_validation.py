@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -39,19 +38,20 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio.testing import DaemonProcess
 
-from ._client import Client, connect, expect_status, new_queue, ref, split_endpoint
+from ._client import (
+    Client,
+    Setup,
+    connect,
+    expect_status,
+    leased_and_pending,
+    new_queue,
+    snapshot,
+    split_endpoint,
+)
 
 pytestmark = pytest.mark.anyio
 
 MiB = 1024 * 1024
-
-
-@dataclass
-class Setup:
-    queue: str
-    lease: LeaseRef
-    leased_id: str
-    pending_id: str
 
 
 def spec(**overrides: Any) -> TaskSpec:
@@ -308,20 +308,7 @@ CASES: list[tuple[str, Build, str]] = [
 
 
 async def _setup(client: Client) -> Setup:
-    queue = new_queue("val")
-    await client.enqueue(queue)
-    [leased] = await client.claim(queue)
-    pending = await client.enqueue(queue)
-    assert leased.task is not None
-    return Setup(queue, ref(leased), leased.task.id, pending.id)
-
-
-async def _snapshot(client: Client, s: Setup) -> Any:
-    return (
-        await client.activity(s.queue),
-        await client.get(s.queue, s.leased_id),
-        await client.get(s.queue, s.pending_id),
-    )
+    return await leased_and_pending(client, new_queue("val"))
 
 
 @pytest.mark.parametrize(("build", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -334,12 +321,12 @@ async def test_invalid_field_is_refused_by_name_and_changes_nothing(
     with anyio.fail_after(15):
         async with connect(daemon) as client:
             setup = await _setup(client)
-            before = await _snapshot(client, setup)
+            before = await snapshot(client, setup)
             method, request = build(client.context, setup)
             await expect_status(
                 getattr(client.stub, method)(request), Status.INVALID_ARGUMENT, fragment
             )
-            assert await _snapshot(client, setup) == before
+            assert await snapshot(client, setup) == before
 
 
 async def test_unknown_task_is_not_found(daemon: DaemonProcess) -> None:
@@ -411,11 +398,11 @@ async def test_undecodable_frames_are_invalid_argument_and_the_daemon_stays_up(
     with anyio.fail_after(10):
         async with connect(daemon) as client:
             setup = await _setup(client)
-            before = await _snapshot(client, setup)
+            before = await snapshot(client, setup)
             await expect_status(
                 _raw_call(daemon.endpoint, method, data, reply), Status.INVALID_ARGUMENT, fragment
             )
-            assert await _snapshot(client, setup) == before
+            assert await snapshot(client, setup) == before
             assert daemon.running
 
 
@@ -425,7 +412,7 @@ async def test_oversized_message_is_resource_exhausted(daemon: DaemonProcess) ->
     with anyio.fail_after(30):
         async with connect(daemon) as client:
             setup = await _setup(client)
-            before = await _snapshot(client, setup)
+            before = await snapshot(client, setup)
             # A valid EnqueueRequest whose only problem is its size.
             request = EnqueueRequest(
                 context=client.context,
@@ -437,7 +424,7 @@ async def test_oversized_message_is_resource_exhausted(daemon: DaemonProcess) ->
                 Status.RESOURCE_EXHAUSTED,
                 f"exceeds the {limits.MAX_MESSAGE_BYTES}-byte message limit",
             )
-            assert await _snapshot(client, setup) == before
+            assert await snapshot(client, setup) == before
 
 
 async def test_payload_at_the_limit_is_accepted(daemon: DaemonProcess) -> None:

@@ -14,6 +14,7 @@ can call the engine from its synchronous rules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -87,14 +88,21 @@ def engine_kind(request: pytest.FixtureRequest) -> EngineKind:
     return ENGINE_KINDS[request.param]
 
 
-@pytest.fixture
-def engine(engine_kind: EngineKind, tmp_path: pathlib.Path) -> Iterator[SyncEngine]:
+@contextlib.contextmanager
+def open_engine(kind: EngineKind, scratch: pathlib.Path) -> Iterator[SyncEngine]:
+    """An open engine of `kind` on its own loop, closed afterwards."""
     with asyncio.Runner() as runner:
-        sync = SyncEngine(engine_kind, tmp_path, runner)
+        sync = SyncEngine(kind, scratch, runner)
         try:
             yield sync
         finally:
             sync.run(sync.raw.close())
+
+
+@pytest.fixture
+def engine(engine_kind: EngineKind, tmp_path: pathlib.Path) -> Iterator[SyncEngine]:
+    with open_engine(engine_kind, tmp_path) as sync:
+        yield sync
 
 
 @pytest.fixture

@@ -16,9 +16,10 @@ import pytest
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server.storage import sqlite as sqlite_engine
-from ringo_trio.server.storage.sqlite import SCHEMA_VERSION, SchemaVersionError, SQLiteEngine
+from ringo_trio.server.storage._base import SchemaTooNew
+from ringo_trio.server.storage.sqlite import SCHEMA_VERSION, SQLiteEngine
 
-from .conftest import ENGINE_KINDS, LEASE, SyncEngine, claim_one, ref_of, spec
+from .conftest import ENGINE_KINDS, LEASE, SyncEngine, claim_one, open_engine, ref_of, spec
 from .test_durability import _run_and_kill
 
 
@@ -35,12 +36,8 @@ def db_path(tmp_path: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture
 def sqlite(tmp_path: pathlib.Path) -> Iterator[SyncEngine]:
-    with asyncio.Runner() as runner:
-        sync = SyncEngine(ENGINE_KINDS["sqlite"], tmp_path, runner)
-        try:
-            yield sync
-        finally:
-            sync.run(sync.raw.close())
+    with open_engine(ENGINE_KINDS["sqlite"], tmp_path) as sync:
+        yield sync
 
 
 def _conn(engine: SyncEngine) -> sqlite3.Connection:
@@ -100,7 +97,7 @@ def test_a_newer_schema_is_refused_and_left_untouched(
         raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     raw.close()
     before = db_path.read_bytes()
-    with pytest.raises(SchemaVersionError, match=rf"version {SCHEMA_VERSION + 1} is newer"):
+    with pytest.raises(SchemaTooNew, match=rf"version {SCHEMA_VERSION + 1} is newer"):
         runner.run(SQLiteEngine(db_path).open())
     assert db_path.read_bytes() == before
 

@@ -47,6 +47,7 @@ __all__ = [
     "FailedPrecondition",
     "LeaseLost",
     "NotFound",
+    "SchemaTooNew",
     "Storage",
     "StorageError",
 ]
@@ -66,6 +67,11 @@ class LeaseLost(StorageError):
 
 class FailedPrecondition(StorageError):
     pass
+
+
+class SchemaTooNew(StorageError):
+    """The data was written by a newer schema than this code knows; `open`
+    refuses it and leaves it untouched."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ while LEASED.
 
 Schema: `PRAGMA user_version` is the schema version; `_MIGRATIONS[i]` takes
 the database from version i to i + 1. Open applies the missing migrations in
-one transaction and refuses (`SchemaVersionError`) a database written by a
+one transaction and refuses (`SchemaTooNew`) a database written by a
 newer version of this code.
 """
 
@@ -77,15 +77,19 @@ from ringo_trio._proto.ringo.v1 import (
     TaskState,
 )
 
-from ._base import EnqueueOutcome, FailedPrecondition, LeaseLost, NotFound, Storage, StorageError
+from ._base import (
+    EnqueueOutcome,
+    FailedPrecondition,
+    LeaseLost,
+    NotFound,
+    SchemaTooNew,
+    Storage,
+    StorageError,
+)
 
-__all__ = ["SCHEMA_VERSION", "SQLiteEngine", "SchemaVersionError"]
+__all__ = ["SCHEMA_VERSION", "SQLiteEngine"]
 
 _T = TypeVar("_T")
-
-
-class SchemaVersionError(StorageError):
-    """The database was written by a newer schema than this code knows."""
 
 
 _PENDING = int(TaskState.PENDING)
@@ -248,6 +252,22 @@ def _claim_sql(types_clause: str, rest: bool) -> str:
     """
 
 
+def _priority_steps(db: sqlite3.Connection, queue: str) -> Iterator[tuple[int, bool]]:
+    """The distinct PENDING priorities of `queue`, highest first, one index
+    seek each. After `_PRIORITY_PROBES` of them the last step has
+    `rest=True`: it stands for its priority and every lower one. Stop
+    iterating as soon as you have enough; the next seek runs only on demand."""
+    prio = db.execute(_TOP_PRIORITY, (queue,)).fetchone()[0]
+    probes = 0
+    while prio is not None:
+        rest = probes == _PRIORITY_PROBES
+        yield prio, rest
+        if rest:
+            return
+        probes += 1
+        prio = db.execute(_NEXT_PRIORITY, (queue, prio)).fetchone()[0]
+
+
 def _to_us(moment: datetime) -> int:
     if moment.tzinfo is None:
         raise ValueError(f"naive datetime {moment!r}: the storage needs aware (UTC) times")
@@ -259,7 +279,7 @@ def _from_us(us: int) -> datetime:
 
 
 def _opt_from_us(us: int | None) -> datetime | None:
-    return None if us is None else _EPOCH + timedelta(microseconds=us)
+    return None if us is None else _from_us(us)
 
 
 def _backoff_us(initial_us: int, max_us: int, multiplier: float, attempt: int) -> int:
@@ -335,15 +355,30 @@ def _lease(row: Sequence[Any]) -> Lease:
     )
 
 
-def _lookup(task_id: str | None, unique_key: str | None) -> tuple[str, str]:
+def _find(
+    db: sqlite3.Connection,
+    columns: str,
+    queue: str,
+    task_id: str | None,
+    unique_key: str | None,
+) -> Any:
+    """`columns` of the task named by exactly one of task_id / unique_key;
+    NotFound if the queue holds no such task."""
     if (task_id is None) == (unique_key is None):
         raise ValueError("exactly one of task_id / unique_key")
     if task_id is not None:
-        return "id = :value", task_id
-    assert unique_key is not None
-    # The literal term lets SQLite use the partial unique index; an empty
-    # key names no task.
-    return "unique_key = :value AND unique_key != ''", unique_key
+        where, value = "id = :value", task_id
+    else:
+        # The literal term lets SQLite use the partial unique index; an
+        # empty key names no task.
+        where, value = "unique_key = :value AND unique_key != ''", unique_key or ""
+    row = db.execute(
+        f"SELECT {columns} FROM tasks WHERE queue = :queue AND {where}",
+        {"queue": queue, "value": value},
+    ).fetchone()
+    if row is None:
+        raise NotFound(_describe(queue, task_id, unique_key))
+    return row
 
 
 class SQLiteEngine(Storage):
@@ -397,19 +432,8 @@ class SQLiteEngine(Storage):
             raise RuntimeError("SQLiteEngine is not open")
         return self._db
 
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-            db.execute("COMMIT")
-        except BaseException:
-            # SQLite rolls some errors back by itself; ROLLBACK then has
-            # nothing to undo and would raise over the real error.
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
+    def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return _immediate(self._conn())
 
     # -- submission --------------------------------------------------------
 
@@ -460,18 +484,7 @@ class SQLiteEngine(Storage):
     async def get(
         self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
     ) -> Task:
-        where, value = _lookup(task_id, unique_key)
-        row = (
-            self._conn()
-            .execute(
-                f"SELECT {_COLS} FROM tasks WHERE queue = :queue AND {where}",
-                {"queue": queue, "value": value},
-            )
-            .fetchone()
-        )
-        if row is None:
-            raise NotFound(_describe(queue, task_id, unique_key))
-        return _row_task(row)
+        return _row_task(_find(self._conn(), _COLS, queue, task_id, unique_key))
 
     async def retry(
         self,
@@ -481,15 +494,9 @@ class SQLiteEngine(Storage):
         task_id: str | None = None,
         unique_key: str | None = None,
     ) -> Task:
-        where, value = _lookup(task_id, unique_key)
         now_us = _to_us(now)
         with self._write() as db:
-            row = db.execute(
-                f"SELECT seq, state FROM tasks WHERE queue = :queue AND {where}",
-                {"queue": queue, "value": value},
-            ).fetchone()
-            if row is None:
-                raise NotFound(_describe(queue, task_id, unique_key))
+            row = _find(db, "seq, state", queue, task_id, unique_key)
             if row[1] not in (_SUCCEEDED, _DEAD):
                 raise FailedPrecondition(
                     f"{_describe(queue, task_id, unique_key)} is {_STATES[row[1]].name};"
@@ -525,18 +532,12 @@ class SQLiteEngine(Storage):
         rows: list[Any] = []
         with self._write() as db:
             db.execute(_EXPIRE_QUEUE, args)
-            prio = db.execute(_TOP_PRIORITY, (queue,)).fetchone()[0]
-            probes = 0
-            while prio is not None and len(rows) < limit:
-                rest = probes == _PRIORITY_PROBES
+            for prio, rest in _priority_steps(db, queue):
                 args["prio"] = prio
                 args["limit"] = limit - len(rows)
                 rows += db.execute(_claim_sql(types_clause, rest), args).fetchall()
-                if rest:
+                if len(rows) >= limit:
                     break
-                probes += 1
-                if len(rows) < limit:
-                    prio = db.execute(_NEXT_PRIORITY, (queue, prio)).fetchone()[0]
             # RETURNING yields rows in no promised order.
             rows.sort(key=lambda r: (-r[_C_PRIORITY], r[_C_AVAILABLE], r[_C_SEQ]))
             # Built inside the transaction: a failure here must undo the leases.
@@ -635,10 +636,7 @@ class SQLiteEngine(Storage):
                 f" AND state = {_LEASED}{types_clause}",
                 args,
             ).fetchone()[0]
-            prio = db.execute(_TOP_PRIORITY, (queue,)).fetchone()[0]
-            probes = 0
-            while prio is not None:
-                rest = probes == _PRIORITY_PROBES
+            for prio, rest in _priority_steps(db, queue):
                 args["prio"] = prio
                 cond = "priority <= :prio" if rest else "priority = :prio"
                 first = db.execute(
@@ -648,10 +646,8 @@ class SQLiteEngine(Storage):
                 ).fetchone()[0]
                 if first is not None and (soonest is None or first < soonest):
                     soonest = first
-                if rest or (soonest is not None and soonest <= now_us):
+                if soonest is not None and soonest <= now_us:
                     break
-                probes += 1
-                prio = db.execute(_NEXT_PRIORITY, (queue, prio)).fetchone()[0]
         finally:
             db.execute("COMMIT")
         if soonest is None:
@@ -733,14 +729,29 @@ def _describe(queue: str, task_id: str | None, unique_key: str | None) -> str:
     return f"task with unique key {unique_key!r} in queue {queue!r}"
 
 
-def _migrate(db: sqlite3.Connection, path: Path) -> None:
-    """Bring the schema to SCHEMA_VERSION in one transaction."""
+@contextlib.contextmanager
+def _immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction, the write lock taken up front; any exception
+    rolls it back."""
     db.execute("BEGIN IMMEDIATE")
     try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        # SQLite rolls some errors back by itself; ROLLBACK then has
+        # nothing to undo and would raise over the real error.
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the schema to SCHEMA_VERSION in one transaction."""
+    with _immediate(db):
         # Read under the write lock: another process may have migrated.
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise SchemaVersionError(
+            raise SchemaTooNew(
                 f"{path}: database schema version {version} is newer than this"
                 f" ringo_trio understands ({SCHEMA_VERSION}); upgrade ringo_trio or"
                 " use another data dir"
@@ -750,8 +761,3 @@ def _migrate(db: sqlite3.Connection, path: Path) -> None:
                 db.execute(statement)
         if version != SCHEMA_VERSION:
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        db.execute("COMMIT")
-    except BaseException:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        raise
