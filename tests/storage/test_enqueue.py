@@ -58,17 +58,18 @@ def test_the_returned_task_is_what_get_reads_back(engine: SyncEngine, clock: Man
 
 def test_spec_defaults_are_filled_in(engine: SyncEngine, clock: ManualClock) -> None:
     """max_attempts 0 means the daemon default; a missing backoff (or a missing part of
-    one) means the default backoff."""
+    one) means the default backoff, with the maximum at least the initial delay."""
     outs = engine.enqueue(
         "q",
         [
             spec(),
             spec(retry_backoff=RetryBackoff(maximum=timedelta(seconds=9))),
             spec(retry_backoff=RetryBackoff(initial=timedelta(seconds=2), multiplier=3.0)),
+            spec(retry_backoff=RetryBackoff(initial=timedelta(minutes=10))),
         ],
         clock.now(),
     )
-    plain, only_max, no_max = (o.task for o in outs)
+    plain, only_max, no_max, long_initial = (o.task for o in outs)
     assert plain.max_attempts == DEFAULT_MAX_ATTEMPTS
     assert plain.retry_backoff == RetryBackoff(
         initial=DEFAULT_BACKOFF_INITIAL,
@@ -82,6 +83,13 @@ def test_spec_defaults_are_filled_in(engine: SyncEngine, clock: ManualClock) -> 
     )
     assert no_max.retry_backoff == RetryBackoff(
         initial=timedelta(seconds=2), maximum=DEFAULT_BACKOFF_MAX, multiplier=3.0
+    )
+    # An unset maximum never caps the backoff below its own initial delay (the
+    # daemon's validator applies the same rule).
+    assert long_initial.retry_backoff == RetryBackoff(
+        initial=timedelta(minutes=10),
+        maximum=timedelta(minutes=10),
+        multiplier=DEFAULT_BACKOFF_MULTIPLIER,
     )
 
 

@@ -667,8 +667,13 @@ def _new_task(
     if backoff is not None:
         if backoff.initial is not None:
             initial = max(backoff.initial, timedelta(0))
-        if backoff.maximum is not None:
-            maximum = max(backoff.maximum, timedelta(0))
+        # Same rule as the service's validator: an unset maximum never caps
+        # the backoff below its own initial delay.
+        maximum = (
+            max(backoff.maximum, timedelta(0))
+            if backoff.maximum is not None
+            else max(DEFAULT_BACKOFF_MAX, initial)
+        )
         if backoff.multiplier:
             multiplier = backoff.multiplier
     max_attempts = spec.max_attempts or DEFAULT_MAX_ATTEMPTS
