@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,7 +28,6 @@ from ringo_trio._proto.ringo.v1 import (
     GetTaskRequest,
     Lease,
     LeasedTask,
-    LeaseRef,
     NackRequest,
     RequestContext,
     RetryBackoff,
@@ -42,6 +42,7 @@ from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server._wire import StrictCodec, WireError, check_message
 from ringo_trio.server.storage._base import Storage
+from ringo_trio.server.storage.sqlite import SQLiteEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -345,10 +346,12 @@ async def test_notify_wakes_only_its_queue_and_close_wakes_all() -> None:
     assert wakeups.watched_queues() == 0
 
 
-class _CountingStorage(Storage):
-    """Only expire_leases is real: it records calls and can fail."""
+class _CountingStorage(SQLiteEngine):
+    """Only expire_leases is real: it records calls and can fail. The engine is
+    never opened, so any other storage call fails loudly."""
 
     def __init__(self) -> None:
+        super().__init__(Path("/nonexistent/never-opened.db"))
         self.expire_calls: list[datetime] = []
         self.expired = 0
         self.fail = False
@@ -358,58 +361,6 @@ class _CountingStorage(Storage):
         if self.fail:
             raise RuntimeError("engine hiccup")
         return self.expired
-
-    async def open(self) -> None: ...
-    async def close(self) -> None: ...
-
-    async def enqueue(self, queue: str, specs: Sequence[TaskSpec], now: datetime) -> Any:
-        raise NotImplementedError
-
-    async def get(
-        self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
-    ) -> Task:
-        raise NotImplementedError
-
-    async def retry(self, queue: str, now: datetime, **lookup: Any) -> Task:
-        raise NotImplementedError
-
-    async def claim(
-        self,
-        queue: str,
-        task_types: Sequence[str],
-        limit: int,
-        worker_id: str,
-        lease_duration: timedelta,
-        now: datetime,
-    ) -> list[LeasedTask]:
-        raise NotImplementedError
-
-    async def ack(self, ref: LeaseRef, now: datetime) -> Task:
-        raise NotImplementedError
-
-    async def nack(
-        self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
-    ) -> Task:
-        raise NotImplementedError
-
-    async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
-        raise NotImplementedError
-
-    async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
-        raise NotImplementedError
-
-    async def report_progress(
-        self, ref: LeaseRef, current: float, total: float, message: str, now: datetime
-    ) -> None:
-        raise NotImplementedError
-
-    async def activity(self, queue: str, task_types: Sequence[str]) -> int:
-        raise NotImplementedError
-
-    async def next_wakeup(
-        self, queue: str, task_types: Sequence[str], now: datetime
-    ) -> datetime | None:
-        raise NotImplementedError
 
 
 async def _run_reaper(reaper: LeaseReaper, seconds: float) -> None:
