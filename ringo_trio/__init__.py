@@ -24,3 +24,5 @@ from ._models import TaskState as TaskState
 from ._queue import LeasedTask as LeasedTask
 from ._queue import TaskQueue as TaskQueue
 from ._version import __version__ as __version__
+from ._worker import TaskContext as TaskContext
+from ._worker import Worker as Worker

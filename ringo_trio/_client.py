@@ -45,7 +45,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 import anyio.abc
@@ -64,6 +64,9 @@ from ._proto.ringo.v1 import NegotiateRequest, NegotiateResponse, RequestContext
 from ._queue import TaskQueue
 from ._transport import SessionRejectedError, Transport
 from ._version import SDK_NAME, SDK_VERSION
+
+if TYPE_CHECKING:
+    from ._worker import Worker
 
 __all__ = ["CompressionOption", "Ringo", "RingoClient"]
 
@@ -177,6 +180,7 @@ class RingoClient:
         self._close_done: anyio.Event | None = None
         self._recovery_lock = anyio.Lock()
         self._daemon_restarts = 0
+        self._workers: list[Worker] = []
 
     # -- properties ---------------------------------------------------------
 
@@ -270,12 +274,14 @@ class RingoClient:
             exc.add_note(f"while closing the Ringo client: {close_error!r}")
 
     async def aclose(self) -> None:
-        """Close the channel and stop a local daemon. Idempotent; safe from any task.
+        """Drain this client's workers, close the channel and stop a local daemon.
 
-        Calls in flight fail with `UnavailableError`; later calls raise `RingoError`.
+        Idempotent; safe from any task. Workers get their grace period (see
+        `Worker.close`); calls in flight then fail with `UnavailableError`;
+        later calls raise `RingoError`.
         """
-        self._closed = True
         if self._close_done is not None:
+            self._closed = True
             with anyio.CancelScope(shield=True):
                 await self._close_done.wait()
             return
@@ -283,6 +289,11 @@ class RingoClient:
         errors: list[Exception] = []
         try:
             with anyio.CancelScope(shield=True):
+                # Workers settle on the still-open channel before it closes.
+                async with anyio.create_task_group() as drains:
+                    for worker in self._workers:
+                        drains.start_soon(worker.close)
+                self._closed = True
                 if self._transport is not None:
                     with anyio.move_on_after(_CLOSE_CHANNEL_TIMEOUT):
                         try:
@@ -300,6 +311,11 @@ class RingoClient:
             raise ExceptionGroup("errors while closing the Ringo client", errors)
 
     close = aclose
+
+    def _register_worker(self, worker: Worker) -> None:
+        if self._closed or self._close_done is not None:
+            raise RingoError("client is closed")
+        self._workers.append(worker)
 
     # -- queues -------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,7 @@ from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
 
 if TYPE_CHECKING:
     from ._client import RingoClient
+    from ._worker import Handler, Worker
 
 __all__ = ["LeasedTask", "TaskQueue", "new_worker_id"]
 
@@ -90,6 +91,79 @@ class TaskQueue:
 
     def __repr__(self) -> str:
         return f"<TaskQueue {self.name!r}>"
+
+    # -- workers --------------------------------------------------------------
+
+    def worker(
+        self,
+        handler: Handler,
+        *,
+        task_types: Iterable[str] | None = None,
+        concurrency: int = 1,
+        weight: int = 1,
+        lease_duration: timedelta = _limits.DEFAULT_LEASE,
+        grace_period: timedelta = timedelta(seconds=30),
+        on_idle: Callable[[], Any] | None = None,
+        task_timeouts: object | None = None,
+    ) -> Worker:
+        """A credit-controlled `Worker` of this queue (start it with ``worker.run``).
+
+        ``handler(task, ctx)`` returning acks the task; raising `RetryTaskError`
+        (or any other exception) nacks it; `PermanentTaskError` rejects it.
+        ``concurrency`` handlers run at once; ``lease_duration`` is renewed
+        automatically a third of the way before it ends; `Worker.close`
+        waits ``grace_period`` for running handlers before cancelling them.
+
+        ``on_idle`` (a zero-argument callable, sync or async) is for bounded
+        batch runs: once registered, the worker polls the queue's activity
+        every 250 ms (``GetQueueActivity``, scoped to ``task_types``); after
+        it has been continuously zero for 1 s with no handler running, the
+        callback runs once, inside ``run()``. An exception it raises —
+        ``SystemExit`` included — propagates out of ``run()`` unchanged.
+        Needs protocol minor >= 1. Do not await ``worker.close()`` inside it.
+
+        ``weight`` is this worker's share of a shared concurrency controller;
+        controllers and ``task_timeouts`` arrive with the supervisor and are
+        refused until then.
+        """
+        from ._worker import Worker
+
+        if not callable(handler):
+            raise InvalidArgumentError("handler must be callable")
+        if on_idle is not None and not callable(on_idle):
+            raise InvalidArgumentError("on_idle must be callable")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+            raise InvalidArgumentError(
+                "concurrency must be an integer (shared concurrency controllers are not"
+                " available in this release)"
+            )
+        if not 1 <= concurrency <= 2**31 - 1:
+            raise InvalidArgumentError("initial fixed concurrency must be between 1 and 2**31-1")
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+            raise InvalidArgumentError("weight must be a positive integer")
+        if not isinstance(lease_duration, timedelta) or lease_duration < timedelta(0):
+            raise InvalidArgumentError("lease_duration must be a non-negative timedelta")
+        if lease_duration > _limits.MAX_LEASE:
+            raise InvalidArgumentError(f"lease_duration must be at most {_limits.MAX_LEASE}")
+        if not isinstance(grace_period, timedelta) or grace_period < timedelta(0):
+            raise InvalidArgumentError("grace_period must be a non-negative timedelta")
+        if task_timeouts is not None:
+            raise InvalidArgumentError(
+                "task_timeouts are not available in this release (they arrive with the"
+                " process supervisor); pass None"
+            )
+        worker = Worker(
+            self,
+            handler,
+            task_types=_task_types(task_types),
+            concurrency=concurrency,
+            weight=weight,
+            lease_duration=lease_duration,
+            grace_period=grace_period,
+            on_idle=on_idle,
+        )
+        self._client._register_worker(worker)
+        return worker
 
     # -- submission ---------------------------------------------------------
 

@@ -236,8 +236,8 @@ class Transport:
         response_type: type[_Resp],
         *,
         request: _Req | None = None,
-        send_buffer: int = 64,
-        receive_buffer: int = 64,
+        send_buffer: float = 64,
+        receive_buffer: float = 64,
         rpc_timeout: float | None = None,
     ) -> AsyncIterator[StreamChannels[_Req, _Resp]]:
         """Open a server stream (``request`` given) or a bidi stream (``request`` None).

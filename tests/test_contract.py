@@ -13,6 +13,8 @@ import ringo_trio
 from ._codegen import ROOT, generate
 
 EXPECTED_PUBLIC = {
+    "Worker",
+    "TaskContext",
     "Ringo",
     "RingoClient",
     "TaskQueue",
@@ -90,3 +92,21 @@ def test_only_the_transport_touches_asyncio_and_grpclib(module: pathlib.Path) ->
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             imported.add(node.module.split(".")[0])
     assert not imported & {"asyncio", "grpclib", "trio_asyncio"}, module.name
+
+
+def test_session_is_sans_io() -> None:
+    """The Work-session state machine does no I/O and reads no clock: it
+    imports nothing from trio, anyio, asyncio, grpclib or the generated code,
+    and nothing that tells time."""
+    import ast
+
+    tree = ast.parse((ROOT / "ringo_trio" / "_session.py").read_text())
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(("." * node.level) + (node.module or ""))
+    forbidden = {"trio", "anyio", "asyncio", "grpclib", "time", "datetime", "sniffio"}
+    assert not {name.split(".")[0] for name in imported} & forbidden, imported
+    assert not any(name.startswith(".") for name in imported), imported

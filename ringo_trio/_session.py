@@ -1,0 +1,692 @@
+"""The client side of one Work stream, as a state machine with no I/O.
+
+Theory of operation
+-------------------
+`WorkSession` is to the worker what h11's ``Connection`` is to an HTTP
+client: the trio driver (`ringo_trio._worker`) feeds it what arrived from the
+daemon and what the application did, and it answers with *outputs* — frames to
+write (`Register`, `Credit`, `Settle`, `Extend`, `Progress`, `Drain`) and
+events to act on (`StartHandler`, `CancelHandler`, `CommandDone`). It never
+reads a clock: every call that depends on time takes ``now`` (a monotonic
+reading in seconds). It imports nothing from trio, anyio, asyncio, grpclib or
+the generated wire code, so hypothesis can drive it through millions of
+interleavings without a socket (``tests/sdk/test_session.py``).
+
+What it owns:
+
+*Request ids and correlation.* Every command gets the next id (1, 2, …; ids
+never repeat on a stream, so they are also increasing when the daemon checks
+``ordered_request_ids``). A result must answer a pending id; a result for an
+unknown or already-answered id is a `RemoteProtocolError`, so a result can
+never be correlated to the wrong command. A command left unanswered for
+``command_timeout`` breaks the session (`poll` raises `SessionBroken`).
+
+*The credit ledger.* Credit is absolute ("you may push me N more from now
+on"). The session mirrors the daemon's remaining credit exactly: the daemon
+writes the result of a credit command before any push that consumes it, so
+the mirror becomes N when the result arrives and drops by one per push. A
+push the mirror does not cover is a protocol error. The session asks for more
+only when the mirror is zero: then no push can be in transit, so ``free
+slots`` is exactly what the worker can take and the daemon's capacity check
+(``available + unsettled <= concurrency``) cannot refuse it. A resize, which
+cannot wait for the mirror to drain, may race a push; the daemon then refuses
+with ``credit_capacity`` and the session resamples at once — the racing push
+arrived before the refusal, the stream is ordered. One credit command is in
+flight at a time; a later one supersedes it anyway.
+
+*Slots.* A slot is taken by every push and given back when the driver settles
+the task (`settle`) or, after a lost lease, when the cancelled handler has
+really exited (`handler_exited`): a handler that ignores cancellation keeps
+its slot, so it can never be replaced by new work.
+
+*The lease table.* Each held lease has a local deadline: receipt time plus
+the remaining lease (never more than the registered lease duration). A
+renewal (`Extend`) goes out a third of the lease duration before the
+deadline; a successful result moves the deadline to *send time* plus the
+extension — never receipt time, which would grant time the daemon did not.
+If the deadline passes with the renewal unanswered, or the daemon answers
+``LEASE_LOST``, the handler is cancelled (`CancelHandler`). Every lease the
+daemon pushed ends in exactly one of: a settlement, a command answered
+``LEASE_LOST``, or — when a renewal succeeds after the lease was given up
+locally — a nack, so the daemon never counts a lease nobody works on.
+
+*States.* ``IDLE → REGISTERING → ACTIVE → DRAINING → ENDED`` with one
+transition table (`_TRANSITIONS`); an input the table does not list for the
+current state raises `LocalProtocolError` (our bug) or `RemoteProtocolError`
+(the daemon's), never silently passes.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "CancelHandler",
+    "CommandDone",
+    "CommandError",
+    "CommandKind",
+    "Credit",
+    "Drain",
+    "Extend",
+    "Frame",
+    "Input",
+    "LeaseKey",
+    "LocalProtocolError",
+    "Outcome",
+    "Output",
+    "Progress",
+    "Register",
+    "RemoteProtocolError",
+    "SessionBroken",
+    "Settle",
+    "StartHandler",
+    "State",
+    "WorkSession",
+]
+
+MAX_REQUEST_ID = 2**64 - 1
+CREDIT_CAPACITY_REASON = "credit_capacity"
+# Consecutive credit_capacity refusals after which the daemon is considered
+# to disagree with us for good (each retry is resampled, so a correct daemon
+# refuses at most as often as pushes race a resize).
+MAX_CREDIT_REFUSALS = 20
+
+
+class LocalProtocolError(Exception):
+    """The driver asked for something the protocol does not allow now (a bug)."""
+
+
+class RemoteProtocolError(Exception):
+    """The daemon broke the protocol; the stream cannot be trusted any more."""
+
+
+class SessionBroken(Exception):
+    """The session cannot go on (a command unanswered in time, a settlement
+    with an unknown outcome); the driver ends the stream and reconnects."""
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    REGISTERING = "registering"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    ENDED = "ended"
+
+
+class Input(enum.Enum):
+    SEND_REGISTER = "send register"
+    RECV_REGISTERED = "receive registered"
+    SEND_CREDIT = "send credit"
+    SEND_SETTLE = "send settle"
+    SEND_EXTEND = "send extend"
+    SEND_PROGRESS = "send progress"
+    SEND_DRAIN = "send drain"
+    RECV_TASK = "receive task"
+    RECV_RESULT = "receive result"
+    RECV_HEARTBEAT = "receive heartbeat"
+    END = "end"
+
+
+_S, _I = State, Input
+_LIVE = (_I.SEND_SETTLE, _I.SEND_EXTEND, _I.SEND_PROGRESS, _I.RECV_TASK, _I.RECV_RESULT)
+_TRANSITIONS: dict[tuple[State, Input], State] = {
+    (_S.IDLE, _I.SEND_REGISTER): _S.REGISTERING,
+    (_S.REGISTERING, _I.RECV_REGISTERED): _S.ACTIVE,
+    (_S.REGISTERING, _I.RECV_HEARTBEAT): _S.REGISTERING,
+    (_S.ACTIVE, _I.SEND_CREDIT): _S.ACTIVE,
+    (_S.ACTIVE, _I.SEND_DRAIN): _S.DRAINING,
+    (_S.ACTIVE, _I.RECV_HEARTBEAT): _S.ACTIVE,
+    **{(_S.ACTIVE, i): _S.ACTIVE for i in _LIVE},
+    # Pushes granted before the daemon saw the drain may still arrive; the
+    # credit mirror keeps checking them.
+    **{(_S.DRAINING, i): _S.DRAINING for i in _LIVE},
+    (_S.DRAINING, _I.RECV_HEARTBEAT): _S.DRAINING,
+    **{(s, _I.END): _S.ENDED for s in State},
+}
+_SENDS = frozenset(i for i in Input if i.name.startswith("SEND_"))
+
+
+class CommandKind(enum.Enum):
+    CREDIT = "credit"
+    SETTLE = "settle"
+    EXTEND = "extend"
+    PROGRESS = "progress"
+    DRAIN = "drain"
+
+
+class Outcome(enum.Enum):
+    ACK = "ack"
+    NACK = "nack"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseKey:
+    task_id: str
+    attempt: int
+
+
+# -- what the driver feeds in ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CommandError:
+    """An ``ErrorDetail``: ``code`` is the ErrorCode name without its prefix
+    (``"LEASE_LOST"``), ``reason`` is ``metadata["reason"]`` if any."""
+
+    code: str
+    message: str = ""
+    reason: str = ""
+
+
+# -- frames out -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    ordered_request_ids: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    request_id: int
+    available: int
+    target_concurrency: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    request_id: int
+    key: LeaseKey
+    lease_token: str
+    outcome: Outcome
+    error: str = ""
+    retry_delay: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Extend:
+    request_id: int
+    key: LeaseKey
+    lease_token: str
+    extension: float
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    request_id: int
+    key: LeaseKey
+    lease_token: str
+    current: float
+    total: float
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    request_id: int
+
+
+Frame = Register | Credit | Settle | Extend | Progress | Drain
+
+
+# -- events out ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartHandler:
+    key: LeaseKey
+
+
+@dataclass(frozen=True, slots=True)
+class CancelHandler:
+    """The lease is gone (lost, expired locally, or the stream ended)."""
+
+    key: LeaseKey
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommandDone:
+    """The result of a command the driver may be waiting for (settle,
+    progress, drain); ``error`` None means success."""
+
+    request_id: int
+    kind: CommandKind
+    error: CommandError | None
+
+
+Output = (
+    Register
+    | Credit
+    | Settle
+    | Extend
+    | Progress
+    | Drain
+    | StartHandler
+    | CancelHandler
+    | CommandDone
+)
+
+
+@dataclass(slots=True)
+class _Pending:
+    kind: CommandKind
+    sent_at: float
+    key: LeaseKey | None = None
+    credit: int = 0
+    target: int | None = None
+    extension: float = 0.0
+
+
+@dataclass(slots=True)
+class _Lease:
+    token: str
+    deadline: float
+    timer_at: float = 0.0  # the one timer entry of this lease that is current
+    renewing: int = 0  # request id of the renewal in flight, 0 if none
+    settling: bool = False
+    lost: bool = False  # given up locally; waiting for the handler / the daemon
+
+
+class WorkSession:
+    """One Work stream's protocol state (client side). See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        concurrency: int,
+        ordered_request_ids: bool,
+        dynamic_target: bool = False,
+        command_timeout: float = 30.0,
+    ) -> None:
+        if concurrency < 0:
+            raise LocalProtocolError("concurrency must not be negative")
+        self.state = State.IDLE
+        self.concurrency = concurrency
+        self.ordered_request_ids = ordered_request_ids
+        self.dynamic_target = dynamic_target
+        self.command_timeout = command_timeout
+        self.lease_duration = 0.0
+        self._next_id = 1
+        self._pending: dict[int, _Pending] = {}
+        self._credit_pending = 0  # request id of the credit command in flight
+        self._credit_mirror = 0  # pushes the daemon may still make
+        self._target_sent: int | None = None  # last target the daemon accepted
+        self._refusals = 0
+        self._leases: dict[LeaseKey, _Lease] = {}
+        self._slots: set[LeaseKey] = set()
+        # (when, tiebreak, key): renewal or expiry checks; stale entries are
+        # skipped when popped (cheaper than removing them).
+        self._timers: list[tuple[float, int, LeaseKey]] = []
+        self._tiebreak = itertools.count()
+        self.pushes = 0
+        self.results = 0
+
+    # -- observation ------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Slots taken: pushed tasks whose handler has not finished."""
+        return len(self._slots)
+
+    @property
+    def credit_mirror(self) -> int:
+        return self._credit_mirror
+
+    @property
+    def pending_commands(self) -> int:
+        return len(self._pending)
+
+    def holds(self, key: LeaseKey) -> bool:
+        """True while the lease is live locally (pushed, not settled or lost)."""
+        lease = self._leases.get(key)
+        return lease is not None and not lease.lost and not lease.settling
+
+    def next_deadline(self) -> float | None:
+        """When `poll` next has something to do (None: nothing scheduled)."""
+        while self._timers:
+            when, _, key = self._timers[0]
+            if self._timer_current(when, key) is None:
+                heapq.heappop(self._timers)
+                continue
+            break
+        candidates = [self._timers[0][0]] if self._timers else []
+        if self._pending:
+            oldest = next(iter(self._pending.values()))
+            candidates.append(oldest.sent_at + self.command_timeout)
+        return min(candidates) if candidates else None
+
+    # -- the transition table ---------------------------------------------
+
+    def _step(self, what: Input) -> None:
+        new = _TRANSITIONS.get((self.state, what))
+        if new is None:
+            error = LocalProtocolError if what in _SENDS else RemoteProtocolError
+            raise error(f"{what.value} is not allowed in state {self.state.value}")
+        self.state = new
+
+    def _take_id(self) -> int:
+        request_id = self._next_id
+        if request_id > MAX_REQUEST_ID:
+            raise SessionBroken("request id space exhausted; the stream must be reopened")
+        self._next_id = request_id + 1
+        return request_id
+
+    # -- driver → session -------------------------------------------------
+
+    def register(self) -> Register:
+        self._step(Input.SEND_REGISTER)
+        return Register(ordered_request_ids=self.ordered_request_ids)
+
+    def registered(
+        self,
+        *,
+        lease_duration: float,
+        max_concurrency: int,
+        ordered_request_ids: bool,
+        now: float,
+    ) -> list[Output]:
+        self._step(Input.RECV_REGISTERED)
+        if ordered_request_ids != self.ordered_request_ids:
+            raise RemoteProtocolError(
+                "the daemon did not confirm the requested request-id mode"
+                f" (asked {self.ordered_request_ids}, got {ordered_request_ids})"
+            )
+        if lease_duration <= 0:
+            raise RemoteProtocolError("the daemon registered a non-positive lease duration")
+        self.lease_duration = lease_duration
+        if not self.dynamic_target and max_concurrency:
+            self.concurrency = max_concurrency
+        return self._maybe_credit(now)
+
+    def task_pushed(
+        self, key: LeaseKey, lease_token: str, lease_remaining: float, now: float
+    ) -> list[Output]:
+        """A ``task`` frame arrived; ``lease_remaining`` is how long the daemon's
+        lease still runs (its ``until`` minus the current wall-clock time)."""
+        self._step(Input.RECV_TASK)
+        if self._credit_mirror <= 0:
+            raise RemoteProtocolError(f"task {key.task_id} was pushed without credit")
+        if key in self._leases or key in self._slots:
+            raise RemoteProtocolError(f"task {key.task_id} attempt {key.attempt} was pushed twice")
+        self._credit_mirror -= 1
+        self.pushes += 1
+        deadline = now + min(max(lease_remaining, 0.0), self.lease_duration)
+        self._leases[key] = _Lease(token=lease_token, deadline=deadline)
+        self._slots.add(key)
+        self._arm(key, deadline - self.lease_duration / 3)
+        return [StartHandler(key)]
+
+    def heartbeat(self) -> None:
+        self._step(Input.RECV_HEARTBEAT)
+
+    def result(self, request_id: int, error: CommandError | None, now: float) -> list[Output]:
+        self._step(Input.RECV_RESULT)
+        pending = self._pending.pop(request_id, None)
+        if pending is None:
+            raise RemoteProtocolError(f"result for request {request_id}, which is not awaiting one")
+        self.results += 1
+        kind = pending.kind
+        if kind is CommandKind.CREDIT:
+            return self._credit_result(pending, error, now)
+        if kind is CommandKind.EXTEND:
+            return self._extend_result(request_id, pending, error, now)
+        out: list[Output] = [CommandDone(request_id, kind, error)]
+        key = pending.key
+        if kind is CommandKind.SETTLE and key is not None:
+            self._leases.pop(key, None)
+            if error is not None and error.code != "LEASE_LOST":
+                # The settlement may or may not have committed; the only safe
+                # continuation is a new stream (leases left to expire).
+                raise SessionBroken(f"settling task {key.task_id} failed: {error.message}")
+        elif (
+            kind is CommandKind.PROGRESS
+            and key is not None
+            and error is not None
+            and error.code == "LEASE_LOST"
+        ):
+            out += self._lose(key, "lease lost (progress report refused)")
+        return out
+
+    def settle(
+        self,
+        key: LeaseKey,
+        outcome: Outcome,
+        now: float,
+        *,
+        error: str = "",
+        retry_delay: float | None = None,
+    ) -> list[Output]:
+        """The handler finished: send its outcome and free its slot."""
+        lease = self._leases.get(key)
+        if lease is None or lease.lost or lease.settling:
+            raise LocalProtocolError(f"task {key.task_id} attempt {key.attempt} is not held")
+        self._step(Input.SEND_SETTLE)
+        request_id = self._take_id()
+        lease.settling = True
+        self._pending[request_id] = _Pending(CommandKind.SETTLE, now, key=key)
+        self._slots.discard(key)
+        out: list[Output] = [
+            Settle(request_id, key, lease.token, outcome, error=error, retry_delay=retry_delay)
+        ]
+        return out + self._maybe_credit(now)
+
+    def handler_exited(self, key: LeaseKey, now: float) -> list[Output]:
+        """A handler whose lease was lost has really finished: free its slot."""
+        if key not in self._slots:
+            return []
+        lease = self._leases.get(key)
+        if lease is not None and not lease.lost:
+            raise LocalProtocolError(
+                f"task {key.task_id}: a handler with a live lease must settle, not exit"
+            )
+        self._slots.discard(key)
+        if lease is not None and not lease.renewing and not lease.settling:
+            del self._leases[key]
+        return self._maybe_credit(now)
+
+    def report_progress(
+        self, key: LeaseKey, current: float, total: float, message: str, now: float
+    ) -> Progress:
+        lease = self._leases.get(key)
+        if lease is None or lease.lost or lease.settling:
+            raise LocalProtocolError(f"task {key.task_id} attempt {key.attempt} is not held")
+        self._step(Input.SEND_PROGRESS)
+        request_id = self._take_id()
+        self._pending[request_id] = _Pending(CommandKind.PROGRESS, now, key=key)
+        return Progress(request_id, key, lease.token, current, total, message)
+
+    def set_concurrency(self, concurrency: int, now: float) -> list[Output]:
+        if concurrency < 0:
+            raise LocalProtocolError("concurrency must not be negative")
+        self.concurrency = concurrency
+        self.dynamic_target = True
+        if self.state is not State.ACTIVE:
+            return []
+        return self._maybe_credit(now)
+
+    def drain(self, now: float) -> Drain:
+        self._step(Input.SEND_DRAIN)
+        request_id = self._take_id()
+        self._pending[request_id] = _Pending(CommandKind.DRAIN, now)
+        return Drain(request_id)
+
+    def poll(self, now: float) -> list[Output]:
+        """Renewals that are due and leases whose deadline has passed.
+
+        Raises `SessionBroken` when a command has waited longer than
+        ``command_timeout`` for its result.
+        """
+        if self._pending:
+            oldest_id, oldest = next(iter(self._pending.items()))
+            if now >= oldest.sent_at + self.command_timeout:
+                raise SessionBroken(
+                    f"request {oldest_id} ({oldest.kind.value}) got no result"
+                    f" within {self.command_timeout:g}s"
+                )
+        out: list[Output] = []
+        while self._timers and self._timers[0][0] <= now:
+            when, _, key = heapq.heappop(self._timers)
+            lease = self._timer_current(when, key)
+            if lease is None:
+                continue
+            if now >= lease.deadline:
+                out += self._lose(key, "lease expired before it could be renewed")
+                if not lease.renewing:
+                    # No command is in flight that would tell the daemon this
+                    # lease is gone from here: hand it back explicitly (a
+                    # stale ref is answered LEASE_LOST, a live one released).
+                    out += self._release_renewed(
+                        key, lease, now, "the worker's local lease deadline passed"
+                    )
+            elif not lease.renewing and self.state in (State.ACTIVE, State.DRAINING):
+                self._step(Input.SEND_EXTEND)
+                request_id = self._take_id()
+                lease.renewing = request_id
+                self._pending[request_id] = _Pending(
+                    CommandKind.EXTEND, now, key=key, extension=self.lease_duration
+                )
+                out.append(Extend(request_id, key, lease.token, self.lease_duration))
+                self._arm(key, lease.deadline)
+            else:
+                self._arm(key, lease.deadline)
+        return out
+
+    def end(self) -> list[Output]:
+        """The stream is gone: every pending command fails, every lease is lost."""
+        self._step(Input.END)
+        out: list[Output] = []
+        gone = CommandError("UNAVAILABLE", "the Work stream ended")
+        for request_id, pending in self._pending.items():
+            if pending.kind in (CommandKind.SETTLE, CommandKind.PROGRESS, CommandKind.DRAIN):
+                out.append(CommandDone(request_id, pending.kind, gone))
+        self._pending.clear()
+        for key, lease in self._leases.items():
+            if not lease.lost and not lease.settling and key in self._slots:
+                out.append(CancelHandler(key, "the Work stream ended"))
+            lease.lost = True
+        self._credit_mirror = 0
+        return out
+
+    # -- internals ----------------------------------------------------------
+
+    def _arm(self, key: LeaseKey, when: float) -> None:
+        self._leases[key].timer_at = when
+        heapq.heappush(self._timers, (when, next(self._tiebreak), key))
+
+    def _timer_current(self, when: float, key: LeaseKey) -> _Lease | None:
+        lease = self._leases.get(key)
+        if lease is None or lease.lost or lease.settling or lease.timer_at != when:
+            return None
+        return lease
+
+    def _lose(self, key: LeaseKey, reason: str) -> list[Output]:
+        lease = self._leases.get(key)
+        if lease is None or lease.lost:
+            return []
+        lease.lost = True
+        if key not in self._slots and not lease.renewing and not lease.settling:
+            del self._leases[key]
+        return [CancelHandler(key, reason)]
+
+    def _extend_result(
+        self, request_id: int, pending: _Pending, error: CommandError | None, now: float
+    ) -> list[Output]:
+        key = pending.key
+        assert key is not None
+        lease = self._leases.get(key)
+        if lease is None or lease.renewing != request_id:
+            raise RemoteProtocolError(f"renewal result {request_id} matches no renewal")
+        lease.renewing = 0
+        if error is None:
+            if lease.lost:
+                # Renewed after we gave up on it: hand it back at once so the
+                # daemon does not count (and keep) a lease nobody works on.
+                return self._release_renewed(key, lease, now)
+            # Send time, not receipt time: the daemon extended from when it
+            # received the command, which is no earlier than this.
+            lease.deadline = pending.sent_at + pending.extension
+            self._arm(key, lease.deadline - self.lease_duration / 3)
+            return []
+        if error.code == "LEASE_LOST":
+            out = self._lose(key, "lease lost (renewal refused)")
+            if key not in self._slots:
+                self._leases.pop(key, None)
+            return out
+        raise SessionBroken(f"renewing task {key.task_id} failed: {error.code} {error.message}")
+
+    def _release_renewed(
+        self,
+        key: LeaseKey,
+        lease: _Lease,
+        now: float,
+        why: str = "the worker gave the lease up before its renewal was confirmed",
+    ) -> list[Output]:
+        if self.state not in (State.ACTIVE, State.DRAINING):
+            return []
+        self._step(Input.SEND_SETTLE)
+        request_id = self._take_id()
+        lease.settling = True
+        self._pending[request_id] = _Pending(CommandKind.SETTLE, now, key=key)
+        return [
+            Settle(
+                request_id,
+                key,
+                lease.token,
+                Outcome.NACK,
+                error=why,
+            )
+        ]
+
+    def _credit_result(
+        self, pending: _Pending, error: CommandError | None, now: float
+    ) -> list[Output]:
+        self._credit_pending = 0
+        if error is None:
+            self._refusals = 0
+            # Absolute: replaces whatever was left. Pushes consuming it follow
+            # this result on the wire, so they are counted from here — even
+            # after we sent a drain: the daemon may have pushed against this
+            # credit before it saw the drain (results only arrive in ACTIVE or
+            # DRAINING, so the grant is never stale).
+            self._credit_mirror = pending.credit
+            self._target_sent = pending.target
+            return self._maybe_credit(now)
+        if error.reason == CREDIT_CAPACITY_REASON:
+            # The push that raced this update has already arrived (the stream
+            # is ordered): resampling now gives the daemon a value it can hold.
+            self._refusals += 1
+            if self._refusals >= MAX_CREDIT_REFUSALS:
+                raise SessionBroken(
+                    f"the daemon refused {self._refusals} credit updates in a row: {error.message}"
+                )
+            return self._maybe_credit(now)
+        raise SessionBroken(f"credit update refused: {error.code} {error.message}")
+
+    def _maybe_credit(self, now: float) -> list[Output]:
+        """The credit frame to send now, if any (see the module docstring)."""
+        if self.state is not State.ACTIVE or self._credit_pending:
+            return []
+        free = max(0, self.concurrency - len(self._slots))
+        target = self.concurrency if self.dynamic_target else None
+        resize = target is not None and target != self._target_sent
+        if not (resize or (self._credit_mirror == 0 and free > 0)):
+            return []
+        self._step(Input.SEND_CREDIT)
+        request_id = self._take_id()
+        self._credit_pending = request_id
+        self._pending[request_id] = _Pending(CommandKind.CREDIT, now, credit=free, target=target)
+        return [Credit(request_id, free, target)]
+
+
+def frames(outputs: Sequence[Output]) -> list[Frame]:
+    """The frames among ``outputs`` (test convenience)."""
+    return [o for o in outputs if isinstance(o, _FRAME_TYPES)]
+
+
+_FRAME_TYPES = (Register, Credit, Settle, Extend, Progress, Drain)

@@ -1,0 +1,820 @@
+"""Worker and TaskContext: the trio (anyio) driver of the sans-IO Work session.
+
+Theory of operation
+-------------------
+All protocol decisions live in `ringo_trio._session.WorkSession`; this module
+only moves frames and runs handlers. The shape is the one DESIGN.md §2 asks
+for — scopes instead of epochs and done-callbacks:
+
+``Worker.run`` owns two task groups for its whole life:
+
+* the **run group**, holding the on_idle monitor (when configured), and
+* the **handler group** inside it, holding every handler. Each handler runs
+  under its own `anyio.CancelScope`, stored by lease key, so a lost lease
+  cancels exactly that handler.
+
+Inside them, ``run`` opens one **Work session** after another. A session is
+one ``open_stream`` block plus one task group holding its timer (renewals,
+command timeouts) and its closer (graceful drain); the reader is the session
+body itself. When a session ends — stream dropped, protocol broken, daemon
+restarted — leaving its block cancels its tasks and `WorkSession.end` turns
+every lease it held into a handler cancellation, so nothing of the old session
+can act on the next one: a late result has no session to land in, and a
+handler's settlement is addressed to the session object it started under
+(which refuses it once ended). A replacement session is a new block. No epoch
+counter exists.
+
+*Slots and zombies.* A handler that swallows cancellation keeps running after
+its session ended; it does not block reconnecting, but it keeps its slot: the
+next session registers with the concurrency minus such handlers, so the
+worker never runs more handlers than it was given.
+
+*Cleanup is armed before the await that can be cancelled.* A handler's
+settlement (ack / nack / reject, or "exited" after a lost lease) happens in
+the ``finally`` of its task, synchronously — the frame goes into an unbounded
+send channel and the session's bookkeeping is plain method calls — so no
+cancellation can skip it or leak a slot.
+
+*Closing* (`Worker.close`, from any task, any number of times) asks ``run`` to
+stop and waits until it has: stop credit and send ``drain``; wait up to
+``grace_period`` for handlers (they settle on the still-open stream); cancel
+the rest (their leases are handed back with a nack so they are redelivered at
+once); wait briefly for the daemon's answers to those settlements; end the
+stream. When ``close`` returns, no handler of the worker runs and no lease is
+renewed.
+
+*Reconnects are bounded*: a session that fails before registering counts as a
+failed recovery; three in a row end ``run`` with the last cause. A session
+that registered resets the count. Between attempts the client's own recovery
+runs (renegotiation; restart of a dead local daemon).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from . import _limits
+from ._errors import (
+    IncompatibleVersionError,
+    InvalidArgumentError,
+    LeaseLostError,
+    NotFoundError,
+    PermanentTaskError,
+    RetryTaskError,
+    RingoError,
+    UnavailableError,
+    error_for_code,
+)
+from ._models import Task, truncate_utf8
+from ._proto.ringo.v1 import (
+    AckRequest,
+    CreditUpdate,
+    ExtendLeaseRequest,
+    GetQueueActivityRequest,
+    GetQueueActivityResponse,
+    LeaseRef,
+    NackRequest,
+    RejectRequest,
+    ReportProgressRequest,
+    WorkerDrain,
+    WorkerRegistration,
+    WorkRequest,
+    WorkResponse,
+)
+from ._session import (
+    CancelHandler,
+    CommandDone,
+    CommandError,
+    Credit,
+    Drain,
+    Extend,
+    LeaseKey,
+    LocalProtocolError,
+    Outcome,
+    Output,
+    Progress,
+    RemoteProtocolError,
+    SessionBroken,
+    Settle,
+    StartHandler,
+    State,
+    WorkSession,
+)
+from ._transport import SessionRejectedError
+
+if TYPE_CHECKING:
+    from ._client import _Session
+    from ._queue import TaskQueue
+
+__all__ = ["Handler", "TaskContext", "Worker"]
+
+Handler = Callable[[Task, "TaskContext"], Awaitable[Any]]
+
+_WORK = "/ringo.v1.QueueService/Work"
+#: on_idle cadence (seed semantics): poll every 250 ms, fire after 1 s of zeros.
+_IDLE_POLL_SECONDS = 0.25
+_IDLE_QUIET_SECONDS = 1.0
+_IDLE_MIN_MINOR = 1
+_DYNAMIC_MIN_MINOR = 2
+_ORDERED_IDS_MIN_MINOR = 6
+_MAX_RECOVERY_FAILURES = 3
+_COMMAND_TIMEOUT = 30.0
+_REGISTER_TIMEOUT = 30.0
+#: After the grace period: how long close waits for the daemon to answer the
+#: settlements already sent before it ends the stream.
+_SETTLE_WAIT = 5.0
+#: The timer never sleeps longer than this, so a command sent while it
+#: sleeps is checked against its timeout in time without waking it per send.
+_TIMER_MAX_SLEEP = 1.0
+_MAX_CONCURRENCY = 2**31 - 1
+
+
+class TaskContext:
+    """What a handler gets besides its `Task`.
+
+    ``cancelled`` becomes true when the lease is lost, the stream drops, or
+    the worker is closed past its grace period — the handler is cancelled at
+    the same moment. The lease token stays inside the worker.
+    """
+
+    __slots__ = ("_cancelled", "_key", "_last_progress", "_live", "_task", "_waiter", "_worker_id")
+
+    def __init__(self, task: Task, key: LeaseKey, worker_id: str, live: _Live) -> None:
+        self._task = task
+        self._key = key
+        self._worker_id = worker_id
+        self._live = live
+        self._cancelled = False
+        self._waiter: anyio.Event | None = None
+        self._last_progress: float | None = None
+
+    @property
+    def task(self) -> Task:
+        return self._task
+
+    @property
+    def attempt(self) -> int:
+        return self._key.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self._task.max_attempts
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    async def wait_cancelled(self) -> None:
+        """Return once the handler has been told to stop (lease lost, stream gone, close)."""
+        if self._cancelled:
+            return
+        if self._waiter is None:
+            self._waiter = anyio.Event()
+        await self._waiter.wait()
+
+    def mark_progress(self) -> None:
+        """Note local progress without any RPC (what a watchdog looks at)."""
+        self._last_progress = anyio.current_time()
+
+    @property
+    def last_progress(self) -> float | None:
+        """`anyio.current_time()` of the last `mark_progress` / `report_progress`."""
+        return self._last_progress
+
+    async def report_progress(self, current: float, total: float = 0.0, message: str = "") -> None:
+        """Store progress on the task, correlated on the Work stream.
+
+        Raises `LeaseLostError` when the lease is gone (the handler is being
+        cancelled then anyway) and `UnavailableError` when the stream dropped
+        before the daemon answered.
+        """
+        for what, value in (("current", current), ("total", total)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidArgumentError(f"{what} must be a number")
+        if not isinstance(message, str):
+            raise InvalidArgumentError("message must be a string")
+        if self._cancelled or not self._live.session.holds(self._key):
+            raise LeaseLostError("the task's lease is no longer held by this worker")
+        self.mark_progress()
+        frame = self._live.session.report_progress(
+            self._key,
+            float(current),
+            float(total),
+            truncate_utf8(message, _limits.MAX_PROGRESS_MESSAGE_BYTES),
+            anyio.current_time(),
+        )
+        error = await self._live.command(frame)
+        if error is not None:
+            raise _command_exception(error)
+
+    def _cancel(self) -> None:
+        self._cancelled = True
+        if self._waiter is not None:
+            self._waiter.set()
+
+
+def _command_exception(error: CommandError) -> RingoError:
+    return error_for_code(error.code, error.message)
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    event: anyio.Event = field(default_factory=anyio.Event)
+    error: CommandError | None = None
+
+
+@dataclass(eq=False)
+class _Running:
+    scope: anyio.CancelScope
+    context: TaskContext
+
+
+class _Live:
+    """One open Work session: its protocol state, its send side, its waiters."""
+
+    def __init__(
+        self, session: WorkSession, send: MemoryObjectSendStream[WorkRequest], owner: Worker
+    ) -> None:
+        self.session = session
+        self.send = send
+        self.owner = owner
+        self.waiters: dict[int, _Waiter] = {}
+        self.arrived: dict[LeaseKey, Task] = {}
+        self.settled = anyio.Event()  # set when close waits and nothing is pending
+        self.timer: anyio.CancelScope | None = None
+
+    def act(self, outputs: list[Output]) -> None:
+        """Carry out a session's outputs: write frames, start/cancel handlers, wake waiters."""
+        send = self.send.send_nowait
+        for out in outputs:
+            match out:
+                case Settle():
+                    send(_settle_frame(out))
+                case StartHandler(key=key):
+                    self.owner._start_handler(self, key, self.arrived.pop(key))
+                case Credit(request_id=request_id, available=available, target_concurrency=target):
+                    send(
+                        WorkRequest(
+                            request_id=request_id,
+                            credit=CreditUpdate(available=available, target_concurrency=target),
+                        )
+                    )
+                case CommandDone(request_id=request_id, error=error):
+                    waiter = self.waiters.pop(request_id, None)
+                    if waiter is not None:
+                        waiter.error = error
+                        waiter.event.set()
+                case CancelHandler(key=key):
+                    self.owner._cancel_handler(key)
+                case Extend(request_id=request_id, key=key, lease_token=token, extension=extension):
+                    send(
+                        WorkRequest(
+                            request_id=request_id,
+                            extend_lease=ExtendLeaseRequest(
+                                lease=LeaseRef(
+                                    task_id=key.task_id, attempt=key.attempt, lease_token=token
+                                ),
+                                extension=timedelta(seconds=extension),
+                            ),
+                        )
+                    )
+                case _:  # pragma: no cover - Register/Progress/Drain are sent by their callers
+                    raise LocalProtocolError(f"unexpected session output {out!r}")
+        if self.owner._closing and not self.session.pending_commands and not self.owner._running:
+            self.settled.set()
+
+    async def command(self, frame: Progress | Drain) -> CommandError | None:
+        """Send a command whose result the caller waits for."""
+        waiter = self.waiters[frame.request_id] = _Waiter()
+        if isinstance(frame, Progress):
+            request = WorkRequest(
+                request_id=frame.request_id,
+                progress=ReportProgressRequest(
+                    lease=LeaseRef(
+                        task_id=frame.key.task_id,
+                        attempt=frame.key.attempt,
+                        lease_token=frame.lease_token,
+                    ),
+                    current=frame.current,
+                    total=frame.total,
+                    message=frame.message,
+                ),
+            )
+        else:
+            request = WorkRequest(request_id=frame.request_id, drain=WorkerDrain(begin=True))
+        self.send.send_nowait(request)
+        await waiter.event.wait()
+        return waiter.error
+
+
+def _settle_frame(settle: Settle) -> WorkRequest:
+    ref = LeaseRef(
+        task_id=settle.key.task_id, attempt=settle.key.attempt, lease_token=settle.lease_token
+    )
+    outcome = settle.outcome
+    if outcome is Outcome.ACK:
+        return WorkRequest(request_id=settle.request_id, ack=AckRequest(lease=ref))
+    if outcome is Outcome.NACK:
+        nack = NackRequest(lease=ref, error=settle.error)
+        if settle.retry_delay is not None:
+            nack.retry_delay_override = timedelta(seconds=settle.retry_delay)
+        return WorkRequest(request_id=settle.request_id, nack=nack)
+    return WorkRequest(
+        request_id=settle.request_id, reject=RejectRequest(lease=ref, error=settle.error)
+    )
+
+
+def _error_text(error: BaseException) -> str:
+    try:
+        text = str(error) or type(error).__name__
+    except Exception:
+        text = type(error).__name__
+    return truncate_utf8(text, _limits.MAX_ERROR_BYTES)
+
+
+def _check_concurrency(value: object, *, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError("concurrency must be an integer")
+    if not low <= value <= _MAX_CONCURRENCY:
+        raise InvalidArgumentError(f"concurrency must be between {low} and 2**31-1")
+    return value
+
+
+class Worker:
+    """A credit-controlled worker of one queue. Create it with `TaskQueue.worker`.
+
+    ::
+
+        worker = client.queue("emails").worker(handle, concurrency=64)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)   # returns once registered
+            ...
+            await worker.close()              # drain: stop credit, wait grace, cancel the rest
+    """
+
+    def __init__(
+        self,
+        queue: TaskQueue,
+        handler: Handler,
+        *,
+        task_types: Iterable[str],
+        concurrency: int,
+        weight: int,
+        lease_duration: timedelta,
+        grace_period: timedelta,
+        on_idle: Callable[[], Any] | None,
+    ) -> None:
+        from ._queue import new_worker_id
+
+        self._queue = queue
+        self._client = queue._client
+        self._handler = handler
+        self._task_types = list(task_types)
+        self._concurrency = concurrency
+        self._weight = weight
+        self._lease_duration = lease_duration
+        self._grace = grace_period.total_seconds()
+        self._on_idle = on_idle
+        self._worker_id = new_worker_id()
+        self._dynamic = False
+        self._run_started = False
+        self._closing = False
+        self._close_requested = anyio.Event()
+        self._finished = anyio.Event()
+        self._live: _Live | None = None
+        self._handlers: anyio.abc.TaskGroup | None = None
+        self._running: dict[LeaseKey, _Running] = {}
+        # Handlers of ended sessions that have not exited yet.
+        self._orphans: set[_Running] = set()
+        self._all_idle: anyio.Event | None = None
+        self._idle_since: float | None = None
+        self._idle_armed = False
+        self._idle_fired = False
+        self._fatal: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"<Worker {self._worker_id} queue={self._queue.name!r}>"
+
+    # -- public ---------------------------------------------------------------
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    @property
+    def concurrency(self) -> int:
+        return self._concurrency
+
+    @property
+    def weight(self) -> int:
+        return self._weight
+
+    @property
+    def running(self) -> int:
+        """Handlers running now (including ones of an ended stream that ignore cancellation)."""
+        return len(self._running) + len(self._orphans)
+
+    async def set_concurrency(self, concurrency: int) -> None:
+        """Change how many handlers may run at once, without cancelling running ones.
+
+        Needs protocol minor >= 2 once the worker runs (`IncompatibleVersionError`).
+        Lowering it lets running handlers finish; no new task starts until the
+        worker is below the new limit.
+        """
+        concurrency = _check_concurrency(concurrency, low=0)
+        if self._run_started and self._client.protocol_minor < _DYNAMIC_MIN_MINOR:
+            raise IncompatibleVersionError(
+                "changing concurrency at runtime needs protocol minor >= 2; negotiated minor"
+                f" is {self._client.protocol_minor}"
+            )
+        self._concurrency = concurrency
+        self._dynamic = True
+        live = self._live
+        if live is not None and live.session.state is State.ACTIVE:
+            live.act(live.session.set_concurrency(concurrency, anyio.current_time()))
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Work until `close` is called. With ``nursery.start`` it returns once registered.
+
+        Raises the last cause after three failed recoveries in a row, and
+        `IncompatibleVersionError` before any work when the daemon's minor
+        lacks a feature this worker needs. An exception raised by ``on_idle``
+        propagates unchanged.
+        """
+        if self._run_started:
+            raise RingoError("Worker.run() may be called only once")
+        self._run_started = True
+        try:
+            if self._close_requested.is_set():
+                task_status.started()
+                return
+            self._check_features(self._client.protocol_minor)
+            async with anyio.create_task_group() as run_group:
+                if self._on_idle is not None:
+                    run_group.start_soon(self._idle_monitor, run_group.cancel_scope)
+                async with anyio.create_task_group() as handlers:
+                    self._handlers = handlers
+                    try:
+                        await self._serve(task_status)
+                    except (RingoError, RemoteProtocolError, SessionBroken) as exc:
+                        self._fatal = exc
+                    finally:
+                        self._closing = True
+                        self._cancel_all_handlers()
+                run_group.cancel_scope.cancel()
+            if self._fatal is not None:
+                raise self._fatal
+        finally:
+            self._closing = True
+            self._handlers = None
+            self._finished.set()
+
+    async def close(self) -> None:
+        """Drain and stop: stop credit, wait ``grace_period``, cancel the rest.
+
+        Idempotent and safe from any task; returns once `run` has finished
+        (at once if it never started). Cancelling the caller does not cancel
+        the drain.
+        """
+        self._close_requested.set()
+        if not self._run_started:
+            self._closing = True
+            return
+        with anyio.CancelScope(shield=True):
+            await self._finished.wait()
+
+    # -- sessions ---------------------------------------------------------------
+
+    def _check_features(self, minor: int) -> None:
+        if self._dynamic and minor < _DYNAMIC_MIN_MINOR:
+            raise IncompatibleVersionError(
+                f"dynamic concurrency needs protocol minor >= 2; negotiated minor is {minor}"
+            )
+        if self._on_idle is not None and minor < _IDLE_MIN_MINOR:
+            raise IncompatibleVersionError(
+                f"on_idle needs protocol minor >= {_IDLE_MIN_MINOR}; negotiated minor is {minor}"
+            )
+
+    async def _serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        failures = 0
+        started = False
+        registered = False
+
+        def on_registered() -> None:
+            nonlocal failures, started, registered
+            registered = True
+            failures = 0
+            if not started:
+                started = True
+                task_status.started()
+
+        while not self._close_requested.is_set():
+            sent = self._client._session
+            registered = False
+            try:
+                await self._session(sent, on_registered)
+            except SessionRejectedError as exc:
+                cause: BaseException = exc
+                await self._client._recover(sent, session_rejected=True)
+            except IncompatibleVersionError:
+                raise
+            except (RingoError, RemoteProtocolError, SessionBroken) as exc:
+                cause = exc
+                if not self._close_requested.is_set():
+                    await self._client._recover(sent, session_rejected=False)
+            else:
+                return  # closed gracefully
+            if self._close_requested.is_set():
+                return
+            if not registered:
+                failures += 1
+                if failures >= _MAX_RECOVERY_FAILURES:
+                    raise cause
+            self._check_features(self._client.protocol_minor)
+
+    async def _session(self, sent: _Session, on_registered: Callable[[], None]) -> None:
+        """One Work stream, from registration to its end."""
+        transport = self._client._require_transport()
+        minor = sent.minor
+        self._check_features(minor)
+        ordered = minor >= _ORDERED_IDS_MIN_MINOR
+        concurrency = max(0, self._concurrency - len(self._orphans))
+        session = WorkSession(
+            concurrency=concurrency,
+            ordered_request_ids=ordered,
+            dynamic_target=self._dynamic,
+            command_timeout=_COMMAND_TIMEOUT,
+        )
+        registration = WorkerRegistration(
+            context=sent.context,
+            queue=self._queue.name,
+            worker_id=self._worker_id,
+            task_types=self._task_types,
+            max_concurrency=max(1, concurrency),
+            ordered_request_ids=ordered,
+        )
+        if self._lease_duration > timedelta(0):
+            registration.lease_duration = self._lease_duration
+        async with transport.open_stream(
+            _WORK, WorkRequest, WorkResponse, send_buffer=math.inf, receive_buffer=256
+        ) as channels:
+            assert channels.send is not None
+            live = _Live(session, channels.send, self)
+            session.register()
+            channels.send.send_nowait(WorkRequest(register=registration))
+            first = await self._first_response(channels.receive)
+            granted = first.registered
+            if granted is None:
+                raise RemoteProtocolError("the daemon's first Work frame was not 'registered'")
+            lease = granted.lease_duration or _limits.DEFAULT_LEASE
+            self._live = live
+            try:
+                now = anyio.current_time()
+                live.act(
+                    session.registered(
+                        lease_duration=lease.total_seconds(),
+                        max_concurrency=granted.max_concurrency,
+                        ordered_request_ids=granted.ordered_request_ids,
+                        now=now,
+                    )
+                )
+                self._idle_armed = True
+                self._idle_since = None
+                on_registered()
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(self._timer, live)
+                    tasks.start_soon(self._closer, live, tasks.cancel_scope)
+                    await self._read(live, channels.receive)
+                    tasks.cancel_scope.cancel()
+                if not live.settled.is_set():
+                    raise UnavailableError("the daemon ended the Work stream")
+            finally:
+                self._idle_armed = False
+                self._live = None
+                if session.state is not State.ENDED:
+                    # Every lease of this session is lost to its handlers now.
+                    live.act(session.end())
+                for key, running in list(self._running.items()):
+                    if running.context._live is live:
+                        # Still running after its cancellation: it keeps its
+                        # slot (see "Slots and zombies") but not the session.
+                        del self._running[key]
+                        self._orphans.add(running)
+
+    async def _first_response(
+        self, receive: MemoryObjectReceiveStream[WorkResponse]
+    ) -> WorkResponse:
+        with anyio.move_on_after(_REGISTER_TIMEOUT):
+            try:
+                return await receive.receive()
+            except anyio.EndOfStream:
+                raise UnavailableError(
+                    "the daemon closed the Work stream before registering"
+                ) from None
+        raise UnavailableError(f"no registration reply within {_REGISTER_TIMEOUT:g}s")
+
+    async def _read(self, live: _Live, receive: MemoryObjectReceiveStream[WorkResponse]) -> None:
+        session = live.session
+        act = live.act
+        async for response in receive:
+            result = response.result
+            if result is not None:
+                detail = result.error
+                error = None
+                if detail is not None and detail.code:
+                    error = CommandError(
+                        detail.code.name, detail.message, detail.metadata.get("reason", "")
+                    )
+                act(session.result(result.request_id, error, anyio.current_time()))
+                continue
+            leased = response.task
+            if leased is not None:
+                wire_lease = leased.lease
+                if wire_lease is None or leased.task is None:
+                    raise RemoteProtocolError("a pushed task came without its task or lease")
+                key = LeaseKey(wire_lease.task_id, wire_lease.attempt)
+                remaining = (
+                    (wire_lease.until - datetime.now(UTC)).total_seconds()
+                    if wire_lease.until is not None
+                    else session.lease_duration
+                )
+                live.arrived[key] = Task.from_wire(leased.task)
+                now = anyio.current_time()
+                act(session.task_pushed(key, wire_lease.lease_token, remaining, now))
+                timer = live.timer
+                if timer is not None:
+                    when = session.next_deadline()
+                    if when is not None and when < timer.deadline:
+                        timer.deadline = when
+                continue
+            if response.heartbeat is not None:
+                session.heartbeat()
+                continue
+            raise RemoteProtocolError(f"unexpected Work frame {response!r}")
+
+    async def _timer(self, live: _Live) -> None:
+        session = live.session
+        while True:
+            now = anyio.current_time()
+            when = session.next_deadline()
+            if when is not None and when <= now:
+                live.act(session.poll(now))
+                continue
+            target = now + _TIMER_MAX_SLEEP
+            # The reader pulls this deadline in when a push brings an earlier
+            # renewal; otherwise the timer would oversleep a short lease.
+            with anyio.CancelScope(deadline=target if when is None else min(when, target)) as nap:
+                live.timer = nap
+                await anyio.sleep_forever()
+            live.timer = None
+
+    async def _closer(self, live: _Live, session_scope: anyio.CancelScope) -> None:
+        await self._close_requested.wait()
+        self._closing = True
+        session = live.session
+        if session.state is State.ACTIVE:
+            drain = session.drain(anyio.current_time())
+            with anyio.move_on_after(max(0.1, min(self._grace or 1.0, _COMMAND_TIMEOUT))):
+                await live.command(drain)
+        if self._running:
+            self._all_idle = anyio.Event()
+            with anyio.move_on_after(self._grace):
+                await self._all_idle.wait()
+        self._cancel_all_handlers()
+        # Cancelled handlers settle in their `finally`; wait for the answers.
+        live.act([])
+        with anyio.move_on_after(_SETTLE_WAIT):
+            await live.settled.wait()
+        live.settled.set()
+        session_scope.cancel()
+        live.send.close()
+
+    # -- handlers -----------------------------------------------------------------
+
+    def _start_handler(self, live: _Live, key: LeaseKey, task: Task) -> None:
+        handlers = self._handlers
+        assert handlers is not None
+        context = TaskContext(task, key, self._worker_id, live)
+        running = _Running(anyio.CancelScope(), context)
+        self._running[key] = running
+        self._idle_since = None
+        handlers.start_soon(self._handle, live, key, task, running)
+
+    async def _handle(self, live: _Live, key: LeaseKey, task: Task, running: _Running) -> None:
+        outcome = Outcome.NACK
+        error = "the worker stopped before the handler finished"
+        delay: float | None = None
+        finished = False
+        try:
+            with running.scope:
+                try:
+                    result = self._handler(task, running.context)
+                    if inspect.isawaitable(result):
+                        await result
+                    outcome, error = Outcome.ACK, ""
+                except RetryTaskError as exc:
+                    error = _error_text(exc)
+                    if exc.delay is not None:
+                        delay = exc.delay.total_seconds()
+                except PermanentTaskError as exc:
+                    outcome, error = Outcome.REJECT, _error_text(exc)
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {_error_text(exc)}"
+                finished = True
+        finally:
+            self._finish_handler(live, key, running, outcome, error, delay, finished)
+
+    def _finish_handler(
+        self,
+        live: _Live,
+        key: LeaseKey,
+        running: _Running,
+        outcome: Outcome,
+        error: str,
+        delay: float | None,
+        finished: bool,
+    ) -> None:
+        if self._running.get(key) is running:
+            del self._running[key]
+        else:
+            self._orphans.discard(running)
+        session = live.session
+        now = anyio.current_time()
+        if session.holds(key) and session.state in (State.ACTIVE, State.DRAINING):
+            if not finished:
+                # Cancelled by close past the grace period: hand the lease back
+                # now rather than let it block the task until it expires.
+                outcome = Outcome.NACK
+            live.act(session.settle(key, outcome, now, error=error, retry_delay=delay))
+        else:
+            live.act(session.handler_exited(key, now))
+        if not self._running and self._all_idle is not None:
+            self._all_idle.set()
+
+    def _cancel_handler(self, key: LeaseKey) -> None:
+        running = self._running.get(key)
+        if running is not None:
+            running.context._cancel()
+            running.scope.cancel()
+
+    def _cancel_all_handlers(self) -> None:
+        for running in [*self._running.values(), *self._orphans]:
+            running.context._cancel()
+            running.scope.cancel()
+
+    # -- on_idle ----------------------------------------------------------------
+
+    async def _idle_monitor(self, run_scope: anyio.CancelScope) -> None:
+        callback = self._on_idle
+        assert callback is not None
+        request = GetQueueActivityRequest(queue=self._queue.name, task_types=self._task_types)
+        while not self._idle_fired:
+            await anyio.sleep(_IDLE_POLL_SECONDS)
+            if not self._idle_armed or self._closing or self.running:
+                self._idle_since = None
+                continue
+            try:
+                reply = await self._client._call(
+                    "GetQueueActivity", request, GetQueueActivityResponse, read_only=True
+                )
+                active = reply.active_task_count
+            except NotFoundError:
+                active = 0
+            except RingoError:
+                self._idle_since = None
+                continue
+            if active or not self._idle_armed or self.running or self._closing:
+                self._idle_since = None
+                continue
+            now = anyio.current_time()
+            if self._idle_since is None:
+                self._idle_since = now
+                continue
+            if now - self._idle_since < _IDLE_QUIET_SECONDS:
+                continue
+            self._idle_fired = True
+            try:
+                result = callback()
+                if inspect.isawaitable(result):
+                    await result
+            except anyio.get_cancelled_exc_class():
+                raise
+            except BaseException as exc:
+                self._fatal = exc
+                run_scope.cancel()
+                return
