@@ -109,3 +109,42 @@ async def test_cancelled_start_asyncio(tmp_path: pathlib.Path) -> None:
         with anyio.move_on_after(0.05):
             async with Ringo.local(tmp_path):
                 pytest.fail("must not get here")
+
+
+async def test_worker_asyncio(tmp_path: pathlib.Path) -> None:
+    """The Worker runs unchanged under asyncio: outcomes, progress, the
+    concurrency bound, and a graceful close."""
+    from ringo_trio import PermanentTaskError, Task, TaskContext
+
+    with anyio.fail_after(40):
+        async with Ringo.local(tmp_path) as client:
+            queue = client.queue("asyncio-worker")
+            batch = await queue.enqueue_many([TaskSpec("t") for _ in range(60)])
+            bad = (await queue.enqueue(task_type="bad")).task.id
+            ids = [r.task.id for r in batch.results]
+            now_running = peak = 0
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                nonlocal now_running, peak
+                if task.task_type == "bad":
+                    raise PermanentTaskError("no")
+                now_running += 1
+                peak = max(peak, now_running)
+                try:
+                    await ctx.report_progress(1, 1)
+                    await anyio.sleep(0.005)
+                finally:
+                    now_running -= 1
+
+            worker = queue.worker(handle, concurrency=5)
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.run)
+                while True:
+                    states = {(await queue.get_by_id(t)).state for t in [*ids, bad]}
+                    if TaskState.PENDING not in states and TaskState.LEASED not in states:
+                        break
+                    await anyio.sleep(0.05)
+                await worker.close()
+            assert peak == 5
+            assert (await queue.get_by_id(bad)).state is TaskState.DEAD
+            assert {(await queue.get_by_id(t)).state for t in ids} == {TaskState.SUCCEEDED}

@@ -576,8 +576,9 @@ async def test_stream_cut_by_a_proxy_reconnects_and_loses_nothing(
 async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
     proxied_daemon: tuple[DaemonProcess, CuttableProxy],
 ) -> None:
-    """A handler that shields itself from cancellation keeps its slot but does
-    not stop the worker from reconnecting and working other tasks."""
+    """A handler that shields itself from cancellation does not stop the
+    worker from reconnecting and working other tasks, but it keeps its slot:
+    the worker never runs more handlers at once than its concurrency."""
     _, proxy = proxied_daemon
     with trio.fail_after(60):
         async with Ringo.connect(f"127.0.0.1:{proxy.port}") as client:
@@ -586,24 +587,33 @@ async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
             stubborn_started = trio.Event()
             stubborn_may_end = trio.Event()
             others_done: list[str] = []
+            now_running = peak = 0
 
             async def handle(task: Task, ctx: TaskContext) -> None:
-                if task.id == stubborn and ctx.attempt == 1:
-                    stubborn_started.set()
-                    with trio.CancelScope(shield=True):
-                        await stubborn_may_end.wait()
-                    return
-                others_done.append(task.id)
+                nonlocal now_running, peak
+                now_running += 1
+                peak = max(peak, now_running)
+                try:
+                    if task.id == stubborn and ctx.attempt == 1:
+                        stubborn_started.set()
+                        with trio.CancelScope(shield=True):
+                            await stubborn_may_end.wait()
+                        return
+                    await trio.sleep(0.01)
+                    others_done.append(task.id)
+                finally:
+                    now_running -= 1
 
             worker = queue.worker(handle, concurrency=3, lease_duration=timedelta(seconds=2))
             async with running(worker):
                 await stubborn_started.wait()
                 proxy.cut()
-                ids = await _enqueue_retrying(queue, 20)
+                ids = await _enqueue_retrying(queue, 30)
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=30)
                 assert worker.running == 1  # the stubborn one, still holding its slot
                 stubborn_may_end.set()
             assert set(ids) <= set(others_done)
+            assert peak <= 3
 
 
 async def _enqueue_retrying(queue: TaskQueue, n: int) -> list[str]:
