@@ -7,8 +7,11 @@ no call can touch it any more. Shutdown order (on `stop`):
 
 1. health flips to NOT_SERVING (Watch streams deliver it and end);
 2. the gate refuses new calls with UNAVAILABLE;
-3. long-poll claims are woken and return what they have (nothing);
-4. in-flight calls get `shutdown_timeout` seconds to finish;
+3. long-poll claims are woken and return what they have (nothing); Work
+   streams stop pushing, and each ends (UNAVAILABLE) once its worker holds
+   no lease pushed on it;
+4. in-flight calls (Work streams included) get `shutdown_timeout` seconds to
+   finish;
 5. the server is closed (cancelling stragglers) and the reaper cancelled;
 6. storage is closed.
 """
@@ -49,6 +52,7 @@ class DaemonConfig:
     token: str | None = None
     shutdown_timeout: float = 5.0
     reaper_backstop: float = 5.0
+    heartbeat_interval: float = 10.0
 
 
 class ListenError(OSError):
@@ -97,6 +101,7 @@ class Daemon:
             served_minor=config.protocol_minor,
             wakeups=self.wakeups,
             reaper=self.reaper,
+            heartbeat_interval=config.heartbeat_interval,
         )
         self.port: int | None = None
 
@@ -151,6 +156,9 @@ class Daemon:
         self.health.shutdown()
         self.gate.draining = True
         self.wakeups.close()
+        # Idle Work streams end at once; one whose worker still holds leases
+        # stays (counted by the gate) until they are settled or time runs out.
+        self.queue_service.work_streams.shutdown()
         if not await self.gate.wait_idle(self.config.shutdown_timeout):
             log.warning(
                 "%d call(s) still running after %.1fs; cancelling them",

@@ -187,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long in-flight calls may run after shutdown starts (default 5)",
     )
     parser.add_argument(
+        "--heartbeat-interval",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=10.0,
+        help="a Work stream that has sent nothing for this long sends a heartbeat (default 10)",
+    )
+    parser.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         default="info",
@@ -321,6 +328,7 @@ async def _amain(
             session_ttl=timedelta(seconds=args.session_ttl),
             token=args.token,
             shutdown_timeout=args.shutdown_timeout,
+            heartbeat_interval=args.heartbeat_interval,
         )
 
         def announce(daemon: Daemon) -> None:

@@ -46,6 +46,14 @@ states stay true.
 Responses are bounded by ``MAX_MESSAGE_BYTES``: a large Claim is taken from
 storage in rounds sized for the worst-case task, so it never leases tasks it
 then could not send.
+
+The Work stream
+---------------
+``Work`` is served by `_work.WorkStreams` on grpclib's raw stream (see
+`QueueService.__mapping__`). Its registration passes stages 1-4 like a unary
+call, and its lease commands run the very operations the unary RPCs run
+(`apply_ack` … `apply_progress`), so both paths validate, store and wake up
+alike; only the error channel differs (`ErrorDetail` instead of a status).
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar
 
-from grpclib.const import Status
+import grpclib.const
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
 from ringo_trio import _limits as limits
@@ -83,6 +92,7 @@ from ringo_trio._proto.ringo.v1 import (
     GetQueueActivityResponse,
     GetTaskRequest,
     GetTaskResponse,
+    Lease,
     LeasedTask,
     NackRequest,
     NackResponse,
@@ -97,6 +107,8 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTaskRequest,
     RetryTaskResponse,
     TaskSpec,
+    WorkRequest,
+    WorkResponse,
 )
 from ringo_trio._version import SDK_VERSION
 
@@ -105,6 +117,7 @@ from ._clock import Clock
 from ._gate import time_remaining
 from ._sessions import SessionTable
 from ._wakeups import LeaseReaper, QueueWakeups
+from ._work import WorkStreams
 from .storage._base import FailedPrecondition, LeaseLost, NotFound, Storage
 
 __all__ = ["HealthService", "QUEUE_SERVICE_NAME", "QueueService"]
@@ -112,6 +125,7 @@ __all__ = ["HealthService", "QUEUE_SERVICE_NAME", "QueueService"]
 log = logging.getLogger("ringo_trio.server")
 
 QUEUE_SERVICE_NAME = "ringo.v1.QueueService"
+_WORK_METHOD = f"/{QUEUE_SERVICE_NAME}/Work"
 
 # Minor that introduced each RPC newer than minor 0.
 _GET_QUEUE_ACTIVITY_MINOR = 1
@@ -206,8 +220,8 @@ def _rpc(method: _Method[_Service, _Req, _Resp]) -> _Method[_Service, _Req, _Res
 
 
 class QueueService(QueueServiceBase):
-    """The unary RPCs of ``ringo.v1.QueueService`` (Work and AttachLocal stay
-    UNIMPLEMENTED here)."""
+    """``ringo.v1.QueueService``: the unary RPCs here, the Work stream in
+    `_work` (AttachLocal stays UNIMPLEMENTED)."""
 
     def __init__(
         self,
@@ -218,6 +232,7 @@ class QueueService(QueueServiceBase):
         served_minor: int,
         wakeups: QueueWakeups,
         reaper: LeaseReaper,
+        heartbeat_interval: float = 10.0,
     ) -> None:
         if not 0 <= served_minor <= limits.PROTOCOL_MINOR:
             raise ValueError(f"served minor must be within 0..{limits.PROTOCOL_MINOR}")
@@ -227,6 +242,24 @@ class QueueService(QueueServiceBase):
         self._served_minor = served_minor
         self._wakeups = wakeups
         self._reaper = reaper
+        self.work_streams = WorkStreams(
+            storage=storage,
+            clock=clock,
+            wakeups=wakeups,
+            reaper=reaper,
+            ops=self,
+            heartbeat_interval=heartbeat_interval,
+        )
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        mapping = super().__mapping__()
+        # The generated `work` sees requests only as an iterator it must
+        # consume in order; the stream reads and pushes concurrently, so it
+        # takes grpclib's raw stream (the Gate still wraps and counts it).
+        mapping[_WORK_METHOD] = grpclib.const.Handler(
+            self.work_streams.serve_call, Cardinality.STREAM_STREAM, WorkRequest, WorkResponse
+        )
+        return mapping
 
     # -- session -----------------------------------------------------------
 
@@ -251,6 +284,14 @@ class QueueService(QueueServiceBase):
                 f" negotiated minor {session.minor}; negotiate again"
             )
         return context.protocol_minor
+
+    def stream_minor(self, context: RequestContext | None, now: datetime) -> int:
+        """`_session_minor` for a Work stream's registration, which reports a
+        rejected context as its status."""
+        try:
+            return self._session_minor(context, now)
+        except _ContextRejected as exc:
+            raise GRPCError(Status.OUT_OF_RANGE, str(exc)) from None
 
     @_rpc
     async def negotiate(self, message: NegotiateRequest) -> NegotiateResponse:
@@ -391,32 +432,49 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def ack(self, message: AckRequest) -> AckResponse:
-        now = self._admit(message.context)
-        ref = v.lease_ref(message.lease)
-        await self._storage.ack(ref, now)
+        await self.apply_ack(message, self._admit(message.context))
         return AckResponse()
 
     @_rpc
     async def nack(self, message: NackRequest) -> NackResponse:
-        now = self._admit(message.context)
+        await self.apply_nack(message, self._admit(message.context))
+        return NackResponse()
+
+    @_rpc
+    async def reject(self, message: RejectRequest) -> RejectResponse:
+        await self.apply_reject(message, self._admit(message.context))
+        return RejectResponse()
+
+    @_rpc
+    async def extend_lease(self, message: ExtendLeaseRequest) -> ExtendLeaseResponse:
+        lease = await self.apply_extend(message, self._admit(message.context))
+        return ExtendLeaseResponse(lease=lease)
+
+    @_rpc
+    async def report_progress(self, message: ReportProgressRequest) -> ReportProgressResponse:
+        await self.apply_progress(message, self._admit(message.context))
+        return ReportProgressResponse()
+
+    # -- lease operations: the unary RPCs above and the Work stream's commands.
+    # Field validation and storage only; the caller has admitted the context
+    # (a Work stream once, at registration) and maps the failures.
+
+    async def apply_ack(self, message: AckRequest, now: datetime) -> None:
+        await self._storage.ack(v.lease_ref(message.lease), now)
+
+    async def apply_nack(self, message: NackRequest, now: datetime) -> None:
         ref = v.lease_ref(message.lease)
         error = v.error_text(message.error)
         delay = v.duration(message.retry_delay_override, "retry_delay_override")
         task = await self._storage.nack(ref, error, delay, now)
         self._wakeups.notify(task.queue)
-        return NackResponse()
 
-    @_rpc
-    async def reject(self, message: RejectRequest) -> RejectResponse:
-        now = self._admit(message.context)
+    async def apply_reject(self, message: RejectRequest, now: datetime) -> None:
         ref = v.lease_ref(message.lease)
         error = v.error_text(message.error)
         await self._storage.reject(ref, error, now)
-        return RejectResponse()
 
-    @_rpc
-    async def extend_lease(self, message: ExtendLeaseRequest) -> ExtendLeaseResponse:
-        now = self._admit(message.context)
+    async def apply_extend(self, message: ExtendLeaseRequest, now: datetime) -> Lease:
         ref = v.lease_ref(message.lease)
         extension = v.duration(
             message.extension, "extension", positive=True, maximum=limits.MAX_LEASE
@@ -425,17 +483,14 @@ class QueueService(QueueServiceBase):
             raise v.FieldError("extension", "is required")
         lease = await self._storage.extend_lease(ref, extension, now)
         self._reaper.note(lease.until)
-        return ExtendLeaseResponse(lease=lease)
+        return lease
 
-    @_rpc
-    async def report_progress(self, message: ReportProgressRequest) -> ReportProgressResponse:
-        now = self._admit(message.context)
+    async def apply_progress(self, message: ReportProgressRequest, now: datetime) -> None:
         ref = v.lease_ref(message.lease)
         v.progress_values(message.current, message.total, message.message)
         await self._storage.report_progress(
             ref, message.current, message.total, message.message, now
         )
-        return ReportProgressResponse()
 
     # -- observation -------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -9,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpclib.client import Channel
-from grpclib.const import Status
+from grpclib.client import Stream as ClientStream
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
+from grpclib.metadata import decode_grpc_message
 
 from ringo_trio._limits import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from ringo_trio._proto.grpc.health.v1 import HealthStub
@@ -27,6 +30,11 @@ from ringo_trio._proto.ringo.v1 import (
     RequestContext,
     Task,
     TaskSpec,
+    WorkerRegistered,
+    WorkerRegistration,
+    WorkRequest,
+    WorkResponse,
+    WorkResult,
 )
 from ringo_trio.testing import DaemonProcess
 
@@ -170,3 +178,121 @@ async def expect_status(call: Awaitable[Any], status: Status, *fragments: str) -
     for fragment in fragments:
         assert fragment in (exc.message or ""), (fragment, exc.message)
     return exc
+
+
+# -- the Work stream ------------------------------------------------------------
+
+WORK_METHOD = "/ringo.v1.QueueService/Work"
+
+
+class WorkStream:
+    """The test's end of one Work call. Frames are read only on demand and
+    sorted as they arrive: pushed tasks, results, heartbeats. Every result
+    is checked against the commands sent: the n-th result must carry the
+    n-th command's request_id (one answer per command, in order)."""
+
+    def __init__(self, stream: ClientStream[WorkRequest, WorkResponse], context: RequestContext):
+        self.stream = stream
+        self.context = context
+        self.tasks: list[LeasedTask] = []
+        self.sent_ids: list[int] = []
+        self.answers: list[WorkResult] = []
+        self.heartbeats: list[WorkResponse] = []
+        self.ended = False
+
+    async def send_register(self, queue: str, **fields: Any) -> None:
+        fields.setdefault("context", self.context)
+        fields.setdefault("worker_id", "w1")
+        fields.setdefault("max_concurrency", 8)
+        await self.stream.send_message(
+            WorkRequest(register=WorkerRegistration(queue=queue, **fields))
+        )
+
+    async def register(self, queue: str, **fields: Any) -> WorkerRegistered:
+        await self.send_register(queue, **fields)
+        frame = await self.frame()
+        assert frame is not None
+        assert frame.registered is not None, frame
+        return frame.registered
+
+    async def send(self, request_id: int | None = None, **body: Any) -> int:
+        """Send one command without waiting; its position among the commands."""
+        if request_id is None:
+            request_id = max(self.sent_ids, default=0) + 1
+        await self.stream.send_message(WorkRequest(request_id=request_id, **body))
+        self.sent_ids.append(request_id)
+        return len(self.sent_ids) - 1
+
+    async def frame(self) -> WorkResponse | None:
+        response = await self.stream.recv_message()
+        if response is None:
+            self.ended = True
+            return None
+        if response.task is not None:
+            self.tasks.append(response.task)
+        elif response.result is not None:
+            index = len(self.answers)
+            assert index < len(self.sent_ids), f"a result nobody asked for: {response.result}"
+            assert response.result.request_id == self.sent_ids[index], (
+                f"result {response.result.request_id} answers command #{index},"
+                f" which was request {self.sent_ids[index]}"
+            )
+            self.answers.append(response.result)
+        elif response.heartbeat is not None:
+            self.heartbeats.append(response)
+        return response
+
+    async def answer(self, index: int) -> WorkResult:
+        """The result of the `index`-th command sent (reading frames until it comes)."""
+        while len(self.answers) <= index:
+            if await self.frame() is None:
+                raise AssertionError(f"the stream ended before answering command #{index}")
+        return self.answers[index]
+
+    async def call(self, request_id: int | None = None, **body: Any) -> WorkResult:
+        return await self.answer(await self.send(request_id, **body))
+
+    async def wait_tasks(self, count: int) -> list[LeasedTask]:
+        while len(self.tasks) < count:
+            if await self.frame() is None:
+                raise AssertionError(f"the stream ended after {len(self.tasks)} task(s)")
+        return self.tasks[:count]
+
+    async def end_status(self) -> tuple[Status, str]:
+        """Read to the end of the stream; its final status and message."""
+        try:
+            while await self.frame() is not None:
+                pass
+        except GRPCError as exc:
+            # A trailers-only answer (refused before any frame) raises here.
+            return exc.status, exc.message or ""
+        # The public API reads trailers only after our side has ended; look
+        # at what arrived directly.
+        h2_stream: Any = self.stream._stream
+        trailers = dict(h2_stream.trailers or h2_stream.headers or ())
+        message = trailers.get("grpc-message")
+        return (
+            Status(int(trailers["grpc-status"])),
+            decode_grpc_message(message) if message else "",
+        )
+
+
+@asynccontextmanager
+async def open_work(client: Client) -> AsyncIterator[WorkStream]:
+    """A Work call on `client`'s channel; reset on exit unless the server ended it."""
+    stream = client.channel.request(
+        WORK_METHOD,
+        Cardinality.STREAM_STREAM,
+        WorkRequest,
+        WorkResponse,
+        metadata=client.stub.metadata,
+    )
+    await stream.__aenter__()
+    try:
+        await stream.send_request()
+        yield WorkStream(stream, client.context)
+    finally:
+        with contextlib.suppress(Exception):
+            await stream.cancel()
+        with contextlib.suppress(Exception):
+            await stream.__aexit__(None, None, None)

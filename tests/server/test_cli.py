@@ -72,6 +72,7 @@ def test_help_documents_every_flag() -> None:
         "--log-level",
         "--shutdown-timeout",
         "--loop",
+        "--heartbeat-interval",
     ):
         assert flag in result.stdout
     assert "stdin reaches EOF" in result.stdout

@@ -317,3 +317,65 @@ def test_expire_leases_returns_overdue_leases(engine: SyncEngine, clock: ManualC
     )
     assert engine.get("b", task_id=other.task.id).state == TaskState.LEASED
     engine.ack(ref_of(other), clock.now())
+
+
+# -- release: a lease the daemon claimed but could not deliver -----------------
+
+
+def test_release_returns_undelivered_leases_without_spending_an_attempt(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """release puts each live lease's task back to PENDING, claimable at once and in
+    its old place in claim order, lease cleared and `attempt` decremented (even the
+    last attempt is not spent); a re-claim mints a fresh token, so the released ref
+    stays powerless; the count is the number of tasks changed."""
+    outcomes = engine.enqueue("q", [spec(priority=5), spec(max_attempts=1), spec()], clock.now())
+    ids = [o.task.id for o in outcomes]
+    first, second = engine.claim("q", [], 2, "w1", LEASE, clock.now())
+    assert [first.task.id, second.task.id] == ids[:2]
+    before = [engine.get("q", task_id=i) for i in ids]
+    clock.advance(timedelta(seconds=1))
+    assert engine.release([ref_of(first), ref_of(second)], clock.now()) == 2
+    for task_id in ids[:2]:
+        task = engine.get("q", task_id=task_id)
+        assert task.state == TaskState.PENDING
+        assert task.attempt == 0
+        assert (task.worker_id, task.lease_until, task.finished_at) == ("", None, None)
+        assert task.available_at <= clock.now()
+        assert task.updated_at == clock.now()
+    assert engine.get("q", task_id=ids[0]).available_at == before[0].available_at
+    again = engine.claim("q", [], 3, "w2", LEASE, clock.now())
+    assert [lt.task.id for lt in again] == ids
+    assert [lt.lease.attempt for lt in again] == [1, 1, 1]
+    assert again[0].lease.lease_token != first.lease.lease_token
+    assert again[1].lease.lease_token != second.lease.lease_token
+    with pytest.raises(LeaseLost):
+        engine.ack(ref_of(first), clock.now())
+    assert engine.release([ref_of(second)], clock.now()) == 0
+    assert engine.get("q", task_id=ids[1]).state == TaskState.LEASED
+
+
+@pytest.mark.parametrize("kind", STALE_KINDS)
+def test_release_skips_a_ref_that_is_not_the_live_lease(
+    engine: SyncEngine, clock: ManualClock, kind: str
+) -> None:
+    """release never touches a task whose lease the ref does not name (it may
+    belong to a worker now), and counts nothing for it."""
+    ref, task_id = _stale(kind, engine, clock)
+    before = engine.get("q", task_id=task_id)
+    clock.advance(timedelta(milliseconds=1))
+    assert engine.release([ref], clock.now()) == 0
+    assert engine.get("q", task_id=task_id) == before
+
+
+def test_release_of_a_mixed_batch_changes_only_the_live_leases(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """In one call, live refs are released and stale ones skipped; an empty batch is 0."""
+    engine.enqueue("q", [spec(), spec()], clock.now())
+    live, acked = engine.claim("q", [], 2, "w1", LEASE, clock.now())
+    engine.ack(ref_of(acked), clock.now())
+    assert engine.release([ref_of(acked), ref_of(live)], clock.now()) == 1
+    assert engine.get("q", task_id=live.task.id).state == TaskState.PENDING
+    assert engine.get("q", task_id=acked.task.id).state == TaskState.SUCCEEDED
+    assert engine.release([], clock.now()) == 0

@@ -10,6 +10,7 @@ durability and the task state machine:
     LEASED --nack / lease expiry--> PENDING(now + backoff or override)
                                    | DEAD when attempt == max_attempts
     LEASED --reject--> DEAD
+    LEASED --release--> PENDING(attempt-1)   a push the daemon could not deliver
     SUCCEEDED | DEAD --retry--> PENDING(now), attempt counter kept, max_attempts
                                 raised so the task gets one more attempt budget
 
@@ -154,6 +155,18 @@ class Storage(abc.ABC):
     async def report_progress(
         self, ref: LeaseRef, current: float, total: float, message: str, now: datetime
     ) -> None: ...
+
+    @abc.abstractmethod
+    async def release(self, refs: Sequence[LeaseRef], now: datetime) -> int:
+        """Undo leases that were never delivered, in one transaction.
+
+        Every ref that is still its task's live lease (as the LeaseRef rule
+        above) returns the task to PENDING, claimable now (it keeps its place
+        in claim order), with the lease cleared and `attempt` decremented: an
+        attempt that never reached a worker is not spent. Any other ref is
+        skipped. A later claim mints a fresh token, so the released ref stays
+        powerless even though the attempt number is reused. Returns how many
+        tasks changed."""
 
     @abc.abstractmethod
     async def expire_leases(self, now: datetime) -> int:

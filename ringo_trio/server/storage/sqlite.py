@@ -201,6 +201,13 @@ _EXTEND = f"""
     UPDATE tasks SET lease_until = :until, updated_at = :now
     WHERE {_LEASE_MATCH} RETURNING id, attempt, lease_token, worker_id, lease_until
 """
+# `available_at` is kept: claim never moves it and it was due when claimed,
+# so the task is claimable now and keeps its place in claim order.
+_RELEASE_UNSENT = f"""
+    UPDATE tasks SET state = {_PENDING}, attempt = attempt - 1, worker_id = '',
+        lease_token = '', lease_until = NULL, updated_at = :now
+    WHERE {_LEASE_MATCH}
+"""
 _PROGRESS = f"""
     UPDATE tasks SET progress_current = :current, progress_total = :total,
         progress_message = :message, progress_at = :now, updated_at = :now
@@ -598,6 +605,24 @@ class SQLiteEngine(Storage):
             total=total,
             message=message,
         )
+
+    async def release(self, refs: Sequence[LeaseRef], now: datetime) -> int:
+        if not refs:
+            return 0
+        now_us = _to_us(now)
+        released = 0
+        with self._write() as db:
+            for ref in refs:
+                released += db.execute(
+                    _RELEASE_UNSENT,
+                    {
+                        "id": ref.task_id,
+                        "attempt": ref.attempt,
+                        "token": ref.lease_token,
+                        "now": now_us,
+                    },
+                ).rowcount
+        return released
 
     async def expire_leases(self, now: datetime) -> int:
         args = {"now": _to_us(now), "delay": None, "error": _LEASE_EXPIRED}

@@ -1,0 +1,947 @@
+"""The daemon side of the ``Work`` bidi stream (``WorkRequest`` ⇄ ``WorkResponse``).
+
+Theory of operation
+-------------------
+One call is one `_WorkStream`. Everything it starts lives in an
+`asyncio.TaskGroup` owned by the call: a **reader** that registers the worker
+and then executes its commands, a **dispatcher** that claims and pushes
+tasks, and a **heartbeat**. The call's own task only waits until one of them
+decides how the stream ends (the worker half-closed, an error, the daemon
+shutting down), then cancels the others and leaves the group, so nothing of a
+stream outlives its call. Every frame goes out through `_WorkStream._send`
+under one lock: frames of the three tasks never interleave on the wire, and
+the call only cancels its tasks while holding that lock, so no frame is cut
+in half.
+
+**Registration.** The first frame must be ``register``. Its context is
+checked like a unary call's (``OUT_OF_RANGE``, so the SDK renegotiates and
+reopens) and its fields like a unary request's (``INVALID_ARGUMENT`` naming
+``register.<field>``); either refusal ends the stream with that status. The
+stream then runs at the context's minor for its whole life: the session
+token is not looked at again, so a stream outlives its session's TTL.
+
+**Commands** are executed by the reader in arrival order, each answered by
+exactly one ``result`` that is built once and sent before the next frame is
+read: results come back in command order, with no task switch per command.
+Lease commands run the unary RPCs' own operations (`LeaseOps`, implemented by
+`QueueService`), with the same validation, storage call and wake-ups; the
+embedded ``context`` of a command is ignored (registration admitted the
+stream). A failure becomes the result's `ErrorDetail` and the stream goes
+on.
+
+**Credit.** Three numbers per stream: *credit* (pushes still allowed),
+*outstanding* (leases pushed on this stream that the worker has not settled
+on it) and *capacity* (the latest ``target_concurrency``, else
+``max_concurrency``). Credit is absolute: an update replaces it. An update
+with ``available > 0`` and ``available + outstanding > capacity`` is refused
+(``RESOURCE_EXHAUSTED``, ``reason=credit_capacity``) and changes nothing, not
+even the capacity; ``available == 0`` is always accepted. A push moves one
+unit from credit to outstanding, so whenever the daemon pushes, pushed and
+unsettled ≤ capacity. A lease leaves outstanding when the worker acks, nacks
+or rejects it on this stream (whatever the outcome), or when any command
+about it is answered ``LEASE_LOST``.
+
+**Dispatch** mirrors the long-poll Claim: arm the queue's wake-up, claim
+``min(credit, PUSH_BATCH)`` tasks in one storage call, push them; when
+nothing is claimable, sleep until a wake-up or the queue's next scheduled
+moment. With no credit it sleeps on the stream's own credit event instead,
+so there is no polling interval anywhere. Between rounds it yields to the
+loop, so every woken dispatcher of a queue gets a turn.
+
+**Abandoned pushes.** A claimed lease is sent, or returned: the ``finally``
+that calls `Storage.release` is armed right after the claim, before the
+first send can fail or be cancelled, and covers every lease of the batch not
+yet sent. A returned lease costs no credit and no attempt, and its task is
+claimable again at once. A *sent* lease is never returned: when a stream
+ends, its delivered leases stay with the worker (whose handlers may still be
+running) until they are settled or expire, so the same attempt is never
+handed to anyone else early.
+
+**Drain** (``drain{begin}``) stops pushing for good; later credit is
+answered OK and grants nothing. The stream keeps executing commands.
+
+**Shutdown** (`WorkStreams.shutdown`) stops every stream's pushes at once;
+each stream then ends with ``UNAVAILABLE`` as soon as it has no outstanding
+lease, no command in progress and no task frame in flight, so idle workers
+never hold the daemon up, while handlers that finish within the shutdown
+timeout can still ack. A stream still holding leases when the timeout runs
+out is cancelled with the other calls and answered ``UNAVAILABLE`` too.
+
+**Ending with a status** sends trailers only, without the RST_STREAM grpclib
+would add (`_end_with_status`), so a grpclib client reads the status and
+every frame before it.
+
+**Heartbeats**: a stream that has sent nothing for ``heartbeat_interval``
+seconds sends ``heartbeat{server_time}``.
+
+**Cost.** Task frames and plain OK results, the hot path, are encoded here
+(`task_frame`, `ok_frame`), byte-identical to betterproto2 at a tenth of its
+cost; everything else goes through betterproto2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol, cast
+
+import betterproto2
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+from h2.exceptions import H2Error
+
+from ringo_trio import _limits as limits
+from ringo_trio._proto.ringo.v1 import (
+    AckRequest,
+    CreditUpdate,
+    ErrorCode,
+    ErrorDetail,
+    ExtendLeaseRequest,
+    Heartbeat,
+    Lease,
+    LeasedTask,
+    LeaseRef,
+    NackRequest,
+    Progress,
+    RejectRequest,
+    ReportProgressRequest,
+    RequestContext,
+    RetryBackoff,
+    Task,
+    WorkerDrain,
+    WorkerRegistered,
+    WorkerRegistration,
+    WorkRequest,
+    WorkResponse,
+    WorkResult,
+)
+
+from . import _validate as v
+from ._clock import Clock
+from ._wakeups import LeaseReaper, QueueWakeups
+from .storage._base import FailedPrecondition, LeaseLost, NotFound, Storage
+
+__all__ = [
+    "MAX_CONCURRENCY",
+    "ORDERED_REQUEST_IDS_MINOR",
+    "PUSH_BATCH",
+    "TARGET_CONCURRENCY_MINOR",
+    "LeaseOps",
+    "WorkStreamIO",
+    "WorkStreams",
+    "FAST_FRAMES",
+    "ok_frame",
+    "task_frame",
+]
+
+log = logging.getLogger("ringo_trio.server")
+
+# Tasks claimed per storage call (and per fair-share round).
+PUSH_BATCH = 64
+MAX_CONCURRENCY = 2**31 - 1
+TARGET_CONCURRENCY_MINOR = 2
+ORDERED_REQUEST_IDS_MINOR = 6
+
+# As in the long-poll Claim: sleep a little past a scheduled moment so the
+# claim does not find the task a microsecond early, and back off briefly when
+# storage calls a moment due yet nothing was claimable.
+_SCHEDULE_SLACK = 0.002
+_INCONSISTENT_WAKEUP_RETRY = 0.05
+
+_SHUTTING_DOWN = "the daemon is shutting down"
+
+
+class WorkStreamIO(Protocol):
+    """The part of `grpclib.server.Stream` a Work stream uses (a fake in tests)."""
+
+    async def recv_message(self) -> WorkRequest | None: ...
+
+    async def send_message(self, message: WorkResponse) -> None: ...
+
+
+class LeaseOps(Protocol):
+    """What the stream shares with the unary RPCs (`QueueService`)."""
+
+    def stream_minor(self, context: RequestContext | None, now: datetime) -> int:
+        """The minor of a live session, or GRPCError(OUT_OF_RANGE)."""
+        ...
+
+    async def apply_ack(self, message: AckRequest, now: datetime) -> None: ...
+
+    async def apply_nack(self, message: NackRequest, now: datetime) -> None: ...
+
+    async def apply_reject(self, message: RejectRequest, now: datetime) -> None: ...
+
+    async def apply_extend(self, message: ExtendLeaseRequest, now: datetime) -> Lease: ...
+
+    async def apply_progress(self, message: ReportProgressRequest, now: datetime) -> None: ...
+
+
+class _Refused(Exception):
+    """A command refused with a code that has no storage exception."""
+
+    def __init__(self, code: ErrorCode, message: str, **metadata: str) -> None:
+        super().__init__(message)
+        self.detail = ErrorDetail(code=code, message=message, metadata=metadata)
+
+
+class WorkStreams:
+    """Every live Work stream of one daemon, and how a call becomes one."""
+
+    def __init__(
+        self,
+        *,
+        storage: Storage,
+        clock: Clock,
+        wakeups: QueueWakeups,
+        reaper: LeaseReaper,
+        ops: LeaseOps,
+        heartbeat_interval: float,
+    ) -> None:
+        if not heartbeat_interval > 0:
+            raise ValueError("heartbeat_interval must be positive")
+        self.storage = storage
+        self.clock = clock
+        self.wakeups = wakeups
+        self.reaper = reaper
+        self.ops = ops
+        self.heartbeat_interval = heartbeat_interval
+        self.closing = False
+        self._live: set[_WorkStream] = set()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    async def serve(self, stream: WorkStreamIO) -> None:
+        """Run one Work call to its end; GRPCError is the status to end it with."""
+        work = _WorkStream(self, stream)
+        self._live.add(work)
+        try:
+            await work.run()
+        finally:
+            self._live.discard(work)
+
+    async def serve_call(self, stream: Any) -> None:
+        """grpclib's handler for the method: `serve`, plus the final status."""
+        try:
+            await self.serve(stream)
+        except GRPCError as exc:
+            await _end_with_status(stream, exc.status, exc.message)
+        except asyncio.CancelledError:
+            # The shutdown timeout ran out (or the worker is gone, and then
+            # this send fails quietly).
+            if self.closing:
+                await _end_with_status(stream, Status.UNAVAILABLE, _SHUTTING_DOWN)
+            raise
+
+    def shutdown(self) -> None:
+        """Stop every stream's pushes now; each ends once it holds no lease."""
+        self.closing = True
+        for work in list(self._live):
+            work.shutdown()
+
+
+class _WorkStream:
+    """One Work call (see the module docstring)."""
+
+    __slots__ = (
+        "_busy",
+        "_capacity",
+        "_children",
+        "_credit",
+        "_credit_changed",
+        "_drained",
+        "_ended",
+        "_handlers",
+        "_last_request_id",
+        "_last_sent",
+        "_lease_duration",
+        "_loop",
+        "_minor",
+        "_ordered",
+        "_outcome",
+        "_outstanding",
+        "_owner",
+        "_pushing",
+        "_queue",
+        "_send_lock",
+        "_stopping",
+        "_stream",
+        "_task_types",
+        "_tasks",
+        "_worker_id",
+    )
+
+    def __init__(self, owner: WorkStreams, stream: WorkStreamIO) -> None:
+        self._owner = owner
+        self._stream = stream
+        self._loop = asyncio.get_running_loop()
+        self._send_lock = asyncio.Lock()
+        self._last_sent = self._loop.time()
+        self._ended = asyncio.Event()
+        self._outcome: BaseException | None = None
+        self._tasks: asyncio.TaskGroup | None = None
+        self._children: list[asyncio.Task[None]] = []
+        # True while the reader is between receiving a frame and having sent
+        # its answer: shutdown must not cut a command off mid-way.
+        self._busy = False
+        # True while a task frame is being sent: once it is out, that lease
+        # is outstanding, so shutdown must wait for the send to end.
+        self._pushing = False
+        self._stopping = False
+        self._drained = False
+        self._credit = 0
+        self._credit_changed = asyncio.Event()
+        self._capacity = 0
+        # Lease tokens pushed here and not yet settled here.
+        self._outstanding: set[str] = set()
+        self._last_request_id: int | None = None
+        self._minor = 0
+        self._ordered = False
+        self._queue = ""
+        self._worker_id = ""
+        self._task_types: list[str] = []
+        self._lease_duration = limits.DEFAULT_LEASE
+        self._handlers: dict[str, Callable[[Any], Awaitable[Lease | None]]] = {
+            "ack": self._ack,
+            "credit": self._credit_update,
+            "extend_lease": self._extend,
+            "nack": self._nack,
+            "progress": self._progress,
+            "reject": self._reject,
+            "drain": self._drain,
+            "register": self._register_again,
+        }
+
+    # -- lifetime ------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
+                self._spawn(self._read(), final=True)
+                await self._ended.wait()
+                # Under the send lock no frame is half-written, so cancelling
+                # here never truncates a message on the wire.
+                async with self._send_lock:
+                    for child in self._children:
+                        child.cancel()
+        finally:
+            self._tasks = None
+        outcome = self._outcome
+        if outcome is None:
+            return
+        if isinstance(outcome, GRPCError):
+            raise outcome
+        if isinstance(outcome, StreamTerminatedError | ConnectionError | H2Error):
+            # The worker went away; there is nobody left to tell.
+            log.debug("Work stream of worker %r lost: %r", self._worker_id, outcome)
+            return
+        log.error(
+            "Work stream of worker %r failed unexpectedly",
+            self._worker_id,
+            exc_info=outcome,
+        )
+        raise GRPCError(
+            Status.INTERNAL,
+            f"internal error in the Work stream ({type(outcome).__name__}); see the daemon log",
+        )
+
+    def _spawn(self, work: Coroutine[Any, Any, None], *, final: bool) -> None:
+        assert self._tasks is not None
+        self._children.append(self._tasks.create_task(self._guard(work, final)))
+
+    async def _guard(self, work: Coroutine[Any, Any, None], final: bool) -> None:
+        # Children never raise into the TaskGroup: the first outcome decides
+        # how the call ends, and `run` turns it into a status.
+        try:
+            await work
+        except Exception as exc:
+            self._end(exc)
+        else:
+            if final:
+                self._end(None)
+
+    def _end(self, outcome: BaseException | None) -> None:
+        if not self._ended.is_set():
+            self._outcome = outcome
+            self._ended.set()
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._credit = 0
+        self._end_if_quiet()
+
+    def _end_if_quiet(self) -> None:
+        if self._stopping and not (self._outstanding or self._busy or self._pushing):
+            self._end(GRPCError(Status.UNAVAILABLE, _SHUTTING_DOWN))
+
+    async def _send(self, message: WorkResponse) -> None:
+        async with self._send_lock:
+            await self._stream.send_message(message)
+        self._last_sent = self._loop.time()
+
+    # -- reader --------------------------------------------------------------
+
+    async def _read(self) -> None:
+        stream = self._stream
+        first = await stream.recv_message()
+        if first is None:
+            return
+        self._busy = True
+        await self._send(self._register(first))
+        self._spawn(self._dispatch(), final=False)
+        self._spawn(self._heartbeat(), final=False)
+        self._busy = False
+        self._end_if_quiet()
+        execute = self._execute
+        send = self._send
+        lock = self._send_lock
+        while True:
+            request = await stream.recv_message()
+            if request is None:
+                return
+            self._busy = True
+            if request.credit is None and request.drain is None:
+                await send(await execute(request))
+            else:
+                # A credit change and its result are one step on the wire:
+                # every push before the result spent the old credit, every
+                # push after it spends the new one. That is what lets the
+                # worker mirror its remaining credit exactly.
+                async with lock:
+                    await stream.send_message(await execute(request))
+                self._last_sent = self._loop.time()
+            self._busy = False
+            if self._stopping:
+                self._end_if_quiet()
+
+    def _register(self, request: WorkRequest) -> WorkResponse:
+        registration = request.register
+        if registration is None:
+            name, _ = betterproto2.which_one_of(request, "body")
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                "the first message of a Work stream must be `register`, not"
+                f" {f'`{name}`' if name else 'an empty request'}",
+            )
+        if self._owner.closing:
+            raise GRPCError(Status.UNAVAILABLE, _SHUTTING_DOWN)
+        minor = self._owner.ops.stream_minor(registration.context, self._owner.clock.now())
+        try:
+            queue, worker_id, task_types, lease = _registration_fields(registration)
+        except v.FieldError as exc:
+            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+        self._minor = minor
+        self._ordered = registration.ordered_request_ids and minor >= ORDERED_REQUEST_IDS_MINOR
+        self._queue = queue
+        self._worker_id = worker_id
+        self._task_types = task_types
+        self._lease_duration = lease
+        self._capacity = registration.max_concurrency
+        return WorkResponse(
+            registered=WorkerRegistered(
+                lease_duration=lease,
+                max_concurrency=registration.max_concurrency,
+                ordered_request_ids=self._ordered,
+                worker_id=worker_id,
+            )
+        )
+
+    async def _execute(self, request: WorkRequest) -> WorkResponse:
+        request_id = request.request_id
+        if self._ordered:
+            last = self._last_request_id
+            if last is not None and request_id <= last:
+                return _error_frame(
+                    request_id,
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"request_id: {request_id} is not above the previous id {last};"
+                    " this stream registered ordered_request_ids",
+                    field="request_id",
+                )
+            self._last_request_id = request_id
+        name, body = betterproto2.which_one_of(request, "body")
+        try:
+            handler = self._handlers.get(name)
+            if handler is None:
+                raise v.FieldError("body", "the request names no command")
+            lease = await handler(body)
+        except v.FieldError as exc:
+            path = f"{name}.{exc.path}" if name else exc.path
+            return _error_frame(
+                request_id, ErrorCode.INVALID_ARGUMENT, f"{path}: {exc.reason}", field=path
+            )
+        except LeaseLost as exc:
+            # The worker learns here that the lease is gone; it no longer
+            # occupies one of its slots.
+            self._settle(getattr(body, "lease", None))
+            return _error_frame(
+                request_id,
+                ErrorCode.LEASE_LOST,
+                str(exc) or "the lease is not the task's current lease",
+            )
+        except NotFound as exc:
+            return _error_frame(request_id, ErrorCode.NOT_FOUND, str(exc) or "not found")
+        except FailedPrecondition as exc:
+            return _error_frame(
+                request_id, ErrorCode.FAILED_PRECONDITION, str(exc) or "not allowed in this state"
+            )
+        except _Refused as exc:
+            return WorkResponse(result=WorkResult(request_id=request_id, error=exc.detail))
+        except Exception as exc:
+            log.exception("Work command %s of worker %r failed unexpectedly", name, self._worker_id)
+            return _error_frame(
+                request_id,
+                ErrorCode.INTERNAL,
+                f"internal error in {name} ({type(exc).__name__}); see the daemon log",
+            )
+        if lease is None:
+            return ok_frame(request_id)
+        return WorkResponse(result=WorkResult(request_id=request_id, lease=lease))
+
+    def _settle(self, lease: LeaseRef | None) -> None:
+        if lease is not None:
+            self._outstanding.discard(lease.lease_token)
+
+    # -- commands: each returns the Lease a result carries, if any ------------
+
+    async def _ack(self, body: AckRequest) -> None:
+        await self._owner.ops.apply_ack(body, self._owner.clock.now())
+        self._settle(body.lease)
+
+    async def _nack(self, body: NackRequest) -> None:
+        await self._owner.ops.apply_nack(body, self._owner.clock.now())
+        self._settle(body.lease)
+
+    async def _reject(self, body: RejectRequest) -> None:
+        await self._owner.ops.apply_reject(body, self._owner.clock.now())
+        self._settle(body.lease)
+
+    async def _extend(self, body: ExtendLeaseRequest) -> Lease:
+        return await self._owner.ops.apply_extend(body, self._owner.clock.now())
+
+    async def _progress(self, body: ReportProgressRequest) -> None:
+        await self._owner.ops.apply_progress(body, self._owner.clock.now())
+
+    async def _credit_update(self, body: CreditUpdate) -> None:
+        target = body.target_concurrency
+        if target is not None:
+            if self._minor < TARGET_CONCURRENCY_MINOR:
+                raise _Refused(
+                    ErrorCode.INCOMPATIBLE_VERSION,
+                    f"target_concurrency needs protocol minor {TARGET_CONCURRENCY_MINOR};"
+                    f" this stream runs at minor {self._minor}",
+                )
+            if target > MAX_CONCURRENCY:
+                raise v.FieldError("target_concurrency", f"{target} exceeds {MAX_CONCURRENCY}")
+        if self._drained or self._stopping:
+            return
+        capacity = self._capacity if target is None else target
+        available = body.available
+        outstanding = len(self._outstanding)
+        if available and available + outstanding > capacity:
+            # Not clamped: the worker's view is stale (a push crossed this
+            # update), so it resamples and sends a fresh snapshot.
+            raise _Refused(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"credit {available} with {outstanding} task(s) outstanding exceeds the"
+                f" stream's capacity of {capacity}; resample and retry",
+                reason="credit_capacity",
+            )
+        self._capacity = capacity
+        self._credit = available
+        if available:
+            self._credit_changed.set()
+
+    async def _drain(self, body: WorkerDrain) -> None:
+        if not body.begin:
+            raise v.FieldError("begin", "must be true; a drain cannot be undone")
+        self._drained = True
+        self._credit = 0
+
+    async def _register_again(self, body: WorkerRegistration) -> None:
+        raise FailedPrecondition("this stream is already registered; open a new stream")
+
+    # -- dispatcher ----------------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        owner = self._owner
+        storage = owner.storage
+        clock = owner.clock
+        queue = self._queue
+        task_types = self._task_types
+        worker_id = self._worker_id
+        lease_duration = self._lease_duration
+        with owner.wakeups.watch(queue) as watch:
+            while True:
+                if self._credit <= 0:
+                    if self._stopping:
+                        return
+                    self._credit_changed.clear()
+                    await self._credit_changed.wait()
+                    continue
+                # Armed before the claim: a notify racing the claim sets this
+                # very event, so the wait below returns at once.
+                armed = watch.arm()
+                if watch.closed:
+                    return
+                now = clock.now()
+                batch = await storage.claim(
+                    queue,
+                    task_types,
+                    min(self._credit, PUSH_BATCH),
+                    worker_id,
+                    lease_duration,
+                    now,
+                )
+                if batch:
+                    await self._push(batch)
+                    # Fair share: every other woken dispatcher of this queue
+                    # claims its round before this one claims again.
+                    await asyncio.sleep(0)
+                    continue
+                wake_at = await storage.next_wakeup(queue, task_types, now)
+                if wake_at is None:
+                    await armed.wait()
+                    continue
+                if wake_at <= now:
+                    delay = _INCONSISTENT_WAKEUP_RETRY
+                else:
+                    delay = (wake_at - clock.now()).total_seconds()
+                    delay = max(delay, 0.0) + _SCHEDULE_SLACK
+                await watch.wait(armed, delay)
+
+    async def _push(self, batch: list[LeasedTask]) -> None:
+        sent = 0
+        try:
+            note = self._owner.reaper.note
+            for item in batch:
+                if item.lease is not None:
+                    note(item.lease.until)
+            lock = self._send_lock
+            send_message = self._stream.send_message
+            outstanding = self._outstanding
+            for item in batch:
+                async with lock:
+                    # Checked and spent under the send lock, the same lock a
+                    # credit update holds while it changes the credit and
+                    # answers: a push spends the credit whose result precedes
+                    # it on the wire. A drain, shutdown or smaller credit may
+                    # have landed while this batch was being pushed.
+                    if self._credit <= 0:
+                        break
+                    self._pushing = True
+                    await send_message(task_frame(item))
+                    # No await between the send and the bookkeeping: a lease
+                    # on the wire is always counted.
+                    self._pushing = False
+                    sent += 1
+                    self._credit -= 1
+                    if item.lease is not None:
+                        outstanding.add(item.lease.lease_token)
+            self._last_sent = self._loop.time()
+        finally:
+            self._pushing = False
+            if sent < len(batch):
+                await self._release(batch[sent:])
+        if self._stopping:
+            self._end_if_quiet()
+
+    async def _release(self, unsent: Sequence[LeasedTask]) -> None:
+        refs = [
+            LeaseRef(task_id=lease.task_id, attempt=lease.attempt, lease_token=lease.lease_token)
+            for lease in (item.lease for item in unsent)
+            if lease is not None
+        ]
+        owner = self._owner
+        try:
+            released = await owner.storage.release(refs, owner.clock.now())
+        except Exception:
+            # Not raised over the error that brought us here; the leases then
+            # simply expire.
+            log.exception("returning %d undelivered lease(s) failed", len(refs))
+            return
+        if released:
+            owner.wakeups.notify(self._queue)
+
+    # -- heartbeat -----------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        interval = self._owner.heartbeat_interval
+        clock = self._owner.clock
+        loop = self._loop
+        while True:
+            quiet_for = loop.time() - self._last_sent
+            if quiet_for < interval:
+                await asyncio.sleep(interval - quiet_for)
+                continue
+            await self._send(WorkResponse(heartbeat=Heartbeat(server_time=clock.now())))
+
+
+# -- frames in wire form ----------------------------------------------------------
+#
+# betterproto2 spends ~150 µs encoding one task frame (a defaults check per
+# field, under `warnings.catch_warnings`), which alone would cap the daemon
+# near 2,500 tasks/s per core. Task frames and plain OK results, the two
+# frames of the hot path, are therefore encoded here, byte for byte as
+# betterproto2 does (field order, proto3 defaults skipped, set sub-messages
+# always written), and handed to the codec already encoded: `_Wire` is a
+# complete `WorkResponse` whose `bytes()` is that encoding. The schemas this
+# relies on are checked at import; if the proto changes, `FAST_FRAMES` turns
+# off and betterproto2 encodes everything (a test insists it stays on).
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_UINT64_MASK = (1 << 64) - 1
+_SMALL_VARINTS = [bytes((i,)) for i in range(128)]
+_pack_double = struct.Struct("<d").pack
+
+
+def _varint(value: int) -> bytes:
+    if 0 <= value < 128:
+        return _SMALL_VARINTS[value]
+    # Negative int32/int64 values are written as their 64-bit two's complement.
+    value &= _UINT64_MASK
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _len_field(tag: bytes, body: bytes) -> bytes:
+    return tag + _varint(len(body)) + body
+
+
+def _str_field(tag: bytes, value: str) -> bytes:
+    return _len_field(tag, value.encode()) if value else b""
+
+
+def _int_field(tag: bytes, value: int) -> bytes:
+    return tag + _varint(value) if value else b""
+
+
+def _double_field(tag: bytes, value: float) -> bytes:
+    # `not value` is true for 0.0 and -0.0 but not NaN, as betterproto2 skips.
+    return tag + _pack_double(value) if value else b""
+
+
+def _timestamp_field(tag: bytes, moment: datetime | None) -> bytes:
+    if moment is None:
+        return b""
+    seconds, micros = divmod((moment - _EPOCH) // _MICROSECOND, 1_000_000)
+    return _len_field(tag, _int_field(b"\x08", seconds) + _int_field(b"\x10", micros * 1000))
+
+
+def _duration_field(tag: bytes, delta: timedelta | None) -> bytes:
+    if delta is None:
+        return b""
+    # The float arithmetic of betterproto2's Duration.from_timedelta, kept so
+    # the bytes stay identical.
+    total = delta // _MICROSECOND
+    seconds = int(total / 1e6)
+    nanos = int((total % 1e6) * 1e3)
+    return _len_field(tag, _int_field(b"\x08", seconds) + _int_field(b"\x10", nanos))
+
+
+def _task_bytes(task: Task) -> bytes:
+    backoff = task.retry_backoff
+    progress = task.progress
+    return b"".join(
+        (
+            _str_field(b"\x0a", task.id),
+            _str_field(b"\x12", task.queue),
+            _str_field(b"\x1a", task.task_type),
+            _len_field(b"\x22", task.payload) if task.payload else b"",
+            _str_field(b"\x2a", task.unique_key),
+            _int_field(b"\x30", int(task.state)),
+            _int_field(b"\x38", task.attempt),
+            _int_field(b"\x40", task.max_attempts),
+            _int_field(b"\x48", task.priority),
+            b""
+            if backoff is None
+            else _len_field(
+                b"\x52",
+                _duration_field(b"\x0a", backoff.initial)
+                + _duration_field(b"\x12", backoff.maximum)
+                + _double_field(b"\x19", backoff.multiplier),
+            ),
+            _timestamp_field(b"\x5a", task.created_at),
+            _timestamp_field(b"\x62", task.updated_at),
+            _timestamp_field(b"\x6a", task.available_at),
+            _timestamp_field(b"\x72", task.finished_at),
+            _str_field(b"\x7a", task.last_error),
+            b""
+            if progress is None
+            else _len_field(
+                b"\x82\x01",
+                _double_field(b"\x09", progress.current)
+                + _double_field(b"\x11", progress.total)
+                + _str_field(b"\x1a", progress.message)
+                + _timestamp_field(b"\x22", progress.updated_at),
+            ),
+            _str_field(b"\x8a\x01", task.worker_id),
+            _timestamp_field(b"\x92\x01", task.lease_until),
+        )
+    )
+
+
+def _lease_bytes(lease: Lease) -> bytes:
+    return (
+        _str_field(b"\x0a", lease.task_id)
+        + _int_field(b"\x10", lease.attempt)
+        + _str_field(b"\x1a", lease.lease_token)
+        + _str_field(b"\x22", lease.worker_id)
+        + _timestamp_field(b"\x2a", lease.until)
+    )
+
+
+class _Wire(WorkResponse):
+    """A `WorkResponse` that carries its own encoding (see above)."""
+
+    _wire: bytes
+
+    def __bytes__(self) -> bytes:
+        return self._wire
+
+
+def task_frame(leased: LeasedTask) -> WorkResponse:
+    """`WorkResponse(task=leased)`, encoded once, here."""
+    if not FAST_FRAMES:
+        return WorkResponse(task=leased)
+    frame = _Wire(task=leased)
+    task, lease = leased.task, leased.lease
+    body = (b"" if task is None else _len_field(b"\x0a", _task_bytes(task))) + (
+        b"" if lease is None else _len_field(b"\x12", _lease_bytes(lease))
+    )
+    frame._wire = _len_field(b"\x12", body)
+    return frame
+
+
+def ok_frame(request_id: int) -> WorkResponse:
+    """`WorkResponse(result=WorkResult(request_id=request_id))`, encoded."""
+    if not FAST_FRAMES:
+        return WorkResponse(result=WorkResult(request_id=request_id))
+    frame = _Wire(result=WorkResult(request_id=request_id))
+    frame._wire = _len_field(b"\x1a", _int_field(b"\x08", request_id))
+    return frame
+
+
+# (message, field name -> (number, proto type)) this encoder writes.
+_ENCODED_SCHEMAS: dict[type[Any], dict[str, tuple[int, str]]] = {
+    WorkResponse: {
+        "registered": (1, "message"),
+        "task": (2, "message"),
+        "result": (3, "message"),
+        "heartbeat": (4, "message"),
+    },
+    WorkResult: {"request_id": (1, "uint64"), "error": (2, "message"), "lease": (3, "message")},
+    LeasedTask: {"task": (1, "message"), "lease": (2, "message")},
+    Task: {
+        "id": (1, "string"),
+        "queue": (2, "string"),
+        "task_type": (3, "string"),
+        "payload": (4, "bytes"),
+        "unique_key": (5, "string"),
+        "state": (6, "enum"),
+        "attempt": (7, "uint32"),
+        "max_attempts": (8, "uint32"),
+        "priority": (9, "int32"),
+        "retry_backoff": (10, "message"),
+        "created_at": (11, "message"),
+        "updated_at": (12, "message"),
+        "available_at": (13, "message"),
+        "finished_at": (14, "message"),
+        "last_error": (15, "string"),
+        "progress": (16, "message"),
+        "worker_id": (17, "string"),
+        "lease_until": (18, "message"),
+    },
+    Lease: {
+        "task_id": (1, "string"),
+        "attempt": (2, "uint32"),
+        "lease_token": (3, "string"),
+        "worker_id": (4, "string"),
+        "until": (5, "message"),
+    },
+    RetryBackoff: {
+        "initial": (1, "message"),
+        "maximum": (2, "message"),
+        "multiplier": (3, "double"),
+    },
+    Progress: {
+        "current": (1, "double"),
+        "total": (2, "double"),
+        "message": (3, "string"),
+        "updated_at": (4, "message"),
+    },
+}
+
+
+def _schemas_match() -> bool:
+    for cls, expected in _ENCODED_SCHEMAS.items():
+        meta = cast(Any, cls)._betterproto.meta_by_field_name
+        actual = {name: (m.number, m.proto_type) for name, m in meta.items()}
+        if actual != expected:
+            log.warning("%s changed; Work frames fall back to betterproto2", cls.__name__)
+            return False
+    return True
+
+
+FAST_FRAMES = _schemas_match()
+
+
+def _error_frame(request_id: int, code: ErrorCode, message: str, **metadata: str) -> WorkResponse:
+    detail = ErrorDetail(code=code, message=message, metadata=metadata)
+    return WorkResponse(result=WorkResult(request_id=request_id, error=detail))
+
+
+def _no_reset(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+async def _end_with_status(stream: Any, status: Status, message: str | None) -> None:
+    """Trailers with `status`, without the RST_STREAM grpclib adds to them.
+
+    grpclib follows a non-OK status with RST_STREAM(NO_ERROR) while the
+    client's side is still open, which a Work stream's always is. grpclib's
+    client (the SDK's transport) handles the reset by cancelling its pending
+    read, so frames and a status that arrived in the same read as the reset
+    are lost: the worker would see a bare "stream reset" instead of
+    OUT_OF_RANGE (renegotiate) or the result of its last ack. The trailers
+    alone end the call; the client closes its side when it reads them.
+    """
+    h2_stream = stream._stream
+    h2_stream.reset_nowait = _no_reset
+    try:
+        async with asyncio.timeout(1.0):
+            await stream.send_trailing_metadata(status=status, status_message=message)
+    except Exception as exc:
+        # The worker is gone or the connection is stuck: nobody to tell.
+        log.debug("could not end a Work stream with %s: %r", status.name, exc)
+    finally:
+        del h2_stream.reset_nowait
+
+
+def _registration_fields(
+    registration: WorkerRegistration,
+) -> tuple[str, str, list[str], timedelta]:
+    queue = v.name(registration.queue, "register.queue")
+    worker_id = v.name(registration.worker_id, "register.worker_id")
+    task_types = v.task_types(registration.task_types, "register.task_types")
+    if not 1 <= registration.max_concurrency <= MAX_CONCURRENCY:
+        raise v.FieldError(
+            "register.max_concurrency",
+            f"{registration.max_concurrency} is outside 1..{MAX_CONCURRENCY}",
+        )
+    lease = v.duration(
+        registration.lease_duration, "register.lease_duration", maximum=limits.MAX_LEASE
+    )
+    # proto3 cannot tell an unset Duration from zero in every client; both
+    # mean the daemon default.
+    return queue, worker_id, task_types, lease or limits.DEFAULT_LEASE
