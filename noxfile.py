@@ -50,6 +50,12 @@ def proto(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks; writes bench/results.md."""
-    session.install("-e", ".[test]")
+    """Benchmarks (one ringod, one separate worker process); writes bench/results.md.
+
+    ``nox -s bench -- --quick`` is a small smoke run; ``-- --profile DIR`` profiles
+    the no-op Worker run (daemon and worker) with py-spy.
+    """
+    session.install("-e", ".")
+    if "--profile" in session.posargs:
+        session.install("py-spy")
     session.run("python", "bench/run.py", *session.posargs)

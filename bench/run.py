@@ -1,27 +1,72 @@
-"""Benchmarks: one private daemon on SQLite, one SDK process under trio.
+"""Benchmarks: one ``ringod`` (SQLite) and, for the Worker rows, ONE separate
+worker process (``bench/worker.py``), so the worker's peak RSS is its own.
 
-Writes a results table to bench/results.md (and prints it). Numbers from a
-shared 2-core machine are noisy; each row is the best of `--repeat` runs.
+    python bench/run.py [--quick] [--repeat 3] [--profile DIR]
+
+Rows:
+
+* unary calls from this process (sequential and 40-concurrent ``Enqueue``,
+  manual ``claim(32)`` + unary ack): best of ``--repeat``;
+* ``enqueue_many`` in calls of 1000: timed while pre-enqueueing the Worker
+  runs' tasks (best run);
+* Worker, no-op handler, concurrency 64: N tasks pre-enqueued, then the
+  worker process starts; timed from its registration until it has closed
+  (every ack answered), checked with the daemon (no task left active).
+  Latency p50/p99 is enqueue (the daemon's ``created_at``) → the handler's
+  return; all tasks are enqueued before the worker starts, so it is mostly
+  queue wait;
+* Worker, 10 ms-sleep handler, concurrency 256, timed the same way;
+* the worker process's peak RSS (``ru_maxrss``, reported by the worker).
+
+``--profile DIR`` re-runs the no-op Worker case under ``py-spy`` (which must
+be installed: ``pip install py-spy``), the daemon and the worker each sampled
+separately, and prints where the time goes (self and inclusive, % of
+samples); raw collapsed stacks are left in DIR.
+
+Writes the results table to bench/results.md and prints it. The text from the
+"## Where the time goes" heading on is kept as it is (it is written by hand
+from a ``--profile`` run).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import os
 import pathlib
 import platform
 import resource
+import selectors
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import trio
 
 from ringo_trio import Ringo, RingoClient, TaskSpec
+from ringo_trio._proto.ringo.v1 import GetQueueActivityRequest, GetQueueActivityResponse
+from ringo_trio.testing import DaemonProcess, spawn_daemon
 
-RESULTS = pathlib.Path(__file__).with_name("results.md")
+HERE = pathlib.Path(__file__).parent
+RESULTS = HERE / "results.md"
+WORKER = HERE / "worker.py"
+ANALYSIS_HEADING = "## Where the time goes"
+
+TARGET_NOOP = 3_000.0  # tasks/s, no-op handler, concurrency 64
+TARGET_SLEEP = 2_500.0  # tasks/s, 10 ms handler, concurrency 256
+TARGET_ENQUEUE = 20_000.0  # tasks/s, enqueue_many in calls of 1000
+TARGET_RSS_MB = 60.0  # worker process peak RSS
+
+
+# -- unary rows (this process) -------------------------------------------------
 
 
 async def _sequential_enqueue(client: RingoClient, n: int) -> float:
@@ -34,7 +79,7 @@ async def _sequential_enqueue(client: RingoClient, n: int) -> float:
 
 async def _concurrent_enqueue(client: RingoClient, n: int, width: int = 40) -> float:
     q = client.queue("bench-conc")
-    per = n // width
+    per = max(1, n // width)
 
     async def one() -> None:
         for _ in range(per):
@@ -45,14 +90,6 @@ async def _concurrent_enqueue(client: RingoClient, n: int, width: int = 40) -> f
         for _ in range(width):
             nursery.start_soon(one)
     return per * width / (time.perf_counter() - t0)
-
-
-async def _enqueue_many(client: RingoClient, n: int) -> float:
-    q = client.queue("bench-many")
-    specs = [TaskSpec(task_type="t", payload=b"x" * 64) for _ in range(n)]
-    t0 = time.perf_counter()
-    await q.enqueue_many(specs)
-    return n / (time.perf_counter() - t0)
 
 
 async def _claim_ack(client: RingoClient, n: int, width: int = 16) -> float:
@@ -77,53 +114,399 @@ async def _claim_ack(client: RingoClient, n: int, width: int = 16) -> float:
     return done / (time.perf_counter() - t0)
 
 
-async def _best(repeat: int, fn: Callable[[], Awaitable[float]]) -> float:
-    return max([await fn() for _ in range(repeat)])
+async def _unary(endpoint: str, n: int, repeat: int) -> list[tuple[str, float, str]]:
+    async def best(fn: Callable[[], Awaitable[float]]) -> float:
+        return max([await fn() for _ in range(repeat)])
+
+    async with Ringo.connect(endpoint) as client:
+        return [
+            ("Enqueue, sequential", await best(lambda: _sequential_enqueue(client, n)), "calls/s"),
+            (
+                "Enqueue, 40 concurrent",
+                await best(lambda: _concurrent_enqueue(client, n)),
+                "calls/s",
+            ),
+            (
+                "manual claim(32) + unary ack, 16 loops",
+                await best(lambda: _claim_ack(client, n)),
+                "tasks/s",
+            ),
+        ]
 
 
-async def _run(args: argparse.Namespace) -> list[tuple[str, str]]:
-    rows: list[tuple[str, str]] = []
-    n = args.n
-    with tempfile.TemporaryDirectory(prefix="ringo-bench-") as data_dir:
-        async with Ringo.local(data_dir) as client:
-            cases: list[tuple[str, str, Callable[[], Awaitable[float]]]] = [
-                ("Enqueue, sequential", "calls/s", lambda: _sequential_enqueue(client, n)),
-                ("Enqueue, 40 concurrent", "calls/s", lambda: _concurrent_enqueue(client, n)),
-                (
-                    "enqueue_many (batches of 1000)",
-                    "tasks/s",
-                    lambda: _enqueue_many(client, 10 * n),
-                ),
-                (
-                    "manual claim(32) + unary ack, 16 loops",
-                    "tasks/s",
-                    lambda: _claim_ack(client, n),
-                ),
-            ]
-            for name, unit, fn in cases:
-                rows.append((name, f"{await _best(args.repeat, fn):,.0f} {unit}"))
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rows.append(("SDK process peak RSS", f"{rss_mb:.0f} MB"))
-    return rows
+# -- Worker rows (a separate worker process) -----------------------------------------
+
+
+@dataclass
+class WorkRun:
+    tasks: int
+    concurrency: int
+    sleep: float
+    enqueue_rate: float  # tasks/s of the pre-enqueue (enqueue_many, calls of 1000)
+    startup: float  # seconds from spawning the worker process to its registration
+    elapsed: float  # registration → closed (every ack answered)
+    p50: float
+    p99: float
+    peak_rss_mb: float
+    worker_cpu: float  # CPU seconds of the worker process while timed
+    daemon_cpu: float  # CPU seconds of the daemon over the same span (about)
+
+    @property
+    def rate(self) -> float:
+        return self.tasks / self.elapsed
+
+
+async def _prefill(endpoint: str, queue: str, n: int) -> float:
+    specs = [TaskSpec(task_type="t", payload=b"x" * 64) for _ in range(n)]
+    async with Ringo.connect(endpoint) as client:
+        q = client.queue(queue)
+        t0 = time.perf_counter()
+        for start in range(0, n, 1000):
+            await q.enqueue_many(specs[start : start + 1000])
+        return n / (time.perf_counter() - t0)
+
+
+async def _active(endpoint: str, queue: str) -> int:
+    async with Ringo.connect(endpoint) as client:
+        reply = await client._call(
+            "GetQueueActivity",
+            GetQueueActivityRequest(queue=queue),
+            GetQueueActivityResponse,
+            read_only=True,
+        )
+        return int(reply.active_task_count)
+
+
+class _Lines:
+    """JSON lines from a child's stdout, with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        self.proc = proc
+        self.fd = proc.stdout.fileno()
+        self.buffer = b""
+
+    def next(self, timeout: float) -> dict[str, Any]:
+        """The next JSON object line (other lines, e.g. py-spy's, are skipped)."""
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.fd, selectors.EVENT_READ)
+            while True:
+                while b"\n" in self.buffer:
+                    line, _, self.buffer = self.buffer.partition(b"\n")
+                    if line.startswith(b"{"):
+                        result: dict[str, Any] = json.loads(line)
+                        return result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"the bench worker said nothing for {timeout:g}s")
+                if selector.select(remaining):
+                    chunk = os.read(self.fd, 65536)
+                    if not chunk:
+                        raise RuntimeError(f"the bench worker exited ({self.proc.wait()})")
+                    self.buffer += chunk
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _work_run(
+    daemon: DaemonProcess,
+    queue: str,
+    n: int,
+    concurrency: int,
+    sleep: float,
+    *,
+    wrap: list[str] | None = None,
+    before_start: Callable[[], None] | None = None,
+) -> WorkRun:
+    enqueue_rate = trio.run(_prefill, daemon.endpoint, queue, n)
+    if before_start is not None:
+        before_start()
+    command = [
+        sys.executable,
+        str(WORKER),
+        daemon.endpoint,
+        queue,
+        "--expect",
+        str(n),
+        "--concurrency",
+        str(concurrency),
+        "--sleep",
+        repr(sleep),
+    ]
+    daemon_cpu_before = _cpu_seconds(daemon.pid)
+    spawned = time.perf_counter()
+    # Its own process group, so that a wrapper (py-spy) and the worker go together.
+    proc = subprocess.Popen(
+        [*(wrap or []), *command], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        lines = _Lines(proc)
+        registered = lines.next(60)
+        assert registered["event"] == "registered", registered
+        startup = time.perf_counter() - spawned
+        done = lines.next(600)
+        assert done["event"] == "done", done
+        daemon_cpu = _cpu_seconds(daemon.pid) - daemon_cpu_before
+        if proc.wait(timeout=60) != 0:
+            raise RuntimeError(f"the bench worker exited with status {proc.returncode}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+    active = trio.run(_active, daemon.endpoint, queue)
+    if active or done["tasks"] != n:
+        raise RuntimeError(f"{queue}: {active} task(s) still active, {done['tasks']} handled")
+    return WorkRun(
+        tasks=n,
+        concurrency=concurrency,
+        sleep=sleep,
+        enqueue_rate=enqueue_rate,
+        startup=startup,
+        elapsed=done["elapsed"],
+        p50=done["p50"],
+        p99=done["p99"],
+        peak_rss_mb=done["peak_rss_kb"] / 1024,
+        worker_cpu=done["cpu"],
+        daemon_cpu=daemon_cpu,
+    )
+
+
+# -- profile -------------------------------------------------------------------
+
+
+def _package(where: str) -> str:
+    """The package a frame belongs to: ``ringo_trio/server/_work.py`` -> ``ringo_trio.server``."""
+    parts = where.split("/")
+    if len(parts) == 1:
+        return parts[0] if parts[0].endswith((".so", ")")) or "." not in parts[0] else "(stdlib)"
+    if parts[0] == "ringo_trio":
+        return ".".join(parts[:-1])
+    return parts[0] if parts[0] not in ("asyncio",) else "asyncio"
+
+
+def _top(raw: pathlib.Path, limit: int = 15) -> str:
+    """Self and inclusive time per function, and self time per package, from
+    py-spy's raw (collapsed) output, as % of all samples."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    packages: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        total += count
+        frames = stack.split(";")
+        own[frames[-1]] += count
+        packages[_package(frames[-1].partition(" (")[2].rstrip(")"))] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    total = max(total, 1)
+    out = [f"{raw.name}: {total} samples"]
+    out.append(f"  self time by package (top {limit}):")
+    out += [f"    {100 * c / total:5.1f}%  {p}" for p, c in packages.most_common(limit)]
+    out.append(f"  top {limit} functions by self time:")
+    out += [f"    {100 * c / total:5.1f}%  {f}" for f, c in own.most_common(limit)]
+    # Frames on (nearly) every stack (the loop, main) say nothing.
+    informative = [(f, c) for f, c in inclusive.most_common() if c < 0.9 * total]
+    out.append(f"  top {2 * limit} functions by inclusive time (under 90%):")
+    out += [f"    {100 * c / total:5.1f}%  {f}" for f, c in informative[: 2 * limit]]
+    return "\n".join(out)
+
+
+def _profile(daemon: DaemonProcess, n: int, out_dir: pathlib.Path, *, native: bool) -> str:
+    py_spy = shutil.which("py-spy") or str(pathlib.Path(sys.executable).with_name("py-spy"))
+    if not pathlib.Path(py_spy).exists():
+        raise SystemExit("--profile needs py-spy (pip install py-spy)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    daemon_raw = out_dir / "daemon.txt"
+    worker_raw = out_dir / "worker.txt"
+    common = ["--format", "raw", "--rate", "200", "--nolineno", *(["--native"] if native else [])]
+    spies: list[subprocess.Popen[bytes]] = []
+
+    def attach_to_daemon() -> None:
+        # After the pre-enqueue: the daemon's profile covers the worker run only.
+        spies.append(
+            subprocess.Popen(
+                [py_spy, "record", *common, "--pid", str(daemon.pid), "-o", str(daemon_raw)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        time.sleep(1.0)  # let py-spy attach
+
+    try:
+        run = _work_run(
+            daemon,
+            "bench-profile",
+            n,
+            64,
+            0.0,
+            wrap=[py_spy, "record", *common, "-o", str(worker_raw), "--"],
+            before_start=attach_to_daemon,
+        )
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
+    report = [
+        f"no-op Worker run under py-spy: {run.rate:,.0f} tasks/s (sampling slows it down)",
+        _top(worker_raw),
+        _top(daemon_raw),
+    ]
+    return "\n\n".join(report)
+
+
+# -- report --------------------------------------------------------------------
+
+
+def _rate(value: float, unit: str) -> str:
+    return f"{value:,.0f} {unit}"
+
+
+def _cpu(run: WorkRun) -> str:
+    per = 1000 / run.tasks
+    busy = 100 / run.elapsed
+    # What the busier process alone allows if each had a core to itself.
+    ceiling = run.tasks / max(run.worker_cpu, run.daemon_cpu, 1e-9)
+    return (
+        f"{run.worker_cpu * per:.2f} s / {run.daemon_cpu * per:.2f} s"
+        f" ({run.worker_cpu * busy:.0f} % / {run.daemon_cpu * busy:.0f} %);"
+        f" CPU-bound ceiling ≈ {ceiling:,.0f} tasks/s"
+    )
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def _table(
+    unary: list[tuple[str, float, str]], noop: WorkRun, slow: WorkRun, enqueue: float
+) -> str:
+    rss = max(noop.peak_rss_mb, slow.peak_rss_mb)
+    rows = [
+        (
+            f"Worker, no-op handler, concurrency {noop.concurrency} ({noop.tasks:,} tasks)",
+            _rate(noop.rate, "tasks/s"),
+            f"≥ {TARGET_NOOP:,.0f} tasks/s",
+            _verdict(noop.rate >= TARGET_NOOP),
+        ),
+        (
+            f"Worker, 10 ms-sleep handler, concurrency {slow.concurrency} ({slow.tasks:,} tasks)",
+            _rate(slow.rate, "tasks/s"),
+            f"≥ {TARGET_SLEEP:,.0f} tasks/s",
+            _verdict(slow.rate >= TARGET_SLEEP),
+        ),
+        (
+            "enqueue_many, calls of 1000",
+            _rate(enqueue, "tasks/s"),
+            f"≥ {TARGET_ENQUEUE:,.0f} tasks/s",
+            _verdict(enqueue >= TARGET_ENQUEUE),
+        ),
+        (
+            "worker process peak RSS",
+            f"{rss:.0f} MB",
+            f"≤ {TARGET_RSS_MB:.0f} MB",
+            _verdict(rss <= TARGET_RSS_MB),
+        ),
+        (
+            "enqueue→ack latency p50 / p99, no-op run (all pre-enqueued: mostly queue wait)",
+            f"{noop.p50 * 1000:,.0f} / {noop.p99 * 1000:,.0f} ms",
+            "",
+            "",
+        ),
+        ("CPU per 1,000 no-op tasks: worker / daemon (busy % of the run)", _cpu(noop), "", ""),
+        ("CPU per 1,000 10 ms tasks: worker / daemon (busy % of the run)", _cpu(slow), "", ""),
+        ("worker process start → registered", f"{noop.startup:.2f} s", "", ""),
+    ]
+    rows += [(name, _rate(value, unit), "", "") for name, value, unit in unary]
+    lines = ["| measurement | result | target | status |", "| --- | --- | --- | --- |"]
+    lines += [f"| {' | '.join(row)} |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _kept_analysis() -> str:
+    if not RESULTS.exists():
+        return ""
+    text = RESULTS.read_text()
+    at = text.find(ANALYSIS_HEADING)
+    return text[at:] if at >= 0 else ""
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-n", type=int, default=2000, help="operations per measurement")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a small, fast run (smoke test)")
+    parser.add_argument("-n", type=int, default=None, help="unary operations per measurement")
+    parser.add_argument("--tasks", type=int, default=None, help="tasks per Worker run")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per row; best counts")
+    parser.add_argument("--profile", type=pathlib.Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--native", action="store_true", help="with --profile: native frames too (slower)"
+    )
+    parser.add_argument("--no-write", action="store_true", help="print, do not write results.md")
     args = parser.parse_args()
-    rows = trio.run(_run, args)
+    n = args.n or (300 if args.quick else 2000)
+    tasks = args.tasks or (2000 if args.quick else 20_000)
+    repeat = args.repeat or (1 if args.quick else 3)
+
+    load_before = os.getloadavg()[0]
+    with (
+        tempfile.TemporaryDirectory(prefix="ringo-bench-") as tmp,
+        spawn_daemon(pathlib.Path(tmp) / "data", extra_args=["--log-level", "warning"]) as daemon,
+    ):
+        if args.profile is not None:
+            print(_profile(daemon, tasks, args.profile, native=args.native))
+            return
+        unary = trio.run(_unary, daemon.endpoint, n, repeat)
+        noops = [_work_run(daemon, f"bench-noop-{i}", tasks, 64, 0.0) for i in range(repeat)]
+        slows = [
+            _work_run(daemon, f"bench-sleep-{i}", tasks // 2, 256, 0.010) for i in range(repeat)
+        ]
+        loop = daemon.info.get("loop", "?")
+    noop = max(noops, key=lambda r: r.rate)
+    slow = max(slows, key=lambda r: r.rate)
+    enqueue = max(r.enqueue_rate for r in [*noops, *slows])
+    bench_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    load_after = os.getloadavg()[0]
     header = (
-        f"# Benchmarks\n\n{datetime.now(UTC):%Y-%m-%d}, {os.cpu_count()} cores, "
-        f"{platform.python_implementation()} {platform.python_version()}, "
-        f"{platform.machine()}; best of {args.repeat}, n={args.n}.\n"
-        "One private daemon (SQLite, uvloop) and one SDK process under trio.\n\n"
+        f"# Benchmarks\n\n{datetime.now(UTC):%Y-%m-%d}, {os.cpu_count()} cores (os.cpu_count()),"
+        f" {platform.python_implementation()} {platform.python_version()},"
+        f" {platform.machine()}; best of {repeat}; unary n={n}, {tasks:,} tasks per no-op"
+        f" Worker run, {tasks // 2:,} per 10 ms run{' (--quick)' if args.quick else ''}."
+        f" Load average (1 min) {load_before:.1f} before, {load_after:.1f} after: on a shared"
+        " machine other processes compete for the cores, so look at the CPU row too.\n\n"
+        f"One `ringod` (SQLite WAL, loop {loop}), ONE separate worker process"
+        " (`bench/worker.py`, one `Worker` under trio) whose peak RSS is its own, and this"
+        " process as the producer (enqueue, unary rows). Reproduce: `nox -s bench`"
+        " (or `python bench/run.py`).\n\n"
     )
-    table = "| measurement | result |\n| --- | --- |\n" + "".join(
-        f"| {name} | {value} |\n" for name, value in rows
+    footer = (
+        f"\nWorker rows are timed from the worker's registration until `Worker.close()`"
+        f" returned (every ack answered), then checked with the daemon (no task of the"
+        f" queue PENDING or LEASED). Best no-op run: {noop.elapsed:.2f} s; runs:"
+        f" {', '.join(f'{r.rate:,.0f}' for r in noops)} tasks/s (no-op),"
+        f" {', '.join(f'{r.rate:,.0f}' for r in slows)} tasks/s (10 ms)."
+        f" Producer (this) process peak RSS {bench_rss:.0f} MB.\n\n"
     )
-    RESULTS.write_text(header + table)
-    sys.stdout.write(header + table)
+    text = header + _table(unary, noop, slow, enqueue) + footer
+    analysis = _kept_analysis()
+    sys.stdout.write(text)
+    if not args.no_write:
+        RESULTS.write_text(text + analysis)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""The benchmark's worker process: ONE `Worker` against a running daemon.
+
+    python bench/worker.py ENDPOINT QUEUE --expect N [--concurrency C] [--sleep S]
+
+Prints one JSON line ``{"event": "registered", ...}`` once the worker is
+registered, then works until its handler has seen N tasks, closes the worker
+(every ack answered by the daemon) and prints ``{"event": "done", ...}``:
+elapsed seconds and this process's CPU seconds from registration to the
+close, enqueue→ack latencies (p50/p99, from the daemon's ``created_at`` to
+the handler's return) and this process's peak RSS (``ru_maxrss``), so the
+worker's memory is measured alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import json
+import math
+import resource
+import sys
+import time
+
+import trio
+
+from ringo_trio import Ringo, Task, TaskContext
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
+
+
+def _emit(**fields: object) -> None:
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+async def _main(args: argparse.Namespace) -> None:
+    latencies = array.array("d")
+    done = trio.Event()
+    seen = 0
+    last = 0.0
+    sleep = args.sleep
+    expect = args.expect
+    clock = time.time
+
+    async def handle(task: Task, ctx: TaskContext) -> None:
+        nonlocal seen, last
+        if sleep:
+            await trio.sleep(sleep)
+        if task.created_at is not None:
+            latencies.append(clock() - task.created_at.timestamp())
+        seen += 1
+        if seen >= expect:
+            last = time.perf_counter()
+            done.set()
+
+    async with Ringo.connect(args.endpoint) as client:
+        worker = client.queue(args.queue).worker(handle, concurrency=args.concurrency)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            started = time.perf_counter()
+            cpu_started = time.process_time()
+            _emit(event="registered", worker_id=worker.worker_id)
+            await done.wait()
+            await worker.close()
+            closed = time.perf_counter()
+            cpu = time.process_time() - cpu_started
+    values = list(latencies)
+    _emit(
+        event="done",
+        tasks=seen,
+        elapsed=closed - started,
+        last_handler=last - started,
+        cpu=cpu,
+        p50=_percentile(values, 0.50),
+        p99=_percentile(values, 0.99),
+        peak_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("endpoint")
+    parser.add_argument("queue")
+    parser.add_argument("--expect", type=int, required=True, help="tasks to wait for")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per handler")
+    trio.run(_main, parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
