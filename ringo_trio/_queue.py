@@ -13,10 +13,11 @@ import os
 import secrets
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, RingoError
+from ._fastwire import decode_enqueue_many_response, encode_enqueue_many_request_from_specs
 from ._models import (
     BatchResult,
     EnqueueResult,
@@ -33,8 +34,6 @@ from ._proto.ringo.v1 import (
     AckResponse,
     ClaimRequest,
     ClaimResponse,
-    EnqueueManyRequest,
-    EnqueueManyResponse,
     EnqueueRequest,
     EnqueueResponse,
     ExtendLeaseRequest,
@@ -48,6 +47,7 @@ from ._proto.ringo.v1 import (
     RejectResponse,
     ReportProgressRequest,
     ReportProgressResponse,
+    RequestContext,
     RetryTaskRequest,
     RetryTaskResponse,
 )
@@ -80,6 +80,32 @@ def _error_text(error: object) -> str:
     if not isinstance(error, str):
         raise InvalidArgumentError(f"error must be a string, got {type(error).__name__}")
     return truncate_utf8(error, _limits.MAX_ERROR_BYTES)
+
+
+class _EnqueueManyCall:
+    """An EnqueueMany request encoded by `ringo_trio._fastwire` when sent (so a
+    renegotiated ``context`` set by the retry rules is the one encoded)."""
+
+    __slots__ = ("context", "queue", "specs")
+
+    def __init__(self, queue: str, specs: list[TaskSpec]) -> None:
+        self.context: RequestContext | None = None
+        self.queue = queue
+        self.specs = specs
+
+    def SerializeToString(self) -> bytes:
+        return encode_enqueue_many_request_from_specs(self.context, self.queue, self.specs)
+
+
+class _EnqueueManyReply:
+    """Decodes an EnqueueMany reply straight into a `BatchResult`."""
+
+    @staticmethod
+    def FromString(data: bytes) -> BatchResult:
+        try:
+            return decode_enqueue_many_response(data)
+        except ValueError as exc:
+            raise RingoError(f"malformed EnqueueMany reply from the daemon: {exc}") from None
 
 
 class TaskQueue:
@@ -200,13 +226,12 @@ class TaskQueue:
         for start in range(0, len(specs), _limits.MAX_BATCH):
             chunk = specs[start : start + _limits.MAX_BATCH]
             reply = await self._client._call(
-                "EnqueueMany",
-                EnqueueManyRequest(queue=self.name, tasks=[s.to_wire() for s in chunk]),
-                EnqueueManyResponse,
+                "EnqueueMany", _EnqueueManyCall(self.name, chunk), _EnqueueManyReply
             )
-            results.extend(EnqueueResult.from_wire(r) for r in reply.results)
-            created += reply.created_count
-            duplicates += reply.duplicate_count
+            batch = cast(BatchResult, reply)
+            results.extend(batch.results)
+            created += batch.created_count
+            duplicates += batch.duplicate_count
         return BatchResult(
             results=tuple(results), created_count=created, duplicate_count=duplicates
         )

@@ -29,10 +29,13 @@ push the mirror does not cover is a protocol error. The session asks for more
 only when the mirror is zero: then no push can be in transit, so ``free
 slots`` is exactly what the worker can take and the daemon's capacity check
 (``available + unsettled <= concurrency``) cannot refuse it. A resize, which
-cannot wait for the mirror to drain, may race a push; the daemon then refuses
-with ``credit_capacity`` and the session resamples at once — the racing push
-arrived before the refusal, the stream is ordered. One credit command is in
-flight at a time; a later one supersedes it anyway.
+cannot wait for the mirror to drain, may race up to ``mirror`` pushes, so it
+counts the credit still out as taken slots (the daemon's check alone would
+not do: it no longer counts a lost lease whose handler still holds a slot).
+Should the daemon refuse with ``credit_capacity`` anyway, the session
+resamples at once — any racing push arrived before the refusal, the stream is
+ordered. One credit command is in flight at a time; a later one supersedes it
+anyway.
 
 *Slots.* A slot is taken by every push and given back when the driver settles
 the task (`settle`) or, after a lost lease, when the cancelled handler has
@@ -420,7 +423,11 @@ class WorkSession:
         self._leases[key] = _Lease(token=lease_token, deadline=deadline)
         self._slots.add(key)
         self._arm(key, deadline - self.lease_duration / 3)
-        return [StartHandler(key)]
+        if self._credit_mirror:
+            return [StartHandler(key)]
+        # The last covered push: slots freed while the previous grant was out
+        # are asked for now, or they would idle until some handler settles.
+        return [StartHandler(key), *self._maybe_credit(now)]
 
     def heartbeat(self) -> None:
         self._step(Input.RECV_HEARTBEAT)
@@ -587,10 +594,12 @@ class WorkSession:
 
     def _lose(self, key: LeaseKey, reason: str) -> list[Output]:
         lease = self._leases.get(key)
-        if lease is None or lease.lost:
+        if lease is None or lease.lost or lease.settling:
+            # A settling lease has no handler left to cancel: the settlement
+            # in flight ends it (its result, LEASE_LOST or not, removes it).
             return []
         lease.lost = True
-        if key not in self._slots and not lease.renewing and not lease.settling:
+        if key not in self._slots and not lease.renewing:
             del self._leases[key]
         return [CancelHandler(key, reason)]
 
@@ -672,7 +681,11 @@ class WorkSession:
         """The credit frame to send now, if any (see the module docstring)."""
         if self.state is not State.ACTIVE or self._credit_pending:
             return []
-        free = max(0, self.concurrency - len(self._slots))
+        # Credit still out counts as taken: on a resize (the only time we ask
+        # with the mirror above zero) that many pushes may be on their way, and
+        # the daemon's capacity check cannot be relied on to refuse the excess —
+        # it no longer counts a lease whose cancelled handler still holds a slot.
+        free = max(0, self.concurrency - len(self._slots) - self._credit_mirror)
         target = self.concurrency if self.dynamic_target else None
         resize = target is not None and target != self._target_sent
         if not (resize or (self._credit_mirror == 0 and free > 0)):

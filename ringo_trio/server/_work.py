@@ -74,19 +74,18 @@ every frame before it.
 **Heartbeats**: a stream that has sent nothing for ``heartbeat_interval``
 seconds sends ``heartbeat{server_time}``.
 
-**Cost.** Task frames and plain OK results, the hot path, are encoded here
-(`task_frame`, `ok_frame`), byte-identical to betterproto2 at a tenth of its
-cost; everything else goes through betterproto2.
+**Cost.** Task frames and plain OK results, the hot path, are encoded by
+`ringo_trio._fastwire` (`task_frame`, `ok_frame`), byte-identical to
+betterproto2 at a tenth of its cost; everything else goes through betterproto2.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, cast
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 import betterproto2
 from grpclib.const import Status
@@ -94,6 +93,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from h2.exceptions import H2Error
 
 from ringo_trio import _limits as limits
+from ringo_trio._fastwire import encode_work_push, encode_work_result
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     CreditUpdate,
@@ -105,12 +105,9 @@ from ringo_trio._proto.ringo.v1 import (
     LeasedTask,
     LeaseRef,
     NackRequest,
-    Progress,
     RejectRequest,
     ReportProgressRequest,
     RequestContext,
-    RetryBackoff,
-    Task,
     WorkerDrain,
     WorkerRegistered,
     WorkerRegistration,
@@ -132,7 +129,6 @@ __all__ = [
     "LeaseOps",
     "WorkStreamIO",
     "WorkStreams",
-    "FAST_FRAMES",
     "ok_frame",
     "task_frame",
 ]
@@ -683,126 +679,17 @@ class _WorkStream:
 
 
 # -- frames in wire form ----------------------------------------------------------
-#
-# betterproto2 spends ~150 µs encoding one task frame (a defaults check per
-# field, under `warnings.catch_warnings`), which alone would cap the daemon
-# near 2,500 tasks/s per core. Task frames and plain OK results, the two
-# frames of the hot path, are therefore encoded here, byte for byte as
-# betterproto2 does (field order, proto3 defaults skipped, set sub-messages
-# always written), and handed to the codec already encoded: `_Wire` is a
-# complete `WorkResponse` whose `bytes()` is that encoding. The schemas this
-# relies on are checked at import; if the proto changes, `FAST_FRAMES` turns
-# off and betterproto2 encodes everything (a test insists it stays on).
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-_UINT64_MASK = (1 << 64) - 1
-_SMALL_VARINTS = [bytes((i,)) for i in range(128)]
-_pack_double = struct.Struct("<d").pack
-
-
-def _varint(value: int) -> bytes:
-    if 0 <= value < 128:
-        return _SMALL_VARINTS[value]
-    # Negative int32/int64 values are written as their 64-bit two's complement.
-    value &= _UINT64_MASK
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _len_field(tag: bytes, body: bytes) -> bytes:
-    return tag + _varint(len(body)) + body
-
-
-def _str_field(tag: bytes, value: str) -> bytes:
-    return _len_field(tag, value.encode()) if value else b""
-
-
-def _int_field(tag: bytes, value: int) -> bytes:
-    return tag + _varint(value) if value else b""
-
-
-def _double_field(tag: bytes, value: float) -> bytes:
-    # `not value` is true for 0.0 and -0.0 but not NaN, as betterproto2 skips.
-    return tag + _pack_double(value) if value else b""
-
-
-def _timestamp_field(tag: bytes, moment: datetime | None) -> bytes:
-    if moment is None:
-        return b""
-    seconds, micros = divmod((moment - _EPOCH) // _MICROSECOND, 1_000_000)
-    return _len_field(tag, _int_field(b"\x08", seconds) + _int_field(b"\x10", micros * 1000))
-
-
-def _duration_field(tag: bytes, delta: timedelta | None) -> bytes:
-    if delta is None:
-        return b""
-    # The float arithmetic of betterproto2's Duration.from_timedelta, kept so
-    # the bytes stay identical.
-    total = delta // _MICROSECOND
-    seconds = int(total / 1e6)
-    nanos = int((total % 1e6) * 1e3)
-    return _len_field(tag, _int_field(b"\x08", seconds) + _int_field(b"\x10", nanos))
-
-
-def _task_bytes(task: Task) -> bytes:
-    backoff = task.retry_backoff
-    progress = task.progress
-    return b"".join(
-        (
-            _str_field(b"\x0a", task.id),
-            _str_field(b"\x12", task.queue),
-            _str_field(b"\x1a", task.task_type),
-            _len_field(b"\x22", task.payload) if task.payload else b"",
-            _str_field(b"\x2a", task.unique_key),
-            _int_field(b"\x30", int(task.state)),
-            _int_field(b"\x38", task.attempt),
-            _int_field(b"\x40", task.max_attempts),
-            _int_field(b"\x48", task.priority),
-            b""
-            if backoff is None
-            else _len_field(
-                b"\x52",
-                _duration_field(b"\x0a", backoff.initial)
-                + _duration_field(b"\x12", backoff.maximum)
-                + _double_field(b"\x19", backoff.multiplier),
-            ),
-            _timestamp_field(b"\x5a", task.created_at),
-            _timestamp_field(b"\x62", task.updated_at),
-            _timestamp_field(b"\x6a", task.available_at),
-            _timestamp_field(b"\x72", task.finished_at),
-            _str_field(b"\x7a", task.last_error),
-            b""
-            if progress is None
-            else _len_field(
-                b"\x82\x01",
-                _double_field(b"\x09", progress.current)
-                + _double_field(b"\x11", progress.total)
-                + _str_field(b"\x1a", progress.message)
-                + _timestamp_field(b"\x22", progress.updated_at),
-            ),
-            _str_field(b"\x8a\x01", task.worker_id),
-            _timestamp_field(b"\x92\x01", task.lease_until),
-        )
-    )
-
-
-def _lease_bytes(lease: Lease) -> bytes:
-    return (
-        _str_field(b"\x0a", lease.task_id)
-        + _int_field(b"\x10", lease.attempt)
-        + _str_field(b"\x1a", lease.lease_token)
-        + _str_field(b"\x22", lease.worker_id)
-        + _timestamp_field(b"\x2a", lease.until)
-    )
+# betterproto2 spends ~150 µs encoding one task frame, which alone would cap
+# the daemon near 2,500 tasks/s per core. Task frames and plain OK results,
+# the two frames of the hot path, are encoded by `ringo_trio._fastwire`
+# (byte-identical to betterproto2, proven by its hypothesis tests) and handed
+# to the codec already encoded: `_Wire` is a complete `WorkResponse` whose
+# `bytes()` is that encoding.
 
 
 class _Wire(WorkResponse):
-    """A `WorkResponse` that carries its own encoding (see above)."""
+    """A `WorkResponse` that carries its own encoding."""
 
     _wire: bytes
 
@@ -812,88 +699,16 @@ class _Wire(WorkResponse):
 
 def task_frame(leased: LeasedTask) -> WorkResponse:
     """`WorkResponse(task=leased)`, encoded once, here."""
-    if not FAST_FRAMES:
-        return WorkResponse(task=leased)
     frame = _Wire(task=leased)
-    task, lease = leased.task, leased.lease
-    body = (b"" if task is None else _len_field(b"\x0a", _task_bytes(task))) + (
-        b"" if lease is None else _len_field(b"\x12", _lease_bytes(lease))
-    )
-    frame._wire = _len_field(b"\x12", body)
+    frame._wire = encode_work_push(leased)
     return frame
 
 
 def ok_frame(request_id: int) -> WorkResponse:
     """`WorkResponse(result=WorkResult(request_id=request_id))`, encoded."""
-    if not FAST_FRAMES:
-        return WorkResponse(result=WorkResult(request_id=request_id))
     frame = _Wire(result=WorkResult(request_id=request_id))
-    frame._wire = _len_field(b"\x1a", _int_field(b"\x08", request_id))
+    frame._wire = encode_work_result(request_id, None, None)
     return frame
-
-
-# (message, field name -> (number, proto type)) this encoder writes.
-_ENCODED_SCHEMAS: dict[type[Any], dict[str, tuple[int, str]]] = {
-    WorkResponse: {
-        "registered": (1, "message"),
-        "task": (2, "message"),
-        "result": (3, "message"),
-        "heartbeat": (4, "message"),
-    },
-    WorkResult: {"request_id": (1, "uint64"), "error": (2, "message"), "lease": (3, "message")},
-    LeasedTask: {"task": (1, "message"), "lease": (2, "message")},
-    Task: {
-        "id": (1, "string"),
-        "queue": (2, "string"),
-        "task_type": (3, "string"),
-        "payload": (4, "bytes"),
-        "unique_key": (5, "string"),
-        "state": (6, "enum"),
-        "attempt": (7, "uint32"),
-        "max_attempts": (8, "uint32"),
-        "priority": (9, "int32"),
-        "retry_backoff": (10, "message"),
-        "created_at": (11, "message"),
-        "updated_at": (12, "message"),
-        "available_at": (13, "message"),
-        "finished_at": (14, "message"),
-        "last_error": (15, "string"),
-        "progress": (16, "message"),
-        "worker_id": (17, "string"),
-        "lease_until": (18, "message"),
-    },
-    Lease: {
-        "task_id": (1, "string"),
-        "attempt": (2, "uint32"),
-        "lease_token": (3, "string"),
-        "worker_id": (4, "string"),
-        "until": (5, "message"),
-    },
-    RetryBackoff: {
-        "initial": (1, "message"),
-        "maximum": (2, "message"),
-        "multiplier": (3, "double"),
-    },
-    Progress: {
-        "current": (1, "double"),
-        "total": (2, "double"),
-        "message": (3, "string"),
-        "updated_at": (4, "message"),
-    },
-}
-
-
-def _schemas_match() -> bool:
-    for cls, expected in _ENCODED_SCHEMAS.items():
-        meta = cast(Any, cls)._betterproto.meta_by_field_name
-        actual = {name: (m.number, m.proto_type) for name, m in meta.items()}
-        if actual != expected:
-            log.warning("%s changed; Work frames fall back to betterproto2", cls.__name__)
-            return False
-    return True
-
-
-FAST_FRAMES = _schemas_match()
 
 
 def _error_frame(request_id: int, code: ErrorCode, message: str, **metadata: str) -> WorkResponse:

@@ -128,12 +128,20 @@ async def test_every_task_is_worked_exactly_once_and_concurrency_is_a_bound(
             seen: list[str] = []
             now_running = peak = 0
 
+            all_in = trio.Event()
+
             async def handle(task: Task, ctx: TaskContext) -> None:
                 nonlocal now_running, peak
                 now_running += 1
                 peak = max(peak, now_running)
                 try:
                     seen.append(task.id)
+                    # The first credit covers 8 tasks: they all start before
+                    # any finishes, so the worker demonstrably uses its bound.
+                    if now_running == 8:
+                        all_in.set()
+                    with trio.fail_after(10):
+                        await all_in.wait()
                     await trio.sleep(0.005)
                 finally:
                     now_running -= 1
@@ -507,9 +515,15 @@ async def test_daemon_sigkill_mid_stream_loses_nothing(tmp_path: pathlib.Path) -
             done = 0
             cancelled = 0
 
+            hold = trio.Event()
+            held = 0
+
             async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal done, cancelled
+                nonlocal done, cancelled, held
                 try:
+                    if done >= 40 and not hold.is_set():
+                        held += 1
+                        await hold.wait()
                     await trio.sleep(0.02)
                 except trio.Cancelled:
                     cancelled += 1
@@ -518,11 +532,13 @@ async def test_daemon_sigkill_mid_stream_loses_nothing(tmp_path: pathlib.Path) -
 
             worker = queue.worker(handle, concurrency=16, lease_duration=timedelta(seconds=2))
             async with running(worker):
-                await eventually(lambda: done >= 40, within=20)
+                # Handlers are mid-task (held) when the daemon dies.
+                await eventually(lambda: held >= 4, within=20)
                 old_pid = kill_local_daemon(client)
+                await eventually(lambda: cancelled >= 4, within=10)
+                hold.set()
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=45)
                 assert client.daemon_pid != old_pid
-            assert cancelled > 0
 
 
 @pytest.fixture
@@ -555,9 +571,15 @@ async def test_stream_cut_by_a_proxy_reconnects_and_loses_nothing(
             done = 0
             cancelled = 0
 
+            hold = trio.Event()
+            held = 0
+
             async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal done, cancelled
+                nonlocal done, cancelled, held
                 try:
+                    if done >= 30 and not hold.is_set():
+                        held += 1
+                        await hold.wait()
                     await trio.sleep(0.02)
                 except trio.Cancelled:
                     cancelled += 1
@@ -566,10 +588,12 @@ async def test_stream_cut_by_a_proxy_reconnects_and_loses_nothing(
 
             worker = queue.worker(handle, concurrency=8, lease_duration=timedelta(seconds=2))
             async with running(worker):
-                await eventually(lambda: done >= 30, within=20)
+                # Handlers are mid-task (held) when the connection is cut.
+                await eventually(lambda: held >= 4, within=20)
                 proxy.cut()
+                await eventually(lambda: cancelled >= 4, within=10)
+                hold.set()
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=45)
-            assert cancelled > 0
             assert proxy.cuts == 1
 
 

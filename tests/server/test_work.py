@@ -1149,12 +1149,6 @@ _leases = st.builds(
 )
 
 
-def test_the_daemon_encodes_its_hot_frames_itself() -> None:
-    """Property: the proto still has the shape the daemon's own encoder
-    writes, so task frames and OK results take the fast path."""
-    assert _work.FAST_FRAMES
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(task=st.none() | _tasks, lease=st.none() | _leases)
 def test_a_task_frame_is_byte_identical_to_betterproto2(

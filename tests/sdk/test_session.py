@@ -1,0 +1,1163 @@
+"""Property tests of the sans-IO Work-stream session (`ringo_trio._session`).
+
+No trio, no sockets, no clock: time is a number the tests pass in.
+
+* **Totality** — every `State` x `Input` pair, reached through the public
+  methods, either follows `_TRANSITIONS` or is refused with
+  `LocalProtocolError` (a ``SEND_*`` input) / `RemoteProtocolError` (a
+  ``RECV_*`` input), leaving the session exactly as it was.
+* **A state machine** plays the session against `FakeDaemon`, a small model of
+  a *correct* daemon (absolute credit, the ``credit_capacity`` rule, pushes
+  while it has credit, ``LEASE_LOST`` for stale leases, leases expiring by
+  time or on demand). Commands reach the model at once; everything the model
+  says (results, pushes, heartbeats) waits in one ordered queue that a rule
+  delivers, so results and pushes interleave in the daemon's order while the
+  application settles, reports progress, resizes, drains and lets time pass.
+  The invariants are the `@invariant` methods of `SessionMachine`, each named
+  after the property it witnesses.
+* **Sharp edges** — unit tests for the protocol errors, the credit
+  resampling, the renewal arithmetic, command timeouts and `end()`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from ringo_trio._session import (
+    _TRANSITIONS,
+    CREDIT_CAPACITY_REASON,
+    MAX_CREDIT_REFUSALS,
+    CancelHandler,
+    CommandDone,
+    CommandError,
+    CommandKind,
+    Credit,
+    Drain,
+    Extend,
+    Input,
+    LeaseKey,
+    LocalProtocolError,
+    Outcome,
+    Output,
+    Progress,
+    Register,
+    RemoteProtocolError,
+    SessionBroken,
+    Settle,
+    StartHandler,
+    State,
+    WorkSession,
+    frames,
+)
+
+LEASE_LOST = CommandError("LEASE_LOST", "the lease is gone")
+CAPACITY = CommandError("RESOURCE_EXHAUSTED", "over capacity", CREDIT_CAPACITY_REASON)
+
+Command = Credit | Settle | Extend | Progress | Drain
+_T = TypeVar("_T")
+
+
+def kind_of(frame: Command) -> CommandKind:
+    if isinstance(frame, Credit):
+        return CommandKind.CREDIT
+    if isinstance(frame, Settle):
+        return CommandKind.SETTLE
+    if isinstance(frame, Extend):
+        return CommandKind.EXTEND
+    if isinstance(frame, Progress):
+        return CommandKind.PROGRESS
+    return CommandKind.DRAIN
+
+
+def of_type(outputs: Iterable[object], cls: type[_T]) -> list[_T]:
+    return [o for o in outputs if isinstance(o, cls)]
+
+
+def sort_keys(keys: Iterable[LeaseKey]) -> list[LeaseKey]:
+    return sorted(keys, key=lambda k: (k.task_id, k.attempt))
+
+
+# -- a correct daemon, in memory ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Registered:
+    lease_duration: float
+    max_concurrency: int
+    ordered_request_ids: bool
+
+
+@dataclass(frozen=True)
+class Result:
+    request_id: int
+    error: CommandError | None
+
+
+@dataclass(frozen=True)
+class Push:
+    key: LeaseKey
+    token: str
+    until: float
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    pass
+
+
+Message = Registered | Result | Push | Heartbeat
+
+
+@dataclass
+class ServerLease:
+    token: str
+    until: float
+
+
+class FakeDaemon:
+    """The daemon side of one Work stream, as the session assumes it behaves.
+
+    * Every command is answered by exactly one `Result`, in order, queued in
+      `outbox` the moment the command arrives.
+    * Credit is absolute. A credit with ``available > 0`` and ``available +
+      len(unsettled) > capacity`` is refused with ``credit_capacity``;
+      capacity is the command's target, else the last accepted target, else
+      the registered ``max_concurrency``. The result of an accepted credit is
+      queued before any push that consumes it.
+    * It pushes while it has credit and tasks and has not seen a drain.
+    * A lease is live until its ``until`` passes or `expire` ends it early;
+      a command on a lease that is not live is answered ``LEASE_LOST``. The
+      lease stays in ``unsettled`` (the daemon cannot know the worker stopped
+      working on it) until it is settled — whatever the outcome — or a
+      command on it is answered ``LEASE_LOST``.
+    """
+
+    def __init__(self, *, lease_duration: float, max_concurrency: int, ordered: bool) -> None:
+        self.now = 0.0
+        self.lease_duration = lease_duration
+        self.max_concurrency = max_concurrency
+        self.ordered = ordered
+        self.registered = False
+        self.capacity = max_concurrency
+        self.credit = 0
+        self.draining = False
+        self.available: deque[str] = deque()
+        self.attempts: dict[str, int] = {}
+        self.leases: dict[LeaseKey, ServerLease] = {}  # live leases only
+        self.unsettled: set[LeaseKey] = set()
+        self.outbox: deque[Message] = deque()
+        self.kinds: dict[int, CommandKind] = {}  # every command received
+        self.answered: set[int] = set()
+        self.last_id = 0
+        self.violations: list[str] = []
+        self._tasks = itertools.count(1)
+        self._tokens = itertools.count(1)
+
+    # -- the world around the stream ------------------------------------
+
+    def enqueue(self, n: int) -> None:
+        for _ in range(n):
+            self.available.append(f"t{next(self._tasks)}")
+        self._pump()
+
+    def tick(self, now: float) -> None:
+        """Time passes on the daemon: leases whose ``until`` passed expire."""
+        assert now >= self.now
+        self.now = now
+        for key in [k for k, lease in self.leases.items() if lease.until <= now]:
+            self.expire(key)
+
+    def expire(self, key: LeaseKey) -> None:
+        """The lease ends on the daemon (its reaper, another clock...); the
+        task becomes available again for a new attempt."""
+        del self.leases[key]
+        self.available.append(key.task_id)
+        self._pump()
+
+    def heartbeat(self) -> None:
+        self.outbox.append(Heartbeat())
+
+    # -- the stream -------------------------------------------------------
+
+    def receive(self, frame: Register | Command) -> None:
+        if isinstance(frame, Register):
+            if self.registered:
+                self.violations.append("register sent twice")
+            self.registered = True
+            self.outbox.append(
+                Registered(self.lease_duration, self.max_concurrency, frame.ordered_request_ids)
+            )
+            return
+        if not self.registered:
+            self.violations.append(f"{frame} before registration")
+        rid = frame.request_id
+        if rid in self.kinds:
+            self.violations.append(f"request id {rid} reused")
+        if self.ordered and rid <= self.last_id:
+            self.violations.append(f"request id {rid} not increasing")
+        self.last_id = max(self.last_id, rid)
+        self.kinds[rid] = kind_of(frame)
+        error: CommandError | None
+        if isinstance(frame, Credit):
+            error = self._credit(frame)
+        elif isinstance(frame, Settle):
+            error = self._settle(frame)
+        elif isinstance(frame, Extend | Progress):
+            error = self._on_lease(frame)
+        else:
+            self.draining = True
+            error = None
+        if rid in self.answered:
+            self.violations.append(f"request {rid} answered twice")
+        self.answered.add(rid)
+        self.outbox.append(Result(rid, error))
+        self._pump()
+
+    def _credit(self, frame: Credit) -> CommandError | None:
+        if self.draining:
+            self.violations.append("credit after drain")
+        if frame.available < 0:
+            self.violations.append(f"negative credit {frame}")
+        capacity = frame.target_concurrency
+        if capacity is None:
+            capacity = self.capacity
+        if frame.available > 0 and frame.available + len(self.unsettled) > capacity:
+            return CAPACITY
+        self.credit = frame.available
+        if frame.target_concurrency is not None:
+            self.capacity = frame.target_concurrency
+        return None
+
+    def _live(self, key: LeaseKey, token: str) -> bool:
+        lease = self.leases.get(key)
+        return lease is not None and lease.token == token and self.now < lease.until
+
+    def _settle(self, frame: Settle) -> CommandError | None:
+        self.unsettled.discard(frame.key)
+        if not self._live(frame.key, frame.lease_token):
+            return LEASE_LOST
+        del self.leases[frame.key]
+        if frame.outcome is Outcome.NACK:
+            self.available.append(frame.key.task_id)
+        return None
+
+    def _on_lease(self, frame: Extend | Progress) -> CommandError | None:
+        if not self._live(frame.key, frame.lease_token):
+            self.unsettled.discard(frame.key)
+            return LEASE_LOST
+        if isinstance(frame, Extend):
+            self.leases[frame.key].until = self.now + frame.extension
+        return None
+
+    def _pump(self) -> None:
+        while self.registered and not self.draining and self.credit > 0 and self.available:
+            task = self.available.popleft()
+            attempt = self.attempts[task] = self.attempts.get(task, 0) + 1
+            key = LeaseKey(task, attempt)
+            token = f"lease-{next(self._tokens)}"
+            until = self.now + self.lease_duration
+            self.leases[key] = ServerLease(token, until)
+            self.unsettled.add(key)
+            self.credit -= 1
+            self.outbox.append(Push(key, token, until))
+
+    # -- observation ----------------------------------------------------------
+
+    def in_transit(self, cls: type[_T]) -> list[_T]:
+        return of_type(self.outbox, cls)
+
+
+# -- the session against the daemon ---------------------------------------------
+
+
+@dataclass
+class Tracked:
+    """What the test knows about one pushed lease, computed independently of
+    the session: its local deadline and renewal bookkeeping."""
+
+    token: str
+    deadline: float  # the current local deadline
+    epoch_start: float  # when that deadline was set
+    extend_at: float | None = None  # when this epoch's renewal went out
+    extend_id: int = 0
+    due_since: float | None = None  # first poll at or after the renewal point
+    stalled: bool = False  # the driver slept through the renewal point
+    held: bool = True
+    cancelled: bool = False
+    settled: bool = False
+    released: bool = False  # given back with a NACK after a late renewal
+
+
+@dataclass
+class Sent:
+    kind: CommandKind
+    at: float
+    key: LeaseKey | None = None
+
+
+RARELY = st.integers(0, 5)
+
+
+class SessionMachine(RuleBasedStateMachine):
+    """The session, driven like the trio driver drives it, against `FakeDaemon`."""
+
+    @initialize(
+        concurrency=st.integers(0, 4),
+        max_concurrency=st.integers(1, 4),
+        dynamic=st.booleans(),
+        ordered=st.booleans(),
+        lease=st.sampled_from([3.0, 6.0, 9.0]),
+        timeout_leases=st.sampled_from([2.0, 5.0, 1000.0]),
+        backlog=st.integers(0, 8),
+    )
+    def start(
+        self,
+        concurrency: int,
+        max_concurrency: int,
+        dynamic: bool,
+        ordered: bool,
+        lease: float,
+        timeout_leases: float,
+        backlog: int,
+    ) -> None:
+        self.now = 0.0
+        self.lease = lease
+        self.backlog = backlog
+        self.params = (concurrency, max_concurrency, dynamic, ordered, lease * timeout_leases)
+        self._connect()
+
+    def _connect(self) -> None:
+        """A new Work stream: a fresh session against a fresh daemon."""
+        concurrency, max_concurrency, dynamic, ordered, timeout = self.params
+        self.session = WorkSession(
+            concurrency=concurrency,
+            ordered_request_ids=ordered,
+            dynamic_target=dynamic,
+            command_timeout=timeout,
+        )
+        self.daemon = FakeDaemon(
+            lease_duration=self.lease, max_concurrency=max_concurrency, ordered=ordered
+        )
+        self.daemon.now = self.now
+        self.daemon.enqueue(self.backlog)
+        self.ended = False
+        # The largest concurrency a grant still out may have been computed with.
+        self.ceiling = 0
+        self.leases: dict[LeaseKey, Tracked] = {}
+        self.handlers: set[LeaseKey] = set()  # handlers that have not returned
+        self.sent: dict[int, Sent] = {}
+        self.unanswered: dict[int, Sent] = {}
+        self.violations: list[str] = []
+        self._send(self.session.register(), source="register")
+
+    # -- plumbing ----------------------------------------------------------
+
+    def _send(self, frame: Register | Command, *, source: str) -> None:
+        if not isinstance(frame, Register):
+            rid = frame.request_id
+            if rid in self.sent:
+                self.violations.append(f"request id {rid} used twice")
+            sent = Sent(kind_of(frame), self.now, getattr(frame, "key", None))
+            self.sent[rid] = self.unanswered[rid] = sent
+        if isinstance(frame, Extend):
+            tracked = self.leases[frame.key]
+            if not tracked.held:
+                self.violations.append(f"renewal of a lease not held: {frame}")
+            if tracked.extend_at is not None:
+                self.violations.append(f"second renewal in one lease period: {frame}")
+            if frame.extension != self.lease or frame.lease_token != tracked.token:
+                self.violations.append(f"renewal with wrong extension or token: {frame}")
+            tracked.extend_at = self.now
+            tracked.extend_id = frame.request_id
+        if isinstance(frame, Settle) and source != "settle":
+            tracked = self.leases[frame.key]
+            # The only settlements the session makes on its own: NACKs handing
+            # back a lease it gave up locally (its renewal was granted too late,
+            # or its deadline passed with no command on it in flight).
+            if (
+                frame.outcome is not Outcome.NACK
+                or tracked.held
+                or tracked.released
+                or tracked.settled
+            ):
+                self.violations.append(f"unexpected settlement {frame} ({source})")
+            tracked.released = True
+        self.daemon.receive(frame)
+
+    def _apply(self, outputs: list[Output], *, source: str) -> None:
+        for out in outputs:
+            if isinstance(out, Register | Credit | Settle | Extend | Progress | Drain):
+                self._send(out, source=source)
+            elif isinstance(out, CancelHandler):
+                tracked = self.leases.get(out.key)
+                if tracked is None or out.key not in self.handlers or not tracked.held:
+                    self.violations.append(f"cancel of a handler that is not running: {out}")
+                else:
+                    tracked.held = False
+                    tracked.cancelled = True
+            elif isinstance(out, StartHandler):
+                if source != "push":
+                    self.violations.append(f"{out} without a push")
+            elif isinstance(out, CommandDone) and source != "result":
+                self.violations.append(f"{out} outside a result")
+
+    def _advance(self, now: float) -> None:
+        self.now = now
+        self.daemon.tick(now)
+
+    def _poll(self) -> None:
+        try:
+            outputs = self.session.poll(self.now)
+        except SessionBroken:
+            oldest = min(s.at for s in self.unanswered.values()) if self.unanswered else None
+            if oldest is None or self.now < oldest + self.session.command_timeout:
+                raise
+            self._end()
+            return
+        for tracked in self.leases.values():
+            due = tracked.deadline - self.lease / 3
+            if tracked.held and self.now >= due and tracked.due_since is None:
+                tracked.due_since = self.now
+        self._apply(outputs, source="poll")
+
+    def _drive(self) -> None:
+        """What the driver does between messages: poll once it is due."""
+        if self.ended:
+            return
+        nxt = self.session.next_deadline()
+        if nxt is not None and nxt <= self.now:
+            self._poll()
+
+    def _deliver(self, message: Message) -> None:
+        session = self.session
+        if isinstance(message, Registered):
+            outputs = session.registered(
+                lease_duration=message.lease_duration,
+                max_concurrency=message.max_concurrency,
+                ordered_request_ids=message.ordered_request_ids,
+                now=self.now,
+            )
+            self._apply(outputs, source="registered")
+        elif isinstance(message, Heartbeat):
+            session.heartbeat()
+        elif isinstance(message, Push):
+            before = session.credit_mirror
+            if before <= 0:
+                self.violations.append(f"push {message.key} not covered by the credit mirror")
+            remaining = message.until - self.now
+            outputs = session.task_pushed(message.key, message.token, remaining, self.now)
+            # The push starts its handler; the push that uses the credit up
+            # may also ask for the slots freed meanwhile (nothing else may).
+            extra = outputs[1:]
+            asks = session.credit_mirror == 0 and all(isinstance(o, Credit) for o in extra)
+            if (
+                outputs[:1] != [StartHandler(message.key)]
+                or session.credit_mirror != before - 1
+                or (extra and not asks)
+            ):
+                self.violations.append(f"push {message.key} handled as {outputs}")
+            deadline = self.now + min(max(remaining, 0.0), self.lease)
+            self.leases[message.key] = Tracked(message.token, deadline, self.now)
+            self.handlers.add(message.key)
+            self._apply(outputs, source="push")
+        else:
+            self._result(message)
+
+    def _result(self, message: Result) -> None:
+        rid, error = message.request_id, message.error
+        sent = self.unanswered.pop(rid)
+        outputs = self.session.result(rid, error, self.now)
+        done = of_type(outputs, CommandDone)
+        if sent.kind in (CommandKind.SETTLE, CommandKind.PROGRESS, CommandKind.DRAIN):
+            expected = [CommandDone(rid, sent.kind, error)]
+        else:
+            expected = []
+        if done != expected:
+            self.violations.append(f"result {rid} ({sent.kind}) reported as {done}")
+        if sent.kind is CommandKind.EXTEND and sent.key is not None:
+            tracked = self.leases[sent.key]
+            if tracked.extend_id != rid:
+                self.violations.append(f"renewal result {rid} for an older renewal")
+            tracked.extend_id = 0
+            if error is None and tracked.held:
+                tracked.deadline = sent.at + self.lease
+                tracked.epoch_start = self.now
+                tracked.extend_at = tracked.due_since = None
+                tracked.stalled = False
+            elif error is None and not tracked.released:
+                released = [
+                    o
+                    for o in of_type(outputs, Settle)
+                    if o.key == sent.key and o.outcome is Outcome.NACK
+                ]
+                if not (tracked.settled or released):
+                    self.violations.append(f"lease {sent.key} renewed after loss, not given back")
+        self._apply(outputs, source="result")
+
+    def _end(self) -> None:
+        pending = {
+            rid: s.kind
+            for rid, s in self.unanswered.items()
+            if s.kind in (CommandKind.SETTLE, CommandKind.PROGRESS, CommandKind.DRAIN)
+        }
+        held = {k for k, t in self.leases.items() if t.held}
+        outputs = self.session.end()
+        failed = {o.request_id: o.kind for o in outputs if isinstance(o, CommandDone)}
+        if failed != pending or any(
+            isinstance(o, CommandDone) and o.error is None for o in outputs
+        ):
+            self.violations.append(f"end() failed {failed}, pending were {pending}")
+        cancelled = {o.key for o in outputs if isinstance(o, CancelHandler)}
+        if cancelled != held:
+            self.violations.append(f"end() cancelled {cancelled}, held were {held}")
+        for out in outputs:
+            if isinstance(out, CancelHandler) and out.key in self.leases:
+                self.leases[out.key].held = False
+                self.leases[out.key].cancelled = True
+        if frames(outputs):
+            self.violations.append(f"end() sent {frames(outputs)}")
+        self.ended = True
+        self.unanswered.clear()
+        self.daemon.outbox.clear()
+        if self.session.poll(self.now + 1000 * self.lease) != []:
+            self.violations.append("an ended session still has work to do")
+
+    def _settled_down(self) -> bool:
+        return (
+            not self.ended
+            and self.session.credit_mirror == 0
+            and self.session.in_flight <= self.session.concurrency
+            and not self.daemon.in_transit(Push)
+            and not any(s.kind is CommandKind.CREDIT for s in self.unanswered.values())
+        )
+
+    def _held(self) -> list[LeaseKey]:
+        return sort_keys(k for k, t in self.leases.items() if t.held)
+
+    def _let_go(self) -> list[LeaseKey]:
+        return sort_keys(k for k in self.handlers if not self.leases[k].held)
+
+    # -- rules ---------------------------------------------------------------
+
+    @precondition(lambda self: not self.ended)
+    @rule(n=st.integers(1, 5))
+    def enqueue(self, n: int) -> None:
+        self.daemon.enqueue(n)
+
+    @precondition(lambda self: not self.ended and bool(self.daemon.outbox))
+    @rule(count=st.integers(1, 4))
+    def deliver(self, count: int) -> None:
+        for _ in range(count):
+            if self.ended or not self.daemon.outbox:
+                break
+            self._deliver(self.daemon.outbox.popleft())
+            self._drive()
+
+    @precondition(lambda self: not self.ended)
+    @rule(chance=RARELY)
+    def heartbeat(self, chance: int) -> None:
+        if chance == 0:
+            self.daemon.heartbeat()
+
+    @precondition(lambda self: not self.ended and bool(self._held()))
+    @rule(data=st.data(), outcome=st.sampled_from(Outcome))
+    def handler_returns(self, data: st.DataObject, outcome: Outcome) -> None:
+        key = data.draw(st.sampled_from(self._held()), label="key")
+        outputs = self.session.settle(key, outcome, self.now, error="boom")
+        tracked = self.leases[key]
+        settles = of_type(outputs, Settle)
+        if settles != [Settle(settles[0].request_id, key, tracked.token, outcome, "boom")]:
+            self.violations.append(f"settle {key} {outcome} sent {settles}")
+        tracked.held = False
+        tracked.settled = True
+        self.handlers.discard(key)
+        self._apply(outputs, source="settle")
+
+    @precondition(lambda self: bool(self._let_go()))
+    @rule(data=st.data())
+    def cancelled_handler_exits(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(self._let_go()), label="key")
+        outputs = self.session.handler_exited(key, self.now)
+        self.handlers.discard(key)
+        self._apply(outputs, source="exit")
+
+    @precondition(lambda self: not self.ended and bool(self._held()))
+    @rule(data=st.data(), current=st.integers(0, 10))
+    def handler_reports_progress(self, data: st.DataObject, current: int) -> None:
+        key = data.draw(st.sampled_from(self._held()), label="key")
+        frame = self.session.report_progress(key, current, 10, "working", self.now)
+        if frame.key != key or frame.lease_token != self.leases[key].token:
+            self.violations.append(f"progress for {key} sent as {frame}")
+        self._send(frame, source="progress")
+
+    @precondition(lambda self: not self.ended)
+    @rule(
+        dt=st.sampled_from([0.25, 0.5, 1.0, 2.0, 2.5, 4.0, 7.0]),
+        stall=st.sampled_from([False, False, True]),
+    )
+    def time_passes(self, dt: float, stall: bool) -> None:
+        """The driver wakes at every `next_deadline` — unless it stalls
+        (a blocked event loop) and wakes only at the end."""
+        until = self.now + dt
+        if stall:
+            for tracked in self.leases.values():
+                if tracked.held and self.now < tracked.deadline - self.lease / 3 <= until:
+                    tracked.stalled = True
+        else:
+            for _ in range(10_000):
+                nxt = self.session.next_deadline()
+                if self.ended or nxt is None or nxt > until:
+                    break
+                self._advance(max(self.now, nxt))
+                self._poll()
+            else:
+                raise AssertionError("poll never moves next_deadline past now")
+        if not self.ended:
+            self._advance(until)
+            self._poll()
+
+    @precondition(lambda self: not self.ended and bool(self.daemon.leases))
+    @rule(data=st.data())
+    def lease_expires_on_daemon(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sort_keys(self.daemon.leases)), label="key")
+        self.daemon.expire(key)
+
+    @precondition(lambda self: not self.ended)
+    @rule(concurrency=st.integers(0, 5))
+    def resize(self, concurrency: int) -> None:
+        self.ceiling = max(self.ceiling, self.session.concurrency, concurrency)
+        self._apply(self.session.set_concurrency(concurrency, self.now), source="resize")
+
+    # Draining and ending close most doors, so they fire on one draw in
+    # RARELY: long sessions explore more interleavings.
+
+    @precondition(lambda self: not self.ended and self.session.state is State.ACTIVE)
+    @rule(chance=RARELY)
+    def drain(self, chance: int) -> None:
+        if chance == 0:
+            self._send(self.session.drain(self.now), source="drain")
+
+    @precondition(lambda self: not self.ended)
+    @rule(chance=RARELY)
+    def stream_ends(self, chance: int) -> None:
+        if chance == 0:
+            self._end()
+
+    @precondition(lambda self: self.ended)
+    @rule()
+    def reconnect(self) -> None:
+        self._connect()
+
+    # -- invariants ------------------------------------------------------------
+
+    @invariant()
+    def nothing_unexpected(self) -> None:
+        """The session's outputs and the daemon's view never contradicted the protocol."""
+        assert self.violations == []
+        assert self.daemon.violations == []
+        for key, tracked in self.leases.items():
+            assert self.session.holds(key) == tracked.held, key
+
+    @invariant()
+    def in_flight_never_exceeds_granted_credit(self) -> None:
+        """In-flight never exceeds granted credit: every push was covered by the
+        credit mirror (checked as it arrives), a slot is held exactly while a
+        handler runs, and the slots in use plus the credit still out stay within
+        the concurrency — within the concurrency before a cut while grants made
+        before it are still out."""
+        assert self.session.in_flight == len(self.handlers)
+        assert self.session.credit_mirror >= 0
+        if self._settled_down():
+            # Every grant made before a cut is used up or superseded: from
+            # here on, credit is computed against the current concurrency.
+            self.ceiling = self.session.concurrency
+        # Slots in use plus the pushes the daemon may still make: what the
+        # worker has committed to (a push only moves one from credit to slot).
+        committed = self.session.in_flight + self.session.credit_mirror
+        bound = max(self.ceiling, self.session.concurrency)
+        assert committed <= bound, (self.session.in_flight, self.session.credit_mirror)
+
+    @invariant()
+    def every_command_gets_exactly_one_result(self) -> None:
+        """Every command gets exactly one result: the session waits for exactly the
+        results still in transit, the daemon answered every command once, and once
+        they are delivered nothing is pending."""
+        if self.ended:
+            assert self.session.pending_commands == 0
+            return
+        in_transit = {m.request_id for m in self.daemon.in_transit(Result)}
+        assert set(self.unanswered) == in_transit
+        assert self.session.pending_commands == len(in_transit)
+        assert self.daemon.answered == set(self.daemon.kinds) == set(self.sent)
+
+    @invariant()
+    def no_result_is_correlated_to_the_wrong_command(self) -> None:
+        """No result is correlated to the wrong command: the daemon saw every id with
+        the kind of frame the session sent under it (the session's reaction to each
+        result — a CommandDone of that kind, or none — is checked on delivery)."""
+        assert {rid: s.kind for rid, s in self.sent.items()} == self.daemon.kinds
+
+    @invariant()
+    def a_lease_is_renewed_before_it_expires_or_the_handler_is_cancelled(self) -> None:
+        """A lease is renewed before it expires or the handler is cancelled: every
+        lease still held has a local deadline in the future, and once past its
+        renewal point (deadline - lease/3) its renewal went out — at the renewal
+        point itself when the driver woke on time, as `next_deadline` asked."""
+        for key, tracked in self.leases.items():
+            if not tracked.held:
+                continue
+            assert self.session.holds(key)
+            assert tracked.deadline > self.now, (key, tracked)
+            renew_at = tracked.deadline - self.lease / 3
+            if self.now >= renew_at:
+                assert tracked.extend_at is not None, (key, tracked)
+                if tracked.due_since is not None:
+                    assert tracked.extend_at <= tracked.due_since, (key, tracked)
+                if not tracked.stalled:
+                    assert tracked.extend_at <= max(renew_at, tracked.epoch_start), (key, tracked)
+        # The session wakes the driver exactly when this bookkeeping says: the
+        # next renewal point, the deadline of a lease being renewed, or the
+        # timeout of the oldest command.
+        wakeups = [
+            t.deadline if t.extend_id else t.deadline - self.lease / 3
+            for t in self.leases.values()
+            if t.held
+        ]
+        if self.unanswered:
+            oldest = min(s.at for s in self.unanswered.values())
+            wakeups.append(oldest + self.session.command_timeout)
+        if not self.ended:
+            assert self.session.next_deadline() == min(wakeups, default=None)
+
+    @invariant()
+    def no_lease_is_leaked_on_the_daemon(self) -> None:
+        """No lease is leaked on the daemon: once everything the daemon said has
+        arrived, it counts a lease as unsettled only while its handler still runs
+        (or its push is still in transit)."""
+        if self.ended or self.daemon.in_transit(Result):
+            return
+        in_transit = {m.key for m in self.daemon.in_transit(Push)}
+        leaked = self.daemon.unsettled - self.handlers - in_transit
+        assert not leaked, sort_keys(leaked)
+
+    @invariant()
+    def no_slot_idles_without_a_request_for_work(self) -> None:
+        """Liveness: a free slot never idles unasked-for. Whenever the session
+        is active, its credit is used up and no credit command is in flight,
+        every slot is taken — otherwise the worker would wait for work it
+        never asked for (until some unrelated handler happened to settle)."""
+        if self.ended or self.session.state is not State.ACTIVE:
+            return
+        if any(s.kind is CommandKind.CREDIT for s in self.unanswered.values()):
+            return
+        if self.session.credit_mirror == 0:
+            assert self.session.in_flight >= self.session.concurrency, (
+                self.session.in_flight,
+                self.session.concurrency,
+            )
+
+    @invariant()
+    def credit_mirror_equals_the_daemons_credit(self) -> None:
+        """The credit mirror equals the daemon's credit (plus the pushes on their
+        way) whenever no credit command is in transit."""
+        if self.ended:
+            return
+        if any(s.kind is CommandKind.CREDIT for s in self.unanswered.values()):
+            return
+        pushes = len(self.daemon.in_transit(Push))
+        assert self.session.credit_mirror == self.daemon.credit + pushes
+
+
+TestSessionAgainstDaemon = SessionMachine.TestCase
+TestSessionAgainstDaemon.settings = settings(
+    max_examples=800,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+# -- totality of the transition table ------------------------------------------
+
+NOW = 100.0
+LEASE = 9.0
+A = LeaseKey("a", 1)
+B = LeaseKey("b", 1)
+
+
+def session_in(state: State) -> WorkSession:
+    """A fresh session brought into ``state`` through the public methods; from
+    ACTIVE on it holds lease A, has credit left and a progress report pending."""
+    session = WorkSession(concurrency=3, ordered_request_ids=True)
+    if state is State.IDLE:
+        return session
+    session.register()
+    if state is State.REGISTERING:
+        return session
+    (credit,) = session.registered(
+        lease_duration=LEASE, max_concurrency=3, ordered_request_ids=True, now=NOW
+    )
+    assert isinstance(credit, Credit)
+    assert session.result(credit.request_id, None, NOW) == []
+    assert session.task_pushed(A, "tok-a", LEASE, NOW) == [StartHandler(A)]
+    session.report_progress(A, 1, 2, "half", NOW)
+    if state is State.DRAINING:
+        session.drain(NOW)
+    elif state is State.ENDED:
+        session.end()
+    assert session.state is state
+    return session
+
+
+def _pending_id(session: WorkSession) -> int:
+    return next(iter(session._pending), 1)
+
+
+APPLY: dict[Input, Callable[[WorkSession], object]] = {
+    Input.SEND_REGISTER: lambda s: s.register(),
+    Input.RECV_REGISTERED: lambda s: s.registered(
+        lease_duration=LEASE, max_concurrency=3, ordered_request_ids=True, now=NOW
+    ),
+    # Credit and renewals have no method of their own (the session decides when
+    # to send them, see test_gated_sends); the table is the gate.
+    Input.SEND_CREDIT: lambda s: s._step(Input.SEND_CREDIT),
+    Input.SEND_EXTEND: lambda s: s._step(Input.SEND_EXTEND),
+    Input.SEND_SETTLE: lambda s: s.settle(A, Outcome.ACK, NOW),
+    Input.SEND_PROGRESS: lambda s: s.report_progress(A, 2, 2, "done", NOW),
+    Input.SEND_DRAIN: lambda s: s.drain(NOW),
+    Input.RECV_TASK: lambda s: s.task_pushed(B, "tok-b", LEASE, NOW),
+    Input.RECV_RESULT: lambda s: s.result(_pending_id(s), None, NOW),
+    Input.RECV_HEARTBEAT: lambda s: s.heartbeat(),
+    Input.END: lambda s: s.end(),
+}
+
+
+def snapshot(session: WorkSession) -> tuple[object, ...]:
+    return (
+        session.state,
+        session.pending_commands,
+        session.credit_mirror,
+        session.in_flight,
+        session.concurrency,
+        session._next_id,
+        session.holds(A),
+        session.holds(B),
+    )
+
+
+def test_every_input_has_a_way_in() -> None:
+    assert set(APPLY) == set(Input)
+    assert all(isinstance(s, State) and isinstance(i, Input) for s, i in _TRANSITIONS)
+
+
+@pytest.mark.parametrize("state", list(State), ids=lambda s: s.name)
+@pytest.mark.parametrize("what", list(Input), ids=lambda i: i.name)
+def test_totality(state: State, what: Input) -> None:
+    """Each State x Input either follows `_TRANSITIONS` or is refused with the
+    error of whoever broke the protocol, changing nothing."""
+    session = session_in(state)
+    before = snapshot(session)
+    after = _TRANSITIONS.get((state, what))
+    if after is not None:
+        APPLY[what](session)
+        assert session.state is after
+        return
+    expected = LocalProtocolError if what.name.startswith("SEND_") else RemoteProtocolError
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - the exact type is checked below
+        APPLY[what](session)
+    assert type(caught.value) is expected, caught.value
+    assert snapshot(session) == before
+
+
+@pytest.mark.parametrize("state", list(State), ids=lambda s: s.name)
+def test_gated_sends(state: State) -> None:
+    """Credit and renewals go out only in the states the table allows them in."""
+    session = session_in(state)
+    credits = frames(session.set_concurrency(session.concurrency + 1, NOW))
+    renewals = frames(session.poll(NOW + LEASE - LEASE / 3))
+    may_credit = (state, Input.SEND_CREDIT) in _TRANSITIONS
+    may_extend = (state, Input.SEND_EXTEND) in _TRANSITIONS
+    assert bool(of_type(credits, Credit)) == may_credit
+    assert bool(of_type(renewals, Extend)) == may_extend
+    assert session.state is state
+
+
+# -- sharp edges -------------------------------------------------------------------
+
+
+def active(
+    concurrency: int = 2, *, lease: float = LEASE, timeout: float = 30.0, credit: bool = True
+) -> tuple[WorkSession, Credit]:
+    """A registered session; its first credit answered unless ``credit`` is False."""
+    session = WorkSession(
+        concurrency=concurrency, ordered_request_ids=True, command_timeout=timeout
+    )
+    session.register()
+    (frame,) = session.registered(
+        lease_duration=lease, max_concurrency=concurrency, ordered_request_ids=True, now=0.0
+    )
+    assert isinstance(frame, Credit)
+    assert frame.available == concurrency
+    if credit:
+        assert session.result(frame.request_id, None, 0.0) == []
+        assert session.credit_mirror == concurrency
+    return session, frame
+
+
+def test_result_for_unknown_or_answered_id_is_a_remote_error() -> None:
+    session, credit = active()
+    with pytest.raises(RemoteProtocolError):
+        session.result(credit.request_id, None, 0.0)  # already answered
+    with pytest.raises(RemoteProtocolError):
+        session.result(99, None, 0.0)  # never sent
+
+
+def test_results_are_correlated_by_id_not_by_order() -> None:
+    session, _ = active()
+    session.task_pushed(A, "tok", LEASE, 0.0)
+    first = session.report_progress(A, 1, 3, "", 0.0)
+    second = session.drain(0.0)
+    assert session.result(second.request_id, None, 1.0) == [
+        CommandDone(second.request_id, CommandKind.DRAIN, None)
+    ]
+    assert session.result(first.request_id, LEASE_LOST, 1.0) == [
+        CommandDone(first.request_id, CommandKind.PROGRESS, LEASE_LOST),
+        CancelHandler(A, "lease lost (progress report refused)"),
+    ]
+
+
+def test_push_without_credit_is_a_remote_error() -> None:
+    session, credit = active(1, credit=False)
+    with pytest.raises(RemoteProtocolError):
+        session.task_pushed(A, "tok", LEASE, 0.0)  # credit result not yet in
+    session.result(credit.request_id, None, 0.0)
+    session.task_pushed(A, "tok", LEASE, 0.0)
+    with pytest.raises(RemoteProtocolError):
+        session.task_pushed(B, "tok", LEASE, 0.0)  # the one credit is used up
+
+
+def test_duplicate_push_is_a_remote_error() -> None:
+    session, _ = active(2)
+    session.task_pushed(A, "tok", LEASE, 0.0)
+    with pytest.raises(RemoteProtocolError):
+        session.task_pushed(A, "tok", LEASE, 0.0)
+
+
+def test_capacity_refusal_is_resampled_at_once_and_twenty_break_the_session() -> None:
+    session, _ = active(2)
+    session.task_pushed(A, "tok", LEASE, 0.0)
+    (resize,) = frames(session.set_concurrency(4, 0.0))
+    # One slot taken, and the one credit left may be a push on its way.
+    assert resize == Credit(resize.request_id, 2, 4)
+    session.task_pushed(B, "tok", LEASE, 0.0)  # it was; the daemon refuses the resize
+    (frame,) = session.result(resize.request_id, CAPACITY, 0.0)
+    assert frame == Credit(resize.request_id + 1, 2, 4)  # resampled at once
+    (settle,) = session.settle(A, Outcome.ACK, 0.0)  # no second credit in flight
+    assert isinstance(settle, Settle)
+    for refusal in range(2, MAX_CREDIT_REFUSALS):
+        assert isinstance(frame, Credit)
+        (frame,) = session.result(frame.request_id, CAPACITY, 0.0)
+        # Each resample reads the current slots: A's is free now.
+        assert frame == Credit(session._next_id - 1, 3, 4), refusal
+    assert isinstance(frame, Credit)
+    with pytest.raises(SessionBroken):
+        session.result(frame.request_id, CAPACITY, 0.0)
+
+
+def test_accepted_credit_resets_the_refusal_count() -> None:
+    session, _ = active(2)
+    (frame,) = frames(session.set_concurrency(3, 0.0))
+    for _ in range(MAX_CREDIT_REFUSALS - 1):
+        (frame,) = session.result(frame.request_id, CAPACITY, 0.0)
+    assert session.result(frame.request_id, None, 0.0) == []
+    (frame,) = frames(session.set_concurrency(4, 0.0))
+    (frame,) = session.result(frame.request_id, CAPACITY, 0.0)
+    assert isinstance(frame, Credit)
+
+
+def test_other_credit_refusals_break_the_session() -> None:
+    session, credit = active(2, credit=False)
+    with pytest.raises(SessionBroken):
+        session.result(credit.request_id, CommandError("INVALID_ARGUMENT", "no"), 0.0)
+
+
+def test_renewal_granted_after_the_lease_was_given_up_is_nacked() -> None:
+    session, _ = active(1, lease=9.0)
+    session.task_pushed(A, "tok", 9.0, 0.0)
+    (extend,) = session.poll(6.0)
+    assert extend == Extend(extend.request_id, A, "tok", 9.0)
+    assert session.poll(9.0) == [CancelHandler(A, "lease expired before it could be renewed")]
+    assert not session.holds(A)
+    (nack,) = session.result(extend.request_id, None, 9.5)
+    assert isinstance(nack, Settle)
+    assert (nack.key, nack.lease_token, nack.outcome) == (A, "tok", Outcome.NACK)
+    # The slot is still the (cancelled) handler's until it really exits.
+    assert session.in_flight == 1
+    assert session.result(nack.request_id, None, 9.5) == [
+        CommandDone(nack.request_id, CommandKind.SETTLE, None)
+    ]
+    (credit,) = session.handler_exited(A, 10.0)
+    assert credit == Credit(credit.request_id, 1, None)
+    assert session.in_flight == 0
+
+
+def test_renewal_moves_the_deadline_to_send_time_plus_extension() -> None:
+    session, _ = active(1, lease=9.0)
+    session.task_pushed(A, "tok", 9.0, 0.0)
+    assert session.next_deadline() == 6.0
+    (extend,) = session.poll(6.0)  # sent at 6
+    assert session.next_deadline() == 9.0  # the old deadline, until the result comes
+    assert session.result(extend.request_id, None, 8.0) == []
+    # 6 + 9 = 15 (not 8 + 9 = 17); renew a third before: 12.
+    assert session.next_deadline() == 12.0
+    (again,) = session.poll(12.0)
+    assert isinstance(again, Extend)
+    assert session.poll(14.99) == []
+    assert of_type(session.poll(15.0), CancelHandler) == [
+        CancelHandler(A, "lease expired before it could be renewed")
+    ]
+
+
+def test_a_short_remaining_lease_is_renewed_at_once() -> None:
+    session, _ = active(2, lease=9.0)
+    session.task_pushed(A, "tok", 2.0, 0.0)  # the daemon's clock says 2 s are left
+    assert session.next_deadline() == 2.0 - 3.0
+    assert of_type(session.poll(0.0), Extend)
+    # ...and a remaining lease longer than the registered one is capped.
+    session, _ = active(1, lease=9.0)
+    session.task_pushed(B, "tok", 60.0, 0.0)
+    assert session.poll(5.99) == []
+    assert of_type(session.poll(6.0), Extend)
+
+
+def test_unanswered_command_breaks_the_session_at_the_timeout() -> None:
+    session, credit = active(1, timeout=5.0, credit=False)
+    assert session.next_deadline() == 5.0
+    assert session.poll(4.99) == []
+    with pytest.raises(SessionBroken):
+        session.poll(5.0)
+    session.result(credit.request_id, None, 5.0)
+    assert session.next_deadline() is None
+    assert session.poll(1000.0) == []
+
+
+def test_end_fails_every_pending_command_and_cancels_every_held_lease() -> None:
+    session, _ = active(4)
+    a, b, c, d = (LeaseKey(name, 1) for name in "abcd")
+    for key in (a, b, c):
+        session.task_pushed(key, "tok", LEASE, 0.0)
+    session.task_pushed(d, "tok", 1.0, 0.0)
+    (extend,) = session.poll(0.0)  # d: renewed at once, 1 s left
+    assert isinstance(extend, Extend)
+    assert session.poll(1.0) == [CancelHandler(d, "lease expired before it could be renewed")]
+    progress = session.report_progress(a, 1, 2, "", 1.0)
+    (settle,) = of_type(session.settle(b, Outcome.ACK, 1.0), Settle)  # (and a credit)
+    assert isinstance(settle, Settle)
+    drain = session.drain(1.0)
+    outputs = session.end()
+    gone = CommandError("UNAVAILABLE", "the Work stream ended")
+    assert sorted(of_type(outputs, CommandDone), key=lambda o: o.request_id) == [
+        CommandDone(progress.request_id, CommandKind.PROGRESS, gone),
+        CommandDone(settle.request_id, CommandKind.SETTLE, gone),
+        CommandDone(drain.request_id, CommandKind.DRAIN, gone),
+    ]
+    # a and c were held; b was settled and d already cancelled.
+    assert of_type(outputs, CancelHandler) == [
+        CancelHandler(a, "the Work stream ended"),
+        CancelHandler(c, "the Work stream ended"),
+    ]
+    assert frames(outputs) == []
+    assert session.pending_commands == 0
+    assert session.credit_mirror == 0
+    assert not any(session.holds(k) for k in (a, b, c, d))
+    assert session.state is State.ENDED
+    assert session.next_deadline() is None
+
+
+def test_pushes_granted_before_the_drain_are_accepted() -> None:
+    """The daemon answers the credit, pushes against it, then sees the drain:
+    the credit result arrives after the drain was sent, and the push after it."""
+    session, credit = active(2, credit=False)
+    session.drain(0.0)
+    assert session.result(credit.request_id, None, 0.0) == []
+    assert session.credit_mirror == 2
+    assert session.task_pushed(A, "tok", LEASE, 0.0) == [StartHandler(A)]
+    assert session.credit_mirror == 1
+
+
+def test_local_deadline_without_a_renewal_in_flight_hands_the_lease_back() -> None:
+    """The driver slept through the renewal point: no command on the lease is in
+    flight, so the session tells the daemon it let the lease go."""
+    session, _ = active(1, lease=9.0)
+    session.task_pushed(A, "tok", 9.0, 0.0)
+    cancel, nack = session.poll(9.5)
+    assert cancel == CancelHandler(A, "lease expired before it could be renewed")
+    assert isinstance(nack, Settle)
+    assert (nack.key, nack.lease_token, nack.outcome) == (A, "tok", Outcome.NACK)
+    assert session.result(nack.request_id, LEASE_LOST, 9.5) == [
+        CommandDone(nack.request_id, CommandKind.SETTLE, LEASE_LOST)
+    ]
+    assert session.in_flight == 1  # until the handler really exits
+    (credit,) = session.handler_exited(A, 10.0)
+    assert isinstance(credit, Credit)
+    assert credit.available == 1
+
+
+def test_a_settled_lease_is_not_cancelled_when_its_progress_report_is_refused() -> None:
+    """Found by the state machine: progress on A, then A settled, then the
+    progress result LEASE_LOST used to cancel a handler that had returned."""
+    session, _ = active(1)
+    session.task_pushed(A, "tok", LEASE, 0.0)
+    progress = session.report_progress(A, 1, 2, "", 0.0)
+    (settle, *_) = session.settle(A, Outcome.ACK, 0.0)
+    assert isinstance(settle, Settle)
+    assert session.result(progress.request_id, LEASE_LOST, 0.0) == [
+        CommandDone(progress.request_id, CommandKind.PROGRESS, LEASE_LOST)
+    ]
+    assert session.result(settle.request_id, LEASE_LOST, 0.0) == [
+        CommandDone(settle.request_id, CommandKind.SETTLE, LEASE_LOST)
+    ]
+
+
+def test_a_resize_never_lets_new_work_replace_a_cancelled_handler() -> None:
+    """Found by the state machine: two handlers whose leases expired ignore
+    their cancellation; a push is on its way when the worker resizes. The
+    daemon no longer counts the two lost leases, so its capacity check accepts
+    any grant up to the free slots — counting the push on its way is the
+    session's job."""
+    session, credit = active(3, lease=3.0, credit=False)
+    assert credit.available == 3
+    session.result(credit.request_id, None, 0.0)
+    old = [LeaseKey("t1", 1), LeaseKey("t2", 1)]
+    for key in old:
+        # Pushed at 0, delivered at 3: the lease is already over.
+        session.task_pushed(key, "tok", 0.0, 3.0)
+    released = session.poll(3.0)
+    assert of_type(released, CancelHandler) == [
+        CancelHandler(key, "lease expired before it could be renewed") for key in old
+    ]
+    assert session.in_flight == 2
+    assert session.credit_mirror == 1
+    # The daemon already pushed t1 again (attempt 2) against the last credit.
+    (resize,) = frames(session.set_concurrency(3, 3.0))
+    assert isinstance(resize, Credit)
+    assert resize.available == 0  # 3 slots - 2 cancelled handlers - 1 push on its way
+    session.task_pushed(LeaseKey("t1", 2), "tok", 3.0, 3.0)
+    session.result(resize.request_id, None, 3.0)
+    assert session.in_flight == 3 == session.concurrency
+    assert session.credit_mirror == 0
