@@ -504,6 +504,36 @@ async def test_dynamic_concurrency_needs_minor_2(old_daemon: DaemonProcess) -> N
 # -- failures --------------------------------------------------------------------
 
 
+class Interruptible:
+    """A 20 ms handler that, once ``after`` tasks are done, holds new tasks
+    until `release` — so handlers are mid-task when the failure under test
+    hits; counts the handlers cancelled by it."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.done = self.held = self.cancelled = 0
+        self._release = trio.Event()
+
+    async def __call__(self, task: Task, ctx: TaskContext) -> None:
+        try:
+            if self.done >= self.after and not self._release.is_set():
+                self.held += 1
+                await self._release.wait()
+            await trio.sleep(0.02)
+        except trio.Cancelled:
+            self.cancelled += 1
+            raise
+        self.done += 1
+
+    async def interrupt(self, failure: Callable[[], object]) -> None:
+        """Cause ``failure`` while at least 4 handlers are held; wait until
+        they were cancelled by it; then let work flow again."""
+        await eventually(lambda: self.held >= 4, within=20)
+        failure()
+        await eventually(lambda: self.cancelled >= 4, within=10)
+        self._release.set()
+
+
 async def test_daemon_sigkill_mid_stream_loses_nothing(tmp_path: pathlib.Path) -> None:
     """The local daemon SIGKILLed mid-stream: running handlers are cancelled,
     the worker reconnects to the restarted daemon, no task is lost and every
@@ -512,31 +542,11 @@ async def test_daemon_sigkill_mid_stream_loses_nothing(tmp_path: pathlib.Path) -
         async with Ringo.local(tmp_path) as client:
             queue = client.queue("kill")
             ids = await enqueue(queue, 200)
-            done = 0
-            cancelled = 0
-
-            hold = trio.Event()
-            held = 0
-
-            async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal done, cancelled, held
-                try:
-                    if done >= 40 and not hold.is_set():
-                        held += 1
-                        await hold.wait()
-                    await trio.sleep(0.02)
-                except trio.Cancelled:
-                    cancelled += 1
-                    raise
-                done += 1
-
+            handle = Interruptible(after=40)
+            old_pid = client.daemon_pid
             worker = queue.worker(handle, concurrency=16, lease_duration=timedelta(seconds=2))
             async with running(worker):
-                # Handlers are mid-task (held) when the daemon dies.
-                await eventually(lambda: held >= 4, within=20)
-                old_pid = kill_local_daemon(client)
-                await eventually(lambda: cancelled >= 4, within=10)
-                hold.set()
+                await handle.interrupt(lambda: kill_local_daemon(client))
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=45)
                 assert client.daemon_pid != old_pid
 
@@ -568,31 +578,10 @@ async def test_stream_cut_by_a_proxy_reconnects_and_loses_nothing(
         async with Ringo.connect(f"127.0.0.1:{proxy.port}") as client:
             queue = client.queue("cut")
             ids = await enqueue(queue, 150)
-            done = 0
-            cancelled = 0
-
-            hold = trio.Event()
-            held = 0
-
-            async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal done, cancelled, held
-                try:
-                    if done >= 30 and not hold.is_set():
-                        held += 1
-                        await hold.wait()
-                    await trio.sleep(0.02)
-                except trio.Cancelled:
-                    cancelled += 1
-                    raise
-                done += 1
-
+            handle = Interruptible(after=30)
             worker = queue.worker(handle, concurrency=8, lease_duration=timedelta(seconds=2))
             async with running(worker):
-                # Handlers are mid-task (held) when the connection is cut.
-                await eventually(lambda: held >= 4, within=20)
-                proxy.cut()
-                await eventually(lambda: cancelled >= 4, within=10)
-                hold.set()
+                await handle.interrupt(proxy.cut)
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=45)
             assert proxy.cuts == 1
 
