@@ -198,9 +198,9 @@ async def test_a_long_handler_keeps_its_lease(tmp_path: pathlib.Path) -> None:
             [task_id] = await enqueue(queue, 1)
 
             async def handle(task: Task, ctx: TaskContext) -> None:
-                await trio.sleep(3.5)  # more than three 1 s leases
+                await trio.sleep(5)  # two and a half 2 s leases
 
-            worker = queue.worker(handle, lease_duration=timedelta(seconds=1))
+            worker = queue.worker(handle, lease_duration=timedelta(seconds=2))
             async with running(worker):
                 [task] = await wait_states(queue, [task_id], {TaskState.SUCCEEDED})
             assert task.attempt == 1
@@ -234,7 +234,7 @@ async def test_lease_loss_cancels_only_its_handler(tmp_path: pathlib.Path) -> No
                     cancelled.append((task.id, ctx.attempt))
                     raise
 
-            worker = queue.worker(handle, concurrency=2, lease_duration=timedelta(seconds=1.5))
+            worker = queue.worker(handle, concurrency=2, lease_duration=timedelta(seconds=3))
             async with running(worker):
                 await started[victim].wait()
                 await started[bystander].wait()
