@@ -776,12 +776,13 @@ class Worker:
         delay: float | None,
         finished: bool,
     ) -> None:
+        now = anyio.current_time()
         if self._running.get(key) is running:
             del self._running[key]
-        else:
+        elif running in self._orphans:
             self._orphans.discard(running)
+            self._return_orphan_slot(now)
         session = live.session
-        now = anyio.current_time()
         if session.holds(key) and session.state in (State.ACTIVE, State.DRAINING):
             if not finished:
                 # Cancelled by close past the grace period: hand the lease back
@@ -792,6 +793,21 @@ class Worker:
             live.act(session.handler_exited(key, now))
         if not self._running and self._all_idle is not None:
             self._all_idle.set()
+
+    def _return_orphan_slot(self, now: float) -> None:
+        """A handler of an ended stream finally exited: the current stream,
+        registered without its slot, gets it back — at minor >= 2, where the
+        capacity can change mid-stream; otherwise with the next stream."""
+        current = self._live
+        if (
+            current is None
+            or current.session.state is not State.ACTIVE
+            or self._client.protocol_minor < _DYNAMIC_MIN_MINOR
+        ):
+            return
+        wanted = max(0, self._concurrency - len(self._orphans))
+        if wanted != current.session.concurrency:
+            current.act(current.session.set_concurrency(wanted, now))
 
     def _cancel_handler(self, key: LeaseKey) -> None:
         running = self._running.get(key)

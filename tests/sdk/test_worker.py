@@ -601,6 +601,8 @@ async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
             stubborn_may_end = trio.Event()
             others_done: list[str] = []
             now_running = peak = 0
+            gated: list[str] = []
+            three_in = trio.Event()
 
             async def handle(task: Task, ctx: TaskContext) -> None:
                 nonlocal now_running, peak
@@ -612,6 +614,12 @@ async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
                         with trio.CancelScope(shield=True):
                             await stubborn_may_end.wait()
                         return
+                    if task.task_type == "gated":
+                        gated.append(task.id)
+                        if len(gated) == 3:
+                            three_in.set()
+                        with trio.fail_after(10):
+                            await three_in.wait()
                     await trio.sleep(0.01)
                     others_done.append(task.id)
                 finally:
@@ -624,7 +632,17 @@ async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
                 ids = await _enqueue_retrying(queue, 30)
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=30)
                 assert worker.running == 1  # the stubborn one, still holding its slot
+                assert peak <= 3
                 stubborn_may_end.set()
+                # Once it has exited, its slot is back: three run at once
+                # again (each gated task waits until all three are in).
+                await eventually(lambda: worker.running == 0, within=10)
+                more = await queue.enqueue_many([TaskSpec("gated") for _ in range(3)])
+                await wait_states(
+                    queue, [r.task.id for r in more.results], {TaskState.SUCCEEDED}, within=30
+                )
+                assert three_in.is_set()
+                assert len(gated) == 3  # at once, first try: none timed out and came back
             assert set(ids) <= set(others_done)
             assert peak <= 3
 
