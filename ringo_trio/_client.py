@@ -57,15 +57,23 @@ from ._errors import (
     IncompatibleVersionError,
     InvalidArgumentError,
     RingoError,
+    UnauthenticatedError,
     UnavailableError,
 )
 from ._models import PostgresStorage, SQLiteStorage, _check_name
-from ._proto.ringo.v1 import NegotiateRequest, NegotiateResponse, RequestContext
+from ._proto.ringo.v1 import (
+    AttachLocalRequest,
+    AttachLocalResponse,
+    NegotiateRequest,
+    NegotiateResponse,
+    RequestContext,
+)
 from ._queue import TaskQueue
 from ._transport import SessionRejectedError, Transport
 from ._version import SDK_NAME, SDK_VERSION
 
 if TYPE_CHECKING:
+    from ._shared import SharedLocalDaemon
     from ._worker import Worker
 
 __all__ = ["CompressionOption", "Ringo", "RingoClient"]
@@ -82,10 +90,7 @@ _HEALTH_POLL_INTERVAL = 0.05
 _CLOSE_CHANNEL_TIMEOUT = 5.0
 
 _SERVICE = "/ringo.v1.QueueService/"
-
-
-class SharedModeUnavailableError(RingoError, NotImplementedError):
-    """``Ringo.local(shared=True)`` is not implemented in this release."""
+_LOCAL_TOKEN_HEADER = "x-ringo-local-token"
 
 
 def _normalize_compression(value: object) -> CompressionOption:
@@ -161,7 +166,7 @@ class RingoClient:
         *,
         endpoint: str | None = None,
         token: str | None = None,
-        daemon: LocalDaemon | None = None,
+        daemon: LocalDaemon | SharedLocalDaemon | None = None,
         compression: CompressionOption | None = None,
     ) -> None:
         if (endpoint is None) == (daemon is None):
@@ -181,8 +186,21 @@ class RingoClient:
         self._recovery_lock = anyio.Lock()
         self._daemon_restarts = 0
         self._workers: list[Worker] = []
+        # Shared mode: the generation this client is a member of (None: not attached).
+        self._member_of: str | None = None
 
     # -- properties ---------------------------------------------------------
+
+    @property
+    def _shared(self) -> SharedLocalDaemon | None:
+        daemon = self._daemon
+        return None if daemon is None or isinstance(daemon, LocalDaemon) else daemon
+
+    def _call_metadata(self) -> tuple[tuple[str, str], ...]:
+        shared = self._shared
+        if shared is None or shared.token is None:
+            return self._metadata
+        return (*self._metadata, (_LOCAL_TOKEN_HEADER, shared.token))
 
     @property
     def is_local(self) -> bool:
@@ -230,11 +248,14 @@ class RingoClient:
                 assert self._endpoint is not None
                 endpoint = self._endpoint
             self._transport = await stack.enter_async_context(
-                Transport(endpoint, metadata=self._metadata)
+                Transport(endpoint, metadata=self._call_metadata())
             )
-            if self._daemon is not None:
-                await self._wait_serving(self._daemon.startup_timeout)
-            await self._negotiate()
+            if self._shared is not None:
+                await self._join_shared()
+            else:
+                if self._daemon is not None:
+                    await self._wait_serving(self._daemon.startup_timeout)
+                await self._negotiate()
         except BaseException as exc:
             # Each component shields and bounds its own cleanup (a daemon is
             # killed even when this start was cancelled).
@@ -422,10 +443,17 @@ class RingoClient:
             if self._closed:
                 # aclose() stopped the daemon meanwhile; do not resurrect it.
                 raise RingoError("client is closed")
+            if self._shared is not None:
+                await self._join_shared(transport)  # re-elect: the daemon is gone
+                return
             endpoint = parse_endpoint(await daemon.start())
             await transport.reset(endpoint)
             await self._wait_serving(daemon.startup_timeout)
         await self._negotiate()
+        shared = self._shared
+        if shared is not None and self._member_of is None and self._tg is not None:
+            # The daemon lives on but our membership stream broke: re-attach.
+            await self._tg.start(self._membership, shared.generation)
 
     async def _wait_serving(self, limit_s: float) -> None:
         """Poll health until SERVING: readiness on stdout precedes it by design."""
@@ -437,10 +465,82 @@ class RingoClient:
                     if await transport.health_check(rpc_timeout=2.0):
                         return
                     last = "health status is not SERVING"
+                except UnauthenticatedError:
+                    raise  # a wrong shared-daemon token does not heal by waiting
                 except RingoError as error:
                     last = str(error)
                 await anyio.sleep(_HEALTH_POLL_INTERVAL)
         raise RingoError(f"local daemon did not report SERVING within {limit_s:g}s: {last}")
+
+    # -- shared local daemon ------------------------------------------------
+
+    async def _join_shared(self, transport: Transport | None = None) -> None:
+        """Elect or adopt the data dir's shared daemon, connect, negotiate and
+        attach as a member. An identity that does not hold up (no answer, a
+        wrong token, another generation) is never trusted again: one bounded
+        re-election, as the seed does."""
+        shared = self._shared
+        assert shared is not None
+        assert self._tg is not None
+        elected = transport is None  # on entry, start() has just run
+        transport = transport or self._require_transport()
+        for attempt in range(2):
+            if attempt or not elected:
+                endpoint = parse_endpoint(await shared.start())
+                await transport.reset(endpoint, metadata=self._call_metadata())
+            try:
+                await self._wait_serving(shared.startup_timeout if shared.started_here else 3.0)
+                await self._negotiate()
+                await self._tg.start(self._membership, shared.generation)
+                return
+            except RingoError:
+                if attempt:
+                    raise
+                shared.invalidate_current()
+
+    async def _membership(
+        self,
+        generation: str,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Hold this process's AttachLocal stream: the shared daemon counts its
+        members by these and lingers out once the last one is gone. When the
+        stream ends under us (the daemon died or is going), recover at once —
+        re-elect, reconnect, re-attach — instead of waiting for the next call."""
+        transport = self._require_transport()
+        started = False
+        try:
+            async with transport.open_stream(
+                _SERVICE + "AttachLocal",
+                AttachLocalRequest,
+                AttachLocalResponse,
+                request=AttachLocalRequest(generation=generation),
+            ) as stream:
+                try:
+                    first = await stream.receive.receive()
+                except anyio.EndOfStream:
+                    raise UnavailableError("the shared daemon closed AttachLocal") from None
+                if first.generation != generation:
+                    raise UnavailableError(
+                        f"the shared daemon is generation {first.generation!r}, not {generation!r}"
+                    )
+                self._member_of = generation
+                started = True
+                task_status.started()
+                async for _ in stream.receive:
+                    pass
+        except RingoError:
+            if not started:
+                raise
+        finally:
+            if self._member_of == generation:
+                self._member_of = None
+        if self._closed:
+            return
+        # Membership lost: recovery re-elects (the daemon is dead) or finds
+        # another call already did; a new membership task is started by it.
+        await self._recover(self._session, session_rejected=False)
 
     async def _negotiate(self) -> None:
         transport = self._require_transport()
@@ -488,6 +588,12 @@ class Ringo:
         `PostgresStorage`. ``daemon_path`` runs another daemon executable
         instead of ``python -m ringo_trio.server``. The daemon exits with
         the client — and with this process, however it dies.
+
+        ``shared=True`` (SQLite only): every process that opens ``data_dir``
+        this way uses ONE daemon. The first elects itself and starts it; the
+        others attach to it (``AttachLocal``); it stops a short linger after
+        the last member leaves, and when it dies the members elect a new one
+        and reconnect. See docs/client.md.
         """
         if not isinstance(shared, bool):
             raise InvalidArgumentError("shared must be a boolean")
@@ -505,9 +611,14 @@ class Ringo:
         if shared:
             if postgres_dsn is not None:
                 raise InvalidArgumentError("shared local mode supports SQLite only")
-            raise SharedModeUnavailableError(
-                "shared local mode is not available yet in ringo_trio; use"
-                " Ringo.local(data_dir) for a private daemon"
+            from ._shared import SharedLocalDaemon
+
+            return RingoClient(
+                daemon=SharedLocalDaemon(
+                    data_dir,
+                    daemon_path=daemon_path,
+                    startup_timeout=_positive_seconds("startup_timeout", startup_timeout),
+                )
             )
         daemon = LocalDaemon(
             data_dir,

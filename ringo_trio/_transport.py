@@ -200,10 +200,15 @@ class Transport:
         if self._channel is not None:
             await self._run_aio(self._aio_close())
 
-    async def reset(self, endpoint: Endpoint) -> None:
-        """Replace the channel with one to ``endpoint`` (a restarted local daemon)."""
+    async def reset(
+        self, endpoint: Endpoint, *, metadata: tuple[tuple[str, str], ...] | None = None
+    ) -> None:
+        """Replace the channel with one to ``endpoint`` (a restarted local daemon),
+        sending ``metadata`` from now on when given (a re-elected shared daemon's token)."""
         if self._closed:
             raise RingoError("transport is closed")
+        if metadata is not None:
+            self._metadata = list(metadata)
         await self._run_aio(self._aio_open(endpoint))
 
     # -- calls --------------------------------------------------------------

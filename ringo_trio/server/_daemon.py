@@ -6,7 +6,9 @@ are drained and then cancelled by the server; storage is closed last, after
 no call can touch it any more. Shutdown order (on `stop`):
 
 1. health flips to NOT_SERVING (Watch streams deliver it and end);
-2. the gate refuses new calls with UNAVAILABLE;
+2. the gate refuses new calls with UNAVAILABLE; a shared daemon's member
+   (AttachLocal) streams end UNAVAILABLE at once (the gate does not count
+   them, so they never hold up step 4);
 3. long-poll claims are woken and return what they have (nothing); Work
    streams stop pushing, and each ends (UNAVAILABLE) once its worker holds
    no lease pushed on it;
@@ -14,6 +16,11 @@ no call can touch it any more. Shutdown order (on `stop`):
    finish;
 5. the server is closed (cancelling stragglers) and the reaper cancelled;
 6. storage is closed.
+
+A **shared** daemon (`DaemonConfig.local_token` and `generation`; see
+`_members`) also sets `stop` by itself: when no member attached within
+`attach_timeout` seconds of `on_ready`, or the last member has been gone for
+`linger` seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from ringo_trio import _limits as limits
 
 from ._clock import Clock
 from ._gate import Gate
+from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from ._service import HealthService, QueueService
 from ._sessions import SessionTable
 from ._wakeups import LeaseReaper, QueueWakeups
@@ -53,6 +61,15 @@ class DaemonConfig:
     shutdown_timeout: float = 5.0
     reaper_backstop: float = 5.0
     heartbeat_interval: float = 10.0
+    # Shared mode: both set, or neither.
+    local_token: str | None = None
+    generation: str | None = None
+    linger: float = DEFAULT_LINGER
+    attach_timeout: float = DEFAULT_ATTACH_TIMEOUT
+
+    @property
+    def shared(self) -> bool:
+        return self.local_token is not None
 
 
 class ListenError(OSError):
@@ -84,6 +101,10 @@ class Daemon:
     def __init__(
         self, config: DaemonConfig, storage: Storage, *, clock: Clock | None = None
     ) -> None:
+        if (config.local_token is None) != (config.generation is None):
+            raise ValueError("a shared daemon needs both local_token and generation")
+        if config.local_token == "":
+            raise ValueError("local_token must not be empty")
         self.config = config
         self.storage = storage
         self.clock = clock or Clock()
@@ -93,7 +114,12 @@ class Daemon:
         )
         self.sessions = SessionTable(config.session_ttl)
         self.health = HealthService()
-        self.gate = Gate(config.token)
+        self.members = Members(
+            config.generation, linger=config.linger, attach_timeout=config.attach_timeout
+        )
+        self.gate = Gate(
+            config.token, local_token=config.local_token, uncounted={ATTACH_LOCAL_METHOD}
+        )
         self.queue_service = QueueService(
             storage,
             clock=self.clock,
@@ -102,6 +128,7 @@ class Daemon:
             wakeups=self.wakeups,
             reaper=self.reaper,
             heartbeat_interval=config.heartbeat_interval,
+            members=self.members,
         )
         self.port: int | None = None
 
@@ -143,6 +170,13 @@ class Daemon:
                 self.health.set_serving()
                 log.info("serving on %s", self.endpoint)
                 on_ready(self)
+
+                def idle(reason: str) -> None:
+                    if not stop.is_set():
+                        log.info("%s: shutting down", reason)
+                        stop.set()
+
+                self.members.arm(idle)
                 await stop.wait()
                 await self._drain()
                 reaper.cancel()
@@ -155,6 +189,7 @@ class Daemon:
     async def _drain(self) -> None:
         self.health.shutdown()
         self.gate.draining = True
+        self.members.close()
         self.wakeups.close()
         # Idle Work streams end at once; one whose worker still holds leases
         # stays (counted by the gate) until they are settled or time runs out.

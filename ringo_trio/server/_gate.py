@@ -1,4 +1,4 @@
-"""The door every RPC passes: bearer-token check, drain refusal, in-flight count.
+"""The door every RPC passes: token checks, drain refusal, in-flight count.
 
 grpclib's generated service methods only see the decoded message, so
 connection-level policy hooks into the server's ``RecvRequest`` event, which
@@ -9,7 +9,15 @@ The same hook wraps the method so the daemon knows how many calls are in
 flight: graceful shutdown refuses new calls with ``UNAVAILABLE`` and waits
 (bounded) for that count to reach zero before it closes the server, which
 would otherwise cancel the calls mid-operation. A call still running when
-the bound runs out is cancelled and answered ``UNAVAILABLE``.
+the bound runs out is cancelled and answered ``UNAVAILABLE``. Methods named
+in ``uncounted`` (a shared daemon's ``AttachLocal`` membership streams, which
+end only when told to and are ended by the drain itself) pass the checks but
+are not counted, so the drain never waits on them.
+
+A shared daemon (``local_token``) also requires exactly one
+``x-ringo-local-token`` metadata value equal to its secret on every call,
+health included, independently of the bearer token: both may be required.
+Secrets are compared in constant time.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import asyncio
 import contextlib
 import contextvars
 import hmac
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from typing import Any, Protocol
 
 from grpclib.const import Status
@@ -27,7 +35,9 @@ from grpclib.exceptions import GRPCError
 from grpclib.metadata import Deadline
 from grpclib.server import Server, Stream
 
-__all__ = ["Gate", "time_remaining"]
+__all__ = ["LOCAL_TOKEN_HEADER", "Gate", "time_remaining"]
+
+LOCAL_TOKEN_HEADER = "x-ringo-local-token"
 
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _SCHEME = "bearer "
@@ -53,8 +63,16 @@ def time_remaining() -> float | None:
 
 
 class Gate:
-    def __init__(self, token: str | None) -> None:
+    def __init__(
+        self,
+        token: str | None,
+        *,
+        local_token: str | None = None,
+        uncounted: Collection[str] = (),
+    ) -> None:
         self._expected = f"{_SCHEME}{token}".encode() if token else None
+        self._local_expected = local_token.encode() if local_token else None
+        self._uncounted = frozenset(uncounted)
         self.draining = False
         # One counting wrapper per service method, built on first use: the
         # method objects grpclib hands us are fixed for the server's life.
@@ -83,7 +101,19 @@ class Gate:
         candidate = (scheme.lower() + token).encode()
         return hmac.compare_digest(candidate, self._expected)
 
+    def _local_member(self, event: RecvRequest) -> bool:
+        if self._local_expected is None:
+            return True
+        values = event.metadata.getall(LOCAL_TOKEN_HEADER, [])
+        if len(values) != 1:
+            return False
+        value = values[0]
+        presented = value if isinstance(value, bytes) else value.encode("utf-8", "surrogatepass")
+        return hmac.compare_digest(presented, self._local_expected)
+
     async def _on_request(self, event: RecvRequest) -> None:
+        if not self._local_member(event):
+            raise GRPCError(Status.UNAUTHENTICATED, f"missing or invalid {LOCAL_TOKEN_HEADER}")
         if not self._authorized(event):
             raise GRPCError(
                 Status.UNAUTHENTICATED,
@@ -94,6 +124,8 @@ class Gate:
             # Health stays answerable so a prober sees NOT_SERVING rather
             # than a refusal while the daemon drains.
             raise GRPCError(Status.UNAVAILABLE, "the daemon is shutting down")
+        if event.method_name in self._uncounted:
+            return
         method = event.method_func
         counted = self._wrapped.get(method)
         if counted is None:

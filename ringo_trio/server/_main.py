@@ -5,8 +5,10 @@ test kit, a human):
 
 * once it serves, exactly one JSON line goes to stdout (`ready_info`) and
   stdout is flushed; everything else — logs, errors — goes to stderr;
-* it exits 0 after a graceful shutdown (SIGTERM, SIGINT, or EOF on stdin
-  when started with ``--lifecycle-stdin``), non-zero when it cannot start:
+* it exits 0 after a graceful shutdown (SIGTERM, SIGINT, EOF on stdin
+  when started with ``--lifecycle-stdin``, or — a shared daemon, started with
+  ``--local-token-file`` — nobody attached for ``--linger`` seconds or within
+  ``--attach-timeout`` of the ready line), non-zero when it cannot start:
   `EXIT_FAILURE`, `EXIT_USAGE`, or `EXIT_DATA_DIR_LOCKED` when another
   daemon holds the data dir.
 """
@@ -32,6 +34,7 @@ from ringo_trio._version import SDK_VERSION
 
 from ._daemon import Daemon, DaemonConfig, ListenError
 from ._lock import DataDirLock, DataDirLocked
+from ._members import DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, MAX_GENERATION_CHARS
 from .storage._base import Storage, StorageError
 
 __all__ = [
@@ -61,7 +64,13 @@ over gRPC, on an embedded SQLite store.
 When it serves, ringod prints one JSON line on stdout, e.g.
   {"endpoint": "127.0.0.1:7233", "pid": 4242, "protocol_minor": 6, ...}
 and logs only to stderr. SIGTERM and SIGINT shut it down gracefully
-(in-flight calls get --shutdown-timeout seconds), exit status 0."""
+(in-flight calls get --shutdown-timeout seconds), exit status 0.
+
+With --local-token-file and --generation it is a *shared* daemon: one per data
+dir for every SDK process of the machine. Every call must then carry metadata
+'x-ringo-local-token', SDK processes hold AttachLocal streams as members, and
+the daemon shuts down by itself (exit 0) once it has had no member for
+--linger seconds, or when none attached within --attach-timeout."""
 
 _EPILOG = f"""\
 exit status: {EXIT_OK} after a graceful shutdown, {EXIT_FAILURE} when it cannot serve
@@ -109,6 +118,26 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
+def _non_negative_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def _generation(value: str) -> str:
+    if not value:
+        raise argparse.ArgumentTypeError("must not be empty")
+    if len(value) > MAX_GENERATION_CHARS:
+        raise argparse.ArgumentTypeError(
+            f"is {len(value)} characters long, over the limit of {MAX_GENERATION_CHARS}"
+        )
+    return value
+
+
 def _default_data_dir() -> pathlib.Path:
     base = os.environ.get("XDG_DATA_HOME") or os.path.join("~", ".local", "share")
     return pathlib.Path(base, "ringo").expanduser()
@@ -153,6 +182,40 @@ def build_parser() -> argparse.ArgumentParser:
         type=pathlib.Path,
         help="like --token, read from FILE (surrounding whitespace stripped), so the"
         " secret does not show in the process list",
+    )
+    shared = parser.add_argument_group(
+        "shared mode",
+        "one daemon per data dir for several SDK processes, started by whichever"
+        " of them wins the election; it stops by itself when nobody uses it",
+    )
+    shared.add_argument(
+        "--local-token-file",
+        metavar="FILE",
+        type=pathlib.Path,
+        help="turn on shared mode: every call, health included, must carry metadata"
+        " 'x-ringo-local-token' equal to the secret in FILE (surrounding whitespace"
+        " stripped); independent of --token. Needs --generation",
+    )
+    shared.add_argument(
+        "--generation",
+        metavar="STR",
+        type=_generation,
+        help="this shared daemon's identity (1..200 characters): AttachLocal must name"
+        " it, and the ready line reports it",
+    )
+    shared.add_argument(
+        "--linger",
+        metavar="SECONDS",
+        type=_non_negative_seconds,
+        help="shut down gracefully once the last member (AttachLocal stream) has been"
+        f" gone this long (default {DEFAULT_LINGER:g}; 0: at once)",
+    )
+    shared.add_argument(
+        "--attach-timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        help="shut down gracefully if no member attached within this long of the"
+        f" ready line (default {DEFAULT_ATTACH_TIMEOUT:g})",
     )
     parser.add_argument(
         "--protocol-minor",
@@ -281,7 +344,7 @@ class _LifecyclePipe(asyncio.Protocol):
 
 
 def ready_info(daemon: Daemon, *, data_dir: pathlib.Path, loop_name: str) -> dict[str, Any]:
-    return {
+    info = {
         "endpoint": daemon.endpoint,
         "host": daemon.config.host,
         "port": daemon.port,
@@ -295,6 +358,9 @@ def ready_info(daemon: Daemon, *, data_dir: pathlib.Path, loop_name: str) -> dic
         "data_dir": str(data_dir),
         "loop": loop_name,
     }
+    if daemon.config.generation is not None:
+        info["generation"] = daemon.config.generation
+    return info
 
 
 async def _amain(
@@ -329,6 +395,12 @@ async def _amain(
             token=args.token,
             shutdown_timeout=args.shutdown_timeout,
             heartbeat_interval=args.heartbeat_interval,
+            local_token=args.local_token,
+            generation=args.generation,
+            linger=DEFAULT_LINGER if args.linger is None else args.linger,
+            attach_timeout=(
+                DEFAULT_ATTACH_TIMEOUT if args.attach_timeout is None else args.attach_timeout
+            ),
         )
 
         def announce(daemon: Daemon) -> None:
@@ -356,6 +428,35 @@ async def _amain(
             loop.remove_signal_handler(signum)
 
 
+def _shared_mode_problem(args: argparse.Namespace) -> str | None:
+    """Check the shared-mode flags and read the local token into
+    ``args.local_token``; the usage error, or None."""
+    args.local_token = None
+    if args.local_token_file is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--generation", args.generation),
+                ("--linger", args.linger),
+                ("--attach-timeout", args.attach_timeout),
+            )
+            if value is not None
+        ]
+        if given:
+            return f"{', '.join(given)} only applies to a shared daemon (--local-token-file)"
+        return None
+    if args.generation is None:
+        return "--local-token-file needs --generation (the shared daemon's identity)"
+    try:
+        secret = args.local_token_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read --local-token-file {args.local_token_file}: {exc}"
+    if not secret:
+        return f"--local-token-file {args.local_token_file} is empty"
+    args.local_token = secret
+    return None
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse `argv`, serve until told to stop; the process exit status."""
     args = build_parser().parse_args(argv)
@@ -377,6 +478,10 @@ def run(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
     if args.token is not None and not args.token:
         log.error("--token must not be empty")
+        return EXIT_USAGE
+    problem = _shared_mode_problem(args)
+    if problem is not None:
+        log.error("%s", problem)
         return EXIT_USAGE
     data_dir: pathlib.Path = (args.data_dir or _default_data_dir()).expanduser().absolute()
     try:

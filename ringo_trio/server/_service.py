@@ -54,6 +54,13 @@ The Work stream
 call, and its lease commands run the very operations the unary RPCs run
 (`apply_ack` … `apply_progress`), so both paths validate, store and wake up
 alike; only the error channel differs (`ErrorDetail` instead of a status).
+
+AttachLocal
+-----------
+``AttachLocal`` (a shared daemon's membership stream) is served by
+`_members.Members` on grpclib's raw stream too; it carries no
+``RequestContext`` (membership is not a session) and is refused
+``FAILED_PRECONDITION`` by a daemon that is not shared.
 """
 
 from __future__ import annotations
@@ -80,6 +87,8 @@ from ringo_trio._proto.grpc.health.v1 import (
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     AckResponse,
+    AttachLocalRequest,
+    AttachLocalResponse,
     ClaimRequest,
     ClaimResponse,
     EnqueueManyRequest,
@@ -117,6 +126,7 @@ from ringo_trio._version import SDK_VERSION
 from . import _validate as v
 from ._clock import Clock
 from ._gate import time_remaining
+from ._members import ATTACH_LOCAL_METHOD, Members
 from ._sessions import SessionTable
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._work import WorkStreams
@@ -236,7 +246,8 @@ def _rpc(method: _Method[_Service, _Req, _Resp]) -> _Method[_Service, _Req, _Res
 
 class QueueService(QueueServiceBase):
     """``ringo.v1.QueueService``: the unary RPCs here, the Work stream in
-    `_work` (AttachLocal stays UNIMPLEMENTED)."""
+    `_work`, AttachLocal in `_members` (`members`; by default a daemon that
+    is not shared, which refuses it)."""
 
     def __init__(
         self,
@@ -248,6 +259,7 @@ class QueueService(QueueServiceBase):
         wakeups: QueueWakeups,
         reaper: LeaseReaper,
         heartbeat_interval: float = 10.0,
+        members: Members | None = None,
     ) -> None:
         if not 0 <= served_minor <= limits.PROTOCOL_MINOR:
             raise ValueError(f"served minor must be within 0..{limits.PROTOCOL_MINOR}")
@@ -257,6 +269,7 @@ class QueueService(QueueServiceBase):
         self._served_minor = served_minor
         self._wakeups = wakeups
         self._reaper = reaper
+        self.members = members if members is not None else Members(None)
         self.work_streams = WorkStreams(
             storage=storage,
             clock=clock,
@@ -273,6 +286,15 @@ class QueueService(QueueServiceBase):
         # takes grpclib's raw stream (the Gate still wraps and counts it).
         mapping[_WORK_METHOD] = grpclib.const.Handler(
             self.work_streams.serve_call, Cardinality.STREAM_STREAM, WorkRequest, WorkResponse
+        )
+        # A member's stream stays open with nothing to send; `Members` counts
+        # it from the raw stream so every end (cancel, lost connection,
+        # shutdown) is seen.
+        mapping[ATTACH_LOCAL_METHOD] = grpclib.const.Handler(
+            self.members.serve_call,
+            Cardinality.UNARY_STREAM,
+            AttachLocalRequest,
+            AttachLocalResponse,
         )
         return mapping
 

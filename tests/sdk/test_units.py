@@ -116,12 +116,6 @@ def test_local_options_are_validated(tmp_path: pathlib.Path) -> None:
     assert not Ringo.connect("h").is_local
 
 
-def test_shared_mode_is_a_clear_not_implemented_error(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(RingoError, match="shared local mode is not available yet") as info:
-        Ringo.local(tmp_path, shared=True)
-    assert isinstance(info.value, NotImplementedError)
-
-
 def test_postgres_dsn_is_not_in_repr() -> None:
     assert "hunter2" not in repr(PostgresStorage("postgres://u:hunter2@db/x"))
 

@@ -73,6 +73,10 @@ def test_help_documents_every_flag() -> None:
         "--shutdown-timeout",
         "--loop",
         "--heartbeat-interval",
+        "--local-token-file",
+        "--generation",
+        "--linger",
+        "--attach-timeout",
     ):
         assert flag in result.stdout
     assert "stdin reaches EOF" in result.stdout
