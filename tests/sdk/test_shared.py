@@ -215,6 +215,44 @@ async def test_an_untrusted_identity_is_never_used(tmp_path: pathlib.Path) -> No
         await eventually(lambda: not pid_alive(pid), within=15)
 
 
+async def test_an_identity_that_fails_in_use_leads_to_one_re_election(
+    tmp_path: pathlib.Path,
+) -> None:
+    """An identity that passes every file check (owner-only, well-formed, a
+    live pid whose command line names the generation) but does not answer as
+    that daemon is given up after one try: the client re-elects once and ends
+    up on a real daemon of a new generation."""
+    data_dir = tmp_path / "data"
+    shared_dir = data_dir / "shared"
+    shared_dir.mkdir(parents=True, mode=0o700)
+    generation = "0" * 32
+    impostor = await trio.lowlevel.open_process(
+        [sys.executable, "-c", "import sys, time; time.sleep(120)", generation]
+    )
+    try:
+        forged = {
+            "version": 1,
+            "endpoint": "127.0.0.1:9",  # nothing listens there
+            "token": "f" * 64,
+            "generation": generation,
+            "pid": impostor.pid,
+        }
+        path = shared_dir / "identity.json"
+        path.write_text(json.dumps(forged))
+        path.chmod(0o600)
+        with trio.fail_after(60):
+            async with Ringo.local(data_dir, shared=True) as client:
+                pid = client.daemon_pid
+                assert pid is not None
+                assert pid != impostor.pid
+                assert (await client.queue("q").enqueue(task_type="t")).created
+                assert identity(data_dir)["generation"] != generation
+            await eventually(lambda: not pid_alive(pid), within=15)
+    finally:
+        impostor.kill()
+        await impostor.wait()
+
+
 async def test_a_group_readable_identity_is_not_trusted(tmp_path: pathlib.Path) -> None:
     """An identity file others could have written (group/other permission
     bits) is not trusted even when it names the live daemon: the member
