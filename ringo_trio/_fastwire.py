@@ -200,6 +200,19 @@ def _message_field(out: bytearray, tag: bytes, body: bytes | bytearray) -> None:
     out += body
 
 
+def _put_timestamp(
+    out: bytearray, tag: bytes, moment: datetime | None, memo: dict[datetime, bytes]
+) -> None:
+    """Append a Timestamp field; a task's timestamps often repeat, so each
+    distinct moment is encoded once per message (``memo``)."""
+    if moment is not None:
+        out += tag
+        encoded = memo.get(moment)
+        if encoded is None:
+            encoded = memo[moment] = _timestamp(moment)
+        out += encoded
+
+
 def _backoff_body(backoff: RetryBackoff) -> bytearray:
     out = bytearray()
     value = backoff.initial
@@ -230,13 +243,7 @@ def _progress_body(progress: Progress, memo: dict[datetime, bytes]) -> bytearray
         out += _pack_double(number)
     if progress.message:
         _str_field(out, b"\x1a", progress.message)
-    moment = progress.updated_at
-    if moment is not None:
-        out += b"\x22"
-        encoded = memo.get(moment)
-        if encoded is None:
-            encoded = memo[moment] = _timestamp(moment)
-        out += encoded
+    _put_timestamp(out, b"\x22", progress.updated_at, memo)
     out += progress._unknown_fields
     return out
 
@@ -279,34 +286,10 @@ def _task_body(task: Task, memo: dict[datetime, bytes]) -> bytearray:
     backoff = task.retry_backoff
     if backoff is not None:
         _message_field(out, b"\x52", _backoff_body(backoff))
-    moment = task.created_at
-    if moment is not None:
-        out += b"\x5a"
-        encoded = memo.get(moment)
-        if encoded is None:
-            encoded = memo[moment] = _timestamp(moment)
-        out += encoded
-    moment = task.updated_at
-    if moment is not None:
-        out += b"\x62"
-        encoded = memo.get(moment)
-        if encoded is None:
-            encoded = memo[moment] = _timestamp(moment)
-        out += encoded
-    moment = task.available_at
-    if moment is not None:
-        out += b"\x6a"
-        encoded = memo.get(moment)
-        if encoded is None:
-            encoded = memo[moment] = _timestamp(moment)
-        out += encoded
-    moment = task.finished_at
-    if moment is not None:
-        out += b"\x72"
-        encoded = memo.get(moment)
-        if encoded is None:
-            encoded = memo[moment] = _timestamp(moment)
-        out += encoded
+    _put_timestamp(out, b"\x5a", task.created_at, memo)
+    _put_timestamp(out, b"\x62", task.updated_at, memo)
+    _put_timestamp(out, b"\x6a", task.available_at, memo)
+    _put_timestamp(out, b"\x72", task.finished_at, memo)
     text = task.last_error
     if text:
         _str_field(out, b"\x7a", text)
@@ -316,13 +299,7 @@ def _task_body(task: Task, memo: dict[datetime, bytes]) -> bytearray:
     text = task.worker_id
     if text:
         _str_field(out, b"\x8a\x01", text)
-    moment = task.lease_until
-    if moment is not None:
-        out += b"\x92\x01"
-        encoded = memo.get(moment)
-        if encoded is None:
-            encoded = memo[moment] = _timestamp(moment)
-        out += encoded
+    _put_timestamp(out, b"\x92\x01", task.lease_until, memo)
     out += task._unknown_fields
     return out
 
@@ -339,13 +316,7 @@ def _lease_body(lease: Lease, memo: dict[datetime, bytes]) -> bytearray:
         _str_field(out, b"\x1a", lease.lease_token)
     if lease.worker_id:
         _str_field(out, b"\x22", lease.worker_id)
-    moment = lease.until
-    if moment is not None:
-        out += b"\x2a"
-        encoded = memo.get(moment)
-        if encoded is None:
-            encoded = memo[moment] = _timestamp(moment)
-        out += encoded
+    _put_timestamp(out, b"\x2a", lease.until, memo)
     out += lease._unknown_fields
     return out
 
