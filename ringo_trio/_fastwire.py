@@ -918,32 +918,16 @@ def _read_task(buf: bytes, pos: int, end: int, memo: dict[bytes, datetime]) -> _
             elif tag == 0x2A:
                 unique_key, pos = _read_str(buf, pos, end)
             elif tag == 0x30:
-                if pos < end and buf[pos] < 0x80:
-                    state = buf[pos]
-                    pos += 1
-                else:
-                    state, pos = _read_varint(buf, pos, end)
+                state, pos = _read_varint(buf, pos, end)
             else:
                 pos = _skip(buf, pos, end, tag, _TASK_FIELDS)
         elif tag < 0x6A:
             if tag == 0x38:
-                if pos < end and buf[pos] < 0x80:
-                    attempt = buf[pos]
-                    pos += 1
-                else:
-                    attempt, pos = _read_varint(buf, pos, end)
+                attempt, pos = _read_varint(buf, pos, end)
             elif tag == 0x40:
-                if pos < end and buf[pos] < 0x80:
-                    max_attempts = buf[pos]
-                    pos += 1
-                else:
-                    max_attempts, pos = _read_varint(buf, pos, end)
+                max_attempts, pos = _read_varint(buf, pos, end)
             elif tag == 0x48:
-                if pos < end and buf[pos] < 0x80:
-                    priority = buf[pos]
-                    pos += 1
-                else:
-                    priority, pos = _read_varint(buf, pos, end)
+                priority, pos = _read_varint(buf, pos, end)
             elif tag == 0x52:
                 start, pos = _read_len(buf, pos, end)
                 key = buf[start:pos]

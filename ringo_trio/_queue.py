@@ -152,19 +152,14 @@ class TaskQueue:
         controllers and ``task_timeouts`` arrive with the supervisor and are
         refused until then.
         """
-        from ._worker import Worker
+        from ._worker import Worker, _check_concurrency
 
         if not callable(handler):
             raise InvalidArgumentError("handler must be callable")
         if on_idle is not None and not callable(on_idle):
             raise InvalidArgumentError("on_idle must be callable")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-            raise InvalidArgumentError(
-                "concurrency must be an integer (shared concurrency controllers are not"
-                " available in this release)"
-            )
-        if not 1 <= concurrency <= 2**31 - 1:
-            raise InvalidArgumentError("initial fixed concurrency must be between 1 and 2**31-1")
+        # Shared concurrency controllers arrive with the supervisor issue.
+        concurrency = _check_concurrency(concurrency, low=1)
         if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
             raise InvalidArgumentError("weight must be a positive integer")
         if not isinstance(lease_duration, timedelta) or lease_duration < timedelta(0):

@@ -64,7 +64,6 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -327,8 +326,6 @@ class WorkSession:
         # skipped when popped (cheaper than removing them).
         self._timers: list[tuple[float, int, LeaseKey]] = []
         self._tiebreak = itertools.count()
-        self.pushes = 0
-        self.results = 0
 
     # -- observation ------------------------------------------------------
 
@@ -418,7 +415,6 @@ class WorkSession:
         if key in self._leases or key in self._slots:
             raise RemoteProtocolError(f"task {key.task_id} attempt {key.attempt} was pushed twice")
         self._credit_mirror -= 1
-        self.pushes += 1
         deadline = now + min(max(lease_remaining, 0.0), self.lease_duration)
         self._leases[key] = _Lease(token=lease_token, deadline=deadline)
         self._slots.add(key)
@@ -437,7 +433,6 @@ class WorkSession:
         pending = self._pending.pop(request_id, None)
         if pending is None:
             raise RemoteProtocolError(f"result for request {request_id}, which is not awaiting one")
-        self.results += 1
         kind = pending.kind
         if kind is CommandKind.CREDIT:
             return self._credit_result(pending, error, now)
@@ -695,11 +690,3 @@ class WorkSession:
         self._credit_pending = request_id
         self._pending[request_id] = _Pending(CommandKind.CREDIT, now, credit=free, target=target)
         return [Credit(request_id, free, target)]
-
-
-def frames(outputs: Sequence[Output]) -> list[Frame]:
-    """The frames among ``outputs`` (test convenience)."""
-    return [o for o in outputs if isinstance(o, _FRAME_TYPES)]
-
-
-_FRAME_TYPES = (Register, Credit, Settle, Extend, Progress, Drain)

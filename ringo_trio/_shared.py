@@ -272,10 +272,6 @@ class SharedLocalDaemon:
                 # cancelled; closing the fd drops the flock.
                 os.close(lock_fd)
 
-    async def refresh(self) -> str:
-        """Same as `start`: the endpoint of the shared daemon to use now."""
-        return await self.start()
-
     def invalidate_current(self) -> None:
         """Never adopt the current generation again (in this process); the next
         `start` elects anew."""

@@ -246,6 +246,10 @@ class _Running:
     scope: anyio.CancelScope
     context: TaskContext
 
+    def cancel(self) -> None:
+        self.context._cancel()
+        self.scope.cancel()
+
 
 class _Live:
     """One open Work session: its protocol state, its send side, its waiters."""
@@ -574,7 +578,6 @@ class Worker:
                 failures += 1
                 if failures >= _MAX_RECOVERY_FAILURES:
                     raise cause
-            self._check_features(self._client.protocol_minor)
 
     async def _session(self, sent: _Session, on_registered: Callable[[], None]) -> None:
         """One Work stream, from registration to its end."""
@@ -812,13 +815,11 @@ class Worker:
     def _cancel_handler(self, key: LeaseKey) -> None:
         running = self._running.get(key)
         if running is not None:
-            running.context._cancel()
-            running.scope.cancel()
+            running.cancel()
 
     def _cancel_all_handlers(self) -> None:
         for running in [*self._running.values(), *self._orphans]:
-            running.context._cancel()
-            running.scope.cancel()
+            running.cancel()
 
     # -- on_idle ----------------------------------------------------------------
 

@@ -129,6 +129,7 @@ from ._gate import time_remaining
 from ._members import ATTACH_LOCAL_METHOD, Members
 from ._sessions import SessionTable
 from ._wakeups import LeaseReaper, QueueWakeups
+from ._wire import Preencoded
 from ._work import WorkStreams
 from .storage._base import FailedPrecondition, LeaseLost, NotFound, Storage
 
@@ -191,7 +192,7 @@ def _echo_size_bound(queue: str, spec: TaskSpec) -> int:
     return len(spec.payload) + 4 * text + 256
 
 
-class _EncodedEnqueueMany(EnqueueManyResponse):
+class _EncodedEnqueueMany(Preencoded, EnqueueManyResponse):
     """An `EnqueueManyResponse` encoded by `ringo_trio._fastwire` (byte-identical
     to betterproto2, an order of magnitude faster for a batch of 1,000 echoed
     tasks). Its fields stay empty: it exists to be sent."""
@@ -199,9 +200,6 @@ class _EncodedEnqueueMany(EnqueueManyResponse):
     def __init__(self, results: list[tuple[Task, bool]], created: int, duplicates: int) -> None:
         super().__init__(created_count=created, duplicate_count=duplicates)
         self._wire = encode_enqueue_many_response(results, created, duplicates)
-
-    def __bytes__(self) -> bytes:
-        return self._wire
 
 
 _Service = TypeVar("_Service", bound="QueueService")

@@ -204,6 +204,16 @@ def _check_message_at(
     _check_fields(buf, start, end, _message_schema(cls), path, owner=cls)
 
 
+class Preencoded:
+    """Mixin for a response message that carries its own encoding (made by
+    `ringo_trio._fastwire`): `StrictCodec.encode` sends ``bytes(message)``."""
+
+    _wire: bytes
+
+    def __bytes__(self) -> bytes:
+        return self._wire
+
+
 class StrictCodec(CodecBase):
     """grpclib codec for betterproto2 messages that refuses malformed input."""
 

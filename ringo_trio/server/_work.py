@@ -119,6 +119,7 @@ from ringo_trio._proto.ringo.v1 import (
 from . import _validate as v
 from ._clock import Clock
 from ._wakeups import LeaseReaper, QueueWakeups
+from ._wire import Preencoded
 from .storage._base import FailedPrecondition, LeaseLost, NotFound, Storage
 
 __all__ = [
@@ -688,13 +689,8 @@ class _WorkStream:
 # `bytes()` is that encoding.
 
 
-class _Wire(WorkResponse):
+class _Wire(Preencoded, WorkResponse):
     """A `WorkResponse` that carries its own encoding."""
-
-    _wire: bytes
-
-    def __bytes__(self) -> bytes:
-        return self._wire
 
 
 def task_frame(leased: LeasedTask) -> WorkResponse:

@@ -62,8 +62,15 @@ from ringo_trio._session import (
     StartHandler,
     State,
     WorkSession,
-    frames,
 )
+
+
+def frames(outputs: list[Output]) -> list[Output]:
+    """The frames among a session's outputs (what it asks the driver to send)."""
+    return [
+        o for o in outputs if isinstance(o, Register | Credit | Settle | Extend | Progress | Drain)
+    ]
+
 
 LEASE_LOST = CommandError("LEASE_LOST", "the lease is gone")
 CAPACITY = CommandError("RESOURCE_EXHAUSTED", "over capacity", CREDIT_CAPACITY_REASON)
