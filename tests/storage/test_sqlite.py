@@ -295,3 +295,11 @@ def test_claim_does_not_walk_scheduled_tasks(sqlite: SyncEngine) -> None:
     assert lt.task.id == due.task.id
     # Scanning the 1000 scheduled entries takes tens of thousands of instructions.
     assert steps < 50, steps
+
+
+def test_watch_returns_at_once(sqlite: SyncEngine) -> None:
+    """No other process writes the SQLite file (the data dir is locked): there is
+    nothing to watch, so watch returns at once without calling notify."""
+    seen: list[str | None] = []
+    sqlite.watch(seen.append)
+    assert seen == []

@@ -1,4 +1,4 @@
-"""The storage interface every engine implements (SQLite now, PostgreSQL next).
+"""The storage interface every engine implements (SQLite, PostgreSQL).
 
 Theory of operation
 -------------------
@@ -28,6 +28,11 @@ Rules every engine keeps (the shared storage test suite checks them):
   leases with a new attempt number and a fresh token.
 * Claim order: highest priority first, then earliest available_at, then
   enqueue order.
+* Several engines may share one store (PostgreSQL: one daemon per host);
+  every rule above holds across them, a task is never leased by two at once,
+  and `watch` tells each about claimable work the others made.
+* An engine whose backend cannot be reached raises `StorageUnavailable` and
+  recovers by itself once the backend is back; no reopen is needed.
 
 Engines take `now` from the caller; they never read a clock themselves.
 Rows cross this interface as the generated wire dataclasses (`Task`,
@@ -37,7 +42,7 @@ Rows cross this interface as the generated wire dataclasses (`Task`,
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -51,11 +56,19 @@ __all__ = [
     "SchemaTooNew",
     "Storage",
     "StorageError",
+    "StorageUnavailable",
 ]
 
 
 class StorageError(Exception):
     """Base of the conditions an engine reports to the service layer."""
+
+
+class StorageUnavailable(StorageError):
+    """The storage backend cannot be reached now (connection lost, server
+    down or shutting down); the call may be retried. Whether a mutation that
+    failed this way was committed is unknown only when the connection broke
+    while the commit was in flight."""
 
 
 class NotFound(StorageError):
@@ -92,6 +105,18 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release everything; idempotent."""
+
+    async def watch(self, notify: Callable[[str | None], None]) -> None:
+        """Run until cancelled, calling `notify(queue)` whenever ANOTHER
+        process may have made a task of `queue` claimable (an enqueue that
+        created tasks, a nack back to PENDING, a retry, a release, a lease
+        expiry back to PENDING), and `notify(None)` each time the listener
+        (re)connects: anything may have changed while it was not listening.
+
+        Never raises except cancellation; after losing its connection it
+        reconnects with capped backoff. Engines no other process writes
+        return at once (this default)."""
+        return
 
     # -- submission --------------------------------------------------------
 

@@ -56,25 +56,16 @@ import math
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ringo_trio._limits import (
-    DEFAULT_BACKOFF_INITIAL,
-    DEFAULT_BACKOFF_MAX,
-    DEFAULT_BACKOFF_MULTIPLIER,
-    DEFAULT_MAX_ATTEMPTS,
-)
 from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
     LeaseRef,
-    Progress,
-    RetryBackoff,
     Task,
     TaskSpec,
-    TaskState,
 )
 
 from ._base import (
@@ -86,24 +77,32 @@ from ._base import (
     Storage,
     StorageError,
 )
+from ._rows import C_AVAILABLE as _C_AVAILABLE
+from ._rows import C_PRIORITY as _C_PRIORITY
+from ._rows import C_SEQ as _C_SEQ
+from ._rows import COLS as _COLS
+from ._rows import DEAD as _DEAD
+from ._rows import LEASE_EXPIRED as _LEASE_EXPIRED
+from ._rows import LEASED as _LEASED
+from ._rows import MICRO as _MICRO
+from ._rows import PENDING as _PENDING
+from ._rows import STATES as _STATES
+from ._rows import SUCCEEDED as _SUCCEEDED
+from ._rows import UINT32_MAX as _UINT32_MAX
+from ._rows import describe as _describe
+from ._rows import from_us as _from_us
+from ._rows import lease as _lease
+from ._rows import leased as _leased
+from ._rows import new_task as _new_task
+from ._rows import row_task as _row_task
+from ._rows import to_us as _to_us
 
 __all__ = ["SCHEMA_VERSION", "SQLiteEngine"]
 
 _T = TypeVar("_T")
 
-
-_PENDING = int(TaskState.PENDING)
-_LEASED = int(TaskState.LEASED)
-_SUCCEEDED = int(TaskState.SUCCEEDED)
-_DEAD = int(TaskState.DEAD)
-_STATES = {int(s): s for s in TaskState}
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICRO = timedelta(microseconds=1)
-_UINT32_MAX = 2**32 - 1
 _BUSY_TIMEOUT_MS = 5000
 _MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
-_LEASE_EXPIRED = "lease expired"
 
 # A claim seeks priority by priority; a queue with more distinct priorities
 # than this falls back to one ordered scan for the rest, bounding the seeks.
@@ -152,15 +151,6 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
-_COLS = (
-    "seq, id, queue, task_type, payload, unique_key, state, attempt, max_attempts,"
-    " priority, backoff_initial_us, backoff_max_us, backoff_multiplier, created_at,"
-    " updated_at, available_at, finished_at, last_error, progress_current, progress_total,"
-    " progress_message, progress_at, worker_id, lease_until, lease_token"
-)
-# Positions in _COLS that the code reads by name.
-_C_SEQ, _C_ID, _C_ATTEMPT, _C_PRIORITY, _C_AVAILABLE = 0, 1, 7, 9, 15
-_C_WORKER, _C_LEASE_UNTIL, _C_TOKEN = 22, 23, 24
 
 _INSERT = (
     "INSERT INTO tasks (id, queue, task_type, payload, unique_key, state, attempt,"
@@ -275,20 +265,6 @@ def _priority_steps(db: sqlite3.Connection, queue: str) -> Iterator[tuple[int, b
         prio = db.execute(_NEXT_PRIORITY, (queue, prio)).fetchone()[0]
 
 
-def _to_us(moment: datetime) -> int:
-    if moment.tzinfo is None:
-        raise ValueError(f"naive datetime {moment!r}: the storage needs aware (UTC) times")
-    return (moment - _EPOCH) // _MICRO
-
-
-def _from_us(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
-
-
-def _opt_from_us(us: int | None) -> datetime | None:
-    return None if us is None else _from_us(us)
-
-
 def _backoff_us(initial_us: int, max_us: int, multiplier: float, attempt: int) -> int:
     """initial * multiplier^(attempt-1), capped at max (registered as SQL)."""
     try:
@@ -303,63 +279,6 @@ def _backoff_us(initial_us: int, max_us: int, multiplier: float, attempt: int) -
 
 def _new_token() -> str:
     return secrets.token_hex(16)
-
-
-def _row_task(row: Sequence[Any]) -> Task:
-    # Literal positions of _COLS: this runs for every row a call returns.
-    progress = None
-    if row[21] is not None:
-        progress = Progress(
-            current=row[18], total=row[19], message=row[20], updated_at=_from_us(row[21])
-        )
-    return Task(
-        id=row[1],
-        queue=row[2],
-        task_type=row[3],
-        payload=row[4],
-        unique_key=row[5],
-        state=_STATES[row[6]],
-        attempt=row[7],
-        max_attempts=row[8],
-        priority=row[9],
-        retry_backoff=RetryBackoff(
-            initial=timedelta(microseconds=row[10]),
-            maximum=timedelta(microseconds=row[11]),
-            multiplier=row[12],
-        ),
-        created_at=_from_us(row[13]),
-        updated_at=_from_us(row[14]),
-        available_at=_from_us(row[15]),
-        finished_at=_opt_from_us(row[16]),
-        last_error=row[17],
-        progress=progress,
-        worker_id=row[22],
-        lease_until=_opt_from_us(row[23]),
-    )
-
-
-def _leased(row: Sequence[Any]) -> LeasedTask:
-    return LeasedTask(
-        task=_row_task(row),
-        lease=Lease(
-            task_id=row[_C_ID],
-            attempt=row[_C_ATTEMPT],
-            lease_token=row[_C_TOKEN],
-            worker_id=row[_C_WORKER],
-            until=_from_us(row[_C_LEASE_UNTIL]),
-        ),
-    )
-
-
-def _lease(row: Sequence[Any]) -> Lease:
-    """From `_EXTEND`'s RETURNING row."""
-    return Lease(
-        task_id=row[0],
-        attempt=row[1],
-        lease_token=row[2],
-        worker_id=row[3],
-        until=_from_us(row[4]),
-    )
 
 
 def _find(
@@ -678,85 +597,6 @@ class SQLiteEngine(Storage):
         if soonest is None:
             return None
         return _from_us(max(soonest, now_us))
-
-
-def _new_task(
-    queue: str, spec: TaskSpec, now: datetime, now_us: int, id_prefix: str
-) -> tuple[Task, tuple[Any, ...]]:
-    """The Task a spec becomes, and its INSERT row (built together so the
-    returned Task is exactly what a later `get` reads back)."""
-    backoff = spec.retry_backoff
-    initial = DEFAULT_BACKOFF_INITIAL
-    maximum = DEFAULT_BACKOFF_MAX
-    multiplier = DEFAULT_BACKOFF_MULTIPLIER
-    if backoff is not None:
-        if backoff.initial is not None:
-            initial = max(backoff.initial, timedelta(0))
-        # Same rule as the service's validator: an unset maximum never caps
-        # the backoff below its own initial delay.
-        maximum = (
-            max(backoff.maximum, timedelta(0))
-            if backoff.maximum is not None
-            else max(DEFAULT_BACKOFF_MAX, initial)
-        )
-        if backoff.multiplier:
-            multiplier = backoff.multiplier
-    max_attempts = spec.max_attempts or DEFAULT_MAX_ATTEMPTS
-    # A task cannot become available before it exists; when both delay and
-    # not_before are given the later moment wins.
-    available_us = now_us
-    if spec.delay is not None:
-        available_us = max(available_us, now_us + spec.delay // _MICRO)
-    if spec.not_before is not None:
-        available_us = max(available_us, _to_us(spec.not_before))
-    available = now if available_us == now_us else _from_us(available_us)
-    task_id = id_prefix + secrets.token_hex(10)
-    initial_us = initial // _MICRO
-    maximum_us = maximum // _MICRO
-    task = Task(
-        id=task_id,
-        queue=queue,
-        task_type=spec.task_type,
-        payload=spec.payload,
-        unique_key=spec.unique_key,
-        state=TaskState.PENDING,
-        attempt=0,
-        max_attempts=max_attempts,
-        priority=spec.priority,
-        # Rebuilt from microseconds so the Task equals what the row reads back.
-        retry_backoff=RetryBackoff(
-            initial=timedelta(microseconds=initial_us),
-            maximum=timedelta(microseconds=maximum_us),
-            multiplier=float(multiplier),
-        ),
-        created_at=now,
-        updated_at=now,
-        available_at=available,
-    )
-    row = (
-        task_id,
-        queue,
-        spec.task_type,
-        spec.payload,
-        spec.unique_key,
-        _PENDING,
-        max_attempts,
-        max_attempts,
-        spec.priority,
-        initial_us,
-        maximum_us,
-        float(multiplier),
-        now_us,
-        now_us,
-        available_us,
-    )
-    return task, row
-
-
-def _describe(queue: str, task_id: str | None, unique_key: str | None) -> str:
-    if task_id is not None:
-        return f"task {task_id!r} in queue {queue!r}"
-    return f"task with unique key {unique_key!r} in queue {queue!r}"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,201 @@
+"""What every engine shares: the task row's column order, time and state
+encodings, and building wire dataclasses from rows.
+
+Both engines store times as integer microseconds since the Unix epoch (UTC)
+and select the columns in `COLS` order, so one row decoder serves both and a
+Task read back is field for field what the engine returned when it wrote it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ringo_trio._limits import (
+    DEFAULT_BACKOFF_INITIAL,
+    DEFAULT_BACKOFF_MAX,
+    DEFAULT_BACKOFF_MULTIPLIER,
+    DEFAULT_MAX_ATTEMPTS,
+)
+from ringo_trio._proto.ringo.v1 import (
+    Lease,
+    LeasedTask,
+    Progress,
+    RetryBackoff,
+    Task,
+    TaskSpec,
+    TaskState,
+)
+
+PENDING = int(TaskState.PENDING)
+LEASED = int(TaskState.LEASED)
+SUCCEEDED = int(TaskState.SUCCEEDED)
+DEAD = int(TaskState.DEAD)
+STATES = {int(s): s for s in TaskState}
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICRO = timedelta(microseconds=1)
+UINT32_MAX = 2**32 - 1
+LEASE_EXPIRED = "lease expired"
+
+COLS = (
+    "seq, id, queue, task_type, payload, unique_key, state, attempt, max_attempts,"
+    " priority, backoff_initial_us, backoff_max_us, backoff_multiplier, created_at,"
+    " updated_at, available_at, finished_at, last_error, progress_current, progress_total,"
+    " progress_message, progress_at, worker_id, lease_until, lease_token"
+)
+# Positions in COLS that the engines read by name.
+C_SEQ, C_ID, C_ATTEMPT, C_PRIORITY, C_AVAILABLE = 0, 1, 7, 9, 15
+C_WORKER, C_LEASE_UNTIL, C_TOKEN = 22, 23, 24
+
+
+def to_us(moment: datetime) -> int:
+    if moment.tzinfo is None:
+        raise ValueError(f"naive datetime {moment!r}: the storage needs aware (UTC) times")
+    return (moment - EPOCH) // MICRO
+
+
+def from_us(us: int) -> datetime:
+    return EPOCH + timedelta(microseconds=us)
+
+
+def opt_from_us(us: int | None) -> datetime | None:
+    return None if us is None else from_us(us)
+
+
+def row_task(row: Sequence[Any]) -> Task:
+    # Literal positions of _COLS: this runs for every row a call returns.
+    progress = None
+    if row[21] is not None:
+        progress = Progress(
+            current=row[18], total=row[19], message=row[20], updated_at=from_us(row[21])
+        )
+    return Task(
+        id=row[1],
+        queue=row[2],
+        task_type=row[3],
+        payload=row[4],
+        unique_key=row[5],
+        state=STATES[row[6]],
+        attempt=row[7],
+        max_attempts=row[8],
+        priority=row[9],
+        retry_backoff=RetryBackoff(
+            initial=timedelta(microseconds=row[10]),
+            maximum=timedelta(microseconds=row[11]),
+            multiplier=row[12],
+        ),
+        created_at=from_us(row[13]),
+        updated_at=from_us(row[14]),
+        available_at=from_us(row[15]),
+        finished_at=opt_from_us(row[16]),
+        last_error=row[17],
+        progress=progress,
+        worker_id=row[22],
+        lease_until=opt_from_us(row[23]),
+    )
+
+
+def leased(row: Sequence[Any]) -> LeasedTask:
+    return LeasedTask(
+        task=row_task(row),
+        lease=Lease(
+            task_id=row[C_ID],
+            attempt=row[C_ATTEMPT],
+            lease_token=row[C_TOKEN],
+            worker_id=row[C_WORKER],
+            until=from_us(row[C_LEASE_UNTIL]),
+        ),
+    )
+
+
+def lease(row: Sequence[Any]) -> Lease:
+    """From `_EXTEND`'s RETURNING row."""
+    return Lease(
+        task_id=row[0],
+        attempt=row[1],
+        lease_token=row[2],
+        worker_id=row[3],
+        until=from_us(row[4]),
+    )
+
+
+def new_task(
+    queue: str, spec: TaskSpec, now: datetime, now_us: int, id_prefix: str
+) -> tuple[Task, tuple[Any, ...]]:
+    """The Task a spec becomes, and its INSERT row (built together so the
+    returned Task is exactly what a later `get` reads back)."""
+    backoff = spec.retry_backoff
+    initial = DEFAULT_BACKOFF_INITIAL
+    maximum = DEFAULT_BACKOFF_MAX
+    multiplier = DEFAULT_BACKOFF_MULTIPLIER
+    if backoff is not None:
+        if backoff.initial is not None:
+            initial = max(backoff.initial, timedelta(0))
+        # Same rule as the service's validator: an unset maximum never caps
+        # the backoff below its own initial delay.
+        maximum = (
+            max(backoff.maximum, timedelta(0))
+            if backoff.maximum is not None
+            else max(DEFAULT_BACKOFF_MAX, initial)
+        )
+        if backoff.multiplier:
+            multiplier = backoff.multiplier
+    max_attempts = spec.max_attempts or DEFAULT_MAX_ATTEMPTS
+    # A task cannot become available before it exists; when both delay and
+    # not_before are given the later moment wins.
+    available_us = now_us
+    if spec.delay is not None:
+        available_us = max(available_us, now_us + spec.delay // MICRO)
+    if spec.not_before is not None:
+        available_us = max(available_us, to_us(spec.not_before))
+    available = now if available_us == now_us else from_us(available_us)
+    task_id = id_prefix + secrets.token_hex(10)
+    initial_us = initial // MICRO
+    maximum_us = maximum // MICRO
+    task = Task(
+        id=task_id,
+        queue=queue,
+        task_type=spec.task_type,
+        payload=spec.payload,
+        unique_key=spec.unique_key,
+        state=TaskState.PENDING,
+        attempt=0,
+        max_attempts=max_attempts,
+        priority=spec.priority,
+        # Rebuilt from microseconds so the Task equals what the row reads back.
+        retry_backoff=RetryBackoff(
+            initial=timedelta(microseconds=initial_us),
+            maximum=timedelta(microseconds=maximum_us),
+            multiplier=float(multiplier),
+        ),
+        created_at=now,
+        updated_at=now,
+        available_at=available,
+    )
+    row = (
+        task_id,
+        queue,
+        spec.task_type,
+        spec.payload,
+        spec.unique_key,
+        PENDING,
+        max_attempts,
+        max_attempts,
+        spec.priority,
+        initial_us,
+        maximum_us,
+        float(multiplier),
+        now_us,
+        now_us,
+        available_us,
+    )
+    return task, row
+
+
+def describe(queue: str, task_id: str | None, unique_key: str | None) -> str:
+    if task_id is not None:
+        return f"task {task_id!r} in queue {queue!r}"
+    return f"task with unique key {unique_key!r} in queue {queue!r}"

@@ -1,0 +1,909 @@
+"""The shared storage engine: one PostgreSQL database (schema), any number of daemons.
+
+Theory of operation
+-------------------
+Same table, same state machine and same rules as the SQLite engine (see
+`_base`); what changes is that several daemons on several machines call into
+one database at once, so every rule has to hold against concurrent writers,
+not just against the other tasks of one event loop.
+
+Driver: asyncpg on a connection pool (`pool_size`). bench/pg_driver.py
+measured it against psycopg 3 + psycopg_pool on uvloop: claim+ack round
+trips are a tie (the server bounds them: one commit each), a 1000-row
+enqueue is ~2x faster on asyncpg. Every statement is prepared once per
+connection (asyncpg's statement cache) and runs its generic plan
+(`plan_cache_mode`: re-planning the claim's CTE per call cost ~30% of a
+claim), and every hot operation is ONE statement, hence one round trip and
+its own implicit transaction. The pool runs no reset query on release (an
+extra round trip each call), which is safe because the engine never leaves
+session state behind: no SET, no session advisory lock, no LISTEN on pooled
+connections.
+
+Concurrency, operation by operation (READ COMMITTED):
+
+* claim -- `UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED)`: a row
+  another daemon is leasing right now is skipped rather than waited for, and
+  a row another daemon leased after our snapshot fails the state re-check of
+  the row lock, so no two daemons ever lease the same task. The candidate
+  walk seeks the distinct PENDING priorities of the queue from the top (a
+  recursive CTE, one index seek per priority) and takes the due tasks of
+  each by `available_at`, so tasks scheduled far ahead are never scanned.
+  The same statement first expires the queue's overdue leases; when it did
+  expire any, it leases nothing and the claim runs again, so a task whose
+  expiry made it due at once is leased in order, exactly as in SQLite.
+* expiry (`expire_leases`, and the step above) -- `UPDATE ... WHERE seq IN
+  (SELECT ... WHERE state = LEASED AND lease_until <= now FOR UPDATE SKIP
+  LOCKED)`. Two daemons expiring at once: each overdue row is locked by
+  one; the other either skips it (still locked) or re-checks it after the
+  commit and finds it no longer LEASED. Each expired lease is processed
+  once: one attempt ended, one backoff applied.
+* lease operations -- one `UPDATE ... WHERE <the live lease>`; a concurrent
+  change to the row makes the guard be re-evaluated on the new version, so a
+  stale ref matches nothing (LeaseLost), whoever won.
+* enqueue -- one `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`
+  (dedupe against a racing daemon is the unique index's), then a lookup of
+  the keys that conflicted; deadlocks between two overlapping keyed batches
+  are retried.
+
+Time: the caller's `now` (microseconds, as in SQLite); never the database's
+clock. A lease token is `gen_random_uuid()` without dashes: 32 hex digits,
+122 random bits, minted in the claiming statement.
+
+Cross-daemon wake-ups: every mutation that may make a task claimable
+(enqueue that created tasks, nack back to PENDING, retry, release, expiry
+back to PENDING) calls `pg_notify(channel, "<engine id> <queue>")` inside its
+own transaction, so the notification is delivered at commit and never for a
+rolled-back change. `watch` LISTENs on a dedicated connection and skips the
+engine's own notifications. One channel per schema (`ringo:<schema>`), so
+two deployments in one database do not wake each other.
+
+Connection loss: any connection-level failure (refused, reset, terminated
+backend, server shutting down or starting up) is `StorageUnavailable`; the
+broken connection leaves the pool and the next call connects afresh, so the
+engine recovers by itself once the server is back.
+
+Schema: tables live in `schema` (created when missing). `ringo_schema`
+holds the version; `_migrations(schema)[i]` takes it from i to i + 1. `open`
+migrates in one transaction under `pg_advisory_xact_lock`, so daemons
+starting together migrate exactly once, and refuses (`SchemaTooNew`) a
+database written by newer code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import asyncpg  # type: ignore[import-untyped]
+
+from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, Task, TaskSpec
+
+from ._base import (
+    EnqueueOutcome,
+    FailedPrecondition,
+    LeaseLost,
+    NotFound,
+    SchemaTooNew,
+    Storage,
+    StorageError,
+    StorageUnavailable,
+)
+from ._rows import (
+    C_AVAILABLE,
+    C_PRIORITY,
+    C_SEQ,
+    COLS,
+    DEAD,
+    LEASE_EXPIRED,
+    LEASED,
+    MICRO,
+    PENDING,
+    STATES,
+    SUCCEEDED,
+    UINT32_MAX,
+    describe,
+    from_us,
+    lease,
+    leased,
+    new_task,
+    row_task,
+    to_us,
+)
+
+__all__ = ["SCHEMA_VERSION", "PostgresEngine"]
+
+log = logging.getLogger("ringo_trio.server")
+
+_T = TypeVar("_T")
+
+_CONNECT_TIMEOUT = 10.0
+_CLOSE_TIMEOUT = 5.0
+# watch(): reconnect backoff, and how often an idle listener proves its
+# connection is alive (a silently dropped TCP connection delivers nothing).
+_WATCH_RETRY_INITIAL = 0.1
+_WATCH_RETRY_MAX = 5.0
+_WATCH_PING = 15.0
+# A claim that expired leases runs again; bounded so a pathological stream
+# of leases expiring under it cannot keep it busy.
+_CLAIM_ROUNDS = 4
+_DEADLOCK_RETRIES = 3
+# pg_notify refuses payloads of 8000 bytes or more; queue names are far
+# shorter (MAX_NAME_BYTES), this only keeps a bad one from failing a write.
+_MAX_NOTIFY_QUEUE_BYTES = 7000
+
+# Connection-level failures: the server cannot be reached or dropped us.
+# Class 08 (connection exception), 57 (operator intervention: admin/crash
+# shutdown, cannot connect now), 53300 (too many connections); OSError and
+# TimeoutError from connecting.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    # A FATAL that reached an idle connection a moment before its EOF leaves
+    # the protocol in an error state; the next use reports it this way.
+    asyncpg.exceptions.InternalClientError,
+)
+_TRANSIENT = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
+
+
+def _unavailable(exc: BaseException) -> StorageUnavailable:
+    return StorageUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}: {exc}")
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _channel(schema: str) -> str:
+    """One LISTEN channel per schema; names over 63 bytes (PostgreSQL's
+    identifier limit) are hashed."""
+    name = f"ringo:{schema}"
+    if len(name.encode()) <= 63:
+        return name
+    return "ringo:" + hashlib.sha256(schema.encode()).hexdigest()[:40]
+
+
+def _lock_key(schema: str) -> int:
+    """The advisory lock migrations of `schema` run under (a signed bigint)."""
+    digest = hashlib.sha256(f"ringo_trio schema {schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _migrations(s: str) -> tuple[tuple[str, ...], ...]:
+    """The schema steps for schema `s` (already quoted)."""
+    return (
+        (
+            f"""
+            CREATE TABLE {s}.tasks (
+                seq                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                id                  text             NOT NULL,
+                queue               text             NOT NULL,
+                task_type           text             NOT NULL,
+                payload             bytea            NOT NULL,
+                unique_key          text             NOT NULL,
+                state               smallint         NOT NULL,
+                attempt             bigint           NOT NULL,
+                max_attempts        bigint           NOT NULL,
+                base_max_attempts   bigint           NOT NULL,
+                priority            integer          NOT NULL,
+                backoff_initial_us  bigint           NOT NULL,
+                backoff_max_us      bigint           NOT NULL,
+                backoff_multiplier  double precision NOT NULL,
+                created_at          bigint           NOT NULL,
+                updated_at          bigint           NOT NULL,
+                available_at        bigint           NOT NULL,
+                finished_at         bigint,
+                last_error          text             NOT NULL,
+                progress_current    double precision,
+                progress_total      double precision,
+                progress_message    text,
+                progress_at         bigint,
+                worker_id           text             NOT NULL,
+                lease_token         text             NOT NULL,
+                lease_until         bigint
+            )
+            """,
+            f"CREATE UNIQUE INDEX tasks_id ON {s}.tasks (id)",
+            f"CREATE UNIQUE INDEX tasks_unique_key ON {s}.tasks (queue, unique_key)"
+            " WHERE unique_key <> ''",
+            f"CREATE INDEX tasks_pending ON {s}.tasks (queue, priority DESC, available_at, seq)"
+            f" WHERE state = {PENDING}",
+            f"CREATE INDEX tasks_leased ON {s}.tasks (queue, lease_until) WHERE state = {LEASED}",
+            # The SQLite engine's _backoff_us, float for float: C pow() and
+            # IEEE products on both sides. An overflow (Python: OverflowError
+            # -> inf) caps at the maximum; the exception block is entered
+            # only when an overflow is possible at all.
+            f"""
+            CREATE FUNCTION {s}.ringo_backoff_us(
+                initial bigint, maximum bigint, multiplier double precision, attempt bigint
+            ) RETURNS bigint LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+            DECLARE
+                n double precision := greatest(attempt - 1, 0);
+                d double precision;
+            BEGIN
+                IF n = 0 OR multiplier = 1 OR (multiplier > 1 AND n * ln(multiplier) < 650) THEN
+                    d := initial * power(multiplier, n);
+                ELSE
+                    BEGIN
+                        d := initial * power(multiplier, n);
+                    EXCEPTION WHEN numeric_value_out_of_range THEN
+                        -- Overflow caps; an underflow (|multiplier| < 1) is 0.
+                        IF abs(multiplier) > 1 THEN RETURN maximum; END IF;
+                        d := 0;
+                    END;
+                END IF;
+                -- NOT <: NaN goes to the cap as well.
+                IF NOT d < maximum THEN RETURN maximum; END IF;
+                RETURN greatest(trunc(d)::bigint, 0);
+            END
+            $$
+            """,
+        ),
+    )
+
+
+SCHEMA_VERSION = len(_migrations('"x"'))
+
+
+class _Sql:
+    """The engine's statements, spelled for one schema, channel and engine id."""
+
+    def __init__(self, schema: str, channel: str, instance: str) -> None:
+        t = f"{_ident(schema)}.tasks"
+        self.tasks = t
+        backoff = f"{_ident(schema)}.ringo_backoff_us"
+
+        def note(queue: str) -> str:
+            """pg_notify naming `queue` (an SQL expression) and this engine."""
+            return (
+                f"pg_notify({_literal(channel)}, {_literal(instance + ' ')} ||"
+                f" CASE WHEN octet_length({queue}) <= {_MAX_NOTIFY_QUEUE_BYTES}"
+                f" THEN {queue} ELSE '' END)"
+            )
+
+        # The live lease at $4. Every LeaseRef operation is one UPDATE guarded
+        # by this, so a stale ref matches no row and changes nothing.
+        match = (
+            f"id = $1 AND state = {LEASED} AND attempt = $2 AND lease_token = $3"
+            " AND lease_until > $4"
+        )
+
+        def release(now: str, error: str, delay: str) -> str:
+            # SET expressions see the row as it was before the UPDATE, so
+            # `attempt` is the attempt that just ended.
+            return f"""
+                state = CASE WHEN attempt >= max_attempts THEN {DEAD} ELSE {PENDING} END,
+                available_at = CASE WHEN attempt >= max_attempts THEN available_at
+                    ELSE {now} + coalesce({delay}, {backoff}(
+                        backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)) END,
+                finished_at = CASE WHEN attempt >= max_attempts THEN {now} ELSE NULL END,
+                last_error = {error}, worker_id = '', lease_token = '', lease_until = NULL,
+                updated_at = {now}
+            """
+
+        def expire(now: str, queue_filter: str) -> str:
+            """An UPDATE returning (queue, state) of every lease overdue at
+            `now`, each locked by exactly one expiring transaction."""
+            return f"""
+                UPDATE {t} SET {release(now, _literal(LEASE_EXPIRED), "NULL::bigint")}
+                WHERE seq IN (
+                    SELECT seq FROM {t}
+                    WHERE state = {LEASED} AND lease_until <= {now}{queue_filter}
+                    FOR UPDATE SKIP LOCKED)
+                RETURNING queue, state
+            """
+
+        def notify_pending(cte: str) -> str:
+            """How many distinct queues of `cte` went PENDING, notifying each."""
+            return (
+                f"(SELECT count(*) FROM (SELECT DISTINCT queue FROM {cte}"
+                f" WHERE state = {PENDING}) q, LATERAL {note('q.queue')} n)"
+            )
+
+        # $1..$15 per column; unnest keeps array order and ORDER BY ord makes
+        # `seq` (identity) follow it: seq is enqueue order.
+        self.insert = f"""
+            WITH ins AS (
+                INSERT INTO {t} (id, queue, task_type, payload, unique_key, state, attempt,
+                    max_attempts, base_max_attempts, priority, backoff_initial_us,
+                    backoff_max_us, backoff_multiplier, created_at, updated_at, available_at,
+                    last_error, worker_id, lease_token)
+                SELECT u.id, $1, u.task_type, u.payload, u.unique_key, {PENDING}, 0,
+                    u.max_attempts, u.max_attempts, u.priority, u.initial_us, u.max_us,
+                    u.multiplier, $2, $2, u.available_at, '', '', ''
+                FROM unnest($3::text[], $4::text[], $5::bytea[], $6::text[], $7::bigint[],
+                    $8::integer[], $9::bigint[], $10::bigint[], $11::float8[], $12::bigint[])
+                    WITH ORDINALITY AS u(id, task_type, payload, unique_key, max_attempts,
+                        priority, initial_us, max_us, multiplier, available_at, ord)
+                ORDER BY u.ord
+                ON CONFLICT (queue, unique_key) WHERE unique_key <> '' DO NOTHING
+                RETURNING unique_key
+            ), n AS (
+                SELECT count(*) AS created,
+                    array_agg(unique_key) FILTER (WHERE unique_key <> '') AS keys
+                FROM ins
+            )
+            SELECT n.keys, CASE WHEN n.created > 0 THEN {note("$1")} END FROM n
+        """
+        self.by_keys = (
+            f"SELECT {COLS} FROM {t} WHERE queue = $1 AND unique_key <> ''"
+            " AND unique_key = ANY($2::text[])"
+        )
+        self.get_by_id = f"SELECT {COLS} FROM {t} WHERE queue = $1 AND id = $2"
+        self.get_by_key = (
+            f"SELECT {COLS} FROM {t} WHERE queue = $1 AND unique_key = $2 AND unique_key <> ''"
+        )
+        self.lock_by_id = f"SELECT seq, state FROM {t} WHERE queue = $1 AND id = $2 FOR UPDATE"
+        self.lock_by_key = (
+            f"SELECT seq, state FROM {t} WHERE queue = $1 AND unique_key = $2"
+            " AND unique_key <> '' FOR UPDATE"
+        )
+        self.retry = f"""
+            WITH r AS (
+                UPDATE {t} SET state = {PENDING}, available_at = $2, finished_at = NULL,
+                    max_attempts = least(attempt + base_max_attempts, {UINT32_MAX}),
+                    updated_at = $2
+                WHERE seq = $1 RETURNING {COLS}
+            )
+            SELECT r.*, {note("r.queue")} FROM r
+        """
+
+        # The claim: expire the queue's overdue leases; when none were,
+        # lease the first $3 due tasks in claim order. Always one row out:
+        # (leased columns or NULLs, number of leases expired).
+        types = _types_filter(6)
+        self.claim = f"""
+            WITH RECURSIVE expired AS ({expire("$2", " AND queue = $1")}
+            ), expired_n AS (
+                SELECT count(*) AS n, {notify_pending("expired")} AS notified FROM expired
+            ), prios(p) AS (
+                (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
+                 ORDER BY priority DESC LIMIT 1)
+                UNION ALL
+                SELECT (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
+                        AND priority < prios.p ORDER BY priority DESC LIMIT 1)
+                FROM prios WHERE prios.p IS NOT NULL
+            ), picked AS MATERIALIZED (
+                SELECT c.seq FROM prios CROSS JOIN LATERAL (
+                    SELECT seq FROM {t}
+                    WHERE queue = $1 AND state = {PENDING} AND priority = prios.p
+                        AND available_at <= $2 {types}
+                    ORDER BY available_at, seq LIMIT $3
+                    FOR UPDATE SKIP LOCKED) c
+                WHERE NOT EXISTS (SELECT 1 FROM expired)
+                LIMIT $3
+            ), claimed AS (
+                UPDATE {t} k SET state = {LEASED}, attempt = k.attempt + 1,
+                    lease_token = replace(gen_random_uuid()::text, '-', ''),
+                    worker_id = $4, lease_until = $5, updated_at = $2
+                FROM picked WHERE k.seq = picked.seq
+                RETURNING k.*
+            )
+            SELECT {", ".join("c." + c.strip() for c in COLS.split(","))}, e.n
+            FROM expired_n e LEFT JOIN claimed c ON true
+        """
+        self.expire_all = f"""
+            WITH expired AS ({expire("$1", "")})
+            SELECT (SELECT count(*) FROM expired), {notify_pending("expired")}
+        """
+
+        self.ack = f"""
+            UPDATE {t} SET state = {SUCCEEDED}, finished_at = $4, worker_id = '',
+                lease_token = '', lease_until = NULL, updated_at = $4
+            WHERE {match} RETURNING {COLS}
+        """
+        self.nack = f"""
+            WITH r AS (
+                UPDATE {t} SET {release("$4", "$5", "$6::bigint")}
+                WHERE {match} RETURNING {COLS}
+            )
+            SELECT r.*, CASE WHEN r.state = {PENDING} THEN {note("r.queue")} END FROM r
+        """
+        self.reject = f"""
+            UPDATE {t} SET state = {DEAD}, finished_at = $4, last_error = $5,
+                worker_id = '', lease_token = '', lease_until = NULL, updated_at = $4
+            WHERE {match} RETURNING {COLS}
+        """
+        self.extend = f"""
+            UPDATE {t} SET lease_until = $5, updated_at = $4
+            WHERE {match} RETURNING id, attempt, lease_token, worker_id, lease_until
+        """
+        self.progress = f"""
+            UPDATE {t} SET progress_current = $5, progress_total = $6,
+                progress_message = $7, progress_at = $4, updated_at = $4
+            WHERE {match} RETURNING id
+        """
+        # `available_at` is kept: claim never moves it and it was due when
+        # claimed, so the task is claimable now and keeps its place in order.
+        # A ref listed twice matches its row once (UPDATE ... FROM).
+        self.release = f"""
+            WITH r AS (
+                UPDATE {t} k SET state = {PENDING}, attempt = k.attempt - 1, worker_id = '',
+                    lease_token = '', lease_until = NULL, updated_at = $4
+                FROM unnest($1::text[], $2::bigint[], $3::text[]) AS u(id, attempt, token)
+                WHERE k.id = u.id AND k.state = {LEASED} AND k.attempt = u.attempt
+                    AND k.lease_token = u.token AND k.lease_until > $4
+                RETURNING k.queue, k.state
+            )
+            SELECT (SELECT count(*) FROM r), {notify_pending("r")}
+        """
+
+        types = _types_filter(2)
+        # One literal state per count, so each uses its partial index.
+        self.activity = f"""
+            SELECT (SELECT count(*) FROM {t} WHERE queue = $1 AND state = {PENDING} {types})
+                 + (SELECT count(*) FROM {t} WHERE queue = $1 AND state = {LEASED} {types})
+        """
+        # The soonest lease deadline, and the soonest available_at of each
+        # distinct PENDING priority (one index seek each).
+        self.next_wakeup = f"""
+            WITH RECURSIVE prios(p) AS (
+                (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
+                 ORDER BY priority DESC LIMIT 1)
+                UNION ALL
+                SELECT (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
+                        AND priority < prios.p ORDER BY priority DESC LIMIT 1)
+                FROM prios WHERE prios.p IS NOT NULL
+            )
+            SELECT least(
+                (SELECT min(lease_until) FROM {t}
+                 WHERE queue = $1 AND state = {LEASED} {types}),
+                (SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL (
+                    SELECT available_at FROM {t}
+                    WHERE queue = $1 AND state = {PENDING} AND priority = prios.p {types}
+                    ORDER BY available_at LIMIT 1) f))
+        """
+
+
+def _types_filter(n: int) -> str:
+    """The task-type filter on parameter $n: NULL (no types asked) passes all."""
+    return f"AND (${n}::text[] IS NULL OR task_type = ANY(${n}::text[]))"
+
+
+def _types(task_types: Sequence[str]) -> list[str] | None:
+    return list(task_types) if task_types else None
+
+
+class PostgresEngine(Storage):
+    """`Storage` on a PostgreSQL database: the tables live in `schema`
+    (created if missing); up to `pool_size` connections at once, plus one
+    while `watch` runs."""
+
+    def __init__(self, dsn: str, *, schema: str = "public", pool_size: int = 10) -> None:
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be at least 1, got {pool_size}")
+        if not schema:
+            raise ValueError("schema must not be empty")
+        self.dsn = dsn
+        self.schema = schema
+        self.pool_size = pool_size
+        # Names this engine in its notifications, so `watch` skips its own.
+        self.instance = secrets.token_hex(8)
+        self.channel = _channel(schema)
+        self._sql = _Sql(schema, self.channel, self.instance)
+        self._pool: asyncpg.Pool | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            pool = await asyncpg.create_pool(
+                self.dsn,
+                min_size=1,
+                max_size=self.pool_size,
+                reset=_keep_session,
+                timeout=_CONNECT_TIMEOUT,
+                server_settings=_SERVER_SETTINGS,
+            )
+        except _UNAVAILABLE as exc:
+            raise _unavailable(exc) from exc
+        try:
+            async with pool.acquire() as conn:
+                await _migrate(conn, self.schema)
+        except BaseException:
+            pool.terminate()
+            raise
+        self._pool = pool
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        try:
+            await asyncio.wait_for(pool.close(), _CLOSE_TIMEOUT)
+        except (Exception, asyncio.CancelledError):
+            # A server that is gone cannot be said goodbye to.
+            pool.terminate()
+            raise
+
+    def _live_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise RuntimeError("PostgresEngine is not open")
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection; a connection-level failure is StorageUnavailable
+        and the connection is thrown away, so the next call gets a fresh one."""
+        pool = self._live_pool()
+        try:
+            async with pool.acquire() as conn:
+                try:
+                    yield conn
+                except _UNAVAILABLE:
+                    self._discard(conn)
+                    raise
+        except _UNAVAILABLE as exc:
+            raise _unavailable(exc) from exc
+
+    @staticmethod
+    def _discard(conn: asyncpg.Connection) -> None:
+        """`conn` failed at the connection level: never reuse it. (A FATAL
+        read a moment before the EOF leaves a connection open but broken.)"""
+        # asyncpg may already have returned a connection it saw die.
+        with contextlib.suppress(asyncpg.InterfaceError):
+            conn.terminate()
+
+    # The hot path: the same as `_conn`, without a generator per call.
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        pool = self._live_pool()
+        try:
+            async with pool.acquire() as conn:
+                try:
+                    return await conn.fetch(sql, *args)  # type: ignore[no-any-return]
+                except _UNAVAILABLE:
+                    self._discard(conn)
+                    raise
+        except _UNAVAILABLE as exc:
+            raise _unavailable(exc) from exc
+
+    async def _fetchrow(self, sql: str, *args: Any) -> Any:
+        pool = self._live_pool()
+        try:
+            async with pool.acquire() as conn:
+                try:
+                    return await conn.fetchrow(sql, *args)
+                except _UNAVAILABLE:
+                    self._discard(conn)
+                    raise
+        except _UNAVAILABLE as exc:
+            raise _unavailable(exc) from exc
+
+    # -- submission --------------------------------------------------------
+
+    async def enqueue(
+        self, queue: str, specs: Sequence[TaskSpec], now: datetime
+    ) -> list[EnqueueOutcome]:
+        if not specs:
+            return []
+        now_us = to_us(now)
+        # Normalised to UTC so a returned Task equals what `get` reads back.
+        now = from_us(now_us)
+        id_prefix = f"{max(now_us // 1000, 0) & 0xFFFF_FFFF_FFFF:012x}"
+        # In-batch dedupe first: `first[i]` is the index of the spec whose
+        # task spec i resolves to.
+        first: list[int] = []
+        by_key: dict[str, int] = {}
+        new: list[tuple[Task, tuple[Any, ...]]] = []
+        candidate: dict[int, int] = {}  # spec index -> index into `new`
+        for i, spec in enumerate(specs):
+            key = spec.unique_key
+            if key and key in by_key:
+                first.append(by_key[key])
+                continue
+            if key:
+                by_key[key] = i
+            first.append(i)
+            candidate[i] = len(new)
+            new.append(new_task(queue, spec, now, now_us, id_prefix))
+        columns = _columns(row for _, row in new)
+        for attempt in range(_DEADLOCK_RETRIES):
+            try:
+                row = await self._fetchrow(self._sql.insert, queue, now_us, *columns)
+                break
+            except _TRANSIENT:
+                if attempt == _DEADLOCK_RETRIES - 1:
+                    raise
+        inserted_keys = set(row[0] or ())
+        conflicted = [k for k in by_key if k not in inserted_keys]
+        existing: dict[str, Task] = {}
+        if conflicted:
+            # A new statement: it sees the rows that won the conflict, even
+            # those another daemon committed a moment ago.
+            for found in await self._fetch(self._sql.by_keys, queue, conflicted):
+                existing[found[5]] = row_task(found)
+            if len(existing) != len(conflicted):
+                # Tasks are never deleted, so a key that conflicted has a row.
+                raise StorageError(f"queue {queue!r}: a conflicting unique key vanished")
+        outcomes: list[EnqueueOutcome] = []
+        for i, spec in enumerate(specs):
+            if first[i] != i:
+                prior = outcomes[first[i]]
+                outcomes.append(EnqueueOutcome(prior.task, created=False))
+            elif spec.unique_key in existing:
+                outcomes.append(EnqueueOutcome(existing[spec.unique_key], created=False))
+            else:
+                outcomes.append(EnqueueOutcome(new[candidate[i]][0], created=True))
+        return outcomes
+
+    async def get(
+        self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
+    ) -> Task:
+        _one_lookup(task_id, unique_key)
+        if task_id is not None:
+            row = await self._fetchrow(self._sql.get_by_id, queue, task_id)
+        else:
+            row = await self._fetchrow(self._sql.get_by_key, queue, unique_key)
+        if row is None:
+            raise NotFound(describe(queue, task_id, unique_key))
+        return row_task(row)
+
+    async def retry(
+        self,
+        queue: str,
+        now: datetime,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+    ) -> Task:
+        _one_lookup(task_id, unique_key)
+        now_us = to_us(now)
+        async with self._conn() as conn, conn.transaction():
+            if task_id is not None:
+                found = await conn.fetchrow(self._sql.lock_by_id, queue, task_id)
+            else:
+                found = await conn.fetchrow(self._sql.lock_by_key, queue, unique_key)
+            if found is None:
+                raise NotFound(describe(queue, task_id, unique_key))
+            if found[1] not in (SUCCEEDED, DEAD):
+                raise FailedPrecondition(
+                    f"{describe(queue, task_id, unique_key)} is {STATES[found[1]].name};"
+                    " only SUCCEEDED or DEAD tasks can be retried"
+                )
+            return row_task(await conn.fetchrow(self._sql.retry, found[0], now_us))
+
+    # -- leases ------------------------------------------------------------
+
+    async def claim(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease_duration: timedelta,
+        now: datetime,
+    ) -> list[LeasedTask]:
+        if limit <= 0:
+            return []
+        now_us = to_us(now)
+        until = now_us + lease_duration // MICRO
+        types = _types(task_types)
+        rows: list[Any] = []
+        for _ in range(_CLAIM_ROUNDS):
+            rows = await self._fetch(self._sql.claim, queue, now_us, limit, worker_id, until, types)
+            if not rows[0][-1]:
+                break
+        rows = [r for r in rows if r[C_SEQ] is not None]
+        # RETURNING yields rows in no promised order.
+        rows.sort(key=lambda r: (-r[C_PRIORITY], r[C_AVAILABLE], r[C_SEQ]))
+        return [leased(r) for r in rows]
+
+    async def _settle(
+        self, sql: str, build: Callable[[Any], _T], ref: LeaseRef, now: datetime, *extra: Any
+    ) -> _T:
+        """Run one lease-guarded UPDATE ... RETURNING; LeaseLost when the ref
+        is not the task's live lease (the UPDATE then matched nothing)."""
+        row = await self._fetchrow(
+            sql, ref.task_id, ref.attempt, ref.lease_token, to_us(now), *extra
+        )
+        if row is None:
+            raise LeaseLost(
+                f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease,"
+                " or it has expired"
+            )
+        return build(row)
+
+    async def ack(self, ref: LeaseRef, now: datetime) -> Task:
+        return await self._settle(self._sql.ack, row_task, ref, now)
+
+    async def nack(
+        self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
+    ) -> Task:
+        delay = None if retry_delay is None else max(retry_delay // MICRO, 0)
+        return await self._settle(self._sql.nack, row_task, ref, now, error, delay)
+
+    async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
+        return await self._settle(self._sql.reject, row_task, ref, now, error)
+
+    async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
+        until = to_us(now) + extension // MICRO
+        return await self._settle(self._sql.extend, lease, ref, now, until)
+
+    async def report_progress(
+        self, ref: LeaseRef, current: float, total: float, message: str, now: datetime
+    ) -> None:
+        await self._settle(
+            self._sql.progress,
+            lambda _row: None,
+            ref,
+            now,
+            float(current),
+            float(total),
+            message,
+        )
+
+    async def release(self, refs: Sequence[LeaseRef], now: datetime) -> int:
+        if not refs:
+            return 0
+        row = await self._fetchrow(
+            self._sql.release,
+            [r.task_id for r in refs],
+            [r.attempt for r in refs],
+            [r.lease_token for r in refs],
+            to_us(now),
+        )
+        return int(row[0])
+
+    async def expire_leases(self, now: datetime) -> int:
+        row = await self._fetchrow(self._sql.expire_all, to_us(now))
+        return int(row[0])
+
+    # -- observation -------------------------------------------------------
+
+    async def activity(self, queue: str, task_types: Sequence[str]) -> int:
+        row = await self._fetchrow(self._sql.activity, queue, _types(task_types))
+        return int(row[0])
+
+    async def next_wakeup(
+        self, queue: str, task_types: Sequence[str], now: datetime
+    ) -> datetime | None:
+        """As the interface says; a moment that has already come (a due task,
+        an expired lease not yet reaped) is reported as `now`."""
+        now_us = to_us(now)
+        row = await self._fetchrow(self._sql.next_wakeup, queue, _types(task_types))
+        soonest = row[0]
+        if soonest is None:
+            return None
+        return from_us(max(soonest, now_us))
+
+    # -- cross-daemon wake-ups ----------------------------------------------
+
+    async def watch(self, notify: Callable[[str | None], None]) -> None:
+        """LISTEN on the schema's channel over a connection of its own (see
+        the interface). After a loss it waits `delay` before reconnecting;
+        the delay doubles up to a cap while attempts keep failing and starts
+        over once a listener was up."""
+        delay = _WATCH_RETRY_INITIAL
+        while True:
+            try:
+                await self._listen(notify)
+            except asyncio.CancelledError:
+                raise
+            except _Listened as exc:
+                delay = _WATCH_RETRY_INITIAL
+                log.warning("storage watch lost its PostgreSQL connection: %s", exc.__cause__)
+            except Exception as exc:
+                log.warning("storage watch cannot listen on PostgreSQL: %s", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _WATCH_RETRY_MAX)
+
+    async def _listen(self, notify: Callable[[str | None], None]) -> None:
+        """One listening connection's life; raises when it is lost
+        (`_Listened` once it had been listening)."""
+        lost = asyncio.Event()
+
+        def on_note(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            sender, _, queue = payload.partition(" ")
+            if sender != self.instance:
+                notify(queue or None)
+
+        conn: asyncpg.Connection = await asyncpg.connect(
+            self.dsn, timeout=_CONNECT_TIMEOUT, server_settings=_SERVER_SETTINGS
+        )
+        try:
+            conn.add_termination_listener(lambda _conn: lost.set())
+            await conn.add_listener(self.channel, on_note)
+            notify(None)
+            try:
+                while not lost.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(lost.wait(), _WATCH_PING)
+                    # A silently dropped connection delivers nothing: prove
+                    # it alive now and then.
+                    if not lost.is_set():
+                        await conn.fetchval("SELECT 1", timeout=_WATCH_PING)
+                raise StorageUnavailable("the listening connection closed")
+            except Exception as exc:
+                raise _Listened from exc
+        finally:
+            # Not awaited: a graceful close can hang on a dead peer.
+            conn.terminate()
+
+
+class _Listened(Exception):
+    """A listener that had been up lost its connection (the cause)."""
+
+
+_SERVER_SETTINGS = {
+    "application_name": "ringod",
+    # Small OLTP statements: a JIT compile would cost more than the query.
+    "jit": "off",
+    "plan_cache_mode": "force_generic_plan",
+}
+
+
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """The pool's reset hook, doing nothing: the default runs a reset query
+    on every release (a round trip per call) to undo session state this
+    engine never creates. An open transaction is still rolled back by asyncpg
+    before this runs."""
+
+
+def _one_lookup(task_id: str | None, unique_key: str | None) -> None:
+    if (task_id is None) == (unique_key is None):
+        raise ValueError("exactly one of task_id / unique_key")
+
+
+def _columns(rows: Any) -> list[list[Any]]:
+    """INSERT rows (as `new_task` builds them) as the insert statement's
+    column arrays ($3..$12)."""
+    cols: list[list[Any]] = [[] for _ in range(10)]
+    (ids, types, payloads, keys, attempts, prios, initials, maxima, mults, avail) = cols
+    for r in rows:
+        ids.append(r[0])
+        types.append(r[2])
+        payloads.append(r[3])
+        keys.append(r[4])
+        attempts.append(r[6])
+        prios.append(r[8])
+        initials.append(r[9])
+        maxima.append(r[10])
+        mults.append(r[11])
+        avail.append(r[14])
+    return cols
+
+
+async def _migrate(conn: asyncpg.Connection, schema: str) -> None:
+    """Create the schema if missing and bring it to SCHEMA_VERSION, in one
+    transaction under an advisory lock: concurrent opens migrate once."""
+    s = _ident(schema)
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _lock_key(schema))
+        # Checked before CREATE SCHEMA: that needs the CREATE privilege on
+        # the database even when the schema exists.
+        if not await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema):
+            await conn.execute(f"CREATE SCHEMA {s}")
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {s}.ringo_schema (version integer NOT NULL)"
+        )
+        version = await conn.fetchval(f"SELECT max(version) FROM {s}.ringo_schema")
+        if version is None:
+            await conn.execute(f"INSERT INTO {s}.ringo_schema (version) VALUES (0)")
+            version = 0
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"PostgreSQL schema {schema!r}: version {version} is newer than this"
+                f" ringo_trio understands ({SCHEMA_VERSION}); upgrade ringo_trio or"
+                " use another schema"
+            )
+        for statements in _migrations(s)[version:]:
+            for statement in statements:
+                await conn.execute(statement)
+        if version != SCHEMA_VERSION:
+            await conn.execute(f"UPDATE {s}.ringo_schema SET version = $1", SCHEMA_VERSION)

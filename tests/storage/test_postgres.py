@@ -1,0 +1,560 @@
+"""What only the PostgreSQL engine has: several engines (daemons) on one database at
+once, versioned migrations, LISTEN/NOTIFY wake-ups and connection loss.
+
+Every test talks to the real server (tests/_postgres.py). Several engines on one
+database stand for several daemons on several machines: each has its own pool and
+sessions, exactly as separate processes would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
+from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.storage import postgres as pg
+from ringo_trio.server.storage._base import SchemaTooNew, StorageUnavailable
+from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine
+
+from .conftest import LEASE, ref_of, spec
+
+GUARD = 60  # seconds: every test here uses sockets
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run `coro` on a fresh asyncio loop under the socket guard."""
+
+    async def guarded() -> Any:
+        async with asyncio.timeout(GUARD):
+            return await coro
+
+    return asyncio.run(guarded())
+
+
+@pytest.fixture
+def dsn(storage_database: str) -> str:
+    """The session's storage database; each test works in its own schema (below)."""
+    return storage_database
+
+
+@pytest.fixture
+def schema(request: pytest.FixtureRequest) -> str:
+    return "x_" + request.node.name.replace("[", "_").replace("]", "")[:40].lower()
+
+
+@contextlib.asynccontextmanager
+async def engines(dsn: str, schema: str, n: int, **kw: Any) -> AsyncIterator[list[PostgresEngine]]:
+    opened = [PostgresEngine(dsn, schema=schema, **kw) for _ in range(n)]
+    try:
+        for e in opened:
+            await e.open()
+        yield opened
+    finally:
+        for e in opened:
+            await e.close()
+
+
+async def admin(dsn: str) -> asyncpg.Connection:
+    return await asyncpg.connect(dsn)
+
+
+# -- several daemons on one database -------------------------------------------
+
+
+def test_concurrent_claims_never_lease_a_task_twice(dsn: str, schema: str) -> None:
+    """No two daemons lease the same task: two engines on one database, 16 coroutines
+    claiming at once (small batches, so they fight over the same head of the queue),
+    lease every task exactly once between them."""
+    clock = ManualClock()
+    n_tasks = 600
+
+    async def main() -> None:
+        async with engines(dsn, schema, 2, pool_size=8) as (a, b):
+            await a.enqueue("q", [spec() for _ in range(n_tasks)], clock.now())
+            leased: list[tuple[str, int]] = []
+
+            async def claimer(engine: PostgresEngine, worker: str) -> None:
+                while True:
+                    got = await engine.claim("q", [], 3, worker, LEASE, clock.now())
+                    if not got:
+                        return
+                    leased.extend((lt.task.id, lt.lease.attempt) for lt in got)
+
+            async with asyncio.TaskGroup() as tg:
+                for i in range(8):
+                    tg.create_task(claimer(a, f"a{i}"))
+                    tg.create_task(claimer(b, f"b{i}"))
+            ids = [task_id for task_id, _ in leased]
+            assert len(ids) == len(set(ids)) == n_tasks
+            assert {attempt for _, attempt in leased} == {1}
+            assert await a.activity("q", []) == n_tasks
+            assert await b.claim("q", [], 10, "late", LEASE, clock.now()) == []
+
+    run(main())
+
+
+def test_concurrent_expiry_processes_each_lease_once(dsn: str, schema: str) -> None:
+    """Each expired lease is processed once: two engines (8 coroutines each) expiring
+    the same overdue leases at once end each attempt once -- the counts add up to the
+    number of leases, every task is PENDING with attempt 1 and exactly one backoff
+    after the expiry that processed it; and claims that expire first (the claim path)
+    racing the reapers do not double-process either."""
+    clock = ManualClock()
+    n_tasks = 400
+    backoff = RetryBackoff(initial=timedelta(seconds=10), maximum=timedelta(hours=1))
+
+    async def main() -> None:
+        async with engines(dsn, schema, 2, pool_size=8) as (a, b):
+            await a.enqueue("q", [spec(retry_backoff=backoff) for _ in range(n_tasks)], clock.now())
+            claimed = await a.claim("q", [], n_tasks, "w", LEASE, clock.now())
+            assert len(claimed) == n_tasks
+            clock.advance(LEASE)
+            t0 = clock.now()
+            # Each reaper runs at its own `now` (as separate machines would), so a
+            # second processing of a row would move its available_at.
+            nows = [t0 + timedelta(microseconds=i) for i in range(16)]
+            results = await asyncio.gather(
+                *(
+                    (a if i % 2 else b).expire_leases(now)
+                    if i % 4
+                    else (a if i % 2 else b).claim("q", [], 1, "w2", LEASE, now)
+                    for i, now in enumerate(nows)
+                )
+            )
+            expired = sum(r for r in results if isinstance(r, int))
+            reclaimed = [lt for r in results if isinstance(r, list) for lt in r]
+            assert reclaimed == []  # every expired task backs off 10 s first
+            tasks = [await a.get("q", task_id=lt.task.id) for lt in claimed]
+            # The claims expired some too; together every lease ended exactly once.
+            assert expired <= n_tasks
+            assert all(t.state == TaskState.PENDING for t in tasks)
+            assert all(t.attempt == 1 for t in tasks)
+            assert all(t.last_error == "lease expired" for t in tasks)
+            for t in tasks:
+                assert t.updated_at in nows
+                assert t.available_at == t.updated_at + timedelta(seconds=10)
+            assert await a.expire_leases(t0 + timedelta(seconds=1)) == 0
+
+    run(main())
+
+
+def test_expiry_counts_add_up_across_daemons(dsn: str, schema: str) -> None:
+    """Each expired lease is processed once, counted: many concurrent expire_leases
+    calls from two engines report exactly as many changed tasks as there were leases."""
+    clock = ManualClock()
+    n_tasks = 400
+
+    async def main() -> None:
+        async with engines(dsn, schema, 2, pool_size=8) as (a, b):
+            await a.enqueue("q", [spec() for _ in range(n_tasks)], clock.now())
+            await a.claim("q", [], n_tasks, "w", LEASE, clock.now())
+            clock.advance(LEASE)
+            counts = await asyncio.gather(
+                *((a, b)[i % 2].expire_leases(clock.now()) for i in range(16))
+            )
+            assert sum(counts) == n_tasks
+
+    run(main())
+
+
+def test_concurrent_opens_migrate_an_empty_database_once(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N daemons opening an empty database at once migrate it exactly once: all opens
+    succeed, the schema (missing before) is created, the version is current, and a
+    migration step with a visible side effect ran once."""
+    base = pg._migrations
+    monkeypatch.setattr(
+        pg,
+        "_migrations",
+        lambda s: (
+            *base(s)[:-1],
+            (*base(s)[-1], f"CREATE TABLE {s}.ran (n int)", f"INSERT INTO {s}.ran VALUES (1)"),
+        ),
+    )
+
+    async def main() -> None:
+        opened = [PostgresEngine(postgres_dsn, schema="fresh", pool_size=2) for _ in range(6)]
+        try:
+            await asyncio.gather(*(e.open() for e in opened))
+        finally:
+            for e in opened:
+                await e.close()
+        conn = await admin(postgres_dsn)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM fresh.ran") == 1
+            assert await conn.fetch("SELECT version FROM fresh.ringo_schema") == [(SCHEMA_VERSION,)]
+        finally:
+            await conn.close()
+
+    run(main())
+
+
+# -- schema versions -------------------------------------------------------------
+
+
+def test_a_newer_schema_is_refused_and_left_untouched(dsn: str, schema: str) -> None:
+    """A database written by a newer ringo_trio is refused with SchemaTooNew naming
+    both versions, and is not modified (its data and version stay)."""
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with engines(dsn, schema, 1) as (e,):
+            await e.enqueue("q", [spec()], clock.now())
+        conn = await admin(dsn)
+        try:
+            await conn.execute(f"UPDATE {schema}.ringo_schema SET version = version + 1")
+            with pytest.raises(SchemaTooNew, match=rf"version {SCHEMA_VERSION + 1} is newer"):
+                await PostgresEngine(dsn, schema=schema).open()
+            assert await conn.fetchval(f"SELECT version FROM {schema}.ringo_schema") == (
+                SCHEMA_VERSION + 1
+            )
+            assert await conn.fetchval(f"SELECT count(*) FROM {schema}.tasks") == 1
+        finally:
+            await conn.close()
+
+    run(main())
+
+
+def test_migrations_apply_in_order_and_a_failed_one_changes_nothing(
+    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older schema is brought to the current version by the missing migrations, in
+    order, keeping its data; a failing migration leaves version and schema as before."""
+    clock = ManualClock()
+    base = pg._migrations
+
+    async def main() -> None:
+        async with engines(dsn, schema, 1) as (e,):
+            [out] = await e.enqueue("q", [spec(unique_key="k")], clock.now())
+        with monkeypatch.context() as m:
+            m.setattr(
+                pg,
+                "_migrations",
+                lambda s: (*base(s), (f"CREATE TABLE {s}.half (x int)", "THIS IS NOT SQL")),
+            )
+            m.setattr(pg, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+            with pytest.raises(asyncpg.PostgresSyntaxError):
+                await PostgresEngine(dsn, schema=schema).open()
+        conn = await admin(dsn)
+        try:
+            assert await conn.fetchval(f"SELECT version FROM {schema}.ringo_schema") == (
+                SCHEMA_VERSION
+            )
+            assert await conn.fetchval(f"SELECT to_regclass('{schema}.half')") is None
+            with monkeypatch.context() as m:
+                m.setattr(
+                    pg,
+                    "_migrations",
+                    lambda s: (
+                        *base(s),
+                        (f"CREATE TABLE {s}.m2 (step int)", f"INSERT INTO {s}.m2 VALUES (2)"),
+                        (f"INSERT INTO {s}.m2 SELECT max(step) + 1 FROM {s}.m2",),
+                    ),
+                )
+                m.setattr(pg, "SCHEMA_VERSION", SCHEMA_VERSION + 2)
+                async with engines(dsn, schema, 1) as (e,):
+                    assert await e.get("q", unique_key="k") == out.task
+            steps = await conn.fetch(f"SELECT step FROM {schema}.m2 ORDER BY step")
+            assert [r[0] for r in steps] == [2, 3]
+            assert await conn.fetchval(f"SELECT version FROM {schema}.ringo_schema") == (
+                SCHEMA_VERSION + 2
+            )
+        finally:
+            await conn.close()
+
+    run(main())
+
+
+def test_two_schemas_in_one_database_are_separate(dsn: str, schema: str) -> None:
+    """Schemas isolate deployments: tasks, dedupe keys, claims and wake-ups of one
+    schema are invisible to the other."""
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with (
+            engines(dsn, schema + "_a", 1) as (a,),
+            engines(dsn, schema + "_b", 2) as (b, b2),
+            watching(a) as at_a,
+            watching(b2) as at_b2,
+        ):
+            [x] = await a.enqueue("q", [spec(unique_key="k")], clock.now())
+            [y] = await b.enqueue("q", [spec(unique_key="k")], clock.now())
+            assert x.created
+            assert y.created
+            assert x.task.id != y.task.id
+            [lt] = await b.claim("q", [], 5, "w", LEASE, clock.now())
+            assert lt.task.id == y.task.id
+            await a.enqueue("marker", [spec()], clock.now())
+            await at_b2.wait_for("q")  # b's enqueue; a's went to another channel
+            await b.enqueue("marker", [spec()], clock.now())
+            await at_b2.wait_for("marker")
+            assert at_b2.seen == [None, "q", "marker"]
+            assert at_a.seen == [None]
+
+    run(main())
+
+
+# -- wake-ups across daemons -----------------------------------------------------
+
+
+class Notes:
+    """What a watch reported, with a way to wait for the next report."""
+
+    def __init__(self) -> None:
+        self.seen: list[str | None] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, queue: str | None) -> None:
+        self.seen.append(queue)
+        self._changed.set()
+
+    async def wait_for(self, queue: str | None, count: int = 1) -> None:
+        while self.seen.count(queue) < count:
+            self._changed.clear()
+            await self._changed.wait()
+
+
+@contextlib.asynccontextmanager
+async def watching(engine: PostgresEngine) -> AsyncIterator[Notes]:
+    notes = Notes()
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(engine.watch(notes))
+        try:
+            await notes.wait_for(None)  # listening
+            yield notes
+        finally:
+            task.cancel()
+
+
+def test_notifications_reach_other_engines_but_not_their_sender(dsn: str, schema: str) -> None:
+    """Cross-daemon wake-ups: every change that may make a task claimable (enqueue,
+    nack back to PENDING, retry, release, expiry back to PENDING) reaches another
+    engine's watch naming its queue; the sender's own watch never hears them; changes
+    that make nothing claimable (ack) send nothing."""
+    clock = ManualClock()
+    fast = RetryBackoff(initial=timedelta(0))
+
+    async def main() -> None:
+        async with engines(dsn, schema, 2) as (a, b), watching(a) as at_a, watching(b) as at_b:
+            await b.enqueue("enq", [spec(retry_backoff=fast, max_attempts=9)], clock.now())
+            await at_a.wait_for("enq")
+            [lt] = await b.claim("enq", [], 1, "w", LEASE, clock.now())
+            await b.nack(ref_of(lt), "x", None, clock.now())
+            await at_a.wait_for("enq", 2)
+            [lt] = await b.claim("enq", [], 1, "w", LEASE, clock.now())
+            assert await b.release([ref_of(lt)], clock.now()) == 1
+            await at_a.wait_for("enq", 3)
+            [lt] = await b.claim("enq", [], 1, "w", LEASE, clock.now())
+            clock.advance(LEASE)
+            assert await b.expire_leases(clock.now()) == 1
+            await at_a.wait_for("enq", 4)
+            [lt] = await b.claim("enq", [], 1, "w", LEASE, clock.now())
+            await b.ack(ref_of(lt), clock.now())
+            await b.retry("enq", clock.now(), task_id=lt.task.id)
+            await at_a.wait_for("enq", 5)
+            # A marker: notifications of one sender arrive in commit order, so once
+            # it is in, everything b sent before it is too.
+            await b.enqueue("marker", [spec()], clock.now())
+            await at_a.wait_for("marker")
+            assert at_a.seen == [None, "enq", "enq", "enq", "enq", "enq", "marker"]
+            assert at_b.seen == [None]
+            # And the other way round.
+            await a.enqueue("back", [spec()], clock.now())
+            await at_b.wait_for("back")
+            assert at_a.seen[-1] == "marker"
+
+    run(main())
+
+
+def test_a_rolled_back_change_sends_no_notification(dsn: str, schema: str) -> None:
+    """A notification is sent at commit, never for a rolled-back change: an enqueue the
+    server refuses (a NUL byte in a text column) wakes nobody."""
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with engines(dsn, schema, 2) as (a, b), watching(a) as at_a:
+            with pytest.raises(asyncpg.PostgresError):
+                await b.enqueue("refused", [spec(), spec("bad\x00type")], clock.now())
+            assert await b.activity("refused", []) == 0
+            await b.enqueue("marker", [spec()], clock.now())
+            await at_a.wait_for("marker")
+            assert at_a.seen == [None, "marker"]
+
+    run(main())
+
+
+def test_a_duplicate_enqueue_sends_no_notification(dsn: str, schema: str) -> None:
+    """An enqueue that created nothing (all duplicates) made nothing claimable: no
+    notification."""
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with engines(dsn, schema, 2) as (a, b):
+            await b.enqueue("dup", [spec(unique_key="k")], clock.now())
+            async with watching(a) as at_a:
+                [out] = await b.enqueue("dup", [spec(unique_key="k")], clock.now())
+                assert not out.created
+                await b.enqueue("marker", [spec()], clock.now())
+                await at_a.wait_for("marker")
+                assert at_a.seen == [None, "marker"]
+
+    run(main())
+
+
+# -- connection loss -------------------------------------------------------------
+
+
+async def terminate_backends(dsn: str) -> int:
+    """Terminate every other backend of the database and wait until they are gone."""
+    conn = await admin(dsn)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))"
+                " FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+def test_the_engine_recovers_from_terminated_connections(dsn: str, schema: str) -> None:
+    """Connection loss is StorageUnavailable, and the pool recovers by itself: after the
+    server terminates every backend of the engine, the next call succeeds or raises
+    StorageUnavailable, and the call after that succeeds -- no reopen; a claimed lease
+    is still live afterwards; the watch reconnects and reports None (anything may have
+    changed while it was deaf), then hears notifications again."""
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with engines(dsn, schema, 2, pool_size=4) as (a, b), watching(a) as at_a:
+            await b.enqueue("q", [spec(), spec()], clock.now())
+            await at_a.wait_for("q")
+            # Busy pools: several connections open in each engine.
+            await asyncio.gather(*(e.activity("q", []) for e in (a, b) for _ in range(4)))
+            [lt] = await a.claim("q", [], 1, "w", LEASE, clock.now())
+            assert await terminate_backends(dsn) >= 3
+            for engine in (a, b):
+                with contextlib.suppress(StorageUnavailable):
+                    await engine.activity("q", [])
+                assert await engine.activity("q", []) == 2
+            await at_a.wait_for(None, 2)  # the watch reconnected
+            assert (await a.ack(ref_of(lt), clock.now())).state == TaskState.SUCCEEDED
+            await b.enqueue("after", [spec()], clock.now())
+            await at_a.wait_for("after")
+
+    run(main())
+
+
+def test_every_call_recovers_from_a_terminated_connection(dsn: str, schema: str) -> None:
+    """Whatever operation meets a terminated connection either succeeds or reports
+    StorageUnavailable (never a driver error), and a retry of it succeeds."""
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with engines(dsn, schema, 1, pool_size=1) as (e,):
+            await e.enqueue("q", [spec(unique_key="k")], clock.now())
+            calls: list[Any] = [
+                lambda: e.enqueue("q", [spec()], clock.now()),
+                lambda: e.get("q", unique_key="k"),
+                lambda: e.claim("q", [], 1, "w", LEASE, clock.now()),
+                lambda: e.expire_leases(clock.now()),
+                lambda: e.activity("q", []),
+                lambda: e.next_wakeup("q", [], clock.now()),
+                lambda: e.release([], clock.now()),
+            ]
+            for call in calls:
+                await terminate_backends(dsn)
+                # Whether the pool noticed the FATAL before the call or the call
+                # meets the dead socket depends on timing: both are legal.
+                with contextlib.suppress(StorageUnavailable):
+                    await call()
+                await call()
+
+    run(main())
+
+
+def test_a_connection_lost_mid_call_is_storage_unavailable(dsn: str, schema: str) -> None:
+    """A call whose connection dies while it runs raises StorageUnavailable, changed
+    nothing (the ack was not committed), and the next call succeeds on a fresh
+    connection of the same engine."""
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with engines(dsn, schema, 1, pool_size=1) as (e,):
+            await e.enqueue("q", [spec()], clock.now())
+            [lt] = await e.claim("q", [], 1, "w", LEASE, clock.now())
+            conn = await admin(dsn)
+            try:
+                async with conn.transaction():
+                    # Hold the task's row so the engine's ack waits in the server.
+                    await conn.execute(
+                        f"SELECT 1 FROM {schema}.tasks WHERE id = $1 FOR UPDATE", lt.task.id
+                    )
+
+                    async def ack() -> None:
+                        with pytest.raises(StorageUnavailable):
+                            await e.ack(ref_of(lt), clock.now())
+
+                    async with asyncio.TaskGroup() as tg:
+                        acking = tg.create_task(ack())
+                        pid = None
+                        while pid is None:
+                            await asyncio.sleep(0.01)
+                            pid = await conn.fetchval(
+                                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                " AND application_name = 'ringod' AND datname = current_database()"
+                            )
+                        await conn.execute("SELECT pg_terminate_backend($1)", pid)
+                        await acking
+            finally:
+                await conn.close()
+            task = await e.get("q", task_id=lt.task.id)
+            assert task.state == TaskState.LEASED
+            assert (await e.ack(ref_of(lt), clock.now())).state == TaskState.SUCCEEDED
+
+    run(main())
+
+
+def test_an_unreachable_server_is_storage_unavailable(unused_tcp_port: int) -> None:
+    """No server listening: open raises StorageUnavailable (retryable), not a socket error."""
+    engine = PostgresEngine(f"postgresql://postgres@127.0.0.1:{unused_tcp_port}/x")
+    with pytest.raises(StorageUnavailable):
+        run(engine.open())
+    run(engine.close())
+
+
+def test_close_is_idempotent_and_a_closed_engine_refuses_calls(dsn: str, schema: str) -> None:
+    """close() twice is fine; a call on a closed engine fails loudly instead of
+    reconnecting behind the caller's back."""
+
+    async def main() -> None:
+        engine = PostgresEngine(dsn, schema=schema)
+        with pytest.raises(RuntimeError, match="not open"):
+            await engine.activity("q", [])
+        await engine.open()
+        await engine.open()  # a second open is a no-op
+        await engine.close()
+        await engine.close()
+        with pytest.raises(RuntimeError, match="not open"):
+            await engine.expire_leases(ManualClock().now())
+
+    run(main())
+
+
+@pytest.fixture
+def unused_tcp_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
