@@ -16,16 +16,25 @@ Rows:
   return; all tasks are enqueued before the worker starts, so it is mostly
   queue wait;
 * Worker, 10 ms-sleep handler, concurrency 256, timed the same way;
-* the worker process's peak RSS (``ru_maxrss``, reported by the worker).
+* the worker process's peak RSS (``ru_maxrss``, reported by the worker);
+* PostgreSQL scale-out: 1, 2 and 3 daemons on one fresh database (created on
+  the server ``$RINGO_BENCH_POSTGRES`` names, default the local test server,
+  and dropped afterwards), a worker process per daemon (no-op handler,
+  concurrency 64 each). The tasks are enqueued with one shared
+  ``not_before`` in the near future, after every worker has registered, so
+  all daemons start on them at the same moment; timed from that moment until
+  the queue has no active task. Best of ``--repeat``. ``--postgres-only``
+  runs just these rows and replaces their section of bench/results.md;
+  ``--no-postgres`` skips them and keeps the section that is there.
 
 ``--profile DIR`` re-runs the no-op Worker case under ``py-spy`` (which must
 be installed: ``pip install py-spy``), the daemon and the worker each sampled
 separately, and prints where the time goes (self and inclusive, % of
 samples); raw collapsed stacks are left in DIR.
 
-Writes the results table to bench/results.md and prints it. The text from the
-"## Where the time goes" heading on is kept as it is (it is written by hand
-from a ``--profile`` run).
+Writes the results tables to bench/results.md and prints them. The text from
+the "## Where the time goes" heading on is kept as it is (it is written by
+hand from a ``--profile`` run).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import os
 import pathlib
 import platform
 import resource
+import secrets
 import selectors
 import shutil
 import signal
@@ -44,14 +54,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import trio
 
-from ringo_trio import Ringo, RingoClient, TaskSpec
+from ringo_trio import Ringo, RingoClient, Task, TaskContext, TaskSpec
 from ringo_trio._proto.ringo.v1 import GetQueueActivityRequest, GetQueueActivityResponse
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
@@ -59,6 +71,8 @@ HERE = pathlib.Path(__file__).parent
 RESULTS = HERE / "results.md"
 WORKER = HERE / "worker.py"
 ANALYSIS_HEADING = "## Where the time goes"
+POSTGRES_HEADING = "## PostgreSQL scale-out"
+POSTGRES_ADMIN = os.environ.get("RINGO_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 TARGET_NOOP = 3_000.0  # tasks/s, no-op handler, concurrency 64
 TARGET_SLEEP = 2_500.0  # tasks/s, 10 ms handler, concurrency 256
@@ -282,6 +296,235 @@ def _work_run(
     )
 
 
+# -- PostgreSQL scale-out (daemons and worker processes on one database) -------
+
+
+def _psql(sql: str) -> None:
+    subprocess.run(
+        ["psql", POSTGRES_ADMIN, "-v", "ON_ERROR_STOP=1", "-qXc", sql],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+@contextmanager
+def _fresh_database() -> Iterator[str]:
+    name = f"ringo_bench_{os.getpid()}_{secrets.token_hex(4)}"
+    _psql(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(urlsplit(POSTGRES_ADMIN)._replace(path="/" + name))
+    finally:
+        _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class _PostgresDaemon(DaemonProcess):
+    """``ringod`` on a PostgreSQL database; the DSN goes in its environment."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(os.devnull, env={"RINGO_POSTGRES_DSN": dsn})
+
+    @property
+    def args(self) -> list[str]:
+        return [
+            *[sys.executable, "-m", "ringo_trio.server"],
+            *["--listen", "127.0.0.1:0", "--lifecycle-stdin", "--log-level", "warning"],
+        ]
+
+
+def _server_cpu(dsn: str) -> dict[int, float]:
+    """CPU seconds so far of each PostgreSQL backend serving `dsn`'s database
+    (readable when the server runs on this machine; empty otherwise)."""
+    database = urlsplit(dsn).path.lstrip("/")
+    done = subprocess.run(
+        [
+            "psql",
+            POSTGRES_ADMIN,
+            "-qAtXc",
+            f"SELECT pid FROM pg_stat_activity WHERE datname = '{database}'",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    pids = [int(line) for line in done.stdout.split()]
+    return {pid: _cpu_seconds(pid) for pid in pids}
+
+
+async def _scaleout_worker(endpoint: str, queue: str, concurrency: int) -> None:
+    """A worker process of the scale-out rows: registers, says so, handles
+    until its stdin closes, closes the worker and reports what it did."""
+    seen = 0
+
+    async def handle(task: Task, ctx: TaskContext) -> None:
+        nonlocal seen
+        seen += 1
+
+    async with Ringo.connect(endpoint) as client:
+        worker = client.queue(queue).worker(handle, concurrency=concurrency)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            cpu_started = time.process_time()
+            print(json.dumps({"event": "registered"}), flush=True)
+            await trio.to_thread.run_sync(sys.stdin.read)
+            await worker.close()
+    cpu = time.process_time() - cpu_started
+    print(json.dumps({"event": "done", "tasks": seen, "cpu": cpu}), flush=True)
+
+
+@dataclass
+class ScaleRun:
+    daemons: int
+    tasks: int
+    elapsed: float  # the shared not_before → no active task left
+    per_worker: list[int]  # tasks each worker (one per daemon) handled
+    daemon_cpu: float  # CPU seconds of all daemons while timed (about)
+    worker_cpu: float  # CPU seconds of all worker processes, registration → close
+    server_cpu: float  # CPU seconds of the database's server backends while timed (about)
+
+    @property
+    def rate(self) -> float:
+        return self.tasks / self.elapsed
+
+
+async def _enqueue_at(endpoint: str, queue: str, n: int, at: datetime) -> None:
+    spec = TaskSpec(task_type="t", payload=b"x" * 64, not_before=at)
+    async with Ringo.connect(endpoint) as client:
+        q = client.queue(queue)
+        for start in range(0, n, 1000):
+            await q.enqueue_many([spec] * min(1000, n - start))
+
+
+async def _until_idle(endpoint: str, queue: str, at: datetime) -> float:
+    """Seconds from `at` until the queue has no active task (polled)."""
+    async with Ringo.connect(endpoint) as client:
+        while True:
+            reply = await client._call(
+                "GetQueueActivity",
+                GetQueueActivityRequest(queue=queue),
+                GetQueueActivityResponse,
+                read_only=True,
+            )
+            if reply.active_task_count == 0:
+                return (datetime.now(UTC) - at).total_seconds()
+            await trio.sleep(0.05)
+
+
+def _scale_run(count: int, n: int, concurrency: int = 64) -> ScaleRun:
+    queue = "bench-scaleout"
+    with _fresh_database() as dsn, ExitStack() as stack:
+        daemons = [stack.enter_context(_PostgresDaemon(dsn)) for _ in range(count)]
+        workers: list[subprocess.Popen[bytes]] = []
+        try:
+            for daemon in daemons:
+                worker = subprocess.Popen(
+                    [
+                        *[sys.executable, str(pathlib.Path(__file__).resolve())],
+                        *["--scaleout-worker", daemon.endpoint, queue, str(concurrency)],
+                    ],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                )
+                workers.append(worker)
+            lines = [_Lines(worker) for worker in workers]
+            for line in lines:
+                assert line.next(60)["event"] == "registered"
+            # Time enough to enqueue everything before any of it is due.
+            at = datetime.now(UTC) + timedelta(seconds=1.0 + n / 5_000)
+            trio.run(_enqueue_at, daemons[0].endpoint, queue, n, at)
+            if datetime.now(UTC) >= at:
+                raise RuntimeError("enqueueing took longer than the head start; lower --tasks")
+            cpu_before = sum(_cpu_seconds(d.pid) for d in daemons)
+            server_before = _server_cpu(dsn)
+            elapsed = trio.run(_until_idle, daemons[0].endpoint, queue, at)
+            daemon_cpu = sum(_cpu_seconds(d.pid) for d in daemons) - cpu_before
+            server_cpu = sum(
+                cpu - server_before.get(pid, 0.0) for pid, cpu in _server_cpu(dsn).items()
+            )
+            reports = []
+            for worker, line in zip(workers, lines, strict=True):
+                assert worker.stdin is not None
+                worker.stdin.close()
+                reports.append(line.next(60))
+        finally:
+            for worker in workers:
+                if worker.poll() is None and worker.stdin is not None and not worker.stdin.closed:
+                    worker.stdin.close()
+                try:
+                    worker.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                    worker.wait()
+                assert worker.stdout is not None
+                worker.stdout.close()
+    per_worker = [int(r["tasks"]) for r in reports]
+    if sum(per_worker) < n:
+        raise RuntimeError(f"{count} daemons: {sum(per_worker)} of {n} tasks handled")
+    return ScaleRun(
+        daemons=count,
+        tasks=n,
+        elapsed=elapsed,
+        per_worker=per_worker,
+        daemon_cpu=daemon_cpu,
+        worker_cpu=sum(float(r["cpu"]) for r in reports),
+        server_cpu=server_cpu,
+    )
+
+
+def _scaleout_section(runs: Sequence[Sequence[ScaleRun]], repeat: int) -> str:
+    best = [max(group, key=lambda r: r.rate) for group in runs]
+    base = best[0].rate
+    lines = [
+        POSTGRES_HEADING,
+        "",
+        f"{datetime.now(UTC):%Y-%m-%d}, {os.cpu_count()} cores, PostgreSQL on the same"
+        f" machine; {best[0].tasks:,} no-op tasks per run, best of {repeat}. N `ringod`"
+        " processes on ONE fresh database, one worker process per daemon (`Worker`,"
+        " concurrency 64, no-op handler). Every task is enqueued with one shared"
+        " `not_before` after all workers registered, so the daemons start together;"
+        " timed from that moment until no task of the queue is active.",
+        "",
+        "| daemons (+ one worker process each) | throughput | vs 1 daemon"
+        " | tasks per worker | CPU per 1,000 tasks: workers / daemons / PostgreSQL"
+        " | cores busy (sum) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for run in best:
+        per = 1000 / run.tasks
+        cpu = run.worker_cpu + run.daemon_cpu + run.server_cpu
+        lines.append(
+            f"| {run.daemons} | {run.rate:,.0f} tasks/s | {run.rate / base:.2f} x"
+            f" | {' / '.join(f'{t:,}' for t in run.per_worker)}"
+            f" | {run.worker_cpu * per:.2f} s / {run.daemon_cpu * per:.2f} s"
+            f" / {run.server_cpu * per:.2f} s | {cpu / run.elapsed:.2f} |"
+        )
+    lines += [
+        "",
+        "Runs: "
+        + "; ".join(
+            f"{group[0].daemons} daemon(s) {', '.join(f'{r.rate:,.0f}' for r in group)}"
+            for group in runs
+        )
+        + " tasks/s. PostgreSQL's CPU is that of the database's server backends,"
+        " read from /proc; cores busy = all three CPU figures over the run's time"
+        " (other jobs on the machine not counted).",
+        "",
+        "**Reading the curve.** A Work stream executes its worker's commands in order,"
+        " each ack one PostgreSQL transaction, so a single stream is bound by that round"
+        " trip as much as by CPU; every added daemon brings its own stream and its own"
+        f" round trips. **{os.cpu_count()} cores bound the curve**: N daemons, N worker"
+        " processes and PostgreSQL itself share them (cores busy above, plus whatever"
+        f" else runs: load average {os.getloadavg()[0]:.1f} at the end), so on this"
+        " machine another daemon soon only splits the same CPU, and run-to-run noise"
+        " is large. On a machine per daemon, throughput grows with daemons until the"
+        " database's CPU (or its commit I/O) is the limit. The lever for a single"
+        " daemon is per-stream ack latency (group commit of a stream's pending acks;"
+        " proposal 5 below).",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 # -- profile -------------------------------------------------------------------
 
 
@@ -437,12 +680,13 @@ def _table(
     return "\n".join(lines) + "\n"
 
 
-def _kept_analysis() -> str:
-    if not RESULTS.exists():
-        return ""
-    text = RESULTS.read_text()
+def _sections() -> tuple[str, str, str]:
+    """bench/results.md as (SQLite rows, PostgreSQL section, analysis)."""
+    text = RESULTS.read_text() if RESULTS.exists() else ""
     at = text.find(ANALYSIS_HEADING)
-    return text[at:] if at >= 0 else ""
+    head, analysis = (text[:at], text[at:]) if at >= 0 else (text, "")
+    at = head.find(POSTGRES_HEADING)
+    return (head[:at], head[at:], analysis) if at >= 0 else (head, "", analysis)
 
 
 def main() -> None:
@@ -458,10 +702,27 @@ def main() -> None:
         "--native", action="store_true", help="with --profile: native frames too (slower)"
     )
     parser.add_argument("--no-write", action="store_true", help="print, do not write results.md")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--postgres-only", action="store_true", help="only the scale-out rows")
+    which.add_argument("--no-postgres", action="store_true", help="skip the scale-out rows")
+    parser.add_argument("--scaleout-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.scaleout_worker is not None:
+        endpoint, queue, concurrency = args.scaleout_worker
+        trio.run(_scaleout_worker, endpoint, queue, int(concurrency))
+        return
     n = args.n or (300 if args.quick else 2000)
     tasks = args.tasks or (2000 if args.quick else 20_000)
     repeat = args.repeat or (1 if args.quick else 3)
+    sqlite_rows, postgres_rows, analysis = _sections()
+    if not args.no_postgres and args.profile is None:
+        runs = [[_scale_run(count, tasks) for _ in range(repeat)] for count in (1, 2, 3)]
+        postgres_rows = _scaleout_section(runs, repeat)
+        sys.stdout.write(postgres_rows)
+    if args.postgres_only:
+        if not args.no_write:
+            RESULTS.write_text(sqlite_rows + postgres_rows + analysis)
+        return
 
     load_before = os.getloadavg()[0]
     with (
@@ -503,10 +764,9 @@ def main() -> None:
         f" Producer (this) process peak RSS {bench_rss:.0f} MB.\n\n"
     )
     text = header + _table(unary, noop, slow, enqueue) + footer
-    analysis = _kept_analysis()
     sys.stdout.write(text)
     if not args.no_write:
-        RESULTS.write_text(text + analysis)
+        RESULTS.write_text(text + postgres_rows + analysis)
 
 
 if __name__ == "__main__":

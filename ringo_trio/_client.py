@@ -585,7 +585,10 @@ class Ringo:
         """A client with its own daemon child process storing in ``data_dir``.
 
         ``storage`` is ``"sqlite"``/`SQLiteStorage` (the default) or
-        `PostgresStorage`. ``daemon_path`` runs another daemon executable
+        `PostgresStorage`: the daemon then stores in that (user-managed)
+        database, creating or migrating its schema, and gets the DSN through
+        its environment, never its command line; ``data_dir`` is still
+        created but holds nothing. ``daemon_path`` runs another daemon executable
         instead of ``python -m ringo_trio.server``. The daemon exits with
         the client — and with this process, however it dies.
 
@@ -600,17 +603,23 @@ class Ringo:
         data_dir = _check_path("data_dir", data_dir)
         if daemon_path is not None:
             daemon_path = _check_path("daemon_path", daemon_path)
-        postgres_dsn: str | None = None
+        postgres: PostgresStorage | None = None
         if isinstance(storage, PostgresStorage):
-            postgres_dsn = storage.dsn
+            postgres = storage
         elif not (storage == "sqlite" or isinstance(storage, SQLiteStorage)):
             raise InvalidArgumentError(
                 f"unsupported local storage {storage!r}; use 'sqlite', SQLiteStorage()"
                 " or PostgresStorage(dsn)"
             )
         if shared:
-            if postgres_dsn is not None:
-                raise InvalidArgumentError("shared local mode supports SQLite only")
+            if postgres is not None:
+                # Sharing is an election over one machine's data dir; daemons
+                # on one PostgreSQL database need none (run several, or one
+                # `ringod` every process connects to).
+                raise InvalidArgumentError(
+                    "shared local mode supports SQLite only; with PostgreSQL run"
+                    " ringod and use Ringo.connect, or one Ringo.local per process"
+                )
             from ._shared import SharedLocalDaemon
 
             return RingoClient(
@@ -622,7 +631,7 @@ class Ringo:
             )
         daemon = LocalDaemon(
             data_dir,
-            postgres_dsn=postgres_dsn,
+            postgres=postgres,
             daemon_path=daemon_path,
             startup_timeout=_positive_seconds("startup_timeout", startup_timeout),
             stop_timeout=_positive_seconds("stop_timeout", stop_timeout),

@@ -10,6 +10,11 @@ chance to clean up (SIGKILL, OOM): the kernel closes the pipe for us. It runs
 in its own session so that a terminal's Ctrl-C reaches only the SDK process,
 which then stops the daemon in order.
 
+With PostgreSQL storage the daemon gets the DSN through its environment
+(``RINGO_POSTGRES_DSN``), never on its command line, where every user of
+the machine could read the password in the process list; it then takes no
+``--data-dir`` (the tasks live in the database).
+
 `LocalDaemon` is an async context manager owning a task group; each daemon
 process it starts has its stdout and stderr drained by tasks in that group
 (so a chatty daemon never blocks on a full pipe) and its stderr tail kept for
@@ -35,9 +40,12 @@ import anyio.abc
 
 from ._endpoint import parse_endpoint
 from ._errors import RingoError
+from ._models import PostgresStorage
 
 __all__ = ["LocalDaemon"]
 
+# The variable ringod reads a DSN from (server/_main.py, POSTGRES_DSN_ENV).
+_POSTGRES_DSN_ENV = "RINGO_POSTGRES_DSN"
 _READY_LINE_LIMIT = 64 * 1024
 _STDERR_TAIL_BYTES = 8 * 1024
 
@@ -63,7 +71,7 @@ class LocalDaemon:
         self,
         data_dir: str | os.PathLike[str],
         *,
-        postgres_dsn: str | None = None,
+        postgres: PostgresStorage | None = None,
         daemon_path: str | os.PathLike[str] | None = None,
         startup_timeout: float = 15.0,
         stop_timeout: float = 10.0,
@@ -71,7 +79,7 @@ class LocalDaemon:
         env: dict[str, str] | None = None,
     ) -> None:
         self._data_dir = os.fspath(data_dir)
-        self._postgres_dsn = postgres_dsn
+        self._postgres = postgres
         self._daemon_path = os.fspath(daemon_path) if daemon_path is not None else None
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
@@ -107,11 +115,21 @@ class LocalDaemon:
             argv = [self._daemon_path]
         else:
             argv = [sys.executable, "-m", "ringo_trio.server"]
-        argv += ["--listen", "127.0.0.1:0", "--data-dir", self._data_dir, "--lifecycle-stdin"]
-        if self._postgres_dsn is not None:
-            argv += ["--postgres", self._postgres_dsn]
+        argv += ["--listen", "127.0.0.1:0", "--lifecycle-stdin"]
+        if self._postgres is None:
+            argv += ["--data-dir", self._data_dir]
+        else:
+            # The DSN itself goes through the environment (`environment`).
+            argv += ["--postgres-schema", self._postgres.schema]
         argv += self._extra_args
         return argv
+
+    def environment(self) -> dict[str, str] | None:
+        """The daemon's environment (None: this process's own)."""
+        if self._postgres is None:
+            return self._env
+        base = os.environ if self._env is None else self._env
+        return {**base, _POSTGRES_DSN_ENV: self._postgres.dsn}
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -160,7 +178,7 @@ class LocalDaemon:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
-                    env=self._env,
+                    env=self.environment(),
                 )
             except OSError as exc:
                 raise RingoError(

@@ -319,11 +319,19 @@ class SQLiteStorage:
 
 @dataclass(frozen=True, slots=True)
 class PostgresStorage:
-    """A user-managed PostgreSQL database, given by a libpq DSN or URL."""
+    """A user-managed PostgreSQL database, given by a libpq DSN or URL.
+
+    ``schema`` names the PostgreSQL schema holding the daemon's tables
+    (created if missing), so several independent Ringo deployments can
+    share one database.
+    """
 
     # repr=False: a DSN usually carries a password and reprs end up in logs.
     dsn: str = field(repr=False)
+    schema: str = "public"
 
     def __post_init__(self) -> None:
         if not isinstance(self.dsn, str) or not self.dsn.strip():
             raise InvalidArgumentError("PostgresStorage needs a non-empty dsn")
+        # PostgreSQL truncates identifiers beyond 63 bytes.
+        _check_name("PostgresStorage.schema", self.schema, 63)

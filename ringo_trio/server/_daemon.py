@@ -1,9 +1,25 @@
 """One serving lifetime of the daemon: storage, gRPC server, background tasks.
 
-`Daemon.serve` owns everything it starts. The lease reaper runs in an
-`asyncio.TaskGroup` that cannot outlive the call; grpclib's per-call tasks
-are drained and then cancelled by the server; storage is closed last, after
-no call can touch it any more. Shutdown order (on `stop`):
+`Daemon.serve` owns everything it starts. The background tasks — the lease
+reaper, the storage watch and the safety poll — run in an `asyncio.TaskGroup`
+that cannot outlive the call; grpclib's per-call tasks are drained and then
+cancelled by the server; storage is closed last, after no call can touch it
+any more.
+
+**Other daemons.** On a database several daemons share (PostgreSQL), work
+can become claimable without this daemon doing anything: another daemon
+enqueued, nacked, released or expired it. `Storage.watch` reports that
+(LISTEN/NOTIFY) and every report wakes that queue's long polls and Work
+streams; a report without a queue (the watch connection was re-established,
+so notifications may have been missed) wakes every queue. The *safety poll*
+(`DaemonConfig.safety_poll`) wakes every watched queue periodically, so even
+a notification lost some other way costs at most one period. Leases granted
+by another daemon that died need neither: `Storage.next_wakeup` includes
+every lease's expiry, so an idle dispatcher wakes when such a lease runs out
+and its claim takes the task over; the reaper's backstop sweep covers the
+rest.
+
+Shutdown order (on `stop`):
 
 1. health flips to NOT_SERVING (Watch streams deliver it and end);
 2. the gate refuses new calls with UNAVAILABLE; a shared daemon's member
@@ -14,7 +30,8 @@ no call can touch it any more. Shutdown order (on `stop`):
    no lease pushed on it;
 4. in-flight calls (Work streams included) get `shutdown_timeout` seconds to
    finish;
-5. the server is closed (cancelling stragglers) and the reaper cancelled;
+5. the server is closed (cancelling stragglers) and the background tasks
+   cancelled;
 6. storage is closed.
 
 A **shared** daemon (`DaemonConfig.local_token` and `generation`; see
@@ -66,6 +83,8 @@ class DaemonConfig:
     generation: str | None = None
     linger: float = DEFAULT_LINGER
     attach_timeout: float = DEFAULT_ATTACH_TIMEOUT
+    # Seconds between wake-ups of every watched queue; None: no safety poll.
+    safety_poll: float | None = None
 
     @property
     def shared(self) -> bool:
@@ -105,6 +124,8 @@ class Daemon:
             raise ValueError("a shared daemon needs both local_token and generation")
         if config.local_token == "":
             raise ValueError("local_token must not be empty")
+        if config.safety_poll is not None and not config.safety_poll > 0:
+            raise ValueError("safety_poll must be positive (or None for none)")
         self.config = config
         self.storage = storage
         self.clock = clock or Clock()
@@ -166,7 +187,16 @@ class Daemon:
         self.port = sock.getsockname()[1]
         try:
             async with asyncio.TaskGroup() as tasks:
-                reaper = tasks.create_task(self.reaper.run(), name="ringod lease reaper")
+                background = [
+                    tasks.create_task(self.reaper.run(), name="ringod lease reaper"),
+                    tasks.create_task(self._watch(), name="ringod storage watch"),
+                ]
+                if self.config.safety_poll is not None:
+                    background.append(
+                        tasks.create_task(
+                            self._safety_poll(self.config.safety_poll), name="ringod safety poll"
+                        )
+                    )
                 self.health.set_serving()
                 log.info("serving on %s", self.endpoint)
                 on_ready(self)
@@ -179,12 +209,34 @@ class Daemon:
                 self.members.arm(idle)
                 await stop.wait()
                 await self._drain()
-                reaper.cancel()
+                for task in background:
+                    task.cancel()
         finally:
             server.close()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.shutdown_timeout):
                     await server.wait_closed()
+
+    def _other_daemon_changed(self, queue: str | None) -> None:
+        if queue is None:
+            self.wakeups.notify_all()
+        else:
+            self.wakeups.notify(queue)
+
+    async def _watch(self) -> None:
+        try:
+            await self.storage.watch(self._other_daemon_changed)
+        except Exception:
+            # The engine promises not to raise; should it anyway, serving goes
+            # on, with the safety poll as the only news from other daemons.
+            log.exception(
+                "watching storage for other daemons' work failed; relying on the safety poll"
+            )
+
+    async def _safety_poll(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.wakeups.notify_all()
 
     async def _drain(self) -> None:
         self.health.shutdown()

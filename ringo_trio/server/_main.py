@@ -5,6 +5,9 @@ test kit, a human):
 
 * once it serves, exactly one JSON line goes to stdout (`ready_info`) and
   stdout is flushed; everything else — logs, errors — goes to stderr;
+* storage is SQLite in ``--data-dir`` or PostgreSQL (`--postgres` or, kept
+  out of the process list, the environment variable ``RINGO_POSTGRES_DSN``;
+  see `storage_choice` for which wins);
 * it exits 0 after a graceful shutdown (SIGTERM, SIGINT, EOF on stdin
   when started with ``--lifecycle-stdin``, or — a shared daemon, started with
   ``--local-token-file`` — nobody attached for ``--linger`` seconds or within
@@ -17,15 +20,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
 import os
 import pathlib
+import re
 import signal
 import stat
 import sys
-from collections.abc import Callable, Sequence
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -42,10 +49,14 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "POSTGRES_DSN_ENV",
+    "StorageChoice",
     "build_parser",
     "main",
+    "redact",
     "run",
     "select_loop_factory",
+    "storage_choice",
 ]
 
 EXIT_OK = 0
@@ -54,12 +65,24 @@ EXIT_USAGE = 2
 EXIT_DATA_DIR_LOCKED = 3
 
 DB_FILE_NAME = "ringo.db"
+POSTGRES_DSN_ENV = "RINGO_POSTGRES_DSN"
+# With PostgreSQL other daemons change the database too; their wake-ups come
+# through LISTEN/NOTIFY, and this poll covers a notification lost anyway.
+DEFAULT_POSTGRES_SAFETY_POLL = 5.0
+DEFAULT_POSTGRES_POOL_SIZE = 10
+# PostgreSQL's identifier limit (NAMEDATALEN - 1).
+_MAX_SCHEMA_BYTES = 63
 
 log = logging.getLogger("ringo_trio.server")
 
 _DESCRIPTION = """\
 The Ringo task-queue daemon: ringo.v1.QueueService and grpc.health.v1.Health
-over gRPC, on an embedded SQLite store.
+over gRPC, on an embedded SQLite store (one daemon per data dir) or on a
+PostgreSQL database shared by as many daemons as you like.
+
+Storage: --postgres DSN, else SQLite in --data-dir when given, else
+PostgreSQL when $RINGO_POSTGRES_DSN is set (the way to keep a password out of
+the process list), else SQLite in the default data dir.
 
 When it serves, ringod prints one JSON line on stdout, e.g.
   {"endpoint": "127.0.0.1:7233", "pid": 4242, "protocol_minor": 6, ...}
@@ -74,7 +97,8 @@ the daemon shuts down by itself (exit 0) once it has had no member for
 
 _EPILOG = f"""\
 exit status: {EXIT_OK} after a graceful shutdown, {EXIT_FAILURE} when it cannot serve
-(e.g. the address is in use, or the data dir was written by a newer ringod),
+(e.g. the address is in use, the database is unreachable, or the data was
+written by a newer ringod),
 {EXIT_USAGE} for a usage error or an unavailable option,
 {EXIT_DATA_DIR_LOCKED} when another ringod holds the data dir."""
 
@@ -128,6 +152,16 @@ def _non_negative_seconds(value: str) -> float:
     return seconds
 
 
+def _pool_size(value: str) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if not 1 <= size <= 1000:
+        raise argparse.ArgumentTypeError(f"{size} is outside 1..1000")
+    return size
+
+
 def _generation(value: str) -> str:
     if not value:
         raise argparse.ArgumentTypeError("must not be empty")
@@ -168,7 +202,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--postgres",
         metavar="DSN",
-        help="PostgreSQL storage instead of SQLite (not available yet: refused at startup)",
+        help="PostgreSQL storage (a libpq URL or key=value DSN) instead of SQLite;"
+        " any number of daemons may share one database. The DSN shows in the"
+        f" process list: prefer ${POSTGRES_DSN_ENV}",
+    )
+    parser.add_argument(
+        "--postgres-schema",
+        metavar="NAME",
+        help="the PostgreSQL schema holding ringod's tables, created if missing (default public)",
+    )
+    parser.add_argument(
+        "--postgres-pool-size",
+        metavar="N",
+        type=_pool_size,
+        help="at most N pooled PostgreSQL connections, plus one for LISTEN"
+        f" (default {DEFAULT_POSTGRES_POOL_SIZE}); size every daemon's pool so that all"
+        " of them fit the server's max_connections",
+    )
+    parser.add_argument(
+        "--safety-poll",
+        metavar="SECONDS",
+        type=_non_negative_seconds,
+        help="wake every waiting claim and Work stream this often, covering a lost"
+        " wake-up from another daemon; 0 turns it off (default"
+        f" {DEFAULT_POSTGRES_SAFETY_POLL:g} with PostgreSQL, off with SQLite)",
     )
     auth = parser.add_mutually_exclusive_group()
     auth.add_argument(
@@ -301,10 +358,79 @@ def _configure_logging(level: str) -> None:
         logging.getLogger("grpclib").setLevel(logging.WARNING)
 
 
-def _open_storage(data_dir: pathlib.Path) -> Storage:
-    from .storage.sqlite import SQLiteEngine
+@dataclass(frozen=True, slots=True)
+class StorageChoice:
+    """Where the tasks live: a SQLite data dir, or a PostgreSQL database."""
 
-    return SQLiteEngine(data_dir / DB_FILE_NAME)
+    data_dir: pathlib.Path | None = None
+    postgres_dsn: str | None = field(default=None, repr=False)
+    postgres_schema: str = "public"
+    postgres_pool_size: int = DEFAULT_POSTGRES_POOL_SIZE
+
+    def open(self) -> Storage:
+        if self.postgres_dsn is not None:
+            from .storage.postgres import PostgresEngine
+
+            return PostgresEngine(
+                self.postgres_dsn, schema=self.postgres_schema, pool_size=self.postgres_pool_size
+            )
+        from .storage.sqlite import SQLiteEngine
+
+        assert self.data_dir is not None
+        return SQLiteEngine(self.data_dir / DB_FILE_NAME)
+
+
+def storage_choice(args: argparse.Namespace, environ: Mapping[str, str]) -> StorageChoice | str:
+    """The storage the flags and environment select, or the usage error.
+
+    An explicit flag beats the environment: ``--postgres`` first, then
+    ``--data-dir`` (SQLite), then ``$RINGO_POSTGRES_DSN``, then SQLite in the
+    default data dir. So an exported DSN never hijacks a daemon started on a
+    data dir (the SDK starts its SQLite daemons that way). A PostgreSQL
+    daemon keeps nothing on disk, so naming a data dir with ``--postgres`` is
+    refused rather than ignored; so are the shared-mode flags, which are
+    about one machine's data dir.
+    """
+    dsn: str | None = args.postgres
+    if dsn is not None and args.data_dir is not None:
+        return (
+            "--postgres and --data-dir exclude each other (a PostgreSQL daemon keeps no data dir)"
+        )
+    if dsn is None and args.data_dir is None:
+        dsn = environ.get(POSTGRES_DSN_ENV) or None
+    if dsn is None:
+        for flag, value in (
+            ("--postgres-schema", args.postgres_schema),
+            ("--postgres-pool-size", args.postgres_pool_size),
+        ):
+            if value is not None:
+                return f"{flag} only applies to PostgreSQL storage"
+        data_dir = (args.data_dir or _default_data_dir()).expanduser().absolute()
+        return StorageChoice(data_dir=data_dir)
+    if not dsn.strip():
+        return "--postgres needs a non-empty DSN"
+    if args.local_token_file is not None:
+        return "shared mode (--local-token-file) is for a SQLite data dir, not PostgreSQL"
+    schema = "public" if args.postgres_schema is None else args.postgres_schema
+    if not schema or len(schema.encode()) > _MAX_SCHEMA_BYTES:
+        return f"--postgres-schema must be 1..{_MAX_SCHEMA_BYTES} bytes long"
+    pool_size = args.postgres_pool_size or DEFAULT_POSTGRES_POOL_SIZE
+    return StorageChoice(postgres_dsn=dsn, postgres_schema=schema, postgres_pool_size=pool_size)
+
+
+def redact(message: str, dsn: str | None) -> str:
+    """`message` without the DSN's password, should a driver have quoted it."""
+    if not dsn:
+        return message
+    secrets = [dsn]
+    with contextlib.suppress(ValueError):
+        password = urllib.parse.urlsplit(dsn).password
+        if password:
+            secrets.append(password)
+    secrets += re.findall(r"password\s*=\s*'?([^'\s]+)", dsn)
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        message = message.replace(secret, "***")
+    return message
 
 
 def _lifecycle_pipe_problem() -> str | None:
@@ -343,8 +469,8 @@ class _LifecyclePipe(asyncio.Protocol):
         self._on_close()
 
 
-def ready_info(daemon: Daemon, *, data_dir: pathlib.Path, loop_name: str) -> dict[str, Any]:
-    info = {
+def ready_info(daemon: Daemon, *, storage: StorageChoice, loop_name: str) -> dict[str, Any]:
+    info: dict[str, Any] = {
         "endpoint": daemon.endpoint,
         "host": daemon.config.host,
         "port": daemon.port,
@@ -354,18 +480,19 @@ def ready_info(daemon: Daemon, *, data_dir: pathlib.Path, loop_name: str) -> dic
         "protocol_minor": daemon.config.protocol_minor,
         "session_ttl": daemon.config.session_ttl.total_seconds(),
         "auth": daemon.config.token is not None,
-        "storage": "sqlite",
-        "data_dir": str(data_dir),
         "loop": loop_name,
     }
+    if storage.data_dir is not None:
+        info.update(storage="sqlite", data_dir=str(storage.data_dir))
+    else:
+        # Never the DSN: it may carry a password, and stdout ends up in logs.
+        info.update(storage="postgres", postgres_schema=storage.postgres_schema)
     if daemon.config.generation is not None:
         info["generation"] = daemon.config.generation
     return info
 
 
-async def _amain(
-    args: argparse.Namespace, data_dir: pathlib.Path, loop_name: str, storage: Storage
-) -> int:
+async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -401,20 +528,21 @@ async def _amain(
             attach_timeout=(
                 DEFAULT_ATTACH_TIMEOUT if args.attach_timeout is None else args.attach_timeout
             ),
+            safety_poll=_safety_poll(args.safety_poll, choice),
         )
 
         def announce(daemon: Daemon) -> None:
-            line = json.dumps(ready_info(daemon, data_dir=data_dir, loop_name=loop_name))
+            line = json.dumps(ready_info(daemon, storage=choice, loop_name=loop_name))
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
-        daemon = Daemon(config, storage)
+        daemon = Daemon(config, choice.open())
         try:
             await daemon.serve(stop, announce)
         except (ListenError, StorageError) as exc:
             # Startup refusals (address in use, a schema newer than this code,
-            # an unusable engine): the message says it all, no traceback.
-            log.error("%s", exc)
+            # an unreachable database): the message says it all, no traceback.
+            log.error("%s", redact(str(exc), choice.postgres_dsn))
             return EXIT_FAILURE
         except Exception:
             log.exception("ringod failed")
@@ -426,6 +554,12 @@ async def _amain(
             pipe.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+
+
+def _safety_poll(seconds: float | None, choice: StorageChoice) -> float | None:
+    if seconds is None:
+        return DEFAULT_POSTGRES_SAFETY_POLL if choice.postgres_dsn is not None else None
+    return seconds or None
 
 
 def _shared_mode_problem(args: argparse.Namespace) -> str | None:
@@ -461,12 +595,6 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Parse `argv`, serve until told to stop; the process exit status."""
     args = build_parser().parse_args(argv)
     _configure_logging(args.log_level)
-    if args.postgres is not None:
-        log.error(
-            "PostgreSQL storage is not available yet; use --data-dir DIR for the"
-            " embedded SQLite engine"
-        )
-        return EXIT_USAGE
     if args.token_file is not None:
         try:
             args.token = args.token_file.read_text(encoding="utf-8").strip()
@@ -483,17 +611,25 @@ def run(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         log.error("%s", problem)
         return EXIT_USAGE
-    data_dir: pathlib.Path = (args.data_dir or _default_data_dir()).expanduser().absolute()
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        log.error("cannot create data dir %s: %s", data_dir, exc)
-        return EXIT_FAILURE
+    choice = storage_choice(args, os.environ)
+    if isinstance(choice, str):
+        log.error("%s", choice)
+        return EXIT_USAGE
     try:
         loop_factory, loop_name = select_loop_factory(args.loop)
     except ImportError:
         log.error("--loop uvloop: uvloop is not installed (pip install 'ringo-trio[fast]')")
         return EXIT_USAGE
+    data_dir = choice.data_dir
+    if data_dir is None:
+        # Many daemons share one database: nothing to lock.
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(_amain(args, choice, loop_name))
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.error("cannot create data dir %s: %s", data_dir, exc)
+        return EXIT_FAILURE
     lock = DataDirLock(data_dir)
     try:
         lock.acquire()
@@ -504,9 +640,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         log.error("cannot lock data dir %s: %s", data_dir, exc)
         return EXIT_FAILURE
     try:
-        storage = _open_storage(data_dir)
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(_amain(args, data_dir, loop_name, storage))
+            return runner.run(_amain(args, choice, loop_name))
     finally:
         lock.release()
 

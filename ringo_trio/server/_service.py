@@ -23,7 +23,8 @@ any stage leaves every task exactly as it was:
 Only then does the method call the storage engine, with ``now`` read once
 from the daemon's single `Clock`. Engine conditions map one-to-one onto
 status codes (`NotFound` → ``NOT_FOUND``, `LeaseLost` → ``ABORTED``,
-`FailedPrecondition` → ``FAILED_PRECONDITION``); anything unexpected is
+`FailedPrecondition` → ``FAILED_PRECONDITION``, `StorageUnavailable` — the
+database cannot be reached — → ``UNAVAILABLE``); anything unexpected is
 logged with its traceback and answered ``INTERNAL`` — a bug costs one call,
 never the daemon.
 
@@ -131,7 +132,13 @@ from ._sessions import SessionTable
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
 from ._work import WorkStreams
-from .storage._base import FailedPrecondition, LeaseLost, NotFound, Storage
+from .storage._base import (
+    FailedPrecondition,
+    LeaseLost,
+    NotFound,
+    Storage,
+    StorageUnavailable,
+)
 
 __all__ = ["HealthService", "QUEUE_SERVICE_NAME", "QueueService"]
 
@@ -232,6 +239,11 @@ def _rpc(method: _Method[_Service, _Req, _Resp]) -> _Method[_Service, _Req, _Res
             raise GRPCError(
                 Status.FAILED_PRECONDITION, str(exc) or "not allowed in this state"
             ) from None
+        except StorageUnavailable as exc:
+            # The call may or may not have committed; the SDK never replays a
+            # mutation on UNAVAILABLE, so the caller decides.
+            log.warning("%s: storage unavailable: %s", rpc_name, exc)
+            raise GRPCError(Status.UNAVAILABLE, f"storage unavailable: {exc}") from None
         except Exception as exc:
             log.exception("%s failed unexpectedly", rpc_name)
             raise GRPCError(

@@ -13,7 +13,11 @@ notification at all; waiters cover it by also sleeping until
 `Storage.next_wakeup`. The `LeaseReaper` covers it for everyone else: it
 expires leases at the earliest deadline it has been told about (every lease
 the daemon hands out is noted), plus a periodic backstop sweep for leases it
-cannot know about (granted by a previous daemon process on the same data).
+cannot know about (granted by a previous daemon process on the same data, or
+by another daemon on a shared PostgreSQL database).
+
+Work made claimable by *another* daemon on a shared database reaches
+`notify` through the daemon's storage watch (see `_daemon`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 from ._clock import Clock
-from .storage._base import Storage
+from .storage._base import Storage, StorageUnavailable
 
 __all__ = ["LeaseReaper", "QueueWakeups", "Watch"]
 
@@ -158,6 +162,10 @@ class LeaseReaper:
             heapq.heappop(self._deadlines)
         try:
             expired = await self._storage.expire_leases(now)
+        except StorageUnavailable as exc:
+            # An outage is not a bug: one line, and the next sweep retries.
+            log.warning("expiring leases failed (%s); retrying at the next deadline", exc)
+            return 0
         except Exception:
             log.exception("expiring leases failed; retrying at the next deadline")
             return 0

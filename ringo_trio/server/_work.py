@@ -27,7 +27,11 @@ Lease commands run the unary RPCs' own operations (`LeaseOps`, implemented by
 `QueueService`), with the same validation, storage call and wake-ups; the
 embedded ``context`` of a command is ignored (registration admitted the
 stream). A failure becomes the result's `ErrorDetail` and the stream goes
-on.
+on — except when storage is unavailable (the database cannot be reached):
+that command is answered ``UNAVAILABLE`` and the stream ends with status
+``UNAVAILABLE``, as it does when the dispatcher's claim hits an outage, so the
+worker reconnects instead of settling into a stream that cannot work. Its
+leases are left to expire, as for any stream that ends.
 
 **Credit.** Three numbers per stream: *credit* (pushes still allowed),
 *outstanding* (leases pushed on this stream that the worker has not settled
@@ -120,7 +124,13 @@ from . import _validate as v
 from ._clock import Clock
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
-from .storage._base import FailedPrecondition, LeaseLost, NotFound, Storage
+from .storage._base import (
+    FailedPrecondition,
+    LeaseLost,
+    NotFound,
+    Storage,
+    StorageUnavailable,
+)
 
 __all__ = [
     "MAX_CONCURRENCY",
@@ -149,6 +159,7 @@ _SCHEDULE_SLACK = 0.002
 _INCONSISTENT_WAKEUP_RETRY = 0.05
 
 _SHUTTING_DOWN = "the daemon is shutting down"
+_STORAGE_UNAVAILABLE = "storage unavailable"
 
 
 class WorkStreamIO(Protocol):
@@ -333,6 +344,11 @@ class _WorkStream:
             return
         if isinstance(outcome, GRPCError):
             raise outcome
+        if isinstance(outcome, StorageUnavailable):
+            log.warning(
+                "Work stream of worker %r ended: storage unavailable: %s", self._worker_id, outcome
+            )
+            raise GRPCError(Status.UNAVAILABLE, f"{_STORAGE_UNAVAILABLE}: {outcome}")
         if isinstance(outcome, StreamTerminatedError | ConnectionError | H2Error):
             # The worker went away; there is nobody left to tell.
             log.debug("Work stream of worker %r lost: %r", self._worker_id, outcome)
@@ -489,6 +505,12 @@ class _WorkStream:
             )
         except _Refused as exc:
             return WorkResponse(result=WorkResult(request_id=request_id, error=exc.detail))
+        except StorageUnavailable as exc:
+            # The command's outcome is unknown and the next one would fail
+            # alike: answer it, then end the stream so the worker reconnects
+            # (here once the database is back, or to another daemon).
+            self._end(exc)
+            return _error_frame(request_id, ErrorCode.UNAVAILABLE, f"{_STORAGE_UNAVAILABLE}: {exc}")
         except Exception as exc:
             log.exception("Work command %s of worker %r failed unexpectedly", name, self._worker_id)
             return _error_frame(

@@ -115,13 +115,37 @@ async def test_cancelled_start_kills_the_daemon(tmp_path: pathlib.Path) -> None:
         await wait_gone(int(pid_file.read_text()), within=1)
 
 
-async def test_postgres_refusal_is_surfaced(tmp_path: pathlib.Path) -> None:
-    """The daemon's refusal of --postgres reaches the caller with its stderr line."""
-    storage = PostgresStorage("postgresql://ringo:hunter2@db.invalid/ringo")
-    with trio.fail_after(20), pytest.raises(RingoError, match=r"(?i)postgres") as info:
+async def test_unreachable_database_is_surfaced_without_its_password(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Property: a private daemon that cannot reach its PostgreSQL database
+    fails the client's start with the daemon's own one-line reason (exit 1),
+    and the DSN's password appears nowhere in it."""
+    storage = PostgresStorage("postgresql://ringo:hunter2@127.0.0.1:1/ringo")
+    with trio.fail_after(20), pytest.raises(RingoError, match=r"exited \(code 1\)") as info:
         async with Ringo.local(tmp_path, storage=storage):
             pass
-    assert "exited (code" in str(info.value)
+    assert "hunter2" not in str(info.value)
+    assert "Traceback" not in str(info.value)
+
+
+async def test_the_dsn_reaches_the_daemon_through_its_environment(tmp_path: pathlib.Path) -> None:
+    """Property: with PostgresStorage the child daemon gets the DSN in
+    RINGO_POSTGRES_DSN and the schema as a flag — never the DSN on its
+    command line (the process list) — and no --data-dir."""
+    args_file, env_file = tmp_path / "args", tmp_path / "env"
+    path, _ = fake_daemon(
+        tmp_path, f'echo "$@" > {args_file}\necho "$RINGO_POSTGRES_DSN" > {env_file}\nexit 2\n'
+    )
+    storage = PostgresStorage("postgresql://ringo:hunter2@db/ringo", schema="app")
+    with trio.fail_after(20), pytest.raises(RingoError, match=r"code 2"):
+        async with Ringo.local(tmp_path / "d", storage=storage, daemon_path=path):
+            pass
+    args = (await trio.Path(args_file).read_text()).split()
+    assert "hunter2" not in " ".join(args)
+    assert "--data-dir" not in args
+    assert args[args.index("--postgres-schema") + 1] == "app"
+    assert (await trio.Path(env_file).read_text()).strip() == storage.dsn
 
 
 async def test_locked_data_dir_is_explained(tmp_path: pathlib.Path) -> None:

@@ -64,6 +64,9 @@ def test_help_documents_every_flag() -> None:
         "--listen",
         "--data-dir",
         "--postgres",
+        "--postgres-schema",
+        "--postgres-pool-size",
+        "--safety-poll",
         "--token",
         "--token-file",
         "--protocol-minor",
@@ -81,6 +84,7 @@ def test_help_documents_every_flag() -> None:
         assert flag in result.stdout
     assert "stdin reaches EOF" in result.stdout
     assert "by hand" in result.stdout
+    assert "RINGO_POSTGRES_DSN" in result.stdout
 
 
 async def test_token_file_requires_the_token_it_holds(tmp_path: Path) -> None:
@@ -105,13 +109,78 @@ async def test_token_file_requires_the_token_it_holds(tmp_path: Path) -> None:
         assert "--token-file" in result.stderr
 
 
-def test_postgres_is_refused_clearly() -> None:
-    """Property: --postgres parses, then the daemon refuses with a clear
-    message and a non-zero exit, printing nothing on stdout."""
-    result = _run("--postgres", "postgresql://localhost/ringo", "--listen", "127.0.0.1:0")
-    assert result.returncode == _main.EXIT_USAGE
-    assert "PostgreSQL storage is not available yet" in result.stderr
+def test_an_unreachable_database_is_a_one_line_startup_error() -> None:
+    """Property: a PostgreSQL daemon that cannot reach its database exits 1
+    with a one-line reason (no traceback) and prints nothing on stdout; the
+    DSN's password appears nowhere in what it says."""
+    result = _run(
+        "--postgres", "postgresql://ringo:hunter2@127.0.0.1:1/ringo", "--listen", "127.0.0.1:0"
+    )
+    assert result.returncode == _main.EXIT_FAILURE
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, result.stderr
+    assert "hunter2" not in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "environ", "expected"),
+    [
+        ([], {}, "sqlite:default"),
+        ([], {"RINGO_POSTGRES_DSN": "postgresql://env/db"}, "postgres:postgresql://env/db"),
+        ([], {"RINGO_POSTGRES_DSN": ""}, "sqlite:default"),
+        (["--data-dir", "/d"], {"RINGO_POSTGRES_DSN": "postgresql://env/db"}, "sqlite:/d"),
+        (["--postgres", "postgresql://flag/db"], {}, "postgres:postgresql://flag/db"),
+        (
+            ["--postgres", "postgresql://flag/db"],
+            {"RINGO_POSTGRES_DSN": "postgresql://env/db"},
+            "postgres:postgresql://flag/db",
+        ),
+        (["--postgres", "x", "--data-dir", "/d"], {}, "exclude each other"),
+        (["--postgres", " "], {}, "non-empty DSN"),
+        (["--postgres-schema", "s"], {}, "only applies to PostgreSQL"),
+        (["--postgres-pool-size", "3"], {}, "only applies to PostgreSQL"),
+        (["--postgres", "x", "--postgres-schema", ""], {}, "1..63 bytes"),
+        (["--postgres", "x", "--postgres-schema", "s" * 64], {}, "1..63 bytes"),
+    ],
+)
+def test_storage_selection_prefers_explicit_flags_over_the_environment(
+    args: list[str], environ: dict[str, str], expected: str
+) -> None:
+    """Property: --postgres, then --data-dir, then $RINGO_POSTGRES_DSN, then
+    the default data dir: an exported DSN never hijacks a daemon started on a
+    data dir, and contradictory storage flags are refused, not ignored."""
+    choice = _main.storage_choice(_main.build_parser().parse_args(args), environ)
+    if isinstance(choice, str):
+        assert expected in choice
+    elif choice.postgres_dsn is not None:
+        assert expected == f"postgres:{choice.postgres_dsn}"
+        assert choice.data_dir is None
+    else:
+        assert choice.data_dir is not None
+        default = expected == "sqlite:default"
+        assert choice.data_dir == (_main._default_data_dir() if default else Path("/d"))
+    assert "flag/db" not in repr(choice)
+    assert "env/db" not in repr(choice)
+
+
+def test_storage_usage_errors_exit_2_with_nothing_on_stdout(tmp_path: Path) -> None:
+    """Property: contradictory storage flags stop the daemon before it touches
+    anything (exit 2, the reason on stderr), shared mode included."""
+    token = tmp_path / "token"
+    token.write_text("t")
+    for args, message in [
+        (["--postgres", "postgresql://x/y", "--data-dir", str(tmp_path)], "exclude each other"),
+        (
+            ["--postgres", "x", "--local-token-file", str(token), "--generation", "g"],
+            "shared mode",
+        ),
+    ]:
+        result = _run(*args, "--listen", "127.0.0.1:0")
+        assert result.returncode == _main.EXIT_USAGE
+        assert message in result.stderr
+        assert result.stdout == ""
 
 
 @pytest.mark.parametrize(
@@ -124,6 +193,8 @@ def test_postgres_is_refused_clearly() -> None:
         (["--listen", "7233"], "expected HOST:PORT"),
         (["--listen", "::1:7233"], "brackets"),
         (["--listen", "127.0.0.1:70000"], "outside 0..65535"),
+        (["--safety-poll", "-1"], "seconds >= 0"),
+        (["--postgres-pool-size", "0"], "outside 1..1000"),
     ],
 )
 def test_bad_flags_are_usage_errors(args: list[str], message: str) -> None:
