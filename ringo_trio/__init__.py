@@ -2,6 +2,9 @@
 
 from ._client import Ringo as Ringo
 from ._client import RingoClient as RingoClient
+from ._concurrency import AdaptiveConcurrency as AdaptiveConcurrency
+from ._concurrency import ResourceConcurrency as ResourceConcurrency
+from ._concurrency import ResourceSample as ResourceSample
 from ._errors import FailedPreconditionError as FailedPreconditionError
 from ._errors import IncompatibleVersionError as IncompatibleVersionError
 from ._errors import InvalidArgumentError as InvalidArgumentError
@@ -12,6 +15,7 @@ from ._errors import RetryTaskError as RetryTaskError
 from ._errors import RingoError as RingoError
 from ._errors import UnauthenticatedError as UnauthenticatedError
 from ._errors import UnavailableError as UnavailableError
+from ._errors import WorkerFencedError as WorkerFencedError
 from ._models import BatchResult as BatchResult
 from ._models import EnqueueResult as EnqueueResult
 from ._models import PostgresStorage as PostgresStorage
@@ -23,6 +27,11 @@ from ._models import TaskSpec as TaskSpec
 from ._models import TaskState as TaskState
 from ._queue import LeasedTask as LeasedTask
 from ._queue import TaskQueue as TaskQueue
+from ._supervise import RestartPolicy as RestartPolicy
+from ._supervise import SupervisedProcess as SupervisedProcess
+from ._supervise import Supervisor as Supervisor
+from ._supervise import SupervisorError as SupervisorError
+from ._timeouts import TaskTimeouts as TaskTimeouts
 from ._version import __version__ as __version__
 from ._worker import TaskContext as TaskContext
 from ._worker import Worker as Worker

@@ -8,12 +8,19 @@
 
 ``ringo worker module:function --queue Q``
     Run a handler as a worker of one queue, against a daemon (``--endpoint``)
-    or a private one (``--data-dir``), until SIGINT or SIGTERM; the first
-    signal drains gracefully (`Worker.close`), a second one stops at once.
+    or a private one (``--data-dir``; ``--shared``: the data dir's shared
+    daemon), until SIGINT or SIGTERM; the first signal drains gracefully
+    (`Worker.close`), a second one stops at once. Started by a supervisor it
+    also runs the loop watchdog (`ringo_trio._supervision`).
+
+``ringo supervise module:function --queue Q --processes N``
+    Run N ``ringo worker`` processes under a `Supervisor` (docs/supervision.md)
+    until SIGINT or SIGTERM, which drain them all; a second one kills them.
 
 Exit codes: 0 success, 1 failure (a demo task unaccounted for, the daemon
-gone), 2 usage (bad flags, a handler that cannot be imported), 130 a second
-Ctrl-C.
+gone, a supervisor's restart budget spent), 2 usage (bad flags, a handler
+that cannot be imported), 75 a worker fenced (a handler would not stop),
+130 a second Ctrl-C.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import logging
 import math
 import os
 import random
@@ -30,7 +38,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import ExitStack
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TextIO
@@ -38,10 +46,25 @@ from typing import Any, TextIO
 import trio
 
 from ._client import Ringo, RingoClient
-from ._errors import PermanentTaskError, RetryTaskError, RingoError
+from ._errors import (
+    InvalidArgumentError,
+    PermanentTaskError,
+    RetryTaskError,
+    RingoError,
+    WorkerFencedError,
+)
 from ._models import Task, TaskSpec, TaskState
 from ._proto.ringo.v1 import GetQueueActivityRequest, GetQueueActivityResponse
 from ._queue import TaskQueue
+from ._supervise import TOKEN_ENV, RestartPolicy, Supervisor
+from ._supervision import (
+    EXIT_FENCED,
+    report_ready,
+    stall_threshold,
+    supervised,
+    watch_event_loop,
+)
+from ._timeouts import TaskTimeouts
 from ._worker import Handler, TaskContext
 
 EXIT_OK = 0
@@ -54,6 +77,8 @@ _NO_DELAY = timedelta(0)
 #: progress lines when the output is a file or a pipe.
 _TTY_REFRESH = 0.2
 _LOG_REFRESH = 1.0
+#: The defaults `ringo supervise` shows and starts from.
+_RESTARTS = RestartPolicy()
 #: Tasks whose final state is cross-checked with GetTask after a demo.
 _VERIFY_SAMPLE = 100
 
@@ -385,6 +410,15 @@ def load_handler(spec: str) -> Handler:
     return handler
 
 
+def _line(text: str, *, err: bool = False) -> None:
+    """One line to stdout (or stderr) in one write: the worker processes of
+    a supervisor share its output, and two writes per line (print under
+    PYTHONUNBUFFERED) would interleave theirs."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
 def _logged(handler: Handler) -> Handler:
     """The handler, reporting its failures on stderr (it still raises them to the worker)."""
 
@@ -395,20 +429,18 @@ def _logged(handler: Handler) -> Handler:
                 result = await result
             return result
         except (RetryTaskError, PermanentTaskError) as exc:
-            print(
+            _line(
                 f"ringo worker: task {task.id} attempt {ctx.attempt}/{ctx.max_attempts}:"
                 f" {type(exc).__name__}: {exc}",
-                file=sys.stderr,
-                flush=True,
+                err=True,
             )
             raise
         except Exception:
-            print(
-                f"ringo worker: task {task.id} attempt {ctx.attempt}/{ctx.max_attempts} failed:",
-                file=sys.stderr,
+            _line(
+                f"ringo worker: task {task.id} attempt {ctx.attempt}/{ctx.max_attempts} failed:\n"
+                + traceback.format_exc().rstrip("\n"),
+                err=True,
             )
-            traceback.print_exc(file=sys.stderr)
-            sys.stderr.flush()
             raise
 
     return run
@@ -420,64 +452,115 @@ class _WorkerState:
     forced: bool = False
 
 
+def _drain_or_stop(state: _WorkerState, scope: trio.CancelScope, why: str, grace: float) -> None:
+    """The first request drains (once registered); before registration, or a
+    second time, stop at once."""
+    if state.stop is None:
+        # Not registered yet (or a second signal): nothing to drain, stop now.
+        state.forced = True
+        _line(f"ringo worker: {why}, stopping now", err=True)
+        scope.cancel()
+        return
+    _line(
+        f"ringo worker: {why}, draining (grace period {grace:g} s; send it again to stop at once)",
+        err=True,
+    )
+    stop, state.stop = state.stop, None
+    stop()
+
+
 async def _watch_signals(
     signals: Any, state: _WorkerState, scope: trio.CancelScope, grace: float
 ) -> None:
     async for signum in signals:
-        name = signal.Signals(signum).name
-        if state.stop is None:
-            # Not registered yet (or a second signal): nothing to drain, stop now.
-            state.forced = True
-            print(f"ringo worker: {name}, stopping now", file=sys.stderr, flush=True)
-            scope.cancel()
+        _drain_or_stop(state, scope, signal.Signals(signum).name, grace)
+        if state.forced:
             return
-        print(
-            f"ringo worker: {name}, draining (grace period {grace:g} s;"
-            " send it again to stop at once)",
-            file=sys.stderr,
-            flush=True,
+
+
+def _task_timeouts(args: argparse.Namespace) -> TaskTimeouts | None:
+    """`TaskTimeouts` from --start-to-close / --no-start / --cancel-grace; None if none given."""
+    if args.start_to_close is None and args.no_start is None and args.cancel_grace is None:
+        return None
+    given: dict[str, Any] = {
+        name: timedelta(seconds=value)
+        for name, value in (
+            ("start_to_close", args.start_to_close),
+            ("no_start", args.no_start),
+            ("cancel_grace", args.cancel_grace),
         )
-        stop, state.stop = state.stop, None
-        stop()
+        if value is not None
+    }
+    return TaskTimeouts(**given)
+
+
+def _stall(args: argparse.Namespace, timeouts: TaskTimeouts | None) -> timedelta:
+    explicit = None if args.stall_timeout is None else timedelta(seconds=args.stall_timeout)
+    return stall_threshold(timeouts, timedelta(seconds=args.lease_duration), explicit)
 
 
 async def _worker_main(args: argparse.Namespace, handler: Handler) -> int:
     state = _WorkerState()
     grace = float(args.grace_period)
+    timeouts = _task_timeouts(args)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as outer:
             outer.start_soon(_watch_signals, signals, state, outer.cancel_scope, grace)
-            client = (
-                Ringo.connect(args.endpoint, token=args.token)
-                if args.endpoint is not None
-                else Ringo.local(args.data_dir)
-            )
-            async with client:
-                worker = client.queue(args.queue).worker(
-                    _logged(handler),
-                    task_types=args.task_type or None,
-                    concurrency=args.concurrency,
-                    lease_duration=timedelta(seconds=args.lease_duration),
-                    grace_period=timedelta(seconds=grace),
-                )
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(worker.run)
-                    print(
-                        f"ringo worker: registered {worker.worker_id} on queue {args.queue!r}"
-                        f" at {client.endpoint} (concurrency {args.concurrency})",
-                        flush=True,
+            async with AsyncExitStack() as stack:
+                if supervised():
+                    # Heartbeats to the supervisor, and the thread that fences
+                    # a blocked event loop; a vanished supervisor drains us.
+                    await stack.enter_async_context(
+                        watch_event_loop(
+                            _stall(args, timeouts),
+                            on_supervisor_lost=lambda: _drain_or_stop(
+                                state, outer.cancel_scope, "supervisor gone", grace
+                            ),
+                        )
                     )
-                    state.stop = lambda: nursery.start_soon(worker.close)
-                # worker.run returned: closed by a signal (drained), or failed.
-                state.stop = None
+                client = (
+                    Ringo.connect(args.endpoint, token=args.token or os.environ.get(TOKEN_ENV))
+                    if args.endpoint is not None
+                    else Ringo.local(args.data_dir, shared=args.shared)
+                )
+                async with client:
+                    worker = client.queue(args.queue).worker(
+                        _logged(handler),
+                        task_types=args.task_type or None,
+                        concurrency=args.concurrency,
+                        lease_duration=timedelta(seconds=args.lease_duration),
+                        grace_period=timedelta(seconds=grace),
+                        task_timeouts=timeouts,
+                    )
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(worker.run)
+                        _line(
+                            f"ringo worker: registered {worker.worker_id} on queue {args.queue!r}"
+                            f" at {client.endpoint} (concurrency {args.concurrency})"
+                        )
+                        report_ready(worker.worker_id)
+                        state.stop = lambda: nursery.start_soon(worker.close)
+                    # worker.run returned: closed by a signal (drained), or failed.
+                    state.stop = None
             outer.cancel_scope.cancel()
     if state.forced:
         return EXIT_INTERRUPTED
-    print("ringo worker: drained, bye", file=sys.stderr, flush=True)
+    _line("ringo worker: drained, bye", err=True)
     return EXIT_OK
 
 
-def _run_worker(args: argparse.Namespace) -> int:
+def _positive(args: argparse.Namespace, *names: str) -> list[str]:
+    """Problems with options that, when given, must be positive numbers of seconds."""
+    problems = []
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and not (0 < value < math.inf):
+            problems.append(f"--{name.replace('_', '-')} must be > 0")
+    return problems
+
+
+def _worker_problems(args: argparse.Namespace) -> list[str]:
+    """Problems with the options `ringo worker` and `ringo supervise` share."""
     problems = []
     if (args.endpoint is None) == (args.data_dir is None):
         problems.append("give exactly one of --endpoint and --data-dir")
@@ -489,15 +572,105 @@ def _run_worker(args: argparse.Namespace) -> int:
         problems.append("--lease-duration must be > 0")
     if not args.grace_period >= 0:
         problems.append("--grace-period must be >= 0")
+    problems += _positive(args, "start_to_close", "no_start", "cancel_grace", "stall_timeout")
+    return problems
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    problems = _worker_problems(args)
+    if args.shared and args.data_dir is None:
+        problems.append("--shared needs --data-dir")
     if problems:
-        print(f"ringo worker: {'; '.join(problems)}", file=sys.stderr)
+        _line(f"ringo worker: {'; '.join(problems)}", err=True)
         return EXIT_USAGE
     try:
         handler = load_handler(args.handler)
     except _UsageError as exc:
-        print(f"ringo worker: {exc}", file=sys.stderr)
+        _line(f"ringo worker: {exc}", err=True)
         return EXIT_USAGE
     return _trio_main("ringo worker", _worker_main, args, handler)
+
+
+# -- ringo supervise ----------------------------------------------------------
+
+
+async def _supervise_main(args: argparse.Namespace, supervisor: Supervisor) -> int:
+    forced = False
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch_signals() -> None:
+                nonlocal forced
+                draining = False
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if draining:
+                        _line(
+                            f"ringo supervise: {name} again, killing the worker processes", err=True
+                        )
+                        forced = True
+                        nursery.cancel_scope.cancel()
+                        return
+                    draining = True
+                    _line(
+                        f"ringo supervise: {name}, draining the worker processes (send it"
+                        " again to kill them at once)",
+                        err=True,
+                    )
+                    nursery.start_soon(supervisor.close)
+
+            nursery.start_soon(watch_signals)
+            await supervisor.run()
+            nursery.cancel_scope.cancel()
+    if forced:
+        return EXIT_INTERRUPTED
+    _line("ringo supervise: drained, bye", err=True)
+    return EXIT_OK
+
+
+def _run_supervise(args: argparse.Namespace) -> int:
+    problems = _worker_problems(args)
+    if args.processes < 1:
+        problems.append("--processes must be >= 1")
+    if args.restart_budget < 0:
+        problems.append("--restart-budget must be >= 0")
+    problems += _positive(args, "restart_window")
+    supervisor = None
+    if not problems:
+        try:
+            supervisor = Supervisor(
+                args.handler,
+                queue=args.queue,
+                processes=args.processes,
+                endpoint=args.endpoint,
+                token=args.token or (os.environ.get(TOKEN_ENV) if args.endpoint else None),
+                data_dir=args.data_dir,
+                concurrency=args.concurrency,
+                task_types=args.task_type,
+                lease_duration=timedelta(seconds=args.lease_duration),
+                grace_period=timedelta(seconds=args.grace_period),
+                task_timeouts=_task_timeouts(args),
+                stall_timeout=(
+                    None if args.stall_timeout is None else timedelta(seconds=args.stall_timeout)
+                ),
+                restarts=RestartPolicy(
+                    max_restarts=args.restart_budget,
+                    window=timedelta(seconds=args.restart_window),
+                ),
+            )
+        except InvalidArgumentError as exc:
+            problems.append(str(exc))
+    if problems or supervisor is None:
+        _line(f"ringo supervise: {'; '.join(problems)}", err=True)
+        return EXIT_USAGE
+    log = logging.getLogger("ringo_trio.supervise")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("ringo supervise: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return _trio_main("ringo supervise", _supervise_main, args, supervisor)
 
 
 # -- running ------------------------------------------------------------------
@@ -518,11 +691,15 @@ def _trio_main(prog: str, fn: Callable[..., Awaitable[int]], *args: Any) -> int:
     except BaseException as error:
         leaves = _leaves(error)
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
-            print(f"{nl}{prog}: interrupted", file=sys.stderr)
+            _line(f"{nl}{prog}: interrupted", err=True)
             return EXIT_INTERRUPTED
+        fenced = [leaf for leaf in leaves if isinstance(leaf, WorkerFencedError)]
+        if fenced:
+            _line(f"{prog}: {type(fenced[0]).__name__}: {fenced[0]}", err=True)
+            return EXIT_FENCED
         if all(isinstance(leaf, RingoError | OSError) for leaf in leaves):
             for leaf in leaves:
-                print(f"{nl}{prog}: {type(leaf).__name__}: {leaf}", file=sys.stderr)
+                _line(f"{nl}{prog}: {type(leaf).__name__}: {leaf}", err=True)
             return EXIT_FAILURE
         raise
 
@@ -567,30 +744,99 @@ def _parser() -> argparse.ArgumentParser:
         " or SIGTERM drains (no new tasks; running handlers get the grace period), a second"
         " one stops at once.",
     )
-    worker.add_argument("handler", help="the handler, as module:function (module may be in .)")
-    worker.add_argument("-q", "--queue", required=True, help="queue to work on")
-    worker.add_argument("--endpoint", default=None, help="daemon to connect to (host:port or URL)")
-    worker.add_argument("--data-dir", default=None, help="run a private daemon on this data dir")
-    worker.add_argument("--token", default=None, help="bearer token for --endpoint")
+    _worker_options(worker)
     worker.add_argument(
+        "--shared",
+        action="store_true",
+        help="with --data-dir: share the data dir's one daemon with other processes",
+    )
+
+    supervise = commands.add_parser(
+        "supervise",
+        help="run N worker processes of module:function, replacing fenced or dead ones",
+        description="Run --processes worker processes (`ringo worker` each) and keep them"
+        " running: a process whose handler ignored cancellation, blocked the event loop or"
+        " stopped heartbeating is killed and replaced, and so is one that died, with"
+        " exponential backoff (0.5 s doubling to 30 s) within a restart budget. SIGINT or"
+        " SIGTERM drains every process; a second one kills them. With --data-dir the"
+        " processes share the data dir's one local daemon.",
+    )
+    _worker_options(supervise)
+    supervise.add_argument(
+        "-p", "--processes", type=int, default=1, help="worker processes to run (1)"
+    )
+    supervise.add_argument(
+        "--restart-budget",
+        type=int,
+        default=_RESTARTS.max_restarts,
+        help=f"restarts allowed within --restart-window; one more stops the supervisor"
+        f" with status 1 ({_RESTARTS.max_restarts})",
+    )
+    supervise.add_argument(
+        "--restart-window",
+        type=float,
+        default=_RESTARTS.window.total_seconds(),
+        help=f"seconds the restart budget counts over ({_RESTARTS.window.total_seconds():g})",
+    )
+    return parser
+
+
+def _worker_options(parser: argparse.ArgumentParser) -> None:
+    """The options of one worker, shared by `ringo worker` and `ringo supervise`."""
+    parser.add_argument("handler", help="the handler, as module:function (module may be in .)")
+    parser.add_argument("-q", "--queue", required=True, help="queue to work on")
+    parser.add_argument("--endpoint", default=None, help="daemon to connect to (host:port or URL)")
+    parser.add_argument("--data-dir", default=None, help="run a local daemon on this data dir")
+    parser.add_argument(
+        "--token",
+        default=None,
+        help=f"bearer token for --endpoint (default: ${TOKEN_ENV}, which, unlike a flag,"
+        " other users cannot read through ps)",
+    )
+    parser.add_argument(
         "-c", "--concurrency", type=int, default=1, help="handlers running at once (1)"
     )
-    worker.add_argument(
+    parser.add_argument(
         "--task-type",
         action="append",
         default=[],
         help="only these task types (repeatable; default all)",
     )
-    worker.add_argument(
+    parser.add_argument(
         "--lease-duration", type=float, default=60.0, help="lease duration, seconds (60)"
     )
-    worker.add_argument(
+    parser.add_argument(
         "--grace-period",
         type=float,
         default=30.0,
         help="seconds running handlers get to finish on shutdown (30)",
     )
-    return parser
+    parser.add_argument(
+        "--start-to-close",
+        type=float,
+        default=None,
+        help="seconds one handler call may run before it is cancelled (no limit)",
+    )
+    parser.add_argument(
+        "--no-start",
+        type=float,
+        default=None,
+        help="seconds a delivered task may wait for its handler to start (no limit)",
+    )
+    parser.add_argument(
+        "--cancel-grace",
+        type=float,
+        default=None,
+        help="seconds a cancelled handler may take to exit before the worker is fenced (10)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        help="under a supervisor: seconds the event loop may be blocked before the process"
+        " is replaced (default: the lease duration, or start-to-close + cancel-grace when"
+        " that is smaller)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -599,6 +845,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_demo(args)
     if args.command == "worker":
         return _run_worker(args)
+    if args.command == "supervise":
+        return _run_supervise(args)
     return EXIT_USAGE  # pragma: no cover - argparse requires a command
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "RingoError",
     "UnauthenticatedError",
     "UnavailableError",
+    "WorkerFencedError",
     "error_for_code",
 ]
 
@@ -61,6 +62,14 @@ class IncompatibleVersionError(RingoError):
 class LeaseLostError(RingoError):
     """The lease named by the request is no longer the task's current lease:
     it expired, was superseded by a newer attempt, or the task finished."""
+
+
+class WorkerFencedError(RingoError):
+    """The worker fenced itself: a handler ignored its cancellation past
+    ``TaskTimeouts.cancel_grace``, or the event loop was starved past
+    ``no_start``. The worker stopped taking work; `Worker.run` raises this
+    once every handler has exited. Only ending the process stops code that
+    ignores cancellation, so run workers under ``ringo supervise``."""
 
 
 class RetryTaskError(Exception):

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
+from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._errors import InvalidArgumentError, RingoError
 from ._fastwire import decode_enqueue_many_response, encode_enqueue_many_request_from_specs
 from ._models import (
@@ -52,6 +53,7 @@ from ._proto.ringo.v1 import (
     RetryTaskResponse,
 )
 from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
+from ._timeouts import TaskTimeouts
 
 if TYPE_CHECKING:
     from ._client import RingoClient
@@ -125,12 +127,12 @@ class TaskQueue:
         handler: Handler,
         *,
         task_types: Iterable[str] | None = None,
-        concurrency: int = 1,
+        concurrency: int | AdaptiveConcurrency | ResourceConcurrency = 1,
         weight: int = 1,
         lease_duration: timedelta = _limits.DEFAULT_LEASE,
         grace_period: timedelta = timedelta(seconds=30),
         on_idle: Callable[[], Any] | None = None,
-        task_timeouts: object | None = None,
+        task_timeouts: TaskTimeouts | None = None,
     ) -> Worker:
         """A credit-controlled `Worker` of this queue (start it with ``worker.run``).
 
@@ -148,9 +150,18 @@ class TaskQueue:
         ``SystemExit`` included — propagates out of ``run()`` unchanged.
         Needs protocol minor >= 1. Do not await ``worker.close()`` inside it.
 
-        ``weight`` is this worker's share of a shared concurrency controller;
-        controllers and ``task_timeouts`` arrive with the supervisor and are
-        refused until then.
+        ``concurrency`` may also be a shared controller — an
+        `AdaptiveConcurrency` or a `ResourceConcurrency` passed to several
+        workers (of any queues and clients of this process): their handlers
+        together never exceed its capacity, which is split between them by
+        ``weight``. Needs protocol minor >= 2. See docs/worker.md.
+
+        ``task_timeouts`` (a `TaskTimeouts`) bounds each handler call: a
+        ``start_to_close`` deadline on its cancel scope (the task is nacked
+        with the timeout), a ``no_start`` limit and a ``cancel_grace`` past
+        which a handler that ignores cancellation *fences* the worker — it
+        stops taking work and ``run()`` raises `WorkerFencedError`. See
+        docs/timeouts.md.
         """
         from ._worker import Worker, _check_concurrency
 
@@ -158,8 +169,8 @@ class TaskQueue:
             raise InvalidArgumentError("handler must be callable")
         if on_idle is not None and not callable(on_idle):
             raise InvalidArgumentError("on_idle must be callable")
-        # Shared concurrency controllers arrive with the supervisor issue.
-        concurrency = _check_concurrency(concurrency, low=1)
+        if not isinstance(concurrency, AdaptiveConcurrency | ResourceConcurrency):
+            concurrency = _check_concurrency(concurrency, low=1)
         if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
             raise InvalidArgumentError("weight must be a positive integer")
         if not isinstance(lease_duration, timedelta) or lease_duration < timedelta(0):
@@ -168,10 +179,9 @@ class TaskQueue:
             raise InvalidArgumentError(f"lease_duration must be at most {_limits.MAX_LEASE}")
         if not isinstance(grace_period, timedelta) or grace_period < timedelta(0):
             raise InvalidArgumentError("grace_period must be a non-negative timedelta")
-        if task_timeouts is not None:
+        if task_timeouts is not None and not isinstance(task_timeouts, TaskTimeouts):
             raise InvalidArgumentError(
-                "task_timeouts are not available in this release (they arrive with the"
-                " process supervisor); pass None"
+                f"task_timeouts must be a TaskTimeouts or None, got {type(task_timeouts).__name__}"
             )
         worker = Worker(
             self,
@@ -182,6 +192,7 @@ class TaskQueue:
             lease_duration=lease_duration,
             grace_period=grace_period,
             on_idle=on_idle,
+            task_timeouts=task_timeouts,
         )
         self._client._register_worker(worker)
         return worker

@@ -35,7 +35,11 @@ not do: it no longer counts a lost lease whose handler still holds a slot).
 Should the daemon refuse with ``credit_capacity`` anyway, the session
 resamples at once — any racing push arrived before the refusal, the stream is
 ordered. One credit command is in flight at a time; a later one supersedes it
-anyway.
+anyway. The drain's result voids the mirror (the daemon pushes nothing after
+answering it). ``committed`` — slots plus the mirror plus the grant of a
+credit command in flight — bounds every slot the session can ever hold
+without sending new credit; a shared concurrency controller keeps at least
+that many permits for the worker.
 
 *Slots.* A slot is taken by every push and given back when the driver settles
 the task (`settle`) or, after a lost lease, when the cancelled handler has
@@ -339,6 +343,16 @@ class WorkSession:
         return self._credit_mirror
 
     @property
+    def committed(self) -> int:
+        """Slots the worker is bound to: tasks pushed and not finished, plus
+        every push the daemon may still make — the mirror and, while a credit
+        command is in flight, all of its grant (pushes against the old credit
+        may arrive before the daemon applies it, and the new grant after).
+        A shared concurrency controller never takes these permits back."""
+        pending = self._pending.get(self._credit_pending) if self._credit_pending else None
+        return len(self._slots) + self._credit_mirror + (pending.credit if pending else 0)
+
+    @property
     def pending_commands(self) -> int:
         return len(self._pending)
 
@@ -439,6 +453,10 @@ class WorkSession:
         if kind is CommandKind.EXTEND:
             return self._extend_result(request_id, pending, error, now)
         out: list[Output] = [CommandDone(request_id, kind, error)]
+        if kind is CommandKind.DRAIN and error is None:
+            # The daemon answered the drain before any later push: it will
+            # not push again, so the remaining credit is void.
+            self._credit_mirror = 0
         key = pending.key
         if kind is CommandKind.SETTLE and key is not None:
             self._leases.pop(key, None)

@@ -29,6 +29,18 @@ its session ended; it does not block reconnecting, but it keeps its slot: the
 next session registers with the concurrency minus such handlers, so the
 worker never runs more handlers than it was given.
 
+*Shared controllers* (``concurrency=AdaptiveConcurrency(...)`` or
+``ResourceConcurrency(...)``; `ringo_trio._concurrency`). ``run`` attaches
+the worker to the controller's permit pool for its whole life and detaches
+it once the handler group has exited. `_rebalance` — after every session
+event (the end of `_Live.act`), before a finished handler's settlement (so a
+congestion cut applies before the settlement asks for credit), and in a task
+of each session that waits on the pool's broadcast event — reports what the
+session has committed (its exact credit mirror) plus the handlers of ended
+streams, takes or returns permits, and sizes the session to them. The run
+group also offers to drive the controller's sampling loop (resource
+controllers); one attached worker drives it at a time.
+
 *Cleanup is armed before the await that can be cancelled.* A handler's
 settlement (ack / nack / reject, or "exited" after a lost lease) happens in
 the ``finally`` of its task, synchronously — the frame goes into an unbounded
@@ -43,6 +55,22 @@ once); wait briefly for the daemon's answers to those settlements; end the
 stream. When ``close`` returns, no handler of the worker runs and no lease is
 renewed.
 
+*Timeouts and fencing* (only with ``task_timeouts``; docs/timeouts.md). A
+handler's scope also carries its ``start_to_close`` deadline, so one scope
+ties lease, timeout and drain together. Whether a cancelled handler really
+stops is watched by a sans-IO `Watchdog` (`ringo_trio._timeouts`) and one
+task of the run group that sleeps in a cancel scope whose deadline is the
+earliest moment some handler becomes overdue (pulled in when a handler is
+cancelled) — it lives as long as ``run``, because handlers of ended streams
+and of a finished drain must be watched too. A handler still running
+``cancel_grace`` after its cancellation, or a task whose handler could not
+start within ``no_start`` (the loop was blocked), *fences* the worker: drain
+at once (no credit any more), hand back whatever is pushed afterwards,
+report to the supervisor, then close as usual; ``run`` raises
+`WorkerFencedError` — but only once the stuck handler has exited, since the
+handler group cannot be left before. Ending the process is the only remedy
+for code that ignores cancellation: that is `ringo supervise`'s job.
+
 *Reconnects are bounded*: a session that fails before registering counts as a
 failed recovery; three in a row end ``run`` with the last cause. A session
 that registered resets the count. Between attempts the client's own recovery
@@ -51,6 +79,8 @@ runs (renegotiation; restart of a dead local daemon).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterable
@@ -62,7 +92,8 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from . import _limits
+from . import _limits, _supervision
+from ._concurrency import AdaptiveConcurrency, Member, ResourceConcurrency, Signal, balance
 from ._errors import (
     IncompatibleVersionError,
     InvalidArgumentError,
@@ -72,6 +103,7 @@ from ._errors import (
     RetryTaskError,
     RingoError,
     UnavailableError,
+    WorkerFencedError,
     error_for_code,
 )
 from ._fastwire import (
@@ -114,6 +146,7 @@ from ._session import (
     State,
     WorkSession,
 )
+from ._timeouts import Stuck, TaskTimeouts, Watchdog
 from ._transport import SessionRejectedError
 
 if TYPE_CHECKING:
@@ -151,7 +184,16 @@ class TaskContext:
     the same moment. The lease token stays inside the worker.
     """
 
-    __slots__ = ("_cancelled", "_key", "_last_progress", "_live", "_task", "_waiter", "_worker_id")
+    __slots__ = (
+        "_cancelled",
+        "_deadline",
+        "_key",
+        "_last_progress",
+        "_live",
+        "_task",
+        "_waiter",
+        "_worker_id",
+    )
 
     def __init__(self, task: Task, key: LeaseKey, worker_id: str, live: _Live) -> None:
         self._task = task
@@ -161,6 +203,7 @@ class TaskContext:
         self._cancelled = False
         self._waiter: anyio.Event | None = None
         self._last_progress: float | None = None
+        self._deadline: float | None = None
 
     @property
     def task(self) -> Task:
@@ -181,6 +224,12 @@ class TaskContext:
     @property
     def cancelled(self) -> bool:
         return self._cancelled
+
+    @property
+    def deadline(self) -> float | None:
+        """`anyio.current_time()` at which ``start_to_close`` cancels this
+        handler; None without that timeout. Pass it on to calls that take one."""
+        return self._deadline
 
     async def wait_cancelled(self) -> None:
         """Return once the handler has been told to stop (lease lost, stream gone, close)."""
@@ -245,6 +294,9 @@ class _Waiter:
 class _Running:
     scope: anyio.CancelScope
     context: TaskContext
+    arrived: float = 0.0  # when the push was read (no_start counts from here)
+    ticket: int = 0  # its admission, for a shared controller's control law
+    congested: bool = False  # it raised RetryTaskError(congestion=True)
 
     def cancel(self) -> None:
         self.context._cancel()
@@ -281,8 +333,8 @@ class _Live:
                     if waiter is not None:
                         waiter.error = error
                         waiter.event.set()
-                case CancelHandler(key=key):
-                    self.owner._cancel_handler(key)
+                case CancelHandler(key=key, reason=reason):
+                    self.owner._cancel_handler(key, reason)
                 case Extend(request_id=request_id, key=key, lease_token=token, extension=extension):
                     send(
                         _Frame(
@@ -299,9 +351,17 @@ class _Live:
                     raise LocalProtocolError(f"unexpected session output {out!r}")
         if self.owner._closing and not self.session.pending_commands and not self.owner._running:
             self.settled.set()
+        if self.owner._controller is not None:
+            self.owner._rebalance()
 
     async def command(self, frame: Progress | Drain) -> CommandError | None:
-        """Send a command whose result the caller waits for."""
+        """Send a command and wait for its result."""
+        waiter = self.send_command(frame)
+        await waiter.event.wait()
+        return waiter.error
+
+    def send_command(self, frame: Progress | Drain) -> _Waiter:
+        """Send a command whose result arrives on ``waiter.event``."""
         waiter = self.waiters[frame.request_id] = _Waiter()
         if isinstance(frame, Progress):
             request = WorkRequest(
@@ -320,8 +380,7 @@ class _Live:
         else:
             request = WorkRequest(request_id=frame.request_id, drain=WorkerDrain(begin=True))
         self.send.send_nowait(_Frame(bytes(request)))
-        await waiter.event.wait()
-        return waiter.error
+        return waiter
 
 
 class _Frame:
@@ -386,6 +445,43 @@ def _check_concurrency(value: object, *, low: int) -> int:
     return value
 
 
+@dataclass(eq=False)
+class _Fence:
+    """Why a worker fenced itself: a stuck handler, or one that could not start."""
+
+    worker: Worker
+    running: _Running
+    stuck: Stuck[_Running] | None = None
+    waited: float = 0.0
+
+    def text(self) -> str:
+        watchdog = self.worker._watchdog
+        assert watchdog is not None
+        context = self.running.context
+        task = f"task {context.task.id} (attempt {context.attempt})"
+        if self.stuck is None:
+            detail = (
+                f"{task} waited {self.waited:.3g}s for its handler to start, past"
+                f" no_start={watchdog.no_start:g}s: something blocks the event loop"
+                " (a blocking call in a handler?); the task was handed back unrun"
+            )
+        else:
+            detail = (
+                f"{task} ignored its cancellation ({self.stuck.why}) for"
+                f" {self.stuck.ignored_for:.3g}s, past cancel_grace={watchdog.cancel_grace:g}s"
+            )
+        return (
+            f"worker {self.worker.worker_id} of queue {self.worker._queue.name!r} is fenced:"
+            f" {detail}. It stopped taking work. A handler that ignores cancellation or"
+            " blocks the event loop can only be stopped by ending its process: run"
+            " workers under process supervision (`ringo supervise`), which replaces a"
+            " fenced process"
+        )
+
+    def error(self) -> WorkerFencedError:
+        return WorkerFencedError(self.text())
+
+
 class Worker:
     """A credit-controlled worker of one queue. Create it with `TaskQueue.worker`.
 
@@ -404,11 +500,12 @@ class Worker:
         handler: Handler,
         *,
         task_types: Iterable[str],
-        concurrency: int,
+        concurrency: int | AdaptiveConcurrency | ResourceConcurrency,
         weight: int,
         lease_duration: timedelta,
         grace_period: timedelta,
         on_idle: Callable[[], Any] | None,
+        task_timeouts: TaskTimeouts | None = None,
     ) -> None:
         from ._queue import new_worker_id
 
@@ -416,13 +513,17 @@ class Worker:
         self._client = queue._client
         self._handler = handler
         self._task_types = list(task_types)
-        self._concurrency = concurrency
+        # With a shared controller the pool sizes the worker (`_rebalance`);
+        # the member is its account there while `run` runs.
+        self._controller = None if isinstance(concurrency, int) else concurrency
+        self._member: Member | None = None
+        self._concurrency = concurrency if isinstance(concurrency, int) else 0
         self._weight = weight
         self._lease_duration = lease_duration
         self._grace = grace_period.total_seconds()
         self._on_idle = on_idle
         self._worker_id = new_worker_id()
-        self._dynamic = False
+        self._dynamic = self._controller is not None
         self._run_started = False
         self._closing = False
         self._close_requested = anyio.Event()
@@ -437,6 +538,9 @@ class Worker:
         self._idle_armed = False
         self._idle_fired = False
         self._fatal: BaseException | None = None
+        self._watchdog = None if task_timeouts is None else Watchdog[_Running](task_timeouts)
+        self._watch_nap: anyio.CancelScope | None = None
+        self._fence: _Fence | None = None
 
     def __repr__(self) -> str:
         return f"<Worker {self._worker_id} queue={self._queue.name!r}>"
@@ -449,6 +553,11 @@ class Worker:
 
     @property
     def concurrency(self) -> int:
+        """How many handlers may run at once: the number given, or — with a
+        shared controller — this worker's current share of the controller's
+        capacity (0 while it does not run)."""
+        if self._controller is not None:
+            return 0 if self._member is None else self._member.share
         return self._concurrency
 
     @property
@@ -467,6 +576,10 @@ class Worker:
         Lowering it lets running handlers finish; no new task starts until the
         worker is below the new limit.
         """
+        if self._controller is not None:
+            raise InvalidArgumentError(
+                "this worker's concurrency comes from a shared controller; it cannot be set"
+            )
         concurrency = _check_concurrency(concurrency, low=0)
         if self._run_started and self._client.protocol_minor < _DYNAMIC_MIN_MINOR:
             raise IncompatibleVersionError(
@@ -487,7 +600,9 @@ class Worker:
         Raises the last cause after three failed recoveries in a row, and
         `IncompatibleVersionError` before any work when the daemon's minor
         lacks a feature this worker needs. An exception raised by ``on_idle``
-        propagates unchanged.
+        propagates unchanged. `WorkerFencedError` when ``task_timeouts``
+        fenced the worker — raised only once every handler has exited,
+        however long a stuck one runs on (see docs/timeouts.md).
         """
         if self._run_started:
             raise RingoError("Worker.run() may be called only once")
@@ -497,9 +612,16 @@ class Worker:
                 task_status.started()
                 return
             self._check_features(self._client.protocol_minor)
+            controller = self._controller
+            if controller is not None:
+                self._member = controller._attach(self._weight)
             async with anyio.create_task_group() as run_group:
+                if controller is not None:
+                    run_group.start_soon(controller._drive)
                 if self._on_idle is not None:
                     run_group.start_soon(self._idle_monitor, run_group.cancel_scope)
+                if self._watchdog is not None:
+                    run_group.start_soon(self._watch, self._watchdog)
                 async with anyio.create_task_group() as handlers:
                     self._handlers = handlers
                     try:
@@ -508,13 +630,20 @@ class Worker:
                         self._fatal = exc
                     finally:
                         self._closing = True
-                        self._cancel_all_handlers()
+                        self._cancel_all_handlers("the worker stopped")
                 run_group.cancel_scope.cancel()
+            if self._fence is not None:
+                raise self._fence.error() from self._fatal
             if self._fatal is not None:
                 raise self._fatal
         finally:
             self._closing = True
             self._handlers = None
+            if self._controller is not None and self._member is not None:
+                # No handler is left (the handler group has exited): every
+                # permit goes back and the other workers' shares grow.
+                self._controller._detach(self._member)
+                self._member = None
             self._finished.set()
 
     async def close(self) -> None:
@@ -536,7 +665,8 @@ class Worker:
     def _check_features(self, minor: int) -> None:
         if self._dynamic and minor < _DYNAMIC_MIN_MINOR:
             raise IncompatibleVersionError(
-                f"dynamic concurrency needs protocol minor >= 2; negotiated minor is {minor}"
+                "dynamic concurrency (set_concurrency, or a shared concurrency controller)"
+                f" needs protocol minor >= 2; negotiated minor is {minor}"
             )
         if self._on_idle is not None and minor < _IDLE_MIN_MINOR:
             raise IncompatibleVersionError(
@@ -616,6 +746,9 @@ class Worker:
             lease = granted.lease_duration or _limits.DEFAULT_LEASE
             self._live = live
             try:
+                # A controller-attached worker takes its permits now, so the
+                # first credit (sent on `registered`) is sized by them.
+                self._rebalance()
                 now = anyio.current_time()
                 live.act(
                     session.registered(
@@ -631,6 +764,8 @@ class Worker:
                 async with anyio.create_task_group() as tasks:
                     tasks.start_soon(self._timer, live)
                     tasks.start_soon(self._closer, live, tasks.cancel_scope)
+                    if self._controller is not None:
+                        tasks.start_soon(self._follow_controller)
                     await self._read(live, channels.receive)
                     tasks.cancel_scope.cancel()
                 if not live.settled.is_set():
@@ -647,6 +782,8 @@ class Worker:
                         # slot (see "Slots and zombies") but not the session.
                         del self._running[key]
                         self._orphans.add(running)
+                # The stream's unused credit is void: those permits go back.
+                self._rebalance()
 
     async def _first_response(self, receive: MemoryObjectReceiveStream[Any]) -> WorkResponse:
         with anyio.move_on_after(_REGISTER_TIMEOUT):
@@ -725,7 +862,7 @@ class Worker:
             self._all_idle = anyio.Event()
             with anyio.move_on_after(self._grace):
                 await self._all_idle.wait()
-        self._cancel_all_handlers()
+        self._cancel_all_handlers("the worker closed past its grace period")
         # Cancelled handlers settle in their `finally`; wait for the answers.
         live.act([])
         with anyio.move_on_after(_SETTLE_WAIT):
@@ -740,7 +877,10 @@ class Worker:
         handlers = self._handlers
         assert handlers is not None
         context = TaskContext(task, key, self._worker_id, live)
-        running = _Running(anyio.CancelScope(), context)
+        arrived = 0.0 if self._watchdog is None else anyio.current_time()
+        running = _Running(anyio.CancelScope(), context, arrived)
+        if self._controller is not None:
+            running.ticket = self._controller._admit()
         self._running[key] = running
         self._idle_since = None
         handlers.start_soon(self._handle, live, key, task, running)
@@ -750,7 +890,13 @@ class Worker:
         error = "the worker stopped before the handler finished"
         delay: float | None = None
         finished = False
+        watchdog = self._watchdog
         try:
+            if watchdog is not None:
+                refusal = self._admit(watchdog, running)
+                if refusal is not None:
+                    error, delay = refusal, 0.0  # handed back unrun: retry at once
+                    return
             with running.scope:
                 try:
                     result = self._handler(task, running.context)
@@ -758,6 +904,7 @@ class Worker:
                         await result
                     outcome, error = Outcome.ACK, ""
                 except RetryTaskError as exc:
+                    running.congested = exc.congestion
                     error = _error_text(exc)
                     if exc.delay is not None:
                         delay = exc.delay.total_seconds()
@@ -767,6 +914,16 @@ class Worker:
                     error = f"{type(exc).__name__}: {_error_text(exc)}"
                 finished = True
         finally:
+            if watchdog is not None:
+                now = anyio.current_time()
+                deadline = running.context._deadline
+                if deadline is not None and now >= deadline:
+                    # Whatever it did past its deadline — returned without
+                    # ever yielding, swallowed the cancellation — is no success.
+                    outcome, error, delay = Outcome.NACK, watchdog.timeout_text(), None
+                stuck = watchdog.exited(running, now)
+                if stuck is not None:
+                    self._fence_stuck(stuck)
             self._finish_handler(live, key, running, outcome, error, delay, finished)
 
     def _finish_handler(
@@ -785,6 +942,16 @@ class Worker:
         elif running in self._orphans:
             self._orphans.discard(running)
             self._return_orphan_slot(now)
+        controller = self._controller
+        if controller is not None:
+            if finished and outcome is Outcome.ACK:
+                signal = Signal.SUCCESS
+            else:
+                signal = Signal.CONGESTION if running.congested else Signal.FAILURE
+            controller._finished(running.ticket, signal)
+            # Before the settlement asks for credit, so that credit already
+            # follows a cut this very outcome caused.
+            self._rebalance()
         session = live.session
         if session.holds(key) and session.state in (State.ACTIVE, State.DRAINING):
             if not finished:
@@ -803,7 +970,8 @@ class Worker:
         capacity can change mid-stream; otherwise with the next stream."""
         current = self._live
         if (
-            current is None
+            self._controller is not None  # `_rebalance` sizes the session
+            or current is None
             or current.session.state is not State.ACTIVE
             or self._client.protocol_minor < _DYNAMIC_MIN_MINOR
         ):
@@ -812,14 +980,114 @@ class Worker:
         if wanted != current.session.concurrency:
             current.act(current.session.set_concurrency(wanted, now))
 
-    def _cancel_handler(self, key: LeaseKey) -> None:
+    # -- shared concurrency controllers ------------------------------------------
+
+    def _rebalance(self) -> None:
+        """Match this worker's permits to its share and its commitments, and
+        its session's concurrency to its permits (ringo_trio._concurrency).
+        Runs after every session event and on every change of the pool."""
+        controller, member = self._controller, self._member
+        if controller is None or member is None:
+            return
+        live = self._live
+        outputs = balance(
+            functools.partial(controller._sync, member),
+            None if live is None else live.session,
+            # Handlers holding a permit but no slot of the live session.
+            outside=len(self._orphans) + (len(self._running) if live is None else 0),
+            closing=self._close_requested.is_set(),
+            now=anyio.current_time(),
+        )
+        if outputs:
+            assert live is not None
+            live.act(outputs)
+
+    async def _follow_controller(self) -> None:
+        """Rebalance whenever the shared pool changed (another worker gave
+        permits back, attached or detached; the capacity moved)."""
+        controller = self._controller
+        assert controller is not None
+        while True:
+            changed = controller._changed_event()
+            self._rebalance()
+            await changed.wait()
+
+    def _cancel_handler(self, key: LeaseKey, why: str) -> None:
         running = self._running.get(key)
         if running is not None:
-            running.cancel()
+            self._cancel(running, why)
 
-    def _cancel_all_handlers(self) -> None:
+    def _cancel_all_handlers(self, why: str) -> None:
         for running in [*self._running.values(), *self._orphans]:
-            running.cancel()
+            self._cancel(running, why)
+
+    def _cancel(self, running: _Running, why: str) -> None:
+        running.cancel()
+        watchdog = self._watchdog
+        if watchdog is not None:
+            self._wake_watch(watchdog.cancelled(running, anyio.current_time(), why))
+
+    # -- timeouts and fencing ---------------------------------------------------
+
+    def _admit(self, watchdog: Watchdog[_Running], running: _Running) -> str | None:
+        """Arm a starting handler's deadline; or say why it must not start."""
+        now = anyio.current_time()
+        if self._fence is not None:
+            return "the worker is fenced; the task was handed back unrun"
+        waited = watchdog.waited_too_long(running.arrived, now)
+        if waited is not None:
+            self._fence_now(_Fence(self, running, waited=waited))
+            return (
+                f"no_start timeout of {watchdog.no_start:g}s exceeded: the handler could not"
+                f" start for {waited:.3g}s after the task arrived (the worker's event loop was"
+                " blocked); handed back unrun"
+            )
+        deadline = watchdog.started(running, now)
+        if deadline is not None:
+            running.scope.deadline = deadline
+            running.context._deadline = deadline
+            self._wake_watch(deadline + watchdog.cancel_grace)
+        return None
+
+    def _wake_watch(self, when: float) -> None:
+        nap = self._watch_nap
+        if nap is not None and when < nap.deadline:
+            nap.deadline = when
+
+    async def _watch(self, watchdog: Watchdog[_Running]) -> None:
+        """Fence the worker once a cancelled handler outlives ``cancel_grace``."""
+        while self._fence is None:
+            stuck = watchdog.stuck(anyio.current_time())
+            if stuck is not None:
+                self._fence_stuck(stuck)
+                return
+            when = watchdog.next_check()
+            with anyio.CancelScope(deadline=math.inf if when is None else when) as nap:
+                self._watch_nap = nap
+                await anyio.sleep_forever()
+            self._watch_nap = None
+
+    def _fence_stuck(self, stuck: Stuck[_Running]) -> None:
+        fence = self._fence
+        if fence is None:
+            self._fence_now(_Fence(self, stuck.key, stuck=stuck))
+        elif fence.running is stuck.key:
+            fence.stuck = stuck  # found again when it exited: the final figure
+
+    def _fence_now(self, fence: _Fence) -> None:
+        """Stop taking work at once, tell the supervisor, then close as usual."""
+        if self._fence is not None:
+            return
+        self._fence = fence
+        live = self._live
+        if live is not None and live.session.state is State.ACTIVE:
+            # Draining stops the daemon's pushes and the session's credit; a
+            # push already on its way is handed back by `_admit`.
+            live.send_command(live.session.drain(anyio.current_time()))
+        self._close_requested.set()
+        # It must not raise; should it anyway, a handler's slot is still freed.
+        with contextlib.suppress(Exception):
+            _supervision.report_fence(fence.text())
 
     # -- on_idle ----------------------------------------------------------------
 

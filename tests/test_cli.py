@@ -140,6 +140,12 @@ HANDLERS = """
         if task.payload.startswith(b"sleep:"):
             print(f"started {task.id}", flush=True)
             await trio.sleep(float(task.payload[6:]))
+        if task.payload.startswith(b"stubborn:"):
+            # Ignores its cancellation for this long, then exits.
+            print(f"stubborn {task.id}", flush=True)
+            with trio.CancelScope(shield=True):
+                await trio.sleep(float(task.payload[9:]))
+            return
         print(f"handled {task.id}", flush=True)
 """
 
@@ -161,40 +167,55 @@ class _Child:
 
     def wait_for(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
         """The first output line (old or new) matching ``pattern``; fails after ``timeout``."""
+        return self.wait_for_all(pattern, 1, timeout)[0]
+
+    def wait_for_all(self, pattern: str, count: int, timeout: float = 20.0) -> list[re.Match[str]]:
+        """The first ``count`` output lines (old or new) matching ``pattern``."""
         deadline = time.monotonic() + timeout
-        seen = 0
+        while True:
+            matches = [m for line in self.lines if (m := re.search(pattern, line))]
+            if len(matches) >= count:
+                return matches[:count]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                pytest.fail(
+                    f"{len(matches)}/{count} lines matching {pattern!r} within {timeout}s:"
+                    f" {self.lines}"
+                )
+            if not self._read(remaining):
+                pytest.fail(f"exited before printing {pattern!r}: {self.lines}")
+
+    def _read(self, timeout: float) -> bool:
+        """Read what arrives within ``timeout`` into `lines`; False at end of output."""
         with selectors.DefaultSelector() as selector:
             selector.register(self._fd, selectors.EVENT_READ)
-            while True:
-                for line in self.lines[seen:]:
-                    match = re.search(pattern, line)
-                    if match:
-                        return match
-                seen = len(self.lines)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    pytest.fail(f"no line matching {pattern!r} within {timeout}s: {self.lines}")
-                if selector.select(remaining):
-                    chunk = os.read(self._fd, 65536)
-                    if not chunk:
-                        pytest.fail(f"exited before printing {pattern!r}: {self.lines}")
-                    self._buffer += chunk
-                    *complete, self._buffer = self._buffer.split(b"\n")
-                    self.lines += [line.decode() for line in complete]
+            if selector.select(timeout):
+                chunk = os.read(self._fd, 65536)
+                if not chunk:
+                    return False
+                self._buffer += chunk
+                *complete, self._buffer = self._buffer.split(b"\n")
+                self.lines += [line.decode() for line in complete]
+        return True
 
     def finish(self, timeout: float = 20.0) -> int:
-        """Wait for the exit (killing it after ``timeout``); read what is left."""
+        """Wait for the exit and the end of the output — which every process
+        sharing it (its children too) must close — killing it after ``timeout``."""
+        deadline = time.monotonic() + timeout
         try:
             self.proc.wait(timeout=timeout)
+            while (remaining := deadline - time.monotonic()) > 0 and self._read(remaining):
+                pass
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            pytest.fail(f"ringo did not exit within {timeout}s: {self.lines}")
+            pass
+        if self.proc.returncode is None or deadline - time.monotonic() <= 0:
+            self.kill()
+            pytest.fail(f"ringo (or a child sharing its output) outlived {timeout}s: {self.lines}")
         assert self.proc.stdout is not None
-        rest = self._buffer + self.proc.stdout.read()
         self.proc.stdout.close()
-        self._buffer = b""
-        self.lines += [line.decode() for line in rest.split(b"\n") if line]
+        if self._buffer:
+            self.lines.append(self._buffer.decode())
+            self._buffer = b""
         return self.proc.returncode
 
     def kill(self) -> None:
@@ -347,3 +368,50 @@ def test_worker_needs_exactly_one_daemon(handlers_dir: pathlib.Path) -> None:
         )
         assert proc.returncode == 2
         assert "exactly one of --endpoint and --data-dir" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--endpoint", "127.0.0.1:1", "--shared"], "--shared needs --data-dir"),
+        (["--endpoint", "127.0.0.1:1", "--start-to-close", "0"], "--start-to-close must be > 0"),
+        (["--endpoint", "127.0.0.1:1", "--no-start", "-1"], "--no-start must be > 0"),
+        (["--endpoint", "127.0.0.1:1", "--cancel-grace", "nan"], "--cancel-grace must be > 0"),
+        (["--endpoint", "127.0.0.1:1", "--stall-timeout", "0"], "--stall-timeout must be > 0"),
+    ],
+)
+def test_worker_refuses_bad_timeouts(
+    handlers_dir: pathlib.Path, flags: list[str], message: str
+) -> None:
+    """Bad timeout flags: one line naming the flag, exit status 2, nothing started."""
+    proc = subprocess.run(
+        [*CLI, "worker", "ringo_test_handlers:handle", "--queue", "q", *flags],
+        cwd=handlers_dir,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"ringo worker: {message}"
+
+
+def test_worker_fenced_by_a_stubborn_handler_exits_75(
+    daemon: DaemonProcess, start_worker: Callable[..., _Child]
+) -> None:
+    """--start-to-close / --cancel-grace reach the worker: a handler that ignores
+    its timeout's cancellation past the grace fences the worker, which takes no
+    more work; once that handler exits, `ringo worker` ends with the fenced
+    status 75 and a message naming process supervision as the remedy."""
+    worker = start_worker(
+        "ringo_test_handlers:handle",
+        "--queue", "fence", "--endpoint", daemon.endpoint,
+        "--start-to-close", "0.3", "--cancel-grace", "0.3",
+    )  # fmt: skip
+    worker.wait_for("registered")
+    [stubborn] = _enqueue(daemon.endpoint, "fence", b"stubborn:2")
+    worker.wait_for(f"stubborn {stubborn}")
+    [late] = _enqueue(daemon.endpoint, "fence", b"late")
+    assert worker.finish(timeout=30) == 75, worker.lines
+    assert "WorkerFencedError" in worker.lines[-1]
+    assert "ringo supervise" in worker.lines[-1]
+    assert not any(late in line for line in worker.lines)

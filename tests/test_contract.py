@@ -38,6 +38,15 @@ EXPECTED_PUBLIC = {
     "LeaseLostError",
     "RetryTaskError",
     "PermanentTaskError",
+    "WorkerFencedError",
+    "TaskTimeouts",
+    "AdaptiveConcurrency",
+    "ResourceConcurrency",
+    "ResourceSample",
+    "Supervisor",
+    "SupervisorError",
+    "RestartPolicy",
+    "SupervisedProcess",
 }
 
 

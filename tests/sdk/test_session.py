@@ -146,7 +146,8 @@ class FakeDaemon:
       capacity is the command's target, else the last accepted target, else
       the registered ``max_concurrency``. The result of an accepted credit is
       queued before any push that consumes it.
-    * It pushes while it has credit and tasks and has not seen a drain.
+    * It pushes while it has credit and tasks and has not seen a drain; a
+      drain voids its credit.
     * A lease is live until its ``until`` passes or `expire` ends it early;
       a command on a lease that is not live is answered ``LEASE_LOST``. The
       lease stays in ``unsettled`` (the daemon cannot know the worker stopped
@@ -228,6 +229,7 @@ class FakeDaemon:
             error = self._on_lease(frame)
         else:
             self.draining = True
+            self.credit = 0
             error = None
         if rid in self.answered:
             self.violations.append(f"request {rid} answered twice")
@@ -781,13 +783,30 @@ class SessionMachine(RuleBasedStateMachine):
     @invariant()
     def credit_mirror_equals_the_daemons_credit(self) -> None:
         """The credit mirror equals the daemon's credit (plus the pushes on their
-        way) whenever no credit command is in transit."""
+        way) whenever no credit command or drain is in transit."""
         if self.ended:
             return
-        if any(s.kind is CommandKind.CREDIT for s in self.unanswered.values()):
+        unanswered = {s.kind for s in self.unanswered.values()}
+        if CommandKind.CREDIT in unanswered or CommandKind.DRAIN in unanswered:
             return
         pushes = len(self.daemon.in_transit(Push))
         assert self.session.credit_mirror == self.daemon.credit + pushes
+
+    @invariant()
+    def committed_bounds_every_slot_to_come(self) -> None:
+        """``committed`` — what a shared concurrency controller must keep as
+        permits for the worker — is never less than the slots taken plus every
+        push the daemon can still make (its credit and the pushes on their
+        way), whatever credit or drain is in flight."""
+        if self.ended:
+            return
+        pushes = len(self.daemon.in_transit(Push))
+        can_arrive = self.daemon.credit + pushes
+        assert self.session.committed >= self.session.in_flight + can_arrive, (
+            self.session.committed,
+            self.session.in_flight,
+            can_arrive,
+        )
 
 
 TestSessionAgainstDaemon = SessionMachine.TestCase

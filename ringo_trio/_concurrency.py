@@ -1,0 +1,661 @@
+"""Shared concurrency controllers: one capacity split by weight across workers.
+
+Theory of operation
+-------------------
+A controller (`AdaptiveConcurrency`, `ResourceConcurrency`) is a pool of
+*permits* shared by every worker it is passed to — workers of different
+queues and different clients, in one process and one event loop (it is not
+shared across processes: each process has its own pool). A permit is the
+right to have one task on its way to the worker or running in it.
+
+*The sans-IO core* is `PermitPool` plus a control law (`AimdLaw`,
+`ResourceLaw`): plain classes, no clock, no I/O, driven by hypothesis in
+``tests/sdk/test_concurrency.py``.
+
+*Shares.* The pool's capacity ``C`` is split by weight with the largest
+remainder method: member ``i`` gets ``floor(C * w_i / W)`` and the
+``C - sum(floors)`` permits left over go one each to the largest remainders,
+ties broken by attach order; the shares always sum to ``C``. When ``C`` is
+smaller than the number of members (more precisely: when a member's quota
+``C * w_i / W`` is below one and its remainder loses), that member's share
+is 0 and it runs nothing until the capacity grows or another member
+detaches — keep ``min`` at least the number of workers sharing a controller.
+
+*Admission.* A member takes a permit only while it holds fewer than its
+target (its share; see probes below) *and* the pool's total held is below
+``C`` — so no grant ever makes the total exceed ``C``. A member holds
+permits for three things it has *committed*: tasks running (or pushed and
+not yet settled), credit the daemon may still use to push, and a credit
+update in flight. It never gives back a committed permit — a handler is never
+revoked and credit already granted cannot be recalled before the daemon has
+answered the update that withdraws it. When ``C`` or its share shrinks, a
+member gives permits back as they become uncommitted: its holding falls to
+``max(target, committed)``. Hence: a task runs only under a permit of its
+member; the total held rises only while it is below ``C``; after a shrink
+the excess drains monotonically as committed work ends. (The total of
+*running* handlers can exceed a freshly *lowered* ``C`` by exactly the work
+admitted under the old one — credit in flight cannot be recalled; it never
+exceeds the capacity that was in force when its permit was granted.)
+
+*The worker's side* (``ringo_trio._worker``) keeps its Work session's
+concurrency equal to its permits (minus handlers of an ended stream, which
+hold permits but no slot on the new stream), reports ``committed`` from the
+session's exact credit mirror after every session event, and marks itself
+inactive while it has no stream or is draining: then its target is 0 and
+every uncommitted permit returns at once (stream loss returns the unused
+credit; handlers still running keep theirs until they exit). Detaching (the
+end of ``run()``, when no handler is left) returns everything and the other
+members' shares grow. Changes reach other workers through one broadcast
+event that each worker's rebalance task waits on — no callbacks.
+
+*Probes.* After a congestion cut (adaptive only) the pool is *probing*: a
+member's target is at most ``running + 1`` — it asks the daemon for one task
+at a time — until a task admitted after the cut succeeds.
+
+Control laws
+------------
+**AdaptiveConcurrency** (AIMD with slow start, like TCP): the limit ``L``
+starts at ``min``. A success of a task admitted after the last cut grows it
+— by 1 per success before the first congestion (slow start: doubling per
+round of tasks), by ``1/L`` per success afterwards (about +1 per round) —
+but only while at least half of it is in use (an idle or trickling worker
+does not inflate it). A handler raising ``RetryTaskError(congestion=True)``
+cuts it: ``L ← max(min, L x decrease)`` (``decrease`` = 0.5), counting only
+congestion of tasks admitted *after* the previous cut — one cut per window
+of tasks, since the tasks already in flight when the limit was cut say
+nothing about the new limit. Capacity is ``floor(L)`` clamped to
+``[min, max]``. Against a downstream that congests above ``K`` concurrent
+tasks the capacity settles into a sawtooth between about ``K/2`` and ``K+1``
+(``tests/sdk/test_concurrency.py`` states the measured band).
+
+**ResourceConcurrency** (damped multiplicative tracking): every
+``interval`` the sampler reports CPU (fraction of one core this process used
+over the interval) and memory (resident bytes); the pressure ``p`` is the
+largest ``usage / target`` over the resources that have a target. Then
+``L ← clamp(L x p^(-gamma), L/2, 2L)`` with ``gamma = 0.5``, clamped to
+``[min, max]``; capacity is ``round(L)``. In log space the error to the
+fixed point ``L*`` (where ``p = 1``) shrinks by the factor ``1 - gamma`` each
+interval, and by at least ``ln 2`` while it is larger than ``2 ln 2``; for a
+resource proportional to the limit (``usage = a x L``) ``L* = t / a``. As for
+the adaptive law, the limit grows only while at least half of it is in use.
+The sampling loop runs inside the attached workers: each running worker
+offers to drive it, one drives at a time (a lock), and when that worker stops
+another takes over — no extra ``async with`` for the user.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol
+
+import anyio
+import anyio.lowlevel
+
+from ._errors import InvalidArgumentError, RingoError
+from ._session import Output, State, WorkSession
+
+__all__ = [
+    "AdaptiveConcurrency",
+    "AimdLaw",
+    "balance",
+    "Member",
+    "PermitPool",
+    "ResourceConcurrency",
+    "ResourceLaw",
+    "ResourceSample",
+    "Signal",
+]
+
+_MAX = 2**31 - 1
+
+
+class PoolError(Exception):
+    """The pool was asked for something that breaks its accounting (a bug)."""
+
+
+class Signal(enum.Enum):
+    """What a finished task tells a control law."""
+
+    SUCCESS = "success"
+    CONGESTION = "congestion"
+    FAILURE = "failure"  # any other outcome: tells the law nothing
+
+
+# -- the sans-IO core ---------------------------------------------------------
+
+
+class Member:
+    """One attached worker's account in a `PermitPool`."""
+
+    __slots__ = ("active", "attached", "committed", "held", "order", "running", "share", "weight")
+
+    def __init__(self, weight: int, order: int) -> None:
+        self.weight = weight
+        self.order = order
+        self.share = 0
+        self.held = 0
+        self.running = 0
+        self.committed = 0
+        self.active = False
+        self.attached = True
+
+    def __repr__(self) -> str:
+        return (
+            f"<Member w={self.weight} share={self.share} held={self.held}"
+            f" committed={self.committed} running={self.running}>"
+        )
+
+
+class PermitPool:
+    """Permits of one capacity, split by weight (see the module docstring)."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise PoolError("capacity must not be negative")
+        self.capacity = capacity
+        self.probing = False
+        self.held = 0
+        self._members: list[Member] = []
+        self._order = itertools.count()
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        return tuple(self._members)
+
+    @property
+    def running(self) -> int:
+        """Tasks running in all members, as last reported by `sync`."""
+        return sum(m.running for m in self._members)
+
+    def attach(self, weight: int) -> Member:
+        if weight < 1:
+            raise PoolError("weight must be positive")
+        member = Member(weight, next(self._order))
+        self._members.append(member)
+        self._reshare()
+        return member
+
+    def detach(self, member: Member) -> None:
+        """Every permit of ``member`` returns; the caller guarantees none of
+        its work runs any more (the worker's handler group has exited)."""
+        self._check(member)
+        self.held -= member.held
+        member.held = member.running = member.committed = member.share = 0
+        member.attached = member.active = False
+        self._members.remove(member)
+        self._reshare()
+
+    def configure(self, capacity: int, probing: bool) -> bool:
+        """Apply a control law's output; True when anything changed."""
+        if capacity < 0:
+            raise PoolError("capacity must not be negative")
+        changed = capacity != self.capacity or probing != self.probing
+        self.probing = probing
+        if capacity != self.capacity:
+            self.capacity = capacity
+            self._reshare()
+        return changed
+
+    def usable(self, member: Member) -> int:
+        """Permits ``member`` may base its credit on: what it holds, but no
+        more than its target (the rest are committed and on their way back)
+        and, while the pool holds more than its capacity (after a shrink), no
+        more than it has committed already — no new work is promised until
+        the excess has drained."""
+        usable = min(member.held, self.target(member))
+        if self.held > self.capacity:
+            usable = min(usable, member.committed)
+        return usable
+
+    def target(self, member: Member) -> int:
+        """How many permits ``member`` may hold now (before its commitments)."""
+        target = member.share if member.active else 0
+        if self.probing:
+            target = min(target, member.running + 1)
+        return target
+
+    def sync(self, member: Member, *, running: int, committed: int, active: bool) -> bool:
+        """Settle ``member``'s permits against its target and commitments.
+
+        ``running``: tasks pushed to it and not finished; ``committed``:
+        ``running`` plus the pushes the daemon may still make. Takes permits
+        up to the target while the pool has room; gives back what is neither
+        targeted nor committed. Returns True when permits went back to the
+        pool (other members may take them now).
+        """
+        self._check(member)
+        if not 0 <= running <= committed:
+            raise PoolError(f"bad report: running={running} committed={committed}")
+        if committed > member.held:
+            raise PoolError(f"a member committed {committed} tasks with only {member.held} permits")
+        member.running, member.committed, member.active = running, committed, active
+        target = self.target(member)
+        if member.held > target:
+            keep = max(target, committed)
+            freed = member.held - keep
+            member.held = keep
+            self.held -= freed
+            return freed > 0
+        grant = min(target - member.held, self.capacity - self.held)
+        if grant > 0:
+            member.held += grant
+            self.held += grant
+        return False
+
+    def _check(self, member: Member) -> None:
+        if not member.attached:
+            raise PoolError("the member is detached")
+
+    def _reshare(self) -> None:
+        members = self._members
+        if not members:
+            return
+        total = sum(m.weight for m in members)
+        capacity = self.capacity
+        shares = [capacity * m.weight // total for m in members]
+        left = capacity - sum(shares)
+        # Largest remainder first; attach order breaks ties (members is in
+        # attach order, and sorted() is stable).
+        ranked = sorted(range(len(members)), key=lambda i: -(capacity * members[i].weight % total))
+        for i in ranked[:left]:
+            shares[i] += 1
+        for member, share in zip(members, shares, strict=True):
+            member.share = share
+
+
+class Sync(Protocol):
+    def __call__(self, *, running: int, committed: int, active: bool) -> int: ...
+
+
+def balance(
+    sync: Sync,
+    session: WorkSession | None,
+    *,
+    outside: int,
+    closing: bool,
+    now: float,
+) -> list[Output]:
+    """One worker's side of the pool: report its commitments, take or give
+    back permits (``sync``, bound to its member, returns the permits it may
+    use: held, but no more than its target), and size its session to them.
+
+    ``outside`` counts its handlers that hold a permit but no slot of
+    ``session`` (handlers of ended streams; all of them when there is no
+    live session). Sizing the session below what it has committed makes it withdraw unused
+    credit (a resize); the permits follow once the daemon has answered.
+    Returns the session's outputs.
+    """
+    if session is None or session.state is State.ENDED:
+        sync(running=outside, committed=outside, active=False)
+        return []
+    state = session.state
+    usable = sync(
+        running=session.in_flight + outside,
+        committed=session.committed + outside,
+        active=not closing and state in (State.REGISTERING, State.ACTIVE),
+    )
+    wanted = max(0, usable - outside)
+    if wanted == session.concurrency:
+        return []
+    return session.set_concurrency(wanted, now)
+
+
+def _check_bounds(minimum: object, maximum: object) -> tuple[int, int]:
+    for name, value in (("min", minimum), ("max", maximum)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgumentError(f"{name} must be an integer")
+    assert isinstance(minimum, int)
+    assert isinstance(maximum, int)
+    if not 1 <= minimum <= maximum <= _MAX:
+        raise InvalidArgumentError("need 1 <= min <= max <= 2**31-1")
+    return minimum, maximum
+
+
+class AimdLaw:
+    """Additive increase, multiplicative decrease, with slow start and one cut
+    per window (see the module docstring)."""
+
+    def __init__(self, minimum: int, maximum: int, *, decrease: float = 0.5) -> None:
+        self.minimum, self.maximum = _check_bounds(minimum, maximum)
+        if isinstance(decrease, bool) or not isinstance(decrease, int | float):
+            raise InvalidArgumentError("decrease must be a number")
+        if not 0 < decrease < 1:
+            raise InvalidArgumentError("decrease must be between 0 and 1 (exclusive)")
+        self.decrease = float(decrease)
+        self.limit = float(minimum)
+        self.slow_start = True
+        self.probing = False
+        self._issued = 0
+        # Tickets up to this one were admitted before the last cut.
+        self._recover = 0
+
+    @property
+    def capacity(self) -> int:
+        return max(self.minimum, min(self.maximum, int(self.limit)))
+
+    def admit(self) -> int:
+        """A task was admitted; its ticket goes back with `finished`."""
+        self._issued += 1
+        return self._issued
+
+    def finished(self, ticket: int, signal: Signal, in_use: int) -> bool:
+        """A task admitted with ``ticket`` ended; ``in_use`` is how many tasks
+        run (this one included). True when capacity or probing changed."""
+        if ticket <= self._recover or signal is Signal.FAILURE:
+            return False
+        before = (self.capacity, self.probing)
+        if signal is Signal.CONGESTION:
+            self.slow_start = False
+            self.limit = max(float(self.minimum), self.limit * self.decrease)
+            self._recover = self._issued
+            self.probing = True
+        else:
+            self.probing = False
+            if 2 * in_use >= self.limit:
+                step = 1.0 if self.slow_start else 1.0 / self.limit
+                self.limit = min(float(self.maximum), self.limit + step)
+        return (self.capacity, self.probing) != before
+
+
+class ResourceLaw:
+    """Damped multiplicative tracking of a resource target (module docstring)."""
+
+    GAMMA = 0.5
+
+    def __init__(self, minimum: int, maximum: int) -> None:
+        self.minimum, self.maximum = _check_bounds(minimum, maximum)
+        self.limit = float(minimum)
+
+    @property
+    def capacity(self) -> int:
+        return max(self.minimum, min(self.maximum, round(self.limit)))
+
+    def update(self, pressure: float | None, in_use: int) -> bool:
+        """One sample: ``pressure`` is max(usage / target) (None: nothing
+        measured). True when the capacity changed."""
+        if pressure is None:
+            return False
+        factor = 2.0 if pressure <= 0 else min(2.0, max(0.5, pressure**-self.GAMMA))
+        if factor > 1 and 2 * in_use < self.limit:
+            factor = 1.0  # application-limited: low usage says nothing about more load
+        before = self.capacity
+        self.limit = min(float(self.maximum), max(float(self.minimum), self.limit * factor))
+        return self.capacity != before
+
+
+# -- resource sampling ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSample:
+    """One reading of the resources `ResourceConcurrency` follows.
+
+    ``cpu``: fraction of one core used since the previous reading (None: not
+    measured); ``memory``: resident bytes (None: not measured).
+    """
+
+    cpu: float | None = None
+    memory: int | None = None
+
+
+class _ProcessSampler:
+    """This process's CPU (`time.process_time` deltas over wall time) and
+    resident memory (/proc/self/statm, else the peak from getrusage)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float] | None = None
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def __call__(self) -> ResourceSample:
+        now = (time.monotonic(), time.process_time())
+        cpu = None
+        if self._last is not None and now[0] > self._last[0]:
+            cpu = (now[1] - self._last[1]) / (now[0] - self._last[0])
+        self._last = now
+        return ResourceSample(cpu=cpu, memory=self._rss())
+
+    def _rss(self) -> int:
+        try:
+            with open("/proc/self/statm", "rb") as statm:
+                return int(statm.read().split()[1]) * self._page
+        except (OSError, ValueError, IndexError):
+            # ru_maxrss is the peak (KiB on Linux): an upper bound, which errs
+            # on the side of fewer tasks.
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# -- the controllers ------------------------------------------------------------
+
+_LOOP = anyio.lowlevel.RunVar[object]("ringo_trio._concurrency.loop")
+
+
+def _current_loop() -> object:
+    try:
+        return _LOOP.get()
+    except LookupError:
+        mark = object()
+        _LOOP.set(mark)
+        return mark
+
+
+class _Controller:
+    """What the worker uses of a controller (private API; see the module docstring)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._pool = PermitPool(capacity)
+        self._loop: object | None = None
+        self._changed: anyio.Event | None = None
+        self._driver_lock: anyio.Lock | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} capacity={self.capacity} held={self.held}"
+            f" workers={len(self._pool.members)}>"
+        )
+
+    @property
+    def capacity(self) -> int:
+        """The current total capacity shared by the attached workers."""
+        return self._pool.capacity
+
+    @property
+    def held(self) -> int:
+        """Permits held by the attached workers: tasks running or on their way,
+        plus credit granted to the daemon."""
+        return self._pool.held
+
+    @property
+    def running(self) -> int:
+        """Tasks running in the attached workers (as last reported)."""
+        return self._pool.running
+
+    # -- worker side ---------------------------------------------------------
+
+    def _attach(self, weight: int) -> Member:
+        loop = _current_loop()
+        if self._loop is None:
+            self._loop = loop
+            self._changed = anyio.Event()
+            self._driver_lock = anyio.Lock()
+        elif self._loop is not loop:
+            raise RingoError(
+                f"{type(self).__name__} is already used by workers in another event loop;"
+                " a controller is shared by workers of one event loop (one process)"
+            )
+        member = self._pool.attach(weight)
+        self._notify()
+        return member
+
+    def _detach(self, member: Member) -> None:
+        self._pool.detach(member)
+        self._notify()
+        if not self._pool.members:
+            # Unbound: a later event loop (a new trio.run) may use it again.
+            self._loop = self._changed = self._driver_lock = None
+
+    def _changed_event(self) -> anyio.Event:
+        assert self._changed is not None
+        return self._changed
+
+    def _notify(self) -> None:
+        changed = self._changed
+        if changed is not None:
+            self._changed = anyio.Event()
+            changed.set()
+
+    def _sync(self, member: Member, *, running: int, committed: int, active: bool) -> int:
+        if self._pool.sync(member, running=running, committed=committed, active=active):
+            self._notify()
+        return self._pool.usable(member)
+
+    def _admit(self) -> int:
+        return 0
+
+    def _finished(self, ticket: int, signal: Signal) -> None:
+        del ticket, signal
+
+    def _configure(self, capacity: int, probing: bool) -> None:
+        if self._pool.configure(capacity, probing):
+            self._notify()
+
+    async def _drive(self) -> None:
+        """Run the controller's periodic work while this worker runs (if any)."""
+
+
+class AdaptiveConcurrency(_Controller):
+    """A congestion-controlled capacity shared by workers (AIMD with slow start).
+
+    ::
+
+        limit = AdaptiveConcurrency(min=2, max=64)
+        a = client.queue("fetch").worker(fetch, concurrency=limit, weight=3)
+        b = client.queue("thumbs").worker(thumbs, concurrency=limit, weight=1)
+
+    A success grows the capacity, a handler raising
+    ``RetryTaskError(congestion=True)`` halves it; after a cut new work is
+    admitted one task at a time per worker until one succeeds. ``min == max``
+    gives a fixed capacity shared by weight. Shared within one process.
+    """
+
+    def __init__(self, min: int = 1, max: int = 256, *, decrease: float = 0.5) -> None:
+        self._law = AimdLaw(min, max, decrease=decrease)
+        super().__init__(self._law.capacity)
+
+    @property
+    def min(self) -> int:
+        return self._law.minimum
+
+    @property
+    def max(self) -> int:
+        return self._law.maximum
+
+    @property
+    def limit(self) -> float:
+        """The law's real-valued limit (capacity is its floor, within min..max)."""
+        return self._law.limit
+
+    @property
+    def probing(self) -> bool:
+        """True after a congestion cut, until a task admitted after it succeeds."""
+        return self._pool.probing
+
+    def _admit(self) -> int:
+        return self._law.admit()
+
+    def _finished(self, ticket: int, signal: Signal) -> None:
+        law = self._law
+        if law.finished(ticket, signal, self._pool.running):
+            self._configure(law.capacity, law.probing)
+
+
+Sampler = Callable[[], ResourceSample]
+
+
+class ResourceConcurrency(_Controller):
+    """A capacity that follows this process's CPU and memory use, shared by workers.
+
+    ::
+
+        limit = ResourceConcurrency(min=1, max=32, cpu_target=0.8,
+                                    memory_target=2 * 2**30)
+        worker = client.queue("render").worker(render, concurrency=limit)
+
+    Every ``interval`` it samples (by default: the CPU fraction of one core
+    this process used, and its resident memory in bytes) and moves the
+    capacity toward the targets: ``L ← clamp(L x p^-0.5, L/2, 2L)`` with
+    ``p`` the largest usage/target. ``sampler`` (a callable returning a
+    `ResourceSample`) replaces the default measurement. Shared within one
+    process.
+    """
+
+    def __init__(
+        self,
+        min: int = 1,
+        max: int = 256,
+        *,
+        cpu_target: float | None = 0.8,
+        memory_target: int | None = None,
+        interval: timedelta = timedelta(seconds=1),
+        sampler: Sampler | None = None,
+    ) -> None:
+        self._law = ResourceLaw(min, max)
+        if cpu_target is not None and (
+            isinstance(cpu_target, bool)
+            or not isinstance(cpu_target, int | float)
+            or not 0 < cpu_target <= 1024
+        ):
+            raise InvalidArgumentError("cpu_target must be a positive number of cores (or None)")
+        if memory_target is not None and (
+            isinstance(memory_target, bool)
+            or not isinstance(memory_target, int)
+            or memory_target <= 0
+        ):
+            raise InvalidArgumentError("memory_target must be a positive number of bytes (or None)")
+        if cpu_target is None and memory_target is None:
+            raise InvalidArgumentError("give cpu_target, memory_target or both")
+        if not isinstance(interval, timedelta) or interval <= timedelta(0):
+            raise InvalidArgumentError("interval must be a positive timedelta")
+        if sampler is not None and not callable(sampler):
+            raise InvalidArgumentError("sampler must be callable")
+        self.cpu_target = None if cpu_target is None else float(cpu_target)
+        self.memory_target = memory_target
+        self.interval = interval
+        self._sampler: Sampler = _ProcessSampler() if sampler is None else sampler
+        super().__init__(self._law.capacity)
+
+    @property
+    def min(self) -> int:
+        return self._law.minimum
+
+    @property
+    def max(self) -> int:
+        return self._law.maximum
+
+    def _pressure(self, sample: ResourceSample) -> float | None:
+        """The largest usage/target of ``sample`` (None: nothing measured)."""
+        ratios = []
+        if self.cpu_target is not None and sample.cpu is not None:
+            ratios.append(sample.cpu / self.cpu_target)
+        if self.memory_target is not None and sample.memory is not None:
+            ratios.append(sample.memory / self.memory_target)
+        return max(ratios) if ratios else None
+
+    def _step(self, sample: ResourceSample) -> None:
+        if self._law.update(self._pressure(sample), self._pool.running):
+            self._configure(self._law.capacity, False)
+
+    async def _drive(self) -> None:
+        lock = self._driver_lock
+        assert lock is not None
+        interval = self.interval.total_seconds()
+        async with lock:
+            while True:
+                await anyio.sleep(interval)
+                self._step(self._sampler())
