@@ -533,6 +533,28 @@ def test_an_unreachable_server_is_storage_unavailable(unused_tcp_port: int) -> N
     run(engine.close())
 
 
+def test_a_database_refusing_connections_is_storage_unavailable(postgres_dsn: str) -> None:
+    """A database that exists but refuses connections (ALLOW_CONNECTIONS false,
+    as during maintenance or a shutdown) is a retryable outage, not an internal error."""
+    from tests._postgres import ADMIN_DSN
+
+    name = postgres_dsn.rsplit("/", 1)[1]
+
+    async def main() -> None:
+        admin_conn = await asyncpg.connect(ADMIN_DSN)
+        try:
+            await admin_conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            engine = PostgresEngine(postgres_dsn)
+            with pytest.raises(StorageUnavailable):
+                await engine.open()
+            await engine.close()
+        finally:
+            await admin_conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            await admin_conn.close()
+
+    run(main())
+
+
 def test_close_is_idempotent_and_a_closed_engine_refuses_calls(dsn: str, schema: str) -> None:
     """close() twice is fine; a call on a closed engine fails loudly instead of
     reconnecting behind the caller's back."""

@@ -151,6 +151,8 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     # A FATAL that reached an idle connection a moment before its EOF leaves
     # the protocol in an error state; the next use reports it this way.
     asyncpg.exceptions.InternalClientError,
+    # "database does not allow connections" / "is being shut down" at connect.
+    asyncpg.exceptions.ObjectNotInPrerequisiteStateError,
 )
 _TRANSIENT = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
 
