@@ -93,7 +93,7 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from . import _limits, _supervision
-from ._concurrency import AdaptiveConcurrency, Member, ResourceConcurrency, Signal, balance
+from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._errors import (
     IncompatibleVersionError,
     InvalidArgumentError,
@@ -117,6 +117,7 @@ from ._fastwire import (
     encode_reject,
 )
 from ._models import Task, truncate_utf8
+from ._permits import Member, Signal, balance
 from ._proto.ringo.v1 import (
     GetQueueActivityRequest,
     GetQueueActivityResponse,

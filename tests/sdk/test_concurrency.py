@@ -41,15 +41,13 @@ from hypothesis.stateful import (
 )
 
 from ringo_trio import InvalidArgumentError, RingoError
-from ringo_trio._concurrency import (
-    AdaptiveConcurrency,
+from ringo_trio._concurrency import AdaptiveConcurrency, ResourceConcurrency, ResourceSample
+from ringo_trio._permits import (
     AimdLaw,
     Member,
     PermitPool,
     PoolError,
-    ResourceConcurrency,
     ResourceLaw,
-    ResourceSample,
     Signal,
     balance,
 )
