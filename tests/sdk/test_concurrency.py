@@ -95,7 +95,7 @@ class SimWorker:
     orphans: dict[LeaseKey, int] = field(default_factory=dict)  # handlers of ended streams
     old_sessions: dict[LeaseKey, WorkSession] = field(default_factory=dict)
     synced_probing: bool = False  # the pool was probing at this worker's last sync
-    synced_with: tuple[int, bool, tuple[int, ...]] | None = None  # the pool then
+    synced_with: tuple[int, bool, tuple[tuple[int, int], ...]] | None = None  # the pool then
 
     @property
     def handlers(self) -> int:
@@ -117,6 +117,7 @@ class PoolMachine(RuleBasedStateMachine):
         # its capacity: credit granted under it cannot be recalled at once.
         self.ceiling = self.pool.capacity
         self.violations: list[str] = []
+        self.retired: list[Member] = []
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -136,8 +137,14 @@ class PoolMachine(RuleBasedStateMachine):
         worker.synced_with = self.pool_state()
         return self.pool.usable(member)
 
-    def pool_state(self) -> tuple[int, bool, tuple[int, ...]]:
-        return (self.pool.capacity, self.pool.probing, tuple(m.share for m in self.pool.members))
+    def pool_state(self) -> tuple[int, bool, tuple[tuple[int, int], ...]]:
+        # Members by identity: after a detach and an attach the shares alone
+        # can repeat while this worker's own share changed.
+        return (
+            self.pool.capacity,
+            self.pool.probing,
+            tuple((id(m), m.share) for m in self.pool.members),
+        )
 
     def rebalance(self, worker: SimWorker) -> None:
         """What the worker does after every session event and on every pool change."""
@@ -240,6 +247,7 @@ class PoolMachine(RuleBasedStateMachine):
             worker.session.end()
         self.pool.detach(worker.member)
         self.workers.remove(worker)
+        self.retired.append(worker.member)  # keeps its id() from being reused
 
     @precondition(lambda self: any(w.inbox for w in self.workers))
     @rule(data=st.data())
