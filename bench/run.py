@@ -318,20 +318,6 @@ def _fresh_database() -> Iterator[str]:
         _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-class _PostgresDaemon(DaemonProcess):
-    """``ringod`` on a PostgreSQL database; the DSN goes in its environment."""
-
-    def __init__(self, dsn: str) -> None:
-        super().__init__(os.devnull, env={"RINGO_POSTGRES_DSN": dsn})
-
-    @property
-    def args(self) -> list[str]:
-        return [
-            *[sys.executable, "-m", "ringo_trio.server"],
-            *["--listen", "127.0.0.1:0", "--lifecycle-stdin", "--log-level", "warning"],
-        ]
-
-
 def _server_cpu(dsn: str) -> dict[int, float]:
     """CPU seconds so far of each PostgreSQL backend serving `dsn`'s database
     (readable when the server runs on this machine; empty otherwise)."""
@@ -413,7 +399,12 @@ async def _until_idle(endpoint: str, queue: str, at: datetime) -> float:
 def _scale_run(count: int, n: int, concurrency: int = 64) -> ScaleRun:
     queue = "bench-scaleout"
     with _fresh_database() as dsn, ExitStack() as stack:
-        daemons = [stack.enter_context(_PostgresDaemon(dsn)) for _ in range(count)]
+        daemons = [
+            stack.enter_context(
+                DaemonProcess(None, postgres_dsn=dsn, extra_args=["--log-level", "warning"])
+            )
+            for _ in range(count)
+        ]
         workers: list[subprocess.Popen[bytes]] = []
         try:
             for daemon in daemons:

@@ -164,8 +164,9 @@ def _current_loop() -> object:
 class _Controller:
     """What the worker uses of a controller (private API; see the module docstring)."""
 
-    def __init__(self, capacity: int) -> None:
-        self._pool = PermitPool(capacity)
+    def __init__(self, law: AimdLaw | ResourceLaw) -> None:
+        self._pool = PermitPool(law.capacity)
+        self._bounds = (law.minimum, law.maximum)
         self._loop: object | None = None
         self._changed: anyio.Event | None = None
         self._driver_lock: anyio.Lock | None = None
@@ -180,6 +181,14 @@ class _Controller:
     def capacity(self) -> int:
         """The current total capacity shared by the attached workers."""
         return self._pool.capacity
+
+    @property
+    def min(self) -> int:
+        return self._bounds[0]
+
+    @property
+    def max(self) -> int:
+        return self._bounds[1]
 
     @property
     def held(self) -> int:
@@ -262,15 +271,7 @@ class AdaptiveConcurrency(_Controller):
 
     def __init__(self, min: int = 1, max: int = 256, *, decrease: float = 0.5) -> None:
         self._law = AimdLaw(min, max, decrease=decrease)
-        super().__init__(self._law.capacity)
-
-    @property
-    def min(self) -> int:
-        return self._law.minimum
-
-    @property
-    def max(self) -> int:
-        return self._law.maximum
+        super().__init__(self._law)
 
     @property
     def limit(self) -> float:
@@ -344,15 +345,7 @@ class ResourceConcurrency(_Controller):
         self.memory_target = memory_target
         self.interval = interval
         self._sampler: Sampler = _ProcessSampler() if sampler is None else sampler
-        super().__init__(self._law.capacity)
-
-    @property
-    def min(self) -> int:
-        return self._law.minimum
-
-    @property
-    def max(self) -> int:
-        return self._law.maximum
+        super().__init__(self._law)
 
     def _pressure(self, sample: ResourceSample) -> float | None:
         """The largest usage/target of ``sample`` (None: nothing measured)."""

@@ -96,8 +96,9 @@ class DaemonProcess:
 
     def __init__(
         self,
-        data_dir: str | os.PathLike[str],
+        data_dir: str | os.PathLike[str] | None,
         *,
+        postgres_dsn: str | None = None,
         token: str | None = None,
         protocol_minor: int | None = None,
         session_ttl: float | timedelta | None = None,
@@ -106,7 +107,9 @@ class DaemonProcess:
         startup_timeout: float = 30.0,
         command: Sequence[str] | None = None,
     ) -> None:
-        self.data_dir = Path(data_dir)
+        if (data_dir is None) == (postgres_dsn is None):
+            raise ValueError("give exactly one of data_dir and postgres_dsn")
+        self.data_dir = None if data_dir is None else Path(data_dir)
         self.command = list(command) if command is not None else None
         self.token = token
         self.protocol_minor = protocol_minor
@@ -115,6 +118,9 @@ class DaemonProcess:
         self.session_ttl = session_ttl
         self.extra_args = tuple(extra_args)
         self.env = dict(env) if env is not None else None
+        if postgres_dsn is not None:
+            # The environment, not argv: `ps` shows argv to every user.
+            self.env = {**(self.env or {}), "RINGO_POSTGRES_DSN": postgres_dsn}
         self.startup_timeout = startup_timeout
         self.info: dict[str, Any] = {}
         self._process: subprocess.Popen[bytes] | None = None
@@ -128,14 +134,9 @@ class DaemonProcess:
     def args(self) -> list[str]:
         """The command line the daemon is started with."""
         program = self.command or [sys.executable, "-m", "ringo_trio.server"]
-        argv = [
-            *program,
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            str(self.data_dir),
-            "--lifecycle-stdin",
-        ]
+        argv = [*program, "--listen", "127.0.0.1:0", "--lifecycle-stdin"]
+        if self.data_dir is not None:
+            argv += ["--data-dir", str(self.data_dir)]
         if self.token is not None:
             argv += ["--token", self.token]
         if self.protocol_minor is not None:
@@ -301,8 +302,9 @@ class DaemonProcess:
 
 
 def spawn_daemon(
-    data_dir: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str] | None,
     *,
+    postgres_dsn: str | None = None,
     token: str | None = None,
     protocol_minor: int | None = None,
     session_ttl: float | timedelta | None = None,
@@ -311,7 +313,9 @@ def spawn_daemon(
     startup_timeout: float = 30.0,
     command: Sequence[str] | None = None,
 ) -> DaemonProcess:
-    """Start ``ringod`` on `data_dir` and return it once it serves.
+    """Start ``ringod`` on `data_dir` (SQLite) or `postgres_dsn` (given to
+    the daemon in its environment; pass None as `data_dir`) and return it
+    once it serves.
 
     `token` requires ``authorization: Bearer <token>``; `protocol_minor`
     serves an older minor; `session_ttl` (seconds or timedelta) shortens
@@ -323,6 +327,7 @@ def spawn_daemon(
     """
     daemon = DaemonProcess(
         data_dir,
+        postgres_dsn=postgres_dsn,
         token=token,
         protocol_minor=protocol_minor,
         session_ttl=session_ttl,

@@ -103,19 +103,25 @@ def test_only_the_transport_touches_asyncio_and_grpclib(module: pathlib.Path) ->
     assert not imported & {"asyncio", "grpclib", "trio_asyncio"}, module.name
 
 
-def test_permit_pool_is_sans_io() -> None:
-    """The controllers' core (pool, control laws, balance) does no I/O and
-    reads no clock: besides the standard library's pure modules it imports
-    only the errors and the (sans-IO) session."""
+def _imports(module: str) -> set[str]:
+    """Every module a ringo_trio source file imports (relative ones with their dots)."""
     import ast
 
-    tree = ast.parse((ROOT / "ringo_trio" / "_permits.py").read_text())
+    tree = ast.parse((ROOT / "ringo_trio" / module).read_text())
     imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             imported.add(("." * node.level) + (node.module or ""))
+    return imported
+
+
+def test_permit_pool_is_sans_io() -> None:
+    """The controllers' core (pool, control laws, balance) does no I/O and
+    reads no clock: besides the standard library's pure modules it imports
+    only the errors and the (sans-IO) session."""
+    imported = _imports("_permits.py")
     allowed = {"__future__", "enum", "itertools", "collections.abc", "typing"}
     assert imported - allowed == {"._errors", "._session"}, imported
 
@@ -124,15 +130,7 @@ def test_session_is_sans_io() -> None:
     """The Work-session state machine does no I/O and reads no clock: it
     imports nothing from trio, anyio, asyncio, grpclib or the generated code,
     and nothing that tells time."""
-    import ast
-
-    tree = ast.parse((ROOT / "ringo_trio" / "_session.py").read_text())
-    imported: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imported.add(("." * node.level) + (node.module or ""))
+    imported = _imports("_session.py")
     forbidden = {"trio", "anyio", "asyncio", "grpclib", "time", "datetime", "sniffio"}
     assert not {name.split(".")[0] for name in imported} & forbidden, imported
     assert not any(name.startswith(".") for name in imported), imported

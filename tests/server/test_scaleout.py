@@ -10,9 +10,7 @@ guard; nothing here asserts on timing.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -56,34 +54,12 @@ SPEC = TaskSpec(
 Handler = Callable[[Task, TaskContext], Awaitable[None]]
 
 
-class PostgresDaemon(DaemonProcess):
-    """``ringod --postgres DSN``: no data dir, several may share the database."""
-
-    def __init__(self, dsn: str, extra_args: Sequence[str] = ()) -> None:
-        super().__init__(os.devnull, extra_args=extra_args)
-        self.dsn = dsn
-
-    @property
-    def args(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "ringo_trio.server",
-            "--listen",
-            "127.0.0.1:0",
-            "--postgres",
-            self.dsn,
-            "--lifecycle-stdin",
-            *self.extra_args,
-        ]
-
-
 @contextmanager
 def postgres_daemons(
     dsn: str, count: int, extra_args: Sequence[str] = ()
-) -> Iterator[list[PostgresDaemon]]:
+) -> Iterator[list[DaemonProcess]]:
     """`count` daemons on `dsn`, started concurrently; stopped on exit."""
-    daemons = [PostgresDaemon(dsn, extra_args) for _ in range(count)]
+    daemons = [DaemonProcess(None, postgres_dsn=dsn, extra_args=extra_args) for _ in range(count)]
     try:
         with ThreadPoolExecutor(count) as pool:
             for started in [pool.submit(d.start) for d in daemons]:
@@ -95,7 +71,7 @@ def postgres_daemons(
 
 
 @asynccontextmanager
-async def daemons_off_loop(dsn: str, count: int) -> AsyncIterator[list[PostgresDaemon]]:
+async def daemons_off_loop(dsn: str, count: int) -> AsyncIterator[list[DaemonProcess]]:
     """`postgres_daemons`, started and stopped in a thread: for a test whose
     own event loop must keep serving (a proxy) while the daemons start."""
     with ExitStack() as stack:

@@ -363,6 +363,17 @@ class _Sql:
             SELECT r.*, {note("r.queue")} FROM r
         """
 
+        # The queue's distinct PENDING priorities, highest first, one index
+        # seek each (a recursive walk), so far-future tasks are never scanned.
+        prios = f"""prios(p) AS (
+                (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
+                 ORDER BY priority DESC LIMIT 1)
+                UNION ALL
+                SELECT (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
+                        AND priority < prios.p ORDER BY priority DESC LIMIT 1)
+                FROM prios WHERE prios.p IS NOT NULL
+            )"""
+
         # The claim: expire the queue's overdue leases; when none were,
         # lease the first $3 due tasks in claim order. Always one row out:
         # (leased columns or NULLs, number of leases expired).
@@ -371,14 +382,7 @@ class _Sql:
             WITH RECURSIVE expired AS ({expire("$2", " AND queue = $1")}
             ), expired_n AS (
                 SELECT count(*) AS n, {notify_pending("expired")} AS notified FROM expired
-            ), prios(p) AS (
-                (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
-                 ORDER BY priority DESC LIMIT 1)
-                UNION ALL
-                SELECT (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
-                        AND priority < prios.p ORDER BY priority DESC LIMIT 1)
-                FROM prios WHERE prios.p IS NOT NULL
-            ), picked AS MATERIALIZED (
+            ), {prios}, picked AS MATERIALIZED (
                 SELECT c.seq FROM prios CROSS JOIN LATERAL (
                     SELECT seq FROM {t}
                     WHERE queue = $1 AND state = {PENDING} AND priority = prios.p
@@ -452,14 +456,7 @@ class _Sql:
         # The soonest lease deadline, and the soonest available_at of each
         # distinct PENDING priority (one index seek each).
         self.next_wakeup = f"""
-            WITH RECURSIVE prios(p) AS (
-                (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
-                 ORDER BY priority DESC LIMIT 1)
-                UNION ALL
-                SELECT (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
-                        AND priority < prios.p ORDER BY priority DESC LIMIT 1)
-                FROM prios WHERE prios.p IS NOT NULL
-            )
+            WITH RECURSIVE {prios}
             SELECT least(
                 (SELECT min(lease_until) FROM {t}
                  WHERE queue = $1 AND state = {LEASED} {types}),
