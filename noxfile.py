@@ -7,7 +7,7 @@ import sys
 
 import nox
 
-nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.sessions = ["tests", "hostile", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = pathlib.Path(__file__).parent
@@ -16,9 +16,16 @@ PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The default suite: everything except tests marked slow."""
+    """The default suite: everything except tests marked slow or hostile."""
     session.install("-e", ".[test]")
-    session.run("pytest", "-m", "not slow", *session.posargs)
+    session.run("pytest", "-m", "not slow and not hostile", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def hostile(session: nox.Session) -> None:
+    """Attacks on a real daemon (marked hostile): bounded in time, loopback only."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "hostile", *session.posargs)
 
 
 @nox.session(python=PYTHON)
