@@ -2,9 +2,6 @@
 
 from ._client import Ringo as Ringo
 from ._client import RingoClient as RingoClient
-from ._concurrency import AdaptiveConcurrency as AdaptiveConcurrency
-from ._concurrency import ResourceConcurrency as ResourceConcurrency
-from ._concurrency import ResourceSample as ResourceSample
 from ._errors import FailedPreconditionError as FailedPreconditionError
 from ._errors import IncompatibleVersionError as IncompatibleVersionError
 from ._errors import InvalidArgumentError as InvalidArgumentError
@@ -31,7 +28,10 @@ from ._supervise import RestartPolicy as RestartPolicy
 from ._supervise import SupervisedProcess as SupervisedProcess
 from ._supervise import Supervisor as Supervisor
 from ._supervise import SupervisorError as SupervisorError
-from ._timeouts import TaskTimeouts as TaskTimeouts
 from ._version import __version__ as __version__
-from ._worker import TaskContext as TaskContext
-from ._worker import Worker as Worker
+from ._work._concurrency import AdaptiveConcurrency as AdaptiveConcurrency
+from ._work._concurrency import ResourceConcurrency as ResourceConcurrency
+from ._work._concurrency import ResourceSample as ResourceSample
+from ._work._timeouts import TaskTimeouts as TaskTimeouts
+from ._work.worker import TaskContext as TaskContext
+from ._work.worker import Worker as Worker

@@ -64,8 +64,8 @@ from ._supervision import (
     supervised,
     watch_event_loop,
 )
-from ._timeouts import TaskTimeouts
-from ._worker import Handler, TaskContext
+from ._work._timeouts import TaskTimeouts
+from ._work.worker import Handler, TaskContext
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -74,7 +74,7 @@ from ._version import SDK_NAME, SDK_VERSION
 
 if TYPE_CHECKING:
     from ._shared import SharedLocalDaemon
-    from ._worker import Worker
+    from ._work.worker import Worker
 
 __all__ = ["CompressionOption", "Ringo", "RingoClient"]
 

@@ -16,7 +16,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
-from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._errors import InvalidArgumentError, RingoError
 from ._fastwire import decode_enqueue_many_response, encode_enqueue_many_request_from_specs
 from ._models import (
@@ -53,11 +52,12 @@ from ._proto.ringo.v1 import (
     RetryTaskResponse,
 )
 from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
-from ._timeouts import TaskTimeouts
+from ._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
+from ._work._timeouts import TaskTimeouts
 
 if TYPE_CHECKING:
     from ._client import RingoClient
-    from ._worker import Handler, Worker
+    from ._work.worker import Handler, Worker
 
 __all__ = ["LeasedTask", "TaskQueue", "new_worker_id"]
 
@@ -163,7 +163,7 @@ class TaskQueue:
         stops taking work and ``run()`` raises `WorkerFencedError`. See
         docs/timeouts.md.
         """
-        from ._worker import Worker, _check_concurrency
+        from ._work.worker import Worker, _check_concurrency
 
         if not callable(handler):
             raise InvalidArgumentError("handler must be callable")

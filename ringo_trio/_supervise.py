@@ -54,7 +54,7 @@ import anyio.abc
 from . import _limits
 from ._errors import InvalidArgumentError, RingoError
 from ._supervision import ENV_FD, EXIT_FENCED, stall_threshold
-from ._timeouts import TaskTimeouts
+from ._work._timeouts import TaskTimeouts
 
 __all__ = [
     "TOKEN_ENV",

@@ -57,7 +57,7 @@ from datetime import timedelta
 import anyio
 
 from . import _limits
-from ._timeouts import TaskTimeouts
+from ._work._timeouts import TaskTimeouts
 
 __all__ = [
     "ENV_FD",

@@ -87,7 +87,11 @@ def test_public_names_are_exported_once() -> None:
 # The island itself (_transport.py) is the one module allowed these imports.
 @pytest.mark.parametrize(
     "module",
-    sorted(p for p in (ROOT / "ringo_trio").glob("_*.py") if p.name != "_transport.py"),
+    sorted(
+        p
+        for p in [*(ROOT / "ringo_trio").glob("_*.py"), *(ROOT / "ringo_trio").glob("_*/*.py")]
+        if p.name != "_transport.py" and "_proto" not in p.parts
+    ),
     ids=lambda p: p.name,
 )
 def test_only_the_transport_touches_asyncio_and_grpclib(module: pathlib.Path) -> None:
@@ -121,16 +125,27 @@ def test_permit_pool_is_sans_io() -> None:
     """The controllers' core (pool, control laws, balance) does no I/O and
     reads no clock: besides the standard library's pure modules it imports
     only the errors and the (sans-IO) session."""
-    imported = _imports("_permits.py")
+    imported = _imports("_work/_permits.py")
     allowed = {"__future__", "enum", "itertools", "collections.abc", "typing"}
-    assert imported - allowed == {"._errors", "._session"}, imported
+    assert imported - allowed == {".._errors", "._session"}, imported
 
 
 def test_session_is_sans_io() -> None:
     """The Work-session state machine does no I/O and reads no clock: it
     imports nothing from trio, anyio, asyncio, grpclib or the generated code,
     and nothing that tells time."""
-    imported = _imports("_session.py")
+    imported = _imports("_work/_session.py")
     forbidden = {"trio", "anyio", "asyncio", "grpclib", "time", "datetime", "sniffio"}
     assert not {name.split(".")[0] for name in imported} & forbidden, imported
-    assert not any(name.startswith(".") for name in imported), imported
+    # Of the package, only the protocol facts both sides share.
+    assert {name for name in imported if name.startswith(".")} <= {".._wire.protocol"}, imported
+
+
+def test_wire_is_shared_and_sans_io() -> None:
+    """`ringo_trio._wire` is what the SDK and the daemon share: it imports no
+    I/O library and nothing of the SDK, so the daemon may import it."""
+    forbidden = {"trio", "anyio", "asyncio", "grpclib", "time", "sniffio"}
+    for module in sorted((ROOT / "ringo_trio" / "_wire").glob("*.py")):
+        imported = _imports(str(module.relative_to(ROOT / "ringo_trio")))
+        assert not {name.split(".")[0] for name in imported} & forbidden, module.name
+        assert {name for name in imported if name.startswith(".")} <= {".protocol"}, module.name

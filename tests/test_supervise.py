@@ -43,7 +43,7 @@ from ringo_trio._supervision import (
     stall_threshold,
     watch_event_loop,
 )
-from ringo_trio._timeouts import TaskTimeouts
+from ringo_trio._work._timeouts import TaskTimeouts
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests.test_cli import _Child
 

@@ -123,6 +123,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
 )
 from ringo_trio._version import SDK_VERSION
+from ringo_trio._wire.protocol import ACTIVITY_MINOR
 
 from . import _validate as v
 from ._clock import Clock
@@ -148,7 +149,6 @@ QUEUE_SERVICE_NAME = "ringo.v1.QueueService"
 _WORK_METHOD = f"/{QUEUE_SERVICE_NAME}/Work"
 
 # Minor that introduced each RPC newer than minor 0.
-_GET_QUEUE_ACTIVITY_MINOR = 1
 
 # Worst-case wire size of one LeasedTask: every variable field at its limit,
 # plus generous room for ids, timestamps and framing.
@@ -544,10 +544,10 @@ class QueueService(QueueServiceBase):
         self, message: GetQueueActivityRequest
     ) -> GetQueueActivityResponse:
         minor = self._session_minor(message.context, self._clock.now())
-        if minor < _GET_QUEUE_ACTIVITY_MINOR:
+        if minor < ACTIVITY_MINOR:
             raise GRPCError(
                 Status.UNIMPLEMENTED,
-                f"GetQueueActivity needs protocol minor {_GET_QUEUE_ACTIVITY_MINOR};"
+                f"GetQueueActivity needs protocol minor {ACTIVITY_MINOR};"
                 f" this session runs at minor {minor}",
             )
         queue = v.name(message.queue, "queue")

@@ -61,6 +61,11 @@ ends, its delivered leases stay with the worker (whose handlers may still be
 running) until they are settled or expire, so the same attempt is never
 handed to anyone else early.
 
+**Release** (``release{lease}``, minor >= 7) is how a stopping worker hands
+back a lease it did not finish: `Storage.release`, as for an undelivered
+push — the task is PENDING at once and the attempt is not spent — then the
+queue is woken. The lease leaves outstanding like a settlement.
+
 **Drain** (``drain{begin}``) stops pushing for good; later credit is
 answered OK and grants nothing. The stream keeps executing commands.
 
@@ -110,6 +115,7 @@ from ringo_trio._proto.ringo.v1 import (
     LeaseRef,
     NackRequest,
     RejectRequest,
+    ReleaseRequest,
     ReportProgressRequest,
     RequestContext,
     WorkerDrain,
@@ -118,6 +124,12 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
     WorkResult,
+)
+from ringo_trio._wire.protocol import (
+    CREDIT_CAPACITY_REASON,
+    ORDERED_REQUEST_IDS_MINOR,
+    RELEASE_MINOR,
+    TARGET_CONCURRENCY_MINOR,
 )
 
 from . import _validate as v
@@ -149,8 +161,6 @@ log = logging.getLogger("ringo_trio.server")
 # Tasks claimed per storage call (and per fair-share round).
 PUSH_BATCH = 64
 MAX_CONCURRENCY = 2**31 - 1
-TARGET_CONCURRENCY_MINOR = 2
-ORDERED_REQUEST_IDS_MINOR = 6
 
 # As in the long-poll Claim: sleep a little past a scheduled moment so the
 # claim does not find the task a microsecond early, and back off briefly when
@@ -322,6 +332,7 @@ class _WorkStream:
             "reject": self._reject,
             "drain": self._drain,
             "register": self._register_again,
+            "release": self._release_command,
         }
 
     # -- lifetime ------------------------------------------------------------
@@ -540,6 +551,23 @@ class _WorkStream:
         await self._owner.ops.apply_reject(body, self._owner.clock.now())
         self._settle(body.lease)
 
+    async def _release_command(self, body: ReleaseRequest) -> None:
+        if self._minor < RELEASE_MINOR:
+            raise _Refused(
+                ErrorCode.INCOMPATIBLE_VERSION,
+                f"release needs protocol minor {RELEASE_MINOR}; this stream runs at minor"
+                f" {self._minor}",
+            )
+        ref = body.lease
+        if ref is None:
+            raise v.FieldError("lease", "is required")
+        v.lease_ref(ref, "lease")
+        owner = self._owner
+        if not await owner.storage.release([ref], owner.clock.now()):
+            raise LeaseLost("the lease is not the task's current lease")
+        self._settle(ref)
+        owner.wakeups.notify(self._queue)
+
     async def _extend(self, body: ExtendLeaseRequest) -> Lease:
         return await self._owner.ops.apply_extend(body, self._owner.clock.now())
 
@@ -569,7 +597,7 @@ class _WorkStream:
                 ErrorCode.RESOURCE_EXHAUSTED,
                 f"credit {available} with {outstanding} task(s) outstanding exceeds the"
                 f" stream's capacity of {capacity}; resample and retry",
-                reason="credit_capacity",
+                reason=CREDIT_CAPACITY_REASON,
             )
         self._capacity = capacity
         self._credit = available

@@ -1,4 +1,4 @@
-"""Shared concurrency controllers (`ringo_trio._concurrency`) without a daemon.
+"""Shared concurrency controllers (`ringo_trio._work._concurrency`) without a daemon.
 
 * **A state machine** plays several workers against one `PermitPool` and an
   `AimdLaw`, exactly as the worker drives them: each worker has a *real*
@@ -41,8 +41,8 @@ from hypothesis.stateful import (
 )
 
 from ringo_trio import InvalidArgumentError, RingoError
-from ringo_trio._concurrency import AdaptiveConcurrency, ResourceConcurrency, ResourceSample
-from ringo_trio._permits import (
+from ringo_trio._work._concurrency import AdaptiveConcurrency, ResourceConcurrency, ResourceSample
+from ringo_trio._work._permits import (
     AimdLaw,
     Member,
     PermitPool,
@@ -51,7 +51,7 @@ from ringo_trio._permits import (
     Signal,
     balance,
 )
-from ringo_trio._session import (
+from ringo_trio._work._session import (
     CancelHandler,
     CommandError,
     Credit,
@@ -103,7 +103,7 @@ class SimWorker:
 
 
 class PoolMachine(RuleBasedStateMachine):
-    """Workers sharing one adaptive pool, driven like ``ringo_trio._worker`` drives it."""
+    """Workers sharing one adaptive pool, driven like ``ringo_trio._work.worker`` drives it."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -23,7 +23,7 @@ from ringo_trio import (
     TaskState,
     Worker,
 )
-from ringo_trio._concurrency import AdaptiveConcurrency, ResourceConcurrency, ResourceSample
+from ringo_trio._work._concurrency import AdaptiveConcurrency, ResourceConcurrency, ResourceSample
 from ringo_trio.testing import DaemonProcess
 
 from ._proxy import CuttableProxy

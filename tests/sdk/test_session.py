@@ -1,4 +1,4 @@
-"""Property tests of the sans-IO Work-stream session (`ringo_trio._session`).
+"""Property tests of the sans-IO Work-stream session (`ringo_trio._work._session`).
 
 No trio, no sockets, no clock: time is a number the tests pass in.
 
@@ -38,7 +38,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ringo_trio._session import (
+from ringo_trio._work._session import (
     _TRANSITIONS,
     CREDIT_CAPACITY_REASON,
     MAX_CREDIT_REFUSALS,

@@ -1,6 +1,6 @@
 """Task timeouts, the cancellation grace and fencing (``task_timeouts=``).
 
-The bookkeeping (`ringo_trio._timeouts.Watchdog`) is sans-IO and checked
+The bookkeeping (`ringo_trio._work._timeouts.Watchdog`) is sans-IO and checked
 against a naive model by hypothesis, with no clock at all. The worker tests
 run against a real daemon, so they use real time: limits of a few tenths of
 a second, every test under a ``fail_after`` guard, and no assertion about
@@ -33,7 +33,7 @@ from ringo_trio import (
     _supervision,
 )
 from ringo_trio._errors import WorkerFencedError
-from ringo_trio._timeouts import TaskTimeouts, Watchdog
+from ringo_trio._work._timeouts import TaskTimeouts, Watchdog
 
 from .test_worker import wait_states
 

@@ -38,6 +38,7 @@ from ringo_trio._proto.ringo.v1 import (
     NegotiateRequest,
     Progress,
     RejectRequest,
+    ReleaseRequest,
     ReportProgressRequest,
     RequestContext,
     RetryBackoff,
@@ -653,6 +654,67 @@ async def test_a_stale_lease_is_lease_lost_and_frees_its_slot(daemon: DaemonProc
                 ),
                 ErrorCode.LEASE_LOST,
             )
+
+
+async def test_a_release_returns_the_task_at_once_without_spending_its_attempt(
+    daemon: DaemonProcess,
+) -> None:
+    """Property (minor 7): a released lease makes its task PENDING and claimable
+    at once with its attempt count as before the lease — even with
+    max_attempts=1, where a nack would make it DEAD — frees the stream's slot,
+    wakes a stream idling on the queue, and the released ref is powerless
+    afterwards (LEASE_LOST)."""
+    queue = new_queue()
+    with anyio.fail_after(15):
+        async with (
+            connect(daemon) as client,
+            worker(client, queue, worker_id="a", max_concurrency=1) as first,
+            worker(client, queue, worker_id="b") as second,
+        ):
+            reply = await client.stub.enqueue_many(
+                EnqueueManyRequest(
+                    context=client.context,
+                    queue=queue,
+                    tasks=[TaskSpec(task_type="t", max_attempts=1)],
+                )
+            )
+            [task_id] = [r.task.id for r in reply.results if r.task is not None]
+            ok(await first.call(credit=CreditUpdate(available=1)))
+            [held] = await first.wait_tasks(1)
+            assert held.lease is not None
+            assert held.lease.attempt == 1
+            ok(await second.call(credit=CreditUpdate(available=1)))
+            await anyio.sleep(SETTLE)  # the second stream is now asleep
+            ok(await first.call(release=ReleaseRequest(lease=ref(held), reason="stopping")))
+            [again] = await second.wait_tasks(1)
+            assert again.lease is not None
+            assert again.lease.attempt == 1  # the released attempt was not spent
+            assert again.lease.lease_token != held.lease.lease_token
+            task = await client.get(queue, task_id)
+            assert (task.state, task.attempt) == (TaskState.LEASED, 1)
+            # The released lease no longer counts against the first stream's capacity.
+            ok(await first.call(credit=CreditUpdate(available=1)))
+            refused(await first.call(release=ReleaseRequest(lease=ref(held))), ErrorCode.LEASE_LOST)
+            ok(await second.call(ack=AckRequest(lease=ref(again))))
+            assert (await client.get(queue, task_id)).state is TaskState.SUCCEEDED
+
+
+async def test_minor_6_refuses_release(daemon: DaemonProcess) -> None:
+    """Property: a stream that runs below minor 7 refuses release with
+    INCOMPATIBLE_VERSION and the lease stays held (the SDK nacks there instead)."""
+    queue = new_queue()
+    with anyio.fail_after(15):
+        async with connect(daemon, minor=6) as client, worker(client, queue) as work:
+            assert client.context.protocol_minor == 6
+            [task_id] = await enqueue_n(client, queue, 1)
+            ok(await work.call(credit=CreditUpdate(available=1)))
+            [held] = await work.wait_tasks(1)
+            refused(
+                await work.call(release=ReleaseRequest(lease=ref(held))),
+                ErrorCode.INCOMPATIBLE_VERSION,
+            )
+            task = await client.get(queue, task_id)
+            assert (task.state, task.attempt) == (TaskState.LEASED, 1)
 
 
 # -- pushing -------------------------------------------------------------------

@@ -10,7 +10,8 @@ durability and the task state machine:
     LEASED --nack / lease expiry--> PENDING(now + backoff or override)
                                    | DEAD when attempt == max_attempts
     LEASED --reject--> DEAD
-    LEASED --release--> PENDING(attempt-1)   a push the daemon could not deliver
+    LEASED --release--> PENDING(attempt-1)   a push the daemon could not deliver,
+                                           or a lease a stopping worker hands back
     SUCCEEDED | DEAD --retry--> PENDING(now), attempt counter kept, max_attempts
                                 raised so the task gets one more attempt budget
 
@@ -183,7 +184,9 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def release(self, refs: Sequence[LeaseRef], now: datetime) -> int:
-        """Undo leases that were never delivered, in one transaction.
+        """Undo leases nobody worked to an end, in one transaction: pushes the
+        daemon could not deliver, and leases a stopping worker hands back
+        (the Work stream's ``release``).
 
         Every ref that is still its task's live lease (as the LeaseRef rule
         above) returns the task to PENDING, claimable now (it keeps its place

@@ -37,6 +37,7 @@ __all__ = (
     "QueueServiceStub",
     "RejectRequest",
     "RejectResponse",
+    "ReleaseRequest",
     "ReportProgressRequest",
     "ReportProgressResponse",
     "RequestContext",
@@ -614,6 +615,27 @@ default_message_pool.register_message("ringo.v1", "RejectResponse", RejectRespon
 
 
 @dataclass(eq=False, repr=False)
+class ReleaseRequest(betterproto2.Message):
+    """
+    Minor >= 7: hand back a lease the worker did not finish because the worker
+    itself is stopping (drain past its grace period, cancellation, a fence).
+    The task is PENDING again at once and the attempt is not counted: the
+    attempt number the lease carried is given to the next lease again.
+    A stale LeaseRef is answered LEASE_LOST, like every lease command.
+    """
+
+    lease: "LeaseRef | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    reason: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Why the worker stopped; for the daemon's log only (not stored).
+    """
+
+
+default_message_pool.register_message("ringo.v1", "ReleaseRequest", ReleaseRequest)
+
+
+@dataclass(eq=False, repr=False)
 class ReportProgressRequest(betterproto2.Message):
     context: "RequestContext | None" = betterproto2.field(
         1, betterproto2.TYPE_MESSAGE, optional=True
@@ -917,6 +939,10 @@ class WorkRequest(betterproto2.Message):
 
     drain: "WorkerDrain | None" = betterproto2.field(
         9, betterproto2.TYPE_MESSAGE, optional=True, group="body"
+    )
+
+    release: "ReleaseRequest | None" = betterproto2.field(
+        10, betterproto2.TYPE_MESSAGE, optional=True, group="body"
     )
 
 

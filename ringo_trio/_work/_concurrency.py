@@ -95,7 +95,7 @@ from datetime import timedelta
 import anyio
 import anyio.lowlevel
 
-from ._errors import InvalidArgumentError, RingoError
+from .._errors import InvalidArgumentError, RingoError
 from ._permits import (
     AimdLaw,
     Member,

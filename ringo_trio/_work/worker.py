@@ -92,9 +92,8 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from . import _limits, _supervision
-from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
-from ._errors import (
+from .. import _limits, _supervision
+from .._errors import (
     IncompatibleVersionError,
     InvalidArgumentError,
     LeaseLostError,
@@ -106,7 +105,7 @@ from ._errors import (
     WorkerFencedError,
     error_for_code,
 )
-from ._fastwire import (
+from .._fastwire import (
     PushedTask,
     WorkResultFrame,
     decode_work_response,
@@ -116,9 +115,8 @@ from ._fastwire import (
     encode_nack,
     encode_reject,
 )
-from ._models import Task, truncate_utf8
-from ._permits import Member, Signal, balance
-from ._proto.ringo.v1 import (
+from .._models import Task, truncate_utf8
+from .._proto.ringo.v1 import (
     GetQueueActivityRequest,
     GetQueueActivityResponse,
     LeaseRef,
@@ -128,6 +126,9 @@ from ._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
+from .._transport import SessionRejectedError
+from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
+from ._permits import Member, Signal, balance
 from ._session import (
     CancelHandler,
     CommandDone,
@@ -148,11 +149,10 @@ from ._session import (
     WorkSession,
 )
 from ._timeouts import Stuck, TaskTimeouts, Watchdog
-from ._transport import SessionRejectedError
 
 if TYPE_CHECKING:
-    from ._client import _Session
-    from ._queue import TaskQueue
+    from .._client import _Session
+    from .._queue import TaskQueue
 
 __all__ = ["Handler", "TaskContext", "Worker"]
 
@@ -508,7 +508,7 @@ class Worker:
         on_idle: Callable[[], Any] | None,
         task_timeouts: TaskTimeouts | None = None,
     ) -> None:
-        from ._queue import new_worker_id
+        from .._queue import new_worker_id
 
         self._queue = queue
         self._client = queue._client

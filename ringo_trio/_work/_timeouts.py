@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Generic, TypeVar
 
-from ._errors import InvalidArgumentError
+from .._errors import InvalidArgumentError
 
 __all__ = ["Stuck", "TaskTimeouts", "Watchdog"]
 

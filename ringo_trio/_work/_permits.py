@@ -14,7 +14,7 @@ import enum
 import itertools
 from typing import Protocol
 
-from ._errors import InvalidArgumentError
+from .._errors import InvalidArgumentError
 from ._session import Output, State, WorkSession
 
 __all__ = [

@@ -1,0 +1,22 @@
+"""Protocol facts shared by the SDK and the daemon: feature minors and reason strings.
+
+A minor is a feature (docs/protocol.md, "Versioning"). The SDK refuses a
+feature the negotiated minor lacks before sending anything; the daemon
+refuses it on a stream or call that runs at an older minor.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: ``GetQueueActivity`` (a worker's ``on_idle``).
+ACTIVITY_MINOR: Final = 1
+#: ``CreditUpdate.target_concurrency``: concurrency that changes mid-stream.
+TARGET_CONCURRENCY_MINOR: Final = 2
+#: ``WorkerRegistration.ordered_request_ids``.
+ORDERED_REQUEST_IDS_MINOR: Final = 6
+#: The Work stream's ``release`` command: hand a lease back without spending the attempt.
+RELEASE_MINOR: Final = 7
+
+#: ``ErrorDetail.metadata["reason"]`` of a credit update the stream cannot hold.
+CREDIT_CAPACITY_REASON: Final = "credit_capacity"
