@@ -12,6 +12,7 @@ from ._errors import RetryTaskError as RetryTaskError
 from ._errors import RingoError as RingoError
 from ._errors import UnauthenticatedError as UnauthenticatedError
 from ._errors import UnavailableError as UnavailableError
+from ._errors import WorkerAlreadyRunError as WorkerAlreadyRunError
 from ._errors import WorkerFencedError as WorkerFencedError
 from ._models import BatchResult as BatchResult
 from ._models import EnqueueResult as EnqueueResult

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import logging
 import math
 import os
@@ -36,7 +35,6 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
@@ -48,7 +46,6 @@ import trio
 from ._client import Ringo, RingoClient
 from ._errors import (
     InvalidArgumentError,
-    PermanentTaskError,
     RetryTaskError,
     RingoError,
     WorkerFencedError,
@@ -419,31 +416,26 @@ def _line(text: str, *, err: bool = False) -> None:
     stream.flush()
 
 
-def _logged(handler: Handler) -> Handler:
-    """The handler, reporting its failures on stderr (it still raises them to the worker)."""
+class _StderrLines(logging.Handler):
+    """The SDK's handler outcomes (`ringo_trio` loggers) as whole lines on
+    stderr: a retry the handler asked for is INFO, not a failure; a crash
+    comes with its traceback."""
 
-    async def run(task: Task, ctx: TaskContext) -> Any:
+    def emit(self, record: logging.LogRecord) -> None:
         try:
-            result = handler(task, ctx)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
-        except (RetryTaskError, PermanentTaskError) as exc:
-            _line(
-                f"ringo worker: task {task.id} attempt {ctx.attempt}/{ctx.max_attempts}:"
-                f" {type(exc).__name__}: {exc}",
-                err=True,
-            )
-            raise
+            text = self.format(record)
         except Exception:
-            _line(
-                f"ringo worker: task {task.id} attempt {ctx.attempt}/{ctx.max_attempts} failed:\n"
-                + traceback.format_exc().rstrip("\n"),
-                err=True,
-            )
-            raise
+            self.handleError(record)
+            return
+        _line(text, err=True)
 
-    return run
+
+def _log_handler_outcomes() -> None:
+    handler = _StderrLines()
+    handler.setFormatter(logging.Formatter("ringo worker: %(levelname)s %(message)s"))
+    logger = logging.getLogger("ringo_trio")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 @dataclass
@@ -500,6 +492,7 @@ def _stall(args: argparse.Namespace, timeouts: TaskTimeouts | None) -> timedelta
 
 
 async def _worker_main(args: argparse.Namespace, handler: Handler) -> int:
+    _log_handler_outcomes()
     state = _WorkerState()
     grace = float(args.grace_period)
     timeouts = _task_timeouts(args)
@@ -525,11 +518,12 @@ async def _worker_main(args: argparse.Namespace, handler: Handler) -> int:
                 )
                 async with client:
                     worker = client.queue(args.queue).worker(
-                        _logged(handler),
+                        handler,
                         task_types=args.task_type or None,
                         concurrency=args.concurrency,
                         lease_duration=timedelta(seconds=args.lease_duration),
                         grace_period=timedelta(seconds=grace),
+                        stop_timeout=timedelta(seconds=args.stop_timeout),
                         task_timeouts=timeouts,
                     )
                     async with trio.open_nursery() as nursery:
@@ -572,6 +566,7 @@ def _worker_problems(args: argparse.Namespace) -> list[str]:
         problems.append("--lease-duration must be > 0")
     if not args.grace_period >= 0:
         problems.append("--grace-period must be >= 0")
+    problems += _positive(args, "stop_timeout") if hasattr(args, "stop_timeout") else []
     problems += _positive(args, "start_to_close", "no_start", "cancel_grace", "stall_timeout")
     return problems
 
@@ -745,6 +740,13 @@ def _parser() -> argparse.ArgumentParser:
         " one stops at once.",
     )
     _worker_options(worker)
+    worker.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a stopping worker waits for cancelled handlers to exit and their"
+        " leases to be released (5)",
+    )
     worker.add_argument(
         "--shared",
         action="store_true",

@@ -41,6 +41,7 @@ its ``RequestContext``.
 from __future__ import annotations
 
 import os
+import weakref
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -185,7 +186,9 @@ class RingoClient:
         self._close_done: anyio.Event | None = None
         self._recovery_lock = anyio.Lock()
         self._daemon_restarts = 0
-        self._workers: list[Worker] = []
+        # Weak: a worker that finished (or was never run) is not kept alive by
+        # its client; `aclose` drains the ones still around.
+        self._workers: weakref.WeakSet[Worker] = weakref.WeakSet()
         # Shared mode: the generation this client is a member of (None: not attached).
         self._member_of: str | None = None
 
@@ -303,17 +306,27 @@ class RingoClient:
         """
         if self._close_done is not None:
             self._closed = True
-            with anyio.CancelScope(shield=True):
-                await self._close_done.wait()
+            await self._close_done.wait()
             return
         self._close_done = anyio.Event()
         errors: list[Exception] = []
+        stopped_by: BaseException | None = None
         try:
+            # Workers drain on the still-open channel before it closes. The
+            # caller's deadline wins over their grace periods: cut short, they
+            # stop at once (handlers cancelled, leases released) while the
+            # channel closes.
+            workers = list(self._workers)
+            try:
+                for worker in workers:
+                    worker._request_close()
+                for worker in workers:
+                    await worker.close()
+            except BaseException as exc:
+                stopped_by = exc
+                for worker in workers:
+                    worker._stop_now("the client was closed before its workers drained")
             with anyio.CancelScope(shield=True):
-                # Workers settle on the still-open channel before it closes.
-                async with anyio.create_task_group() as drains:
-                    for worker in self._workers:
-                        drains.start_soon(worker.close)
                 self._closed = True
                 if self._transport is not None:
                     with anyio.move_on_after(_CLOSE_CHANNEL_TIMEOUT):
@@ -328,6 +341,8 @@ class RingoClient:
                         errors.append(error)
         finally:
             self._close_done.set()
+        if stopped_by is not None:
+            raise stopped_by
         if errors:
             raise ExceptionGroup("errors while closing the Ringo client", errors)
 
@@ -336,7 +351,7 @@ class RingoClient:
     def _register_worker(self, worker: Worker) -> None:
         if self._closed or self._close_done is not None:
             raise RingoError("client is closed")
-        self._workers.append(worker)
+        self._workers.add(worker)
 
     # -- queues -------------------------------------------------------------
 

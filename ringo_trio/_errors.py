@@ -8,6 +8,7 @@ failures as `ErrorDetail.code`; both map through `error_for_code`.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 __all__ = [
@@ -72,24 +73,37 @@ class WorkerFencedError(RingoError):
     ignores cancellation, so run workers under ``ringo supervise``."""
 
 
+class WorkerAlreadyRunError(RingoError, RuntimeError):
+    """`Worker.run` was called a second time (a worker runs once)."""
+
+
 class RetryTaskError(Exception):
     """Raised by a handler to nack its task.
 
-    ``delay`` overrides the task's backoff for this retry; ``congestion``
-    tells an adaptive concurrency controller to back off.
+    ``delay`` (a `timedelta`, or seconds as a number, as the asyncio SDK took
+    it) overrides the task's backoff for this retry; ``congestion`` tells an
+    adaptive concurrency controller to back off.
     """
 
     def __init__(
         self,
         message: str = "",
         *,
-        delay: timedelta | None = None,
+        delay: timedelta | float | None = None,
         congestion: bool = False,
     ) -> None:
         super().__init__(message)
+        if delay is not None and not isinstance(delay, timedelta):
+            if isinstance(delay, bool) or not isinstance(delay, int | float):
+                raise InvalidArgumentError(
+                    "RetryTaskError delay must be a timedelta or a number of seconds"
+                )
+            if not math.isfinite(delay):
+                raise InvalidArgumentError("RetryTaskError delay must be finite")
+            delay = timedelta(seconds=delay)
         if delay is not None and delay < timedelta(0):
             raise InvalidArgumentError("RetryTaskError delay must not be negative")
-        self.delay = delay
+        self.delay: timedelta | None = delay
         self.congestion = congestion
 
 

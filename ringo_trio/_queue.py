@@ -133,6 +133,7 @@ class TaskQueue:
         grace_period: timedelta = timedelta(seconds=30),
         on_idle: Callable[[], Any] | None = None,
         task_timeouts: TaskTimeouts | None = None,
+        stop_timeout: timedelta = timedelta(seconds=5),
     ) -> Worker:
         """A credit-controlled `Worker` of this queue (start it with ``worker.run``).
 
@@ -141,6 +142,17 @@ class TaskQueue:
         ``concurrency`` handlers run at once; ``lease_duration`` is renewed
         automatically a third of the way before it ends; `Worker.close`
         waits ``grace_period`` for running handlers before cancelling them.
+
+        Stopping hands work back: a handler the worker cancels because it
+        stops (past the grace period, or because ``run`` itself was
+        cancelled — an outer cancel scope, ``task.cancel()``, Ctrl-C) has its
+        lease *released*: the task is PENDING again at once and keeps its
+        attempt (protocol minor >= 7; an older daemon gets a nack). A handler
+        that fails spends its attempt as usual. ``stop_timeout`` bounds how
+        long a stopping worker waits for its cancelled handlers to exit and
+        the daemon to answer their releases; a cancelled ``run`` returns
+        within it (unless a handler ignores cancellation: see
+        ``task_timeouts``).
 
         ``on_idle`` (a zero-argument callable, sync or async) is for bounded
         batch runs: once registered, the worker polls the queue's activity
@@ -179,6 +191,8 @@ class TaskQueue:
             raise InvalidArgumentError(f"lease_duration must be at most {_limits.MAX_LEASE}")
         if not isinstance(grace_period, timedelta) or grace_period < timedelta(0):
             raise InvalidArgumentError("grace_period must be a non-negative timedelta")
+        if not isinstance(stop_timeout, timedelta) or stop_timeout <= timedelta(0):
+            raise InvalidArgumentError("stop_timeout must be a positive timedelta")
         if task_timeouts is not None and not isinstance(task_timeouts, TaskTimeouts):
             raise InvalidArgumentError(
                 f"task_timeouts must be a TaskTimeouts or None, got {type(task_timeouts).__name__}"
@@ -193,6 +207,7 @@ class TaskQueue:
             grace_period=grace_period,
             on_idle=on_idle,
             task_timeouts=task_timeouts,
+            stop_timeout=stop_timeout,
         )
         self._client._register_worker(worker)
         return worker

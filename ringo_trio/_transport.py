@@ -281,6 +281,11 @@ class Transport:
                             send=to_wire_tx if request is None else None, receive=from_wire_rx
                         )
                     finally:
+                        # Closed first: the writer pump may be waiting for the
+                        # next request in a trio task of the loop's own nursery,
+                        # which cancelling the asyncio side does not reach; end
+                        # of stream releases it, or the runner never returns.
+                        to_wire_tx.close()
                         tg.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 # Only the body's own exception can be in here (the runner

@@ -133,6 +133,7 @@ def test_demo_refuses_bad_flags(tmp_path: pathlib.Path, flags: list[str]) -> Non
 
 HANDLERS = """
     import trio
+    from ringo_trio import RetryTaskError
 
     NOT_CALLABLE = 3
 
@@ -146,6 +147,10 @@ HANDLERS = """
             with trio.CancelScope(shield=True):
                 await trio.sleep(float(task.payload[9:]))
             return
+        if task.payload == b"retry":
+            raise RetryTaskError("mail server busy", delay=3600)
+        if task.payload == b"crash":
+            raise ValueError("boom")
         print(f"handled {task.id}", flush=True)
 """
 
@@ -294,6 +299,27 @@ def test_worker_processes_enqueued_tasks(
     while (states := _states(daemon.endpoint, "jobs", ids)) != [TaskState.SUCCEEDED] * 20:
         assert time.monotonic() < deadline, states
         time.sleep(0.05)
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.finish() == 0
+
+
+def test_worker_logs_a_retry_as_info_and_a_crash_as_an_error(
+    daemon: DaemonProcess, start_worker: Callable[..., _Child]
+) -> None:
+    """An expected retry (RetryTaskError) is reported as INFO, not as a failure;
+    a crash is an ERROR line with its traceback — one line per record on
+    stderr, from the SDK's own logging."""
+    worker = start_worker(
+        "ringo_test_handlers:handle", "--queue", "logs", "--endpoint", daemon.endpoint
+    )
+    worker.wait_for(r"registered (\S+) on queue 'logs'")
+    retry, crash = _enqueue(daemon.endpoint, "logs", b"retry", b"crash")
+    retried = worker.wait_for(rf"ringo worker: (\w+) task {retry} .*asked for a retry")
+    assert retried.group(1) == "INFO"
+    crashed = worker.wait_for(rf"ringo worker: (\w+) task {crash} .*crashed: ValueError: boom")
+    assert crashed.group(1) == "ERROR"
+    worker.wait_for(r"Traceback \(most recent call last\)")
+    assert not [line for line in worker.lines if retry in line and "failed" in line]
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.finish() == 0
 

@@ -38,6 +38,7 @@ EXPECTED_PUBLIC = {
     "LeaseLostError",
     "RetryTaskError",
     "PermanentTaskError",
+    "WorkerAlreadyRunError",
     "WorkerFencedError",
     "TaskTimeouts",
     "AdaptiveConcurrency",

@@ -216,6 +216,8 @@ def balance(
         committed=session.committed + outside,
         active=not closing and state in (State.REGISTERING, State.ACTIVE),
     )
+    if state is State.ERROR:
+        return []  # it takes no input but its end; its handlers keep their permits until then
     wanted = max(0, usable - outside)
     if wanted == session.concurrency:
         return []

@@ -57,18 +57,49 @@ daemon pushed ends in exactly one of: a settlement, a command answered
 ``LEASE_LOST``, or — when a renewal succeeds after the lease was given up
 locally — a nack, so the daemon never counts a lease nobody works on.
 
+*Leases.* Each held lease is in one `LeaseState` — ``HELD`` (its handler
+runs on a live lease), ``LOST`` (given up locally: expired, refused, or the
+stream ended; its handler is being cancelled and keeps its slot until it
+exits) or ``SETTLING`` (its outcome is on the wire) — moved only through
+`_LEASE_TRANSITIONS`. A renewal in flight is correlation data (its request
+id), not a state: it can be out in ``HELD`` and in ``LOST``.
+
+*Giving back.* A worker that stops (close past the grace period,
+cancellation, a fence) settles its unfinished leases with
+``Outcome.RELEASE``: at minor >= 7 a ``release`` command, which returns the
+task at once without spending its attempt; below, today's nack. A handler
+that *fails* spends its attempt (``NACK``); only the worker's own stopping
+does not.
+
+*Version gating.* The session is built for the negotiated minor and owns
+what it implies: ordered request ids (minor >= 6), a target concurrency
+(minor >= 2; `FeatureUnavailable` otherwise) and ``release`` (minor >= 7).
+
 *States.* ``IDLE → REGISTERING → ACTIVE → DRAINING → ENDED`` with one
 transition table (`_TRANSITIONS`); an input the table does not list for the
 current state raises `LocalProtocolError` (our bug) or `RemoteProtocolError`
-(the daemon's), never silently passes.
+(the daemon's), never silently passes. Any error — those two and
+`SessionBroken` — moves the session to ``ERROR`` for good (h11's
+discipline): from then on every input is refused with `LocalProtocolError`
+and only `end` is accepted, so a broken stream can never emit another frame.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Concatenate, ParamSpec, TypeVar
+
+from .._wire.protocol import (
+    CREDIT_CAPACITY_REASON,
+    ORDERED_REQUEST_IDS_MINOR,
+    RELEASE_MINOR,
+    TARGET_CONCURRENCY_MINOR,
+)
 
 __all__ = [
     "CancelHandler",
@@ -78,9 +109,11 @@ __all__ = [
     "Credit",
     "Drain",
     "Extend",
+    "FeatureUnavailable",
     "Frame",
     "Input",
     "LeaseKey",
+    "LeaseState",
     "LocalProtocolError",
     "Outcome",
     "Output",
@@ -91,11 +124,11 @@ __all__ = [
     "Settle",
     "StartHandler",
     "State",
+    "VersionMismatch",
     "WorkSession",
 ]
 
 MAX_REQUEST_ID = 2**64 - 1
-CREDIT_CAPACITY_REASON = "credit_capacity"
 # Consecutive credit_capacity refusals after which the daemon is considered
 # to disagree with us for good (each retry is resampled, so a correct daemon
 # refuses at most as often as pushes race a resize).
@@ -110,9 +143,17 @@ class RemoteProtocolError(Exception):
     """The daemon broke the protocol; the stream cannot be trusted any more."""
 
 
+class VersionMismatch(RemoteProtocolError):
+    """The daemon registered the stream other than the negotiated minor asked."""
+
+
 class SessionBroken(Exception):
     """The session cannot go on (a command unanswered in time, a settlement
     with an unknown outcome); the driver ends the stream and reconnects."""
+
+
+class FeatureUnavailable(Exception):
+    """The negotiated minor lacks a feature the worker asked for."""
 
 
 class State(enum.Enum):
@@ -121,6 +162,7 @@ class State(enum.Enum):
     ACTIVE = "active"
     DRAINING = "draining"
     ENDED = "ended"
+    ERROR = "error"
 
 
 class Input(enum.Enum):
@@ -168,6 +210,32 @@ class Outcome(enum.Enum):
     ACK = "ack"
     NACK = "nack"
     REJECT = "reject"
+    #: The worker stops before the handler finished: give the lease back
+    #: without spending the attempt (a nack below minor 7).
+    RELEASE = "release"
+
+
+class LeaseState(enum.Enum):
+    HELD = "held"
+    LOST = "lost"
+    SETTLING = "settling"
+
+
+class _LeaseInput(enum.Enum):
+    SETTLE = "settle"
+    GIVE_UP = "give up"
+
+
+_L = LeaseState
+_LEASE_TRANSITIONS: dict[tuple[LeaseState, _LeaseInput], LeaseState] = {
+    (_L.HELD, _LeaseInput.SETTLE): _L.SETTLING,
+    (_L.HELD, _LeaseInput.GIVE_UP): _L.LOST,
+    # A lease given up locally that a late renewal kept alive is handed back.
+    (_L.LOST, _LeaseInput.SETTLE): _L.SETTLING,
+    (_L.LOST, _LeaseInput.GIVE_UP): _L.LOST,
+    # Its settlement in flight ends it, whatever else happens meanwhile.
+    (_L.SETTLING, _LeaseInput.GIVE_UP): _L.SETTLING,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,8 +363,43 @@ class _Lease:
     deadline: float
     timer_at: float = 0.0  # the one timer entry of this lease that is current
     renewing: int = 0  # request id of the renewal in flight, 0 if none
-    settling: bool = False
-    lost: bool = False  # given up locally; waiting for the handler / the daemon
+    state: LeaseState = LeaseState.HELD
+
+    def step(self, what: _LeaseInput, key: LeaseKey) -> None:
+        new = _LEASE_TRANSITIONS.get((self.state, what))
+        if new is None:
+            raise LocalProtocolError(
+                f"task {key.task_id} attempt {key.attempt}: cannot {what.value}"
+                f" a lease that is {self.state.value}"
+            )
+        self.state = new
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _input(
+    method: Callable[Concatenate[WorkSession, _P], _R],
+) -> Callable[Concatenate[WorkSession, _P], _R]:
+    """An input of the session: refused in ERROR, and any error it raises
+    leaves the session in ERROR for good."""
+
+    @functools.wraps(method)
+    def guarded(self: WorkSession, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if self.state is State.ERROR:
+            raise LocalProtocolError(
+                f"{method.__name__}: the session failed earlier ({self.error!r}); only end() is"
+                " accepted"
+            )
+        try:
+            return method(self, *args, **kwargs)
+        except (LocalProtocolError, RemoteProtocolError, SessionBroken) as exc:
+            self.state = State.ERROR
+            self.error = exc
+            raise
+
+    return guarded
 
 
 class WorkSession:
@@ -306,15 +409,23 @@ class WorkSession:
         self,
         *,
         concurrency: int,
-        ordered_request_ids: bool,
+        minor: int,
         dynamic_target: bool = False,
         command_timeout: float = 30.0,
     ) -> None:
         if concurrency < 0:
             raise LocalProtocolError("concurrency must not be negative")
+        if dynamic_target and minor < TARGET_CONCURRENCY_MINOR:
+            raise FeatureUnavailable(
+                "dynamic concurrency (set_concurrency, or a shared concurrency controller)"
+                f" needs protocol minor >= {TARGET_CONCURRENCY_MINOR}; negotiated minor is {minor}"
+            )
         self.state = State.IDLE
+        self.error: BaseException | None = None  # what moved the session to ERROR
+        self.minor = minor
         self.concurrency = concurrency
-        self.ordered_request_ids = ordered_request_ids
+        self.ordered_request_ids = minor >= ORDERED_REQUEST_IDS_MINOR
+        self.can_release = minor >= RELEASE_MINOR
         self.dynamic_target = dynamic_target
         self.command_timeout = command_timeout
         self.lease_duration = 0.0
@@ -359,7 +470,11 @@ class WorkSession:
     def holds(self, key: LeaseKey) -> bool:
         """True while the lease is live locally (pushed, not settled or lost)."""
         lease = self._leases.get(key)
-        return lease is not None and not lease.lost and not lease.settling
+        return lease is not None and lease.state is LeaseState.HELD
+
+    def lease_state(self, key: LeaseKey) -> LeaseState | None:
+        lease = self._leases.get(key)
+        return None if lease is None else lease.state
 
     def next_deadline(self) -> float | None:
         """When `poll` next has something to do (None: nothing scheduled)."""
@@ -380,8 +495,12 @@ class WorkSession:
     def _step(self, what: Input) -> None:
         new = _TRANSITIONS.get((self.state, what))
         if new is None:
-            error = LocalProtocolError if what in _SENDS else RemoteProtocolError
-            raise error(f"{what.value} is not allowed in state {self.state.value}")
+            remote = what not in _SENDS and self.state is not State.ERROR
+            error = RemoteProtocolError if remote else LocalProtocolError
+            exc = error(f"{what.value} is not allowed in state {self.state.value}")
+            if self.state is not State.ERROR:
+                self.state, self.error = State.ERROR, exc
+            raise exc
         self.state = new
 
     def _take_id(self) -> int:
@@ -393,10 +512,12 @@ class WorkSession:
 
     # -- driver → session -------------------------------------------------
 
+    @_input
     def register(self) -> Register:
         self._step(Input.SEND_REGISTER)
         return Register(ordered_request_ids=self.ordered_request_ids)
 
+    @_input
     def registered(
         self,
         *,
@@ -405,19 +526,22 @@ class WorkSession:
         ordered_request_ids: bool,
         now: float,
     ) -> list[Output]:
+        # Validated before the transition: a bad registration never enters ACTIVE.
+        if (self.state, Input.RECV_REGISTERED) in _TRANSITIONS:
+            if ordered_request_ids != self.ordered_request_ids:
+                raise VersionMismatch(
+                    "the daemon did not confirm the requested request-id mode"
+                    f" (asked {self.ordered_request_ids}, got {ordered_request_ids})"
+                )
+            if lease_duration <= 0:
+                raise RemoteProtocolError("the daemon registered a non-positive lease duration")
         self._step(Input.RECV_REGISTERED)
-        if ordered_request_ids != self.ordered_request_ids:
-            raise RemoteProtocolError(
-                "the daemon did not confirm the requested request-id mode"
-                f" (asked {self.ordered_request_ids}, got {ordered_request_ids})"
-            )
-        if lease_duration <= 0:
-            raise RemoteProtocolError("the daemon registered a non-positive lease duration")
         self.lease_duration = lease_duration
         if not self.dynamic_target and max_concurrency:
             self.concurrency = max_concurrency
         return self._maybe_credit(now)
 
+    @_input
     def task_pushed(
         self, key: LeaseKey, lease_token: str, lease_remaining: float, now: float
     ) -> list[Output]:
@@ -439,9 +563,11 @@ class WorkSession:
         # are asked for now, or they would idle until some handler settles.
         return [StartHandler(key), *self._maybe_credit(now)]
 
+    @_input
     def heartbeat(self) -> None:
         self._step(Input.RECV_HEARTBEAT)
 
+    @_input
     def result(self, request_id: int, error: CommandError | None, now: float) -> list[Output]:
         self._step(Input.RECV_RESULT)
         pending = self._pending.pop(request_id, None)
@@ -473,6 +599,7 @@ class WorkSession:
             out += self._lose(key, "lease lost (progress report refused)")
         return out
 
+    @_input
     def settle(
         self,
         key: LeaseKey,
@@ -482,60 +609,86 @@ class WorkSession:
         error: str = "",
         retry_delay: float | None = None,
     ) -> list[Output]:
-        """The handler finished: send its outcome and free its slot."""
+        """The handler finished (or the worker stops it: ``Outcome.RELEASE``):
+        send its outcome and free its slot."""
         lease = self._leases.get(key)
-        if lease is None or lease.lost or lease.settling:
+        if lease is None or lease.state is not LeaseState.HELD:
             raise LocalProtocolError(f"task {key.task_id} attempt {key.attempt} is not held")
-        self._step(Input.SEND_SETTLE)
-        request_id = self._take_id()
-        lease.settling = True
-        self._pending[request_id] = _Pending(CommandKind.SETTLE, now, key=key)
-        self._slots.discard(key)
         out: list[Output] = [
-            Settle(request_id, key, lease.token, outcome, error=error, retry_delay=retry_delay)
+            self._send_settle(key, lease, outcome, now, error=error, retry_delay=retry_delay)
         ]
+        self._slots.discard(key)
         return out + self._maybe_credit(now)
 
+    def _send_settle(
+        self,
+        key: LeaseKey,
+        lease: _Lease,
+        outcome: Outcome,
+        now: float,
+        *,
+        error: str,
+        retry_delay: float | None = None,
+    ) -> Settle:
+        self._step(Input.SEND_SETTLE)
+        lease.step(_LeaseInput.SETTLE, key)
+        if outcome is Outcome.RELEASE and not self.can_release:
+            # An older daemon has no release: today's nack (the attempt is spent).
+            outcome = Outcome.NACK
+        request_id = self._take_id()
+        self._pending[request_id] = _Pending(CommandKind.SETTLE, now, key=key)
+        return Settle(request_id, key, lease.token, outcome, error=error, retry_delay=retry_delay)
+
+    @_input
     def handler_exited(self, key: LeaseKey, now: float) -> list[Output]:
         """A handler whose lease was lost has really finished: free its slot."""
         if key not in self._slots:
             return []
         lease = self._leases.get(key)
-        if lease is not None and not lease.lost:
+        if lease is not None and lease.state is LeaseState.HELD:
             raise LocalProtocolError(
                 f"task {key.task_id}: a handler with a live lease must settle, not exit"
             )
         self._slots.discard(key)
-        if lease is not None and not lease.renewing and not lease.settling:
+        if lease is not None and not lease.renewing and lease.state is LeaseState.LOST:
             del self._leases[key]
         return self._maybe_credit(now)
 
+    @_input
     def report_progress(
         self, key: LeaseKey, current: float, total: float, message: str, now: float
     ) -> Progress:
         lease = self._leases.get(key)
-        if lease is None or lease.lost or lease.settling:
+        if lease is None or lease.state is not LeaseState.HELD:
             raise LocalProtocolError(f"task {key.task_id} attempt {key.attempt} is not held")
         self._step(Input.SEND_PROGRESS)
         request_id = self._take_id()
         self._pending[request_id] = _Pending(CommandKind.PROGRESS, now, key=key)
         return Progress(request_id, key, lease.token, current, total, message)
 
+    @_input
     def set_concurrency(self, concurrency: int, now: float) -> list[Output]:
         if concurrency < 0:
             raise LocalProtocolError("concurrency must not be negative")
+        if self.minor < TARGET_CONCURRENCY_MINOR:
+            raise FeatureUnavailable(
+                "changing concurrency at runtime needs protocol minor >="
+                f" {TARGET_CONCURRENCY_MINOR}; negotiated minor is {self.minor}"
+            )
         self.concurrency = concurrency
         self.dynamic_target = True
         if self.state is not State.ACTIVE:
             return []
         return self._maybe_credit(now)
 
+    @_input
     def drain(self, now: float) -> Drain:
         self._step(Input.SEND_DRAIN)
         request_id = self._take_id()
         self._pending[request_id] = _Pending(CommandKind.DRAIN, now)
         return Drain(request_id)
 
+    @_input
     def poll(self, now: float) -> list[Output]:
         """Renewals that are due and leases whose deadline has passed.
 
@@ -587,9 +740,9 @@ class WorkSession:
                 out.append(CommandDone(request_id, pending.kind, gone))
         self._pending.clear()
         for key, lease in self._leases.items():
-            if not lease.lost and not lease.settling and key in self._slots:
+            if lease.state is LeaseState.HELD and key in self._slots:
                 out.append(CancelHandler(key, "the Work stream ended"))
-            lease.lost = True
+            lease.step(_LeaseInput.GIVE_UP, key)
         self._credit_mirror = 0
         return out
 
@@ -601,17 +754,20 @@ class WorkSession:
 
     def _timer_current(self, when: float, key: LeaseKey) -> _Lease | None:
         lease = self._leases.get(key)
-        if lease is None or lease.lost or lease.settling or lease.timer_at != when:
+        if lease is None or lease.state is not LeaseState.HELD or lease.timer_at != when:
             return None
         return lease
 
     def _lose(self, key: LeaseKey, reason: str) -> list[Output]:
         lease = self._leases.get(key)
-        if lease is None or lease.lost or lease.settling:
+        if lease is None:
+            return []
+        was = lease.state
+        lease.step(_LeaseInput.GIVE_UP, key)
+        if was is not LeaseState.HELD:
             # A settling lease has no handler left to cancel: the settlement
             # in flight ends it (its result, LEASE_LOST or not, removes it).
             return []
-        lease.lost = True
         if key not in self._slots and not lease.renewing:
             del self._leases[key]
         return [CancelHandler(key, reason)]
@@ -626,7 +782,7 @@ class WorkSession:
             raise RemoteProtocolError(f"renewal result {request_id} matches no renewal")
         lease.renewing = 0
         if error is None:
-            if lease.lost:
+            if lease.state is LeaseState.LOST:
                 # Renewed after we gave up on it: hand it back at once so the
                 # daemon does not count (and keep) a lease nobody works on.
                 return self._release_renewed(key, lease, now)
@@ -651,19 +807,7 @@ class WorkSession:
     ) -> list[Output]:
         if self.state not in (State.ACTIVE, State.DRAINING):
             return []
-        self._step(Input.SEND_SETTLE)
-        request_id = self._take_id()
-        lease.settling = True
-        self._pending[request_id] = _Pending(CommandKind.SETTLE, now, key=key)
-        return [
-            Settle(
-                request_id,
-                key,
-                lease.token,
-                Outcome.NACK,
-                error=why,
-            )
-        ]
+        return [self._send_settle(key, lease, Outcome.NACK, now, error=why)]
 
     def _credit_result(
         self, pending: _Pending, error: CommandError | None, now: float

@@ -82,6 +82,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -102,6 +103,7 @@ from .._errors import (
     RetryTaskError,
     RingoError,
     UnavailableError,
+    WorkerAlreadyRunError,
     WorkerFencedError,
     error_for_code,
 )
@@ -120,6 +122,7 @@ from .._proto.ringo.v1 import (
     GetQueueActivityRequest,
     GetQueueActivityResponse,
     LeaseRef,
+    ReleaseRequest,
     ReportProgressRequest,
     WorkerDrain,
     WorkerRegistration,
@@ -127,6 +130,7 @@ from .._proto.ringo.v1 import (
     WorkResponse,
 )
 from .._transport import SessionRejectedError
+from .._wire.protocol import ACTIVITY_MINOR, TARGET_CONCURRENCY_MINOR
 from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._permits import Member, Signal, balance
 from ._session import (
@@ -136,6 +140,7 @@ from ._session import (
     Credit,
     Drain,
     Extend,
+    FeatureUnavailable,
     LeaseKey,
     LocalProtocolError,
     Outcome,
@@ -146,6 +151,7 @@ from ._session import (
     Settle,
     StartHandler,
     State,
+    VersionMismatch,
     WorkSession,
 )
 from ._timeouts import Stuck, TaskTimeouts, Watchdog
@@ -154,7 +160,9 @@ if TYPE_CHECKING:
     from .._client import _Session
     from .._queue import TaskQueue
 
-__all__ = ["Handler", "TaskContext", "Worker"]
+__all__ = ["DEFAULT_STOP_TIMEOUT", "Handler", "TaskContext", "Worker"]
+
+log = logging.getLogger(__name__)
 
 Handler = Callable[[Task, "TaskContext"], Awaitable[Any]]
 
@@ -162,15 +170,13 @@ _WORK = "/ringo.v1.QueueService/Work"
 #: on_idle cadence (seed semantics): poll every 250 ms, fire after 1 s of zeros.
 _IDLE_POLL_SECONDS = 0.25
 _IDLE_QUIET_SECONDS = 1.0
-_IDLE_MIN_MINOR = 1
-_DYNAMIC_MIN_MINOR = 2
-_ORDERED_IDS_MIN_MINOR = 6
 _MAX_RECOVERY_FAILURES = 3
 _COMMAND_TIMEOUT = 30.0
 _REGISTER_TIMEOUT = 30.0
-#: After the grace period: how long close waits for the daemon to answer the
-#: settlements already sent before it ends the stream.
-_SETTLE_WAIT = 5.0
+#: Once a worker stops handlers (past the grace period, or at once when
+#: cancelled): how long it waits for them to exit and for the daemon to answer
+#: their releases before it ends the stream and abandons the rest to expiry.
+DEFAULT_STOP_TIMEOUT = timedelta(seconds=5)
 #: The timer never sleeps longer than this, so a command sent while it
 #: sleeps is checked against its timeout in time without waking it per send.
 _TIMER_MAX_SLEEP = 1.0
@@ -224,6 +230,11 @@ class TaskContext:
 
     @property
     def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def is_cancelled(self) -> bool:
+        """Alias of `cancelled`, the asyncio SDK's name."""
         return self._cancelled
 
     @property
@@ -423,9 +434,18 @@ def _settle_frame(settle: Settle) -> _Frame:
         data = encode_nack(
             settle.request_id, key.task_id, key.attempt, settle.lease_token, settle.error, delay
         )
-    else:
+    elif outcome is Outcome.REJECT:
         data = encode_reject(
             settle.request_id, key.task_id, key.attempt, settle.lease_token, settle.error
+        )
+    else:
+        # Rare (a stopping worker), so betterproto2 rather than a hand encoder.
+        ref = LeaseRef(task_id=key.task_id, attempt=key.attempt, lease_token=settle.lease_token)
+        data = bytes(
+            WorkRequest(
+                request_id=settle.request_id,
+                release=ReleaseRequest(lease=ref, reason=settle.error),
+            )
         )
     return _Frame(data)
 
@@ -436,6 +456,58 @@ def _error_text(error: BaseException) -> str:
     except Exception:
         text = type(error).__name__
     return truncate_utf8(text, _limits.MAX_ERROR_BYTES)
+
+
+def _log_outcome(
+    worker: Worker,
+    running: _Running,
+    level: int,
+    what: str,
+    error: str,
+    exc_info: BaseException | None = None,
+) -> None:
+    context = running.context
+    task = context.task
+    log.log(
+        level,
+        "task %s (%s, attempt %d of %d) of queue %r %s: %s",
+        task.id,
+        task.task_type,
+        context.attempt,
+        task.max_attempts,
+        worker._queue.name,
+        what,
+        error,
+        exc_info=exc_info,
+        extra={
+            "ringo_task_id": task.id,
+            "ringo_task_type": task.task_type,
+            "ringo_queue": worker._queue.name,
+            "ringo_attempt": context.attempt,
+            "ringo_worker_id": worker.worker_id,
+        },
+    )
+
+
+def _interrupt_text(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "the worker was interrupted (KeyboardInterrupt)"
+    if isinstance(exc, SystemExit):
+        return "the worker's process is exiting (SystemExit)"
+    return "the worker was cancelled"
+
+
+def _find_interrupt(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or SystemExit in ``exc``, however deeply our own
+    task groups nested it."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find_interrupt(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def _check_concurrency(value: object, *, low: int) -> int:
@@ -507,6 +579,7 @@ class Worker:
         grace_period: timedelta,
         on_idle: Callable[[], Any] | None,
         task_timeouts: TaskTimeouts | None = None,
+        stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT,
     ) -> None:
         from .._queue import new_worker_id
 
@@ -522,6 +595,7 @@ class Worker:
         self._weight = weight
         self._lease_duration = lease_duration
         self._grace = grace_period.total_seconds()
+        self._stop_timeout = stop_timeout.total_seconds()
         self._on_idle = on_idle
         self._worker_id = new_worker_id()
         self._dynamic = self._controller is not None
@@ -529,6 +603,14 @@ class Worker:
         self._closing = False
         self._close_requested = anyio.Event()
         self._finished = anyio.Event()
+        self._registered = False
+        self._registered_or_done = anyio.Event()
+        self._shield: anyio.CancelScope | None = None
+        # Set once the worker must stop at once (cancelled, interrupted): why.
+        self._stop_reason: str | None = None
+        # A KeyboardInterrupt/SystemExit that landed in one of our tasks:
+        # `run` re-raises it, bare, once everything is handed back.
+        self._interrupt: BaseException | None = None
         self._live: _Live | None = None
         self._handlers: anyio.abc.TaskGroup | None = None
         self._running: dict[LeaseKey, _Running] = {}
@@ -582,7 +664,7 @@ class Worker:
                 "this worker's concurrency comes from a shared controller; it cannot be set"
             )
         concurrency = _check_concurrency(concurrency, low=0)
-        if self._run_started and self._client.protocol_minor < _DYNAMIC_MIN_MINOR:
+        if self._run_started and self._client.protocol_minor < TARGET_CONCURRENCY_MINOR:
             raise IncompatibleVersionError(
                 "changing concurrency at runtime needs protocol minor >= 2; negotiated minor"
                 f" is {self._client.protocol_minor}"
@@ -596,7 +678,16 @@ class Worker:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Work until `close` is called. With ``nursery.start`` it returns once registered.
+        """Work until `close` is called or ``run`` is cancelled. With
+        ``nursery.start`` it returns once registered.
+
+        Cancelling ``run`` (an outer cancel scope, ``task.cancel()`` under
+        asyncio, Ctrl-C) is a stop too: it stops taking work, cancels the
+        handlers and hands every lease back (``release``: the task is
+        PENDING again at once and keeps its attempt) before it returns —
+        within ``stop_timeout``, after which whatever is left is abandoned
+        to lease expiry. It then re-raises what stopped it, unwrapped:
+        the cancellation, `KeyboardInterrupt` or `SystemExit`.
 
         Raises the last cause after three failed recoveries in a row, and
         `IncompatibleVersionError` before any work when the daemon's minor
@@ -604,15 +695,66 @@ class Worker:
         propagates unchanged. `WorkerFencedError` when ``task_timeouts``
         fenced the worker — raised only once every handler has exited,
         however long a stuck one runs on (see docs/timeouts.md).
+        `WorkerAlreadyRunError` (a `RuntimeError`) on a second call.
         """
         if self._run_started:
-            raise RingoError("Worker.run() may be called only once")
+            raise WorkerAlreadyRunError("Worker.run() may be called only once")
         self._run_started = True
+        stopped_by: BaseException | None = None
         try:
-            if self._close_requested.is_set():
-                task_status.started()
-                return
-            self._check_features(self._client.protocol_minor)
+            # The work runs in a shielded task (`_work`), so that a
+            # cancellation of the caller cannot cut the stream its leases go
+            # back on; this task only waits, and turns whatever interrupts
+            # the wait into a bounded stop.
+            async with anyio.create_task_group() as host:
+                host.start_soon(self._work)
+                try:
+                    await self._registered_or_done.wait()
+                    if self._registered:
+                        task_status.started()
+                    await self._finished.wait()
+                except BaseException as exc:  # the caller's cancellation, Ctrl-C, SystemExit
+                    stopped_by = exc
+                    self._stop_now(_interrupt_text(exc))
+        finally:
+            self._client._workers.discard(self)
+        stopped_by = stopped_by or self._interrupt
+        if stopped_by is not None:
+            # Bare, as trio and asyncio deliver it: no group of ours around it.
+            raise stopped_by
+        if self._fence is not None:
+            raise self._fence.error() from self._fatal
+        if self._fatal is not None:
+            raise self._fatal
+        if not self._registered:
+            task_status.started()  # closed before it ever registered
+
+    async def _work(self) -> None:
+        """Everything ``run`` does, shielded from the caller's cancellation;
+        `_stop_now` bounds it by ``stop_timeout`` instead."""
+        try:
+            with anyio.CancelScope(shield=True) as shield:
+                self._shield = shield
+                if self._close_requested.is_set():
+                    return
+                await self._work_until_stopped()
+        except Exception as exc:
+            # `run` raises it, bare (refusals before any work, or a bug of ours).
+            self._fatal = self._fatal or exc
+        except BaseException as exc:
+            interrupt = _find_interrupt(exc)
+            if interrupt is None:
+                raise
+            self._interrupt = self._interrupt or interrupt
+        finally:
+            self._closing = True
+            self._shield = None
+            self._registered_or_done.set()
+            self._finished.set()
+
+    async def _work_until_stopped(self) -> None:
+        try:
+            self._new_session(self._client.protocol_minor, 0)  # fail fast, before any work
             controller = self._controller
             if controller is not None:
                 self._member = controller._attach(self._weight)
@@ -626,66 +768,84 @@ class Worker:
                 async with anyio.create_task_group() as handlers:
                     self._handlers = handlers
                     try:
-                        await self._serve(task_status)
+                        await self._serve()
                     except (RingoError, RemoteProtocolError, SessionBroken) as exc:
                         self._fatal = exc
                     finally:
                         self._closing = True
                         self._cancel_all_handlers("the worker stopped")
                 run_group.cancel_scope.cancel()
-            if self._fence is not None:
-                raise self._fence.error() from self._fatal
-            if self._fatal is not None:
-                raise self._fatal
         finally:
-            self._closing = True
             self._handlers = None
             if self._controller is not None and self._member is not None:
                 # No handler is left (the handler group has exited): every
                 # permit goes back and the other workers' shares grow.
                 self._controller._detach(self._member)
                 self._member = None
-            self._finished.set()
+
+    def _stop_now(self, why: str) -> None:
+        """Stop at once and hand every lease back, within ``stop_timeout``."""
+        if self._stop_reason is not None:
+            return
+        self._stop_reason = why
+        self._close_requested.set()
+        live = self._live
+        if live is not None and live.session.state is State.ACTIVE:
+            # The drain goes out before any handler's release, so the daemon
+            # pushes nothing more; the handlers then settle in their `finally`.
+            live.send_command(live.session.drain(anyio.current_time()))
+        self._cancel_all_handlers(why)
+        shield = self._shield
+        if shield is not None:
+            shield.deadline = min(shield.deadline, anyio.current_time() + self._stop_timeout)
 
     async def close(self) -> None:
         """Drain and stop: stop credit, wait ``grace_period``, cancel the rest.
 
         Idempotent and safe from any task; returns once `run` has finished
-        (at once if it never started). Cancelling the caller does not cancel
-        the drain.
+        (at once if it never started). The caller's own deadline wins:
+        cancelling the caller ends the wait, not the drain, which `run`
+        carries on (bounded by the grace period and ``stop_timeout``).
         """
+        self._request_close()
+        if self._run_started:
+            await self._finished.wait()
+
+    def _request_close(self) -> None:
         self._close_requested.set()
         if not self._run_started:
             self._closing = True
-            return
-        with anyio.CancelScope(shield=True):
-            await self._finished.wait()
 
     # -- sessions ---------------------------------------------------------------
 
-    def _check_features(self, minor: int) -> None:
-        if self._dynamic and minor < _DYNAMIC_MIN_MINOR:
+    def _new_session(self, minor: int, concurrency: int) -> WorkSession:
+        """A Work session for ``minor``, or `IncompatibleVersionError` when the
+        minor lacks a feature this worker needs (the session knows which)."""
+        if self._on_idle is not None and minor < ACTIVITY_MINOR:
             raise IncompatibleVersionError(
-                "dynamic concurrency (set_concurrency, or a shared concurrency controller)"
-                f" needs protocol minor >= 2; negotiated minor is {minor}"
+                f"on_idle needs protocol minor >= {ACTIVITY_MINOR}; negotiated minor is {minor}"
             )
-        if self._on_idle is not None and minor < _IDLE_MIN_MINOR:
-            raise IncompatibleVersionError(
-                f"on_idle needs protocol minor >= {_IDLE_MIN_MINOR}; negotiated minor is {minor}"
+        try:
+            return WorkSession(
+                concurrency=concurrency,
+                minor=minor,
+                dynamic_target=self._dynamic,
+                command_timeout=_COMMAND_TIMEOUT,
             )
+        except FeatureUnavailable as exc:
+            raise IncompatibleVersionError(str(exc)) from None
 
-    async def _serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+    async def _serve(self) -> None:
         failures = 0
-        started = False
         registered = False
 
         def on_registered() -> None:
-            nonlocal failures, started, registered
+            nonlocal failures, registered
             registered = True
             failures = 0
-            if not started:
-                started = True
-                task_status.started()
+            if not self._registered:
+                self._registered = True
+                self._registered_or_done.set()
 
         while not self._close_requested.is_set():
             sent = self._client._session
@@ -713,23 +873,15 @@ class Worker:
     async def _session(self, sent: _Session, on_registered: Callable[[], None]) -> None:
         """One Work stream, from registration to its end."""
         transport = self._client._require_transport()
-        minor = sent.minor
-        self._check_features(minor)
-        ordered = minor >= _ORDERED_IDS_MIN_MINOR
         concurrency = max(0, self._concurrency - len(self._orphans))
-        session = WorkSession(
-            concurrency=concurrency,
-            ordered_request_ids=ordered,
-            dynamic_target=self._dynamic,
-            command_timeout=_COMMAND_TIMEOUT,
-        )
+        session = self._new_session(sent.minor, concurrency)
         registration = WorkerRegistration(
             context=sent.context,
             queue=self._queue.name,
             worker_id=self._worker_id,
             task_types=self._task_types,
             max_concurrency=max(1, concurrency),
-            ordered_request_ids=ordered,
+            ordered_request_ids=session.ordered_request_ids,
         )
         if self._lease_duration > timedelta(0):
             registration.lease_duration = self._lease_duration
@@ -750,15 +902,16 @@ class Worker:
                 # A controller-attached worker takes its permits now, so the
                 # first credit (sent on `registered`) is sized by them.
                 self._rebalance()
-                now = anyio.current_time()
-                live.act(
-                    session.registered(
+                try:
+                    outputs = session.registered(
                         lease_duration=lease.total_seconds(),
                         max_concurrency=granted.max_concurrency,
                         ordered_request_ids=granted.ordered_request_ids,
-                        now=now,
+                        now=anyio.current_time(),
                     )
-                )
+                except VersionMismatch as exc:
+                    raise IncompatibleVersionError(str(exc)) from None
+                live.act(outputs)
                 self._idle_armed = True
                 self._idle_since = None
                 on_registered()
@@ -855,20 +1008,26 @@ class Worker:
         await self._close_requested.wait()
         self._closing = True
         session = live.session
+        grace = 0.0 if self._stop_reason is not None else self._grace
         if session.state is State.ACTIVE:
             drain = session.drain(anyio.current_time())
-            with anyio.move_on_after(max(0.1, min(self._grace or 1.0, _COMMAND_TIMEOUT))):
+            with anyio.move_on_after(max(0.1, min(grace or 1.0, _COMMAND_TIMEOUT))):
                 await live.command(drain)
-        if self._running:
+        if self._running and grace > 0:
             self._all_idle = anyio.Event()
-            with anyio.move_on_after(self._grace):
+            with anyio.move_on_after(grace):
                 await self._all_idle.wait()
-        self._cancel_all_handlers("the worker closed past its grace period")
-        # Cancelled handlers settle in their `finally`; wait for the answers.
+        self._cancel_all_handlers(self._stop_reason or "the worker closed past its grace period")
+        # Cancelled handlers hand their leases back in their `finally`; wait
+        # for the daemon's answers.
         live.act([])
-        with anyio.move_on_after(_SETTLE_WAIT):
+        with anyio.move_on_after(self._stop_timeout):
             await live.settled.wait()
         live.settled.set()
+        # Ended before the send side closes: a handler that returns from now
+        # on finds no session to settle into (its lease is left to expire).
+        if session.state is not State.ENDED:
+            live.act(session.end())
         session_scope.cancel()
         live.send.close()
 
@@ -887,16 +1046,22 @@ class Worker:
         handlers.start_soon(self._handle, live, key, task, running)
 
     async def _handle(self, live: _Live, key: LeaseKey, task: Task, running: _Running) -> None:
-        outcome = Outcome.NACK
-        error = "the worker stopped before the handler finished"
+        # Unless the handler finishes, the worker stopped it: the lease goes
+        # back without spending the attempt.
+        outcome = Outcome.RELEASE
+        error = self._stop_reason or "the worker stopped before the handler finished"
         delay: float | None = None
         finished = False
         watchdog = self._watchdog
         try:
+            if self._close_requested.is_set():
+                # Pushed before the daemon saw the drain: not started at all.
+                error = f"the worker is stopping; handed back unrun ({error})"
+                return
             if watchdog is not None:
                 refusal = self._admit(watchdog, running)
                 if refusal is not None:
-                    error, delay = refusal, 0.0  # handed back unrun: retry at once
+                    error = refusal  # handed back unrun
                     return
             with running.scope:
                 try:
@@ -905,15 +1070,28 @@ class Worker:
                         await result
                     outcome, error = Outcome.ACK, ""
                 except RetryTaskError as exc:
+                    outcome = Outcome.NACK
                     running.congested = exc.congestion
                     error = _error_text(exc)
                     if exc.delay is not None:
                         delay = exc.delay.total_seconds()
+                    _log_outcome(self, running, logging.INFO, "asked for a retry", error)
                 except PermanentTaskError as exc:
                     outcome, error = Outcome.REJECT, _error_text(exc)
+                    _log_outcome(self, running, logging.WARNING, "failed permanently", error)
                 except Exception as exc:
+                    outcome = Outcome.NACK
                     error = f"{type(exc).__name__}: {_error_text(exc)}"
+                    _log_outcome(self, running, logging.ERROR, "crashed", error, exc_info=exc)
                 finished = True
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:
+            # KeyboardInterrupt / SystemExit delivered inside a handler: the
+            # whole worker stops (and `run` re-raises it, bare); the handler
+            # group must not see it, or it would tear the stream down first.
+            self._interrupt = self._interrupt or exc
+            self._stop_now(_interrupt_text(exc))
         finally:
             if watchdog is not None:
                 now = anyio.current_time()
@@ -955,12 +1133,9 @@ class Worker:
             self._rebalance()
         session = live.session
         if session.holds(key) and session.state in (State.ACTIVE, State.DRAINING):
-            if not finished:
-                # Cancelled by close past the grace period: hand the lease back
-                # now rather than let it block the task until it expires.
-                outcome = Outcome.NACK
             live.act(session.settle(key, outcome, now, error=error, retry_delay=delay))
-        else:
+        elif session.state is not State.ERROR:
+            # Lost, or its stream ended: nothing to settle, but its slot frees.
             live.act(session.handler_exited(key, now))
         if not self._running and self._all_idle is not None:
             self._all_idle.set()
@@ -974,7 +1149,7 @@ class Worker:
             self._controller is not None  # `_rebalance` sizes the session
             or current is None
             or current.session.state is not State.ACTIVE
-            or self._client.protocol_minor < _DYNAMIC_MIN_MINOR
+            or self._client.protocol_minor < TARGET_CONCURRENCY_MINOR
         ):
             return
         wanted = max(0, self._concurrency - len(self._orphans))

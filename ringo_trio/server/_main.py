@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--loop",
         choices=("auto", "uvloop", "asyncio"),
         default="auto",
-        help="event loop: uvloop when installed (the 'fast' extra), else asyncio (default auto)",
+        help="event loop: uvloop when importable (a dependency of ringo-trio except on"
+        " Windows), else asyncio (default auto)",
     )
     parser.add_argument("--version", action="version", version=f"ringod {SDK_VERSION}")
     return parser

@@ -183,7 +183,7 @@ class PoolMachine(RuleBasedStateMachine):
         worker.running[key] = self.law.admit()
 
     def connect(self, worker: SimWorker) -> None:
-        session = WorkSession(concurrency=0, ordered_request_ids=True, dynamic_target=True)
+        session = WorkSession(concurrency=0, minor=7, dynamic_target=True)
         worker.session = session
         worker.daemon_credit = 0
         worker.unsettled = set()

@@ -263,6 +263,11 @@ class FakeDaemon:
         del self.leases[frame.key]
         if frame.outcome is Outcome.NACK:
             self.available.append(frame.key.task_id)
+        elif frame.outcome is Outcome.RELEASE:
+            # Claimable at once, and the attempt is not spent: the next lease
+            # carries the same attempt number again.
+            self.available.appendleft(frame.key.task_id)
+            self.attempts[frame.key.task_id] -= 1
         return None
 
     def _on_lease(self, frame: Extend | Progress) -> CommandError | None:
@@ -329,7 +334,7 @@ class SessionMachine(RuleBasedStateMachine):
         concurrency=st.integers(0, 4),
         max_concurrency=st.integers(1, 4),
         dynamic=st.booleans(),
-        ordered=st.booleans(),
+        minor=st.sampled_from([2, 5, 6, 7]),
         lease=st.sampled_from([3.0, 6.0, 9.0]),
         timeout_leases=st.sampled_from([2.0, 5.0, 1000.0]),
         backlog=st.integers(0, 8),
@@ -339,7 +344,7 @@ class SessionMachine(RuleBasedStateMachine):
         concurrency: int,
         max_concurrency: int,
         dynamic: bool,
-        ordered: bool,
+        minor: int,
         lease: float,
         timeout_leases: float,
         backlog: int,
@@ -347,20 +352,20 @@ class SessionMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.lease = lease
         self.backlog = backlog
-        self.params = (concurrency, max_concurrency, dynamic, ordered, lease * timeout_leases)
+        self.params = (concurrency, max_concurrency, dynamic, minor, lease * timeout_leases)
         self._connect()
 
     def _connect(self) -> None:
         """A new Work stream: a fresh session against a fresh daemon."""
-        concurrency, max_concurrency, dynamic, ordered, timeout = self.params
+        concurrency, max_concurrency, dynamic, minor, timeout = self.params
         self.session = WorkSession(
             concurrency=concurrency,
-            ordered_request_ids=ordered,
+            minor=minor,
             dynamic_target=dynamic,
             command_timeout=timeout,
         )
         self.daemon = FakeDaemon(
-            lease_duration=self.lease, max_concurrency=max_concurrency, ordered=ordered
+            lease_duration=self.lease, max_concurrency=max_concurrency, ordered=minor >= 6
         )
         self.daemon.now = self.now
         self.daemon.enqueue(self.backlog)
@@ -590,6 +595,8 @@ class SessionMachine(RuleBasedStateMachine):
         outputs = self.session.settle(key, outcome, self.now, error="boom")
         tracked = self.leases[key]
         settles = of_type(outputs, Settle)
+        if outcome is Outcome.RELEASE and not self.session.can_release:
+            outcome = Outcome.NACK  # an older daemon: today's nack
         if settles != [Settle(settles[0].request_id, key, tracked.token, outcome, "boom")]:
             self.violations.append(f"settle {key} {outcome} sent {settles}")
         tracked.held = False
@@ -671,6 +678,35 @@ class SessionMachine(RuleBasedStateMachine):
     @rule()
     def reconnect(self) -> None:
         self._connect()
+
+    @precondition(lambda self: not self.ended and self.session.state is not State.IDLE)
+    @rule(chance=RARELY, data=st.data())
+    def daemon_breaks_the_protocol(self, chance: int, data: st.DataObject) -> None:
+        """A result for a request nobody sent: the session refuses it and is in
+        ERROR for good — every later input is refused and no frame goes out —
+        until the driver ends it (which still cancels every held handler)."""
+        if chance != 0:
+            return
+        with pytest.raises(RemoteProtocolError):
+            self.session.result(2**63, None, self.now)
+        assert self.session.state is State.ERROR
+        later: list[Callable[[], object]] = [
+            lambda: self.session.poll(self.now + 1000 * self.lease),
+            lambda: self.session.set_concurrency(self.session.concurrency + 1, self.now),
+            lambda: self.session.drain(self.now),
+            lambda: self.session.heartbeat(),
+        ]
+        if self._held():
+            key = data.draw(st.sampled_from(self._held()), label="key")
+            later += [
+                lambda: self.session.settle(key, Outcome.ACK, self.now),
+                lambda: self.session.report_progress(key, 1, 2, "", self.now),
+            ]
+        for attempt in later:
+            with pytest.raises(LocalProtocolError):
+                attempt()
+            assert self.session.state is State.ERROR
+        self._end()
 
     # -- invariants ------------------------------------------------------------
 
@@ -829,7 +865,7 @@ B = LeaseKey("b", 1)
 def session_in(state: State) -> WorkSession:
     """A fresh session brought into ``state`` through the public methods; from
     ACTIVE on it holds lease A, has credit left and a progress report pending."""
-    session = WorkSession(concurrency=3, ordered_request_ids=True)
+    session = WorkSession(concurrency=3, minor=7)
     if state is State.IDLE:
         return session
     session.register()
@@ -846,6 +882,9 @@ def session_in(state: State) -> WorkSession:
         session.drain(NOW)
     elif state is State.ENDED:
         session.end()
+    elif state is State.ERROR:
+        with pytest.raises(RemoteProtocolError):
+            session.result(2**63, None, NOW)
     assert session.state is state
     return session
 
@@ -895,7 +934,9 @@ def test_every_input_has_a_way_in() -> None:
 @pytest.mark.parametrize("what", list(Input), ids=lambda i: i.name)
 def test_totality(state: State, what: Input) -> None:
     """Each State x Input either follows `_TRANSITIONS` or is refused with the
-    error of whoever broke the protocol, changing nothing."""
+    error of whoever broke the protocol, changing nothing but the state: a
+    refusal leaves the session in ERROR for good, where every input but END is
+    refused as our own mistake (h11's sticky error state)."""
     session = session_in(state)
     before = snapshot(session)
     after = _TRANSITIONS.get((state, what))
@@ -903,17 +944,35 @@ def test_totality(state: State, what: Input) -> None:
         APPLY[what](session)
         assert session.state is after
         return
-    expected = LocalProtocolError if what.name.startswith("SEND_") else RemoteProtocolError
+    expected: type[Exception] = RemoteProtocolError
+    if what.name.startswith("SEND_") or state is State.ERROR:
+        expected = LocalProtocolError
     with pytest.raises(Exception) as caught:  # noqa: PT011 - the exact type is checked below
         APPLY[what](session)
     assert type(caught.value) is expected, caught.value
-    assert snapshot(session) == before
+    assert session.state is State.ERROR
+    assert snapshot(session)[1:] == before[1:]
+    with pytest.raises(LocalProtocolError):
+        session.heartbeat()
+    assert session.end() is not None
+    assert session.state is State.ENDED
+
+
+def test_only_end_leaves_the_error_state() -> None:
+    """ERROR is sticky: END is its one transition in the table."""
+    assert {i for (s, i) in _TRANSITIONS if s is State.ERROR} == {Input.END}
 
 
 @pytest.mark.parametrize("state", list(State), ids=lambda s: s.name)
 def test_gated_sends(state: State) -> None:
     """Credit and renewals go out only in the states the table allows them in."""
     session = session_in(state)
+    if state is State.ERROR:
+        with pytest.raises(LocalProtocolError):
+            session.set_concurrency(session.concurrency + 1, NOW)
+        with pytest.raises(LocalProtocolError):
+            session.poll(NOW + LEASE - LEASE / 3)
+        return
     credits = frames(session.set_concurrency(session.concurrency + 1, NOW))
     renewals = frames(session.poll(NOW + LEASE - LEASE / 3))
     may_credit = (state, Input.SEND_CREDIT) in _TRANSITIONS
@@ -930,9 +989,7 @@ def active(
     concurrency: int = 2, *, lease: float = LEASE, timeout: float = 30.0, credit: bool = True
 ) -> tuple[WorkSession, Credit]:
     """A registered session; its first credit answered unless ``credit`` is False."""
-    session = WorkSession(
-        concurrency=concurrency, ordered_request_ids=True, command_timeout=timeout
-    )
+    session = WorkSession(concurrency=concurrency, minor=7, command_timeout=timeout)
     session.register()
     (frame,) = session.registered(
         lease_duration=lease, max_concurrency=concurrency, ordered_request_ids=True, now=0.0
@@ -949,6 +1006,7 @@ def test_result_for_unknown_or_answered_id_is_a_remote_error() -> None:
     session, credit = active()
     with pytest.raises(RemoteProtocolError):
         session.result(credit.request_id, None, 0.0)  # already answered
+    session, credit = active()
     with pytest.raises(RemoteProtocolError):
         session.result(99, None, 0.0)  # never sent
 
@@ -971,6 +1029,7 @@ def test_push_without_credit_is_a_remote_error() -> None:
     session, credit = active(1, credit=False)
     with pytest.raises(RemoteProtocolError):
         session.task_pushed(A, "tok", LEASE, 0.0)  # credit result not yet in
+    session, credit = active(1, credit=False)
     session.result(credit.request_id, None, 0.0)
     session.task_pushed(A, "tok", LEASE, 0.0)
     with pytest.raises(RemoteProtocolError):
@@ -1077,9 +1136,12 @@ def test_unanswered_command_breaks_the_session_at_the_timeout() -> None:
     assert session.poll(4.99) == []
     with pytest.raises(SessionBroken):
         session.poll(5.0)
-    session.result(credit.request_id, None, 5.0)
-    assert session.next_deadline() is None
-    assert session.poll(1000.0) == []
+    # Broken for good: even the late answer is refused; only end() remains.
+    assert session.state is State.ERROR
+    with pytest.raises(LocalProtocolError):
+        session.result(credit.request_id, None, 5.0)
+    session.end()
+    assert session.state is State.ENDED
 
 
 def test_end_fails_every_pending_command_and_cancels_every_held_lease() -> None:

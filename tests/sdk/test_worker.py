@@ -255,7 +255,8 @@ async def test_lease_loss_cancels_only_its_handler(tmp_path: pathlib.Path) -> No
 async def test_close_acks_handlers_that_finish_within_grace(tmp_path: pathlib.Path) -> None:
     """Graceful close: no new work after close starts; a handler that finishes
     within the grace period is acked on the still-open stream; one that does
-    not is cancelled and its task handed back (PENDING, not lost); when close
+    not is cancelled and its task handed back (PENDING, not lost, its attempt
+    not spent); when close
     returns no handler runs and no lease is renewed any more."""
     with trio.fail_after(40):
         async with Ringo.local(tmp_path) as client:
@@ -290,7 +291,7 @@ async def test_close_acks_handlers_that_finish_within_grace(tmp_path: pathlib.Pa
             [quick_task, slow_task] = [await queue.get_by_id(t) for t in (quick, slow)]
             assert quick_task.state is TaskState.SUCCEEDED
             assert slow_task.state is TaskState.PENDING
-            assert slow_task.attempt == 1
+            assert slow_task.attempt == 0  # released: stopping spends no attempt
             assert (await queue.get_by_id(late[0])).state is TaskState.PENDING
             # No renewal after close: a later look finds nothing LEASED by us.
             await trio.sleep(2.5)
