@@ -1,28 +1,41 @@
-"""Worker and TaskContext: the trio (anyio) driver of the sans-IO Work session.
+"""Worker and TaskContext: the handlers' side of the Work protocol.
 
 Theory of operation
 -------------------
-All protocol decisions live in `ringo_trio._session.WorkSession`; this module
-only moves frames and runs handlers. The shape is the one DESIGN.md §2 asks
-for — scopes instead of epochs and done-callbacks:
+All protocol decisions live in `ringo_trio._work._session.WorkSession`; one
+stream's frames are moved by `ringo_trio._work._driver.StreamDriver`; this
+module runs handlers and decides when to stop. The shape is the one DESIGN.md
+§2 asks for — scopes instead of epochs and done-callbacks:
 
-``Worker.run`` owns two task groups for its whole life:
+*Stopping is a protocol step.* ``Worker.run`` does its work in a child task
+(`_work`) under a **shielded** cancel scope, and itself only waits. Whatever
+interrupts that wait — the caller's cancellation, ``task.cancel()``, a
+KeyboardInterrupt or SystemExit delivered to it — becomes `_stop_now`: a
+drain goes out first (no more pushes), every handler is cancelled and its
+``finally`` *releases* its lease (no attempt spent), and the shield's
+deadline is pulled in to ``stop_timeout`` from now, so the stop is bounded
+however the daemon behaves. ``run`` then re-raises what stopped it, bare.
+A KeyboardInterrupt that trio delivers inside a handler or one of our tasks
+is caught where it lands (`_handle`, `_work`), stops the worker the same way
+and comes out of ``run`` unwrapped: the SDK adds no exception group.
 
-* the **run group**, holding the on_idle monitor (when configured), and
+Inside `_work`, two task groups live as long as the worker:
+
+* the **run group**, holding the on_idle monitor, the fencing watch and a
+  shared controller's driver (when configured), and
 * the **handler group** inside it, holding every handler. Each handler runs
   under its own `anyio.CancelScope`, stored by lease key, so a lost lease
   cancels exactly that handler.
 
-Inside them, ``run`` opens one **Work session** after another. A session is
-one ``open_stream`` block plus one task group holding its timer (renewals,
-command timeouts) and its closer (graceful drain); the reader is the session
-body itself. When a session ends — stream dropped, protocol broken, daemon
-restarted — leaving its block cancels its tasks and `WorkSession.end` turns
-every lease it held into a handler cancellation, so nothing of the old session
-can act on the next one: a late result has no session to land in, and a
-handler's settlement is addressed to the session object it started under
-(which refuses it once ended). A replacement session is a new block. No epoch
-counter exists.
+Inside them, the worker opens one **Work session** after another. A session
+is one ``open_stream`` block plus one task group holding the driver's timer
+and the closer; the driver's reader is the block's body. When a session ends
+— stream dropped, protocol broken, daemon restarted — leaving its block
+cancels its tasks and `WorkSession.end` turns every lease it held into a
+handler cancellation, so nothing of the old session can act on the next one:
+a late result has no session to land in, and a handler's settlement is
+addressed to the session object it started under (which refuses it once
+ended). A replacement session is a new block. No epoch counter exists.
 
 *Slots and zombies.* A handler that swallows cancellation keeps running after
 its session ended; it does not block reconnecting, but it keeps its slot: the
@@ -30,46 +43,32 @@ next session registers with the concurrency minus such handlers, so the
 worker never runs more handlers than it was given.
 
 *Shared controllers* (``concurrency=AdaptiveConcurrency(...)`` or
-``ResourceConcurrency(...)``; `ringo_trio._concurrency`). ``run`` attaches
-the worker to the controller's permit pool for its whole life and detaches
-it once the handler group has exited. `_rebalance` — after every session
-event (the end of `_Live.act`), before a finished handler's settlement (so a
-congestion cut applies before the settlement asks for credit), and in a task
-of each session that waits on the pool's broadcast event — reports what the
-session has committed (its exact credit mirror) plus the handlers of ended
-streams, takes or returns permits, and sizes the session to them. The run
-group also offers to drive the controller's sampling loop (resource
-controllers); one attached worker drives it at a time.
+``ResourceConcurrency(...)``; `ringo_trio._work._concurrency`). The worker
+is attached to the controller's permit pool for its whole life and detached
+once the handler group has exited. `_rebalance` — after every session event
+(`StreamDriver.act` calls `_after_act`), before a finished handler's
+settlement (so a congestion cut applies before the settlement asks for
+credit), and in a task of each session that waits on the pool's broadcast
+event — reports what the session has committed (its exact credit mirror)
+plus the handlers of ended streams, takes or returns permits, and sizes the
+session to them.
 
 *Cleanup is armed before the await that can be cancelled.* A handler's
-settlement (ack / nack / reject, or "exited" after a lost lease) happens in
-the ``finally`` of its task, synchronously — the frame goes into an unbounded
-send channel and the session's bookkeeping is plain method calls — so no
-cancellation can skip it or leak a slot.
+settlement (ack / nack / reject / release, or "exited" after a lost lease)
+happens in the ``finally`` of its task, synchronously — the frame goes into
+an unbounded send channel and the session's bookkeeping is plain method
+calls — so no cancellation can skip it or leak a slot.
 
-*Closing* (`Worker.close`, from any task, any number of times) asks ``run`` to
-stop and waits until it has: stop credit and send ``drain``; wait up to
-``grace_period`` for handlers (they settle on the still-open stream); cancel
-the rest (their leases are handed back with a nack so they are redelivered at
-once); wait briefly for the daemon's answers to those settlements; end the
-stream. When ``close`` returns, no handler of the worker runs and no lease is
-renewed.
+*Closing* (`Worker.close`, from any task, any number of times) asks the
+worker to stop and waits until it has: stop credit and send ``drain``; wait
+up to ``grace_period`` for handlers (they settle on the still-open stream);
+cancel the rest (they release their leases: PENDING at once, attempt not
+spent); wait up to ``stop_timeout`` for the daemon's answers; end the
+session, then the stream. When ``close`` returns, no handler of the worker
+runs and no lease is renewed. A push that arrives after the stop began is
+handed back unrun.
 
-*Timeouts and fencing* (only with ``task_timeouts``; docs/timeouts.md). A
-handler's scope also carries its ``start_to_close`` deadline, so one scope
-ties lease, timeout and drain together. Whether a cancelled handler really
-stops is watched by a sans-IO `Watchdog` (`ringo_trio._timeouts`) and one
-task of the run group that sleeps in a cancel scope whose deadline is the
-earliest moment some handler becomes overdue (pulled in when a handler is
-cancelled) — it lives as long as ``run``, because handlers of ended streams
-and of a finished drain must be watched too. A handler still running
-``cancel_grace`` after its cancellation, or a task whose handler could not
-start within ``no_start`` (the loop was blocked), *fences* the worker: drain
-at once (no credit any more), hand back whatever is pushed afterwards,
-report to the supervisor, then close as usual; ``run`` raises
-`WorkerFencedError` — but only once the stuck handler has exited, since the
-handler group cannot be left before. Ending the process is the only remedy
-for code that ignores cancellation: that is `ringo supervise`'s job.
+*Timeouts and fencing*: `ringo_trio._work._fencing`.
 
 *Reconnects are bounded*: a session that fails before registering counts as a
 failed recovery; three in a row end ``run`` with the last cause. A session
@@ -79,21 +78,19 @@ runs (renegotiation; restart of a dead local daemon).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .. import _limits, _supervision
+from .. import _limits
 from .._errors import (
     IncompatibleVersionError,
     InvalidArgumentError,
@@ -104,57 +101,31 @@ from .._errors import (
     RingoError,
     UnavailableError,
     WorkerAlreadyRunError,
-    WorkerFencedError,
-    error_for_code,
-)
-from .._fastwire import (
-    PushedTask,
-    WorkResultFrame,
-    decode_work_response,
-    encode_ack,
-    encode_credit,
-    encode_extend,
-    encode_nack,
-    encode_reject,
 )
 from .._models import Task, truncate_utf8
 from .._proto.ringo.v1 import (
     GetQueueActivityRequest,
     GetQueueActivityResponse,
-    LeaseRef,
-    ReleaseRequest,
-    ReportProgressRequest,
-    WorkerDrain,
     WorkerRegistration,
     WorkRequest,
-    WorkResponse,
 )
 from .._transport import SessionRejectedError
 from .._wire.protocol import ACTIVITY_MINOR, TARGET_CONCURRENCY_MINOR
 from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
+from ._driver import Frame, Inbound, StreamDriver, command_exception
+from ._fencing import Fence, Fencing
 from ._permits import Member, Signal, balance
 from ._session import (
-    CancelHandler,
-    CommandDone,
-    CommandError,
-    Credit,
-    Drain,
-    Extend,
     FeatureUnavailable,
     LeaseKey,
-    LocalProtocolError,
     Outcome,
-    Output,
-    Progress,
     RemoteProtocolError,
     SessionBroken,
-    Settle,
-    StartHandler,
     State,
     VersionMismatch,
     WorkSession,
 )
-from ._timeouts import Stuck, TaskTimeouts, Watchdog
+from ._timeouts import TaskTimeouts, Watchdog
 
 if TYPE_CHECKING:
     from .._client import _Session
@@ -202,7 +173,7 @@ class TaskContext:
         "_worker_id",
     )
 
-    def __init__(self, task: Task, key: LeaseKey, worker_id: str, live: _Live) -> None:
+    def __init__(self, task: Task, key: LeaseKey, worker_id: str, live: StreamDriver) -> None:
         self._task = task
         self._key = key
         self._worker_id = worker_id
@@ -284,22 +255,12 @@ class TaskContext:
         )
         error = await self._live.command(frame)
         if error is not None:
-            raise _command_exception(error)
+            raise command_exception(error)
 
     def _cancel(self) -> None:
         self._cancelled = True
         if self._waiter is not None:
             self._waiter.set()
-
-
-def _command_exception(error: CommandError) -> RingoError:
-    return error_for_code(error.code, error.message)
-
-
-@dataclass(eq=False, slots=True)
-class _Waiter:
-    event: anyio.Event = field(default_factory=anyio.Event)
-    error: CommandError | None = None
 
 
 @dataclass(eq=False)
@@ -313,141 +274,6 @@ class _Running:
     def cancel(self) -> None:
         self.context._cancel()
         self.scope.cancel()
-
-
-class _Live:
-    """One open Work session: its protocol state, its send side, its waiters."""
-
-    def __init__(
-        self, session: WorkSession, send: MemoryObjectSendStream[_Frame], owner: Worker
-    ) -> None:
-        self.session = session
-        self.send = send
-        self.owner = owner
-        self.waiters: dict[int, _Waiter] = {}
-        self.arrived: dict[LeaseKey, Task] = {}
-        self.settled = anyio.Event()  # set when close waits and nothing is pending
-        self.timer: anyio.CancelScope | None = None
-
-    def act(self, outputs: list[Output]) -> None:
-        """Carry out a session's outputs: write frames, start/cancel handlers, wake waiters."""
-        send = self.send.send_nowait
-        for out in outputs:
-            match out:
-                case Settle():
-                    send(_settle_frame(out))
-                case StartHandler(key=key):
-                    self.owner._start_handler(self, key, self.arrived.pop(key))
-                case Credit(request_id=request_id, available=available, target_concurrency=target):
-                    send(_Frame(encode_credit(request_id, available, target)))
-                case CommandDone(request_id=request_id, error=error):
-                    waiter = self.waiters.pop(request_id, None)
-                    if waiter is not None:
-                        waiter.error = error
-                        waiter.event.set()
-                case CancelHandler(key=key, reason=reason):
-                    self.owner._cancel_handler(key, reason)
-                case Extend(request_id=request_id, key=key, lease_token=token, extension=extension):
-                    send(
-                        _Frame(
-                            encode_extend(
-                                request_id,
-                                key.task_id,
-                                key.attempt,
-                                token,
-                                timedelta(seconds=extension),
-                            )
-                        )
-                    )
-                case _:  # pragma: no cover - Register/Progress/Drain are sent by their callers
-                    raise LocalProtocolError(f"unexpected session output {out!r}")
-        if self.owner._closing and not self.session.pending_commands and not self.owner._running:
-            self.settled.set()
-        if self.owner._controller is not None:
-            self.owner._rebalance()
-
-    async def command(self, frame: Progress | Drain) -> CommandError | None:
-        """Send a command and wait for its result."""
-        waiter = self.send_command(frame)
-        await waiter.event.wait()
-        return waiter.error
-
-    def send_command(self, frame: Progress | Drain) -> _Waiter:
-        """Send a command whose result arrives on ``waiter.event``."""
-        waiter = self.waiters[frame.request_id] = _Waiter()
-        if isinstance(frame, Progress):
-            request = WorkRequest(
-                request_id=frame.request_id,
-                progress=ReportProgressRequest(
-                    lease=LeaseRef(
-                        task_id=frame.key.task_id,
-                        attempt=frame.key.attempt,
-                        lease_token=frame.lease_token,
-                    ),
-                    current=frame.current,
-                    total=frame.total,
-                    message=frame.message,
-                ),
-            )
-        else:
-            request = WorkRequest(request_id=frame.request_id, drain=WorkerDrain(begin=True))
-        self.send.send_nowait(_Frame(bytes(request)))
-        return waiter
-
-
-class _Frame:
-    """A WorkRequest already encoded (grpclib's codec calls ``SerializeToString``).
-
-    The hot commands are encoded by `ringo_trio._fastwire`, byte-identical to
-    betterproto2 at a fraction of its cost.
-    """
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def SerializeToString(self) -> bytes:
-        return self.data
-
-
-class _Inbound:
-    """What grpclib decodes each WorkResponse into: pushes and results by the
-    fast decoder, anything else (registered, heartbeat) by betterproto2."""
-
-    @staticmethod
-    def FromString(data: bytes) -> PushedTask | WorkResultFrame | WorkResponse:
-        try:
-            frame = decode_work_response(data)
-            return frame if frame is not None else WorkResponse.parse(data)
-        except (ValueError, EOFError) as exc:
-            raise RemoteProtocolError(f"malformed Work frame from the daemon: {exc}") from None
-
-
-def _settle_frame(settle: Settle) -> _Frame:
-    key = settle.key
-    outcome = settle.outcome
-    if outcome is Outcome.ACK:
-        data = encode_ack(settle.request_id, key.task_id, key.attempt, settle.lease_token)
-    elif outcome is Outcome.NACK:
-        delay = None if settle.retry_delay is None else timedelta(seconds=settle.retry_delay)
-        data = encode_nack(
-            settle.request_id, key.task_id, key.attempt, settle.lease_token, settle.error, delay
-        )
-    elif outcome is Outcome.REJECT:
-        data = encode_reject(
-            settle.request_id, key.task_id, key.attempt, settle.lease_token, settle.error
-        )
-    else:
-        # Rare (a stopping worker), so betterproto2 rather than a hand encoder.
-        ref = LeaseRef(task_id=key.task_id, attempt=key.attempt, lease_token=settle.lease_token)
-        data = bytes(
-            WorkRequest(
-                request_id=settle.request_id,
-                release=ReleaseRequest(lease=ref, reason=settle.error),
-            )
-        )
-    return _Frame(data)
 
 
 def _error_text(error: BaseException) -> str:
@@ -518,44 +344,7 @@ def _check_concurrency(value: object, *, low: int) -> int:
     return value
 
 
-@dataclass(eq=False)
-class _Fence:
-    """Why a worker fenced itself: a stuck handler, or one that could not start."""
-
-    worker: Worker
-    running: _Running
-    stuck: Stuck[_Running] | None = None
-    waited: float = 0.0
-
-    def text(self) -> str:
-        watchdog = self.worker._watchdog
-        assert watchdog is not None
-        context = self.running.context
-        task = f"task {context.task.id} (attempt {context.attempt})"
-        if self.stuck is None:
-            detail = (
-                f"{task} waited {self.waited:.3g}s for its handler to start, past"
-                f" no_start={watchdog.no_start:g}s: something blocks the event loop"
-                " (a blocking call in a handler?); the task was handed back unrun"
-            )
-        else:
-            detail = (
-                f"{task} ignored its cancellation ({self.stuck.why}) for"
-                f" {self.stuck.ignored_for:.3g}s, past cancel_grace={watchdog.cancel_grace:g}s"
-            )
-        return (
-            f"worker {self.worker.worker_id} of queue {self.worker._queue.name!r} is fenced:"
-            f" {detail}. It stopped taking work. A handler that ignores cancellation or"
-            " blocks the event loop can only be stopped by ending its process: run"
-            " workers under process supervision (`ringo supervise`), which replaces a"
-            " fenced process"
-        )
-
-    def error(self) -> WorkerFencedError:
-        return WorkerFencedError(self.text())
-
-
-class Worker:
+class Worker(Fencing):
     """A credit-controlled worker of one queue. Create it with `TaskQueue.worker`.
 
     ::
@@ -611,7 +400,7 @@ class Worker:
         # A KeyboardInterrupt/SystemExit that landed in one of our tasks:
         # `run` re-raises it, bare, once everything is handed back.
         self._interrupt: BaseException | None = None
-        self._live: _Live | None = None
+        self._live: StreamDriver | None = None
         self._handlers: anyio.abc.TaskGroup | None = None
         self._running: dict[LeaseKey, _Running] = {}
         # Handlers of ended sessions that have not exited yet.
@@ -623,10 +412,13 @@ class Worker:
         self._fatal: BaseException | None = None
         self._watchdog = None if task_timeouts is None else Watchdog[_Running](task_timeouts)
         self._watch_nap: anyio.CancelScope | None = None
-        self._fence: _Fence | None = None
+        self._fence: Fence | None = None
 
     def __repr__(self) -> str:
         return f"<Worker {self._worker_id} queue={self._queue.name!r}>"
+
+    def _describe(self) -> str:
+        return f"worker {self._worker_id} of queue {self._queue.name!r}"
 
     # -- public ---------------------------------------------------------------
 
@@ -886,13 +678,13 @@ class Worker:
         if self._lease_duration > timedelta(0):
             registration.lease_duration = self._lease_duration
         async with transport.open_stream(
-            _WORK, _Frame, _Inbound, send_buffer=math.inf, receive_buffer=256
+            _WORK, Frame, Inbound, send_buffer=math.inf, receive_buffer=256
         ) as channels:
             assert channels.send is not None
-            live = _Live(session, channels.send, self)
+            live = StreamDriver(session, channels.send, self)
             session.register()
-            channels.send.send_nowait(_Frame(bytes(WorkRequest(register=registration))))
-            first = await self._first_response(channels.receive)
+            channels.send.send_nowait(Frame(bytes(WorkRequest(register=registration))))
+            first = await live.first_response(channels.receive)
             granted = first.registered
             if granted is None:
                 raise RemoteProtocolError("the daemon's first Work frame was not 'registered'")
@@ -916,11 +708,11 @@ class Worker:
                 self._idle_since = None
                 on_registered()
                 async with anyio.create_task_group() as tasks:
-                    tasks.start_soon(self._timer, live)
+                    tasks.start_soon(live.timer_loop)
                     tasks.start_soon(self._closer, live, tasks.cancel_scope)
                     if self._controller is not None:
                         tasks.start_soon(self._follow_controller)
-                    await self._read(live, channels.receive)
+                    await live.read(channels.receive)
                     tasks.cancel_scope.cancel()
                 if not live.settled.is_set():
                     raise UnavailableError("the daemon ended the Work stream")
@@ -939,72 +731,7 @@ class Worker:
                 # The stream's unused credit is void: those permits go back.
                 self._rebalance()
 
-    async def _first_response(self, receive: MemoryObjectReceiveStream[Any]) -> WorkResponse:
-        with anyio.move_on_after(_REGISTER_TIMEOUT):
-            try:
-                first = await receive.receive()
-                if not isinstance(first, WorkResponse):
-                    raise RemoteProtocolError("the daemon's first Work frame was not 'registered'")
-                return first
-            except anyio.EndOfStream:
-                raise UnavailableError(
-                    "the daemon closed the Work stream before registering"
-                ) from None
-        raise UnavailableError(f"no registration reply within {_REGISTER_TIMEOUT:g}s")
-
-    async def _read(self, live: _Live, receive: MemoryObjectReceiveStream[Any]) -> None:
-        session = live.session
-        act = live.act
-        arrived = live.arrived
-        current_time = anyio.current_time
-        async for frame in receive:
-            kind = type(frame)
-            if kind is WorkResultFrame:
-                error = None
-                if frame.error_value:
-                    error = CommandError(
-                        frame.error_code or f"CODE_{frame.error_value}",
-                        frame.error_message,
-                        frame.reason,
-                    )
-                act(session.result(frame.request_id, error, current_time()))
-            elif kind is PushedTask:
-                key = LeaseKey(frame.task_id, frame.attempt)
-                until = frame.until
-                remaining = (
-                    (until - datetime.now(UTC)).total_seconds()
-                    if until is not None
-                    else session.lease_duration
-                )
-                arrived[key] = frame.task
-                act(session.task_pushed(key, frame.lease_token, remaining, current_time()))
-                timer = live.timer
-                if timer is not None:
-                    when = session.next_deadline()
-                    if when is not None and when < timer.deadline:
-                        timer.deadline = when
-            elif frame.heartbeat is not None:
-                session.heartbeat()
-            else:
-                raise RemoteProtocolError(f"unexpected Work frame {frame!r}")
-
-    async def _timer(self, live: _Live) -> None:
-        session = live.session
-        while True:
-            now = anyio.current_time()
-            when = session.next_deadline()
-            if when is not None and when <= now:
-                live.act(session.poll(now))
-                continue
-            target = now + _TIMER_MAX_SLEEP
-            # The reader pulls this deadline in when a push brings an earlier
-            # renewal; otherwise the timer would oversleep a short lease.
-            with anyio.CancelScope(deadline=target if when is None else min(when, target)) as nap:
-                live.timer = nap
-                await anyio.sleep_forever()
-            live.timer = None
-
-    async def _closer(self, live: _Live, session_scope: anyio.CancelScope) -> None:
+    async def _closer(self, live: StreamDriver, session_scope: anyio.CancelScope) -> None:
         await self._close_requested.wait()
         self._closing = True
         session = live.session
@@ -1020,20 +747,21 @@ class Worker:
         self._cancel_all_handlers(self._stop_reason or "the worker closed past its grace period")
         # Cancelled handlers hand their leases back in their `finally`; wait
         # for the daemon's answers.
-        live.act([])
-        with anyio.move_on_after(self._stop_timeout):
-            await live.settled.wait()
-        live.settled.set()
-        # Ended before the send side closes: a handler that returns from now
-        # on finds no session to settle into (its lease is left to expire).
-        if session.state is not State.ENDED:
-            live.act(session.end())
+        await live.finish(self._stop_timeout)
         session_scope.cancel()
-        live.send.close()
+
+    # -- what a stream asks of its owner (`StreamOwner`) ------------------------
+
+    def _quiet(self) -> bool:
+        return self._closing and not self._running
+
+    def _after_act(self) -> None:
+        if self._controller is not None:
+            self._rebalance()
 
     # -- handlers -----------------------------------------------------------------
 
-    def _start_handler(self, live: _Live, key: LeaseKey, task: Task) -> None:
+    def _start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None:
         handlers = self._handlers
         assert handlers is not None
         context = TaskContext(task, key, self._worker_id, live)
@@ -1045,7 +773,9 @@ class Worker:
         self._idle_since = None
         handlers.start_soon(self._handle, live, key, task, running)
 
-    async def _handle(self, live: _Live, key: LeaseKey, task: Task, running: _Running) -> None:
+    async def _handle(
+        self, live: StreamDriver, key: LeaseKey, task: Task, running: _Running
+    ) -> None:
         # Unless the handler finishes, the worker stopped it: the lease goes
         # back without spending the attempt.
         outcome = Outcome.RELEASE
@@ -1107,7 +837,7 @@ class Worker:
 
     def _finish_handler(
         self,
-        live: _Live,
+        live: StreamDriver,
         key: LeaseKey,
         running: _Running,
         outcome: Outcome,
@@ -1202,68 +932,6 @@ class Worker:
         watchdog = self._watchdog
         if watchdog is not None:
             self._wake_watch(watchdog.cancelled(running, anyio.current_time(), why))
-
-    # -- timeouts and fencing ---------------------------------------------------
-
-    def _admit(self, watchdog: Watchdog[_Running], running: _Running) -> str | None:
-        """Arm a starting handler's deadline; or say why it must not start."""
-        now = anyio.current_time()
-        if self._fence is not None:
-            return "the worker is fenced; the task was handed back unrun"
-        waited = watchdog.waited_too_long(running.arrived, now)
-        if waited is not None:
-            self._fence_now(_Fence(self, running, waited=waited))
-            return (
-                f"no_start timeout of {watchdog.no_start:g}s exceeded: the handler could not"
-                f" start for {waited:.3g}s after the task arrived (the worker's event loop was"
-                " blocked); handed back unrun"
-            )
-        deadline = watchdog.started(running, now)
-        if deadline is not None:
-            running.scope.deadline = deadline
-            running.context._deadline = deadline
-            self._wake_watch(deadline + watchdog.cancel_grace)
-        return None
-
-    def _wake_watch(self, when: float) -> None:
-        nap = self._watch_nap
-        if nap is not None and when < nap.deadline:
-            nap.deadline = when
-
-    async def _watch(self, watchdog: Watchdog[_Running]) -> None:
-        """Fence the worker once a cancelled handler outlives ``cancel_grace``."""
-        while self._fence is None:
-            stuck = watchdog.stuck(anyio.current_time())
-            if stuck is not None:
-                self._fence_stuck(stuck)
-                return
-            when = watchdog.next_check()
-            with anyio.CancelScope(deadline=math.inf if when is None else when) as nap:
-                self._watch_nap = nap
-                await anyio.sleep_forever()
-            self._watch_nap = None
-
-    def _fence_stuck(self, stuck: Stuck[_Running]) -> None:
-        fence = self._fence
-        if fence is None:
-            self._fence_now(_Fence(self, stuck.key, stuck=stuck))
-        elif fence.running is stuck.key:
-            fence.stuck = stuck  # found again when it exited: the final figure
-
-    def _fence_now(self, fence: _Fence) -> None:
-        """Stop taking work at once, tell the supervisor, then close as usual."""
-        if self._fence is not None:
-            return
-        self._fence = fence
-        live = self._live
-        if live is not None and live.session.state is State.ACTIVE:
-            # Draining stops the daemon's pushes and the session's credit; a
-            # push already on its way is handed back by `_admit`.
-            live.send_command(live.session.drain(anyio.current_time()))
-        self._close_requested.set()
-        # It must not raise; should it anyway, a handler's slot is still freed.
-        with contextlib.suppress(Exception):
-            _supervision.report_fence(fence.text())
 
     # -- on_idle ----------------------------------------------------------------
 

@@ -1,0 +1,324 @@
+"""The driver of one Work stream: it moves frames, nothing else.
+
+Theory of operation
+-------------------
+A `StreamDriver` sits between one bidi stream (two memory channels from the
+transport) and one sans-IO `WorkSession`. Its reader feeds every frame the
+daemon sends into the session, in order (`read`); its timer wakes the session
+when a renewal, a local lease deadline or a command timeout is due
+(`timer_loop`); `act` carries out what the session answers — frames go into
+the send channel (unbounded, so carrying out outputs never awaits and no
+cancellation can cut a settlement in half), handlers are started and
+cancelled through the owner, waiters of commands are woken. `finish` ends
+the stream in order: answers awaited (bounded), session ended, send side
+closed. Encoding lives here too: the hot commands by `ringo_trio._fastwire`,
+the rare ones by betterproto2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from .._errors import RingoError, UnavailableError, error_for_code
+from .._fastwire import (
+    PushedTask,
+    WorkResultFrame,
+    decode_work_response,
+    encode_ack,
+    encode_credit,
+    encode_extend,
+    encode_nack,
+    encode_reject,
+)
+from .._models import Task
+from .._proto.ringo.v1 import (
+    LeaseRef,
+    ReleaseRequest,
+    ReportProgressRequest,
+    WorkerDrain,
+    WorkRequest,
+    WorkResponse,
+)
+from ._session import (
+    CancelHandler,
+    CommandDone,
+    CommandError,
+    Credit,
+    Drain,
+    Extend,
+    LeaseKey,
+    LocalProtocolError,
+    Outcome,
+    Output,
+    Progress,
+    RemoteProtocolError,
+    Settle,
+    StartHandler,
+    State,
+    WorkSession,
+)
+
+__all__ = [
+    "Frame",
+    "Inbound",
+    "StreamDriver",
+    "StreamOwner",
+    "Waiter",
+    "command_exception",
+    "settle_frame",
+]
+
+_REGISTER_TIMEOUT = 30.0
+#: The timer never sleeps longer than this, so a command sent while it
+#: sleeps is checked against its timeout in time without waking it per send.
+_TIMER_MAX_SLEEP = 1.0
+
+
+class StreamOwner(Protocol):
+    """What a stream asks of the worker that owns it."""
+
+    def _start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None: ...
+
+    def _cancel_handler(self, key: LeaseKey, why: str) -> None: ...
+
+    def _quiet(self) -> bool:
+        """True once the worker stops and no handler of it runs any more."""
+        ...
+
+    def _after_act(self) -> None:
+        """Called after every batch of session outputs (shared controllers rebalance)."""
+        ...
+
+
+def command_exception(error: CommandError) -> RingoError:
+    return error_for_code(error.code, error.message)
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    event: anyio.Event = field(default_factory=anyio.Event)
+    error: CommandError | None = None
+
+
+class Frame:
+    """A WorkRequest already encoded (grpclib's codec calls ``SerializeToString``).
+
+    The hot commands are encoded by `ringo_trio._fastwire`, byte-identical to
+    betterproto2 at a fraction of its cost.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:
+        return self.data
+
+
+class Inbound:
+    """What grpclib decodes each WorkResponse into: pushes and results by the
+    fast decoder, anything else (registered, heartbeat) by betterproto2."""
+
+    @staticmethod
+    def FromString(data: bytes) -> PushedTask | WorkResultFrame | WorkResponse:
+        try:
+            frame = decode_work_response(data)
+            return frame if frame is not None else WorkResponse.parse(data)
+        except (ValueError, EOFError) as exc:
+            raise RemoteProtocolError(f"malformed Work frame from the daemon: {exc}") from None
+
+
+def settle_frame(settle: Settle) -> Frame:
+    key = settle.key
+    outcome = settle.outcome
+    if outcome is Outcome.ACK:
+        data = encode_ack(settle.request_id, key.task_id, key.attempt, settle.lease_token)
+    elif outcome is Outcome.NACK:
+        delay = None if settle.retry_delay is None else timedelta(seconds=settle.retry_delay)
+        data = encode_nack(
+            settle.request_id, key.task_id, key.attempt, settle.lease_token, settle.error, delay
+        )
+    elif outcome is Outcome.REJECT:
+        data = encode_reject(
+            settle.request_id, key.task_id, key.attempt, settle.lease_token, settle.error
+        )
+    else:
+        # Rare (a stopping worker), so betterproto2 rather than a hand encoder.
+        ref = LeaseRef(task_id=key.task_id, attempt=key.attempt, lease_token=settle.lease_token)
+        data = bytes(
+            WorkRequest(
+                request_id=settle.request_id,
+                release=ReleaseRequest(lease=ref, reason=settle.error),
+            )
+        )
+    return Frame(data)
+
+
+class StreamDriver:
+    """One open Work stream: its session, its send side, its waiters; the
+    reader and the timer that feed the session. It moves frames and carries
+    out the session's outputs; what a handler is, and when to stop, is the
+    owner's (`StreamOwner`)."""
+
+    def __init__(
+        self, session: WorkSession, send: MemoryObjectSendStream[Frame], owner: StreamOwner
+    ) -> None:
+        self.session = session
+        self.send = send
+        self.owner = owner
+        self.waiters: dict[int, Waiter] = {}
+        self.arrived: dict[LeaseKey, Task] = {}
+        self.settled = anyio.Event()  # set when close waits and nothing is pending
+        self.timer: anyio.CancelScope | None = None
+
+    def act(self, outputs: list[Output]) -> None:
+        """Carry out a session's outputs: write frames, start/cancel handlers, wake waiters."""
+        send = self.send.send_nowait
+        for out in outputs:
+            match out:
+                case Settle():
+                    send(settle_frame(out))
+                case StartHandler(key=key):
+                    self.owner._start_handler(self, key, self.arrived.pop(key))
+                case Credit(request_id=request_id, available=available, target_concurrency=target):
+                    send(Frame(encode_credit(request_id, available, target)))
+                case CommandDone(request_id=request_id, error=error):
+                    waiter = self.waiters.pop(request_id, None)
+                    if waiter is not None:
+                        waiter.error = error
+                        waiter.event.set()
+                case CancelHandler(key=key, reason=reason):
+                    self.owner._cancel_handler(key, reason)
+                case Extend(request_id=request_id, key=key, lease_token=token, extension=extension):
+                    send(
+                        Frame(
+                            encode_extend(
+                                request_id,
+                                key.task_id,
+                                key.attempt,
+                                token,
+                                timedelta(seconds=extension),
+                            )
+                        )
+                    )
+                case _:  # pragma: no cover - Register/Progress/Drain are sent by their callers
+                    raise LocalProtocolError(f"unexpected session output {out!r}")
+        if not self.session.pending_commands and self.owner._quiet():
+            self.settled.set()
+        self.owner._after_act()
+
+    async def command(self, frame: Progress | Drain) -> CommandError | None:
+        """Send a command and wait for its result."""
+        waiter = self.send_command(frame)
+        await waiter.event.wait()
+        return waiter.error
+
+    def send_command(self, frame: Progress | Drain) -> Waiter:
+        """Send a command whose result arrives on ``waiter.event``."""
+        waiter = self.waiters[frame.request_id] = Waiter()
+        if isinstance(frame, Progress):
+            request = WorkRequest(
+                request_id=frame.request_id,
+                progress=ReportProgressRequest(
+                    lease=LeaseRef(
+                        task_id=frame.key.task_id,
+                        attempt=frame.key.attempt,
+                        lease_token=frame.lease_token,
+                    ),
+                    current=frame.current,
+                    total=frame.total,
+                    message=frame.message,
+                ),
+            )
+        else:
+            request = WorkRequest(request_id=frame.request_id, drain=WorkerDrain(begin=True))
+        self.send.send_nowait(Frame(bytes(request)))
+        return waiter
+
+    async def first_response(self, receive: MemoryObjectReceiveStream[Any]) -> WorkResponse:
+        with anyio.move_on_after(_REGISTER_TIMEOUT):
+            try:
+                first = await receive.receive()
+                if not isinstance(first, WorkResponse):
+                    raise RemoteProtocolError("the daemon's first Work frame was not 'registered'")
+                return first
+            except anyio.EndOfStream:
+                raise UnavailableError(
+                    "the daemon closed the Work stream before registering"
+                ) from None
+        raise UnavailableError(f"no registration reply within {_REGISTER_TIMEOUT:g}s")
+
+    async def read(self, receive: MemoryObjectReceiveStream[Any]) -> None:
+        """The one reader of the stream: every frame into the session, in order."""
+        live = self
+        session = live.session
+        act = live.act
+        arrived = live.arrived
+        current_time = anyio.current_time
+        async for frame in receive:
+            kind = type(frame)
+            if kind is WorkResultFrame:
+                error = None
+                if frame.error_value:
+                    error = CommandError(
+                        frame.error_code or f"CODE_{frame.error_value}",
+                        frame.error_message,
+                        frame.reason,
+                    )
+                act(session.result(frame.request_id, error, current_time()))
+            elif kind is PushedTask:
+                key = LeaseKey(frame.task_id, frame.attempt)
+                until = frame.until
+                remaining = (
+                    (until - datetime.now(UTC)).total_seconds()
+                    if until is not None
+                    else session.lease_duration
+                )
+                arrived[key] = frame.task
+                act(session.task_pushed(key, frame.lease_token, remaining, current_time()))
+                timer = live.timer
+                if timer is not None:
+                    when = session.next_deadline()
+                    if when is not None and when < timer.deadline:
+                        timer.deadline = when
+            elif frame.heartbeat is not None:
+                session.heartbeat()
+            else:
+                raise RemoteProtocolError(f"unexpected Work frame {frame!r}")
+
+    async def timer_loop(self) -> None:
+        """Renewals, local lease deadlines and command timeouts, when due."""
+        live = self
+        session = live.session
+        while True:
+            now = anyio.current_time()
+            when = session.next_deadline()
+            if when is not None and when <= now:
+                live.act(session.poll(now))
+                continue
+            target = now + _TIMER_MAX_SLEEP
+            # The reader pulls this deadline in when a push brings an earlier
+            # renewal; otherwise the timer would oversleep a short lease.
+            with anyio.CancelScope(deadline=target if when is None else min(when, target)) as nap:
+                live.timer = nap
+                await anyio.sleep_forever()
+            live.timer = None
+
+    async def finish(self, answers_within: float) -> None:
+        """Wait up to ``answers_within`` seconds for every handler to be done and every
+        command answered, then end the session and the send side. The session
+        ends first: a handler that returns later finds nothing to settle into
+        (its lease is left to expire) instead of a closed stream."""
+        self.act([])
+        with anyio.move_on_after(answers_within):
+            await self.settled.wait()
+        self.settled.set()
+        if self.session.state is not State.ENDED:
+            self.act(self.session.end())
+        self.send.close()
