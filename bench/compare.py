@@ -295,34 +295,37 @@ def _section(
             for file in files:
                 by_file.setdefault(file, []).append(role)
         imports += [f"* {side.label}: `{f}` ({', '.join(r)})" for f, r in by_file.items()]
-    lines = [
-        HEADING,
-        "",
-        "`python bench/run.py --baseline REV` (or `nox -s bench -- --baseline REV`) measures"
-        " this tree and git revision REV side by side in one run: REV is checked out with"
-        " `git worktree add --detach` in a temporary directory (removed afterwards), both sides"
-        " run this tree's bench code from the same venv, and every process of a side (bench,"
-        " `ringod`, worker) imports `ringo_trio` from that side's tree (`bench/_tree.py`; the"
-        " files are listed below). For each benchmark the sides alternate, the order flipping"
-        " every round (baseline, current, current, baseline, …), each run on a fresh daemon;"
-        " a cell is the median of the rounds (min-max), the ratio is current / baseline of the"
-        f" medians. `--only {','.join(BENCHMARK_NAMES)}` picks benchmarks, `--repeat N` sets"
-        " the rounds (default 3), `--quick` and `--tasks` the sizes. A quick check of a"
-        " change, a few minutes:",
-        "",
-        "    nox -s bench -- --baseline main --only noop,enqueue_many --tasks 10000",
-        "",
-        f"Last comparison: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {revisions};"
-        f" {os.cpu_count()} cores (os.cpu_count()), {platform.python_implementation()}"
+    machine = (
+        f"{os.cpu_count()} cores (os.cpu_count()), {platform.python_implementation()}"
         f" {platform.python_version()}, {platform.machine()}; {rounds} round(s), {sizes}."
-        f" Load average (1 min) {load[0]:.1f} before, {load[1]:.1f} after: other jobs on a"
-        " shared machine slow both sides; the interleaving spreads that over both, and the"
-        " ranges show what is left.",
-        "",
-        table(metrics, runs),
-        "`ringo_trio` imported from:",
-        "",
-        *imports,
-        "",
-    ]
+        f" Load average (1 min) {load[0]:.1f} before, {load[1]:.1f} after"
+    )
+    when = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+    if len(sides) == 1:
+        lines = ["## This tree only (`--only`)", "", f"{when}, {revisions}; {machine}.", ""]
+    else:
+        lines = [
+            HEADING,
+            "",
+            "`python bench/run.py --baseline REV` (or `nox -s bench -- --baseline REV`) measures"
+            " this tree and git revision REV side by side in one run: REV is checked out with"
+            " `git worktree add --detach` in a temporary directory (removed afterwards), both"
+            " sides run this tree's bench code from the same venv, and every process of a side"
+            " (bench, `ringod`, worker) imports `ringo_trio` from that side's tree"
+            " (`bench/_tree.py`; the files are listed below). For each benchmark the sides"
+            " alternate, the order flipping every round (baseline, current, current, baseline,"
+            " …), each run on a fresh daemon; a cell is the median of the rounds (min-max), the"
+            " ratio is current / baseline of the medians. `--only"
+            f" {','.join(BENCHMARK_NAMES)}` picks benchmarks, `--repeat N` sets the rounds"
+            " (default 3), `--quick` and `--tasks` the sizes. A quick check of a change, a few"
+            " minutes:",
+            "",
+            "    nox -s bench -- --baseline main --only noop,enqueue_many --tasks 10000",
+            "",
+            f"Last comparison: {when}, {revisions}; {machine}: other jobs on a shared machine"
+            " slow both sides; the alternating rounds spread that over both, and the ranges"
+            " show what is left.",
+            "",
+        ]
+    lines += [table(metrics, runs), "`ringo_trio` imported from:", "", *imports, ""]
     return "\n".join(lines) + "\n"

@@ -2,6 +2,7 @@
 worker process (``bench/worker.py``), so the worker's peak RSS is its own.
 
     python bench/run.py [--quick] [--repeat 3] [--profile DIR]
+    python bench/run.py --baseline REV [--only NAME[,NAME]] [--quick | --tasks N]
 
 Rows:
 
@@ -31,6 +32,15 @@ Rows:
 be installed: ``pip install py-spy``), the daemon and the worker each sampled
 separately, and prints where the time goes (self and inclusive, % of
 samples); raw collapsed stacks are left in DIR.
+
+``--baseline REV`` measures git revision REV and this tree side by side in
+one run (bench/compare.py: a temporary ``git worktree``, each side's
+processes importing its own tree, rounds alternating the sides, medians) and
+writes the table (metric, baseline, current, current / baseline) as the
+"Comparing two trees" section of bench/results.md, leaving the other
+sections as they are. ``--only noop,enqueue_many`` (names: noop, sleep,
+enqueue_many, unary, postgres) runs a subset; without ``--baseline`` it
+prints the current tree's figures and writes nothing.
 
 Writes the results tables to bench/results.md and prints them. The text from
 the "## Where the time goes" heading on is kept as it is (it is written by
