@@ -317,10 +317,16 @@ def _section(
             " …), each run on a fresh daemon; a cell is the median of the rounds (min-max), the"
             " ratio is current / baseline of the medians. `--only"
             f" {','.join(BENCHMARK_NAMES)}` picks benchmarks, `--repeat N` sets the rounds"
-            " (default 3), `--quick` and `--tasks` the sizes. A quick check of a change, a few"
+            " (default 3), `--quick` and `--tasks` the sizes; `--baseline HEAD` compares"
+            " uncommitted changes with the last commit (on a clean tree, both sides run the"
+            " same code: the ratios then show the noise). A quick check of a change, a few"
             " minutes:",
             "",
-            "    nox -s bench -- --baseline main --only noop,enqueue_many --tasks 10000",
+            "    nox -s bench -- --baseline main --only noop,enqueue_many --tasks 10000 --repeat 5",
+            "",
+            "On a shared machine, read the CPU rows next to throughput: throughput moves with"
+            " whatever else runs during each few-second run, CPU seconds per 1,000 tasks hardly"
+            " do.",
             "",
             f"Last comparison: {when}, {revisions}; {machine}: other jobs on a shared machine"
             " slow both sides; the alternating rounds spread that over both, and the ranges"
