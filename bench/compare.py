@@ -230,6 +230,8 @@ def _measure(side: Side, name: str, options: Sequence[str]) -> list[dict[str, An
 
 
 def _check_imports(side: Side) -> None:
+    """Every process of `side` so far imported ringo_trio from its tree (which
+    _tree already enforces); note which file each kind of process used."""
     prefix = str(side.tree / "ringo_trio") + os.sep
     for line in side.imports_log.read_text().splitlines():
         entry = json.loads(line)
@@ -262,6 +264,7 @@ def compare(
                 for side in sides if index % 2 == 0 else sides[::-1]:
                     t0 = time.perf_counter()
                     measured = _measure(side, name, options)
+                    _check_imports(side)
                     for item in measured:
                         metric = Metric(item["name"], item["unit"], item["higher_is_better"])
                         metrics.setdefault(metric.name, metric)
@@ -273,8 +276,6 @@ def compare(
                         f" ({time.perf_counter() - t0:.0f} s)",
                         flush=True,
                     )
-        for side in sides:
-            _check_imports(side)
     load = (load_before, os.getloadavg()[0])
     return _section(sides, list(metrics.values()), runs, rounds, sizes, load)
 
