@@ -259,6 +259,13 @@ def compare(
         if baseline is not None:
             tree, sha = stack.enter_context(worktree(baseline))
             revision = sha[:12] if sha.startswith(baseline) else f"`{baseline}` = {sha[:12]}"
+            # What the ratios are about: the library's own changes.
+            changes = _git("diff", "--shortstat", sha, "--", "ringo_trio")
+            revision += (
+                f" (`ringo_trio/` vs current: {changes})"
+                if changes
+                else " (`ringo_trio/` identical to current: the ratios show this machine's noise)"
+            )
             sides.insert(0, Side("baseline", tree, revision, logs / "baseline.jsonl"))
         for side in sides:
             side.imports_log.touch()
