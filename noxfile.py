@@ -60,7 +60,9 @@ def bench(session: nox.Session) -> None:
     """Benchmarks (one ringod, one separate worker process); writes bench/results.md.
 
     ``nox -s bench -- --quick`` is a small smoke run; ``-- --profile DIR`` profiles
-    the no-op Worker run (daemon and worker) with py-spy.
+    the no-op Worker run (daemon and worker) with py-spy; ``-- --baseline REV``
+    measures git revision REV and this tree side by side and reports
+    current / baseline (``--only noop,enqueue_many`` for a quick comparison).
     """
     session.install("-e", ".")
     if "--profile" in session.posargs:

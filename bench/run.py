@@ -2,6 +2,7 @@
 worker process (``bench/worker.py``), so the worker's peak RSS is its own.
 
     python bench/run.py [--quick] [--repeat 3] [--profile DIR]
+    python bench/run.py --baseline REV [--only NAME[,NAME]] [--quick | --tasks N]
 
 Rows:
 
@@ -32,6 +33,15 @@ be installed: ``pip install py-spy``), the daemon and the worker each sampled
 separately, and prints where the time goes (self and inclusive, % of
 samples); raw collapsed stacks are left in DIR.
 
+``--baseline REV`` measures git revision REV and this tree side by side in
+one run (bench/compare.py: a temporary ``git worktree``, each side's
+processes importing its own tree, rounds alternating the sides, medians) and
+writes the table (metric, baseline, current, current / baseline) as the
+"Comparing two trees" section of bench/results.md, leaving the other
+sections as they are. ``--only noop,enqueue_many`` (names: noop, sleep,
+enqueue_many, unary, postgres) runs a subset; without ``--baseline`` it
+prints the current tree's figures and writes nothing.
+
 Writes the results tables to bench/results.md and prints them. The text from
 the "## Where the time goes" heading on is kept as it is (it is written by
 hand from a ``--profile`` run).
@@ -61,6 +71,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import _tree
+import compare
 import trio
 
 from ringo_trio import Ringo, RingoClient, Task, TaskContext, TaskSpec
@@ -245,7 +257,7 @@ def _work_run(
     if before_start is not None:
         before_start()
     command = [
-        sys.executable,
+        *_tree.python(),
         str(WORKER),
         daemon.endpoint,
         queue,
@@ -401,7 +413,12 @@ def _scale_run(count: int, n: int, concurrency: int = 64) -> ScaleRun:
     with _fresh_database() as dsn, ExitStack() as stack:
         daemons = [
             stack.enter_context(
-                DaemonProcess(None, postgres_dsn=dsn, extra_args=["--log-level", "warning"])
+                DaemonProcess(
+                    None,
+                    postgres_dsn=dsn,
+                    extra_args=["--log-level", "warning"],
+                    command=_tree.daemon_command(),
+                )
             )
             for _ in range(count)
         ]
@@ -410,7 +427,7 @@ def _scale_run(count: int, n: int, concurrency: int = 64) -> ScaleRun:
             for daemon in daemons:
                 worker = subprocess.Popen(
                     [
-                        *[sys.executable, str(pathlib.Path(__file__).resolve())],
+                        *[*_tree.python(), str(pathlib.Path(__file__).resolve())],
                         *["--scaleout-worker", daemon.endpoint, queue, str(concurrency)],
                     ],
                     stdin=subprocess.PIPE,
@@ -603,6 +620,69 @@ def _profile(daemon: DaemonProcess, n: int, out_dir: pathlib.Path, *, native: bo
     return "\n\n".join(report)
 
 
+# -- one benchmark in a tree child (bench/compare.py) ----------------------------
+
+
+@contextmanager
+def _sqlite_daemon() -> Iterator[DaemonProcess]:
+    """A fresh ``ringod`` on SQLite in a temporary directory."""
+    with (
+        tempfile.TemporaryDirectory(prefix="ringo-bench-") as tmp,
+        spawn_daemon(
+            pathlib.Path(tmp) / "data",
+            extra_args=["--log-level", "warning"],
+            command=_tree.daemon_command(),
+        ) as daemon,
+    ):
+        yield daemon
+
+
+def _metric(name: str, value: float, unit: str, *, higher: bool = True) -> dict[str, Any]:
+    return {"name": name, "value": value, "unit": unit, "higher_is_better": higher}
+
+
+def _worker_metrics(run: WorkRun, what: str) -> list[dict[str, Any]]:
+    per = 1000 / run.tasks
+    return [
+        _metric(f"{what}: throughput", run.rate, "tasks/s"),
+        _metric(f"{what}: worker CPU per 1,000 tasks", run.worker_cpu * per, "s", higher=False),
+        _metric(f"{what}: daemon CPU per 1,000 tasks", run.daemon_cpu * per, "s", higher=False),
+        _metric(f"{what}: worker peak RSS", run.peak_rss_mb, "MB", higher=False),
+    ]
+
+
+def _tree_child(name: str, n: int, tasks: int) -> list[dict[str, Any]]:
+    """Benchmark `name` once (one of compare.BENCHMARK_NAMES) on a fresh daemon."""
+    if name == "postgres":
+        runs = [_scale_run(count, tasks) for count in (1, 2, 3)]
+        return [
+            _metric(
+                f"PostgreSQL scale-out, {r.daemons} daemon(s), {tasks:,} tasks", r.rate, "tasks/s"
+            )
+            for r in runs
+        ]
+    with _sqlite_daemon() as daemon:
+        if name == "enqueue_many":
+            rate = trio.run(_prefill, daemon.endpoint, "bench-enqueue", tasks)
+            return [_metric(f"enqueue_many, calls of 1000 ({tasks:,} tasks)", rate, "tasks/s")]
+        if name == "unary":
+            rows = trio.run(_unary, daemon.endpoint, n, 1)
+            return [_metric(f"{row} (n={n})", value, unit) for row, value, unit in rows]
+        if name == "noop":
+            run = _work_run(daemon, "bench-noop", tasks, 64, 0.0)
+            return [
+                *_worker_metrics(run, f"Worker, no-op handler, concurrency 64 ({tasks:,} tasks)"),
+                _metric(
+                    "no-op run: worker process start → registered", run.startup, "s", higher=False
+                ),
+            ]
+        if name == "sleep":
+            run = _work_run(daemon, "bench-sleep", tasks // 2, 256, 0.010)
+            what = f"Worker, 10 ms-sleep handler, concurrency 256 ({tasks // 2:,} tasks)"
+            return _worker_metrics(run, what)
+    raise SystemExit(f"unknown benchmark {name!r}")
+
+
 # -- report --------------------------------------------------------------------
 
 
@@ -671,13 +751,16 @@ def _table(
     return "\n".join(lines) + "\n"
 
 
-def _sections() -> tuple[str, str, str]:
-    """bench/results.md as (SQLite rows, PostgreSQL section, analysis)."""
-    text = RESULTS.read_text() if RESULTS.exists() else ""
-    at = text.find(ANALYSIS_HEADING)
-    head, analysis = (text[:at], text[at:]) if at >= 0 else (text, "")
-    at = head.find(POSTGRES_HEADING)
-    return (head[:at], head[at:], analysis) if at >= 0 else (head, "", analysis)
+def _sections() -> list[str]:
+    """bench/results.md as [SQLite rows, PostgreSQL section, comparison
+    section, analysis] (a section not in the file is empty)."""
+    rest = RESULTS.read_text() if RESULTS.exists() else ""
+    tail = []
+    for heading in (ANALYSIS_HEADING, compare.HEADING, POSTGRES_HEADING):
+        at = rest.find(heading)
+        rest, section = (rest[:at], rest[at:]) if at >= 0 else (rest, "")
+        tail.insert(0, section)
+    return [rest, *tail]
 
 
 def main() -> None:
@@ -687,7 +770,24 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small, fast run (smoke test)")
     parser.add_argument("-n", type=int, default=None, help="unary operations per measurement")
     parser.add_argument("--tasks", type=int, default=None, help="tasks per Worker run")
-    parser.add_argument("--repeat", type=int, default=None, help="runs per row; best counts")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="runs per row, best counts; with --baseline or --only: rounds, the median counts",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure git revision REV, side by side, and report current / baseline",
+    )
+    parser.add_argument(
+        "--only",
+        type=lambda text: text.split(","),
+        metavar="NAME[,NAME]",
+        help=f"run only these benchmarks ({', '.join(compare.BENCHMARK_NAMES)}); without"
+        " --baseline: print the current tree's figures, do not write results.md",
+    )
     parser.add_argument("--profile", type=pathlib.Path, default=None, metavar="DIR")
     parser.add_argument(
         "--native", action="store_true", help="with --profile: native frames too (slower)"
@@ -697,6 +797,7 @@ def main() -> None:
     which.add_argument("--postgres-only", action="store_true", help="only the scale-out rows")
     which.add_argument("--no-postgres", action="store_true", help="skip the scale-out rows")
     parser.add_argument("--scaleout-worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--tree-child", metavar="NAME", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scaleout_worker is not None:
         endpoint, queue, concurrency = args.scaleout_worker
@@ -704,22 +805,40 @@ def main() -> None:
         return
     n = args.n or (300 if args.quick else 2000)
     tasks = args.tasks or (2000 if args.quick else 20_000)
+    if args.tree_child is not None:
+        print(json.dumps({"metrics": _tree_child(args.tree_child, n, tasks)}))
+        return
+    sqlite_rows, postgres_rows, compared, analysis = _sections()
+    if args.baseline is not None or args.only is not None:
+        if args.profile is not None:
+            parser.error("--profile measures one tree: not with --baseline or --only")
+        names = args.only or list(compare.BENCHMARK_NAMES)
+        unknown = set(names) - set(compare.BENCHMARK_NAMES)
+        if unknown:
+            parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
+        if args.postgres_only:
+            names = ["postgres"]
+        elif args.no_postgres:
+            names = [name for name in names if name != "postgres"]
+        sizes = f"unary n={n}, {tasks:,} tasks per run{' (--quick)' if args.quick else ''}"
+        options = ["-n", str(n), "--tasks", str(tasks)]
+        compared = compare.compare(args.baseline, names, args.repeat or 3, options, sizes)
+        sys.stdout.write(compared)
+        if args.baseline is not None and not args.no_write:
+            RESULTS.write_text(sqlite_rows + postgres_rows + compared + analysis)
+        return
     repeat = args.repeat or (1 if args.quick else 3)
-    sqlite_rows, postgres_rows, analysis = _sections()
     if not args.no_postgres and args.profile is None:
         runs = [[_scale_run(count, tasks) for _ in range(repeat)] for count in (1, 2, 3)]
         postgres_rows = _scaleout_section(runs, repeat)
         sys.stdout.write(postgres_rows)
     if args.postgres_only:
         if not args.no_write:
-            RESULTS.write_text(sqlite_rows + postgres_rows + analysis)
+            RESULTS.write_text(sqlite_rows + postgres_rows + compared + analysis)
         return
 
     load_before = os.getloadavg()[0]
-    with (
-        tempfile.TemporaryDirectory(prefix="ringo-bench-") as tmp,
-        spawn_daemon(pathlib.Path(tmp) / "data", extra_args=["--log-level", "warning"]) as daemon,
-    ):
+    with _sqlite_daemon() as daemon:
         if args.profile is not None:
             print(_profile(daemon, tasks, args.profile, native=args.native))
             return
@@ -757,7 +876,7 @@ def main() -> None:
     text = header + _table(unary, noop, slow, enqueue) + footer
     sys.stdout.write(text)
     if not args.no_write:
-        RESULTS.write_text(text + postgres_rows + analysis)
+        RESULTS.write_text(text + postgres_rows + compared + analysis)
 
 
 if __name__ == "__main__":
