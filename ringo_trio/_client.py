@@ -41,6 +41,7 @@ its ``RequestContext``.
 from __future__ import annotations
 
 import os
+import secrets
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -592,6 +593,11 @@ class Ringo:
         instead of ``python -m ringo_trio.server``. The daemon exits with
         the client — and with this process, however it dies.
 
+        Other local users cannot use the daemon: it requires a random secret
+        only this client holds (``shared=True``: only processes that can read
+        the data dir), and the data dir is made 0700 with its database files
+        0600, whatever the umask.
+
         ``shared=True`` (SQLite only): every process that opens ``data_dir``
         this way uses ONE daemon. The first elects itself and starts it; the
         others attach to it (``AttachLocal``); it stops a short linger after
@@ -629,14 +635,18 @@ class Ringo:
                     startup_timeout=_positive_seconds("startup_timeout", startup_timeout),
                 )
             )
+        # Loopback is open to every local user: the daemon serves only
+        # callers holding this secret (it gets it through its environment).
+        token = secrets.token_urlsafe(32)
         daemon = LocalDaemon(
             data_dir,
             postgres=postgres,
             daemon_path=daemon_path,
             startup_timeout=_positive_seconds("startup_timeout", startup_timeout),
             stop_timeout=_positive_seconds("stop_timeout", stop_timeout),
+            token=token,
         )
-        return RingoClient(daemon=daemon)
+        return RingoClient(daemon=daemon, token=token)
 
     @staticmethod
     def connect(

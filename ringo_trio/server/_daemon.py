@@ -59,6 +59,7 @@ from ._gate import Gate
 from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from ._service import HealthService, QueueService
 from ._sessions import SessionTable
+from ._throttle import DEFAULT_CAP, AuthThrottle
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import StrictCodec
 from .storage._base import Storage
@@ -85,6 +86,8 @@ class DaemonConfig:
     attach_timeout: float = DEFAULT_ATTACH_TIMEOUT
     # Seconds between wake-ups of every watched queue; None: no safety poll.
     safety_poll: float | None = None
+    # The longest a failed authentication waits for its answer (_throttle).
+    auth_failure_delay: float = DEFAULT_CAP
 
     @property
     def shared(self) -> bool:
@@ -139,7 +142,10 @@ class Daemon:
             config.generation, linger=config.linger, attach_timeout=config.attach_timeout
         )
         self.gate = Gate(
-            config.token, local_token=config.local_token, uncounted={ATTACH_LOCAL_METHOD}
+            config.token,
+            local_token=config.local_token,
+            uncounted={ATTACH_LOCAL_METHOD},
+            throttle=AuthThrottle(cap=config.auth_failure_delay),
         )
         self.queue_service = QueueService(
             storage,
