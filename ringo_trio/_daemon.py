@@ -186,6 +186,11 @@ class LocalDaemon:
             self._stopped = False
             if self._child is not None:
                 await self._kill(self._child)
+            try:
+                await anyio.Path(self._data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RingoError(f"cannot create the data dir {self._data_dir!r}: {exc}") from exc
+            # An existing dir keeps its mode through mkdir: tightened here.
             make_private_dir(self._data_dir)
             try:
                 process = await anyio.open_process(

@@ -164,14 +164,18 @@ class Gate:
         event.method_func = self._refusal(verdict, host, peer, message)
 
     def _refusal(self, verdict: Verdict, host: str, peer: Peer, message: str) -> _MethodFunc:
+        turn = verdict.turn
+        assert turn is not None
+
         async def refuse(stream: Stream[Any, Any]) -> None:
             try:
-                # Sleeping in the call's own task holds one stream of the
+                # Waiting in the call's own task holds one stream of the
                 # guesser's, which the throttle bounds per address.
-                await asyncio.sleep(verdict.delay)
-                await stream.send_trailing_metadata(
-                    status=Status.UNAUTHENTICATED, status_message=message
-                )
+                async with turn:
+                    await asyncio.sleep(verdict.delay)
+                    await stream.send_trailing_metadata(
+                        status=Status.UNAUTHENTICATED, status_message=message
+                    )
             finally:
                 self.throttle.answered(host)
             if verdict.close:

@@ -7,13 +7,15 @@ thousand per second per connection. `AuthThrottle` turns each failure into a
 verdict for the gate (`_gate.Gate`), keyed by the peer's address:
 
 * **Delay, serialised per address.** The n-th recent failure from an address
-  costs ``min(base * 2**(n-1), cap)`` seconds (``base`` is ``cap / 20``),
-  and failures from one address are answered one after the other (each
-  answer time is the previous one plus its own delay), so parallel streams
-  or connections buy a guesser nothing: an address gets at most one answer
-  per ``cap`` seconds once warmed up. Only failures are counted or delayed:
-  a caller holding the right token is never slowed, even from an address a
-  guesser shares.
+  waits ``min(base * 2**(n-1), cap)`` seconds (``base`` is ``cap / 20``),
+  and only after every earlier failure of that address was answered: the
+  gate holds the address's `Verdict.turn` lock (first come, first served)
+  through the wait and the answer. So parallel streams or connections buy a
+  guesser nothing: an address gets at most one answer per ``cap`` seconds
+  once warmed up, and a waiter whose connection is gone leaves the line
+  (its slot is not kept). Only failures are counted or delayed: a caller
+  holding the right token is never slowed, even from an address a guesser
+  shares.
 * **Bounded waiting.** A failure arriving while ``max_waiting`` failures of
   its address are still waiting for their answer gets none: its connection
   is closed at once (``drop``). Otherwise the queue of pending answers, and
@@ -24,12 +26,13 @@ verdict for the gate (`_gate.Gate`), keyed by the peer's address:
   starts again from the first delay; at most ``max_addresses`` addresses
   are remembered (the least recently failing is forgotten first).
 
-Pure bookkeeping on a monotonic clock passed in (``now``), so the rules are
+Bookkeeping on a monotonic clock passed in (``now``), so the rules are
 tested without sleeping; the gate does the waiting and the closing.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -43,11 +46,13 @@ DEFAULT_CAP = 1.0
 class Verdict:
     """What the gate does with one failed authentication."""
 
-    #: Seconds to wait before answering UNAUTHENTICATED.
+    #: Seconds to wait, holding `turn`, before answering UNAUTHENTICATED.
     delay: float
+    #: The address's line: one failure waits and is answered at a time.
+    turn: asyncio.Lock | None = None
     #: Close the connection after the answer.
     close: bool = False
-    #: Close the connection at once, without an answer (no delay, not counted).
+    #: Close the connection at once, without an answer (not counted).
     drop: bool = False
 
 
@@ -55,9 +60,8 @@ class Verdict:
 class _Address:
     failures: int = 0
     last_failure: float = 0.0
-    # When the latest scheduled answer goes out: the next one goes after it.
-    answer_at: float = 0.0
     waiting: int = 0
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Failures per connection, keyed by the peer's port.
     connections: OrderedDict[int, int] = field(default_factory=OrderedDict)
 
@@ -89,8 +93,11 @@ class AuthThrottle:
         the answer is out (or abandoned).
         """
         entry = self._addresses.pop(host, None)
-        if entry is None or now - entry.last_failure > self.forget_after:
-            entry = _Address(waiting=entry.waiting if entry is not None else 0)
+        if entry is None:
+            entry = _Address()
+        elif now - entry.last_failure > self.forget_after:
+            entry.failures = 0
+            entry.connections.clear()
         self._addresses[host] = entry  # the most recently failing, last
         while len(self._addresses) > self.max_addresses:
             self._addresses.popitem(last=False)
@@ -98,14 +105,13 @@ class AuthThrottle:
             return Verdict(delay=0.0, drop=True)
         entry.failures += 1
         entry.last_failure = now
-        step = min(self.base * 2 ** min(entry.failures - 1, 64), self.cap)
-        entry.answer_at = max(now, entry.answer_at) + step
+        delay = min(self.base * 2 ** min(entry.failures - 1, 64), self.cap)
         entry.waiting += 1
         on_connection = entry.connections.pop(port, 0) + 1
         entry.connections[port] = on_connection
         if len(entry.connections) > self.per_connection * 16:
             entry.connections.popitem(last=False)
-        return Verdict(delay=entry.answer_at - now, close=on_connection >= self.per_connection)
+        return Verdict(delay=delay, turn=entry.turn, close=on_connection >= self.per_connection)
 
     def answered(self, host: str) -> None:
         entry = self._addresses.get(host)

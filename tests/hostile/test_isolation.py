@@ -8,12 +8,16 @@ fast as the daemon answers).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import stat
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 import trio
 
@@ -23,6 +27,8 @@ from ringo_trio._errors import UnauthenticatedError
 from ringo_trio._proto.ringo.v1 import ClaimRequest, ClaimResponse, RequestContext
 from ringo_trio._transport import Transport
 from ringo_trio.server._main import TOKEN_ENV
+from ringo_trio.server._throttle import AuthThrottle
+from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 from ..sdk.conftest import eventually, pid_alive
 
@@ -156,3 +162,126 @@ async def test_a_loose_existing_data_dir_is_tightened(tmp_path: pathlib.Path) ->
     with trio.fail_after(30):
         async with Ringo.local(data_dir) as client:
             await _assert_private_files(client, data_dir)
+
+
+# -- token guessing ---------------------------------------------------------------
+
+_GUESSER_TOKEN = "right-token"
+
+
+class _RawH2:
+    """A bare HTTP/2 client speaking just enough gRPC to guess tokens: no
+    reconnection, so it sees exactly when the daemon closes its connection."""
+
+    def __init__(self, stream: trio.SocketStream, authority: str) -> None:
+        self.stream = stream
+        self.authority = authority
+        self.h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        )
+        self.statuses: dict[int, str] = {}
+        self.closed = False
+
+    async def start(self) -> None:
+        self.h2.initiate_connection()
+        await self.stream.send_all(self.h2.data_to_send())
+
+    async def guess(self, token: str) -> int:
+        """Send one health check with bearer `token`; its stream id."""
+        stream_id = self.h2.get_next_available_stream_id()
+        headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/grpc.health.v1.Health/Check"),
+            (":authority", self.authority),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("authorization", f"Bearer {token}"),
+        ]
+        self.h2.send_headers(stream_id, headers)
+        self.h2.send_data(stream_id, b"\0\0\0\0\0", end_stream=True)
+        try:
+            await self.stream.send_all(self.h2.data_to_send())
+        except trio.BrokenResourceError:
+            self.closed = True  # the daemon closed the connection meanwhile
+        return stream_id
+
+    async def read(self) -> None:
+        """Take in one chunk from the daemon; `closed` once it closed the connection."""
+        try:
+            data = await self.stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            data = b""
+        if not data:
+            self.closed = True
+            return
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                status = dict(event.headers).get("grpc-status")
+                if status is not None:
+                    self.statuses[event.stream_id] = status
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                self.closed = True
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.stream.send_all(self.h2.data_to_send())
+
+
+@asynccontextmanager
+async def _guesser(daemon: DaemonProcess) -> AsyncIterator[_RawH2]:
+    stream = await trio.open_tcp_stream(daemon.host, daemon.port)
+    async with stream:
+        client = _RawH2(stream, daemon.endpoint)
+        await client.start()
+        yield client
+
+
+@pytest.fixture
+def token_daemon(tmp_path: pathlib.Path) -> Iterator[DaemonProcess]:
+    # Its own daemon: the throttle remembers the guesses of 127.0.0.1.
+    with spawn_daemon(tmp_path / "data", token=_GUESSER_TOKEN) as process:
+        yield process
+
+
+async def test_a_token_guesser_gets_few_answers_per_connection(token_daemon: DaemonProcess) -> None:
+    """Property: wrong-token guesses on one connection are answered
+    UNAUTHENTICATED, slower and slower, and the daemon closes the connection
+    after `AuthThrottle.per_connection` (5) of them: a guesser cannot keep
+    one connection busy trying tokens."""
+    per_connection = AuthThrottle().per_connection
+    with trio.fail_after(20):
+        async with _guesser(token_daemon) as guesser:
+            for attempt in range(per_connection):
+                stream_id = await guesser.guess(f"guess-{attempt}")
+                while stream_id not in guesser.statuses and not guesser.closed:
+                    await guesser.read()
+                assert guesser.statuses.get(stream_id) == "16", (attempt, guesser.statuses)
+            with trio.move_on_after(5):
+                while not guesser.closed:
+                    await guesser.read()
+            assert guesser.closed
+        # The right token is still served at once.
+        async with Transport(parse_endpoint(token_daemon.endpoint)) as transport:
+            with pytest.raises(UnauthenticatedError):
+                await transport.health_check(rpc_timeout=5)
+        client = Ringo.connect(token_daemon.endpoint, token=_GUESSER_TOKEN)
+        async with client:
+            await client.queue("q").enqueue(task_type="t")
+
+
+async def test_parallel_token_guesses_are_not_all_answered(token_daemon: DaemonProcess) -> None:
+    """Property: many wrong-token guesses sent at once on one connection do not
+    get an answer each (~1,000 answers/s before): failures from one address
+    are answered one at a time, and the connection is closed after a few
+    answers, or at once when too many wait."""
+    throttle = AuthThrottle()
+    with trio.fail_after(20):
+        async with _guesser(token_daemon) as guesser:
+            for attempt in range(40):
+                if not guesser.closed:
+                    await guesser.guess(f"guess-{attempt}")
+            with trio.move_on_after(10):
+                while not guesser.closed:
+                    await guesser.read()
+            assert guesser.closed
+            assert set(guesser.statuses.values()) <= {"16"}
+            assert len(guesser.statuses) <= throttle.per_connection
