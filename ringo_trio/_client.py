@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import ssl
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -70,7 +71,7 @@ from ._proto.ringo.v1 import (
     RequestContext,
 )
 from ._queue import TaskQueue
-from ._transport import SessionRejectedError, Transport
+from ._transport import SessionRejectedError, Transport, client_tls_context
 from ._version import SDK_NAME, SDK_VERSION
 
 if TYPE_CHECKING:
@@ -169,11 +170,18 @@ class RingoClient:
         token: str | None = None,
         daemon: LocalDaemon | SharedLocalDaemon | None = None,
         compression: CompressionOption | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if (endpoint is None) == (daemon is None):
             raise InvalidArgumentError("give exactly one of endpoint and daemon")
         self._compression = _normalize_compression(compression)
         self._endpoint: Endpoint | None = parse_endpoint(endpoint) if endpoint is not None else None
+        if tls is not None:
+            if not isinstance(tls, ssl.SSLContext):
+                raise InvalidArgumentError("tls must be an ssl.SSLContext")
+            if self._endpoint is None:
+                raise InvalidArgumentError("tls is for a daemon given by endpoint")
+            self._endpoint = self._endpoint.with_tls(tls)
         self._metadata = _bearer_metadata(token)
         self._daemon = daemon
         self._transport: Transport | None = None
@@ -654,14 +662,52 @@ class Ringo:
         token: str | None = None,
         *,
         compression: CompressionOption | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> RingoClient:
         """A client of the daemon at ``endpoint``.
 
         ``endpoint`` is ``host``, ``host:port`` (default port 7233) or a URL
         with scheme ``grpc``/``http`` (plaintext) or ``grpcs``/``https``
-        (TLS, system trust store). ``token`` is sent as a bearer token.
+        (TLS). ``token`` is sent as a bearer token.
         ``compression`` accepts ``"none"`` or None: the transport cannot
         compress messages, so ``"gzip"`` is refused with
         `InvalidArgumentError` rather than silently ignored.
+
+        TLS trusts the system's CAs unless ``tls_ca`` names a PEM bundle to
+        trust instead (a private CA). ``tls_cert`` (with ``tls_key``, unless
+        the key is in the same PEM file) is the client certificate a daemon
+        doing mutual TLS (``ringod --tls-client-ca``) asks for. Any of the
+        three turns TLS on; with an explicit ``grpc://``/``http://`` scheme
+        they are an `InvalidArgumentError`, as is a file that cannot be
+        loaded (checked here, before any network activity).
         """
-        return RingoClient(endpoint=endpoint, token=token, compression=compression)
+        context: ssl.SSLContext | None = None
+        if tls_ca is not None or tls_cert is not None or tls_key is not None:
+            context = _tls_context(endpoint, tls_ca, tls_cert, tls_key)
+        return RingoClient(endpoint=endpoint, token=token, compression=compression, tls=context)
+
+
+def _tls_context(
+    endpoint: object,
+    ca: str | os.PathLike[str] | None,
+    cert: str | os.PathLike[str] | None,
+    key: str | os.PathLike[str] | None,
+) -> ssl.SSLContext:
+    if isinstance(endpoint, str) and endpoint.lower().startswith(("grpc://", "http://")):
+        raise InvalidArgumentError(
+            f"endpoint {endpoint!r} asks for plaintext, but TLS options were given;"
+            " use grpcs:// (or no scheme)"
+        )
+    if key is not None and cert is None:
+        raise InvalidArgumentError("tls_key needs tls_cert (the certificate it belongs to)")
+    paths = {
+        name: None if value is None else _check_path(name, value)
+        for name, value in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key))
+    }
+    try:
+        return client_tls_context(paths["tls_ca"], paths["tls_cert"], paths["tls_key"])
+    except (OSError, ssl.SSLError) as exc:
+        given = ", ".join(f"{name}={path!r}" for name, path in paths.items() if path)
+        raise InvalidArgumentError(f"cannot load the TLS files ({given}): {exc}") from exc

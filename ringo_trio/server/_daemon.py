@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -88,6 +89,8 @@ class DaemonConfig:
     safety_poll: float | None = None
     # The longest a failed authentication waits for its answer (_throttle).
     auth_failure_delay: float = DEFAULT_CAP
+    # TLS (None: plaintext); built and checked by the command line.
+    tls: ssl.SSLContext | None = None
 
     @property
     def shared(self) -> bool:
@@ -186,7 +189,7 @@ class Daemon:
         server = Server([self.queue_service, self.health], codec=StrictCodec())
         self.gate.install(server)
         try:
-            await server.start(sock=sock)
+            await server.start(sock=sock, ssl=self.config.tls)
         except BaseException:
             sock.close()
             raise

@@ -5,6 +5,10 @@ test kit, a human):
 
 * once it serves, exactly one JSON line goes to stdout (`ready_info`) and
   stdout is flushed; everything else — logs, errors — goes to stderr;
+* it serves plaintext gRPC, or TLS with ``--tls-cert``/``--tls-key`` (mutual
+  TLS with ``--tls-client-ca``); a bearer token comes from ``--token``,
+  ``--token-file`` or ``$RINGO_DAEMON_TOKEN``, and wrong ones are throttled
+  (``--auth-failure-delay``, `_throttle`);
 * storage is SQLite in ``--data-dir`` or PostgreSQL (`--postgres` or, kept
   out of the process list, the environment variable ``RINGO_POSTGRES_DSN``;
   see `storage_choice` for which wins);
@@ -28,6 +32,7 @@ import os
 import pathlib
 import re
 import signal
+import ssl
 import stat
 import sys
 import urllib.parse
@@ -256,6 +261,30 @@ def build_parser() -> argparse.ArgumentParser:
         " after a delay doubling from 1/20 of SECONDS up to SECONDS, one at a time per"
         " client address, and its connection is closed after 5 such answers"
         f" (default {DEFAULT_AUTH_FAILURE_DELAY:g}; 0 answers at once)",
+    )
+    tls = parser.add_argument_group(
+        "TLS",
+        "serve gRPC over TLS (HTTP/2 negotiated by ALPN; TLS 1.2 or newer) instead of"
+        " plaintext; clients then connect with grpcs://",
+    )
+    tls.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        type=pathlib.Path,
+        help="the server certificate chain (PEM); needs --tls-key",
+    )
+    tls.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        type=pathlib.Path,
+        help="the private key of --tls-cert (PEM, unencrypted)",
+    )
+    tls.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        type=pathlib.Path,
+        help="mutual TLS: require every client to present a certificate issued by a CA"
+        " in FILE (PEM bundle); the handshake fails without one",
     )
     shared = parser.add_argument_group(
         "shared mode",
@@ -497,6 +526,10 @@ def ready_info(daemon: Daemon, *, storage: StorageChoice, loop_name: str) -> dic
         "protocol_minor": daemon.config.protocol_minor,
         "session_ttl": daemon.config.session_ttl.total_seconds(),
         "auth": daemon.config.token is not None,
+        "tls": daemon.config.tls is not None,
+        "mutual_tls": (
+            daemon.config.tls is not None and daemon.config.tls.verify_mode == ssl.CERT_REQUIRED
+        ),
         "loop": loop_name,
     }
     if storage.data_dir is not None:
@@ -547,6 +580,7 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
             ),
             safety_poll=_safety_poll(args.safety_poll, choice),
             auth_failure_delay=args.auth_failure_delay,
+            tls=args.ssl,
         )
 
         def announce(daemon: Daemon) -> None:
@@ -610,6 +644,33 @@ def _token_problem(args: argparse.Namespace, environ: Mapping[str, str]) -> str 
     return None
 
 
+def _tls_problem(args: argparse.Namespace) -> str | None:
+    """Build ``args.ssl`` (None: plaintext) from the TLS flags; the usage error, or None."""
+    args.ssl = None
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            return "--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS)"
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        return "--tls-cert and --tls-key go together"
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # gRPC is HTTP/2, which a TLS client negotiates through ALPN.
+    context.set_alpn_protocols(["h2"])
+    try:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        return f"cannot load --tls-cert {args.tls_cert} / --tls-key {args.tls_key}: {exc}"
+    if args.tls_client_ca is not None:
+        try:
+            context.load_verify_locations(cafile=args.tls_client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            return f"cannot load --tls-client-ca {args.tls_client_ca}: {exc}"
+        context.verify_mode = ssl.CERT_REQUIRED
+    args.ssl = context
+    return None
+
+
 def _shared_mode_problem(args: argparse.Namespace) -> str | None:
     """Check the shared-mode flags and read the local token into
     ``args.local_token``; the usage error, or None."""
@@ -642,7 +703,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Parse `argv`, serve until told to stop; the process exit status."""
     args = build_parser().parse_args(argv)
     _configure_logging(args.log_level)
-    problem = _token_problem(args, os.environ) or _shared_mode_problem(args)
+    problem = _token_problem(args, os.environ) or _tls_problem(args) or _shared_mode_problem(args)
     if problem is not None:
         log.error("%s", problem)
         return EXIT_USAGE
