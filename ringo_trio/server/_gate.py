@@ -33,7 +33,7 @@ import contextlib
 import contextvars
 import hmac
 import time
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Collection, Coroutine
 from typing import Any, Protocol
 
 from grpclib.const import Status
@@ -80,15 +80,11 @@ class Gate:
         local_token: str | None = None,
         uncounted: Collection[str] = (),
         throttle: AuthThrottle | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._expected = f"{_SCHEME}{token}".encode() if token else None
         self._local_expected = local_token.encode() if local_token else None
         self._uncounted = frozenset(uncounted)
         self.throttle = throttle or AuthThrottle()
-        self._monotonic = monotonic
-        #: Failed authentications so far (answered, or dropped with their connection).
-        self.auth_failures = 0
         self.draining = False
         # One counting wrapper per service method, built on first use: the
         # method objects grpclib hands us are fixed for the server's life.
@@ -151,19 +147,18 @@ class Gate:
 
     def _refuse(self, event: RecvRequest, message: str) -> None:
         """Answer UNAUTHENTICATED when the throttle says so (see the module docstring)."""
-        self.auth_failures += 1
         peer = event.peer
         address = peer.addr()
         host, port = (str(address[0]), int(address[1])) if address else ("", 0)
-        verdict = self.throttle.failed(host, port, self._monotonic())
+        verdict = self.throttle.failed(host, port, time.monotonic())
         if verdict.drop:
             _close(peer)
             # grpclib sends nothing on a closing connection.
             event.method_func = _nothing
             return
-        event.method_func = self._refusal(verdict, host, peer, message)
+        event.method_func = self._refusal(verdict, peer, message)
 
-    def _refusal(self, verdict: Verdict, host: str, peer: Peer, message: str) -> _MethodFunc:
+    def _refusal(self, verdict: Verdict, peer: Peer, message: str) -> _MethodFunc:
         turn = verdict.turn
         assert turn is not None
 
@@ -177,7 +172,7 @@ class Gate:
                         status=Status.UNAUTHENTICATED, status_message=message
                     )
             finally:
-                self.throttle.answered(host)
+                self.throttle.answered(verdict)
             if verdict.close:
                 # After the answer: close() flushes it before the FIN.
                 _close(peer)

@@ -54,6 +54,9 @@ class Verdict:
     close: bool = False
     #: Close the connection at once, without an answer (not counted).
     drop: bool = False
+    # The entry `AuthThrottle.answered` gives the waiting slot back to (the
+    # address may have been forgotten and counted afresh meanwhile).
+    address: _Address | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)
@@ -89,8 +92,8 @@ class AuthThrottle:
     def failed(self, host: str, port: int, now: float) -> Verdict:
         """A failed authentication from ``host:port`` at monotonic time `now`.
 
-        Unless the verdict is ``drop``, the caller must call `answered` once
-        the answer is out (or abandoned).
+        Unless the verdict is ``drop``, the caller must call `answered` with
+        it once the answer is out (or abandoned).
         """
         entry = self._addresses.pop(host, None)
         if entry is None:
@@ -111,12 +114,16 @@ class AuthThrottle:
         entry.connections[port] = on_connection
         if len(entry.connections) > self.per_connection * 16:
             entry.connections.popitem(last=False)
-        return Verdict(delay=delay, turn=entry.turn, close=on_connection >= self.per_connection)
+        return Verdict(
+            delay=delay,
+            turn=entry.turn,
+            close=on_connection >= self.per_connection,
+            address=entry,
+        )
 
-    def answered(self, host: str) -> None:
-        entry = self._addresses.get(host)
-        if entry is not None and entry.waiting > 0:
-            entry.waiting -= 1
+    def answered(self, verdict: Verdict) -> None:
+        if verdict.address is not None and verdict.address.waiting > 0:
+            verdict.address.waiting -= 1
 
     def waiting(self, host: str) -> int:
         """Failures from `host` whose answer is still due."""

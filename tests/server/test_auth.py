@@ -90,7 +90,7 @@ def test_failures_from_one_address_wait_longer_and_longer_up_to_the_cap() -> Non
     delays = []
     for n in range(8):
         verdict = throttle.failed("10.0.0.1", 40000 + n, now=100.0 + n * 0.001)
-        throttle.answered("10.0.0.1")
+        throttle.answered(verdict)
         delays.append(verdict.delay)
     assert delays == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
     # Another address starts from the beginning.
@@ -118,7 +118,7 @@ def test_too_many_waiting_failures_drop_the_connection() -> None:
     verdicts = [throttle.failed("10.0.0.1", 1, now=0.0) for _ in range(4)]
     assert [v.drop for v in verdicts] == [False, False, False, True]
     assert throttle.waiting("10.0.0.1") == 3
-    throttle.answered("10.0.0.1")
+    throttle.answered(verdicts[0])
     assert not throttle.failed("10.0.0.1", 1, now=0.0).drop
 
 
@@ -128,8 +128,9 @@ def test_a_connection_is_closed_after_a_few_failures() -> None:
     throttle = AuthThrottle(per_connection=3)
     closes = []
     for _ in range(3):
-        closes.append(throttle.failed("10.0.0.1", 5000, now=0.0).close)
-        throttle.answered("10.0.0.1")
+        verdict = throttle.failed("10.0.0.1", 5000, now=0.0)
+        throttle.answered(verdict)
+        closes.append(verdict.close)
     assert closes == [False, False, True]
     assert not throttle.failed("10.0.0.1", 5001, now=0.0).close
 
@@ -139,12 +140,13 @@ def test_a_quiet_address_is_forgiven_and_the_table_is_bounded() -> None:
     from the first delay again, and at most `max_addresses` are remembered."""
     throttle = AuthThrottle(cap=1.0, forget_after=60.0, max_addresses=2)
     for _ in range(5):
-        throttle.failed("10.0.0.1", 1, now=0.0)
-        throttle.answered("10.0.0.1")
-    assert throttle.failed("10.0.0.1", 1, now=30.0).delay == 1.0
-    throttle.answered("10.0.0.1")
-    assert throttle.failed("10.0.0.1", 1, now=91.0).delay == 0.05
-    throttle.answered("10.0.0.1")
+        throttle.answered(throttle.failed("10.0.0.1", 1, now=0.0))
+    verdict = throttle.failed("10.0.0.1", 1, now=30.0)
+    throttle.answered(verdict)
+    assert verdict.delay == 1.0
+    verdict = throttle.failed("10.0.0.1", 1, now=91.0)
+    throttle.answered(verdict)
+    assert verdict.delay == 0.05
     throttle.failed("10.0.0.2", 1, now=91.0)
     throttle.failed("10.0.0.3", 1, now=91.0)
     # 10.0.0.1 was the least recently failing: forgotten, so it starts over.
