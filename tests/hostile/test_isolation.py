@@ -110,6 +110,24 @@ async def test_a_shared_local_daemon_refuses_callers_without_its_secret(
         await _linger_out(pid)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["private", "shared"])
+async def test_an_exported_daemon_token_does_not_lock_a_local_client_out(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, shared: bool
+) -> None:
+    """Property: a $RINGO_DAEMON_TOKEN in the SDK process's environment (meant
+    for some other ringod) never reaches a `Ringo.local` daemon, which would
+    then refuse its own client."""
+    monkeypatch.setenv(TOKEN_ENV, "meant-for-another-daemon")
+    with trio.fail_after(30):
+        async with Ringo.local(tmp_path / "data", shared=shared) as client:
+            await client.queue("q").enqueue(task_type="t")
+            pid = client.daemon_pid
+            assert pid is not None
+            assert _environ(pid).get(TOKEN_ENV) != "meant-for-another-daemon"
+        if shared:
+            await _linger_out(pid)
+
+
 @contextmanager
 def _umask(mask: int) -> Iterator[None]:
     # Process-wide: the daemon inherits it at spawn. Restored whatever happens.
