@@ -41,6 +41,8 @@ its ``RequestContext``.
 from __future__ import annotations
 
 import os
+import secrets
+import ssl
 import weakref
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -70,7 +72,7 @@ from ._proto.ringo.v1 import (
     RequestContext,
 )
 from ._queue import TaskQueue
-from ._transport import SessionRejectedError, Transport
+from ._transport import SessionRejectedError, Transport, client_tls_context
 from ._version import SDK_NAME, SDK_VERSION
 
 if TYPE_CHECKING:
@@ -169,11 +171,18 @@ class RingoClient:
         token: str | None = None,
         daemon: LocalDaemon | SharedLocalDaemon | None = None,
         compression: CompressionOption | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if (endpoint is None) == (daemon is None):
             raise InvalidArgumentError("give exactly one of endpoint and daemon")
         self._compression = _normalize_compression(compression)
         self._endpoint: Endpoint | None = parse_endpoint(endpoint) if endpoint is not None else None
+        if tls is not None:
+            if not isinstance(tls, ssl.SSLContext):
+                raise InvalidArgumentError("tls must be an ssl.SSLContext")
+            if self._endpoint is None:
+                raise InvalidArgumentError("tls is for a daemon given by endpoint")
+            self._endpoint = self._endpoint.with_tls(tls)
         self._metadata = _bearer_metadata(token)
         self._daemon = daemon
         self._transport: Transport | None = None
@@ -607,6 +616,11 @@ class Ringo:
         instead of ``python -m ringo_trio.server``. The daemon exits with
         the client — and with this process, however it dies.
 
+        Other local users cannot use the daemon: it requires a random secret
+        only this client holds (``shared=True``: only processes that can read
+        the data dir), and the data dir is made 0700 with its database files
+        0600, whatever the umask.
+
         ``shared=True`` (SQLite only): every process that opens ``data_dir``
         this way uses ONE daemon. The first elects itself and starts it; the
         others attach to it (``AttachLocal``); it stops a short linger after
@@ -644,14 +658,18 @@ class Ringo:
                     startup_timeout=_positive_seconds("startup_timeout", startup_timeout),
                 )
             )
+        # Loopback is open to every local user: the daemon serves only
+        # callers holding this secret (it gets it through its environment).
+        token = secrets.token_urlsafe(32)
         daemon = LocalDaemon(
             data_dir,
             postgres=postgres,
             daemon_path=daemon_path,
             startup_timeout=_positive_seconds("startup_timeout", startup_timeout),
             stop_timeout=_positive_seconds("stop_timeout", stop_timeout),
+            token=token,
         )
-        return RingoClient(daemon=daemon)
+        return RingoClient(daemon=daemon, token=token)
 
     @staticmethod
     def connect(
@@ -659,14 +677,52 @@ class Ringo:
         token: str | None = None,
         *,
         compression: CompressionOption | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> RingoClient:
         """A client of the daemon at ``endpoint``.
 
         ``endpoint`` is ``host``, ``host:port`` (default port 7233) or a URL
         with scheme ``grpc``/``http`` (plaintext) or ``grpcs``/``https``
-        (TLS, system trust store). ``token`` is sent as a bearer token.
+        (TLS). ``token`` is sent as a bearer token.
         ``compression`` accepts ``"none"`` or None: the transport cannot
         compress messages, so ``"gzip"`` is refused with
         `InvalidArgumentError` rather than silently ignored.
+
+        TLS trusts the system's CAs unless ``tls_ca`` names a PEM bundle to
+        trust instead (a private CA). ``tls_cert`` (with ``tls_key``, unless
+        the key is in the same PEM file) is the client certificate a daemon
+        doing mutual TLS (``ringod --tls-client-ca``) asks for. Any of the
+        three turns TLS on; with an explicit ``grpc://``/``http://`` scheme
+        they are an `InvalidArgumentError`, as is a file that cannot be
+        loaded (checked here, before any network activity).
         """
-        return RingoClient(endpoint=endpoint, token=token, compression=compression)
+        context: ssl.SSLContext | None = None
+        if tls_ca is not None or tls_cert is not None or tls_key is not None:
+            context = _tls_context(endpoint, tls_ca, tls_cert, tls_key)
+        return RingoClient(endpoint=endpoint, token=token, compression=compression, tls=context)
+
+
+def _tls_context(
+    endpoint: object,
+    ca: str | os.PathLike[str] | None,
+    cert: str | os.PathLike[str] | None,
+    key: str | os.PathLike[str] | None,
+) -> ssl.SSLContext:
+    if isinstance(endpoint, str) and endpoint.lower().startswith(("grpc://", "http://")):
+        raise InvalidArgumentError(
+            f"endpoint {endpoint!r} asks for plaintext, but TLS options were given;"
+            " use grpcs:// (or no scheme)"
+        )
+    if key is not None and cert is None:
+        raise InvalidArgumentError("tls_key needs tls_cert (the certificate it belongs to)")
+    paths = {
+        name: None if value is None else _check_path(name, value)
+        for name, value in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key))
+    }
+    try:
+        return client_tls_context(paths["tls_ca"], paths["tls_cert"], paths["tls_key"])
+    except (OSError, ssl.SSLError) as exc:
+        given = ", ".join(f"{name}={path!r}" for name, path in paths.items() if path)
+        raise InvalidArgumentError(f"cannot load the TLS files ({given}): {exc}") from exc

@@ -15,6 +15,14 @@ With PostgreSQL storage the daemon gets the DSN through its environment
 the machine could read the password in the process list; it then takes no
 ``--data-dir`` (the tasks live in the database).
 
+*Isolation from other local users.* Loopback is reachable by every user of
+the machine, so a daemon given a ``token`` (`Ringo.local` always passes a
+fresh random one) requires it as a bearer token on every call; the secret
+travels in the daemon's environment (``RINGO_DAEMON_TOKEN``), which only its
+owner can read, never on its command line. The data dir is made private
+(0700, an existing looser one tightened) before the daemon starts, whatever
+the umask; the daemon itself creates its database files 0600.
+
 `LocalDaemon` is an async context manager owning a task group; each daemon
 process it starts has its stdout and stderr drained by tasks in that group
 (so a chatty daemon never blocks on a full pipe) and its stderr tail kept for
@@ -29,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -42,10 +51,13 @@ from ._endpoint import parse_endpoint
 from ._errors import RingoError
 from ._models import PostgresStorage
 
-__all__ = ["LocalDaemon"]
+__all__ = ["TOKEN_ENV", "LocalDaemon", "make_private_dir"]
 
-# The variable ringod reads a DSN from (server/_main.py, POSTGRES_DSN_ENV).
+# The variables ringod reads a DSN and its bearer token from (server/_main.py,
+# POSTGRES_DSN_ENV and TOKEN_ENV), copied: the server package is not imported
+# on the SDK side.
 _POSTGRES_DSN_ENV = "RINGO_POSTGRES_DSN"
+TOKEN_ENV = "RINGO_DAEMON_TOKEN"
 _READY_LINE_LIMIT = 64 * 1024
 _STDERR_TAIL_BYTES = 8 * 1024
 
@@ -77,8 +89,10 @@ class LocalDaemon:
         stop_timeout: float = 10.0,
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        token: str | None = None,
     ) -> None:
         self._data_dir = os.fspath(data_dir)
+        self._token = token
         self._postgres = postgres
         self._daemon_path = os.fspath(daemon_path) if daemon_path is not None else None
         self.startup_timeout = startup_timeout
@@ -124,12 +138,17 @@ class LocalDaemon:
         argv += self._extra_args
         return argv
 
-    def environment(self) -> dict[str, str] | None:
-        """The daemon's environment (None: this process's own)."""
-        if self._postgres is None:
-            return self._env
-        base = os.environ if self._env is None else self._env
-        return {**base, _POSTGRES_DSN_ENV: self._postgres.dsn}
+    def environment(self) -> dict[str, str]:
+        """The daemon's environment: ours (or ``env``) plus its secrets."""
+        env = dict(os.environ if self._env is None else self._env)
+        # An inherited token would make the daemon require a secret this
+        # client does not send; only ours may reach it.
+        env.pop(TOKEN_ENV, None)
+        if self._token is not None:
+            env[TOKEN_ENV] = self._token
+        if self._postgres is not None:
+            env[_POSTGRES_DSN_ENV] = self._postgres.dsn
+        return env
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -168,9 +187,11 @@ class LocalDaemon:
             if self._child is not None:
                 await self._kill(self._child)
             try:
-                await anyio.Path(self._data_dir).mkdir(parents=True, exist_ok=True)
+                await anyio.Path(self._data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as exc:
                 raise RingoError(f"cannot create the data dir {self._data_dir!r}: {exc}") from exc
+            # An existing dir keeps its mode through mkdir: tightened here.
+            make_private_dir(self._data_dir)
             try:
                 process = await anyio.open_process(
                     self.command(),
@@ -293,3 +314,24 @@ class LocalDaemon:
                 pass
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
+
+
+def make_private_dir(path: str) -> None:
+    """Create `path` (and parents) if missing and leave it mode 0700.
+
+    The mode is set explicitly rather than left to the umask, and an
+    existing looser dir is tightened: the database and its WAL hold every
+    payload. Plain os calls, inline: a few short syscalls need no thread.
+    """
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.stat(path)
+    except OSError as exc:
+        raise RingoError(f"cannot create the data dir {path!r}: {exc}") from exc
+    if not stat.S_ISDIR(info.st_mode):
+        raise RingoError(f"cannot create the data dir {path!r}: not a directory")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        try:
+            os.chmod(path, 0o700)
+        except OSError as exc:
+            raise RingoError(f"cannot make the data dir {path!r} private (0700): {exc}") from exc

@@ -2,15 +2,19 @@
 
 Accepted forms: ``host``, ``host:port``, ``[v6]``, ``[v6]:port``, each
 optionally prefixed by ``grpc://`` / ``http://`` (plaintext) or ``grpcs://`` /
-``https://`` (TLS), with at most one trailing ``/``. The default port is
+``https://`` (TLS), with at most one trailing ``/``. How to do TLS (which
+CAs to trust, which client certificate to present) is not part of the
+string: `Endpoint.with_tls` attaches it. The default port is
 `ringo_trio._limits.DEFAULT_PORT`. Anything else is an `InvalidArgumentError`
 raised before any network activity, naming what is wrong.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field
 
 from ._errors import InvalidArgumentError
 from ._limits import DEFAULT_PORT
@@ -25,6 +29,12 @@ class Endpoint:
     host: str
     port: int
     tls: bool
+    # None with tls: the system trust store, no client certificate.
+    tls_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
+
+    def with_tls(self, context: ssl.SSLContext) -> Endpoint:
+        """This endpoint over TLS as `context` says (CAs, client certificate)."""
+        return dataclasses.replace(self, tls=True, tls_context=context)
 
     @property
     def authority(self) -> str:

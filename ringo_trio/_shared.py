@@ -18,6 +18,9 @@
     The daemon's stderr, appended. It must outlive the starter, which may
     exit long before the daemon does, so it cannot be a pipe to us.
 
+The data dir itself is made private (0700) too, and the daemon creates its
+database files 0600: they hold every payload.
+
 Election, under the lock: adopt the identity if it can be trusted, else
 spawn a daemon and publish its identity. The identity is distrusted unless
 it is a regular file of ours that nobody else can read or write (the token
@@ -54,6 +57,7 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
+from ._daemon import TOKEN_ENV, make_private_dir
 from ._errors import InvalidArgumentError, RingoError
 
 __all__ = ["SHARED_DIR_NAME", "SharedLocalDaemon"]
@@ -326,6 +330,9 @@ class SharedLocalDaemon:
                 stdout=subprocess.PIPE,
                 stderr=log_fd,
                 start_new_session=True,
+                # Its callers send the local token, not a bearer token: an
+                # inherited one would lock every member out.
+                env={k: v for k, v in os.environ.items() if k != TOKEN_ENV},
             )
         except OSError as exc:
             raise RingoError(f"cannot start the shared daemon {argv[0]!r}: {exc}") from exc
@@ -441,8 +448,8 @@ class SharedLocalDaemon:
 
 
 def _make_dirs(data_dir: str, shared_dir: str) -> None:
+    make_private_dir(data_dir)
     try:
-        os.makedirs(data_dir, exist_ok=True)
         with contextlib.suppress(FileExistsError):
             os.mkdir(shared_dir, 0o700)
         info = os.lstat(shared_dir)

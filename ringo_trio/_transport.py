@@ -47,6 +47,7 @@ enforced by the daemon on what it accepts).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -75,13 +76,15 @@ from ._proto.grpc.health.v1 import (
     HealthCheckResponseServingStatus,
 )
 
-__all__ = ["SessionRejectedError", "StreamChannels", "Transport"]
+__all__ = ["SessionRejectedError", "StreamChannels", "Transport", "client_tls_context"]
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 _T = TypeVar("_T")
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+# How long closing waits for a TLS connection's shutdown exchange.
+_TLS_CLOSE_TIMEOUT = 1.0
 HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
 
 
@@ -109,6 +112,10 @@ def _map_error(exc: Exception, endpoint: Endpoint) -> RingoError | None:
             return SessionRejectedError(detail or "session rejected by the daemon")
         if code != "UNAVAILABLE":
             return error_for_code(code, detail)
+    elif isinstance(exc, ssl.SSLError):
+        # A refused handshake (an untrusted certificate, mutual TLS without a
+        # client certificate, a plaintext daemon) is no passing outage: say so.
+        detail = f"TLS handshake failed: {exc}"
     elif isinstance(exc, _UNAVAILABLE_ERRORS):
         detail = str(exc) or type(exc).__name__
     else:
@@ -299,9 +306,7 @@ class Transport:
     async def _aio_open(self, endpoint: Endpoint) -> None:
         context: ssl.SSLContext | None = None
         if endpoint.tls:
-            context = ssl.create_default_context()
-            # gRPC needs HTTP/2 negotiated through ALPN.
-            context.set_alpn_protocols(["h2"])
+            context = endpoint.tls_context or client_tls_context()
         new = grpclib.client.Channel(endpoint.host, endpoint.port, ssl=context)
         old, self._channel = self._channel, new
         self._endpoint = endpoint
@@ -310,8 +315,17 @@ class Transport:
 
     async def _aio_close(self) -> None:
         channel, self._channel = self._channel, None
-        if channel is not None:
-            channel.close()
+        if channel is None:
+            return
+        # A TLS connection closes in a round trip (close_notify both ways)
+        # after close() returns; the loop must live that long or the socket
+        # under it is never closed.
+        lost = _connection_lost(channel) if self._endpoint.tls else None
+        channel.close()
+        if lost is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_TLS_CLOSE_TIMEOUT):
+                    await lost
 
     def _require_channel(self) -> grpclib.client.Channel:
         if self._channel is None:
@@ -436,6 +450,45 @@ class Transport:
         except grpclib.exceptions.StreamTerminatedError:
             # The server ended or reset the stream; the reader reports how.
             return
+
+
+def _connection_lost(channel: grpclib.client.Channel) -> asyncio.Future[None] | None:
+    """A future set when `channel`'s open connection is finally gone (None: none open).
+
+    grpclib offers no way to wait for that, so its protocol's connection_lost,
+    the last thing to happen to a connection, is wrapped.
+    """
+    protocol: Any = getattr(channel, "_protocol", None)
+    handler = getattr(protocol, "handler", None)
+    if handler is None or handler.connection_lost:
+        return None
+    lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    original = protocol.connection_lost
+
+    def connection_lost(exc: BaseException | None) -> None:
+        original(exc)
+        if not lost.done():
+            lost.set_result(None)
+
+    protocol.connection_lost = connection_lost
+    return lost
+
+
+def client_tls_context(
+    ca: str | None = None, cert: str | None = None, key: str | None = None
+) -> ssl.SSLContext:
+    """A client's TLS settings: trust the CAs in `ca` (a PEM bundle; None: the
+    system trust store) and present the certificate `cert` with its `key` (a
+    PEM file each; `key` None: it is in `cert`) when the daemon asks for one.
+
+    Raises OSError or ssl.SSLError for a file that cannot be loaded.
+    """
+    context = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        context.load_cert_chain(cert, key)
+    # gRPC needs HTTP/2 negotiated through ALPN.
+    context.set_alpn_protocols(["h2"])
+    return context
 
 
 def sole_exception(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -59,6 +60,7 @@ from ._gate import Gate
 from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from ._service import HealthService, QueueService
 from ._sessions import SessionTable
+from ._throttle import DEFAULT_CAP, AuthThrottle
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import StrictCodec
 from .storage._base import Storage
@@ -85,6 +87,10 @@ class DaemonConfig:
     attach_timeout: float = DEFAULT_ATTACH_TIMEOUT
     # Seconds between wake-ups of every watched queue; None: no safety poll.
     safety_poll: float | None = None
+    # The longest a failed authentication waits for its answer (_throttle).
+    auth_failure_delay: float = DEFAULT_CAP
+    # TLS (None: plaintext); built and checked by the command line.
+    tls: ssl.SSLContext | None = None
 
     @property
     def shared(self) -> bool:
@@ -139,7 +145,10 @@ class Daemon:
             config.generation, linger=config.linger, attach_timeout=config.attach_timeout
         )
         self.gate = Gate(
-            config.token, local_token=config.local_token, uncounted={ATTACH_LOCAL_METHOD}
+            config.token,
+            local_token=config.local_token,
+            uncounted={ATTACH_LOCAL_METHOD},
+            throttle=AuthThrottle(cap=config.auth_failure_delay),
         )
         self.queue_service = QueueService(
             storage,
@@ -180,7 +189,7 @@ class Daemon:
         server = Server([self.queue_service, self.health], codec=StrictCodec())
         self.gate.install(server)
         try:
-            await server.start(sock=sock)
+            await server.start(sock=sock, ssl=self.config.tls)
         except BaseException:
             sock.close()
             raise

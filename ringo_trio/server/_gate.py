@@ -18,6 +18,12 @@ A shared daemon (``local_token``) also requires exactly one
 ``x-ringo-local-token`` metadata value equal to its secret on every call,
 health included, independently of the bearer token: both may be required.
 Secrets are compared in constant time.
+
+A call failing either check is not answered at once: `_throttle.AuthThrottle`
+says how long its answer waits (failures of one address are answered one
+after another, with growing delays) and when its connection is closed
+instead, so guessing a token costs the guesser time rather than the daemon
+nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import asyncio
 import contextlib
 import contextvars
 import hmac
+import time
 from collections.abc import Collection, Coroutine
 from typing import Any, Protocol
 
@@ -33,7 +40,10 @@ from grpclib.const import Status
 from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import GRPCError
 from grpclib.metadata import Deadline
+from grpclib.protocol import Peer
 from grpclib.server import Server, Stream
+
+from ._throttle import AuthThrottle, Verdict
 
 __all__ = ["LOCAL_TOKEN_HEADER", "Gate", "time_remaining"]
 
@@ -69,10 +79,12 @@ class Gate:
         *,
         local_token: str | None = None,
         uncounted: Collection[str] = (),
+        throttle: AuthThrottle | None = None,
     ) -> None:
         self._expected = f"{_SCHEME}{token}".encode() if token else None
         self._local_expected = local_token.encode() if local_token else None
         self._uncounted = frozenset(uncounted)
+        self.throttle = throttle or AuthThrottle()
         self.draining = False
         # One counting wrapper per service method, built on first use: the
         # method objects grpclib hands us are fixed for the server's life.
@@ -113,12 +125,13 @@ class Gate:
 
     async def _on_request(self, event: RecvRequest) -> None:
         if not self._local_member(event):
-            raise GRPCError(Status.UNAUTHENTICATED, f"missing or invalid {LOCAL_TOKEN_HEADER}")
+            self._refuse(event, f"missing or invalid {LOCAL_TOKEN_HEADER}")
+            return
         if not self._authorized(event):
-            raise GRPCError(
-                Status.UNAUTHENTICATED,
-                "missing or invalid bearer token (metadata 'authorization: Bearer <token>')",
+            self._refuse(
+                event, "missing or invalid bearer token (metadata 'authorization: Bearer <token>')"
             )
+            return
         is_health = event.method_name.startswith(_HEALTH_PREFIX)
         if self.draining and not is_health:
             # Health stays answerable so a prober sees NOT_SERVING rather
@@ -131,6 +144,40 @@ class Gate:
         if counted is None:
             counted = self._wrapped[method] = self._counted(method)
         event.method_func = counted
+
+    def _refuse(self, event: RecvRequest, message: str) -> None:
+        """Answer UNAUTHENTICATED when the throttle says so (see the module docstring)."""
+        peer = event.peer
+        address = peer.addr()
+        host, port = (str(address[0]), int(address[1])) if address else ("", 0)
+        verdict = self.throttle.failed(host, port, time.monotonic())
+        if verdict.drop:
+            _close(peer)
+            # grpclib sends nothing on a closing connection.
+            event.method_func = _nothing
+            return
+        event.method_func = self._refusal(verdict, peer, message)
+
+    def _refusal(self, verdict: Verdict, peer: Peer, message: str) -> _MethodFunc:
+        turn = verdict.turn
+        assert turn is not None
+
+        async def refuse(stream: Stream[Any, Any]) -> None:
+            try:
+                # Waiting in the call's own task holds one stream of the
+                # guesser's, which the throttle bounds per address.
+                async with turn:
+                    await asyncio.sleep(verdict.delay)
+                    await stream.send_trailing_metadata(
+                        status=Status.UNAUTHENTICATED, status_message=message
+                    )
+            finally:
+                self.throttle.answered(verdict)
+            if verdict.close:
+                # After the answer: close() flushes it before the FIN.
+                _close(peer)
+
+        return refuse
 
     def _counted(self, method: _MethodFunc) -> _MethodFunc:
         async def counted(stream: Stream[Any, Any]) -> None:
@@ -172,3 +219,15 @@ class Gate:
         except TimeoutError:
             return False
         return True
+
+
+def _close(peer: Peer) -> None:
+    # grpclib exposes a connection's transport only through its Peer (which
+    # wraps exactly that); closing it ends every stream of the connection.
+    transport = getattr(peer, "_transport", None)
+    if transport is not None:
+        transport.close()
+
+
+async def _nothing(stream: Stream[Any, Any]) -> None:
+    return None

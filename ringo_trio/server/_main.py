@@ -5,6 +5,10 @@ test kit, a human):
 
 * once it serves, exactly one JSON line goes to stdout (`ready_info`) and
   stdout is flushed; everything else — logs, errors — goes to stderr;
+* it serves plaintext gRPC, or TLS with ``--tls-cert``/``--tls-key`` (mutual
+  TLS with ``--tls-client-ca``); a bearer token comes from ``--token``,
+  ``--token-file`` or ``$RINGO_DAEMON_TOKEN``, and wrong ones are throttled
+  (``--auth-failure-delay``, `_throttle`);
 * storage is SQLite in ``--data-dir`` or PostgreSQL (`--postgres` or, kept
   out of the process list, the environment variable ``RINGO_POSTGRES_DSN``;
   see `storage_choice` for which wins);
@@ -28,6 +32,7 @@ import os
 import pathlib
 import re
 import signal
+import ssl
 import stat
 import sys
 import urllib.parse
@@ -42,6 +47,7 @@ from ringo_trio._version import SDK_VERSION
 from ._daemon import Daemon, DaemonConfig, ListenError
 from ._lock import DataDirLock, DataDirLocked
 from ._members import DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, MAX_GENERATION_CHARS
+from ._throttle import DEFAULT_CAP as DEFAULT_AUTH_FAILURE_DELAY
 from .storage._base import Storage, StorageError
 
 __all__ = [
@@ -50,6 +56,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "POSTGRES_DSN_ENV",
+    "TOKEN_ENV",
     "StorageChoice",
     "build_parser",
     "main",
@@ -66,6 +73,10 @@ EXIT_DATA_DIR_LOCKED = 3
 
 DB_FILE_NAME = "ringo.db"
 POSTGRES_DSN_ENV = "RINGO_POSTGRES_DSN"
+# The bearer token, when neither --token nor --token-file gives one: how the
+# SDK hands a private daemon its secret without showing it in the process
+# list (/proc/PID/environ is readable by its owner only).
+TOKEN_ENV = "RINGO_DAEMON_TOKEN"
 # With PostgreSQL other daemons change the database too; their wake-ups come
 # through LISTEN/NOTIFY, and this poll covers a notification lost anyway.
 DEFAULT_POSTGRES_SAFETY_POLL = 5.0
@@ -231,14 +242,49 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_argument(
         "--token",
         help="require metadata 'authorization: Bearer TOKEN' on every call, health"
-        " included (default: no authentication)",
+        " included; printable ASCII (default: no authentication, unless"
+        f" ${TOKEN_ENV} is set). Shows in the process list: prefer --token-file",
     )
     auth.add_argument(
         "--token-file",
         metavar="FILE",
         type=pathlib.Path,
         help="like --token, read from FILE (surrounding whitespace stripped), so the"
-        " secret does not show in the process list",
+        f" secret does not show in the process list; so does ${TOKEN_ENV}",
+    )
+    parser.add_argument(
+        "--auth-failure-delay",
+        metavar="SECONDS",
+        type=_non_negative_seconds,
+        default=DEFAULT_AUTH_FAILURE_DELAY,
+        help="slow token guessing down: a call with a wrong or missing token is answered"
+        " after a delay doubling from 1/20 of SECONDS up to SECONDS, one at a time per"
+        " client address, and its connection is closed after 5 such answers"
+        f" (default {DEFAULT_AUTH_FAILURE_DELAY:g}; 0 answers at once)",
+    )
+    tls = parser.add_argument_group(
+        "TLS",
+        "serve gRPC over TLS (HTTP/2 negotiated by ALPN; TLS 1.2 or newer) instead of"
+        " plaintext; clients then connect with grpcs://",
+    )
+    tls.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        type=pathlib.Path,
+        help="the server certificate chain (PEM); needs --tls-key",
+    )
+    tls.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        type=pathlib.Path,
+        help="the private key of --tls-cert (PEM, unencrypted)",
+    )
+    tls.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        type=pathlib.Path,
+        help="mutual TLS: require every client to present a certificate issued by a CA"
+        " in FILE (PEM bundle); the handshake fails without one",
     )
     shared = parser.add_argument_group(
         "shared mode",
@@ -481,6 +527,10 @@ def ready_info(daemon: Daemon, *, storage: StorageChoice, loop_name: str) -> dic
         "protocol_minor": daemon.config.protocol_minor,
         "session_ttl": daemon.config.session_ttl.total_seconds(),
         "auth": daemon.config.token is not None,
+        "tls": daemon.config.tls is not None,
+        "mutual_tls": (
+            daemon.config.tls is not None and daemon.config.tls.verify_mode == ssl.CERT_REQUIRED
+        ),
         "loop": loop_name,
     }
     if storage.data_dir is not None:
@@ -530,6 +580,8 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
                 DEFAULT_ATTACH_TIMEOUT if args.attach_timeout is None else args.attach_timeout
             ),
             safety_poll=_safety_poll(args.safety_poll, choice),
+            auth_failure_delay=args.auth_failure_delay,
+            tls=args.ssl,
         )
 
         def announce(daemon: Daemon) -> None:
@@ -563,6 +615,63 @@ def _safety_poll(seconds: float | None, choice: StorageChoice) -> float | None:
     return seconds or None
 
 
+def _secret_problem(secret: str, where: str) -> str | None:
+    """Why `secret` can never be presented by a client, or None.
+
+    A gRPC metadata value is printable ASCII: a daemon started with anything
+    else would refuse every client forever, so that is a usage error.
+    """
+    if not secret:
+        return f"{where} is empty"
+    if not all(" " <= char <= "~" for char in secret):
+        return f"{where} holds a character that is not printable ASCII; no client could send it"
+    return None
+
+
+def _token_problem(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """Settle ``args.token`` from --token, --token-file or the environment
+    (in that order); the usage error, or None."""
+    if args.token is not None:
+        return _secret_problem(args.token, "--token")
+    if args.token_file is not None:
+        try:
+            args.token = args.token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"cannot read --token-file {args.token_file}: {exc}"
+        return _secret_problem(args.token, f"--token-file {args.token_file}")
+    if TOKEN_ENV in environ:
+        args.token = environ[TOKEN_ENV].strip()
+        return _secret_problem(args.token, f"${TOKEN_ENV}")
+    return None
+
+
+def _tls_problem(args: argparse.Namespace) -> str | None:
+    """Build ``args.ssl`` (None: plaintext) from the TLS flags; the usage error, or None."""
+    args.ssl = None
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            return "--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS)"
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        return "--tls-cert and --tls-key go together"
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # gRPC is HTTP/2, which a TLS client negotiates through ALPN.
+    context.set_alpn_protocols(["h2"])
+    try:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        return f"cannot load --tls-cert {args.tls_cert} / --tls-key {args.tls_key}: {exc}"
+    if args.tls_client_ca is not None:
+        try:
+            context.load_verify_locations(cafile=args.tls_client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            return f"cannot load --tls-client-ca {args.tls_client_ca}: {exc}"
+        context.verify_mode = ssl.CERT_REQUIRED
+    args.ssl = context
+    return None
+
+
 def _shared_mode_problem(args: argparse.Namespace) -> str | None:
     """Check the shared-mode flags and read the local token into
     ``args.local_token``; the usage error, or None."""
@@ -586,29 +695,16 @@ def _shared_mode_problem(args: argparse.Namespace) -> str | None:
         secret = args.local_token_file.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         return f"cannot read --local-token-file {args.local_token_file}: {exc}"
-    if not secret:
-        return f"--local-token-file {args.local_token_file} is empty"
+    problem = _secret_problem(secret, f"--local-token-file {args.local_token_file}")
     args.local_token = secret
-    return None
+    return problem
 
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse `argv`, serve until told to stop; the process exit status."""
     args = build_parser().parse_args(argv)
     _configure_logging(args.log_level)
-    if args.token_file is not None:
-        try:
-            args.token = args.token_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            log.error("cannot read --token-file %s: %s", args.token_file, exc)
-            return EXIT_USAGE
-        if not args.token:
-            log.error("--token-file %s is empty", args.token_file)
-            return EXIT_USAGE
-    if args.token is not None and not args.token:
-        log.error("--token must not be empty")
-        return EXIT_USAGE
-    problem = _shared_mode_problem(args)
+    problem = _token_problem(args, os.environ) or _tls_problem(args) or _shared_mode_problem(args)
     if problem is not None:
         log.error("%s", problem)
         return EXIT_USAGE
@@ -627,7 +723,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(_amain(args, choice, loop_name))
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # Private from the start whatever the umask (the SDK also tightens a
+        # Ringo.local data dir that exists already; a dir named by hand is
+        # the operator's, but the database files in it are made 0600).
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         log.error("cannot create data dir %s: %s", data_dir, exc)
         return EXIT_FAILURE

@@ -80,11 +80,16 @@ def test_help_documents_every_flag() -> None:
         "--generation",
         "--linger",
         "--attach-timeout",
+        "--auth-failure-delay",
+        "--tls-cert",
+        "--tls-key",
+        "--tls-client-ca",
     ):
         assert flag in result.stdout
     assert "stdin reaches EOF" in result.stdout
     assert "by hand" in result.stdout
     assert "RINGO_POSTGRES_DSN" in result.stdout
+    assert "RINGO_DAEMON_TOKEN" in result.stdout
 
 
 async def test_token_file_requires_the_token_it_holds(tmp_path: Path) -> None:

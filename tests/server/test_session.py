@@ -62,7 +62,12 @@ def minor0_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonPr
 
 @pytest.fixture(scope="module")
 def token_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with spawn_daemon(tmp_path_factory.mktemp("auth") / "data", token=TOKEN) as process:
+    # Many wrong tokens on purpose: answered at once, not throttled.
+    with spawn_daemon(
+        tmp_path_factory.mktemp("auth") / "data",
+        token=TOKEN,
+        extra_args=["--auth-failure-delay", "0"],
+    ) as process:
         yield process
 
 

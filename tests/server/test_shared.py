@@ -72,7 +72,10 @@ def _shared_daemon(tmp_path: Path, *extra: str) -> Iterator[DaemonProcess]:
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """A shared daemon that never stops by itself during these tests."""
     tmp_path = tmp_path_factory.mktemp("shared-mode")
-    with _shared_daemon(tmp_path, "--linger", "600", "--attach-timeout", "600") as process:
+    # Many wrong tokens on purpose: answered at once, not throttled.
+    with _shared_daemon(
+        tmp_path, "--linger", "600", "--attach-timeout", "600", "--auth-failure-delay", "0"
+    ) as process:
         yield process
     assert process.process.returncode == 0, process.stderr_text()
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
@@ -109,6 +110,9 @@ _MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
 _PRIORITY_PROBES = 16
 # SQLite's bound-parameter limit is 32766 (>= 3.32); stay far below it.
 _IN_CHUNK = 500
+# The files SQLite keeps next to the database (WAL mode, and a rollback
+# journal left by an older daemon).
+_COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
 
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -307,6 +311,24 @@ def _find(
     return row
 
 
+def _make_private(path: Path) -> None:
+    """Leave the database and its companion files readable by us only (0600).
+
+    SQLite creates a database with mode 0644 minus the umask, and its -wal
+    and -shm with the database's own mode: so the database is created (or
+    tightened) 0600 before SQLite opens it, and companions left by an older
+    daemon are tightened too. Payloads sit in all of them.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in _COMPANION_SUFFIXES:
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{path}{suffix}", 0o600)
+
+
 class SQLiteEngine(Storage):
     """`Storage` on one SQLite file (`path` is the database file itself)."""
 
@@ -324,7 +346,8 @@ class SQLiteEngine(Storage):
                 f"SQLite {sqlite3.sqlite_version} is too old; ringo needs"
                 f" {'.'.join(map(str, _MIN_SQLITE))} or newer"
             )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make_private(self.path)
         db = sqlite3.connect(self.path, isolation_level=None, cached_statements=256)
         try:
             db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
