@@ -194,13 +194,21 @@ async def _prefill(endpoint: str, queue: str, n: int) -> float:
 
 async def _active(endpoint: str, queue: str) -> int:
     async with Ringo.connect(endpoint) as client:
-        reply = await client._call(
-            "GetQueueActivity",
-            GetQueueActivityRequest(queue=queue),
-            GetQueueActivityResponse,
-            read_only=True,
-        )
-        return int(reply.active_task_count)
+        return await _active_count(client, queue)
+
+
+async def _active_count(client: RingoClient, queue: str) -> int:
+    q = client.queue(queue)
+    if hasattr(q, "active_count"):
+        return int(await q.active_count())
+    # A baseline tree from before TaskQueue.active_count (--baseline).
+    reply = await client._call(  # type: ignore[attr-defined]
+        "GetQueueActivity",
+        GetQueueActivityRequest(queue=queue),
+        GetQueueActivityResponse,
+        read_only=True,
+    )
+    return int(reply.active_task_count)
 
 
 class _Lines:
@@ -397,13 +405,7 @@ async def _until_idle(endpoint: str, queue: str, at: datetime) -> float:
     """Seconds from `at` until the queue has no active task (polled)."""
     async with Ringo.connect(endpoint) as client:
         while True:
-            reply = await client._call(
-                "GetQueueActivity",
-                GetQueueActivityRequest(queue=queue),
-                GetQueueActivityResponse,
-                read_only=True,
-            )
-            if reply.active_task_count == 0:
+            if await _active_count(client, queue) == 0:
                 return (datetime.now(UTC) - at).total_seconds()
             await trio.sleep(0.05)
 

@@ -51,7 +51,6 @@ from ._errors import (
     WorkerFencedError,
 )
 from ._models import Task, TaskSpec, TaskState
-from ._proto.ringo.v1 import GetQueueActivityRequest, GetQueueActivityResponse
 from ._queue import TaskQueue
 from ._supervise import TOKEN_ENV, RestartPolicy, Supervisor
 from ._supervision import (
@@ -195,13 +194,7 @@ def _settled(stats: _DemoStats) -> None:
 
 async def _active_count(client: RingoClient, queue: str) -> int:
     """PENDING + LEASED tasks of the queue, as the daemon counts them."""
-    reply = await client._call(
-        "GetQueueActivity",
-        GetQueueActivityRequest(queue=queue),
-        GetQueueActivityResponse,
-        read_only=True,
-    )
-    return int(reply.active_task_count)
+    return await client.queue(queue).active_count()
 
 
 async def _verify(

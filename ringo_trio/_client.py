@@ -1,4 +1,4 @@
-"""Ringo and RingoClient: connection, negotiation and the retry rules of unary calls.
+"""Ringo and RingoClient: the factories and the facade that owns a connection's life.
 
 Theory of operation
 -------------------
@@ -15,27 +15,9 @@ cancelled caller can neither skip cleanup nor hang in it. A failed or
 cancelled entry runs the same unwinding before it re-raises, so a half-started
 daemon is never leaked.
 
-*Sessions.* After connecting, the client negotiates: it offers protocol major
-`PROTOCOL_MAJOR` and its newest minor, and keeps the minor the daemon agreed
-to together with the short-lived session token. Every request carries them in
-its ``RequestContext``.
-
-*Retry rules* (the contract users rely on; see `RingoClient._call`):
-
-* A rejected session (the daemon answers ``OUT_OF_RANGE`` before running the
-  operation) is renegotiated and the call is sent once more — only if the
-  token actually changed, so a daemon that keeps refusing cannot loop us.
-* ``UNAVAILABLE`` triggers connection recovery (3 attempts, 0.2/0.6/1.5 s
-  apart; for a local client this restarts a dead daemon, at most 3 times in
-  the client's life, 0.3 s * 2^n apart) so that *later* calls work. The failed
-  call itself is never replayed if it is a mutation — an unavailable reply
-  may hide a committed write — and raises `UnavailableError`. Only the
-  read-only ``GetTask`` is re-sent once after recovery.
-* Recovery is serialised by a lock and keyed by the session token the failed
-  call carried: when several calls fail together, the first recovers and the
-  others find a fresh token and skip straight to their own outcome. Calls
-  issued while a recovery runs wait for it instead of hammering a restarting
-  daemon.
+*Calls* — negotiation, the retry rules, recovery and the Work streams' access
+to all three — are `ringo_trio._connection.Connection`'s, which `TaskQueue`
+and `Worker` depend on; the client reaches into neither.
 """
 
 from __future__ import annotations
@@ -43,41 +25,27 @@ from __future__ import annotations
 import os
 import secrets
 import ssl
-import weakref
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import anyio
 import anyio.abc
 
-from . import _limits
+from ._connection import Connection
 from ._daemon import LocalDaemon
 from ._endpoint import Endpoint, parse_endpoint
 from ._errors import (
-    IncompatibleVersionError,
     InvalidArgumentError,
     RingoError,
-    UnauthenticatedError,
-    UnavailableError,
 )
 from ._models import PostgresStorage, SQLiteStorage, _check_name
-from ._proto.ringo.v1 import (
-    AttachLocalRequest,
-    AttachLocalResponse,
-    NegotiateRequest,
-    NegotiateResponse,
-    RequestContext,
-)
 from ._queue import TaskQueue
-from ._transport import SessionRejectedError, Transport, client_tls_context
-from ._version import SDK_NAME, SDK_VERSION
+from ._transport import client_tls_context
 
 if TYPE_CHECKING:
     from ._shared import SharedLocalDaemon
-    from ._work.worker import Worker
 
 __all__ = ["CompressionOption", "Ringo", "RingoClient"]
 
@@ -135,26 +103,6 @@ def _positive_seconds(what: str, value: object) -> float:
     return float(value)
 
 
-@dataclass(frozen=True, slots=True)
-class _Session:
-    minor: int
-    token: str
-    # Built once per negotiation and shared by every request of the session
-    # (nothing mutates it), instead of one allocation per call.
-    context: RequestContext = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        context = RequestContext(
-            protocol_major=_limits.PROTOCOL_MAJOR,
-            protocol_minor=self.minor,
-            session_token=self.token,
-        )
-        object.__setattr__(self, "context", context)
-
-
-_NO_SESSION = _Session(minor=_limits.PROTOCOL_MINOR, token="")
-
-
 class RingoClient:
     """A client of one Ringo daemon; create it with `Ringo.local` or `Ringo.connect`.
 
@@ -183,40 +131,20 @@ class RingoClient:
             if self._endpoint is None:
                 raise InvalidArgumentError("tls is for a daemon given by endpoint")
             self._endpoint = self._endpoint.with_tls(tls)
-        self._metadata = _bearer_metadata(token)
-        self._daemon = daemon
-        self._transport: Transport | None = None
+        self._connection = Connection(
+            endpoint=self._endpoint, metadata=_bearer_metadata(token), daemon=daemon
+        )
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._session = _NO_SESSION
         self._queues: dict[str, TaskQueue] = {}
         self._entered = False
-        self._closed = False
         self._close_done: anyio.Event | None = None
-        self._recovery_lock = anyio.Lock()
-        self._daemon_restarts = 0
-        # Weak: a worker that finished (or was never run) is not kept alive by
-        # its client; `aclose` drains the ones still around.
-        self._workers: weakref.WeakSet[Worker] = weakref.WeakSet()
-        # Shared mode: the generation this client is a member of (None: not attached).
-        self._member_of: str | None = None
 
     # -- properties ---------------------------------------------------------
 
     @property
-    def _shared(self) -> SharedLocalDaemon | None:
-        daemon = self._daemon
-        return None if daemon is None or isinstance(daemon, LocalDaemon) else daemon
-
-    def _call_metadata(self) -> tuple[tuple[str, str], ...]:
-        shared = self._shared
-        if shared is None or shared.token is None:
-            return self._metadata
-        return (*self._metadata, (_LOCAL_TOKEN_HEADER, shared.token))
-
-    @property
     def is_local(self) -> bool:
-        return self._daemon is not None
+        return self._connection.daemon is not None
 
     @property
     def compression(self) -> CompressionOption:
@@ -226,23 +154,22 @@ class RingoClient:
     @property
     def endpoint(self) -> str | None:
         """The daemon's endpoint; for a local client known once started."""
-        if self._transport is not None:
-            return self._transport.endpoint.authority
-        return self._endpoint.authority if self._endpoint is not None else None
+        return self._connection.endpoint
 
     @property
     def protocol_minor(self) -> int:
         """The protocol minor negotiated with the daemon."""
-        return self._session.minor
+        return self._connection.protocol_minor
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._connection.closed
 
     @property
     def daemon_pid(self) -> int | None:
         """Process id of the local daemon (None for a remote client)."""
-        return self._daemon.pid if self._daemon is not None else None
+        daemon = self._connection.daemon
+        return daemon.pid if daemon is not None else None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -253,25 +180,11 @@ class RingoClient:
         stack = AsyncExitStack()
         try:
             self._tg = await stack.enter_async_context(anyio.create_task_group())
-            if self._daemon is not None:
-                await stack.enter_async_context(self._daemon)
-                endpoint = parse_endpoint(await self._daemon.start())
-            else:
-                assert self._endpoint is not None
-                endpoint = self._endpoint
-            self._transport = await stack.enter_async_context(
-                Transport(endpoint, metadata=self._call_metadata())
-            )
-            if self._shared is not None:
-                await self._join_shared()
-            else:
-                if self._daemon is not None:
-                    await self._wait_serving(self._daemon.startup_timeout)
-                await self._negotiate()
+            await self._connection.open(stack, self._tg)
         except BaseException as exc:
             # Each component shields and bounds its own cleanup (a daemon is
             # killed even when this start was cancelled).
-            self._closed = True
+            self._connection.mark_closed()
             if self._tg is not None:
                 self._tg.cancel_scope.cancel()
             try:
@@ -314,10 +227,11 @@ class RingoClient:
         later calls raise `RingoError`.
         """
         if self._close_done is not None:
-            self._closed = True
+            self._connection.mark_closed()
             await self._close_done.wait()
             return
         self._close_done = anyio.Event()
+        self._connection.refuse_new_workers()
         errors: list[Exception] = []
         stopped_by: BaseException | None = None
         try:
@@ -325,7 +239,7 @@ class RingoClient:
             # caller's deadline wins over their grace periods: cut short, they
             # stop at once (handlers cancelled, leases released) while the
             # channel closes.
-            workers = list(self._workers)
+            workers = list(self._connection.workers)
             try:
                 for worker in workers:
                     worker._request_close()
@@ -335,19 +249,7 @@ class RingoClient:
                 stopped_by = exc
                 for worker in workers:
                     worker._stop_now("the client was closed before its workers drained")
-            with anyio.CancelScope(shield=True):
-                self._closed = True
-                if self._transport is not None:
-                    with anyio.move_on_after(_CLOSE_CHANNEL_TIMEOUT):
-                        try:
-                            await self._transport.aclose()
-                        except Exception as error:
-                            errors.append(error)
-                if self._daemon is not None:
-                    try:
-                        await self._daemon.stop()  # bounded by stop_timeout, then kill
-                    except Exception as error:
-                        errors.append(error)
+            errors = await self._connection.close()
         finally:
             self._close_done.set()
         if stopped_by is not None:
@@ -357,236 +259,17 @@ class RingoClient:
 
     close = aclose
 
-    def _register_worker(self, worker: Worker) -> None:
-        if self._closed or self._close_done is not None:
-            raise RingoError("client is closed")
-        self._workers.add(worker)
-
     # -- queues -------------------------------------------------------------
 
     def queue(self, name: str) -> TaskQueue:
         """The `TaskQueue` named ``name`` (one object per name per client)."""
         _check_name("queue name", name)
-        if self._closed:
+        if self._connection.closed:
             raise RingoError("client is closed")
         existing = self._queues.get(name)
         if existing is None:
-            existing = self._queues[name] = TaskQueue(self, name)
+            existing = self._queues[name] = TaskQueue(self._connection, name)
         return existing
-
-    # -- calls --------------------------------------------------------------
-
-    def _require_transport(self) -> Transport:
-        if self._closed:
-            raise RingoError("client is closed")
-        if self._transport is None:
-            raise RingoError("client is not started; use 'async with Ringo.connect(...) as client'")
-        return self._transport
-
-    async def _call(
-        self,
-        method: str,
-        request: Any,
-        response_type: type[_T],
-        *,
-        read_only: bool = False,
-        extra_timeout: float = 0.0,
-    ) -> _T:
-        """Send one unary call with the session context, applying the retry rules.
-
-        ``extra_timeout`` extends the deadline for calls the daemon may hold
-        (a long-polling claim).
-        """
-        transport = self._require_transport()
-        timeout = DEFAULT_RPC_TIMEOUT + extra_timeout
-        if self._recovery_lock.locked():
-            # Wait out a recovery in progress rather than hit a restarting daemon.
-            async with self._recovery_lock:
-                pass
-        route = _SERVICE + method
-        sent = self._session
-        request.context = sent.context
-        try:
-            return await transport.unary(route, request, response_type, rpc_timeout=timeout)
-        except SessionRejectedError:
-            if self._closed:
-                raise
-            # Rejected before the operation ran: safe to send again, once.
-            await self._recover(sent, session_rejected=True)
-            if self._session.token == sent.token:
-                raise
-        except UnavailableError:
-            if self._closed:
-                raise
-            await self._recover(sent, session_rejected=False)
-            if not read_only:
-                # Never replay a mutation: it may have been applied.
-                raise
-        request.context = self._session.context
-        return await transport.unary(route, request, response_type, rpc_timeout=timeout)
-
-    async def _recover(self, failed: _Session, *, session_rejected: bool) -> None:
-        """Bounded best-effort recovery so later calls can succeed.
-
-        Failures are swallowed: the caller raises the error of its own call.
-        """
-        async with self._recovery_lock:
-            if self._closed or self._session.token != failed.token:
-                return  # closed, or another call already recovered this session
-            for attempt, delay in enumerate(_RECOVERY_BACKOFF):
-                # A session rejection proves the daemon is up: renegotiate now.
-                if attempt > 0 or not session_rejected:
-                    await anyio.sleep(delay)
-                if self._closed:
-                    return
-                try:
-                    await self._reconnect()
-                    return
-                except RingoError:
-                    if self._daemon_restarts_exhausted():
-                        return
-
-    def _daemon_restarts_exhausted(self) -> bool:
-        return (
-            self._daemon is not None
-            and self._daemon.is_dead
-            and self._daemon_restarts >= _MAX_DAEMON_RESTARTS
-        )
-
-    async def _reconnect(self) -> None:
-        transport = self._require_transport()
-        daemon = self._daemon
-        if daemon is not None and daemon.is_dead:
-            if self._daemon_restarts >= _MAX_DAEMON_RESTARTS:
-                raise UnavailableError(
-                    f"local daemon restart budget ({_MAX_DAEMON_RESTARTS}) exhausted;"
-                    f" last stderr: {daemon.stderr_tail}"
-                )
-            self._daemon_restarts += 1
-            await anyio.sleep(_DAEMON_RESTART_BACKOFF * 2 ** (self._daemon_restarts - 1))
-            if self._closed:
-                # aclose() stopped the daemon meanwhile; do not resurrect it.
-                raise RingoError("client is closed")
-            if self._shared is not None:
-                await self._join_shared(transport)  # re-elect: the daemon is gone
-                return
-            endpoint = parse_endpoint(await daemon.start())
-            await transport.reset(endpoint)
-            await self._wait_serving(daemon.startup_timeout)
-        await self._negotiate()
-        shared = self._shared
-        if shared is not None and self._member_of is None and self._tg is not None:
-            # The daemon lives on but our membership stream broke: re-attach.
-            await self._tg.start(self._membership, shared.generation)
-
-    async def _wait_serving(self, limit_s: float) -> None:
-        """Poll health until SERVING: readiness on stdout precedes it by design."""
-        transport = self._require_transport()
-        last: str = "no answer"
-        with anyio.move_on_after(limit_s):
-            while True:
-                try:
-                    if await transport.health_check(rpc_timeout=2.0):
-                        return
-                    last = "health status is not SERVING"
-                except UnauthenticatedError:
-                    raise  # a wrong shared-daemon token does not heal by waiting
-                except RingoError as error:
-                    last = str(error)
-                await anyio.sleep(_HEALTH_POLL_INTERVAL)
-        raise RingoError(f"local daemon did not report SERVING within {limit_s:g}s: {last}")
-
-    # -- shared local daemon ------------------------------------------------
-
-    async def _join_shared(self, transport: Transport | None = None) -> None:
-        """Elect or adopt the data dir's shared daemon, connect, negotiate and
-        attach as a member. An identity that does not hold up (no answer, a
-        wrong token, another generation) is never trusted again: one bounded
-        re-election, as the seed does."""
-        shared = self._shared
-        assert shared is not None
-        assert self._tg is not None
-        elected = transport is None  # on entry, start() has just run
-        transport = transport or self._require_transport()
-        for attempt in range(2):
-            if attempt or not elected:
-                endpoint = parse_endpoint(await shared.start())
-                await transport.reset(endpoint, metadata=self._call_metadata())
-            try:
-                await self._wait_serving(shared.startup_timeout if shared.started_here else 3.0)
-                await self._negotiate()
-                await self._tg.start(self._membership, shared.generation)
-                return
-            except RingoError:
-                if attempt:
-                    raise
-                shared.invalidate_current()
-
-    async def _membership(
-        self,
-        generation: str,
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Hold this process's AttachLocal stream: the shared daemon counts its
-        members by these and lingers out once the last one is gone. When the
-        stream ends under us (the daemon died or is going), recover at once —
-        re-elect, reconnect, re-attach — instead of waiting for the next call."""
-        transport = self._require_transport()
-        started = False
-        try:
-            async with transport.open_stream(
-                _SERVICE + "AttachLocal",
-                AttachLocalRequest,
-                AttachLocalResponse,
-                request=AttachLocalRequest(generation=generation),
-            ) as stream:
-                try:
-                    first = await stream.receive.receive()
-                except anyio.EndOfStream:
-                    raise UnavailableError("the shared daemon closed AttachLocal") from None
-                if first.generation != generation:
-                    raise UnavailableError(
-                        f"the shared daemon is generation {first.generation!r}, not {generation!r}"
-                    )
-                self._member_of = generation
-                started = True
-                task_status.started()
-                async for _ in stream.receive:
-                    pass
-        except RingoError:
-            if not started:
-                raise
-        finally:
-            if self._member_of == generation:
-                self._member_of = None
-        if self._closed:
-            return
-        # Membership lost: recovery re-elects (the daemon is dead) or finds
-        # another call already did; a new membership task is started by it.
-        await self._recover(self._session, session_rejected=False)
-
-    async def _negotiate(self) -> None:
-        transport = self._require_transport()
-        reply = await transport.unary(
-            _SERVICE + "Negotiate",
-            NegotiateRequest(
-                sdk_name=SDK_NAME,
-                sdk_version=SDK_VERSION,
-                protocol_major=_limits.PROTOCOL_MAJOR,
-                protocol_minor=_limits.PROTOCOL_MINOR,
-            ),
-            NegotiateResponse,
-            rpc_timeout=DEFAULT_RPC_TIMEOUT,
-        )
-        if reply.protocol_major != _limits.PROTOCOL_MAJOR:
-            raise IncompatibleVersionError(
-                f"the daemon speaks protocol major {reply.protocol_major}, this SDK"
-                f" speaks {_limits.PROTOCOL_MAJOR}; upgrade one side"
-            )
-        self._session = _Session(
-            minor=min(reply.protocol_minor, _limits.PROTOCOL_MINOR), token=reply.session_token
-        )
 
 
 class Ringo:

@@ -9,8 +9,6 @@ surfaces `UnavailableError` instead of risking a double apply.
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -38,6 +36,8 @@ from ._proto.ringo.v1 import (
     EnqueueResponse,
     ExtendLeaseRequest,
     ExtendLeaseResponse,
+    GetQueueActivityRequest,
+    GetQueueActivityResponse,
     GetTaskRequest,
     GetTaskResponse,
     LeaseRef,
@@ -54,16 +54,13 @@ from ._proto.ringo.v1 import (
 from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
 from ._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._work._timeouts import TaskTimeouts
+from ._work.worker import Worker, check_concurrency, new_worker_id
 
 if TYPE_CHECKING:
-    from ._client import RingoClient
-    from ._work.worker import Handler, Worker
+    from ._connection import Connection
+    from ._work.worker import Handler
 
-__all__ = ["LeasedTask", "TaskQueue", "new_worker_id"]
-
-
-def new_worker_id() -> str:
-    return f"py-{os.getpid()}-{secrets.token_hex(4)}"
+__all__ = ["LeasedTask", "TaskQueue"]
 
 
 def _task_types(task_types: Iterable[str] | None) -> list[str]:
@@ -113,8 +110,8 @@ class _EnqueueManyReply:
 class TaskQueue:
     """One named queue of a client. Get it with `RingoClient.queue`."""
 
-    def __init__(self, client: RingoClient, name: str) -> None:
-        self._client = client
+    def __init__(self, connection: Connection, name: str) -> None:
+        self._connection = connection
         self.name = name
 
     def __repr__(self) -> str:
@@ -175,14 +172,13 @@ class TaskQueue:
         stops taking work and ``run()`` raises `WorkerFencedError`. See
         docs/timeouts.md.
         """
-        from ._work.worker import Worker, _check_concurrency
 
         if not callable(handler):
             raise InvalidArgumentError("handler must be callable")
         if on_idle is not None and not callable(on_idle):
             raise InvalidArgumentError("on_idle must be callable")
         if not isinstance(concurrency, AdaptiveConcurrency | ResourceConcurrency):
-            concurrency = _check_concurrency(concurrency, low=1)
+            concurrency = check_concurrency(concurrency, low=1)
         if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
             raise InvalidArgumentError("weight must be a positive integer")
         if not isinstance(lease_duration, timedelta) or lease_duration < timedelta(0):
@@ -198,7 +194,8 @@ class TaskQueue:
                 f"task_timeouts must be a TaskTimeouts or None, got {type(task_timeouts).__name__}"
             )
         worker = Worker(
-            self,
+            self._connection,
+            self.name,
             handler,
             task_types=_task_types(task_types),
             concurrency=concurrency,
@@ -209,7 +206,7 @@ class TaskQueue:
             task_timeouts=task_timeouts,
             stop_timeout=stop_timeout,
         )
-        self._client._register_worker(worker)
+        self._connection.register_worker(worker)
         return worker
 
     # -- submission ---------------------------------------------------------
@@ -226,7 +223,7 @@ class TaskQueue:
             raise InvalidArgumentError("pass either a TaskSpec or keyword arguments, not both")
         elif not isinstance(spec, TaskSpec):
             raise InvalidArgumentError(f"spec must be a TaskSpec, got {type(spec).__name__}")
-        reply = await self._client._call(
+        reply = await self._connection.call(
             "Enqueue", EnqueueRequest(queue=self.name, task=spec.to_wire()), EnqueueResponse
         )
         return EnqueueResult.from_wire(reply.result)
@@ -246,7 +243,7 @@ class TaskQueue:
         created = duplicates = 0
         for start in range(0, len(specs), _limits.MAX_BATCH):
             chunk = specs[start : start + _limits.MAX_BATCH]
-            reply = await self._client._call(
+            reply = await self._connection.call(
                 "EnqueueMany", _EnqueueManyCall(self.name, chunk), _EnqueueManyReply
             )
             batch = cast(BatchResult, reply)
@@ -263,12 +260,24 @@ class TaskQueue:
         """The task with this id; `NotFoundError` if there is none."""
         return await self._get(task_id=_check_name("task_id", task_id))
 
+    async def active_count(self, task_types: Iterable[str] | None = None) -> int:
+        """Tasks of this queue not finished yet — PENDING (due or scheduled)
+        and LEASED — of ``task_types`` (all types when None): what a worker's
+        ``on_idle`` waits to see at zero. Needs protocol minor >= 1."""
+        reply = await self._connection.call(
+            "GetQueueActivity",
+            GetQueueActivityRequest(queue=self.name, task_types=_task_types(task_types)),
+            GetQueueActivityResponse,
+            read_only=True,
+        )
+        return int(reply.active_task_count)
+
     async def get_by_unique_key(self, unique_key: str) -> Task:
         """The task with this unique key; `NotFoundError` if there is none."""
         return await self._get(unique_key=_check_unique_key(unique_key))
 
     async def _get(self, *, task_id: str | None = None, unique_key: str | None = None) -> Task:
-        reply = await self._client._call(
+        reply = await self._connection.call(
             "GetTask",
             GetTaskRequest(queue=self.name, task_id=task_id, unique_key=unique_key),
             GetTaskResponse,
@@ -290,7 +299,7 @@ class TaskQueue:
         return await self._retry(task_id=_check_name("task_id", task_id))
 
     async def _retry(self, *, task_id: str | None = None, unique_key: str | None = None) -> Task:
-        reply = await self._client._call(
+        reply = await self._connection.call(
             "RetryTask",
             RetryTaskRequest(queue=self.name, task_id=task_id, unique_key=unique_key),
             RetryTaskResponse,
@@ -336,7 +345,7 @@ class TaskQueue:
             request.lease_duration = _check_duration(
                 "lease_duration", lease_duration, maximum=_limits.MAX_LEASE
             )
-        reply = await self._client._call(
+        reply = await self._connection.call(
             "Claim", request, ClaimResponse, extra_timeout=extra_timeout
         )
         return [LeasedTask(self, leased) for leased in reply.tasks]
@@ -373,7 +382,7 @@ class LeasedTask:
 
     async def ack(self) -> None:
         """Mark the task SUCCEEDED."""
-        await self._queue._client._call("Ack", AckRequest(lease=self._ref()), AckResponse)
+        await self._queue._connection.call("Ack", AckRequest(lease=self._ref()), AckResponse)
 
     async def nack(self, error: str = "", *, delay: timedelta | None = None) -> None:
         """Fail this attempt: the task is retried after its backoff (or ``delay``),
@@ -382,11 +391,11 @@ class LeasedTask:
         request = NackRequest(lease=self._ref(), error=_error_text(error))
         if delay is not None:
             request.retry_delay_override = _check_duration("delay", delay)
-        await self._queue._client._call("Nack", request, NackResponse)
+        await self._queue._connection.call("Nack", request, NackResponse)
 
     async def reject(self, error: str = "") -> None:
         """Fail the task permanently: it becomes DEAD with no further attempts."""
-        await self._queue._client._call(
+        await self._queue._connection.call(
             "Reject", RejectRequest(lease=self._ref(), error=_error_text(error)), RejectResponse
         )
 
@@ -395,7 +404,7 @@ class LeasedTask:
         extension = _check_duration(
             "extension", extension, maximum=_limits.MAX_LEASE, positive=True
         )
-        reply = await self._queue._client._call(
+        reply = await self._queue._connection.call(
             "ExtendLease",
             ExtendLeaseRequest(lease=self._ref(), extension=extension),
             ExtendLeaseResponse,
@@ -410,7 +419,7 @@ class LeasedTask:
                 raise InvalidArgumentError(f"{what} must be a number")
         if not isinstance(message, str):
             raise InvalidArgumentError("message must be a string")
-        await self._queue._client._call(
+        await self._queue._connection.call(
             "ReportProgress",
             ReportProgressRequest(
                 lease=self._ref(),

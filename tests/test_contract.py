@@ -150,3 +150,20 @@ def test_wire_is_shared_and_sans_io() -> None:
         imported = _imports(str(module.relative_to(ROOT / "ringo_trio")))
         assert not {name.split(".")[0] for name in imported} & forbidden, module.name
         assert {name for name in imported if name.startswith(".")} <= {".protocol"}, module.name
+
+
+def test_queues_and_workers_depend_on_the_connection_not_the_client() -> None:
+    """No reach-through: `TaskQueue` and `Worker` (and the connection itself)
+    use `ringo_trio._connection`, never the client facade, so there is no
+    ``_client`` <-> ``_queue`` <-> ``_worker`` import circle."""
+    for module in (
+        "_connection.py",
+        "_queue.py",
+        "_work/worker.py",
+        "_work/_driver.py",
+        "_work/_fencing.py",
+    ):
+        imported = _imports(module)
+        assert not {name for name in imported if name.lstrip(".") == "_client"}, module
+    assert ".._connection" in _imports("_work/worker.py")
+    assert "._connection" in _imports("_queue.py")

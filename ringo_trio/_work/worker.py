@@ -82,6 +82,8 @@ import functools
 import inspect
 import logging
 import math
+import os
+import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -128,16 +130,21 @@ from ._session import (
 from ._timeouts import TaskTimeouts, Watchdog
 
 if TYPE_CHECKING:
-    from .._client import _Session
-    from .._queue import TaskQueue
+    from .._connection import Connection, NegotiatedSession
 
-__all__ = ["DEFAULT_STOP_TIMEOUT", "Handler", "TaskContext", "Worker"]
+__all__ = [
+    "DEFAULT_STOP_TIMEOUT",
+    "Handler",
+    "TaskContext",
+    "Worker",
+    "check_concurrency",
+    "new_worker_id",
+]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Task, "TaskContext"], Awaitable[Any]]
 
-_WORK = "/ringo.v1.QueueService/Work"
 #: on_idle cadence (seed semantics): poll every 250 ms, fire after 1 s of zeros.
 _IDLE_POLL_SECONDS = 0.25
 _IDLE_QUIET_SECONDS = 1.0
@@ -301,14 +308,14 @@ def _log_outcome(
         task.task_type,
         context.attempt,
         task.max_attempts,
-        worker._queue.name,
+        worker._queue_name,
         what,
         error,
         exc_info=exc_info,
         extra={
             "ringo_task_id": task.id,
             "ringo_task_type": task.task_type,
-            "ringo_queue": worker._queue.name,
+            "ringo_queue": worker._queue_name,
             "ringo_attempt": context.attempt,
             "ringo_worker_id": worker.worker_id,
         },
@@ -336,7 +343,11 @@ def _find_interrupt(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _check_concurrency(value: object, *, low: int) -> int:
+def new_worker_id() -> str:
+    return f"py-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def check_concurrency(value: object, *, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentError("concurrency must be an integer")
     if not low <= value <= _MAX_CONCURRENCY:
@@ -358,7 +369,8 @@ class Worker(Fencing):
 
     def __init__(
         self,
-        queue: TaskQueue,
+        connection: Connection,
+        queue_name: str,
         handler: Handler,
         *,
         task_types: Iterable[str],
@@ -370,10 +382,8 @@ class Worker(Fencing):
         task_timeouts: TaskTimeouts | None = None,
         stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT,
     ) -> None:
-        from .._queue import new_worker_id
-
-        self._queue = queue
-        self._client = queue._client
+        self._connection = connection
+        self._queue_name = queue_name
         self._handler = handler
         self._task_types = list(task_types)
         # With a shared controller the pool sizes the worker (`_rebalance`);
@@ -415,10 +425,10 @@ class Worker(Fencing):
         self._fence: Fence | None = None
 
     def __repr__(self) -> str:
-        return f"<Worker {self._worker_id} queue={self._queue.name!r}>"
+        return f"<Worker {self._worker_id} queue={self._queue_name!r}>"
 
     def _describe(self) -> str:
-        return f"worker {self._worker_id} of queue {self._queue.name!r}"
+        return f"worker {self._worker_id} of queue {self._queue_name!r}"
 
     # -- public ---------------------------------------------------------------
 
@@ -455,11 +465,11 @@ class Worker(Fencing):
             raise InvalidArgumentError(
                 "this worker's concurrency comes from a shared controller; it cannot be set"
             )
-        concurrency = _check_concurrency(concurrency, low=0)
-        if self._run_started and self._client.protocol_minor < TARGET_CONCURRENCY_MINOR:
+        concurrency = check_concurrency(concurrency, low=0)
+        if self._run_started and self._connection.protocol_minor < TARGET_CONCURRENCY_MINOR:
             raise IncompatibleVersionError(
                 "changing concurrency at runtime needs protocol minor >= 2; negotiated minor"
-                f" is {self._client.protocol_minor}"
+                f" is {self._connection.protocol_minor}"
             )
         self._concurrency = concurrency
         self._dynamic = True
@@ -509,7 +519,7 @@ class Worker(Fencing):
                     stopped_by = exc
                     self._stop_now(_interrupt_text(exc))
         finally:
-            self._client._workers.discard(self)
+            self._connection.workers.discard(self)
         stopped_by = stopped_by or self._interrupt
         if stopped_by is not None:
             # Bare, as trio and asyncio deliver it: no group of ours around it.
@@ -546,7 +556,7 @@ class Worker(Fencing):
 
     async def _work_until_stopped(self) -> None:
         try:
-            self._new_session(self._client.protocol_minor, 0)  # fail fast, before any work
+            self._new_session(self._connection.protocol_minor, 0)  # fail fast, before any work
             controller = self._controller
             if controller is not None:
                 self._member = controller._attach(self._weight)
@@ -640,19 +650,19 @@ class Worker(Fencing):
                 self._registered_or_done.set()
 
         while not self._close_requested.is_set():
-            sent = self._client._session
+            sent = self._connection.session
             registered = False
             try:
                 await self._session(sent, on_registered)
             except SessionRejectedError as exc:
                 cause: BaseException = exc
-                await self._client._recover(sent, session_rejected=True)
+                await self._connection.recover(sent, session_rejected=True)
             except IncompatibleVersionError:
                 raise
             except (RingoError, RemoteProtocolError, SessionBroken) as exc:
                 cause = exc
                 if not self._close_requested.is_set():
-                    await self._client._recover(sent, session_rejected=False)
+                    await self._connection.recover(sent, session_rejected=False)
             else:
                 return  # closed gracefully
             if self._close_requested.is_set():
@@ -662,14 +672,13 @@ class Worker(Fencing):
                 if failures >= _MAX_RECOVERY_FAILURES:
                     raise cause
 
-    async def _session(self, sent: _Session, on_registered: Callable[[], None]) -> None:
+    async def _session(self, sent: NegotiatedSession, on_registered: Callable[[], None]) -> None:
         """One Work stream, from registration to its end."""
-        transport = self._client._require_transport()
         concurrency = max(0, self._concurrency - len(self._orphans))
         session = self._new_session(sent.minor, concurrency)
         registration = WorkerRegistration(
             context=sent.context,
-            queue=self._queue.name,
+            queue=self._queue_name,
             worker_id=self._worker_id,
             task_types=self._task_types,
             max_concurrency=max(1, concurrency),
@@ -677,8 +686,8 @@ class Worker(Fencing):
         )
         if self._lease_duration > timedelta(0):
             registration.lease_duration = self._lease_duration
-        async with transport.open_stream(
-            _WORK, Frame, Inbound, send_buffer=math.inf, receive_buffer=256
+        async with self._connection.open_stream(
+            "Work", Frame, Inbound, send_buffer=math.inf, receive_buffer=256
         ) as channels:
             assert channels.send is not None
             live = StreamDriver(session, channels.send, self)
@@ -879,7 +888,7 @@ class Worker(Fencing):
             self._controller is not None  # `_rebalance` sizes the session
             or current is None
             or current.session.state is not State.ACTIVE
-            or self._client.protocol_minor < TARGET_CONCURRENCY_MINOR
+            or self._connection.protocol_minor < TARGET_CONCURRENCY_MINOR
         ):
             return
         wanted = max(0, self._concurrency - len(self._orphans))
@@ -938,14 +947,14 @@ class Worker(Fencing):
     async def _idle_monitor(self, run_scope: anyio.CancelScope) -> None:
         callback = self._on_idle
         assert callback is not None
-        request = GetQueueActivityRequest(queue=self._queue.name, task_types=self._task_types)
+        request = GetQueueActivityRequest(queue=self._queue_name, task_types=self._task_types)
         while not self._idle_fired:
             await anyio.sleep(_IDLE_POLL_SECONDS)
             if not self._idle_armed or self._closing or self.running:
                 self._idle_since = None
                 continue
             try:
-                reply = await self._client._call(
+                reply = await self._connection.call(
                     "GetQueueActivity", request, GetQueueActivityResponse, read_only=True
                 )
                 active = reply.active_task_count

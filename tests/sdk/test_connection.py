@@ -56,12 +56,12 @@ async def test_expired_session_is_renegotiated_transparently(tmp_path: pathlib.P
     with spawn_daemon(tmp_path, session_ttl=0.5) as daemon, trio.fail_after(20):
         async with Ringo.connect(daemon.endpoint) as client:
             queue = client.queue("q")
-            first_token = client._session.token
+            first_token = client._connection.session.token
             await queue.enqueue(task_type="t", unique_key="a")
             await trio.sleep(0.8)
             result = await queue.enqueue(task_type="t", unique_key="b")
             assert result.created
-            assert client._session.token != first_token
+            assert client._connection.session.token != first_token
             # The renegotiated mutation ran exactly once.
             batch = await queue.enqueue_many([TaskSpec("t", unique_key=k) for k in "ab"])
             assert batch.duplicate_count == 2
@@ -151,7 +151,7 @@ async def test_local_concurrent_failures_restart_once(tmp_path: pathlib.Path) ->
             async with trio.open_nursery() as nursery:
                 for _ in range(8):
                     nursery.start_soon(queue.get_by_id, task.id)
-            assert client._daemon_restarts == 1
+            assert client._connection._daemon_restarts == 1
 
 
 async def test_local_restart_budget_is_three(tmp_path: pathlib.Path) -> None:
@@ -173,7 +173,7 @@ async def test_local_restart_budget_is_three(tmp_path: pathlib.Path) -> None:
             assert not pid_alive(last)
             with pytest.raises(UnavailableError):
                 await queue.enqueue(task_type="t")
-            assert client._daemon_restarts == 3
+            assert client._connection._daemon_restarts == 3
 
 
 async def test_local_daemon_survives_only_while_the_client_lives(tmp_path: pathlib.Path) -> None:
@@ -183,7 +183,7 @@ async def test_local_daemon_survives_only_while_the_client_lives(tmp_path: pathl
             pid = client.daemon_pid
             assert pid is not None
             assert pid_alive(pid)
-            daemon = client._daemon
+            daemon = client._connection.daemon
         assert daemon is not None
         assert not pid_alive(pid)
         assert daemon._child is not None
@@ -218,4 +218,4 @@ async def test_close_during_a_call_fails_it_without_recovery(tmp_path: pathlib.P
                 with pytest.raises(UnavailableError):
                     await queue.claim(wait_timeout=timedelta(seconds=30))
                 assert trio.current_time() - start < 5
-            assert client._daemon_restarts == 0
+            assert client._connection._daemon_restarts == 0

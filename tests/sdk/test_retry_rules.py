@@ -74,8 +74,8 @@ class FakeTransport:
 async def connected(script: Script) -> tuple[RingoClient, FakeTransport]:
     client = Ringo.connect("fake:1")
     fake = FakeTransport(script)
-    client._transport = fake  # type: ignore[assignment]
-    await client._negotiate()
+    client._connection._transport = fake  # type: ignore[assignment]
+    await client._connection._negotiate()
     return client, fake
 
 
@@ -256,7 +256,7 @@ async def test_recovery_gives_up_after_three_attempts(autojump_clock: trio.abc.C
 
 async def test_closed_client_does_not_recover(autojump_clock: trio.abc.Clock) -> None:
     client, fake = await connected(fail_first(UnavailableError("down")))
-    client._closed = True
+    client._connection.mark_closed()
     with pytest.raises(Exception, match="closed"):
         await client.queue("q").get_by_id("1")
     assert fake.negotiations == 1
