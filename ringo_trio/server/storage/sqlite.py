@@ -60,6 +60,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ringo_trio._limits import MAX_ACTIVITY_COUNT
 from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
@@ -95,6 +96,7 @@ from ._rows import lease as _lease
 from ._rows import leased as _leased
 from ._rows import new_task as _new_task
 from ._rows import row_task as _row_task
+from ._rows import stuck as _stuck
 from ._rows import to_us as _to_us
 
 __all__ = ["SCHEMA_VERSION", "SQLiteEngine"]
@@ -151,6 +153,9 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
+
+# Large enough to need pages of its own (overflow pages).
+_PROBE_SPEC = TaskSpec(task_type="probe", payload=bytes(16 * 1024))
 
 _INSERT = (
     "INSERT INTO tasks (id, queue, task_type, payload, unique_key, state, attempt,"
@@ -215,9 +220,12 @@ _TOP_PRIORITY = f"SELECT max(priority) FROM tasks WHERE queue = ? AND state = {_
 _NEXT_PRIORITY = (
     f"SELECT max(priority) FROM tasks WHERE queue = ? AND state = {_PENDING} AND priority < ?"
 )
+# The lease is cleared for a stuck LEASED task (see `_rows.stuck`); a
+# finished task has none.
 _RETRY = f"""
     UPDATE tasks SET state = {_PENDING}, available_at = :now, finished_at = NULL,
-        max_attempts = min(attempt + base_max_attempts, {_UINT32_MAX}), updated_at = :now
+        max_attempts = min(attempt + base_max_attempts, {_UINT32_MAX}), worker_id = '',
+        lease_token = '', lease_until = NULL, updated_at = :now
     WHERE seq = :seq RETURNING {_COLS}
 """
 
@@ -358,8 +366,26 @@ class SQLiteEngine(Storage):
             raise RuntimeError("SQLiteEngine is not open")
         return self._db
 
-    def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        return _immediate(self._conn())
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """`_immediate` on the connection; SQLITE_FULL (no room for the
+        database or its WAL) is `StorageFull`."""
+        try:
+            with _immediate(self._conn()) as db:
+                yield db
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode == sqlite3.SQLITE_FULL:
+                raise self._full(exc) from exc
+            raise
+
+    async def probe(self, now: datetime) -> None:
+        now_us = _to_us(now)
+        # Queue "" names no queue a client can use, and the row is gone again
+        # before the commit makes anything visible.
+        _, row = _new_task("", _PROBE_SPEC, _from_us(now_us), now_us, "probe")
+        with self._write() as db:
+            seq = db.execute(_INSERT, row).lastrowid
+            db.execute("DELETE FROM tasks WHERE seq = ?", (seq,))
 
     # -- submission --------------------------------------------------------
 
@@ -422,11 +448,11 @@ class SQLiteEngine(Storage):
     ) -> Task:
         now_us = _to_us(now)
         with self._write() as db:
-            row = _find(db, "seq, state", queue, task_id, unique_key)
-            if row[1] not in (_SUCCEEDED, _DEAD):
+            row = _find(db, "seq, state, available_at, lease_until", queue, task_id, unique_key)
+            if row[1] not in (_SUCCEEDED, _DEAD) and not _stuck(row[2], row[3]):
                 raise FailedPrecondition(
                     f"{_describe(queue, task_id, unique_key)} is {_STATES[row[1]].name};"
-                    " only SUCCEEDED or DEAD tasks can be retried"
+                    " only SUCCEEDED or DEAD tasks (or stuck ones) can be retried"
                 )
             updated = db.execute(_RETRY, {"seq": row[0], "now": now_us}).fetchone()
             return _row_task(updated)
@@ -555,12 +581,15 @@ class SQLiteEngine(Storage):
         db = self._conn()
         total = 0
         for state in (_PENDING, _LEASED):
-            # One literal state per query, so each uses its partial index.
+            # One literal state per query, so each uses its partial index;
+            # the LIMIT bounds the index walk (this runs on the event loop).
             total += db.execute(
-                f"SELECT count(*) FROM tasks WHERE queue = :queue AND state = {state}"
-                f"{types_clause}",
-                {**params, "queue": queue},
+                f"SELECT count(*) FROM (SELECT 1 FROM tasks WHERE queue = :queue"
+                f" AND state = {state}{types_clause} LIMIT :cap)",
+                {**params, "queue": queue, "cap": MAX_ACTIVITY_COUNT - total},
             ).fetchone()[0]
+            if total >= MAX_ACTIVITY_COUNT:
+                break
         return total
 
     async def next_wakeup(
