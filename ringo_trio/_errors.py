@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from ._limits import MAX_DELAY
+
 __all__ = [
     "FailedPreconditionError",
     "IncompatibleVersionError",
@@ -89,6 +91,8 @@ class RetryTaskError(Exception):
         super().__init__(message)
         if delay is not None and delay < timedelta(0):
             raise InvalidArgumentError("RetryTaskError delay must not be negative")
+        if delay is not None and delay > MAX_DELAY:
+            raise InvalidArgumentError(f"RetryTaskError delay must be at most {MAX_DELAY}")
         self.delay = delay
         self.congestion = congestion
 
