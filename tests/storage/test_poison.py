@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ringo_trio._limits import MAX_ACTIVITY_COUNT
+from ringo_trio._limits import MAX_ACTIVITY_COUNT, MAX_DELAY
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server.storage.postgres import PostgresEngine
@@ -52,12 +52,15 @@ def test_a_time_beyond_year_9999_reads_as_the_latest_moment_and_spares_other_tas
     now = clock.now()
     poisoned, good, other = (o.task for o in engine.enqueue("q", [spec(), spec(), spec()], now))
     plant(engine, poisoned.id, available_at=INT64_MAX)
+    # A due task with bad times of its own is still claimed.
+    plant(engine, other.id, created_at=INT64_MIN, updated_at=INT64_MAX)
     task = engine.get("q", task_id=poisoned.id)
     assert task.state == TaskState.PENDING
     assert task.available_at == LATEST
     assert engine.get("q", task_id=good.id) == good
     claimed = engine.claim("q", [], 10, "w1", LEASE, now)
     assert [lt.task.id for lt in claimed] == [good.id, other.id]
+    assert claimed[1].task.created_at == EARLIEST
     for lt in claimed:
         engine.ack(ref_of(lt), now)
     assert engine.next_wakeup("q", [], now) == LATEST
@@ -92,6 +95,33 @@ def test_every_stored_time_and_duration_is_clamped_when_read(
     assert task.retry_backoff is not None
     assert task.retry_backoff.initial == task.retry_backoff.maximum == LONGEST
     assert engine.next_wakeup("q", [], now) == LATEST
+
+
+@pytest.mark.parametrize("end", ["nack", "expiry"])
+def test_a_backoff_beyond_the_limits_is_capped_when_applied(
+    engine: SyncEngine, clock: ManualClock, end: str
+) -> None:
+    """Property: a task whose stored backoff is the largest int64 (from before
+    the limits) is retried after at most MAX_DELAY when its attempt ends by
+    nack or by lease expiry; the write neither overflows (PostgreSQL: bigint
+    out of range, failing every claim on the queue) nor stores a time
+    nobody can read."""
+    now = clock.now()
+    [out] = engine.enqueue("q", [spec(), spec()], now)[:1]
+    plant(engine, out.task.id, backoff_initial_us=INT64_MAX, backoff_max_us=INT64_MAX)
+    lt = claim_one(engine, now)
+    assert lt.task.id == out.task.id
+    if end == "nack":
+        engine.nack(ref_of(lt), "again", None, now)
+        ended = now
+    else:
+        clock.advance(LEASE)
+        ended = clock.now()
+        [other] = engine.claim("q", [], 5, "w1", LEASE, ended)
+        assert other.task.id != out.task.id
+    task = engine.get("q", task_id=out.task.id)
+    assert task.state == TaskState.PENDING
+    assert task.available_at == ended + MAX_DELAY
 
 
 @pytest.mark.parametrize("column", ["available_at", "lease_until"])

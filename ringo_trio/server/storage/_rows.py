@@ -74,6 +74,9 @@ MIN_US = to_us(datetime(1, 1, 1, tzinfo=UTC))
 MAX_US = to_us(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC))
 # A protobuf Duration's range is +-10,000 years; stored durations are >= 0.
 MAX_DURATION_US = 315_576_000_000 * 1_000_000
+MAX_DELAY_US = MAX_DELAY // MICRO
+"""The engines cap every retry delay they compute here, so a row whose
+backoff predates the limits cannot push `available_at` out of range."""
 LATEST_US = to_us(MAX_NOT_BEFORE + MAX_DELAY + MAX_LEASE)
 """No time written within the limits is later than this."""
 

@@ -103,6 +103,7 @@ from ._rows import (
     DEAD,
     LEASE_EXPIRED,
     LEASED,
+    MAX_DELAY_US,
     MICRO,
     PENDING,
     STATES,
@@ -294,8 +295,9 @@ class _Sql:
             return f"""
                 state = CASE WHEN attempt >= max_attempts THEN {DEAD} ELSE {PENDING} END,
                 available_at = CASE WHEN attempt >= max_attempts THEN available_at
-                    ELSE {now} + coalesce({delay}, {backoff}(
-                        backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)) END,
+                    ELSE {now} + least(coalesce({delay}, {backoff}(
+                        backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
+                        {MAX_DELAY_US}) END,
                 finished_at = CASE WHEN attempt >= max_attempts THEN {now} ELSE NULL END,
                 last_error = {error}, worker_id = '', lease_token = '', lease_until = NULL,
                 updated_at = {now}

@@ -85,6 +85,7 @@ from ._rows import COLS as _COLS
 from ._rows import DEAD as _DEAD
 from ._rows import LEASE_EXPIRED as _LEASE_EXPIRED
 from ._rows import LEASED as _LEASED
+from ._rows import MAX_DELAY_US as _MAX_DELAY_US
 from ._rows import MICRO as _MICRO
 from ._rows import PENDING as _PENDING
 from ._rows import STATES as _STATES
@@ -175,8 +176,9 @@ _LEASE_MATCH = (
 _RELEASE = f"""
     state = CASE WHEN attempt >= max_attempts THEN {_DEAD} ELSE {_PENDING} END,
     available_at = CASE WHEN attempt >= max_attempts THEN available_at
-        ELSE :now + coalesce(:delay, ringo_backoff_us(
-            backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)) END,
+        ELSE :now + min(coalesce(:delay, ringo_backoff_us(
+            backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
+            {_MAX_DELAY_US}) END,
     finished_at = CASE WHEN attempt >= max_attempts THEN :now ELSE NULL END,
     last_error = :error, worker_id = '', lease_token = '', lease_until = NULL,
     updated_at = :now
