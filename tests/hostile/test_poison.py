@@ -1,5 +1,5 @@
 """Poison: requests that would store a time no engine can read back, against
-a real ringod on each engine.
+a real ringod on each engine; and a database that runs out of space.
 
 Before the limits, a legal backoff or nack delay of 3,000,000 days pushed the
 next retry past year 9999: from then on every GetTask of the task, every
@@ -15,9 +15,14 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import anyio
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 from grpclib.const import Status
 
+from ringo_trio._proto.grpc.health.v1 import (
+    HealthCheckRequest,
+    HealthCheckResponseServingStatus,
+)
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     EnqueueRequest,
@@ -102,3 +107,46 @@ async def test_a_far_future_nack_delay_is_refused_and_commits_nothing(
             assert task.state == TaskState.LEASED
             assert task.last_error == ""
             await client.stub.ack(AckRequest(context=client.context, lease=ref(leased)))
+
+
+_DISK_FULL = """
+    CREATE FUNCTION public.disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'
+        USING ERRCODE = 'disk_full'; END $$;
+    CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON public.tasks
+        FOR EACH ROW EXECUTE FUNCTION public.disk_full();
+"""
+
+
+async def test_a_full_database_is_resource_exhausted_and_not_serving_until_it_has_room(
+    postgres_dsn: str,
+) -> None:
+    """Defect: with the disk full, enqueue and claim answered INTERNAL while
+    health stayed SERVING. Against a real ringod on PostgreSQL whose server
+    answers every write with SQLSTATE 53100 (disk_full, from a trigger: a
+    full disk needs root): writes answer RESOURCE_EXHAUSTED, reads work,
+    health says NOT_SERVING, and once writes work again health returns to
+    SERVING by itself and the enqueue succeeds."""
+    queue = new_queue()
+    serving = HealthCheckResponseServingStatus.SERVING
+    with spawn_daemon(None, postgres_dsn=postgres_dsn) as daemon, anyio.fail_after(30):
+        async with connect(daemon) as client:
+            kept = await client.enqueue(queue)
+            admin = await asyncpg.connect(postgres_dsn)
+            try:
+                await admin.execute(_DISK_FULL)
+                await expect_status(
+                    client.enqueue(queue), Status.RESOURCE_EXHAUSTED, "storage full"
+                )
+                await expect_status(client.claim(queue), Status.RESOURCE_EXHAUSTED)
+                status = await client.health.check(HealthCheckRequest())
+                assert status.status == HealthCheckResponseServingStatus.NOT_SERVING
+                assert await client.get(queue, kept.id) == kept
+                await admin.execute("DROP TRIGGER disk_full ON public.tasks")
+            finally:
+                await admin.close()
+            async for answer in client.health.watch(HealthCheckRequest()):
+                if answer.status == serving:
+                    break
+            await client.enqueue(queue)
+            assert await client.activity(queue) == 2
