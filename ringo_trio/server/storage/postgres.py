@@ -157,10 +157,9 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     # "database does not allow connections" / "is being shut down" at connect.
     asyncpg.exceptions.ObjectNotInPrerequisiteStateError,
 )
-# Large enough to need pages of its own (TOAST).
-_PROBE_SPEC = TaskSpec(task_type="probe", payload=secrets.token_bytes(16 * 1024))
-
 _TRANSIENT = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
+# Random, so TOAST cannot compress it: large enough to need pages of its own.
+_PROBE_SPEC = TaskSpec(task_type="probe", payload=secrets.token_bytes(16 * 1024))
 
 
 def _unavailable(exc: BaseException) -> StorageUnavailable:
