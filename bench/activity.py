@@ -1,7 +1,7 @@
 """Health latency of a daemon whose queue is deep while idle workers poll it.
 
     python bench/activity.py [--pending 1000000] [--pollers 4] [--seconds 20]
-                             [--base DIR]
+                             [--base DIR] [--task-type T ...]
 
 Builds a SQLite data dir holding `--pending` PENDING tasks in one queue
 (written straight into the database: enqueueing a million through the daemon
@@ -22,6 +22,7 @@ import asyncio
 import secrets
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +38,6 @@ from ringo_trio._proto.ringo.v1 import (
     QueueServiceStub,
     RequestContext,
 )
-from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import spawn_daemon
 
 QUEUE = "deep"
@@ -45,8 +45,19 @@ POLL_INTERVAL = 0.25
 PROBE_INTERVAL = 0.02
 
 
-def build(path: Path, pending: int) -> None:
-    asyncio.run(_create_schema(path))
+def build(path: Path, pending: int, base: Path | None) -> None:
+    # The schema of the tree the daemon runs from (`--base` may be older).
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _prelude(base)
+            + "import asyncio, pathlib; from ringo_trio.server.storage.sqlite import SQLiteEngine;"
+            f" engine = SQLiteEngine(pathlib.Path({str(path)!r}));"
+            " asyncio.run(engine.open()); asyncio.run(engine.close())",
+        ],
+        check=True,
+    )
     db = sqlite3.connect(path, isolation_level=None)
     now_us = int(time.time() * 1_000_000)
     db.execute("BEGIN")
@@ -67,10 +78,10 @@ def build(path: Path, pending: int) -> None:
     db.close()
 
 
-async def _create_schema(path: Path) -> None:
-    engine = SQLiteEngine(path)
-    await engine.open()
-    await engine.close()
+def _prelude(base: Path | None) -> str:
+    # Not PYTHONPATH: `python -m` puts the working directory (this tree)
+    # ahead of it.
+    return "" if base is None else f"import sys; sys.path.insert(0, {str(base)!r}); "
 
 
 def percentiles(samples: list[float]) -> str:
@@ -79,7 +90,9 @@ def percentiles(samples: list[float]) -> str:
     return f"n={len(ms)} p50={cuts[49]:.2f} ms p99={cuts[98]:.2f} ms max={ms[-1]:.2f} ms"
 
 
-async def measure(host: str, port: int, pollers: int, seconds: float) -> None:
+async def measure(
+    host: str, port: int, pollers: int, seconds: float, task_types: list[str]
+) -> None:
     channel = Channel(host, port)
     try:
         stub = QueueServiceStub(channel)
@@ -92,7 +105,7 @@ async def measure(host: str, port: int, pollers: int, seconds: float) -> None:
             protocol_minor=session.protocol_minor,
             session_token=session.session_token,
         )
-        request = GetQueueActivityRequest(context=context, queue=QUEUE)
+        request = GetQueueActivityRequest(context=context, queue=QUEUE, task_types=task_types)
         first = await stub.get_queue_activity(request)
         print(f"active_task_count answered: {first.active_task_count}")
         deadline = time.monotonic() + seconds
@@ -131,26 +144,31 @@ def main() -> None:
     parser.add_argument("--pollers", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--base", type=Path, default=None)
+    parser.add_argument(
+        "--task-type",
+        action="append",
+        default=[],
+        help="the pollers' task-type filter (every task is of type 't')",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ringo-activity-") as scratch:
         data_dir = Path(scratch) / "data"
         data_dir.mkdir()
         started = time.perf_counter()
-        build(data_dir / "ringo.db", args.pending)
+        build(data_dir / "ringo.db", args.pending, args.base)
         print(f"built {args.pending:,} pending tasks in {time.perf_counter() - started:.1f} s")
-        command = None
-        if args.base is not None:
-            # Not PYTHONPATH: `python -m` puts the working directory (this
-            # tree) ahead of it.
-            command = [
-                sys.executable,
-                "-c",
-                f"import runpy, sys; sys.path.insert(0, {str(args.base)!r});"
-                " runpy.run_module('ringo_trio.server', run_name='__main__', alter_sys=True)",
-            ]
+        command = [
+            sys.executable,
+            "-c",
+            _prelude(args.base)
+            + "import runpy; runpy.run_module('ringo_trio.server', run_name='__main__',"
+            " alter_sys=True)",
+        ]
         with spawn_daemon(data_dir, command=command) as daemon:
             print(f"{args.pollers} pollers every {POLL_INTERVAL * 1000:.0f} ms, {args.seconds:g} s")
-            asyncio.run(measure(daemon.host, daemon.port, args.pollers, args.seconds))
+            asyncio.run(
+                measure(daemon.host, daemon.port, args.pollers, args.seconds, args.task_type)
+            )
 
 
 if __name__ == "__main__":

@@ -259,6 +259,35 @@ def _migrations(s: str) -> tuple[tuple[str, ...], ...]:
             $$
             """,
         ),
+        # activity: counting stops at `cap`, and a task-type filter is a seek
+        # per type, so the count never walks a backlog of other types. The
+        # EXECUTE plans the count for the very values given: the generic plan
+        # the engine's prepared statements run cannot tell an empty queue
+        # from a deep one and, under a LIMIT, would scan the whole table.
+        (
+            f"CREATE INDEX tasks_active_type ON {s}.tasks (queue, task_type)"
+            f" WHERE state IN ({PENDING}, {LEASED})",
+            f"""
+            CREATE FUNCTION {s}.ringo_activity(q text, types text[], cap integer)
+            RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+            DECLARE
+                n bigint;
+            BEGIN
+                IF types IS NULL THEN
+                    EXECUTE 'SELECT count(*) FROM (SELECT 1 FROM {s}.tasks
+                        WHERE queue = $1 AND state IN ({PENDING}, {LEASED}) LIMIT $2) a'
+                        INTO n USING q, cap;
+                ELSE
+                    EXECUTE 'SELECT count(*) FROM (SELECT 1 FROM {s}.tasks
+                        WHERE queue = $1 AND state IN ({PENDING}, {LEASED})
+                            AND task_type = ANY($3) LIMIT $2) a'
+                        INTO n USING q, cap, types;
+                END IF;
+                RETURN n;
+            END
+            $$
+            """,
+        ),
     )
 
 
@@ -465,16 +494,10 @@ class _Sql:
             SELECT (SELECT count(*) FROM r), {notify_pending("r")}
         """
 
+        self.activity = (
+            f"SELECT {_ident(schema)}.ringo_activity($1, $2::text[], {MAX_ACTIVITY_COUNT})"
+        )
         types = _types_filter(2)
-        # One literal state per count, so each uses its partial index; the
-        # LIMIT bounds the index walk.
-        self.activity = f"""
-            SELECT count(*) FROM (
-                (SELECT 1 FROM {t} WHERE queue = $1 AND state = {PENDING} {types} LIMIT $3)
-                UNION ALL
-                (SELECT 1 FROM {t} WHERE queue = $1 AND state = {LEASED} {types} LIMIT $3)
-                LIMIT $3) a
-        """
         # The soonest lease deadline, and the soonest available_at of each
         # distinct PENDING priority (one index seek each).
         self.next_wakeup = f"""
@@ -803,9 +826,7 @@ class PostgresEngine(Storage):
     # -- observation -------------------------------------------------------
 
     async def activity(self, queue: str, task_types: Sequence[str]) -> int:
-        row = await self._fetchrow(
-            self._sql.activity, queue, _types(task_types), MAX_ACTIVITY_COUNT
-        )
+        row = await self._fetchrow(self._sql.activity, queue, _types(task_types))
         return int(row[0])
 
     async def next_wakeup(
