@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
+from ._limits import MAX_DELAY
+
 __all__ = [
     "FailedPreconditionError",
     "IncompatibleVersionError",
@@ -98,11 +100,15 @@ class RetryTaskError(Exception):
                 raise InvalidArgumentError(
                     "RetryTaskError delay must be a timedelta or a number of seconds"
                 )
-            if not math.isfinite(delay):
-                raise InvalidArgumentError("RetryTaskError delay must be finite")
+            if not math.isfinite(delay) or delay > MAX_DELAY.total_seconds():
+                raise InvalidArgumentError(
+                    f"RetryTaskError delay must be a finite number of seconds, at most {MAX_DELAY}"
+                )
             delay = timedelta(seconds=delay)
         if delay is not None and delay < timedelta(0):
             raise InvalidArgumentError("RetryTaskError delay must not be negative")
+        if delay is not None and delay > MAX_DELAY:
+            raise InvalidArgumentError(f"RetryTaskError delay must be at most {MAX_DELAY}")
         self.delay: timedelta | None = delay
         self.congestion = congestion
 

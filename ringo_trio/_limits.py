@@ -5,7 +5,7 @@ Documented in docs/protocol.md; changing one is a protocol change.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 PROTOCOL_MAJOR = 1
 #: Newest minor this package speaks (client) and serves (daemon).
@@ -35,3 +35,14 @@ DEFAULT_BACKOFF_MAX = timedelta(minutes=5)
 DEFAULT_BACKOFF_MULTIPLIER = 2.0
 DEFAULT_SESSION_TTL = timedelta(hours=1)
 DEFAULT_PORT = 7233
+
+MAX_DELAY = timedelta(days=365)
+"""Longest retry backoff (initial and maximum), nack retry delay and enqueue delay."""
+MAX_NOT_BEFORE = datetime(9000, 1, 1, tzinfo=UTC)
+"""Latest ``not_before``. Every time the daemon stores is at most this plus
+`MAX_DELAY` plus `MAX_LEASE`, so it stays a valid `datetime` (year 9999), a
+protobuf Timestamp, and int64 microseconds (SQLite and PostgreSQL)."""
+MAX_ACTIVITY_COUNT = 1000
+"""GetQueueActivity counts up to this many tasks; the answer saturates here
+(it is "at least this many"), so the call costs the same on a queue of a
+million tasks as on one of a thousand."""

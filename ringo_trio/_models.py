@@ -117,8 +117,8 @@ class RetryBackoff:
     multiplier: float = _limits.DEFAULT_BACKOFF_MULTIPLIER
 
     def __post_init__(self) -> None:
-        _check_duration("retry_backoff.initial", self.initial)
-        _check_duration("retry_backoff.maximum", self.maximum)
+        _check_duration("retry_backoff.initial", self.initial, maximum=_limits.MAX_DELAY)
+        _check_duration("retry_backoff.maximum", self.maximum, maximum=_limits.MAX_DELAY)
         if self.maximum < self.initial:
             raise InvalidArgumentError("retry_backoff.maximum must be >= initial")
         if (
@@ -189,7 +189,7 @@ class TaskSpec:
         if self.retry_backoff is not None and not isinstance(self.retry_backoff, RetryBackoff):
             raise InvalidArgumentError("retry_backoff must be a RetryBackoff")
         if self.delay is not None:
-            _check_duration("delay", self.delay)
+            _check_duration("delay", self.delay, maximum=_limits.MAX_DELAY)
         if self.not_before is not None:
             if not isinstance(self.not_before, datetime):
                 raise InvalidArgumentError("not_before must be a datetime")
@@ -197,6 +197,10 @@ class TaskSpec:
                 raise InvalidArgumentError("not_before must be timezone-aware")
             if self.delay is not None:
                 raise InvalidArgumentError("give at most one of delay and not_before")
+            if self.not_before > _limits.MAX_NOT_BEFORE:
+                raise InvalidArgumentError(
+                    f"not_before must be at most {_limits.MAX_NOT_BEFORE.isoformat()}"
+                )
         _check_int("priority", self.priority, _INT32_MIN, _INT32_MAX)
 
     def to_wire(self) -> _WireTaskSpec:

@@ -390,7 +390,9 @@ class LeasedTask:
         ``last_error`` (truncated to 256 KiB)."""
         request = NackRequest(lease=self._ref(), error=_error_text(error))
         if delay is not None:
-            request.retry_delay_override = _check_duration("delay", delay)
+            request.retry_delay_override = _check_duration(
+                "delay", delay, maximum=_limits.MAX_DELAY
+            )
         await self._queue._connection.call("Nack", request, NackResponse)
 
     async def reject(self, error: str = "") -> None:

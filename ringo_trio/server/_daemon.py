@@ -19,6 +19,13 @@ every lease's expiry, so an idle dispatcher wakes when such a lease runs out
 and its claim takes the task over; the reaper's backstop sweep covers the
 rest.
 
+**Storage full.** An engine reports every write that failed for want of
+room (`Storage.full_listener`); health turns NOT_SERVING at the first, so a
+load balancer or supervisor stops sending work, and the *room probe* then
+tries `Storage.probe` every `_ROOM_PROBE_INTERVAL` seconds until a write
+commits again, when health returns to SERVING. Calls keep being served
+meanwhile: reads work, and writes answer RESOURCE_EXHAUSTED.
+
 Shutdown order (on `stop`):
 
 1. health flips to NOT_SERVING (Watch streams deliver it and end);
@@ -63,11 +70,13 @@ from ._sessions import SessionTable
 from ._throttle import DEFAULT_CAP, AuthThrottle
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import StrictCodec
-from .storage._base import Storage
+from .storage._base import Storage, StorageFull
 
 __all__ = ["Daemon", "DaemonConfig", "ListenError", "format_endpoint"]
 
 log = logging.getLogger("ringo_trio.server")
+
+_ROOM_PROBE_INTERVAL = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +170,8 @@ class Daemon:
             members=self.members,
         )
         self.port: int | None = None
+        self._full = asyncio.Event()
+        storage.full_listener = self._storage_full
 
     @property
     def endpoint(self) -> str:
@@ -199,6 +210,7 @@ class Daemon:
                 background = [
                     tasks.create_task(self.reaper.run(), name="ringod lease reaper"),
                     tasks.create_task(self._watch(), name="ringod storage watch"),
+                    tasks.create_task(self._room_probe(), name="ringod room probe"),
                 ]
                 if self.config.safety_poll is not None:
                     background.append(
@@ -241,6 +253,27 @@ class Daemon:
             log.exception(
                 "watching storage for other daemons' work failed; relying on the safety poll"
             )
+
+    def _storage_full(self, exc: StorageFull) -> None:
+        if not self._full.is_set():
+            log.error("storage is full, health NOT_SERVING until a write commits: %s", exc)
+            self._full.set()
+            self.health.set_not_serving()
+
+    async def _room_probe(self) -> None:
+        while True:
+            await self._full.wait()
+            await asyncio.sleep(_ROOM_PROBE_INTERVAL)
+            try:
+                await self.storage.probe(self.clock.now())
+            except Exception as exc:
+                # Still full (already reported), or any other failure: a
+                # write does not work yet either way.
+                log.debug("room probe failed: %r", exc)
+                continue
+            log.warning("storage writes again, health SERVING")
+            self._full.clear()
+            self.health.set_serving()
 
     async def _safety_poll(self, interval: float) -> None:
         while True:

@@ -23,7 +23,8 @@ any stage leaves every task exactly as it was:
 Only then does the method call the storage engine, with ``now`` read once
 from the daemon's single `Clock`. Engine conditions map one-to-one onto
 status codes (`NotFound` → ``NOT_FOUND``, `LeaseLost` → ``ABORTED``,
-`FailedPrecondition` → ``FAILED_PRECONDITION``, `StorageUnavailable` — the
+`FailedPrecondition` → ``FAILED_PRECONDITION``, `StorageFull` — no room to
+write, nothing written — → ``RESOURCE_EXHAUSTED``, `StorageUnavailable` — the
 database cannot be reached — → ``UNAVAILABLE``); anything unexpected is
 logged with its traceback and answered ``INTERNAL`` — a bug costs one call,
 never the daemon.
@@ -138,6 +139,7 @@ from .storage._base import (
     LeaseLost,
     NotFound,
     Storage,
+    StorageFull,
     StorageUnavailable,
 )
 
@@ -238,6 +240,14 @@ def _rpc(method: _Method[_Service, _Req, _Resp]) -> _Method[_Service, _Req, _Res
         except FailedPrecondition as exc:
             raise GRPCError(
                 Status.FAILED_PRECONDITION, str(exc) or "not allowed in this state"
+            ) from None
+        except StorageFull as exc:
+            # Not UNAVAILABLE: the outcome is known (nothing was written), and
+            # the SDK answers UNAVAILABLE by reconnecting, even restarting a
+            # local daemon, which frees no disk.
+            log.warning("%s: storage full: %s", rpc_name, exc)
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED, f"storage full, nothing was written: {exc}"
             ) from None
         except StorageUnavailable as exc:
             # The call may or may not have committed; the SDK never replays a
@@ -382,7 +392,7 @@ class QueueService(QueueServiceBase):
                 f"the response would echo about {echo} bytes, over the"
                 f" {limits.MAX_MESSAGE_BYTES}-byte message limit; split the batch",
             )
-        outcomes = await self._storage.enqueue(queue, specs, now) if specs else []
+        outcomes = await self._storage.enqueue(queue, specs, now)
         created = sum(1 for outcome in outcomes if outcome.created)
         if created:
             self._wakeups.notify(queue)
@@ -510,7 +520,9 @@ class QueueService(QueueServiceBase):
     async def apply_nack(self, message: NackRequest, now: datetime) -> None:
         ref = v.lease_ref(message.lease)
         error = v.error_text(message.error)
-        delay = v.duration(message.retry_delay_override, "retry_delay_override")
+        delay = v.duration(
+            message.retry_delay_override, "retry_delay_override", maximum=limits.MAX_DELAY
+        )
         task = await self._storage.nack(ref, error, delay, now)
         self._wakeups.notify(task.queue)
 
@@ -562,8 +574,9 @@ _ServingStatus = HealthCheckResponseServingStatus
 class HealthService(HealthBase):
     """``grpc.health.v1.Health`` for the overall server ("") and the queue service.
 
-    Starts NOT_SERVING; the daemon flips it to SERVING once it accepts calls
-    and back to NOT_SERVING when it starts draining, which also ends every
+    Starts NOT_SERVING; the daemon flips it to SERVING once it accepts calls,
+    to NOT_SERVING while storage has no room to write (and back), and to
+    NOT_SERVING for good when it starts draining, which also ends every
     Watch stream after it has delivered NOT_SERVING, so shutdown never waits
     on a prober.
     """
@@ -576,7 +589,12 @@ class HealthService(HealthBase):
         self._final = False
 
     def set_serving(self) -> None:
-        self._set(_ServingStatus.SERVING)
+        if not self._final:
+            self._set(_ServingStatus.SERVING)
+
+    def set_not_serving(self) -> None:
+        if not self._final:
+            self._set(_ServingStatus.NOT_SERVING)
 
     def shutdown(self) -> None:
         self._final = True

@@ -62,6 +62,10 @@ def _bounded_text(value: str, path: str, limit: int) -> None:
     size = _utf8_len(value)
     if size > limit:
         raise FieldError(path, f"{size} bytes exceeds the {limit}-byte limit")
+    # PostgreSQL text cannot hold NUL; refused on every engine alike so a
+    # request means the same whichever storage serves it.
+    if "\x00" in value:
+        raise FieldError(path, "must not contain a NUL character")
 
 
 def name(value: str, path: str, limit: int = limits.MAX_NAME_BYTES) -> str:
@@ -106,7 +110,7 @@ def duration(
 
 def _fmt(value: timedelta) -> str:
     seconds = value.total_seconds()
-    return f"{seconds:g}s"
+    return f"{int(seconds)}s" if seconds.is_integer() else f"{seconds:g}s"
 
 
 def _backoff(backoff: RetryBackoff | None, path: str) -> RetryBackoff:
@@ -116,8 +120,8 @@ def _backoff(backoff: RetryBackoff | None, path: str) -> RetryBackoff:
             maximum=limits.DEFAULT_BACKOFF_MAX,
             multiplier=limits.DEFAULT_BACKOFF_MULTIPLIER,
         )
-    initial = duration(backoff.initial, f"{path}.initial")
-    maximum = duration(backoff.maximum, f"{path}.maximum")
+    initial = duration(backoff.initial, f"{path}.initial", maximum=limits.MAX_DELAY)
+    maximum = duration(backoff.maximum, f"{path}.maximum", maximum=limits.MAX_DELAY)
     multiplier = backoff.multiplier
     if math.isnan(multiplier) or math.isinf(multiplier):
         raise FieldError(f"{path}.multiplier", "must be a finite number")
@@ -152,15 +156,18 @@ def task_spec(spec: TaskSpec | None, path: str, now: datetime) -> TaskSpec:
             f"{path}.max_attempts",
             f"{spec.max_attempts} exceeds the limit of {limits.MAX_ATTEMPTS_LIMIT}",
         )
-    delay = duration(spec.delay, f"{path}.delay")
+    delay = duration(spec.delay, f"{path}.delay", maximum=limits.MAX_DELAY)
     not_before = spec.not_before
     if delay is not None and not_before is not None:
         raise FieldError(f"{path}.delay", "at most one of delay and not_before may be set")
+    if not_before is not None and not_before > limits.MAX_NOT_BEFORE:
+        raise FieldError(
+            f"{path}.not_before",
+            f"{not_before.isoformat()} is after the latest allowed"
+            f" {limits.MAX_NOT_BEFORE.isoformat()}",
+        )
     if delay is not None:
-        try:
-            not_before = now + delay
-        except OverflowError:
-            raise FieldError(f"{path}.delay", "is too far in the future") from None
+        not_before = now + delay
     return replace(
         spec,
         max_attempts=spec.max_attempts or limits.DEFAULT_MAX_ATTEMPTS,
@@ -171,6 +178,8 @@ def task_spec(spec: TaskSpec | None, path: str, now: datetime) -> TaskSpec:
 
 
 def task_specs(specs: Sequence[TaskSpec], path: str, now: datetime) -> list[TaskSpec]:
+    if not specs:
+        raise FieldError(path, f"0 tasks is outside 1..{limits.MAX_BATCH}")
     if len(specs) > limits.MAX_BATCH:
         raise FieldError(path, f"{len(specs)} tasks exceeds the limit of {limits.MAX_BATCH}")
     return [task_spec(spec, f"{path}[{index}]", now) for index, spec in enumerate(specs)]
@@ -178,7 +187,7 @@ def task_specs(specs: Sequence[TaskSpec], path: str, now: datetime) -> list[Task
 
 def lookup(task_id: str | None, unique_key: str | None) -> tuple[str | None, str | None]:
     """The ``lookup`` oneof of GetTask / RetryTask: exactly one, non-empty."""
-    if task_id is None and unique_key is None:
+    if (task_id is None) == (unique_key is None):
         raise FieldError("lookup", "exactly one of task_id or unique_key is required")
     if task_id is not None:
         name(task_id, "task_id", limits.MAX_UNIQUE_KEY_BYTES)

@@ -116,6 +116,9 @@ async def test_nack_with_delay_and_reject(make_client: MakeClient) -> None:
             await queue.enqueue(task_type="t", unique_key="n")
             await queue.enqueue(task_type="t", unique_key="r")
             leases = {lt.task.unique_key: lt for lt in await queue.claim(2)}
+            # Past MAX_DELAY the SDK refuses before sending: the lease is intact.
+            with pytest.raises(InvalidArgumentError, match="delay must be at most 365 days"):
+                await leases["n"].nack("far", delay=timedelta(days=366))
             await leases["n"].nack("boom " * 10, delay=timedelta(hours=1))
             await leases["r"].reject("é" * 300_000)  # truncated to 256 KiB by the SDK
             nacked = await queue.get_by_unique_key("n")

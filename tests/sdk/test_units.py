@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,6 +13,7 @@ from ringo_trio import (
     InvalidArgumentError,
     PostgresStorage,
     RetryBackoff,
+    RetryTaskError,
     Ringo,
     RingoError,
     SQLiteStorage,
@@ -152,12 +154,32 @@ def test_queue_names_are_validated_and_cached() -> None:
         ),
         ({"task_type": "t", "priority": 2**31}, "priority"),
         ({"task_type": "t", "retry_backoff": 3}, "RetryBackoff"),
+        ({"task_type": "t", "delay": timedelta(days=366)}, "delay must be at most 365 days"),
+        (
+            {"task_type": "t", "not_before": datetime(9000, 1, 2, tzinfo=UTC)},
+            "not_before must be at most 9000-01-01",
+        ),
     ],
 )
 def test_task_spec_validation(kwargs: dict[str, object], match: str) -> None:
     """A malformed spec fails in the SDK with a message naming the field."""
     with pytest.raises(InvalidArgumentError, match=match):
         TaskSpec(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: RetryBackoff(initial=timedelta(days=3_000_000)), "retry_backoff.initial"),
+        (lambda: RetryBackoff(maximum=timedelta(days=366)), "retry_backoff.maximum"),
+        (lambda: RetryTaskError("x", delay=timedelta(days=366)), "RetryTaskError delay"),
+    ],
+)
+def test_durations_past_the_limit_fail_in_the_sdk(build: Callable[[], object], match: str) -> None:
+    """A backoff or retry delay past MAX_DELAY (365 days) fails in the SDK,
+    naming the field and the limit, before anything is sent."""
+    with pytest.raises(InvalidArgumentError, match=f"{match} must be at most 365 days"):
+        build()
 
 
 def test_task_spec_wire_round_trip() -> None:

@@ -108,11 +108,6 @@ async def test_enqueue_many_reports_created_and_duplicates_in_order(
             assert ids[1] == stored.id
             assert ids[3] == ids[0]
             assert await client.activity(queue) == 3
-            empty = await client.stub.enqueue_many(
-                EnqueueManyRequest(context=client.context, queue=queue, tasks=[])
-            )
-            assert empty.results == []
-            assert empty.created_count == 0
 
 
 async def test_delay_and_not_before_schedule_the_task(daemon: DaemonProcess) -> None:

@@ -36,7 +36,7 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTaskRequest,
     TaskSpec,
 )
-from ringo_trio.testing import DaemonProcess
+from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 from ._client import (
     Client,
@@ -85,7 +85,33 @@ def good_lease(s: Setup) -> LeaseRef:
     return s.lease
 
 
+# A NUL in any text field: PostgreSQL text cannot hold one, so every engine
+# refuses it alike (see test_nul_is_refused_alike_on_postgres).
+NUL_CASES: list[tuple[str, Build, str]] = [
+    ("nul-queue", enqueue(queue="q\x00q"), "queue: must not contain a NUL character"),
+    ("nul-task-type", enqueue(task_type="t\x00"), "task.task_type: must not contain a NUL"),
+    ("nul-unique-key", enqueue(unique_key="\x00"), "task.unique_key: must not contain a NUL"),
+    (
+        "nul-get-task-id",
+        lambda ctx, s: ("get_task", GetTaskRequest(context=ctx, queue=s.queue, task_id="a\x00")),
+        "task_id: must not contain a NUL character",
+    ),
+    ("nul-claim-worker", claim(worker_id="w\x00"), "worker_id: must not contain a NUL"),
+    ("nul-claim-type", claim(task_types=["t\x00"]), "task_types[0]: must not contain a NUL"),
+    (
+        "nul-nack-error",
+        with_lease("nack", NackRequest, good_lease, error="boom\x00"),
+        "error: must not contain a NUL character",
+    ),
+    (
+        "nul-progress-message",
+        with_lease("report_progress", ReportProgressRequest, good_lease, message="\x00"),
+        "message: must not contain a NUL character",
+    ),
+]
+
 CASES: list[tuple[str, Build, str]] = [
+    *NUL_CASES,
     ("queue-empty", enqueue(queue=""), "queue: must not be empty"),
     ("queue-too-long", enqueue(queue="q" * 201), "queue: 201 bytes exceeds the 200-byte limit"),
     ("queue-utf8-bytes", enqueue(queue="é" * 101), "queue: 202 bytes exceeds the 200-byte limit"),
@@ -116,7 +142,37 @@ CASES: list[tuple[str, Build, str]] = [
     (
         "delay-overflows",
         enqueue(delay=timedelta(days=999_999_000)),
-        "task.delay: is too far in the future",
+        "task.delay: 86399913600000s exceeds the maximum of 31536000s",
+    ),
+    (
+        "delay-over-the-limit",
+        enqueue(delay=limits.MAX_DELAY + timedelta(seconds=1)),
+        "task.delay: 31536001s exceeds the maximum of 31536000s",
+    ),
+    (
+        "not-before-over-the-limit",
+        enqueue(not_before=datetime(9000, 1, 1, 0, 0, 1, tzinfo=UTC)),
+        "task.not_before: 9000-01-01T00:00:01+00:00 is after the latest allowed"
+        " 9000-01-01T00:00:00+00:00",
+    ),
+    (
+        "backoff-initial-far-future",
+        enqueue(retry_backoff=RetryBackoff(initial=timedelta(days=3_000_000))),
+        "task.retry_backoff.initial: 259200000000s exceeds the maximum of 31536000s",
+    ),
+    (
+        "backoff-initial-over-int64-microseconds",
+        enqueue(retry_backoff=RetryBackoff(initial=timedelta(days=200_000_000))),
+        "task.retry_backoff.initial: 17280000000000s exceeds the maximum of 31536000s",
+    ),
+    (
+        "backoff-maximum-over-the-limit",
+        enqueue(
+            retry_backoff=RetryBackoff(
+                initial=timedelta(seconds=1), maximum=limits.MAX_DELAY + timedelta(days=1)
+            )
+        ),
+        "task.retry_backoff.maximum: 31622400s exceeds the maximum of 31536000s",
     ),
     (
         "backoff-multiplier-below-1",
@@ -173,6 +229,19 @@ CASES: list[tuple[str, Build, str]] = [
         "lookup: exactly one of task_id or unique_key is required",
     ),
     (
+        "get-both-lookups",
+        lambda ctx, s: (
+            "get_task",
+            GetTaskRequest(context=ctx, queue=s.queue, task_id=s.pending_id, unique_key="k"),
+        ),
+        "lookup: exactly one of task_id or unique_key is required",
+    ),
+    (
+        "batch-empty",
+        lambda ctx, s: ("enqueue_many", EnqueueManyRequest(context=ctx, queue=s.queue, tasks=[])),
+        "tasks: 0 tasks is outside 1..1000",
+    ),
+    (
         "get-empty-task-id",
         lambda ctx, s: ("get_task", GetTaskRequest(context=ctx, queue=s.queue, task_id="")),
         "task_id: must not be empty",
@@ -186,6 +255,14 @@ CASES: list[tuple[str, Build, str]] = [
         "retry-no-lookup",
         lambda ctx, s: ("retry_task", RetryTaskRequest(context=ctx, queue=s.queue)),
         "lookup: exactly one",
+    ),
+    (
+        "retry-both-lookups",
+        lambda ctx, s: (
+            "retry_task",
+            RetryTaskRequest(context=ctx, queue=s.queue, task_id=s.leased_id, unique_key="k"),
+        ),
+        "lookup: exactly one of task_id or unique_key is required",
     ),
     (
         "retry-key-too-long",
@@ -243,6 +320,11 @@ CASES: list[tuple[str, Build, str]] = [
         "nack-negative-override",
         with_lease("nack", NackRequest, good_lease, retry_delay_override=timedelta(seconds=-1)),
         "retry_delay_override: must not be negative",
+    ),
+    (
+        "nack-override-far-future",
+        with_lease("nack", NackRequest, good_lease, retry_delay_override=timedelta(days=3_000_000)),
+        "retry_delay_override: 259200000000s exceeds the maximum of 31536000s",
     ),
     (
         "nack-lease-missing",
@@ -326,6 +408,22 @@ async def test_invalid_field_is_refused_by_name_and_changes_nothing(
             await expect_status(
                 getattr(client.stub, method)(request), Status.INVALID_ARGUMENT, fragment
             )
+            assert await snapshot(client, setup) == before
+
+
+async def test_nul_is_refused_alike_on_postgres(postgres_dsn: str) -> None:
+    """Property: a NUL in any text field is INVALID_ARGUMENT naming the field
+    on a PostgreSQL daemon too, with the same message as on SQLite (not
+    INTERNAL from the database), and changes nothing."""
+    with spawn_daemon(None, postgres_dsn=postgres_dsn) as daemon, anyio.fail_after(30):
+        async with connect(daemon) as client:
+            setup = await _setup(client)
+            before = await snapshot(client, setup)
+            for _name, build, fragment in NUL_CASES:
+                method, request = build(client.context, setup)
+                await expect_status(
+                    getattr(client.stub, method)(request), Status.INVALID_ARGUMENT, fragment
+                )
             assert await snapshot(client, setup) == before
 
 

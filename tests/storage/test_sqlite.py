@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ringo_trio._limits import MAX_ACTIVITY_COUNT
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server.storage import sqlite as sqlite_engine
@@ -303,3 +304,40 @@ def test_watch_returns_at_once(sqlite: SyncEngine) -> None:
     seen: list[str | None] = []
     sqlite.watch(seen.append)
     assert seen == []
+
+
+def _vm_steps(sqlite: SyncEngine, call: Any) -> tuple[Any, int]:
+    """`call()`'s result and how many 100-instruction steps SQLite ran for it."""
+    db = _conn(sqlite)
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    db.set_progress_handler(count, 100)
+    try:
+        return call(), steps
+    finally:
+        db.set_progress_handler(None, 0)
+
+
+def test_activity_does_not_walk_the_backlog(sqlite: SyncEngine) -> None:
+    """GetQueueActivity runs on the daemon's only event loop, polled 4x/s by
+    every idle worker: its work is bounded by MAX_ACTIVITY_COUNT however deep
+    the queue, and a task-type filter seeks (tasks_active_type) instead of
+    walking a backlog of other types."""
+    clock = ManualClock()
+    for _ in range(10):
+        sqlite.enqueue("q", [spec("t") for _ in range(1000)], clock.now())
+    sqlite.enqueue("q", [spec("b") for _ in range(3)], clock.now())
+    other, other_steps = _vm_steps(sqlite, lambda: sqlite.activity("q", ["other"]))
+    typed, typed_steps = _vm_steps(sqlite, lambda: sqlite.activity("q", ["b"]))
+    deep, deep_steps = _vm_steps(sqlite, lambda: sqlite.activity("q", []))
+    assert (other, typed, deep) == (0, 3, MAX_ACTIVITY_COUNT)
+    # A seek is a step or two; walking 1,000 index entries about 90; counting
+    # the 10,000-task backlog would take about 900.
+    assert other_steps < 5, other_steps
+    assert typed_steps < 5, typed_steps
+    assert deep_steps < 200, deep_steps

@@ -34,6 +34,9 @@ Rules every engine keeps (the shared storage test suite checks them):
   and `watch` tells each about claimable work the others made.
 * An engine whose backend cannot be reached raises `StorageUnavailable` and
   recovers by itself once the backend is back; no reopen is needed.
+* An engine whose backend has no room to write (disk full) raises
+  `StorageFull` — after calling `full_listener` with it — and the failed
+  write is rolled back; `probe` tells when there is room again.
 
 Engines take `now` from the caller; they never read a clock themselves.
 Rows cross this interface as the generated wire dataclasses (`Task`,
@@ -57,6 +60,7 @@ __all__ = [
     "SchemaTooNew",
     "Storage",
     "StorageError",
+    "StorageFull",
     "StorageUnavailable",
 ]
 
@@ -70,6 +74,15 @@ class StorageUnavailable(StorageError):
     down or shutting down); the call may be retried. Whether a mutation that
     failed this way was committed is unknown only when the connection broke
     while the commit was in flight."""
+
+
+class StorageFull(StorageUnavailable):
+    """The backend has no room to write (disk full; SQLite also at its
+    ``max_page_count``). The failed write was rolled back: nothing of it was
+    committed. A kind of `StorageUnavailable`, so whatever rides out an
+    outage (a Work stream ends UNAVAILABLE, the reaper tries again) rides
+    this out too; a unary call answers it RESOURCE_EXHAUSTED, since here the
+    outcome is known."""
 
 
 class NotFound(StorageError):
@@ -99,6 +112,17 @@ class Storage(abc.ABC):
     """One durable task store. Methods are coroutines so that network engines
     fit; an engine must be safe to call from concurrent tasks of one event loop."""
 
+    full_listener: Callable[[StorageFull], None] | None = None
+    """Called with every `StorageFull` before the engine raises it (the
+    daemon turns its health NOT_SERVING)."""
+
+    def _full(self, cause: BaseException) -> StorageFull:
+        """The `StorageFull` to raise for `cause`, the listener told."""
+        full = StorageFull(f"no room to write: {cause}")
+        if self.full_listener is not None:
+            self.full_listener(full)
+        return full
+
     @abc.abstractmethod
     async def open(self) -> None:
         """Create or migrate the schema; take any exclusive resources."""
@@ -118,6 +142,12 @@ class Storage(abc.ABC):
         reconnects with capped backoff. Engines no other process writes
         return at once (this default)."""
         return
+
+    @abc.abstractmethod
+    async def probe(self, now: datetime) -> None:
+        """Commit a write that takes new space and leaves no trace (a task
+        row of a page or more, deleted again); `StorageFull` while there is
+        no room. The daemon calls it to learn that writes work again."""
 
     # -- submission --------------------------------------------------------
 
@@ -205,7 +235,9 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def activity(self, queue: str, task_types: Sequence[str]) -> int:
-        """PENDING (due or scheduled) + LEASED tasks of the queue."""
+        """PENDING (due or scheduled) + LEASED tasks of the queue, counted up
+        to `MAX_ACTIVITY_COUNT` (a larger number answers that), so the cost is
+        bounded however deep the queue is."""
 
     @abc.abstractmethod
     async def next_wakeup(

@@ -4,6 +4,15 @@ encodings, and building wire dataclasses from rows.
 Both engines store times as integer microseconds since the Unix epoch (UTC)
 and select the columns in `COLS` order, so one row decoder serves both and a
 Task read back is field for field what the engine returned when it wrote it.
+
+Decoding never fails on a stored time. The service's limits (`MAX_DELAY`,
+`MAX_NOT_BEFORE`) keep every time it writes far inside what `datetime` and a
+protobuf Timestamp can express, but a row written before those limits
+existed, or by hand, may hold any int64 (or, in SQLite, a REAL). Such a value
+reads as the nearest representable moment (or duration) instead of raising:
+one bad row must not fail every GetTask, claim and long poll that meets it.
+A task whose `available_at` or `lease_until` lies beyond `LATEST_US` could
+never run again by itself; `stuck` names it, and retry accepts it.
 """
 
 from __future__ import annotations
@@ -18,6 +27,9 @@ from ringo_trio._limits import (
     DEFAULT_BACKOFF_MAX,
     DEFAULT_BACKOFF_MULTIPLIER,
     DEFAULT_MAX_ATTEMPTS,
+    MAX_DELAY,
+    MAX_LEASE,
+    MAX_NOT_BEFORE,
 )
 from ringo_trio._proto.ringo.v1 import (
     Lease,
@@ -57,8 +69,36 @@ def to_us(moment: datetime) -> int:
     return (moment - EPOCH) // MICRO
 
 
+# The range a protobuf Timestamp (and `datetime`) can express.
+MIN_US = to_us(datetime(1, 1, 1, tzinfo=UTC))
+MAX_US = to_us(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC))
+# A protobuf Duration's range is +-10,000 years; stored durations are >= 0.
+MAX_DURATION_US = 315_576_000_000 * 1_000_000
+MAX_DELAY_US = MAX_DELAY // MICRO
+"""The engines cap every retry delay they compute here, so a row whose
+backoff predates the limits cannot push `available_at` out of range."""
+LATEST_US = to_us(MAX_NOT_BEFORE + MAX_DELAY + MAX_LEASE)
+"""No time written within the limits is later than this."""
+
+
 def from_us(us: int) -> datetime:
+    # `not a <= us <= b` also catches a NaN (a REAL that SQLite stored).
+    if not MIN_US <= us <= MAX_US:
+        us = MAX_US if us > 0 else MIN_US
     return EPOCH + timedelta(microseconds=us)
+
+
+def duration_from_us(us: int) -> timedelta:
+    if not 0 <= us <= MAX_DURATION_US:
+        us = MAX_DURATION_US if us > 0 else 0
+    return timedelta(microseconds=us)
+
+
+def stuck(available_us: int, lease_until_us: int | None) -> bool:
+    """Whether a PENDING or LEASED task waits for a moment beyond the limits
+    (its row predates them or was written by hand): it would never run again
+    by itself, so retry may reset it."""
+    return available_us > LATEST_US or (lease_until_us is not None and lease_until_us > LATEST_US)
 
 
 def opt_from_us(us: int | None) -> datetime | None:
@@ -83,8 +123,8 @@ def row_task(row: Sequence[Any]) -> Task:
         max_attempts=row[8],
         priority=row[9],
         retry_backoff=RetryBackoff(
-            initial=timedelta(microseconds=row[10]),
-            maximum=timedelta(microseconds=row[11]),
+            initial=duration_from_us(row[10]),
+            maximum=duration_from_us(row[11]),
             multiplier=row[12],
         ),
         created_at=from_us(row[13]),

@@ -82,6 +82,7 @@ from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 
+from ringo_trio._limits import MAX_ACTIVITY_COUNT
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, Task, TaskSpec
 
 from ._base import (
@@ -102,6 +103,7 @@ from ._rows import (
     DEAD,
     LEASE_EXPIRED,
     LEASED,
+    MAX_DELAY_US,
     MICRO,
     PENDING,
     STATES,
@@ -113,6 +115,7 @@ from ._rows import (
     leased,
     new_task,
     row_task,
+    stuck,
     to_us,
 )
 
@@ -155,6 +158,8 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.ObjectNotInPrerequisiteStateError,
 )
 _TRANSIENT = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
+# Random, so TOAST cannot compress it: large enough to need pages of its own.
+_PROBE_SPEC = TaskSpec(task_type="probe", payload=secrets.token_bytes(16 * 1024))
 
 
 def _unavailable(exc: BaseException) -> StorageUnavailable:
@@ -254,6 +259,35 @@ def _migrations(s: str) -> tuple[tuple[str, ...], ...]:
             $$
             """,
         ),
+        # activity: counting stops at `cap`, and a task-type filter is a seek
+        # per type, so the count never walks a backlog of other types. The
+        # EXECUTE plans the count for the very values given: the generic plan
+        # the engine's prepared statements run cannot tell an empty queue
+        # from a deep one and, under a LIMIT, would scan the whole table.
+        (
+            f"CREATE INDEX tasks_active_type ON {s}.tasks (queue, task_type)"
+            f" WHERE state IN ({PENDING}, {LEASED})",
+            f"""
+            CREATE FUNCTION {s}.ringo_activity(q text, types text[], cap integer)
+            RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+            DECLARE
+                n bigint;
+            BEGIN
+                IF types IS NULL THEN
+                    EXECUTE 'SELECT count(*) FROM (SELECT 1 FROM {s}.tasks
+                        WHERE queue = $1 AND state IN ({PENDING}, {LEASED}) LIMIT $2) a'
+                        INTO n USING q, cap;
+                ELSE
+                    EXECUTE 'SELECT count(*) FROM (SELECT 1 FROM {s}.tasks
+                        WHERE queue = $1 AND state IN ({PENDING}, {LEASED})
+                            AND task_type = ANY($3) LIMIT $2) a'
+                        INTO n USING q, cap, types;
+                END IF;
+                RETURN n;
+            END
+            $$
+            """,
+        ),
     )
 
 
@@ -289,8 +323,9 @@ class _Sql:
             return f"""
                 state = CASE WHEN attempt >= max_attempts THEN {DEAD} ELSE {PENDING} END,
                 available_at = CASE WHEN attempt >= max_attempts THEN available_at
-                    ELSE {now} + coalesce({delay}, {backoff}(
-                        backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)) END,
+                    ELSE {now} + least(coalesce({delay}, {backoff}(
+                        backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
+                        {MAX_DELAY_US}) END,
                 finished_at = CASE WHEN attempt >= max_attempts THEN {now} ELSE NULL END,
                 last_error = {error}, worker_id = '', lease_token = '', lease_until = NULL,
                 updated_at = {now}
@@ -340,6 +375,17 @@ class _Sql:
             )
             SELECT n.keys, CASE WHEN n.created > 0 THEN {note("$1")} END FROM n
         """
+        # `new_task`'s INSERT row, as it is ($1..$15).
+        self.probe_insert = f"""
+            INSERT INTO {t} (id, queue, task_type, payload, unique_key, state, attempt,
+                max_attempts, base_max_attempts, priority, backoff_initial_us, backoff_max_us,
+                backoff_multiplier, created_at, updated_at, available_at, last_error,
+                worker_id, lease_token)
+            VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                '', '', '')
+            RETURNING seq
+        """
+        self.probe_delete = f"DELETE FROM {t} WHERE seq = $1"
         self.by_keys = (
             f"SELECT {COLS} FROM {t} WHERE queue = $1 AND unique_key <> ''"
             " AND unique_key = ANY($2::text[])"
@@ -348,16 +394,17 @@ class _Sql:
         self.get_by_key = (
             f"SELECT {COLS} FROM {t} WHERE queue = $1 AND unique_key = $2 AND unique_key <> ''"
         )
-        self.lock_by_id = f"SELECT seq, state FROM {t} WHERE queue = $1 AND id = $2 FOR UPDATE"
+        locked = "seq, state, available_at, lease_until"
+        self.lock_by_id = f"SELECT {locked} FROM {t} WHERE queue = $1 AND id = $2 FOR UPDATE"
         self.lock_by_key = (
-            f"SELECT seq, state FROM {t} WHERE queue = $1 AND unique_key = $2"
+            f"SELECT {locked} FROM {t} WHERE queue = $1 AND unique_key = $2"
             " AND unique_key <> '' FOR UPDATE"
         )
         self.retry = f"""
             WITH r AS (
                 UPDATE {t} SET state = {PENDING}, available_at = $2, finished_at = NULL,
                     max_attempts = least(attempt + base_max_attempts, {UINT32_MAX}),
-                    updated_at = $2
+                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
                 WHERE seq = $1 RETURNING {COLS}
             )
             SELECT r.*, {note("r.queue")} FROM r
@@ -447,12 +494,10 @@ class _Sql:
             SELECT (SELECT count(*) FROM r), {notify_pending("r")}
         """
 
+        self.activity = (
+            f"SELECT {_ident(schema)}.ringo_activity($1, $2::text[], {MAX_ACTIVITY_COUNT})"
+        )
         types = _types_filter(2)
-        # One literal state per count, so each uses its partial index.
-        self.activity = f"""
-            SELECT (SELECT count(*) FROM {t} WHERE queue = $1 AND state = {PENDING} {types})
-                 + (SELECT count(*) FROM {t} WHERE queue = $1 AND state = {LEASED} {types})
-        """
         # The soonest lease deadline, and the soonest available_at of each
         # distinct PENDING priority (one index seek each).
         self.next_wakeup = f"""
@@ -549,6 +594,8 @@ class PostgresEngine(Storage):
                     raise
         except _UNAVAILABLE as exc:
             raise _unavailable(exc) from exc
+        except asyncpg.exceptions.DiskFullError as exc:
+            raise self._full(exc) from exc
 
     @staticmethod
     def _discard(conn: asyncpg.Connection) -> None:
@@ -571,6 +618,8 @@ class PostgresEngine(Storage):
                     raise
         except _UNAVAILABLE as exc:
             raise _unavailable(exc) from exc
+        except asyncpg.exceptions.DiskFullError as exc:
+            raise self._full(exc) from exc
 
     async def _fetchrow(self, sql: str, *args: Any) -> Any:
         pool = self._live_pool()
@@ -583,6 +632,17 @@ class PostgresEngine(Storage):
                     raise
         except _UNAVAILABLE as exc:
             raise _unavailable(exc) from exc
+        except asyncpg.exceptions.DiskFullError as exc:
+            raise self._full(exc) from exc
+
+    async def probe(self, now: datetime) -> None:
+        now_us = to_us(now)
+        # Queue "" names no queue a client can use, and the row is gone again
+        # before the commit makes anything visible.
+        _, row = new_task("", _PROBE_SPEC, from_us(now_us), now_us, "probe")
+        async with self._conn() as conn, conn.transaction():
+            seq = await conn.fetchval(self._sql.probe_insert, *row)
+            await conn.execute(self._sql.probe_delete, seq)
 
     # -- submission --------------------------------------------------------
 
@@ -670,10 +730,10 @@ class PostgresEngine(Storage):
                 found = await conn.fetchrow(self._sql.lock_by_key, queue, unique_key)
             if found is None:
                 raise NotFound(describe(queue, task_id, unique_key))
-            if found[1] not in (SUCCEEDED, DEAD):
+            if found[1] not in (SUCCEEDED, DEAD) and not stuck(found[2], found[3]):
                 raise FailedPrecondition(
                     f"{describe(queue, task_id, unique_key)} is {STATES[found[1]].name};"
-                    " only SUCCEEDED or DEAD tasks can be retried"
+                    " only SUCCEEDED or DEAD tasks (or stuck ones) can be retried"
                 )
             return row_task(await conn.fetchrow(self._sql.retry, found[0], now_us))
 

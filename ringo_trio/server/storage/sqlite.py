@@ -17,7 +17,7 @@ window at the cost of one fsync per commit.
 
 Rows: one table `tasks`; times are integer microseconds since the Unix epoch
 (UTC) and are converted to aware datetimes only at this module's boundary.
-`seq` (the rowid) is enqueue order. Three partial indexes do the work:
+`seq` (the rowid) is enqueue order. Four partial indexes do the work:
 
 * `tasks_pending (queue, priority DESC, available_at) WHERE state = PENDING`
   -- claim order. Claims walk the distinct priorities of a queue from the top
@@ -28,6 +28,9 @@ Rows: one table `tasks`; times are integer microseconds since the Unix epoch
   which claim runs for its queue before leasing.
 * `tasks_unique_key (queue, unique_key) UNIQUE WHERE unique_key != ''` --
   dedupe, and lookup by key.
+* `tasks_active_type (queue, task_type) WHERE state IN (PENDING, LEASED)` --
+  activity: counting stops at `MAX_ACTIVITY_COUNT`, and a task-type filter
+  is a seek per type, so the count never walks a backlog of other types.
 
 Task ids are 32 hex digits: 48 bits of the enqueue time in milliseconds, then
 80 random bits, so they sort roughly by creation and are unique across
@@ -61,6 +64,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ringo_trio._limits import MAX_ACTIVITY_COUNT
 from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
@@ -85,6 +89,7 @@ from ._rows import COLS as _COLS
 from ._rows import DEAD as _DEAD
 from ._rows import LEASE_EXPIRED as _LEASE_EXPIRED
 from ._rows import LEASED as _LEASED
+from ._rows import MAX_DELAY_US as _MAX_DELAY_US
 from ._rows import MICRO as _MICRO
 from ._rows import PENDING as _PENDING
 from ._rows import STATES as _STATES
@@ -96,6 +101,7 @@ from ._rows import lease as _lease
 from ._rows import leased as _leased
 from ._rows import new_task as _new_task
 from ._rows import row_task as _row_task
+from ._rows import stuck as _stuck
 from ._rows import to_us as _to_us
 
 __all__ = ["SCHEMA_VERSION", "SQLiteEngine"]
@@ -113,6 +119,10 @@ _IN_CHUNK = 500
 # The files SQLite keeps next to the database (WAL mode, and a rollback
 # journal left by an older daemon).
 _COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
+
+# Spelled exactly so in the index and in its queries: SQLite uses a partial
+# index only for a query whose WHERE contains the index's own term.
+_ACTIVE = f"state IN ({_PENDING}, {_LEASED})"
 
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -152,9 +162,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         f" WHERE state = {_PENDING}",
         f"CREATE INDEX tasks_leased ON tasks (queue, lease_until) WHERE state = {_LEASED}",
     ),
+    (f"CREATE INDEX tasks_active_type ON tasks (queue, task_type) WHERE {_ACTIVE}",),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
+
+# Large enough to need pages of its own (overflow pages).
+_PROBE_SPEC = TaskSpec(task_type="probe", payload=bytes(16 * 1024))
 
 _INSERT = (
     "INSERT INTO tasks (id, queue, task_type, payload, unique_key, state, attempt,"
@@ -174,8 +188,9 @@ _LEASE_MATCH = (
 _RELEASE = f"""
     state = CASE WHEN attempt >= max_attempts THEN {_DEAD} ELSE {_PENDING} END,
     available_at = CASE WHEN attempt >= max_attempts THEN available_at
-        ELSE :now + coalesce(:delay, ringo_backoff_us(
-            backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)) END,
+        ELSE :now + min(coalesce(:delay, ringo_backoff_us(
+            backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
+            {_MAX_DELAY_US}) END,
     finished_at = CASE WHEN attempt >= max_attempts THEN :now ELSE NULL END,
     last_error = :error, worker_id = '', lease_token = '', lease_until = NULL,
     updated_at = :now
@@ -219,9 +234,12 @@ _TOP_PRIORITY = f"SELECT max(priority) FROM tasks WHERE queue = ? AND state = {_
 _NEXT_PRIORITY = (
     f"SELECT max(priority) FROM tasks WHERE queue = ? AND state = {_PENDING} AND priority < ?"
 )
+# The lease is cleared for a stuck LEASED task (see `_rows.stuck`); a
+# finished task has none.
 _RETRY = f"""
     UPDATE tasks SET state = {_PENDING}, available_at = :now, finished_at = NULL,
-        max_attempts = min(attempt + base_max_attempts, {_UINT32_MAX}), updated_at = :now
+        max_attempts = min(attempt + base_max_attempts, {_UINT32_MAX}), worker_id = '',
+        lease_token = '', lease_until = NULL, updated_at = :now
     WHERE seq = :seq RETURNING {_COLS}
 """
 
@@ -381,8 +399,26 @@ class SQLiteEngine(Storage):
             raise RuntimeError("SQLiteEngine is not open")
         return self._db
 
-    def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        return _immediate(self._conn())
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """`_immediate` on the connection; SQLITE_FULL (no room for the
+        database or its WAL) is `StorageFull`."""
+        try:
+            with _immediate(self._conn()) as db:
+                yield db
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode == sqlite3.SQLITE_FULL:
+                raise self._full(exc) from exc
+            raise
+
+    async def probe(self, now: datetime) -> None:
+        now_us = _to_us(now)
+        # Queue "" names no queue a client can use, and the row is gone again
+        # before the commit makes anything visible.
+        _, row = _new_task("", _PROBE_SPEC, _from_us(now_us), now_us, "probe")
+        with self._write() as db:
+            seq = db.execute(_INSERT, row).lastrowid
+            db.execute("DELETE FROM tasks WHERE seq = ?", (seq,))
 
     # -- submission --------------------------------------------------------
 
@@ -445,11 +481,11 @@ class SQLiteEngine(Storage):
     ) -> Task:
         now_us = _to_us(now)
         with self._write() as db:
-            row = _find(db, "seq, state", queue, task_id, unique_key)
-            if row[1] not in (_SUCCEEDED, _DEAD):
+            row = _find(db, "seq, state, available_at, lease_until", queue, task_id, unique_key)
+            if row[1] not in (_SUCCEEDED, _DEAD) and not _stuck(row[2], row[3]):
                 raise FailedPrecondition(
                     f"{_describe(queue, task_id, unique_key)} is {_STATES[row[1]].name};"
-                    " only SUCCEEDED or DEAD tasks can be retried"
+                    " only SUCCEEDED or DEAD tasks (or stuck ones) can be retried"
                 )
             updated = db.execute(_RETRY, {"seq": row[0], "now": now_us}).fetchone()
             return _row_task(updated)
@@ -575,16 +611,16 @@ class SQLiteEngine(Storage):
 
     async def activity(self, queue: str, task_types: Sequence[str]) -> int:
         types_clause, params = _types_clause(task_types)
-        db = self._conn()
-        total = 0
-        for state in (_PENDING, _LEASED):
-            # One literal state per query, so each uses its partial index.
-            total += db.execute(
-                f"SELECT count(*) FROM tasks WHERE queue = :queue AND state = {state}"
-                f"{types_clause}",
+        # tasks_active_type; the LIMIT bounds the walk (this runs on the loop).
+        return int(
+            self._conn()
+            .execute(
+                f"SELECT count(*) FROM (SELECT 1 FROM tasks WHERE queue = :queue AND {_ACTIVE}"
+                f"{types_clause} LIMIT {MAX_ACTIVITY_COUNT})",
                 {**params, "queue": queue},
-            ).fetchone()[0]
-        return total
+            )
+            .fetchone()[0]
+        )
 
     async def next_wakeup(
         self, queue: str, task_types: Sequence[str], now: datetime
