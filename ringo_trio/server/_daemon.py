@@ -47,14 +47,13 @@ import contextlib
 import logging
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-
-from grpclib.server import Server
 
 from ringo_trio import _limits as limits
 
 from ._clock import Clock
+from ._connections import ConnectionLimits, GuardedServer
 from ._gate import Gate
 from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from ._service import HealthService, QueueService
@@ -85,6 +84,7 @@ class DaemonConfig:
     attach_timeout: float = DEFAULT_ATTACH_TIMEOUT
     # Seconds between wake-ups of every watched queue; None: no safety poll.
     safety_poll: float | None = None
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     @property
     def shared(self) -> bool:
@@ -177,7 +177,9 @@ class Daemon:
         except OSError as exc:
             where = format_endpoint(self.config.host, self.config.port)
             raise ListenError(f"cannot serve on {where}: {exc}") from exc
-        server = Server([self.queue_service, self.health], codec=StrictCodec())
+        server = GuardedServer(
+            [self.queue_service, self.health], codec=StrictCodec(), limits=self.config.connections
+        )
         self.gate.install(server)
         try:
             await server.start(sock=sock)
