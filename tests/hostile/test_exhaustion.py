@@ -5,15 +5,25 @@ HTTP/2 rapid reset, idle connections, compressed messages)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import anyio
 import h2.errors
 import pytest
 
 from ringo_trio import _limits as limits
-from ringo_trio._proto.ringo.v1 import NegotiateRequest
+from ringo_trio._proto.ringo.v1 import (
+    CreditUpdate,
+    NegotiateRequest,
+    RequestContext,
+    TaskState,
+    WorkerRegistration,
+    WorkRequest,
+    WorkResponse,
+)
+from ringo_trio.server._work import PUSH_BUDGET_BYTES
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-from tests.server._client import connect, split_endpoint
+from tests.server._client import Client, connect, new_queue, split_endpoint
 
 from ._h2raw import ENQUEUE_METHOD, NEGOTIATE_METHOD, WORK_METHOD, RawH2, grpc_frame
 
@@ -59,6 +69,95 @@ async def still_serves(daemon: DaemonProcess) -> None:
 
 def no_traceback(daemon: DaemonProcess) -> None:
     assert "Traceback" not in daemon.stderr_text(), daemon.stderr_text()
+
+
+# -- a worker that stops reading ----------------------------------------------------
+
+
+async def stalled_worker(
+    daemon: DaemonProcess, context: RequestContext, queue: str, lease: timedelta
+) -> tuple[RawH2, int]:
+    """A Work stream with credit 64 whose worker never opens its receive window."""
+    client = await raw(daemon)
+    client.auto_ack = False
+    stream_id = client.start(WORK_METHOD)
+    registration = WorkerRegistration(
+        context=context,
+        queue=queue,
+        worker_id="stalled",
+        task_types=["t"],
+        max_concurrency=64,
+        lease_duration=lease,
+    )
+    await client.send(stream_id, grpc_frame(WorkRequest(register=registration)))
+    credit = WorkRequest(request_id=1, credit=CreditUpdate(available=64))
+    await client.send(stream_id, grpc_frame(credit))
+    return client, stream_id
+
+
+async def states(client: Client, queue: str, ids: list[str]) -> list[tuple[TaskState, int]]:
+    tasks = [await client.get(queue, task_id) for task_id in ids]
+    return [(task.state, task.attempt) for task in tasks]
+
+
+async def test_stalled_stream_holds_at_most_its_budget_and_gives_it_back(
+    daemon: DaemonProcess,
+) -> None:
+    """A worker that stops reading makes the daemon hold at most the stream's
+    byte budget of claimed tasks (not a 64-task batch of 1 MiB payloads), and
+    once their leases are nearly out the stream is reset and those tasks are
+    PENDING again, no attempt spent, for another worker to claim."""
+    queue = new_queue("stall")
+    payload = b"x" * limits.MAX_PAYLOAD_BYTES
+    held_max = PUSH_BUDGET_BYTES // len(payload)
+    with anyio.fail_after(40):
+        async with connect(daemon) as client:
+            ids = [(await client.enqueue(queue, payload=payload)).id for _ in range(20)]
+            worker, stream_id = await stalled_worker(
+                daemon, client.context, queue, timedelta(seconds=3)
+            )
+            held: list[int] = []
+            while not held or held[-1]:
+                now = await states(client, queue, ids)
+                held.append(sum(state is TaskState.LEASED for state, _ in now))
+                await worker.pump(0.05)
+            assert 0 < max(held) <= held_max, held
+            assert await states(client, queue, ids) == [(TaskState.PENDING, 0)] * len(ids)
+            await worker.until(lambda: worker.streams[stream_id].reset is not None, 5)
+            assert worker.streams[stream_id].reset is not None
+            worker.close()
+            claimed = await client.claim(queue, limit=len(ids), worker_id="w2")
+            assert sorted(item.task.id for item in claimed if item.task) == sorted(ids)
+            assert {item.lease.attempt for item in claimed if item.lease} == {1}
+
+
+async def test_resuming_worker_never_gets_an_expired_lease(daemon: DaemonProcess) -> None:
+    """A worker that stops reading until its leases have run out, then reads
+    again, receives no task frame whose lease has expired (the daemon reset
+    the stalled stream instead of finishing the frame later)."""
+    queue = new_queue("resume")
+    with anyio.fail_after(30):
+        async with connect(daemon) as client:
+            for _ in range(5):
+                await client.enqueue(queue, payload=b"y" * 200_000)
+            worker, stream_id = await stalled_worker(
+                daemon, client.context, queue, timedelta(seconds=2)
+            )
+            await worker.until(lambda: False, 4)
+            # Resume: open both windows wide and read everything.
+            state = worker.streams[stream_id]
+            worker.auto_ack = True
+            if state.reset is None:
+                worker.conn.increment_flow_control_window(2**30, stream_id)
+            worker.conn.increment_flow_control_window(2**30)
+            await worker.flush()
+            await worker.until(lambda: state.ended or state.reset is not None, 10)
+            received = datetime.now(UTC)
+            worker.close()
+    frames = [WorkResponse.parse(message) for message in state.messages()]
+    leases = [frame.task.lease for frame in frames if frame.task and frame.task.lease]
+    assert all(lease.until > received for lease in leases), leases
+    assert state.reset is not None
 
 
 # -- HTTP/2 --------------------------------------------------------------------------
