@@ -303,7 +303,7 @@ class _GuardedStream(Stream):
             if length > MAX_MESSAGE_BYTES:
                 raise GRPCError(
                     Status.RESOURCE_EXHAUSTED,
-                    f"message of {length} bytes exceeds the limit of {MAX_MESSAGE_BYTES} bytes",
+                    f"request of {length} bytes exceeds the {MAX_MESSAGE_BYTES}-byte message limit",
                 )
             self._in_body = True
         return prefix
