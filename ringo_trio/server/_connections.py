@@ -82,6 +82,8 @@ RESET_WINDOW = 10.0
 _ACCEPT_ENCODING = ("grpc-accept-encoding", "identity")
 # Seconds a connection told GOAWAY stays open for the peer to read it.
 _LINGER = 1.0
+# Bytes of input handed to h2 at a time.
+_SLICE = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +163,13 @@ class _GuardedProtocol(H2Protocol):
         )
 
     def data_received(self, data: bytes) -> None:
-        if not self._going_away:
-            super().data_received(data)
+        # h2 parses a whole read (up to 256 KiB with uvloop: thousands of
+        # streams) before grpclib sees its first event; fed in slices, a
+        # connection told GOAWAY stops costing at the next slice.
+        for start in range(0, len(data), _SLICE):
+            if self._going_away:
+                return
+            super().data_received(data[start : start + _SLICE])
 
     def _check_idle(self) -> None:
         processor = cast(_GuardedProcessor, self.processor)

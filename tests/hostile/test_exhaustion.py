@@ -112,6 +112,10 @@ async def test_stalled_stream_holds_at_most_its_budget_and_gives_it_back(
     held_max = PUSH_BUDGET_BYTES // len(payload)
     with anyio.fail_after(40):
         async with connect(daemon) as client:
+            # Small tasks first: they are written at once and make the next
+            # claim ask for many tasks, which then turn out to be big.
+            for _ in range(8):
+                await client.enqueue(queue, payload=b"s")
             ids = [(await client.enqueue(queue, payload=payload)).id for _ in range(20)]
             worker, stream_id = await stalled_worker(
                 daemon, client.context, queue, timedelta(seconds=3)
