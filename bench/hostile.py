@@ -224,15 +224,17 @@ def main() -> None:
     parser.add_argument("--attack", choices=[*ATTACKS, "all"], default="all")
     parser.add_argument("--base-src", type=Path, help="run the daemon from this source tree")
     args = parser.parse_args()
-    env = None
+    env = command = None
     if args.base_src is not None:
         env = {"PYTHONPATH": str(args.base_src.resolve())}
+        # -P: not the current directory (this checkout) ahead of PYTHONPATH.
+        command = [sys.executable, "-P", "-m", "ringo_trio.server"]
     names = list(ATTACKS) if args.attack == "all" else [args.attack]
     print(f"daemon source: {args.base_src or 'this checkout'}")
     print("attack  rss before  rss peak  normal p50   p99      max     calls")
     for name in names:
         with tempfile.TemporaryDirectory() as tmp:
-            daemon = spawn_daemon(Path(tmp) / "data", env=env)
+            daemon = spawn_daemon(Path(tmp) / "data", env=env, command=command)
             try:
                 result = asyncio.run(run_one(daemon, name))
             finally:
