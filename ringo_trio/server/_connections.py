@@ -115,6 +115,11 @@ class ConnectionLimits:
 class GuardedServer(Server):
     """`grpclib.server.Server` whose connections are `_GuardedProtocol`s."""
 
+    # grpclib forgets closed connections (and every stream they had) only
+    # every tenth new connection; an attacker reconnecting after each GOAWAY
+    # would keep ten of them alive.
+    __gc_interval__ = 1
+
     def __init__(
         self, handlers: Collection[Any], *, codec: CodecBase, limits: ConnectionLimits
     ) -> None:
