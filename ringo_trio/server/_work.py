@@ -67,7 +67,8 @@ control), and whatever the dispatcher claimed but has not written waits in
 the daemon's memory. So a batch holds at most ``PUSH_BUDGET_BYTES`` of
 payload (and at least one task): the claim asks for as many tasks as the
 largest payload of the previous batch fits into the budget, and what a batch
-holds beyond it is returned at once.
+holds beyond it is returned at once. A stream's first claim assumes
+payloads of the maximum size.
 
 **Stalls.** A lease is pushed only while it has `_lease_margin` left (at
 least ``LEASE_MARGIN``, at most half the lease); one that has less is
@@ -348,7 +349,9 @@ class _WorkStream:
         self._task_types: list[str] = []
         self._lease_duration = limits.DEFAULT_LEASE
         # The largest payload of the last batch: how many tasks fit the budget.
-        self._payload_hint = 0
+        # Until a batch has been seen, assume the worst, so that the first
+        # claims of many streams at once cannot load a full batch each.
+        self._payload_hint = limits.MAX_PAYLOAD_BYTES
         self._handlers: dict[str, Callable[[Any], Awaitable[Lease | None]]] = {
             "ack": self._ack,
             "credit": self._credit_update,
@@ -648,7 +651,7 @@ class _WorkStream:
                 if watch.closed:
                     return
                 now = clock.now()
-                fits = PUSH_BUDGET_BYTES // self._payload_hint if self._payload_hint else PUSH_BATCH
+                fits = PUSH_BUDGET_BYTES // max(self._payload_hint, 1)
                 batch = await storage.claim(
                     queue,
                     task_types,
