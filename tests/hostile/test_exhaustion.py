@@ -120,11 +120,18 @@ async def test_stalled_stream_holds_at_most_its_budget_and_gives_it_back(
             worker, stream_id = await stalled_worker(
                 daemon, client.context, queue, timedelta(seconds=3)
             )
-            held: list[int] = []
-            while not held or held[-1]:
+
+            async def held_now() -> int:
                 now = await states(client, queue, ids)
-                held.append(sum(state is TaskState.LEASED for state, _ in now))
                 await worker.pump(0.05)
+                return sum(state is TaskState.LEASED for state, _ in now)
+
+            # Sampled until the daemon has claimed, then until it gave back.
+            held = [await held_now()]
+            while not held[-1]:
+                held.append(await held_now())
+            while held[-1]:
+                held.append(await held_now())
             assert 0 < max(held) <= held_max, held
             assert await states(client, queue, ids) == [(TaskState.PENDING, 0)] * len(ids)
             await worker.until(lambda: worker.streams[stream_id].reset is not None, 5)
