@@ -2,22 +2,27 @@
 
 Theory of operation
 -------------------
-grpclib's server trusts its peers. Four things a hostile (or broken) client
-can do cost the daemon memory or time without limit there, and each is
-stopped at the one place it enters: the per-connection `H2Protocol`, its
-events processor and its streams, which `GuardedServer` substitutes for
-grpclib's own. Nothing above this module (the gate, the services, the Work
-streams) sees a difference, except that a refused message reaches the method
-as `GRPCError` from ``recv_message``, which every method already turns into
-its final status.
+grpclib's server trusts its peers: a hostile (or broken) client can make it
+spend memory or time without limit. Each way is stopped at the one place it
+enters: the per-connection `H2Protocol`, its events processor and its
+streams, which `GuardedServer` substitutes for grpclib's own. Nothing above
+this module (the gate, the services, the Work streams) sees a difference,
+except that a refused message reaches the method as `GRPCError` from
+``recv_message``, which every method already turns into its final status.
 
 **Rapid reset** (CVE-2023-44487). Every HEADERS frame starts a handler task
 and every RST_STREAM cancels it, so a client can open and reset streams as
 fast as it can write, and h2 remembers every closed stream of the connection.
 Resets are counted per connection over a sliding window (`RESET_LIMIT` in
 `RESET_WINDOW` seconds, far above what cancelling calls ever needs); one more
-and the connection gets GOAWAY(ENHANCE_YOUR_CALM) and is closed at once:
-the frames of the same read that h2 has parsed are dropped unprocessed.
+and the connection gets GOAWAY(ENHANCE_YOUR_CALM) and every call on it is
+cancelled. Input is handed to h2 in `_SLICE`-sized pieces and everything
+after the GOAWAY is discarded unparsed; the socket itself closes when the
+peer hangs up or after `_LINGER` seconds, because closing a socket with
+unread input makes the kernel send RST, which can destroy the GOAWAY before
+the peer reads it. grpclib forgets a closed connection's handler (and its
+streams) only when a new connection arrives, so `GuardedServer` does that
+at every new connection rather than every tenth.
 
 **Idle connections.** A connection without a call for `idle_timeout` seconds
 gets GOAWAY(NO_ERROR) and is closed; so does one that never starts a call.
@@ -203,9 +208,8 @@ class _GuardedProtocol(H2Protocol):
         self.handler.close()
         for stream in self.processor.streams.values():
             stream.__terminated__(reason)
-        # Closing a socket with unread input makes the kernel send RST, which
-        # can destroy the GOAWAY before the peer reads it; so the peer gets a
-        # moment to read it and hang up, while its input is discarded.
+        # Not closed yet: the peer gets `_LINGER` seconds to read the GOAWAY
+        # and hang up (see the module docstring), its input discarded.
         if self._timer is not None:
             self._timer.cancel()
         self._timer = asyncio.get_running_loop().call_later(_LINGER, self.processor.close, reason)
