@@ -55,14 +55,13 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-
-from grpclib.server import Server
 
 from ringo_trio import _limits as limits
 
 from ._clock import Clock
+from ._connections import ConnectionLimits, GuardedServer
 from ._gate import Gate
 from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from ._service import HealthService, QueueService
@@ -100,6 +99,7 @@ class DaemonConfig:
     auth_failure_delay: float = DEFAULT_CAP
     # TLS (None: plaintext); built and checked by the command line.
     tls: ssl.SSLContext | None = None
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     @property
     def shared(self) -> bool:
@@ -197,7 +197,9 @@ class Daemon:
         except OSError as exc:
             where = format_endpoint(self.config.host, self.config.port)
             raise ListenError(f"cannot serve on {where}: {exc}") from exc
-        server = Server([self.queue_service, self.health], codec=StrictCodec())
+        server = GuardedServer(
+            [self.queue_service, self.health], codec=StrictCodec(), limits=self.config.connections
+        )
         self.gate.install(server)
         try:
             await server.start(sock=sock, ssl=self.config.tls)

@@ -44,6 +44,12 @@ from typing import Any, NoReturn
 from ringo_trio import _limits as limits
 from ringo_trio._version import SDK_VERSION
 
+from ._connections import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_KEEPALIVE_INTERVAL,
+    DEFAULT_KEEPALIVE_TIMEOUT,
+    ConnectionLimits,
+)
 from ._daemon import Daemon, DaemonConfig, ListenError
 from ._lock import DataDirLock, DataDirLocked
 from ._members import DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, MAX_GENERATION_CHARS
@@ -360,6 +366,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Work stream that has sent nothing for this long sends a heartbeat (default 10)",
     )
     parser.add_argument(
+        "--idle-timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=DEFAULT_IDLE_TIMEOUT,
+        help="close (GOAWAY) a client connection that has had no call for this long"
+        f" (default {DEFAULT_IDLE_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--keepalive-interval",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=DEFAULT_KEEPALIVE_INTERVAL,
+        help="ping a client connection that has calls this often"
+        f" (default {DEFAULT_KEEPALIVE_INTERVAL:g})",
+    )
+    parser.add_argument(
+        "--keepalive-timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=DEFAULT_KEEPALIVE_TIMEOUT,
+        help="close a client connection whose ping is not acknowledged within this long,"
+        f" cancelling its calls (default {DEFAULT_KEEPALIVE_TIMEOUT:g})",
+    )
+    parser.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         default="info",
@@ -582,6 +612,11 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
             safety_poll=_safety_poll(args.safety_poll, choice),
             auth_failure_delay=args.auth_failure_delay,
             tls=args.ssl,
+            connections=ConnectionLimits(
+                idle_timeout=args.idle_timeout,
+                keepalive_interval=args.keepalive_interval,
+                keepalive_timeout=args.keepalive_timeout,
+            ),
         )
 
         def announce(daemon: Daemon) -> None:

@@ -46,7 +46,8 @@ or rejects it on this stream (whatever the outcome), or when any command
 about it is answered ``LEASE_LOST``.
 
 **Dispatch** mirrors the long-poll Claim: arm the queue's wake-up, claim
-``min(credit, PUSH_BATCH)`` tasks in one storage call, push them; when
+``min(credit, PUSH_BATCH)`` tasks in one storage call (fewer when payloads
+are big, see *Budget*), push them; when
 nothing is claimable, sleep until a wake-up or the queue's next scheduled
 moment. With no credit it sleeps on the stream's own credit event instead,
 so there is no polling interval anywhere. Between rounds it yields to the
@@ -60,6 +61,24 @@ claimable again at once. A *sent* lease is never returned: when a stream
 ends, its delivered leases stay with the worker (whose handlers may still be
 running) until they are settled or expire, so the same attempt is never
 handed to anyone else early.
+
+**Budget.** A worker that stops reading stops the sends (HTTP/2 flow
+control), and whatever the dispatcher claimed but has not written waits in
+the daemon's memory. So a batch holds at most ``PUSH_BUDGET_BYTES`` of
+payload (and at least one task): the claim asks for as many tasks as the
+largest payload of the previous batch fits into the budget, and what a batch
+holds beyond it is returned at once. A stream's first claim assumes
+payloads of the maximum size.
+
+**Stalls.** A lease is pushed only while it has `_lease_margin` left (at
+least ``LEASE_MARGIN``, at most half the lease); one that has less is
+returned with the rest of the batch and the next round claims afresh, so a
+worker never receives a lease that is about to run out. A frame that cannot
+be written by then, or within ``STALL_TIMEOUT`` of its batch's claim (for
+long leases), means the worker stopped reading: the stream is reset
+(`StreamStalled`) and the frame and the rest of the batch are returned, no
+attempt spent; the reset drops the partly written frame, so the worker never
+sees it.
 
 **Release** (``release{lease}``, minor >= 7) is how a stopping worker hands
 back a lease it did not finish: `Storage.release`, as for an undelivered
@@ -148,8 +167,10 @@ __all__ = [
     "MAX_CONCURRENCY",
     "ORDERED_REQUEST_IDS_MINOR",
     "PUSH_BATCH",
+    "PUSH_BUDGET_BYTES",
     "TARGET_CONCURRENCY_MINOR",
     "LeaseOps",
+    "StreamStalled",
     "WorkStreamIO",
     "WorkStreams",
     "ok_frame",
@@ -160,6 +181,12 @@ log = logging.getLogger("ringo_trio.server")
 
 # Tasks claimed per storage call (and per fair-share round).
 PUSH_BATCH = 64
+# Payload bytes one stream may hold claimed but not yet written (see Budget).
+PUSH_BUDGET_BYTES = 4 * 1024 * 1024
+# A lease is pushed only with this much of it left (at most half the lease).
+LEASE_MARGIN = timedelta(seconds=5)
+# Seconds a batch may take to be written, whatever its leases (see Stalls).
+STALL_TIMEOUT = 30.0
 MAX_CONCURRENCY = 2**31 - 1
 
 # As in the long-poll Claim: sleep a little past a scheduled moment so the
@@ -198,6 +225,10 @@ class LeaseOps(Protocol):
     async def apply_progress(self, message: ReportProgressRequest, now: datetime) -> None: ...
 
 
+class StreamStalled(Exception):
+    """The worker stopped reading: the stream is to be reset, not answered."""
+
+
 class _Refused(Exception):
     """A command refused with a code that has no storage exception."""
 
@@ -234,7 +265,8 @@ class WorkStreams:
         return len(self._live)
 
     async def serve(self, stream: WorkStreamIO) -> None:
-        """Run one Work call to its end; GRPCError is the status to end it with."""
+        """Run one Work call to its end; GRPCError is the status to end it with,
+        `StreamStalled` means the worker stopped reading."""
         work = _WorkStream(self, stream)
         self._live.add(work)
         try:
@@ -248,6 +280,8 @@ class WorkStreams:
             await self.serve(stream)
         except GRPCError as exc:
             await _end_with_status(stream, exc.status, exc.message)
+        except StreamStalled:
+            await _reset(stream)
         except asyncio.CancelledError:
             # The shutdown timeout ran out (or the worker is gone, and then
             # this send fails quietly).
@@ -283,6 +317,7 @@ class _WorkStream:
         "_outcome",
         "_outstanding",
         "_owner",
+        "_payload_hint",
         "_pushing",
         "_queue",
         "_send_lock",
@@ -323,6 +358,10 @@ class _WorkStream:
         self._worker_id = ""
         self._task_types: list[str] = []
         self._lease_duration = limits.DEFAULT_LEASE
+        # The largest payload of the last batch: how many tasks fit the budget.
+        # Until a batch has been seen, assume the worst, so that the first
+        # claims of many streams at once cannot load a full batch each.
+        self._payload_hint = limits.MAX_PAYLOAD_BYTES
         self._handlers: dict[str, Callable[[Any], Awaitable[Lease | None]]] = {
             "ack": self._ack,
             "credit": self._credit_update,
@@ -354,6 +393,9 @@ class _WorkStream:
         if outcome is None:
             return
         if isinstance(outcome, GRPCError):
+            raise outcome
+        if isinstance(outcome, StreamStalled):
+            log.warning("Work stream of worker %r stalled: %s", self._worker_id, outcome)
             raise outcome
         if isinstance(outcome, StorageUnavailable):
             log.warning(
@@ -637,10 +679,11 @@ class _WorkStream:
                 if watch.closed:
                     return
                 now = clock.now()
+                fits = PUSH_BUDGET_BYTES // max(self._payload_hint, 1)
                 batch = await storage.claim(
                     queue,
                     task_types,
-                    min(self._credit, PUSH_BATCH),
+                    min(self._credit, PUSH_BATCH, max(fits, 1)),
                     worker_id,
                     lease_duration,
                     now,
@@ -669,27 +712,49 @@ class _WorkStream:
             for item in batch:
                 if item.lease is not None:
                     note(item.lease.until)
+            keep = self._within_budget(batch)
+            if keep < len(batch):
+                await self._release(batch[keep:])
+                del batch[keep:]
             lock = self._send_lock
             send_message = self._stream.send_message
             outstanding = self._outstanding
+            clock = self._owner.clock
+            loop = self._loop
+            margin = self._lease_margin()
+            stall_at = loop.time() + STALL_TIMEOUT
             for item in batch:
-                async with lock:
-                    # Checked and spent under the send lock, the same lock a
-                    # credit update holds while it changes the credit and
-                    # answers: a push spends the credit whose result precedes
-                    # it on the wire. A drain, shutdown or smaller credit may
-                    # have landed while this batch was being pushed.
-                    if self._credit <= 0:
-                        break
-                    self._pushing = True
-                    await send_message(task_frame(item))
-                    # No await between the send and the bookkeeping: a lease
-                    # on the wire is always counted.
-                    self._pushing = False
-                    sent += 1
-                    self._credit -= 1
-                    if item.lease is not None:
-                        outstanding.add(item.lease.lease_token)
+                left = stall_at - loop.time()
+                until = item.lease.until if item.lease is not None else None
+                if until is not None:
+                    left = min(left, (until - margin - clock.now()).total_seconds())
+                if left <= 0:
+                    # Too stale to hand out: returned below, claimed afresh.
+                    break
+                try:
+                    async with asyncio.timeout(left), lock:
+                        # Checked and spent under the send lock, the same lock
+                        # a credit update holds while it changes the credit
+                        # and answers: a push spends the credit whose result
+                        # precedes it on the wire. A drain, shutdown or
+                        # smaller credit may have landed while this batch was
+                        # being pushed.
+                        if self._credit <= 0:
+                            break
+                        self._pushing = True
+                        await send_message(task_frame(item))
+                        # No await between the send and the bookkeeping: a
+                        # lease on the wire is always counted.
+                        self._pushing = False
+                        sent += 1
+                        self._credit -= 1
+                        if item.lease is not None:
+                            outstanding.add(item.lease.lease_token)
+                except TimeoutError:
+                    raise StreamStalled(
+                        f"a task frame could not be written in {left:.1f}s;"
+                        f" {len(batch) - sent} undelivered lease(s) returned"
+                    ) from None
             self._last_sent = self._loop.time()
         finally:
             self._pushing = False
@@ -697,6 +762,23 @@ class _WorkStream:
                 await self._release(batch[sent:])
         if self._stopping:
             self._end_if_quiet()
+
+    def _within_budget(self, batch: Sequence[LeasedTask]) -> int:
+        """How many of `batch` fit `PUSH_BUDGET_BYTES` (at least one)."""
+        total = 0
+        largest = 0
+        keep = len(batch)
+        for index, item in enumerate(batch):
+            size = len(item.task.payload) if item.task is not None else 0
+            largest = max(largest, size)
+            total += size
+            if total > PUSH_BUDGET_BYTES and keep == len(batch):
+                keep = max(index, 1)
+        self._payload_hint = largest
+        return keep
+
+    def _lease_margin(self) -> timedelta:
+        return min(LEASE_MARGIN, self._lease_duration / 2)
 
     async def _release(self, unsent: Sequence[LeasedTask]) -> None:
         refs = [
@@ -787,6 +869,16 @@ async def _end_with_status(stream: Any, status: Status, message: str | None) -> 
         log.debug("could not end a Work stream with %s: %r", status.name, exc)
     finally:
         del h2_stream.reset_nowait
+
+
+async def _reset(stream: Any) -> None:
+    """RST_STREAM: a stalled stream's partly written frame is dropped."""
+    try:
+        async with asyncio.timeout(1.0):
+            await stream.cancel()
+    except Exception as exc:
+        # The connection is stuck too; keepalive will close it.
+        log.debug("could not reset a stalled Work stream: %r", exc)
 
 
 def _registration_fields(
