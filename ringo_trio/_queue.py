@@ -263,7 +263,8 @@ class TaskQueue:
     async def active_count(self, task_types: Iterable[str] | None = None) -> int:
         """Tasks of this queue not finished yet — PENDING (due or scheduled)
         and LEASED — of ``task_types`` (all types when None): what a worker's
-        ``on_idle`` waits to see at zero. Needs protocol minor >= 1."""
+        ``on_idle`` waits to see at zero. The daemon stops counting at 1,000
+        (1,000 means "at least 1,000"). Needs protocol minor >= 1."""
         reply = await self._connection.call(
             "GetQueueActivity",
             GetQueueActivityRequest(queue=self.name, task_types=_task_types(task_types)),

@@ -1166,4 +1166,6 @@ def test_schemas_are_the_ones_fastwire_was_written_for(message: type[betterproto
         7: "extend_lease",
         8: "progress",
         9: "drain",
+        # Minor 7; rare (a stopping worker), so encoded by betterproto2, not fastwire.
+        10: "release",
     }

@@ -155,8 +155,11 @@ class FakeDaemon:
       command on it is answered ``LEASE_LOST``.
     """
 
-    def __init__(self, *, lease_duration: float, max_concurrency: int, ordered: bool) -> None:
+    def __init__(
+        self, *, lease_duration: float, max_concurrency: int, ordered: bool, minor: int = 7
+    ) -> None:
         self.now = 0.0
+        self.minor = minor
         self.lease_duration = lease_duration
         self.max_concurrency = max_concurrency
         self.ordered = ordered
@@ -257,6 +260,8 @@ class FakeDaemon:
         return lease is not None and lease.token == token and self.now < lease.until
 
     def _settle(self, frame: Settle) -> CommandError | None:
+        if frame.outcome is Outcome.RELEASE and self.minor < 7:
+            self.violations.append(f"release sent on a minor {self.minor} stream: {frame}")
         self.unsettled.discard(frame.key)
         if not self._live(frame.key, frame.lease_token):
             return LEASE_LOST
@@ -365,7 +370,10 @@ class SessionMachine(RuleBasedStateMachine):
             command_timeout=timeout,
         )
         self.daemon = FakeDaemon(
-            lease_duration=self.lease, max_concurrency=max_concurrency, ordered=minor >= 6
+            lease_duration=self.lease,
+            max_concurrency=max_concurrency,
+            ordered=minor >= 6,
+            minor=minor,
         )
         self.daemon.now = self.now
         self.daemon.enqueue(self.backlog)
@@ -1000,6 +1008,20 @@ def active(
         assert session.result(frame.request_id, None, 0.0) == []
         assert session.credit_mirror == concurrency
     return session, frame
+
+
+def test_a_refused_registration_never_enters_active() -> None:
+    """A registration the session refuses (the daemon did not confirm the
+    request-id mode) leaves it in ERROR — never ACTIVE — with no credit sent."""
+    session = WorkSession(concurrency=2, minor=7)
+    session.register()
+    with pytest.raises(RemoteProtocolError):
+        session.registered(
+            lease_duration=LEASE, max_concurrency=2, ordered_request_ids=False, now=0.0
+        )
+    assert session.state is State.ERROR
+    with pytest.raises(LocalProtocolError):
+        session.set_concurrency(3, 0.0)
 
 
 def test_result_for_unknown_or_answered_id_is_a_remote_error() -> None:
