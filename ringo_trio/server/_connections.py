@@ -176,10 +176,15 @@ class _GuardedProtocol(H2Protocol):
         # h2 parses a whole read (up to 256 KiB with uvloop: thousands of
         # streams) before grpclib sees its first event; fed in slices, a
         # connection told GOAWAY stops costing at the next slice.
+        if len(data) <= _SLICE:
+            if not self._going_away:
+                super().data_received(data)
+            return
+        view = memoryview(data)
         for start in range(0, len(data), _SLICE):
             if self._going_away:
                 return
-            super().data_received(data[start : start + _SLICE])
+            super().data_received(bytes(view[start : start + _SLICE]))
 
     def _check_idle(self) -> None:
         processor = cast(_GuardedProcessor, self.processor)

@@ -722,39 +722,49 @@ class _WorkStream:
             clock = self._owner.clock
             loop = self._loop
             margin = self._lease_margin()
-            stall_at = loop.time() + STALL_TIMEOUT
-            for item in batch:
-                left = stall_at - loop.time()
-                until = item.lease.until if item.lease is not None else None
-                if until is not None:
-                    left = min(left, (until - margin - clock.now()).total_seconds())
-                if left <= 0:
-                    # Too stale to hand out: returned below, claimed afresh.
-                    break
-                try:
-                    async with asyncio.timeout(left), lock:
-                        # Checked and spent under the send lock, the same lock
-                        # a credit update holds while it changes the credit
-                        # and answers: a push spends the credit whose result
-                        # precedes it on the wire. A drain, shutdown or
-                        # smaller credit may have landed while this batch was
-                        # being pushed.
-                        if self._credit <= 0:
+            # One deadline for the batch (a timeout per frame cost the daemon
+            # ~4 µs a task): the frame being written when it passes means the
+            # worker stopped reading. Leases that merely aged are caught by
+            # the check per item first, and returned without a reset.
+            hard = loop.time() + STALL_TIMEOUT
+            untils = [
+                lease.until
+                for lease in (item.lease for item in batch)
+                if lease is not None and lease.until is not None
+            ]
+            if untils:
+                fresh_for = (min(untils) - margin - clock.now()).total_seconds()
+                hard = min(hard, loop.time() + fresh_for)
+            try:
+                async with asyncio.timeout_at(hard):
+                    for item in batch:
+                        until = item.lease.until if item.lease is not None else None
+                        if until is not None and until - margin <= clock.now():
+                            # Too stale to hand out: returned below, claimed afresh.
                             break
-                        self._pushing = True
-                        await send_message(task_frame(item))
-                        # No await between the send and the bookkeeping: a
-                        # lease on the wire is always counted.
-                        self._pushing = False
-                        sent += 1
-                        self._credit -= 1
-                        if item.lease is not None:
-                            outstanding.add(item.lease.lease_token)
-                except TimeoutError:
-                    raise StreamStalled(
-                        f"a task frame could not be written in {left:.1f}s;"
-                        f" {len(batch) - sent} undelivered lease(s) returned"
-                    ) from None
+                        async with lock:
+                            # Checked and spent under the send lock, the same
+                            # lock a credit update holds while it changes the
+                            # credit and answers: a push spends the credit whose
+                            # result precedes it on the wire. A drain, shutdown
+                            # or smaller credit may have landed while this batch
+                            # was being pushed.
+                            if self._credit <= 0:
+                                break
+                            self._pushing = True
+                            await send_message(task_frame(item))
+                            # No await between the send and the bookkeeping: a
+                            # lease on the wire is always counted.
+                            self._pushing = False
+                            sent += 1
+                            self._credit -= 1
+                            if item.lease is not None:
+                                outstanding.add(item.lease.lease_token)
+            except TimeoutError:
+                raise StreamStalled(
+                    f"a task frame could not be written by its batch's deadline;"
+                    f" {len(batch) - sent} undelivered lease(s) returned"
+                ) from None
             self._last_sent = self._loop.time()
         finally:
             self._pushing = False
