@@ -28,7 +28,7 @@ import ssl
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import anyio.abc
@@ -49,19 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CompressionOption", "Ringo", "RingoClient"]
 
-_T = TypeVar("_T")
 
 CompressionOption = Literal["none", "gzip"]
-
-DEFAULT_RPC_TIMEOUT = 30.0
-_RECOVERY_BACKOFF = (0.2, 0.6, 1.5)
-_MAX_DAEMON_RESTARTS = 3
-_DAEMON_RESTART_BACKOFF = 0.3
-_HEALTH_POLL_INTERVAL = 0.05
-_CLOSE_CHANNEL_TIMEOUT = 5.0
-
-_SERVICE = "/ringo.v1.QueueService/"
-_LOCAL_TOKEN_HEADER = "x-ringo-local-token"
 
 
 def _normalize_compression(value: object) -> CompressionOption:

@@ -41,6 +41,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -101,6 +102,7 @@ class LocalDaemon:
         self._env = env
         self._child: _Child | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        self._stack: AsyncExitStack | None = None
         self._stopped = False
         self._start_lock = anyio.Lock()
 
@@ -153,8 +155,9 @@ class LocalDaemon:
     # -- lifecycle ----------------------------------------------------------
 
     async def __aenter__(self) -> LocalDaemon:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        stack = AsyncExitStack()
+        self._tg = await stack.enter_async_context(anyio.create_task_group())
+        self._stack = stack
         return self
 
     async def __aexit__(
@@ -164,7 +167,9 @@ class LocalDaemon:
         tb: TracebackType | None,
     ) -> None:
         tg, self._tg = self._tg, None
+        stack, self._stack = self._stack, None
         assert tg is not None
+        assert stack is not None
         try:
             await self.stop()  # shielded and bounded inside
         finally:
@@ -172,7 +177,7 @@ class LocalDaemon:
             # left a grandchild holding its pipes open. The exception in
             # flight (if any) is not ours to wrap, so the group exits clean.
             tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
+            await stack.aclose()
 
     async def start(self) -> str:
         """Start (or restart, after it died) the daemon; return its endpoint."""

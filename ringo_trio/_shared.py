@@ -51,6 +51,7 @@ import stat
 import subprocess
 import sys
 import uuid
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -158,6 +159,7 @@ class SharedLocalDaemon:
         self._distrust_reason: str | None = None
         self._stopped = False
         self._tg: anyio.abc.TaskGroup | None = None
+        self._stack: AsyncExitStack | None = None
         self._start_lock = anyio.Lock()
 
     # -- introspection ------------------------------------------------------
@@ -231,8 +233,9 @@ class SharedLocalDaemon:
     # -- lifecycle ----------------------------------------------------------
 
     async def __aenter__(self) -> SharedLocalDaemon:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        stack = AsyncExitStack()
+        self._tg = await stack.enter_async_context(anyio.create_task_group())
+        self._stack = stack
         return self
 
     async def __aexit__(
@@ -242,12 +245,14 @@ class SharedLocalDaemon:
         tb: TracebackType | None,
     ) -> None:
         tg, self._tg = self._tg, None
+        stack, self._stack = self._stack, None
         assert tg is not None
+        assert stack is not None
         self._stopped = True
         # Only reapers run in the group. Cancelling them leaves the daemons
         # serving the other members; they wait in _ORPHANS to be reaped.
         tg.cancel_scope.cancel()
-        await tg.__aexit__(None, None, None)
+        await stack.aclose()
 
     async def start(self) -> str:
         """Adopt the trusted shared daemon, or spawn and publish one; return its endpoint.
