@@ -17,7 +17,7 @@ Rows:
   return; all tasks are enqueued before the worker starts, so it is mostly
   queue wait;
 * Worker, 10 ms-sleep handler, concurrency 256, timed the same way;
-* the worker process's peak RSS (``ru_maxrss``, reported by the worker);
+* the worker process's peak RSS (``VmHWM``, reported by the worker);
 * PostgreSQL scale-out: 1, 2 and 3 daemons on one fresh database (created on
   the server ``$RINGO_BENCH_POSTGRES`` names, default the local test server,
   and dropped afterwards), a worker process per daemon (no-op handler,
@@ -66,7 +66,6 @@ import json
 import os
 import pathlib
 import platform
-import resource
 import secrets
 import selectors
 import shutil
@@ -82,6 +81,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import _proc
 import _tree
 import compare
 import trio
@@ -903,7 +903,7 @@ def main() -> None:
     noop = max(noops, key=lambda r: r.rate)
     slow = max(slows, key=lambda r: r.rate)
     enqueue = max(r.enqueue_rate for r in [*noops, *slows])
-    bench_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    bench_rss = _proc.peak_rss_kb() / 1024
     load_after = os.getloadavg()[0]
     header = (
         f"# Benchmarks\n\n{datetime.now(UTC):%Y-%m-%d}, {os.cpu_count()} cores (os.cpu_count()),"
