@@ -356,7 +356,14 @@ def _section(
             " files; a cell is the median of the rounds (min-max), a ratio is ours / huey of"
             " the medians. Reproduce: `nox -s bench -- --only noop,sleep,huey --repeat 3`.",
             "",
-            f"{when}, {revisions}; {machine}: a shared machine, other jobs run meanwhile.",
+            "Not the same contract: huey deletes a task from SQLite when a thread takes it"
+            " (a consumer that dies loses what it held) and runs everything in one process;"
+            " `ringod` leases it, the worker acks it over gRPC, and an expired lease hands it"
+            " out again. On a shared machine the CPU rows are steadier than throughput, but"
+            " huey's no-op rate and CPU per task vary more between runs than ours (its 16"
+            " threads each take SQLite's write lock for every dequeue).",
+            "",
+            f"{when}, {revisions}; {machine}: a shared machine, other jobs ran meanwhile.",
             "",
             peer_table(pairs, runs["current"]),
         ]

@@ -864,6 +864,8 @@ def main() -> None:
         if args.baseline is not None:
             # The peer does not depend on the tree: two trees, one huey.
             names = [name for name in names if name != "huey"]
+            if not names:
+                parser.error("--baseline compares two trees; huey is not one (drop --baseline)")
         if args.postgres_only:
             names = ["postgres"]
         elif args.no_postgres:
