@@ -62,9 +62,12 @@ def bench(session: nox.Session) -> None:
     ``nox -s bench -- --quick`` is a small smoke run; ``-- --profile DIR`` profiles
     the no-op Worker run (daemon and worker) with py-spy; ``-- --baseline REV``
     measures git revision REV and this tree side by side and reports
-    current / baseline (``--only noop,enqueue_many`` for a quick comparison).
+    current / baseline (``--only noop,enqueue_many`` for a quick comparison);
+    ``-- --only noop,sleep,huey`` runs ours next to the peer, huey, and
+    reports ringo_trio / huey.
     """
-    session.install("-e", ".")
+    # huey is the peer of the "Against huey" rows: a bench-only dependency.
+    session.install("-e", ".", "huey==3.5.4")
     if "--profile" in session.posargs:
         session.install("py-spy")
     session.run("python", "bench/run.py", *session.posargs)

@@ -55,7 +55,9 @@ RUN = HERE / "run.py"
 HEADING = "## Comparing two trees"
 # What `--only` picks from (run.py measures them): the no-op and the 10 ms
 # Worker runs, enqueue_many alone, the unary rows, the PostgreSQL scale-out.
-BENCHMARK_NAMES = ("noop", "sleep", "enqueue_many", "unary", "postgres")
+# "huey" is the peer (bench/peer_huey.py): current tree only, never with --baseline.
+BENCHMARK_NAMES = ("noop", "sleep", "enqueue_many", "unary", "postgres", "huey")
+PEER_HEADING = "## Against huey"
 
 
 # -- formatting (pure) -------------------------------------------------------------
@@ -117,6 +119,22 @@ def table(metrics: Sequence[Metric], runs: dict[str, dict[str, list[float]]]) ->
             f" | {ratio(current[m.name], baseline[m.name])} |"
             for m in metrics
         ]
+    return "\n".join(lines) + "\n"
+
+
+def peer_table(pairs: dict[str, str], current: dict[str, list[float]]) -> str:
+    """Markdown: one row per (peer metric -> our metric) pair measured in this
+    run: our median, the peer's, and ours / theirs of the medians."""
+    lines = [
+        "| ratio | ringo_trio | peer | ringo_trio / peer |",
+        "| --- | --- | --- | --- |",
+    ]
+    for peer, ours in pairs.items():
+        if peer in current and ours in current:
+            lines.append(
+                f"| {ours} / {peer} | {cell(current[ours], 'tasks/s')}"
+                f" | {cell(current[peer], 'tasks/s')} | {ratio(current[ours], current[peer])} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -271,8 +289,11 @@ def compare(
             side.imports_log.touch()
         metrics: dict[str, Metric] = {}
         runs: dict[str, dict[str, list[float]]] = {side.label: {} for side in sides}
-        for name in names:
-            for index in range(rounds):
+        pairs: dict[str, str] = {}  # a peer's metric -> ours it is compared with
+        # Rounds outside: each round runs every benchmark once, so ours and
+        # the peer's alternate (noop, sleep, huey, noop, ...) under the same noise.
+        for index in range(rounds):
+            for name in names:
                 for side in sides if index % 2 == 0 else sides[::-1]:
                     t0 = time.perf_counter()
                     measured = _measure(side, name, options)
@@ -281,6 +302,8 @@ def compare(
                         metric = Metric(item["name"], item["unit"], item["higher_is_better"])
                         metrics.setdefault(metric.name, metric)
                         runs[side.label].setdefault(metric.name, []).append(item["value"])
+                        if "versus" in item:
+                            pairs[metric.name] = item["versus"]
                     first = measured[0]
                     print(
                         f"{name}, round {index + 1}/{rounds}, {side.label}:"
@@ -289,7 +312,7 @@ def compare(
                         flush=True,
                     )
     load = (load_before, os.getloadavg()[0])
-    return _section(sides, list(metrics.values()), runs, rounds, sizes, load)
+    return _section(sides, list(metrics.values()), runs, rounds, sizes, load, pairs)
 
 
 def _section(
@@ -299,6 +322,7 @@ def _section(
     rounds: int,
     sizes: str,
     load: tuple[float, float],
+    pairs: dict[str, str],
 ) -> str:
     revisions = "; ".join(f"{side.label} {side.revision}" for side in sides)
     imports = []
@@ -314,7 +338,36 @@ def _section(
         f" Load average (1 min) {load[0]:.1f} before, {load[1]:.1f} after"
     )
     when = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
-    if len(sides) == 1:
+    if pairs:
+        lines = [
+            PEER_HEADING,
+            "",
+            "The peer is huey (`bench/peer_huey.py`) on SQLite, WAL and `synchronous=NORMAL`"
+            " like `ringod`: N tasks enqueued into a file in a temporary directory, then ONE"
+            " huey consumer process with thread workers (16 for no-op, 100 for a 10 ms"
+            " `time.sleep`); its rate is the steady rate from the first completion to the"
+            " last, counted by a `SIGNAL_COMPLETE` handler in the consumer, and its CPU is the"
+            " consumer's own (huey has no daemon: SQLite runs in it), to be read next to our"
+            " worker + daemon CPU. Our rows are the Worker rows (second table), timed from"
+            " registration until `Worker.close()` (every ack answered): that includes the"
+            " ramp-up and the"
+            " final acks, so it is the stricter of the two. Each round runs ours and the"
+            " peer's one after the other (noop, sleep, huey), each on fresh processes and"
+            " files; a cell is the median of the rounds (min-max), a ratio is ours / huey of"
+            " the medians. Reproduce: `nox -s bench -- --only noop,sleep,huey --repeat 3`.",
+            "",
+            "Not the same contract: huey deletes a task from SQLite when a thread takes it"
+            " (a consumer that dies loses what it held) and runs everything in one process;"
+            " `ringod` leases it, the worker acks it over gRPC, and an expired lease hands it"
+            " out again. On a shared machine the CPU rows are steadier than throughput, but"
+            " huey's no-op rate and CPU per task vary more between runs than ours (its 16"
+            " threads each take SQLite's write lock for every dequeue).",
+            "",
+            f"{when}, {revisions}; {machine}: a shared machine, other jobs ran meanwhile.",
+            "",
+            peer_table(pairs, runs["current"]),
+        ]
+    elif len(sides) == 1:
         lines = ["## This tree only (`--only`)", "", f"{when}, {revisions}; {machine}.", ""]
     else:
         lines = [

@@ -17,7 +17,7 @@ Rows:
   return; all tasks are enqueued before the worker starts, so it is mostly
   queue wait;
 * Worker, 10 ms-sleep handler, concurrency 256, timed the same way;
-* the worker process's peak RSS (``ru_maxrss``, reported by the worker);
+* the worker process's peak RSS (``VmHWM``, reported by the worker);
 * PostgreSQL scale-out: 1, 2 and 3 daemons on one fresh database (created on
   the server ``$RINGO_BENCH_POSTGRES`` names, default the local test server,
   and dropped afterwards), a worker process per daemon (no-op handler,
@@ -27,6 +27,16 @@ Rows:
   the queue has no active task. Best of ``--repeat``. ``--postgres-only``
   runs just these rows and replaces their section of bench/results.md;
   ``--no-postgres`` skips them and keeps the section that is there.
+
+* the peer, huey (``bench/peer_huey.py``: SQLite, WAL, ``synchronous=NORMAL``,
+  one consumer process; no-op at 16 threads, 10 ms at 100 threads, steady
+  rate after the first completion), measured in rounds that alternate with
+  our no-op and 10 ms Worker runs (fresh daemons, medians), and the ratios
+  ringo_trio / huey: the "Against huey" section of bench/results.md. The full
+  run does these rounds after the rows above; ``--only noop,sleep,huey``
+  runs just them and replaces that section. huey is a bench-only dependency
+  (the nox session installs it). ``--baseline`` leaves huey out: the peer
+  does not change with the tree.
 
 ``--profile DIR`` re-runs the no-op Worker case under ``py-spy`` (which must
 be installed: ``pip install py-spy``), the daemon and the worker each sampled
@@ -39,8 +49,9 @@ processes importing its own tree, rounds alternating the sides, medians) and
 writes the table (metric, baseline, current, current / baseline) as the
 "Comparing two trees" section of bench/results.md, leaving the other
 sections as they are. ``--only noop,enqueue_many`` (names: noop, sleep,
-enqueue_many, unary, postgres) runs a subset; without ``--baseline`` it
-prints the current tree's figures and writes nothing.
+enqueue_many, unary, postgres, huey) runs a subset; without ``--baseline`` it
+prints the current tree's figures and writes nothing, unless huey is among
+them (then it writes the "Against huey" section).
 
 Writes the results tables to bench/results.md and prints them. The text from
 the "## Where the time goes" heading on is kept as it is (it is written by
@@ -55,7 +66,6 @@ import json
 import os
 import pathlib
 import platform
-import resource
 import secrets
 import selectors
 import shutil
@@ -71,6 +81,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import _proc
 import _tree
 import compare
 import trio
@@ -653,8 +664,39 @@ def _worker_metrics(run: WorkRun, what: str) -> list[dict[str, Any]]:
     ]
 
 
+_NOOP = "Worker, no-op handler, concurrency 64 ({tasks:,} tasks)"
+_SLEEP = "Worker, 10 ms-sleep handler, concurrency 256 ({tasks:,} tasks)"
+
+
+def _huey_metrics(tasks: int) -> list[dict[str, Any]]:
+    """The peer's two runs, each naming the throughput of ours it is compared
+    with ("versus"): huey no-op at 16 threads against our no-op at
+    concurrency 64, huey 10 ms at 100 threads against ours at 256; N is our
+    10 ms run's (10,000 by default, the issue's figure)."""
+    import peer_huey  # huey is a bench-only dependency, needed for this row only
+
+    metrics = []
+    for what, threads, sleep, ours in (
+        ("no-op", 16, 0.0, _NOOP.format(tasks=tasks)),
+        ("10 ms", 100, 0.010, _SLEEP.format(tasks=tasks // 2)),
+    ):
+        run = peer_huey.run(tasks // 2, threads, sleep)
+        label = f"huey {what}, {threads} threads ({run.tasks:,} tasks)"
+        metrics += [
+            {
+                **_metric(f"{label}: throughput", run.rate, "tasks/s"),
+                "versus": f"{ours}: throughput",
+            },
+            _metric(f"{label}: consumer CPU per 1,000 tasks", run.cpu_per_1000, "s", higher=False),
+            _metric(f"{label}: consumer peak RSS", run.peak_rss_mb, "MB", higher=False),
+        ]
+    return metrics
+
+
 def _tree_child(name: str, n: int, tasks: int) -> list[dict[str, Any]]:
     """Benchmark `name` once (one of compare.BENCHMARK_NAMES) on a fresh daemon."""
+    if name == "huey":
+        return _huey_metrics(tasks)
     if name == "postgres":
         runs = [_scale_run(count, tasks) for count in (1, 2, 3)]
         return [
@@ -673,15 +715,14 @@ def _tree_child(name: str, n: int, tasks: int) -> list[dict[str, Any]]:
         if name == "noop":
             run = _work_run(daemon, "bench-noop", tasks, 64, 0.0)
             return [
-                *_worker_metrics(run, f"Worker, no-op handler, concurrency 64 ({tasks:,} tasks)"),
+                *_worker_metrics(run, _NOOP.format(tasks=tasks)),
                 _metric(
                     "no-op run: worker process start → registered", run.startup, "s", higher=False
                 ),
             ]
         if name == "sleep":
             run = _work_run(daemon, "bench-sleep", tasks // 2, 256, 0.010)
-            what = f"Worker, 10 ms-sleep handler, concurrency 256 ({tasks // 2:,} tasks)"
-            return _worker_metrics(run, what)
+            return _worker_metrics(run, _SLEEP.format(tasks=tasks // 2))
     raise SystemExit(f"unknown benchmark {name!r}")
 
 
@@ -755,10 +796,10 @@ def _table(
 
 def _sections() -> list[str]:
     """bench/results.md as [SQLite rows, PostgreSQL section, comparison
-    section, analysis] (a section not in the file is empty)."""
+    section, huey section, analysis] (a section not in the file is empty)."""
     rest = RESULTS.read_text() if RESULTS.exists() else ""
     tail = []
-    for heading in (ANALYSIS_HEADING, compare.HEADING, POSTGRES_HEADING):
+    for heading in (ANALYSIS_HEADING, compare.PEER_HEADING, compare.HEADING, POSTGRES_HEADING):
         at = rest.find(heading)
         rest, section = (rest[:at], rest[at:]) if at >= 0 else (rest, "")
         tail.insert(0, section)
@@ -810,7 +851,9 @@ def main() -> None:
     if args.tree_child is not None:
         print(json.dumps({"metrics": _tree_child(args.tree_child, n, tasks)}))
         return
-    sqlite_rows, postgres_rows, compared, analysis = _sections()
+    sqlite_rows, postgres_rows, compared, peer, analysis = _sections()
+    sizes = f"unary n={n}, {tasks:,} tasks per run{' (--quick)' if args.quick else ''}"
+    options = ["-n", str(n), "--tasks", str(tasks)]
     if args.baseline is not None or args.only is not None:
         if args.profile is not None:
             parser.error("--profile measures one tree: not with --baseline or --only")
@@ -818,16 +861,25 @@ def main() -> None:
         unknown = set(names) - set(compare.BENCHMARK_NAMES)
         if unknown:
             parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
+        if args.baseline is not None:
+            # The peer does not depend on the tree: two trees, one huey.
+            names = [name for name in names if name != "huey"]
+            if not names:
+                parser.error("--baseline compares two trees; huey is not one (drop --baseline)")
         if args.postgres_only:
             names = ["postgres"]
         elif args.no_postgres:
             names = [name for name in names if name != "postgres"]
-        sizes = f"unary n={n}, {tasks:,} tasks per run{' (--quick)' if args.quick else ''}"
-        options = ["-n", str(n), "--tasks", str(tasks)]
-        compared = compare.compare(args.baseline, names, args.repeat or 3, options, sizes)
-        sys.stdout.write(compared)
-        if args.baseline is not None and not args.no_write:
-            RESULTS.write_text(sqlite_rows + postgres_rows + compared + analysis)
+        section = compare.compare(args.baseline, names, args.repeat or 3, options, sizes)
+        sys.stdout.write(section)
+        if args.baseline is not None:
+            compared = section
+        elif section.startswith(compare.PEER_HEADING):
+            peer = section
+        else:
+            return
+        if not args.no_write:
+            RESULTS.write_text(sqlite_rows + postgres_rows + compared + peer + analysis)
         return
     repeat = args.repeat or (1 if args.quick else 3)
     if not args.no_postgres and args.profile is None:
@@ -836,7 +888,7 @@ def main() -> None:
         sys.stdout.write(postgres_rows)
     if args.postgres_only:
         if not args.no_write:
-            RESULTS.write_text(sqlite_rows + postgres_rows + compared + analysis)
+            RESULTS.write_text(sqlite_rows + postgres_rows + compared + peer + analysis)
         return
 
     load_before = os.getloadavg()[0]
@@ -853,7 +905,7 @@ def main() -> None:
     noop = max(noops, key=lambda r: r.rate)
     slow = max(slows, key=lambda r: r.rate)
     enqueue = max(r.enqueue_rate for r in [*noops, *slows])
-    bench_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    bench_rss = _proc.peak_rss_kb() / 1024
     load_after = os.getloadavg()[0]
     header = (
         f"# Benchmarks\n\n{datetime.now(UTC):%Y-%m-%d}, {os.cpu_count()} cores (os.cpu_count()),"
@@ -877,8 +929,11 @@ def main() -> None:
     )
     text = header + _table(unary, noop, slow, enqueue) + footer
     sys.stdout.write(text)
+    # Its own interleaved rounds (fresh daemons, medians), as with --only.
+    peer = compare.compare(None, ["noop", "sleep", "huey"], repeat, options, sizes)
+    sys.stdout.write(peer)
     if not args.no_write:
-        RESULTS.write_text(text + postgres_rows + compared + analysis)
+        RESULTS.write_text(text + postgres_rows + compared + peer + analysis)
 
 
 if __name__ == "__main__":

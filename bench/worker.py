@@ -7,7 +7,8 @@ registered, then works until its handler has seen N tasks, closes the worker
 (every ack answered by the daemon) and prints ``{"event": "done", ...}``:
 elapsed seconds and this process's CPU seconds from registration to the
 close, enqueue→ack latencies (p50/p99, from the daemon's ``created_at`` to
-the handler's return) and this process's peak RSS (``ru_maxrss``), so the
+the handler's return) and this process's peak RSS (``VmHWM``, not ``ru_maxrss``,
+which Linux carries over ``execve`` from the parent: bench/_proc.py), so the
 worker's memory is measured alone.
 """
 
@@ -17,10 +18,10 @@ import argparse
 import array
 import json
 import math
-import resource
 import sys
 import time
 
+import _proc
 import trio
 
 from ringo_trio import Ringo, Task, TaskContext
@@ -78,7 +79,7 @@ async def _main(args: argparse.Namespace) -> None:
         cpu=cpu,
         p50=_percentile(values, 0.50),
         p99=_percentile(values, 0.99),
-        peak_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        peak_rss_kb=_proc.peak_rss_kb(),
     )
 
 

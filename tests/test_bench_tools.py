@@ -91,3 +91,20 @@ def test_a_tree_process_imports_only_from_its_tree(tmp_path: Path) -> None:
     (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert entry["ringo_trio"] == seen["package"]
     assert entry["argv"] == [str(script)]
+
+
+def test_a_peer_ratio_is_ours_over_the_peers_medians_from_the_same_run(
+    compare: ModuleType,
+) -> None:
+    """The ratio rows divide our median by the peer's, both from the same run,
+    and a pair with either side not measured gets no row (never a made-up ratio)."""
+    current = {
+        "ours noop": [4000.0, 3000.0, 5000.0],
+        "huey noop": [2000.0, 1000.0, 9000.0],
+        "huey 10 ms": [1500.0],
+    }
+    pairs = {"huey noop": "ours noop", "huey 10 ms": "ours 10 ms"}
+    rows = compare.peer_table(pairs, current).splitlines()
+    assert rows[2:] == [
+        "| ours noop / huey noop | 4,000 (3,000-5,000) | 2,000 (1,000-9,000) | 2.00 |"
+    ]
