@@ -28,33 +28,40 @@ in a temporary directory removed last.
 
 from __future__ import annotations
 
+import inspect
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 
 from .._client import RingoClient
+from .._errors import InvalidArgumentError
+from .._models import Task, TaskState
+from .._queue import TaskQueue
+from .._work.worker import Handler, TaskContext, Worker
 from ..server._clock import Clock, LoopClock
 from ..server._daemon import Daemon, DaemonConfig
 from ..server.storage.sqlite import SQLiteEngine
-from ._memory import serving_in_memory
+from ._memory import RunOnDaemonLoop, serving_in_memory
 
-__all__ = ["RingoTestEnv", "TimeMode"]
+__all__ = ["RingoTestEnv", "TimeMode", "Until"]
 
 TimeMode = Literal["loop", "real"]
+Until = Literal["settled", "idle"] | int
 
 
 class RingoTestEnv:
     """A daemon in this process and a `RingoClient` of it; see `RingoTestEnv.start`."""
 
-    def __init__(self, client: RingoClient, daemon: Daemon) -> None:
+    def __init__(self, client: RingoClient, daemon: Daemon, run_aio: RunOnDaemonLoop[Any]) -> None:
         self.client = client
         #: The in-process daemon (its storage, clock and configuration).
         self.daemon = daemon
+        self._run_aio = run_aio
 
     @staticmethod
     @asynccontextmanager
@@ -87,9 +94,11 @@ class RingoTestEnv:
                 clock = Clock() if time == "real" else LoopClock(loop_time, start)
                 return Daemon(config, SQLiteEngine(database), clock=clock)
 
-            daemon, transport = await stack.enter_async_context(serving_in_memory(make_daemon))
+            daemon, transport, run_aio = await stack.enter_async_context(
+                serving_in_memory(make_daemon)
+            )
             client = await stack.enter_async_context(RingoClient(transport=transport))
-            yield RingoTestEnv(client, daemon)
+            yield RingoTestEnv(client, daemon, run_aio)
 
     def now(self) -> datetime:
         """The daemon's current time (what task timestamps are made of)."""
@@ -102,3 +111,106 @@ class RingoTestEnv:
         happens, in order), really otherwise."""
         delta = timedelta(seconds=seconds, minutes=minutes, hours=hours, days=days)
         await anyio.sleep(delta.total_seconds())
+
+    async def run_worker(
+        self,
+        queue: TaskQueue,
+        handler: Handler,
+        *,
+        until: Until = "settled",
+        task_types: Iterable[str] | None = None,
+        **worker_options: Any,
+    ) -> int:
+        """Run a worker of ``queue`` with ``handler`` until ``until`` holds, then
+        close it (gracefully); return how many handler calls finished.
+
+        ``until``:
+
+        * ``"settled"`` (the default): no task of the queue (of ``task_types``)
+          is PENDING or LEASED — every one SUCCEEDED or DEAD. Tasks scheduled
+          for later (retries, ``delay``, ``not_before``) are waited for: under
+          a mock clock that costs no real time.
+        * ``"idle"``: no handler runs and nothing is due now: tasks scheduled
+          for later are left PENDING and not waited for (nor are leases held
+          by other workers).
+        * an int ``n``: ``n`` handler calls have finished (returned or
+          raised). The handler is called no more than ``n`` times: a task
+          pushed meanwhile is handed back (released, PENDING, its attempt not
+          spent) when the worker closes, at once (``grace_period`` defaults
+          to zero here).
+
+        Each handler call's settlement (ack, nack, reject) has reached the
+        daemon before a condition is checked. ``worker_options`` go to
+        `TaskQueue.worker` (``concurrency``, ``lease_duration``, ...).
+        """
+        if isinstance(until, bool) or not (
+            until in ("settled", "idle") or (isinstance(until, int) and until > 0)
+        ):
+            raise InvalidArgumentError('until must be "settled", "idle" or a positive int')
+        types = list(task_types or ())
+        finished: list[tuple[str, int]] = []
+        changed = anyio.Event()
+        started = 0
+        if isinstance(until, int):
+            # Calls past the count never reach the handler: they wait to be
+            # handed back when the worker closes, which need not wait for them.
+            worker_options.setdefault("grace_period", timedelta(0))
+
+        async def counted(task: Task, ctx: TaskContext) -> Any:
+            nonlocal started
+            started += 1
+            if isinstance(until, int) and started > until:
+                await anyio.sleep_forever()
+            try:
+                result = handler(task, ctx)
+                if inspect.isawaitable(result):
+                    return await result
+                return result
+            finally:
+                finished.append((task.id, task.attempt))
+                changed.set()
+
+        worker = queue.worker(counted, task_types=task_types, **worker_options)
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            confirmed = 0
+            while True:
+                while confirmed < len(finished):
+                    await _settlement_applied(queue, *finished[confirmed])
+                    confirmed += 1
+                if await self._reached(until, queue, types, worker, len(finished)):
+                    break
+                await changed.wait()
+                changed = anyio.Event()
+            await worker.close()
+        return len(finished)
+
+    async def _reached(
+        self, until: Until, queue: TaskQueue, types: list[str], worker: Worker, finished: int
+    ) -> bool:
+        if isinstance(until, int):
+            return finished >= until
+        if worker.running:
+            return False
+        if until == "settled":
+            return await queue.active_count(types or None) == 0
+        daemon = self.daemon
+        wakeup = await self._run_aio(
+            daemon.storage.next_wakeup(queue.name, types, daemon.clock.now())
+        )
+        return wakeup is None or wakeup > daemon.clock.now()
+
+
+async def _settlement_applied(queue: TaskQueue, task_id: str, attempt: int) -> None:
+    """Wait until the daemon no longer shows ``attempt`` of the task leased.
+
+    A handler returns before its worker sends the settlement; backing off
+    (1 ms doubling to 1 s) also covers a lease that only expiry ends.
+    """
+    pause = 0.001
+    while True:
+        task = await queue.get_by_id(task_id)
+        if task.state is not TaskState.LEASED or task.attempt != attempt:
+            return
+        await anyio.sleep(pause)
+        pause = min(pause * 2, 1.0)

@@ -18,9 +18,9 @@ kit here leaves `ringo_trio.testing._env` backend-neutral.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import grpclib.client
@@ -30,7 +30,9 @@ from .._endpoint import Endpoint
 from .._transport import Transport
 from ..server._daemon import Daemon
 
-__all__ = ["IN_MEMORY", "InMemoryTransport", "serving_in_memory"]
+__all__ = ["IN_MEMORY", "InMemoryTransport", "RunOnDaemonLoop", "serving_in_memory"]
+
+_T = TypeVar("_T")
 
 #: What `RingoClient.endpoint` says for a client of an in-process daemon.
 IN_MEMORY = Endpoint("in-memory", 0, False)
@@ -57,12 +59,17 @@ class InMemoryTransport(Transport):
         return self._daemon.in_memory_channel()
 
 
+#: Runs a coroutine of the daemon's side on its loop, from the test's side.
+RunOnDaemonLoop = Callable[[Coroutine[Any, Any, _T]], Awaitable[_T]]
+
+
 @asynccontextmanager
 async def serving_in_memory(
     make_daemon: Callable[[Callable[[], float]], Daemon],
-) -> AsyncIterator[tuple[Daemon, InMemoryTransport]]:
-    """Serve ``make_daemon(loop_time)`` in memory on this task's loop; yield it
-    and a transport to it (not yet entered). The daemon stops gracefully on exit.
+) -> AsyncIterator[tuple[Daemon, InMemoryTransport, RunOnDaemonLoop[Any]]]:
+    """Serve ``make_daemon(loop_time)`` in memory on this task's loop; yield it,
+    a transport to it (not yet entered) and how to run a coroutine on its loop.
+    The daemon stops gracefully on exit.
 
     ``loop_time`` is the daemon's loop's clock (under trio, trio's clock).
     """
@@ -86,7 +93,7 @@ async def serving_in_memory(
         stack.callback(stop.set)
         tg.start_soon(run_aio, daemon.serve(stop, lambda _daemon: ready.set(), in_memory=True))
         await ready.wait()
-        yield daemon, InMemoryTransport(daemon, loop)
+        yield daemon, InMemoryTransport(daemon, loop), run_aio
 
 
 async def _await(coro: Any) -> Any:
