@@ -86,11 +86,16 @@ def test_public_names_are_exported_once() -> None:
 
 
 # The island itself (_transport.py) is the one SDK module allowed these
-# imports; the testing kit's in-memory transport (testing/_memory.py) is its
-# other half: it subclasses Transport and runs the in-process daemon on the
-# island's loop, so it must touch asyncio and grpclib, and the SDK never
-# imports it. The rest of the testing kit stays backend-neutral.
-_ISLAND = {ROOT / "ringo_trio" / "_transport.py", ROOT / "ringo_trio" / "testing" / "_memory.py"}
+# imports. Two testing-kit modules, which the SDK never imports, join it:
+# testing/_memory.py, the island's other half (it subclasses Transport and
+# runs the in-process daemon on the island's loop), and testing/_autojump.py,
+# an asyncio event loop with a virtual clock, asyncio by definition. The rest
+# of the testing kit stays backend-neutral.
+_ISLAND = {
+    ROOT / "ringo_trio" / "_transport.py",
+    ROOT / "ringo_trio" / "testing" / "_memory.py",
+    ROOT / "ringo_trio" / "testing" / "_autojump.py",
+}
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -42,13 +42,13 @@ from .._client import RingoClient
 from .._errors import InvalidArgumentError
 from .._models import Task, TaskState
 from .._queue import TaskQueue
-from .._work.worker import Handler, TaskContext, Worker
+from .._work.worker import Handler, TaskContext
 from ..server._clock import Clock, LoopClock
 from ..server._daemon import Daemon, DaemonConfig
 from ..server.storage.sqlite import SQLiteEngine
 from ._memory import RunOnDaemonLoop, serving_in_memory
 
-__all__ = ["RingoTestEnv", "TimeMode", "Until"]
+__all__ = ["RingoTestEnv", "TimeMode", "Until", "run_worker"]
 
 TimeMode = Literal["loop", "real"]
 Until = Literal["settled", "idle"] | int
@@ -143,62 +143,93 @@ class RingoTestEnv:
         daemon before a condition is checked. ``worker_options`` go to
         `TaskQueue.worker` (``concurrency``, ``lease_duration``, ...).
         """
-        if isinstance(until, bool) or not (
-            until in ("settled", "idle") or (isinstance(until, int) and until > 0)
-        ):
-            raise InvalidArgumentError('until must be "settled", "idle" or a positive int')
-        types = list(task_types or ())
-        finished: list[tuple[str, int]] = []
-        changed = anyio.Event()
-        started = 0
+        daemon = self.daemon
+
+        async def nothing_due(types: list[str]) -> bool:
+            now = daemon.clock.now()
+            wakeup = await self._run_aio(daemon.storage.next_wakeup(queue.name, types, now))
+            return wakeup is None or wakeup > now
+
+        return await _run_worker(queue, handler, until, task_types, worker_options, nothing_due)
+
+
+async def run_worker(
+    queue: TaskQueue,
+    handler: Handler,
+    *,
+    until: Literal["settled"] | int = "settled",
+    task_types: Iterable[str] | None = None,
+    **worker_options: Any,
+) -> int:
+    """`RingoTestEnv.run_worker` for a queue of any client (a real ``ringod`` too).
+
+    ``until="idle"`` needs to see the daemon's schedule, so only the
+    environment's own method offers it.
+    """
+    if until == "idle":  # type: ignore[comparison-overlap]  # untyped callers
+        raise InvalidArgumentError('until="idle" needs RingoTestEnv.run_worker')
+    return await _run_worker(queue, handler, until, task_types, worker_options, None)
+
+
+async def _run_worker(
+    queue: TaskQueue,
+    handler: Handler,
+    until: Until,
+    task_types: Iterable[str] | None,
+    worker_options: dict[str, Any],
+    nothing_due: Callable[[list[str]], Awaitable[bool]] | None,
+) -> int:
+    if isinstance(until, bool) or not (
+        until in ("settled", "idle") or (isinstance(until, int) and until > 0)
+    ):
+        raise InvalidArgumentError('until must be "settled", "idle" or a positive int')
+    types = list(task_types or ())
+    finished: list[tuple[str, int]] = []
+    changed = anyio.Event()
+    started = 0
+    if isinstance(until, int):
+        # Calls past the count never reach the handler: they wait to be
+        # handed back when the worker closes, which need not wait for them.
+        worker_options.setdefault("grace_period", timedelta(0))
+
+    async def counted(task: Task, ctx: TaskContext) -> Any:
+        nonlocal started
+        started += 1
+        if isinstance(until, int) and started > until:
+            await anyio.sleep_forever()
+        try:
+            result = handler(task, ctx)
+            if inspect.isawaitable(result):
+                return await result
+            return result
+        finally:
+            finished.append((task.id, task.attempt))
+            changed.set()
+
+    async def reached() -> bool:
         if isinstance(until, int):
-            # Calls past the count never reach the handler: they wait to be
-            # handed back when the worker closes, which need not wait for them.
-            worker_options.setdefault("grace_period", timedelta(0))
-
-        async def counted(task: Task, ctx: TaskContext) -> Any:
-            nonlocal started
-            started += 1
-            if isinstance(until, int) and started > until:
-                await anyio.sleep_forever()
-            try:
-                result = handler(task, ctx)
-                if inspect.isawaitable(result):
-                    return await result
-                return result
-            finally:
-                finished.append((task.id, task.attempt))
-                changed.set()
-
-        worker = queue.worker(counted, task_types=task_types, **worker_options)
-        async with anyio.create_task_group() as tg:
-            await tg.start(worker.run)
-            confirmed = 0
-            while True:
-                while confirmed < len(finished):
-                    await _settlement_applied(queue, *finished[confirmed])
-                    confirmed += 1
-                if await self._reached(until, queue, types, worker, len(finished)):
-                    break
-                await changed.wait()
-                changed = anyio.Event()
-            await worker.close()
-        return len(finished)
-
-    async def _reached(
-        self, until: Until, queue: TaskQueue, types: list[str], worker: Worker, finished: int
-    ) -> bool:
-        if isinstance(until, int):
-            return finished >= until
+            return len(finished) >= until
         if worker.running:
             return False
         if until == "settled":
             return await queue.active_count(types or None) == 0
-        daemon = self.daemon
-        wakeup = await self._run_aio(
-            daemon.storage.next_wakeup(queue.name, types, daemon.clock.now())
-        )
-        return wakeup is None or wakeup > daemon.clock.now()
+        assert nothing_due is not None
+        return await nothing_due(types)
+
+    worker = queue.worker(counted, task_types=task_types, **worker_options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        confirmed = 0
+        while True:
+            while confirmed < len(finished):
+                await _settlement_applied(queue, *finished[confirmed])
+                confirmed += 1
+            if await reached():
+                break
+            await changed.wait()
+            changed = anyio.Event()
+        await worker.close()
+    return len(finished)
 
 
 async def _settlement_applied(queue: TaskQueue, task_id: str, attempt: int) -> None:
