@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
+import sniffio
 
 from .._client import RingoClient
 from .._errors import InvalidArgumentError
@@ -107,9 +108,21 @@ class RingoTestEnv:
     async def sleep(
         self, seconds: float = 0, *, minutes: float = 0, hours: float = 0, days: float = 0
     ) -> None:
-        """Let time pass: instantly under a mock clock (everything due meanwhile
-        happens, in order), really otherwise."""
+        """Let time pass, everything due meanwhile happening in order.
+
+        Under an autojump clock this is instant; under trio's hand-driven
+        ``MockClock()`` (no autojump, rate 0: pytest-trio's ``mock_clock``),
+        where nothing moves unless told to, it drives the clock itself, from
+        one timer to the next, up to the target; otherwise it is real time.
+        """
         delta = timedelta(seconds=seconds, minutes=minutes, hours=hours, days=days)
+        if sniffio.current_async_library() == "trio":
+            from ._trio_clock import hand_driven, jump_through
+
+            clock = hand_driven()
+            if clock is not None:
+                await jump_through(clock, delta.total_seconds())
+                return
         await anyio.sleep(delta.total_seconds())
 
     async def run_worker(

@@ -78,3 +78,33 @@ async def test_the_client_reaches_the_in_process_daemon_through_the_given_transp
         assert stored.payload == b"p"
         assert stored.created_at is not None
         assert env.now() - stored.created_at >= timedelta(hours=5)
+
+
+async def test_a_hand_driven_clock_moves_only_when_the_test_sleeps(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """Property: under trio's hand-driven MockClock (no autojump) a task
+    delayed by an hour does not run until the test lets the hour pass with
+    env.sleep; then it runs, at its due time in the daemon's clock."""
+    async with RingoTestEnv.start() as env:
+        queue = env.client.queue("manual")
+        result = await queue.enqueue(task_type="t", delay=HOUR)
+        ran: list[float] = []
+
+        async def handler(task: Task, ctx: TaskContext) -> None:
+            ran.append(trio.current_time())
+
+        worker = queue.worker(handler)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await env.sleep(minutes=59)
+            assert ran == []
+            assert (await queue.get_by_id(result.task.id)).state is TaskState.PENDING
+            await env.sleep(minutes=2)
+            assert len(ran) == 1
+            task = await queue.get_by_id(result.task.id)
+            assert task.state is TaskState.SUCCEEDED
+            assert task.created_at is not None
+            assert task.finished_at is not None
+            assert HOUR <= task.finished_at - task.created_at < HOUR + timedelta(minutes=2)
+            await worker.close()
