@@ -127,7 +127,7 @@ class RingoClient:
         # or a daemon) is how `ringo_trio.testing` wires a client to an
         # in-process daemon.
         if sum(given is not None for given in (endpoint, daemon, transport)) != 1:
-            raise InvalidArgumentError("give exactly one of endpoint and daemon")
+            raise InvalidArgumentError("give exactly one of endpoint, daemon and transport")
         self._compression = _normalize_compression(compression)
         self._endpoint: Endpoint | None = parse_endpoint(endpoint) if endpoint is not None else None
         if tls is not None:
