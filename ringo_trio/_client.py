@@ -43,6 +43,7 @@ from ._errors import (
 from ._models import PostgresStorage, SQLiteStorage, _check_name
 from ._queue import TaskQueue
 from ._transport import client_tls_context
+from ._transport_api import ClientTransport
 
 if TYPE_CHECKING:
     from ._shared import SharedLocalDaemon
@@ -109,9 +110,13 @@ class RingoClient:
         daemon: LocalDaemon | SharedLocalDaemon | None = None,
         compression: CompressionOption | None = None,
         tls: ssl.SSLContext | None = None,
+        transport: ClientTransport | None = None,
     ) -> None:
-        if (endpoint is None) == (daemon is None):
-            raise InvalidArgumentError("give exactly one of endpoint and daemon")
+        # ``transport`` (a ready-made `ClientTransport` instead of an endpoint
+        # or a daemon) is how `ringo_trio.testing` wires a client to an
+        # in-process daemon.
+        if sum(given is not None for given in (endpoint, daemon, transport)) != 1:
+            raise InvalidArgumentError("give exactly one of endpoint, daemon and transport")
         self._compression = _normalize_compression(compression)
         self._endpoint: Endpoint | None = parse_endpoint(endpoint) if endpoint is not None else None
         if tls is not None:
@@ -121,7 +126,10 @@ class RingoClient:
                 raise InvalidArgumentError("tls is for a daemon given by endpoint")
             self._endpoint = self._endpoint.with_tls(tls)
         self._connection = Connection(
-            endpoint=self._endpoint, metadata=_bearer_metadata(token), daemon=daemon
+            endpoint=self._endpoint,
+            metadata=_bearer_metadata(token),
+            daemon=daemon,
+            transport=transport,
         )
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None

@@ -7,7 +7,8 @@ Theory of operation
 -------------------
 *Ownership.* `Connection.open` enters, on the client's exit stack and in the
 entering task: the local daemon's process owner (for `Ringo.local`) and the
-`Transport` (which, under trio, is where the trio-asyncio loop lives); its
+`Transport` (which, under trio, is where the trio-asyncio loop lives) or the
+`ClientTransport` it was given (the testing kit's in-memory one); its
 background tasks (a shared daemon's membership) run in the client's task
 group. `Connection.close` is the graceful part of shutdown: close the channel,
 stop the daemon through its lifecycle pipe — each step shielded and bounded.
@@ -61,7 +62,8 @@ from ._proto.ringo.v1 import (
     NegotiateResponse,
     RequestContext,
 )
-from ._transport import SessionRejectedError, StreamChannels, Transport
+from ._transport import Transport
+from ._transport_api import ClientTransport, SessionRejectedError, StreamChannels
 from ._version import SDK_NAME, SDK_VERSION
 
 if TYPE_CHECKING:
@@ -117,11 +119,15 @@ class Connection:
         endpoint: Endpoint | None,
         metadata: tuple[tuple[str, str], ...],
         daemon: LocalDaemon | SharedLocalDaemon | None,
+        transport: ClientTransport | None = None,
     ) -> None:
+        # ``transport``: a ready-made one to enter instead of a `Transport` to
+        # ``endpoint`` (the testing kit's in-memory transport).
         self._endpoint = endpoint
         self._metadata = metadata
         self._daemon = daemon
-        self._transport: Transport | None = None
+        self._given_transport = transport
+        self._transport: ClientTransport | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._session = NO_SESSION
         self._closed = False
@@ -176,15 +182,16 @@ class Connection:
         """Start the daemon (local), connect and negotiate; what is opened is
         closed by ``stack``, background tasks run in ``tg``."""
         self._tg = tg
-        if self._daemon is not None:
-            await stack.enter_async_context(self._daemon)
-            endpoint = parse_endpoint(await self._daemon.start())
-        else:
-            assert self._endpoint is not None
-            endpoint = self._endpoint
-        self._transport = await stack.enter_async_context(
-            Transport(endpoint, metadata=self._call_metadata())
-        )
+        transport = self._given_transport
+        if transport is None:
+            if self._daemon is not None:
+                await stack.enter_async_context(self._daemon)
+                endpoint = parse_endpoint(await self._daemon.start())
+            else:
+                assert self._endpoint is not None
+                endpoint = self._endpoint
+            transport = Transport(endpoint, metadata=self._call_metadata())
+        self._transport = await stack.enter_async_context(transport)
         if self._shared is not None:
             await self._join_shared()
         else:
@@ -238,7 +245,7 @@ class Connection:
             _SERVICE + method, request_type, response_type, **options
         )
 
-    def require_transport(self) -> Transport:
+    def require_transport(self) -> ClientTransport:
         if self._closed:
             raise RingoError("client is closed")
         if self._transport is None:
@@ -360,7 +367,7 @@ class Connection:
 
     # -- shared local daemon ------------------------------------------------
 
-    async def _join_shared(self, transport: Transport | None = None) -> None:
+    async def _join_shared(self, transport: ClientTransport | None = None) -> None:
         """Elect or adopt the data dir's shared daemon, connect, negotiate and
         attach as a member. An identity that does not hold up (no answer, a
         wrong token, another generation) is never trusted again: one bounded

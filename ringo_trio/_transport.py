@@ -51,9 +51,8 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Self, TypeVar
 
 import anyio
 import grpclib.client
@@ -65,7 +64,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ._endpoint import Endpoint
 from ._errors import (
-    IncompatibleVersionError,
     RingoError,
     UnavailableError,
     error_for_code,
@@ -75,6 +73,7 @@ from ._proto.grpc.health.v1 import (
     HealthCheckResponse,
     HealthCheckResponseServingStatus,
 )
+from ._transport_api import SessionRejectedError, StreamChannels
 
 __all__ = ["SessionRejectedError", "StreamChannels", "Transport", "client_tls_context"]
 
@@ -86,11 +85,6 @@ HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 # How long closing waits for a TLS connection's shutdown exchange.
 _TLS_CLOSE_TIMEOUT = 1.0
 HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
-
-
-class SessionRejectedError(IncompatibleVersionError):
-    """The daemon refused the call's RequestContext (unknown or expired session
-    token) before running the operation, so renegotiating and retrying is safe."""
 
 
 # Connection-level failures. OSError covers refused/reset connections, TLS
@@ -123,18 +117,6 @@ def _map_error(exc: Exception, endpoint: Endpoint) -> RingoError | None:
     return UnavailableError(f"daemon at {endpoint.authority} is unavailable: {detail}")
 
 
-@dataclass(frozen=True, slots=True)
-class StreamChannels(Generic[_Req, _Resp]):
-    """The SDK side of one open stream.
-
-    ``send`` is None for a server stream. Closing ``send`` half-closes the
-    stream; ``receive`` ends (EndOfStream) when the server ends the stream.
-    """
-
-    send: MemoryObjectSendStream[_Req] | None
-    receive: MemoryObjectReceiveStream[_Resp]
-
-
 class Transport:
     """A gRPC channel to one daemon, usable from any anyio task.
 
@@ -163,21 +145,13 @@ class Transport:
 
     # -- lifecycle ----------------------------------------------------------
 
-    async def __aenter__(self) -> Transport:
+    async def __aenter__(self) -> Self:
         if self._entered:
             raise RingoError("a Transport can be entered only once")
         self._entered = True
         library = sniffio.current_async_library()
         if library == "trio":
-            import trio_asyncio
-
-            loop = await self._stack.enter_async_context(trio_asyncio.open_loop())
-            self._run_aio = loop.run_aio_coroutine
-
-            def run_sdk(fn: Callable[..., Awaitable[Any]], *args: Any) -> Awaitable[Any]:
-                return loop.trio_as_future(fn, *args)  # type: ignore[no-any-return]
-
-            self._run_sdk = run_sdk
+            self._use_loop(await self._trio_loop(self._stack))
         elif library != "asyncio":
             raise RingoError(f"ringo_trio runs under trio or asyncio, not {library}")
         try:
@@ -186,6 +160,22 @@ class Transport:
             await self._stack.aclose()
             raise
         return self
+
+    async def _trio_loop(self, stack: AsyncExitStack) -> Any:
+        """The trio-asyncio loop grpclib runs on under trio: a new one, open
+        until ``stack`` closes (the testing kit shares its daemon's instead)."""
+        import trio_asyncio
+
+        return await stack.enter_async_context(trio_asyncio.open_loop())
+
+    def _use_loop(self, loop: Any) -> None:
+        """Cross into the trio-asyncio ``loop`` (under trio) for every asyncio operation."""
+        self._run_aio = loop.run_aio_coroutine
+
+        def run_sdk(fn: Callable[..., Awaitable[Any]], *args: Any) -> Awaitable[Any]:
+            return loop.trio_as_future(fn, *args)  # type: ignore[no-any-return]
+
+        self._run_sdk = run_sdk
 
     async def __aexit__(
         self,
@@ -304,14 +294,18 @@ class Transport:
     # -- the asyncio side ---------------------------------------------------
 
     async def _aio_open(self, endpoint: Endpoint) -> None:
-        context: ssl.SSLContext | None = None
-        if endpoint.tls:
-            context = endpoint.tls_context or client_tls_context()
-        new = grpclib.client.Channel(endpoint.host, endpoint.port, ssl=context)
+        new = self._new_channel(endpoint)
         old, self._channel = self._channel, new
         self._endpoint = endpoint
         if old is not None:
             old.close()
+
+    def _new_channel(self, endpoint: Endpoint) -> grpclib.client.Channel:
+        """A channel to ``endpoint`` (runs on the asyncio side)."""
+        context: ssl.SSLContext | None = None
+        if endpoint.tls:
+            context = endpoint.tls_context or client_tls_context()
+        return grpclib.client.Channel(endpoint.host, endpoint.port, ssl=context)
 
     async def _aio_close(self) -> None:
         channel, self._channel = self._channel, None

@@ -111,7 +111,7 @@ from .._proto.ringo.v1 import (
     WorkerRegistration,
     WorkRequest,
 )
-from .._transport import SessionRejectedError
+from .._transport_api import SessionRejectedError
 from .._wire.protocol import ACTIVITY_MINOR, TARGET_CONCURRENCY_MINOR
 from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._driver import Frame, Inbound, StreamDriver, command_exception

@@ -8,6 +8,7 @@ long-poll waits, session expiry) reads `Clock.now()`; nothing calls
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 
@@ -16,6 +17,24 @@ class Clock:
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+
+class LoopClock(Clock):
+    """UTC time that moves with an event loop's clock (``loop.time``), from ``start``.
+
+    The testing kit's in-process daemon reads this: when the loop's clock is
+    virtual (trio's ``MockClock`` under trio-asyncio, a fast-forwarded asyncio
+    loop), lease expiry, retry delays and session TTLs skip with it, in step
+    with the daemon's own timers, which wait on the same loop.
+    """
+
+    def __init__(self, time: Callable[[], float], start: datetime | None = None) -> None:
+        self._time = time
+        self._origin = time()
+        self._start = start or datetime.now(UTC)
+
+    def now(self) -> datetime:
+        return self._start + timedelta(seconds=self._time() - self._origin)
 
 
 class ManualClock(Clock):

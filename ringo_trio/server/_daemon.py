@@ -64,6 +64,7 @@ from ._clock import Clock
 from ._connections import ConnectionLimits, GuardedServer
 from ._gate import Gate
 from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
+from ._memory import InMemoryChannel, start_in_memory
 from ._service import HealthService, QueueService
 from ._sessions import SessionTable
 from ._throttle import DEFAULT_CAP, AuthThrottle
@@ -170,6 +171,7 @@ class Daemon:
             members=self.members,
         )
         self.port: int | None = None
+        self._server: GuardedServer | None = None
         self._full = asyncio.Event()
         storage.full_listener = self._storage_full
 
@@ -179,34 +181,41 @@ class Daemon:
             raise RuntimeError("the daemon is not serving")
         return format_endpoint(self.config.host, self.port)
 
-    async def serve(self, stop: asyncio.Event, on_ready: Callable[[Daemon], None]) -> None:
+    async def serve(
+        self, stop: asyncio.Event, on_ready: Callable[[Daemon], None], *, in_memory: bool = False
+    ) -> None:
         """Serve until `stop` is set, then shut down gracefully.
 
         `on_ready` runs once the port is bound and health says SERVING.
-        Raises `ListenError` when the address cannot be bound.
+        Raises `ListenError` when the address cannot be bound. ``in_memory``
+        binds no socket: clients connect through `in_memory_channel` (the
+        testing kit's in-process daemon).
         """
         await self.storage.open()
         try:
-            await self._serve_open(stop, on_ready)
+            await self._serve_open(stop, on_ready, in_memory)
         finally:
             await self.storage.close()
 
-    async def _serve_open(self, stop: asyncio.Event, on_ready: Callable[[Daemon], None]) -> None:
-        try:
-            sock = await _bind(self.config.host, self.config.port)
-        except OSError as exc:
-            where = format_endpoint(self.config.host, self.config.port)
-            raise ListenError(f"cannot serve on {where}: {exc}") from exc
+    def in_memory_channel(self) -> InMemoryChannel:
+        """A grpclib channel to this daemon without a socket (``serve(in_memory=True)``)."""
+        if self._server is None:
+            raise RuntimeError("the daemon is not serving")
+        return InMemoryChannel(self._server)
+
+    async def _serve_open(
+        self, stop: asyncio.Event, on_ready: Callable[[Daemon], None], in_memory: bool
+    ) -> None:
         server = GuardedServer(
             [self.queue_service, self.health], codec=StrictCodec(), limits=self.config.connections
         )
         self.gate.install(server)
-        try:
-            await server.start(sock=sock, ssl=self.config.tls)
-        except BaseException:
-            sock.close()
-            raise
-        self.port = sock.getsockname()[1]
+        if in_memory:
+            start_in_memory(server)
+            where = "memory"
+        else:
+            where = await self._listen(server)
+        self._server = server
         try:
             async with asyncio.TaskGroup() as tasks:
                 background = [
@@ -221,7 +230,7 @@ class Daemon:
                         )
                     )
                 self.health.set_serving()
-                log.info("serving on %s", self.endpoint)
+                log.info("serving on %s", where)
                 on_ready(self)
 
                 def idle(reason: str) -> None:
@@ -239,6 +248,20 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.shutdown_timeout):
                     await server.wait_closed()
+
+    async def _listen(self, server: GuardedServer) -> str:
+        try:
+            sock = await _bind(self.config.host, self.config.port)
+        except OSError as exc:
+            where = format_endpoint(self.config.host, self.config.port)
+            raise ListenError(f"cannot serve on {where}: {exc}") from exc
+        try:
+            await server.start(sock=sock, ssl=self.config.tls)
+        except BaseException:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        return self.endpoint
 
     def _other_daemon_changed(self, queue: str | None) -> None:
         if queue is None:

@@ -814,10 +814,15 @@ class _WorkStream:
         clock = self._owner.clock
         loop = self._loop
         while True:
-            quiet_for = loop.time() - self._last_sent
+            sent = self._last_sent
+            quiet_for = loop.time() - sent
             if quiet_for < interval:
                 await asyncio.sleep(interval - quiet_for)
-                continue
+                if self._last_sent != sent:
+                    continue  # something went out meanwhile: quiet from then on
+                # Slept the whole remainder: due, even if float rounding left
+                # the clock an ulp short (re-checking would then sleep ~0 s
+                # again and again, forever on a virtual clock).
             await self._send(WorkResponse(heartbeat=Heartbeat(server_time=clock.now())))
 
 
