@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -180,123 +179,11 @@ async def test_report_progress_is_stored_and_correlated(tmp_path: pathlib.Path) 
                 await wait_states(queue, [task_id], {TaskState.SUCCEEDED})
 
 
-# -- leases -----------------------------------------------------------------------
-
-
-def steal_lease(data_dir: pathlib.Path, task_id: str) -> None:
-    """Make the worker's lease stale behind its back, as a clock jump would."""
-    with sqlite3.connect(data_dir / "ringo.db", timeout=10) as db:
-        db.execute("UPDATE tasks SET lease_token = 'stolen' WHERE id = ?", (task_id,))
-
-
-async def test_a_long_handler_keeps_its_lease(tmp_path: pathlib.Path) -> None:
-    """Leases are renewed before they expire: a handler running several lease
-    durations finishes on its first attempt."""
-    with trio.fail_after(30):
-        async with Ringo.local(tmp_path) as client:
-            queue = client.queue("long")
-            [task_id] = await enqueue(queue, 1)
-
-            async def handle(task: Task, ctx: TaskContext) -> None:
-                await trio.sleep(5)  # two and a half 2 s leases
-
-            worker = queue.worker(handle, lease_duration=timedelta(seconds=2))
-            async with running(worker):
-                [task] = await wait_states(queue, [task_id], {TaskState.SUCCEEDED})
-            assert task.attempt == 1
-
-
-async def test_lease_loss_cancels_only_its_handler(tmp_path: pathlib.Path) -> None:
-    """A lost lease cancels exactly the handler holding it (ctx.cancelled and
-    wait_cancelled fire); the other handler runs on and acks; the lost task
-    is delivered again and succeeds."""
-    with trio.fail_after(40):
-        async with Ringo.local(tmp_path) as client:
-            queue = client.queue("loss")
-            [victim, bystander] = await enqueue(queue, 2)
-            started: dict[str, trio.Event] = {victim: trio.Event(), bystander: trio.Event()}
-            cancelled: list[tuple[str, int]] = []
-            finish_bystander = trio.Event()
-            attempts: dict[str, list[int]] = {victim: [], bystander: []}
-
-            async def handle(task: Task, ctx: TaskContext) -> None:
-                attempts[task.id].append(ctx.attempt)
-                started[task.id].set()
-                if ctx.attempt > 1:
-                    return
-                try:
-                    if task.id == victim:
-                        await ctx.wait_cancelled()
-                        assert ctx.cancelled
-                        await trio.sleep_forever()
-                    await finish_bystander.wait()
-                except trio.Cancelled:
-                    cancelled.append((task.id, ctx.attempt))
-                    raise
-
-            worker = queue.worker(handle, concurrency=2, lease_duration=timedelta(seconds=3))
-            async with running(worker):
-                await started[victim].wait()
-                await started[bystander].wait()
-                steal_lease(tmp_path, victim)
-                await eventually(lambda: bool(cancelled), within=10)
-                assert cancelled == [(victim, 1)]
-                finish_bystander.set()
-                await wait_states(queue, [bystander], {TaskState.SUCCEEDED})
-                # The stolen lease expires on the daemon; the task comes back.
-                await wait_states(queue, [victim], {TaskState.SUCCEEDED}, within=20)
-            assert attempts[bystander] == [1]
-            assert attempts[victim] == [1, 2]
+# Lease renewal, lease loss, close within grace and on_idle's quiet second only
+# wait for time: they run in virtual time in test_worker_time.py.
 
 
 # -- close ----------------------------------------------------------------------
-
-
-async def test_close_acks_handlers_that_finish_within_grace(tmp_path: pathlib.Path) -> None:
-    """Graceful close: no new work after close starts; a handler that finishes
-    within the grace period is acked on the still-open stream; one that does
-    not is cancelled and its task handed back (PENDING, not lost, its attempt
-    not spent); when close
-    returns no handler runs and no lease is renewed any more."""
-    with trio.fail_after(40):
-        async with Ringo.local(tmp_path) as client:
-            queue = client.queue("grace")
-            [quick, slow] = await enqueue(queue, 2)
-            inside: set[str] = set()
-            both_started = trio.Event()
-
-            async def handle(task: Task, ctx: TaskContext) -> None:
-                inside.add(task.id)
-                try:
-                    if len(inside) == 2:
-                        both_started.set()
-                    await both_started.wait()
-                    await trio.sleep(0.5 if task.id == quick else 60)
-                finally:
-                    inside.discard(task.id)
-
-            worker = queue.worker(
-                handle,
-                concurrency=2,
-                grace_period=timedelta(seconds=2),
-                lease_duration=timedelta(seconds=2),
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(worker.run)
-                await both_started.wait()
-                late = await enqueue(queue, 1)
-                await worker.close()
-                assert inside == set()  # nothing of the worker still runs
-            await worker.close()  # idempotent
-            [quick_task, slow_task] = [await queue.get_by_id(t) for t in (quick, slow)]
-            assert quick_task.state is TaskState.SUCCEEDED
-            assert slow_task.state is TaskState.PENDING
-            assert slow_task.attempt == 0  # released: stopping spends no attempt
-            assert (await queue.get_by_id(late[0])).state is TaskState.PENDING
-            # No renewal after close: a later look finds nothing LEASED by us.
-            await trio.sleep(2.5)
-            for task_id in (quick, slow, late[0]):
-                assert (await queue.get_by_id(task_id)).state is not TaskState.LEASED
 
 
 async def test_close_from_another_task_before_and_during_run(tmp_path: pathlib.Path) -> None:
@@ -418,30 +305,6 @@ async def test_invalid_worker_arguments_are_refused(tmp_path: pathlib.Path) -> N
 
 
 # -- on_idle ---------------------------------------------------------------------
-
-
-async def test_on_idle_fires_once_after_the_queue_drains(tmp_path: pathlib.Path) -> None:
-    """on_idle fires exactly once, only after every task is done and the queue
-    has been idle ~1 s; the worker keeps running after it returns normally."""
-    with trio.fail_after(30):
-        async with Ringo.local(tmp_path) as client:
-            queue = client.queue("idle")
-            ids = await enqueue(queue, 20)
-            fired: list[float] = []
-
-            def on_idle() -> None:
-                fired.append(trio.current_time())
-
-            async def handle(task: Task, ctx: TaskContext) -> None:
-                await trio.sleep(0.01)
-
-            worker = queue.worker(handle, concurrency=4, on_idle=on_idle)
-            async with running(worker):
-                await eventually(lambda: bool(fired), within=15)
-                tasks = [await queue.get_by_id(t) for t in ids]
-                assert all(t.state is TaskState.SUCCEEDED for t in tasks)
-                await trio.sleep(1.5)
-            assert len(fired) == 1
 
 
 class _Stop(BaseException):
