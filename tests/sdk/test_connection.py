@@ -1,4 +1,8 @@
-"""Connection behaviour against real daemons: auth, negotiation, session expiry, recovery."""
+"""Connection behaviour: auth, negotiation, session expiry, recovery.
+
+Against real daemons, except session expiry, which only waits for the TTL and
+runs on the in-process daemon in virtual time.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 import trio
+import trio.testing
 
 from ringo_trio import (
     NotFoundError,
@@ -16,7 +21,7 @@ from ringo_trio import (
     UnauthenticatedError,
     UnavailableError,
 )
-from ringo_trio.testing import DaemonProcess, spawn_daemon
+from ringo_trio.testing import DaemonProcess, RingoTestEnv, spawn_daemon
 
 from .conftest import free_port, kill_local_daemon, pid_alive
 
@@ -50,15 +55,19 @@ async def test_protocol_downgrade(tmp_path: pathlib.Path) -> None:
             assert (await queue.get_by_unique_key("k")).state is TaskState.SUCCEEDED
 
 
-async def test_expired_session_is_renegotiated_transparently(tmp_path: pathlib.Path) -> None:
+async def test_expired_session_is_renegotiated_transparently(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """Property: after the session TTL the next call is rejected by the daemon, the client
     renegotiates and the call succeeds — once, with the new token."""
-    with spawn_daemon(tmp_path, session_ttl=0.5) as daemon, trio.fail_after(20):
-        async with Ringo.connect(daemon.endpoint) as client:
+    # Only the TTL's clock matters here: the in-process daemon's follows trio's.
+    with trio.fail_after(20):
+        async with RingoTestEnv.start(session_ttl=timedelta(seconds=0.5)) as env:
+            client = env.client
             queue = client.queue("q")
             first_token = client._connection.session.token
             await queue.enqueue(task_type="t", unique_key="a")
-            await trio.sleep(0.8)
+            await env.sleep(0.8)
             result = await queue.enqueue(task_type="t", unique_key="b")
             assert result.created
             assert client._connection.session.token != first_token

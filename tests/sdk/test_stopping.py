@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import pytest
 import trio
+import trio.testing
 
 from ringo_trio import (
     RetryTaskError,
@@ -29,7 +30,7 @@ from ringo_trio import (
     TaskState,
     WorkerAlreadyRunError,
 )
-from ringo_trio.testing import DaemonProcess, spawn_daemon
+from ringo_trio.testing import DaemonProcess, RingoTestEnv, spawn_daemon
 
 from .test_worker import enqueue, running, wait_states
 
@@ -114,15 +115,16 @@ async def test_a_keyboard_interrupt_in_a_handler_comes_out_of_run_bare(
 
 
 async def test_a_handler_that_outlives_the_stop_cannot_crash_run(
-    tmp_path: pathlib.Path,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A handler that ignores cancellation past ``stop_timeout`` and returns
     after the stream ended finds no session to settle into: ``run`` returns
     cleanly (no ClosedResourceError) and the task is not lost — its lease is
     left to expire and it is PENDING again afterwards."""
+    # Only the lease's expiry is waited for: virtual time, in-process daemon.
     with trio.fail_after(30):
-        async with Ringo.local(tmp_path) as client:
-            queue = client.queue("outlives")
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("outlives")
             [task_id] = await enqueue(queue, 1)
             started = Started()
 
