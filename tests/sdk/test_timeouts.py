@@ -2,9 +2,11 @@
 
 The bookkeeping (`ringo_trio._work._timeouts.Watchdog`) is sans-IO and checked
 against a naive model by hypothesis, with no clock at all. The worker tests
-run against a real daemon, so they use real time: limits of a few tenths of
-a second, every test under a ``fail_after`` guard, and no assertion about
-how fast anything happened — margins only order events.
+whose handlers block the event loop (``time.sleep``) run against a real
+daemon in real time: limits of a few tenths of a second, every test under a
+``fail_after`` guard, and no assertion about how fast anything happened —
+margins only order events. Those that only wait for deadlines and graces
+run on the in-process daemon (`RingoTestEnv`) in virtual time.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -34,6 +37,7 @@ from ringo_trio import (
 )
 from ringo_trio._errors import WorkerFencedError
 from ringo_trio._work._timeouts import TaskTimeouts, Watchdog
+from ringo_trio.testing import RingoTestEnv
 
 from .test_worker import wait_states
 
@@ -283,7 +287,7 @@ async def test_a_late_return_without_yielding_is_not_acked(tmp_path: pathlib.Pat
 
 @pytest.mark.trio
 async def test_a_handler_ignoring_its_timeout_fences_the_worker(
-    tmp_path: pathlib.Path, fences: Fences
+    autojump_clock: trio.testing.MockClock, fences: Fences
 ) -> None:
     """A handler still running cancel_grace after its start_to_close deadline
     (it shields itself) fences the worker: the supervisor is told once, no
@@ -291,7 +295,8 @@ async def test_a_handler_ignoring_its_timeout_fences_the_worker(
     fence may still finish and is acked, and run() raises WorkerFencedError
     naming the task and `ringo supervise` — once the stuck handler exits."""
     with trio.fail_after(30):
-        async with Ringo.local(tmp_path) as client:
+        async with RingoTestEnv.start() as env:
+            client = env.client
             queue = client.queue("fenced")
             [stuck] = await enqueue(queue, 1, task_type="stuck")
             timed_out = trio.Event()
@@ -349,7 +354,7 @@ async def test_a_handler_ignoring_its_timeout_fences_the_worker(
 @pytest.mark.trio
 @pytest.mark.parametrize("timeouts", [None, TaskTimeouts(cancel_grace=seconds(0.3))])
 async def test_close_past_grace_starts_the_grace_clock(
-    tmp_path: pathlib.Path, fences: Fences, timeouts: TaskTimeouts | None
+    autojump_clock: trio.testing.MockClock, fences: Fences, timeouts: TaskTimeouts | None
 ) -> None:
     """With task_timeouts, a handler that ignores the cancellation of a close
     past its grace period fences the worker once cancel_grace has passed:
@@ -357,7 +362,8 @@ async def test_close_past_grace_starts_the_grace_clock(
     task_timeouts the same handler is today's orphan: no fence, no report,
     run() returns normally once it exits."""
     with trio.fail_after(30):
-        async with Ringo.local(tmp_path) as client:
+        async with RingoTestEnv.start() as env:
+            client = env.client
             queue = client.queue("closing")
             await enqueue(queue, 1)
             started = trio.Event()
