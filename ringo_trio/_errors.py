@@ -142,3 +142,11 @@ _BY_CODE: dict[str, type[RingoError]] = {
 def error_for_code(code: str, message: str) -> RingoError:
     """Build the exception for a status or ErrorDetail code name."""
     return _BY_CODE.get(code, RingoError)(message or code.lower().replace("_", " "))
+
+
+def require_minor(minor: int, needed: int, feature: str) -> None:
+    """`IncompatibleVersionError` when the negotiated ``minor`` lacks ``feature``."""
+    if minor < needed:
+        raise IncompatibleVersionError(
+            f"{feature} needs protocol minor >= {needed}; negotiated minor is {minor}"
+        )

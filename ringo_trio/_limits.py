@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 PROTOCOL_MAJOR = 1
 #: Newest minor this package speaks (client) and serves (daemon).
-PROTOCOL_MINOR = 7
+PROTOCOL_MINOR = 8
 
 MAX_BATCH = 1000
 """Tasks per EnqueueMany call and tasks per Claim."""

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
-from ._errors import InvalidArgumentError, RingoError
+from ._errors import InvalidArgumentError, RingoError, require_minor
 from ._fastwire import decode_enqueue_many_response, encode_enqueue_many_request_from_specs
 from ._models import (
     BatchResult,
@@ -52,6 +52,7 @@ from ._proto.ringo.v1 import (
     RetryTaskResponse,
 )
 from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
+from ._wire.protocol import DUE_ONLY_ACTIVITY_MINOR
 from ._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._work._timeouts import TaskTimeouts
 from ._work.worker import Worker, check_concurrency, new_worker_id
@@ -129,6 +130,7 @@ class TaskQueue:
         lease_duration: timedelta = _limits.DEFAULT_LEASE,
         grace_period: timedelta = timedelta(seconds=30),
         on_idle: Callable[[], Any] | None = None,
+        idle_counts_scheduled: bool = True,
         task_timeouts: TaskTimeouts | None = None,
         stop_timeout: timedelta = timedelta(seconds=5),
     ) -> Worker:
@@ -159,6 +161,14 @@ class TaskQueue:
         ``SystemExit`` included — propagates out of ``run()`` unchanged.
         Needs protocol minor >= 1. Do not await ``worker.close()`` inside it.
 
+        ``idle_counts_scheduled`` says whether a task scheduled in the future
+        (PENDING, its ``available_at`` still to come) keeps the worker from
+        being idle. True (the default) counts it: ``on_idle`` never fires
+        while such a task waits. False counts only due and running tasks, so
+        ``on_idle`` fires while only scheduled tasks remain; it needs
+        protocol minor >= 8 (`IncompatibleVersionError` from ``run`` before
+        any work otherwise).
+
         ``concurrency`` may also be a shared controller — an
         `AdaptiveConcurrency` or a `ResourceConcurrency` passed to several
         workers (of any queues and clients of this process): their handlers
@@ -177,6 +187,8 @@ class TaskQueue:
             raise InvalidArgumentError("handler must be callable")
         if on_idle is not None and not callable(on_idle):
             raise InvalidArgumentError("on_idle must be callable")
+        if not isinstance(idle_counts_scheduled, bool):
+            raise InvalidArgumentError("idle_counts_scheduled must be a bool")
         if not isinstance(concurrency, AdaptiveConcurrency | ResourceConcurrency):
             concurrency = check_concurrency(concurrency, low=1)
         if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
@@ -203,6 +215,7 @@ class TaskQueue:
             lease_duration=lease_duration,
             grace_period=grace_period,
             on_idle=on_idle,
+            idle_counts_scheduled=idle_counts_scheduled,
             task_timeouts=task_timeouts,
             stop_timeout=stop_timeout,
         )
@@ -260,14 +273,25 @@ class TaskQueue:
         """The task with this id; `NotFoundError` if there is none."""
         return await self._get(task_id=_check_name("task_id", task_id))
 
-    async def active_count(self, task_types: Iterable[str] | None = None) -> int:
+    async def active_count(
+        self, task_types: Iterable[str] | None = None, *, due_only: bool = False
+    ) -> int:
         """Tasks of this queue not finished yet — PENDING (due or scheduled)
         and LEASED — of ``task_types`` (all types when None): what a worker's
-        ``on_idle`` waits to see at zero. The daemon stops counting at 1,000
-        (1,000 means "at least 1,000"). Needs protocol minor >= 1."""
+        ``on_idle`` waits to see at zero. ``due_only`` leaves out PENDING
+        tasks scheduled in the future (what ``idle_counts_scheduled=False``
+        waits on). The daemon stops counting at 1,000 (1,000 means "at least
+        1,000"). Needs protocol minor >= 1, and >= 8 with ``due_only``
+        (`IncompatibleVersionError` before anything is sent)."""
+        if due_only:
+            require_minor(
+                self._connection.protocol_minor, DUE_ONLY_ACTIVITY_MINOR, "active_count(due_only)"
+            )
         reply = await self._connection.call(
             "GetQueueActivity",
-            GetQueueActivityRequest(queue=self.name, task_types=_task_types(task_types)),
+            GetQueueActivityRequest(
+                queue=self.name, task_types=_task_types(task_types), due_only=due_only
+            ),
             GetQueueActivityResponse,
             read_only=True,
         )

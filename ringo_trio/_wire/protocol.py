@@ -17,6 +17,8 @@ TARGET_CONCURRENCY_MINOR: Final = 2
 ORDERED_REQUEST_IDS_MINOR: Final = 6
 #: The Work stream's ``release`` command: hand a lease back without spending the attempt.
 RELEASE_MINOR: Final = 7
+#: ``GetQueueActivityRequest.due_only``: leave scheduled PENDING tasks out of the count.
+DUE_ONLY_ACTIVITY_MINOR: Final = 8
 
 #: ``ErrorDetail.metadata["reason"]`` of a credit update the stream cannot hold.
 CREDIT_CAPACITY_REASON: Final = "credit_capacity"

@@ -103,6 +103,7 @@ from .._errors import (
     RingoError,
     UnavailableError,
     WorkerAlreadyRunError,
+    require_minor,
 )
 from .._models import Task, truncate_utf8
 from .._proto.ringo.v1 import (
@@ -112,7 +113,11 @@ from .._proto.ringo.v1 import (
     WorkRequest,
 )
 from .._transport_api import SessionRejectedError
-from .._wire.protocol import ACTIVITY_MINOR, TARGET_CONCURRENCY_MINOR
+from .._wire.protocol import (
+    ACTIVITY_MINOR,
+    DUE_ONLY_ACTIVITY_MINOR,
+    TARGET_CONCURRENCY_MINOR,
+)
 from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._driver import Frame, Inbound, StreamDriver, command_exception
 from ._fencing import Fence, Fencing
@@ -379,6 +384,7 @@ class Worker(Fencing):
         lease_duration: timedelta,
         grace_period: timedelta,
         on_idle: Callable[[], Any] | None,
+        idle_counts_scheduled: bool = True,
         task_timeouts: TaskTimeouts | None = None,
         stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT,
     ) -> None:
@@ -396,6 +402,7 @@ class Worker(Fencing):
         self._grace = grace_period.total_seconds()
         self._stop_timeout = stop_timeout.total_seconds()
         self._on_idle = on_idle
+        self._idle_counts_scheduled = idle_counts_scheduled
         self._worker_id = new_worker_id()
         self._dynamic = self._controller is not None
         self._run_started = False
@@ -623,10 +630,10 @@ class Worker(Fencing):
     def _new_session(self, minor: int, concurrency: int) -> WorkSession:
         """A Work session for ``minor``, or `IncompatibleVersionError` when the
         minor lacks a feature this worker needs (the session knows which)."""
-        if self._on_idle is not None and minor < ACTIVITY_MINOR:
-            raise IncompatibleVersionError(
-                f"on_idle needs protocol minor >= {ACTIVITY_MINOR}; negotiated minor is {minor}"
-            )
+        if self._on_idle is not None:
+            require_minor(minor, ACTIVITY_MINOR, "on_idle")
+            if not self._idle_counts_scheduled:
+                require_minor(minor, DUE_ONLY_ACTIVITY_MINOR, "idle_counts_scheduled=False")
         try:
             return WorkSession(
                 concurrency=concurrency,
@@ -947,7 +954,11 @@ class Worker(Fencing):
     async def _idle_monitor(self, run_scope: anyio.CancelScope) -> None:
         callback = self._on_idle
         assert callback is not None
-        request = GetQueueActivityRequest(queue=self._queue_name, task_types=self._task_types)
+        request = GetQueueActivityRequest(
+            queue=self._queue_name,
+            task_types=self._task_types,
+            due_only=not self._idle_counts_scheduled,
+        )
         while not self._idle_fired:
             await anyio.sleep(_IDLE_POLL_SECONDS)
             if not self._idle_armed or self._closing or self.running:

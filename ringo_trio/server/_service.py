@@ -124,7 +124,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
 )
 from ringo_trio._version import SDK_VERSION
-from ringo_trio._wire.protocol import ACTIVITY_MINOR
+from ringo_trio._wire.protocol import ACTIVITY_MINOR, DUE_ONLY_ACTIVITY_MINOR
 
 from . import _validate as v
 from ._clock import Clock
@@ -555,16 +555,23 @@ class QueueService(QueueServiceBase):
     async def get_queue_activity(
         self, message: GetQueueActivityRequest
     ) -> GetQueueActivityResponse:
-        minor = self._session_minor(message.context, self._clock.now())
+        now = self._clock.now()
+        minor = self._session_minor(message.context, now)
         if minor < ACTIVITY_MINOR:
             raise GRPCError(
                 Status.UNIMPLEMENTED,
                 f"GetQueueActivity needs protocol minor {ACTIVITY_MINOR};"
                 f" this session runs at minor {minor}",
             )
+        if message.due_only and minor < DUE_ONLY_ACTIVITY_MINOR:
+            raise GRPCError(
+                Status.UNIMPLEMENTED,
+                f"GetQueueActivity due_only needs protocol minor {DUE_ONLY_ACTIVITY_MINOR};"
+                f" this session runs at minor {minor}",
+            )
         queue = v.name(message.queue, "queue")
         types = v.task_types(message.task_types)
-        count = await self._storage.activity(queue, types)
+        count = await self._storage.activity(queue, types, due_by=now if message.due_only else None)
         return GetQueueActivityResponse(active_task_count=count)
 
 

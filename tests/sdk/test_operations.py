@@ -240,7 +240,7 @@ async def test_client_lifecycle(make_client: MakeClient) -> None:
     with trio.fail_after(20):
         client = make_client()
         async with client:
-            assert client.protocol_minor == 7
+            assert client.protocol_minor == 8
             assert client.endpoint is not None
             queue = client.queue("q")
             async with trio.open_nursery() as nursery:

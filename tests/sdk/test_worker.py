@@ -346,6 +346,58 @@ async def test_on_idle_needs_minor_1(old_daemon: DaemonProcess) -> None:
             assert (await queue.get_by_id(task_id)).state is TaskState.PENDING
 
 
+async def test_on_idle_counts_scheduled_tasks_unless_told_not_to(tmp_path: pathlib.Path) -> None:
+    """Property: with only a task scheduled an hour ahead, on_idle fires for a
+    worker built with idle_counts_scheduled=False (the scheduled task is not
+    work to wait for), and not for a default worker of the same queue, whose
+    idle count includes it; active_count(due_only=True) agrees."""
+    with trio.fail_after(30):
+        async with Ringo.local(tmp_path) as client:
+            queue = client.queue("idle-scheduled")
+            [later] = await enqueue(queue, 1, delay=timedelta(hours=1))
+            assert await queue.active_count() == 1
+            assert await queue.active_count(due_only=True) == 0
+            due_only_fired: list[float] = []
+            default_fired: list[float] = []
+            due_only = queue.worker(
+                lambda task, ctx: None,
+                on_idle=lambda: due_only_fired.append(trio.current_time()),
+                idle_counts_scheduled=False,
+            )
+            default = queue.worker(
+                lambda task, ctx: None,
+                on_idle=lambda: default_fired.append(trio.current_time()),
+            )
+            async with running(default), running(due_only):
+                await eventually(lambda: bool(due_only_fired), within=15)
+                # Both monitors poll on the same cadence: give the default
+                # one as long again, past its quiet second.
+                await trio.sleep(1.5)
+            assert default_fired == []
+            assert (await queue.get_by_id(later)).state is TaskState.PENDING
+
+
+@pytest.mark.parametrize("old_daemon", [7], indirect=True)
+async def test_idle_without_scheduled_tasks_needs_minor_8(old_daemon: DaemonProcess) -> None:
+    """Property: idle_counts_scheduled=False and active_count(due_only=True)
+    are refused by the SDK itself (IncompatibleVersionError naming the
+    negotiated minor) on a minor-7 daemon, which may not know the field and
+    would count scheduled tasks; run() fails before any work."""
+    with trio.fail_after(20):
+        async with Ringo.connect(old_daemon.endpoint) as client:
+            queue = client.queue("old")
+            [task_id] = await enqueue(queue, 1)
+            with pytest.raises(IncompatibleVersionError, match="negotiated minor is 7"):
+                await queue.active_count(due_only=True)
+            assert await queue.active_count() == 1
+            worker = queue.worker(
+                lambda task, ctx: None, on_idle=lambda: None, idle_counts_scheduled=False
+            )
+            with pytest.raises(IncompatibleVersionError, match="negotiated minor is 7"):
+                await worker.run()
+            assert (await queue.get_by_id(task_id)).state is TaskState.PENDING
+
+
 @pytest.mark.parametrize("old_daemon", [1], indirect=True)
 async def test_dynamic_concurrency_needs_minor_2(old_daemon: DaemonProcess) -> None:
     """set_concurrency needs minor 2: before run it makes run() refuse, during

@@ -74,9 +74,14 @@ class Client:
         assert response.task is not None
         return response.task
 
-    async def activity(self, queue: str, *task_types: str) -> int:
+    async def activity(self, queue: str, *task_types: str, due_only: bool = False) -> int:
         response = await self.stub.get_queue_activity(
-            GetQueueActivityRequest(context=self.context, queue=queue, task_types=list(task_types))
+            GetQueueActivityRequest(
+                context=self.context,
+                queue=queue,
+                task_types=list(task_types),
+                due_only=due_only,
+            )
         )
         return response.active_task_count
 

@@ -226,6 +226,36 @@ async def test_minor0_session_on_newest_daemon_cannot_use_queue_activity(
             await expect_status(client.activity(new_queue()), Status.UNIMPLEMENTED)
 
 
+async def test_due_only_activity_leaves_out_scheduled_tasks(daemon: DaemonProcess) -> None:
+    """Property: GetQueueActivity with due_only (minor 8) counts a task
+    scheduled in the future as not there, and counts it once it is due to
+    the daemon's clock only; without due_only it counts as before."""
+    queue = new_queue()
+    with anyio.fail_after(10):
+        async with connect(daemon) as client:
+            await client.enqueue(queue, delay=timedelta(hours=1))
+            assert await client.activity(queue) == 1
+            assert await client.activity(queue, due_only=True) == 0
+            await client.enqueue(queue)
+            assert await client.activity(queue, due_only=True) == 1
+            assert await client.activity(queue) == 2
+
+
+async def test_minor7_session_cannot_ask_for_due_only_activity(daemon: DaemonProcess) -> None:
+    """Property: due_only is gated on the session's minor: a minor-7 session
+    that sets it is UNIMPLEMENTED (never a count that silently includes
+    scheduled tasks), while its plain GetQueueActivity still works."""
+    queue = new_queue()
+    with anyio.fail_after(10):
+        async with connect(daemon, minor=7) as client:
+            assert client.context.protocol_minor == 7
+            await client.enqueue(queue, delay=timedelta(hours=1))
+            await expect_status(
+                client.activity(queue, due_only=True), Status.UNIMPLEMENTED, "due_only", "minor 8"
+            )
+            assert await client.activity(queue) == 1
+
+
 async def test_bearer_token_is_required_on_every_rpc_including_health(
     token_daemon: DaemonProcess,
 ) -> None:

@@ -159,6 +159,35 @@ def test_activity_saturates_at_its_cap(engine: SyncEngine, clock: ManualClock) -
     assert engine.activity("q", []) == MAX_ACTIVITY_COUNT
 
 
+def test_due_activity_leaves_out_scheduled_pending_tasks(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """Property: activity with `due_by` counts LEASED tasks and PENDING tasks
+    whose time has come, never a PENDING task scheduled after `due_by`, so a
+    worker can tell "idle but for scheduled work" from "busy"; without
+    `due_by` the scheduled task counts as before."""
+    now = clock.now()
+    engine.enqueue("q", [spec(delay=timedelta(seconds=60))], now)
+    engine.enqueue("q", [spec(task_type="b", delay=timedelta(seconds=60))], now)
+    assert engine.activity("q", []) == 2
+    assert engine.activity("q", [], due_by=now) == 0
+    assert engine.activity("q", ["b"], due_by=now) == 0
+    engine.enqueue("q", [spec(), spec(task_type="b")], now)
+    claim_one(engine, now)
+    assert engine.activity("q", [], due_by=now) == 2
+    assert engine.activity("q", ["b"], due_by=now) == 1
+    assert engine.activity("q", ["b"], due_by=now + timedelta(seconds=60)) == 2
+    assert engine.activity("q", [], due_by=now + timedelta(seconds=60)) == 4
+
+
+def test_due_activity_saturates_at_its_cap(engine: SyncEngine, clock: ManualClock) -> None:
+    """Property: the due-only count stops at MAX_ACTIVITY_COUNT like the full one."""
+    now = clock.now()
+    engine.enqueue("q", [spec() for _ in range(MAX_ACTIVITY_COUNT + 1)], now)
+    assert engine.activity("q", [], due_by=now) == MAX_ACTIVITY_COUNT
+    assert engine.activity("q", ["t"], due_by=now) == MAX_ACTIVITY_COUNT
+
+
 def test_probe_commits_and_leaves_no_trace(engine: SyncEngine, clock: ManualClock) -> None:
     """Property: the room probe (the daemon's test that writes work again)
     commits on a store with room and leaves no task behind in any queue."""

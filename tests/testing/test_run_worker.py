@@ -77,6 +77,43 @@ async def test_until_idle_leaves_future_tasks_pending_without_waiting(
         assert trio.current_time() - begin < 24 * 3600
 
 
+class _Idle(Exception):
+    pass
+
+
+async def test_on_idle_waits_for_scheduled_tasks_only_when_told_to(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: in virtual time, with a task scheduled a minute ahead, a
+    default worker's on_idle fires only after that minute, once the task has
+    run; a worker with idle_counts_scheduled=False fires before the minute,
+    the task still PENDING and unattempted (the daemon's clock decides what
+    is due)."""
+    async with RingoTestEnv.start() as env:
+        queue = env.client.queue("q")
+        # A minute, not more: the default worker polls every 250 ms meanwhile.
+        later = await queue.enqueue(task_type="t", delay=timedelta(minutes=1))
+
+        async def idle_after(counts_scheduled: bool) -> float:
+            def on_idle() -> None:
+                raise _Idle
+
+            begin = trio.current_time()
+            worker = queue.worker(
+                lambda task, ctx: None, on_idle=on_idle, idle_counts_scheduled=counts_scheduled
+            )
+            with pytest.raises(_Idle):
+                await worker.run()
+            return trio.current_time() - begin
+
+        assert await idle_after(counts_scheduled=False) < 60
+        left = await queue.get_by_id(later.task.id)
+        assert (left.state, left.attempt) == (TaskState.PENDING, 0)
+        assert await idle_after(counts_scheduled=True) >= 50
+        done = await queue.get_by_id(later.task.id)
+        assert (done.state, done.attempt) == (TaskState.SUCCEEDED, 1)
+
+
 async def test_until_a_count_stops_after_that_many_calls(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

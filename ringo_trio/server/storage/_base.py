@@ -234,10 +234,14 @@ class Storage(abc.ABC):
     # -- observation -------------------------------------------------------
 
     @abc.abstractmethod
-    async def activity(self, queue: str, task_types: Sequence[str]) -> int:
-        """PENDING (due or scheduled) + LEASED tasks of the queue, counted up
-        to `MAX_ACTIVITY_COUNT` (a larger number answers that), so the cost is
-        bounded however deep the queue is."""
+    async def activity(
+        self, queue: str, task_types: Sequence[str], *, due_by: datetime | None = None
+    ) -> int:
+        """PENDING + LEASED tasks of the queue, counted up to
+        `MAX_ACTIVITY_COUNT` (a larger number answers that), so the count
+        stops early however deep the queue is. With `due_by`, a PENDING task
+        counts only if its available_at <= due_by (scheduled ones are left
+        out); LEASED tasks always count."""
 
     @abc.abstractmethod
     async def next_wakeup(

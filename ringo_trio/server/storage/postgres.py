@@ -288,6 +288,35 @@ def _migrations(s: str) -> tuple[tuple[str, ...], ...]:
             $$
             """,
         ),
+        # activity leaving out scheduled tasks (`due` is microseconds, as
+        # available_at): the same index and cap, and the same per-call plan.
+        # Scheduled tasks are read and skipped, so the walk grows with the
+        # queue's scheduled backlog until the cap is reached.
+        (
+            f"""
+            CREATE FUNCTION {s}.ringo_due_activity(
+                q text, types text[], cap integer, due bigint)
+            RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+            DECLARE
+                n bigint;
+            BEGIN
+                IF types IS NULL THEN
+                    EXECUTE 'SELECT count(*) FROM (SELECT 1 FROM {s}.tasks
+                        WHERE queue = $1 AND state IN ({PENDING}, {LEASED})
+                            AND (state = {LEASED} OR available_at <= $3) LIMIT $2) a'
+                        INTO n USING q, cap, due;
+                ELSE
+                    EXECUTE 'SELECT count(*) FROM (SELECT 1 FROM {s}.tasks
+                        WHERE queue = $1 AND state IN ({PENDING}, {LEASED})
+                            AND (state = {LEASED} OR available_at <= $3)
+                            AND task_type = ANY($4) LIMIT $2) a'
+                        INTO n USING q, cap, due, types;
+                END IF;
+                RETURN n;
+            END
+            $$
+            """,
+        ),
     )
 
 
@@ -496,6 +525,9 @@ class _Sql:
 
         self.activity = (
             f"SELECT {_ident(schema)}.ringo_activity($1, $2::text[], {MAX_ACTIVITY_COUNT})"
+        )
+        self.due_activity = (
+            f"SELECT {_ident(schema)}.ringo_due_activity($1, $2::text[], {MAX_ACTIVITY_COUNT}, $3)"
         )
         types = _types_filter(2)
         # The soonest lease deadline, and the soonest available_at of each
@@ -825,8 +857,15 @@ class PostgresEngine(Storage):
 
     # -- observation -------------------------------------------------------
 
-    async def activity(self, queue: str, task_types: Sequence[str]) -> int:
-        row = await self._fetchrow(self._sql.activity, queue, _types(task_types))
+    async def activity(
+        self, queue: str, task_types: Sequence[str], *, due_by: datetime | None = None
+    ) -> int:
+        if due_by is None:
+            row = await self._fetchrow(self._sql.activity, queue, _types(task_types))
+        else:
+            row = await self._fetchrow(
+                self._sql.due_activity, queue, _types(task_types), to_us(due_by)
+            )
         return int(row[0])
 
     async def next_wakeup(

@@ -609,15 +609,25 @@ class SQLiteEngine(Storage):
 
     # -- observation -------------------------------------------------------
 
-    async def activity(self, queue: str, task_types: Sequence[str]) -> int:
-        types_clause, params = _types_clause(task_types)
+    async def activity(
+        self, queue: str, task_types: Sequence[str], *, due_by: datetime | None = None
+    ) -> int:
+        types_clause, type_params = _types_clause(task_types)
+        params: dict[str, str | int] = {**type_params, "queue": queue}
+        due_clause = ""
+        if due_by is not None:
+            # Still tasks_active_type, but the scheduled tasks left out are
+            # read and skipped, not counted toward the LIMIT: the walk grows
+            # with the queue's scheduled backlog (until the cap is reached).
+            due_clause = f" AND (state = {_LEASED} OR available_at <= :due_by)"
+            params["due_by"] = _to_us(due_by)
         # tasks_active_type; the LIMIT bounds the walk (this runs on the loop).
         return int(
             self._conn()
             .execute(
                 f"SELECT count(*) FROM (SELECT 1 FROM tasks WHERE queue = :queue AND {_ACTIVE}"
-                f"{types_clause} LIMIT {MAX_ACTIVITY_COUNT})",
-                {**params, "queue": queue},
+                f"{types_clause}{due_clause} LIMIT {MAX_ACTIVITY_COUNT})",
+                params,
             )
             .fetchone()[0]
         )

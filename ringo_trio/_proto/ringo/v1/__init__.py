@@ -405,6 +405,13 @@ class GetQueueActivityRequest(betterproto2.Message):
 
     task_types: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
 
+    due_only: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+    """
+    Minor 8: count a PENDING task only once its available_at has come
+    (LEASED tasks always count). A session below minor 8 that sets it is
+    refused with UNIMPLEMENTED.
+    """
+
 
 default_message_pool.register_message(
     "ringo.v1", "GetQueueActivityRequest", GetQueueActivityRequest
