@@ -55,7 +55,7 @@ from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
 from ._wire.protocol import DUE_ONLY_ACTIVITY_MINOR
 from ._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._work._timeouts import TaskTimeouts
-from ._work.worker import Worker, check_concurrency, new_worker_id
+from ._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -132,7 +132,7 @@ class TaskQueue:
         on_idle: Callable[[], Any] | None = None,
         idle_counts_scheduled: bool = True,
         task_timeouts: TaskTimeouts | None = None,
-        stop_timeout: timedelta = timedelta(seconds=5),
+        stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT,
     ) -> Worker:
         """A credit-controlled `Worker` of this queue (start it with ``worker.run``).
 

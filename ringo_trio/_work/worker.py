@@ -155,14 +155,10 @@ _IDLE_POLL_SECONDS = 0.25
 _IDLE_QUIET_SECONDS = 1.0
 _MAX_RECOVERY_FAILURES = 3
 _COMMAND_TIMEOUT = 30.0
-_REGISTER_TIMEOUT = 30.0
 #: Once a worker stops handlers (past the grace period, or at once when
 #: cancelled): how long it waits for them to exit and for the daemon to answer
 #: their releases before it ends the stream and abandons the rest to expiry.
 DEFAULT_STOP_TIMEOUT = timedelta(seconds=5)
-#: The timer never sleeps longer than this, so a command sent while it
-#: sleeps is checked against its timeout in time without waking it per send.
-_TIMER_MAX_SLEEP = 1.0
 _MAX_CONCURRENCY = 2**31 - 1
 
 

@@ -60,6 +60,11 @@ class Started:
         while self.count < n:
             await self._changed.wait()
 
+    async def forever(self, task: Task, ctx: TaskContext) -> None:
+        """A handler that counts itself started, then runs until cancelled."""
+        self.note()
+        await trio.sleep_forever()
+
 
 async def test_cancelling_run_releases_every_lease_without_spending_attempts(
     tmp_path: pathlib.Path,
@@ -73,11 +78,7 @@ async def test_cancelling_run_releases_every_lease_without_spending_attempts(
             ids = await enqueue(queue, 8, max_attempts=1)
             started = Started()
 
-            async def handle(task: Task, ctx: TaskContext) -> None:
-                started.note()
-                await trio.sleep_forever()
-
-            worker = queue.worker(handle, concurrency=8)
+            worker = queue.worker(started.forever, concurrency=8)
             with trio.CancelScope() as scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(worker.run)
@@ -158,11 +159,7 @@ async def test_close_past_the_grace_period_keeps_a_single_attempt_task_alive(
             [task_id] = await enqueue(queue, 1, max_attempts=1)
             started = Started()
 
-            async def slow(task: Task, ctx: TaskContext) -> None:
-                started.note()
-                await trio.sleep_forever()
-
-            worker = queue.worker(slow, grace_period=timedelta(seconds=0.2))
+            worker = queue.worker(started.forever, grace_period=timedelta(seconds=0.2))
             async with trio.open_nursery() as nursery:
                 await nursery.start(worker.run)
                 await started.wait(1)
@@ -333,11 +330,7 @@ async def test_an_older_daemon_gets_todays_nack(minor6_daemon: DaemonProcess) ->
             [task_id] = await enqueue(queue, 1, max_attempts=3)
             started = Started()
 
-            async def handle(task: Task, ctx: TaskContext) -> None:
-                started.note()
-                await trio.sleep_forever()
-
-            worker = queue.worker(handle, grace_period=timedelta(0))
+            worker = queue.worker(started.forever, grace_period=timedelta(0))
             async with trio.open_nursery() as nursery:
                 await nursery.start(worker.run)
                 await started.wait(1)

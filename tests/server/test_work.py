@@ -980,10 +980,12 @@ class FakeStream:
 
 
 @asynccontextmanager
-async def in_process(tmp_path: Path) -> AsyncIterator[tuple[QueueService, SQLiteEngine, Any]]:
+async def in_process(
+    tmp_path: Path, clock: Clock | None = None
+) -> AsyncIterator[tuple[QueueService, SQLiteEngine, Any]]:
     engine = SQLiteEngine(tmp_path / "ringo.db")
     await engine.open()
-    clock = Clock()
+    clock = clock or Clock()
     wakeups = QueueWakeups()
     service = QueueService(
         engine,

@@ -10,24 +10,17 @@ from pathlib import Path
 import anyio
 import pytest
 
-from ringo_trio import _limits as limits
 from ringo_trio._proto.ringo.v1 import (
     CreditUpdate,
-    NegotiateRequest,
-    RequestContext,
     TaskSpec,
     TaskState,
     WorkerRegistration,
     WorkRequest,
 )
 from ringo_trio.server._clock import ManualClock
-from ringo_trio.server._service import QueueService
-from ringo_trio.server._sessions import SessionTable
-from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server._work import LEASE_MARGIN
-from ringo_trio.server.storage.sqlite import SQLiteEngine
 
-from .test_work import FakeStream
+from .test_work import FakeStream, in_process
 
 pytestmark = pytest.mark.anyio
 
@@ -49,22 +42,7 @@ async def test_a_lease_that_aged_in_the_batch_is_claimed_afresh(tmp_path: Path) 
             blocked.set()
             await gate.wait()
 
-    engine = SQLiteEngine(tmp_path / "ringo.db")
-    await engine.open()
-    try:
-        wakeups = QueueWakeups()
-        service = QueueService(
-            engine,
-            clock=clock,
-            sessions=SessionTable(timedelta(hours=1)),
-            served_minor=limits.PROTOCOL_MINOR,
-            wakeups=wakeups,
-            reaper=LeaseReaper(engine, clock, wakeups),
-        )
-        negotiated = await service.negotiate(
-            NegotiateRequest(protocol_major=1, protocol_minor=limits.PROTOCOL_MINOR)
-        )
-        context = RequestContext(1, negotiated.protocol_minor, negotiated.session_token)
+    async with in_process(tmp_path, clock) as (service, engine, context):
         outcomes = await engine.enqueue("q", [TaskSpec(task_type="t")] * 3, clock.now())
         task_ids = [o.task.id for o in outcomes if o.task is not None]
         stream = FakeStream(slow_first)
@@ -94,5 +72,3 @@ async def test_a_lease_that_aged_in_the_batch_is_claimed_afresh(tmp_path: Path) 
                 assert (task.state, task.attempt) == (TaskState.LEASED, 1)
             stream.inbox.put_nowait(None)
             await serving
-    finally:
-        await engine.close()
