@@ -18,12 +18,15 @@ from ._models import BatchResult as BatchResult
 from ._models import EnqueueResult as EnqueueResult
 from ._models import PostgresStorage as PostgresStorage
 from ._models import Progress as Progress
+from ._models import QueueStats as QueueStats
 from ._models import RetryBackoff as RetryBackoff
 from ._models import SQLiteStorage as SQLiteStorage
 from ._models import Task as Task
 from ._models import TaskSpec as TaskSpec
 from ._models import TaskState as TaskState
+from ._models import TaskTypeStats as TaskTypeStats
 from ._queue import LeasedTask as LeasedTask
+from ._queue import TaskPage as TaskPage
 from ._queue import TaskQueue as TaskQueue
 from ._supervise import RestartPolicy as RestartPolicy
 from ._supervise import SupervisedProcess as SupervisedProcess

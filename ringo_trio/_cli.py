@@ -43,6 +43,7 @@ from typing import Any, TextIO
 
 import trio
 
+from . import _cli_ops
 from ._client import Ringo, RingoClient
 from ._errors import (
     InvalidArgumentError,
@@ -773,6 +774,7 @@ def _parser() -> argparse.ArgumentParser:
         default=_RESTARTS.window.total_seconds(),
         help=f"seconds the restart budget counts over ({_RESTARTS.window.total_seconds():g})",
     )
+    _cli_ops.add_commands(commands)
     return parser
 
 
@@ -842,6 +844,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_worker(args)
     if args.command == "supervise":
         return _run_supervise(args)
+    if args.command in _cli_ops.OPS_COMMANDS:
+        return _trio_main(f"ringo {args.command}", args.ops_run, args)
     return EXIT_USAGE  # pragma: no cover - argparse requires a command
 
 

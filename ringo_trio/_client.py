@@ -40,7 +40,7 @@ from ._errors import (
     InvalidArgumentError,
     RingoError,
 )
-from ._models import PostgresStorage, SQLiteStorage, _check_name
+from ._models import PostgresStorage, QueueStats, SQLiteStorage, _check_name
 from ._queue import TaskQueue
 from ._transport import client_tls_context
 from ._transport_api import ClientTransport
@@ -267,6 +267,11 @@ class RingoClient:
         if existing is None:
             existing = self._queues[name] = TaskQueue(self._connection, name)
         return existing
+
+    async def queues(self) -> list[QueueStats]:
+        """Every queue that holds a task, by name, with its counts by state
+        (no per-type breakdown: `TaskQueue.stats` has it). Protocol minor >= 9."""
+        raise NotImplementedError("queues")
 
 
 class Ringo:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 PROTOCOL_MAJOR = 1
 #: Newest minor this package speaks (client) and serves (daemon).
-PROTOCOL_MINOR = 8
+PROTOCOL_MINOR = 9
 
 MAX_BATCH = 1000
 """Tasks per EnqueueMany call and tasks per Claim."""
@@ -46,3 +46,13 @@ MAX_ACTIVITY_COUNT = 1000
 """GetQueueActivity counts up to this many tasks; the answer saturates here
 (it is "at least this many"), so the call costs the same on a queue of a
 million tasks as on one of a thousand."""
+
+MAX_LIST_PAGE = 1000
+"""Tasks per ListTasks page and queues per ListQueues page."""
+DEFAULT_LIST_PAGE = 100
+MAX_LIST_ERROR_BYTES = 1024
+"""A listed task's last_error is cut to this many bytes (GetTask has it whole)."""
+MAX_DELETE_BATCH = 10_000
+"""Tasks one DeleteTasks or RetryTasks call changes: one bounded transaction."""
+MAX_RESULT_BYTES = MAX_PAYLOAD_BYTES
+"""A handler's return value, stored with the SUCCEEDED task."""

@@ -28,11 +28,13 @@ __all__ = [
     "EnqueueResult",
     "PostgresStorage",
     "Progress",
+    "QueueStats",
     "RetryBackoff",
     "SQLiteStorage",
     "Task",
     "TaskSpec",
     "TaskState",
+    "TaskTypeStats",
 ]
 
 _INT32_MIN = -(2**31)
@@ -95,6 +97,8 @@ class TaskState(enum.Enum):
     LEASED = "leased"
     SUCCEEDED = "succeeded"
     DEAD = "dead"
+    CANCELLED = "cancelled"
+    """Cancelled by `TaskQueue.cancel` (terminal; `retry` brings it back)."""
 
     @classmethod
     def from_wire(cls, value: int) -> TaskState:
@@ -105,7 +109,12 @@ class TaskState(enum.Enum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in (TaskState.SUCCEEDED, TaskState.DEAD)
+        return self in (TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED)
+
+    def to_wire(self) -> _WireTaskState:
+        if self is TaskState.UNSPECIFIED:
+            raise InvalidArgumentError("state: UNSPECIFIED is not a state a task can be in")
+        return _WireTaskState[self.name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +271,9 @@ class Task:
     """Set while LEASED."""
     lease_until: datetime | None = None
     """Set while LEASED."""
+    result: bytes | None = None
+    """What the successful attempt's handler returned (a str is stored as
+    its UTF-8 bytes); set only while SUCCEEDED, and never on listed tasks."""
 
     @classmethod
     def from_wire(cls, wire: _WireTask | None) -> Task:
@@ -287,7 +299,45 @@ class Task:
             progress=Progress.from_wire(wire.progress),
             worker_id=wire.worker_id or None,
             lease_until=wire.lease_until,
+            result=wire.result,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTypeStats:
+    """One task type's share of `QueueStats`."""
+
+    task_type: str
+    pending: int = 0
+    leased: int = 0
+    succeeded: int = 0
+    dead: int = 0
+    cancelled: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts of one queue's tasks by state, as the daemon read them at `as_of`."""
+
+    queue: str
+    pending: int = 0
+    """Every PENDING task, scheduled ones included."""
+    leased: int = 0
+    succeeded: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    oldest_pending_at: datetime | None = None
+    """available_at of the oldest PENDING task that is due; None when none is."""
+    as_of: datetime | None = None
+    by_type: tuple[TaskTypeStats, ...] = ()
+    """`TaskQueue.stats` only (`RingoClient.queues` leaves it empty)."""
+
+    @property
+    def oldest_pending_age(self) -> timedelta | None:
+        """How long the oldest due PENDING task has waited, at `as_of`."""
+        if self.oldest_pending_at is None or self.as_of is None:
+            return None
+        return max(self.as_of - self.oldest_pending_at, timedelta(0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,9 @@ surfaces `UnavailableError` instead of risking a double apply.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import builtins
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,8 +21,10 @@ from ._fastwire import decode_enqueue_many_response, encode_enqueue_many_request
 from ._models import (
     BatchResult,
     EnqueueResult,
+    QueueStats,
     Task,
     TaskSpec,
+    TaskState,
     _check_duration,
     _check_int,
     _check_name,
@@ -61,7 +65,19 @@ if TYPE_CHECKING:
     from ._connection import Connection
     from ._work.worker import Handler
 
-__all__ = ["LeasedTask", "TaskQueue"]
+__all__ = ["LeasedTask", "TaskPage", "TaskQueue"]
+
+_FINISHED = (TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPage:
+    """One page of `TaskQueue.list_page`."""
+
+    tasks: tuple[Task, ...]
+    """Listed tasks carry no payload and no result (`get_by_id` reads them)."""
+    next_page_token: str | None
+    """Pass to `list_page` (with the same filters) for the next page; None on the last."""
 
 
 def _task_types(task_types: Iterable[str] | None) -> list[str]:
@@ -331,6 +347,77 @@ class TaskQueue:
         )
         return Task.from_wire(reply.task)
 
+    # -- inspection (protocol minor >= 9) -----------------------------------
+
+    def list(
+        self,
+        *,
+        states: Iterable[TaskState] | None = None,
+        task_types: Iterable[str] | None = None,
+        unique_key_prefix: str = "",
+        newest_first: bool = False,
+        page_size: int = _limits.DEFAULT_LIST_PAGE,
+    ) -> AsyncIterator[Task]:
+        """The queue's tasks matching the filters, in enqueue order (or
+        newest first), fetched ``page_size`` at a time as the iteration
+        goes: ``async for task in queue.list(states=[TaskState.DEAD])``.
+
+        (Named after what it does for the caller; inside this class the
+        built-in is spelled ``builtins.list``.)"""
+        raise NotImplementedError("list")
+
+    async def list_page(
+        self,
+        *,
+        states: Iterable[TaskState] | None = None,
+        task_types: Iterable[str] | None = None,
+        unique_key_prefix: str = "",
+        newest_first: bool = False,
+        page_size: int = _limits.DEFAULT_LIST_PAGE,
+        page_token: str | None = None,
+    ) -> TaskPage:
+        """One page of `list`, for callers that keep the cursor themselves."""
+        raise NotImplementedError("list_page")
+
+    async def stats(self) -> QueueStats:
+        """Counts by state and by task type, and the oldest due task's age."""
+        raise NotImplementedError("stats")
+
+    # -- operations (protocol minor >= 9) -----------------------------------
+
+    async def cancel(self, unique_key: str, *, reason: str = "") -> Task:
+        """Cancel a PENDING or LEASED task named by its unique key (a running
+        handler is cancelled when its worker next renews or settles)."""
+        raise NotImplementedError("cancel")
+
+    async def cancel_by_id(self, task_id: str, *, reason: str = "") -> Task:
+        raise NotImplementedError("cancel_by_id")
+
+    async def retry_many(
+        self,
+        *,
+        task_types: Iterable[str] | None = None,
+        finished_before: datetime | None = None,
+        batch_size: int = _limits.MAX_DELETE_BATCH,
+    ) -> int:
+        """Reactivate every DEAD task (of ``task_types``; finished before
+        ``finished_before``), in batches; how many were retried."""
+        raise NotImplementedError("retry_many")
+
+    # -- purge (protocol minor >= 9) ----------------------------------------
+
+    async def purge(
+        self,
+        *,
+        states: Iterable[TaskState] = _FINISHED,
+        older_than: timedelta | None = None,
+        batch_size: int = _limits.MAX_DELETE_BATCH,
+    ) -> int:
+        """Delete finished tasks (SUCCEEDED, DEAD, CANCELLED) that finished
+        more than ``older_than`` ago (any age when None), in batches; how
+        many were deleted. Their unique keys can be used again."""
+        raise NotImplementedError("purge")
+
     # -- manual claim -------------------------------------------------------
 
     async def claim(
@@ -341,7 +428,7 @@ class TaskQueue:
         wait_timeout: timedelta | None = None,
         lease_duration: timedelta | None = None,
         worker_id: str | None = None,
-    ) -> list[LeasedTask]:
+    ) -> builtins.list[LeasedTask]:
         """Lease up to ``limit`` available tasks (the advanced, pull-style API).
 
         ``wait_timeout`` long-polls for the first task; ``lease_duration``

@@ -1069,6 +1069,8 @@ _SCHEMAS: dict[type[betterproto2.Message], dict[str, tuple[int, str]]] = {
         "progress": (16, "message"),
         "worker_id": (17, "string"),
         "lease_until": (18, "message"),
+        # Minor 9; only a SUCCEEDED task has one, and a push never carries it.
+        "result": (19, "bytes"),
     },
     RetryBackoff: {
         "initial": (1, "message"),
@@ -1132,7 +1134,8 @@ _SCHEMAS: dict[type[betterproto2.Message], dict[str, tuple[int, str]]] = {
         "priority": (8, "int32"),
     },
     CreditUpdate: {"available": (1, "uint32"), "target_concurrency": (2, "uint32")},
-    AckRequest: {"context": (1, "message"), "lease": (2, "message")},
+    # result: minor 9; an ack that carries one is encoded by betterproto2.
+    AckRequest: {"context": (1, "message"), "lease": (2, "message"), "result": (3, "bytes")},
     NackRequest: {
         "context": (1, "message"),
         "lease": (2, "message"),

@@ -19,6 +19,12 @@ ORDERED_REQUEST_IDS_MINOR: Final = 6
 RELEASE_MINOR: Final = 7
 #: ``GetQueueActivityRequest.due_only``: leave scheduled PENDING tasks out of the count.
 DUE_ONLY_ACTIVITY_MINOR: Final = 8
+#: Operating the queues: ListTasks, GetQueueStats, ListQueues, CancelTask,
+#: DeleteTasks, RetryTasks, the CANCELLED state, and result values.
+OPERATE_MINOR: Final = 9
 
 #: ``ErrorDetail.metadata["reason"]`` of a credit update the stream cannot hold.
 CREDIT_CAPACITY_REASON: Final = "credit_capacity"
+#: ``ErrorDetail.metadata["reason"]`` (and the unary ABORTED detail) of a
+#: lease that ended because its task was cancelled (CancelTask).
+CANCELLED_REASON: Final = "cancelled"

@@ -91,8 +91,12 @@ from ringo_trio._proto.ringo.v1 import (
     AckResponse,
     AttachLocalRequest,
     AttachLocalResponse,
+    CancelTaskRequest,
+    CancelTaskResponse,
     ClaimRequest,
     ClaimResponse,
+    DeleteTasksRequest,
+    DeleteTasksResponse,
     EnqueueManyRequest,
     EnqueueManyResponse,
     EnqueueRequest,
@@ -102,10 +106,16 @@ from ringo_trio._proto.ringo.v1 import (
     ExtendLeaseResponse,
     GetQueueActivityRequest,
     GetQueueActivityResponse,
+    GetQueueStatsRequest,
+    GetQueueStatsResponse,
     GetTaskRequest,
     GetTaskResponse,
     Lease,
     LeasedTask,
+    ListQueuesRequest,
+    ListQueuesResponse,
+    ListTasksRequest,
+    ListTasksResponse,
     NackRequest,
     NackResponse,
     NegotiateRequest,
@@ -118,18 +128,21 @@ from ringo_trio._proto.ringo.v1 import (
     RequestContext,
     RetryTaskRequest,
     RetryTaskResponse,
+    RetryTasksRequest,
+    RetryTasksResponse,
     Task,
     TaskSpec,
     WorkRequest,
     WorkResponse,
 )
 from ringo_trio._version import SDK_VERSION
-from ringo_trio._wire.protocol import ACTIVITY_MINOR, DUE_ONLY_ACTIVITY_MINOR
+from ringo_trio._wire.protocol import ACTIVITY_MINOR, DUE_ONLY_ACTIVITY_MINOR, OPERATE_MINOR
 
 from . import _validate as v
 from ._clock import Clock
 from ._gate import time_remaining
 from ._members import ATTACH_LOCAL_METHOD, Members
+from ._operate import Operations
 from ._sessions import SessionTable
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
@@ -290,6 +303,7 @@ class QueueService(QueueServiceBase):
         self._wakeups = wakeups
         self._reaper = reaper
         self.members = members if members is not None else Members(None)
+        self._operations = Operations(storage, wakeups)
         self.work_streams = WorkStreams(
             storage=storage,
             clock=clock,
@@ -573,6 +587,48 @@ class QueueService(QueueServiceBase):
         types = v.task_types(message.task_types)
         count = await self._storage.activity(queue, types, due_by=now if message.due_only else None)
         return GetQueueActivityResponse(active_task_count=count)
+
+    # -- operating the queues (minor 9; the work is in `_operate`) ---------
+
+    def _operate_now(self, context: RequestContext | None, rpc: str) -> datetime:
+        now = self._clock.now()
+        minor = self._session_minor(context, now)
+        if minor < OPERATE_MINOR:
+            raise GRPCError(
+                Status.UNIMPLEMENTED,
+                f"{rpc} needs protocol minor {OPERATE_MINOR}; this session runs at minor {minor}",
+            )
+        return now
+
+    @_rpc
+    async def list_tasks(self, message: ListTasksRequest) -> ListTasksResponse:
+        now = self._operate_now(message.context, "ListTasks")
+        return await self._operations.list_tasks(message, now)
+
+    @_rpc
+    async def get_queue_stats(self, message: GetQueueStatsRequest) -> GetQueueStatsResponse:
+        now = self._operate_now(message.context, "GetQueueStats")
+        return await self._operations.get_queue_stats(message, now)
+
+    @_rpc
+    async def list_queues(self, message: ListQueuesRequest) -> ListQueuesResponse:
+        now = self._operate_now(message.context, "ListQueues")
+        return await self._operations.list_queues(message, now)
+
+    @_rpc
+    async def cancel_task(self, message: CancelTaskRequest) -> CancelTaskResponse:
+        now = self._operate_now(message.context, "CancelTask")
+        return await self._operations.cancel_task(message, now)
+
+    @_rpc
+    async def delete_tasks(self, message: DeleteTasksRequest) -> DeleteTasksResponse:
+        now = self._operate_now(message.context, "DeleteTasks")
+        return await self._operations.delete_tasks(message, now)
+
+    @_rpc
+    async def retry_tasks(self, message: RetryTasksRequest) -> RetryTasksResponse:
+        now = self._operate_now(message.context, "RetryTasks")
+        return await self._operations.retry_tasks(message, now)
 
 
 _ServingStatus = HealthCheckResponseServingStatus

@@ -19,6 +19,7 @@ from ringo_trio import (
     TaskSpec,
     TaskState,
 )
+from ringo_trio import _limits as limits
 
 pytestmark = pytest.mark.trio
 
@@ -240,7 +241,7 @@ async def test_client_lifecycle(make_client: MakeClient) -> None:
     with trio.fail_after(20):
         client = make_client()
         async with client:
-            assert client.protocol_minor == 8
+            assert client.protocol_minor == limits.PROTOCOL_MINOR
             assert client.endpoint is not None
             queue = client.queue("q")
             async with trio.open_nursery() as nursery:

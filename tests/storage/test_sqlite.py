@@ -238,6 +238,7 @@ _PARAMS = {
     "current": 0.0,
     "total": 0.0,
     "message": "",
+    "result": None,
 }
 
 

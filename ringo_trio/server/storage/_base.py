@@ -12,8 +12,13 @@ durability and the task state machine:
     LEASED --reject--> DEAD
     LEASED --release--> PENDING(attempt-1)   a push the daemon could not deliver,
                                            or a lease a stopping worker hands back
-    SUCCEEDED | DEAD --retry--> PENDING(now), attempt counter kept, max_attempts
-                                raised so the task gets one more attempt budget
+    SUCCEEDED | DEAD | CANCELLED --retry--> PENDING(now), attempt counter kept,
+                                max_attempts raised so the task gets one more
+                                attempt budget
+    PENDING | LEASED --cancel--> CANCELLED   the lease is gone at once: the
+                                worker's next settle or renewal is LeaseLost
+                                (reason "cancelled")
+    SUCCEEDED | DEAD | CANCELLED --delete--> (gone; its unique key is free again)
 
 Rules every engine keeps (the shared storage test suite checks them):
 
@@ -50,7 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, Task, TaskSpec
+from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
 
 __all__ = [
     "EnqueueOutcome",
@@ -58,6 +63,8 @@ __all__ = [
     "LeaseLost",
     "NotFound",
     "SchemaTooNew",
+    "TaskFilter",
+    "TaskPage",
     "Storage",
     "StorageError",
     "StorageFull",
@@ -90,7 +97,13 @@ class NotFound(StorageError):
 
 
 class LeaseLost(StorageError):
-    pass
+    """The ref is not its task's live lease. `cancelled` is true when the
+    lease ended because the task was cancelled (CancelTask), so the worker
+    can tell the handler why."""
+
+    def __init__(self, message: str = "", *, cancelled: bool = False) -> None:
+        super().__init__(message)
+        self.cancelled = cancelled
 
 
 class FailedPrecondition(StorageError):
@@ -106,6 +119,25 @@ class SchemaTooNew(StorageError):
 class EnqueueOutcome:
     task: Task
     created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    """Which tasks of a queue ListTasks walks. Empty tuples mean "any"."""
+
+    states: tuple[int, ...] = ()
+    """Wire `TaskState` values."""
+    task_types: tuple[str, ...] = ()
+    unique_key_prefix: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPage:
+    tasks: list[Task]
+    """Without payload and result, last_error cut to MAX_LIST_ERROR_BYTES."""
+    next_after: int | None
+    """The cursor (enqueue sequence number) to pass as `after` for the next
+    page; None on the last page."""
 
 
 class Storage(abc.ABC):
@@ -191,7 +223,9 @@ class Storage(abc.ABC):
         """Lease up to `limit` available tasks (empty task_types = any type)."""
 
     @abc.abstractmethod
-    async def ack(self, ref: LeaseRef, now: datetime) -> Task: ...
+    async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
+        """SUCCEEDED, storing `result` (the handler's return value; None
+        stores none)."""
 
     @abc.abstractmethod
     async def nack(
@@ -250,3 +284,76 @@ class Storage(abc.ABC):
         """Earliest future moment a claim on this queue could succeed without
         a new enqueue: the soonest scheduled available_at or lease expiry;
         None when nothing is pending or leased."""
+
+    # -- inspection (minor 9) ----------------------------------------------
+
+    @abc.abstractmethod
+    async def list_tasks(
+        self,
+        queue: str,
+        where: TaskFilter,
+        *,
+        newest_first: bool,
+        after: int | None,
+        limit: int,
+    ) -> TaskPage:
+        """One page of the queue's tasks matching `where`, in enqueue order
+        (or its reverse), starting after the cursor `after`. A stable
+        keyset cursor: tasks enqueued or changed meanwhile never make a page
+        repeat or skip a task that matched throughout. Indexed: a page costs
+        about `limit` index entries, however deep the queue."""
+
+    @abc.abstractmethod
+    async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
+        """Counts by state (and by task type when `by_type`), and the oldest
+        due PENDING task's available_at. A queue without tasks answers
+        zeros (not NotFound). Never a scan of the queue's tasks."""
+
+    @abc.abstractmethod
+    async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
+        """The queues holding at least one task, by name, names > `after`;
+        their stats without `by_type`."""
+
+    # -- operations (minor 9) ----------------------------------------------
+
+    @abc.abstractmethod
+    async def cancel(
+        self,
+        queue: str,
+        reason: str,
+        now: datetime,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+    ) -> Task:
+        """PENDING or LEASED -> CANCELLED (finished_at = now, last_error
+        "cancelled: reason", lease cleared); CANCELLED is returned unchanged.
+        NotFound; FailedPrecondition for SUCCEEDED or DEAD."""
+
+    @abc.abstractmethod
+    async def retry_dead(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        finished_before: datetime | None,
+        limit: int,
+        now: datetime,
+    ) -> int:
+        """Up to `limit` DEAD tasks (oldest finished first) back to PENDING, as
+        `retry` does for one, in one transaction; how many changed."""
+
+    # -- purge and retention (minor 9) -------------------------------------
+
+    @abc.abstractmethod
+    async def delete_finished(
+        self,
+        queue: str | None,
+        states: Sequence[int],
+        finished_before: datetime | None,
+        limit: int,
+    ) -> int:
+        """Delete up to `limit` tasks in `states` (each SUCCEEDED, DEAD or
+        CANCELLED) finished before `finished_before` (None: any), of `queue`
+        (None: every queue; retention), oldest finished first, in one short
+        transaction; how many were deleted. A deleted task's unique key can
+        be used again."""

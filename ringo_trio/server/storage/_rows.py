@@ -45,6 +45,8 @@ PENDING = int(TaskState.PENDING)
 LEASED = int(TaskState.LEASED)
 SUCCEEDED = int(TaskState.SUCCEEDED)
 DEAD = int(TaskState.DEAD)
+CANCELLED = int(TaskState.CANCELLED)
+FINISHED = (SUCCEEDED, DEAD, CANCELLED)
 STATES = {int(s): s for s in TaskState}
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -56,7 +58,7 @@ COLS = (
     "seq, id, queue, task_type, payload, unique_key, state, attempt, max_attempts,"
     " priority, backoff_initial_us, backoff_max_us, backoff_multiplier, created_at,"
     " updated_at, available_at, finished_at, last_error, progress_current, progress_total,"
-    " progress_message, progress_at, worker_id, lease_until, lease_token"
+    " progress_message, progress_at, worker_id, lease_until, lease_token, result"
 )
 # Positions in COLS that the engines read by name.
 C_SEQ, C_ID, C_ATTEMPT, C_PRIORITY, C_AVAILABLE = 0, 1, 7, 9, 15
@@ -135,6 +137,7 @@ def row_task(row: Sequence[Any]) -> Task:
         progress=progress,
         worker_id=row[22],
         lease_until=opt_from_us(row[23]),
+        result=None if row[25] is None else bytes(row[25]),
     )
 
 

@@ -83,7 +83,7 @@ from typing import Any, TypeVar
 import asyncpg  # type: ignore[import-untyped]
 
 from ringo_trio._limits import MAX_ACTIVITY_COUNT
-from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, Task, TaskSpec
+from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
 
 from ._base import (
     EnqueueOutcome,
@@ -94,6 +94,8 @@ from ._base import (
     Storage,
     StorageError,
     StorageUnavailable,
+    TaskFilter,
+    TaskPage,
 )
 from ._rows import (
     C_AVAILABLE,
@@ -317,6 +319,8 @@ def _migrations(s: str) -> tuple[tuple[str, ...], ...]:
             $$
             """,
         ),
+        # Minor 9: the handler's return value of a SUCCEEDED task.
+        (f"ALTER TABLE {s}.tasks ADD COLUMN result bytea",),
     )
 
 
@@ -433,7 +437,8 @@ class _Sql:
             WITH r AS (
                 UPDATE {t} SET state = {PENDING}, available_at = $2, finished_at = NULL,
                     max_attempts = least(attempt + base_max_attempts, {UINT32_MAX}),
-                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
+                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2,
+                    result = NULL
                 WHERE seq = $1 RETURNING {COLS}
             )
             SELECT r.*, {note("r.queue")} FROM r
@@ -484,7 +489,7 @@ class _Sql:
 
         self.ack = f"""
             UPDATE {t} SET state = {SUCCEEDED}, finished_at = $4, worker_id = '',
-                lease_token = '', lease_until = NULL, updated_at = $4
+                lease_token = '', lease_until = NULL, updated_at = $4, result = $5
             WHERE {match} RETURNING {COLS}
         """
         self.nack = f"""
@@ -810,8 +815,8 @@ class PostgresEngine(Storage):
             )
         return build(row)
 
-    async def ack(self, ref: LeaseRef, now: datetime) -> Task:
-        return await self._settle(self._sql.ack, row_task, ref, now)
+    async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
+        return await self._settle(self._sql.ack, row_task, ref, now, result)
 
     async def nack(
         self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
@@ -932,6 +937,59 @@ class PostgresEngine(Storage):
         finally:
             # Not awaited: a graceful close can hang on a dead peer.
             conn.terminate()
+
+    # -- inspection (ListTasks, GetQueueStats, ListQueues) -------------------
+
+    async def list_tasks(
+        self,
+        queue: str,
+        where: TaskFilter,
+        *,
+        newest_first: bool,
+        after: int | None,
+        limit: int,
+    ) -> TaskPage:
+        raise NotImplementedError("list_tasks")
+
+    async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
+        raise NotImplementedError("queue_stats")
+
+    async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
+        raise NotImplementedError("list_queues")
+
+    # -- operations (CancelTask, RetryTasks) ---------------------------------
+
+    async def cancel(
+        self,
+        queue: str,
+        reason: str,
+        now: datetime,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+    ) -> Task:
+        raise NotImplementedError("cancel")
+
+    async def retry_dead(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        finished_before: datetime | None,
+        limit: int,
+        now: datetime,
+    ) -> int:
+        raise NotImplementedError("retry_dead")
+
+    # -- purge and retention (DeleteTasks, ringod --retain-*) ----------------
+
+    async def delete_finished(
+        self,
+        queue: str | None,
+        states: Sequence[int],
+        finished_before: datetime | None,
+        limit: int,
+    ) -> int:
+        raise NotImplementedError("delete_finished")
 
 
 class _Listened(Exception):

@@ -69,6 +69,7 @@ from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
     LeaseRef,
+    QueueStats,
     Task,
     TaskSpec,
 )
@@ -81,6 +82,8 @@ from ._base import (
     SchemaTooNew,
     Storage,
     StorageError,
+    TaskFilter,
+    TaskPage,
 )
 from ._rows import C_AVAILABLE as _C_AVAILABLE
 from ._rows import C_PRIORITY as _C_PRIORITY
@@ -163,6 +166,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         f"CREATE INDEX tasks_leased ON tasks (queue, lease_until) WHERE state = {_LEASED}",
     ),
     (f"CREATE INDEX tasks_active_type ON tasks (queue, task_type) WHERE {_ACTIVE}",),
+    # Minor 9: the handler's return value of a SUCCEEDED task.
+    ("ALTER TABLE tasks ADD COLUMN result BLOB",),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -197,7 +202,7 @@ _RELEASE = f"""
 """
 _ACK = f"""
     UPDATE tasks SET state = {_SUCCEEDED}, finished_at = :now, worker_id = '',
-        lease_token = '', lease_until = NULL, updated_at = :now
+        lease_token = '', lease_until = NULL, updated_at = :now, result = :result
     WHERE {_LEASE_MATCH} RETURNING {_COLS}
 """
 _NACK = f"UPDATE tasks SET {_RELEASE} WHERE {_LEASE_MATCH} RETURNING {_COLS}"
@@ -239,7 +244,7 @@ _NEXT_PRIORITY = (
 _RETRY = f"""
     UPDATE tasks SET state = {_PENDING}, available_at = :now, finished_at = NULL,
         max_attempts = min(attempt + base_max_attempts, {_UINT32_MAX}), worker_id = '',
-        lease_token = '', lease_until = NULL, updated_at = :now
+        lease_token = '', lease_until = NULL, updated_at = :now, result = NULL
     WHERE seq = :seq RETURNING {_COLS}
 """
 
@@ -555,8 +560,8 @@ class SQLiteEngine(Storage):
                 )
             return build(row)
 
-    async def ack(self, ref: LeaseRef, now: datetime) -> Task:
-        return self._settle(_ACK, _row_task, ref, now)
+    async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
+        return self._settle(_ACK, _row_task, ref, now, result=result)
 
     async def nack(
         self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
@@ -666,6 +671,59 @@ class SQLiteEngine(Storage):
         if soonest is None:
             return None
         return _from_us(max(soonest, now_us))
+
+    # -- inspection (ListTasks, GetQueueStats, ListQueues) -------------------
+
+    async def list_tasks(
+        self,
+        queue: str,
+        where: TaskFilter,
+        *,
+        newest_first: bool,
+        after: int | None,
+        limit: int,
+    ) -> TaskPage:
+        raise NotImplementedError("list_tasks")
+
+    async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
+        raise NotImplementedError("queue_stats")
+
+    async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
+        raise NotImplementedError("list_queues")
+
+    # -- operations (CancelTask, RetryTasks) ---------------------------------
+
+    async def cancel(
+        self,
+        queue: str,
+        reason: str,
+        now: datetime,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+    ) -> Task:
+        raise NotImplementedError("cancel")
+
+    async def retry_dead(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        finished_before: datetime | None,
+        limit: int,
+        now: datetime,
+    ) -> int:
+        raise NotImplementedError("retry_dead")
+
+    # -- purge and retention (DeleteTasks, ringod --retain-*) ----------------
+
+    async def delete_finished(
+        self,
+        queue: str | None,
+        states: Sequence[int],
+        finished_before: datetime | None,
+        limit: int,
+    ) -> int:
+        raise NotImplementedError("delete_finished")
 
 
 @contextlib.contextmanager

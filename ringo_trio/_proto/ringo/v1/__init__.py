@@ -8,9 +8,13 @@ __all__ = (
     "AckResponse",
     "AttachLocalRequest",
     "AttachLocalResponse",
+    "CancelTaskRequest",
+    "CancelTaskResponse",
     "ClaimRequest",
     "ClaimResponse",
     "CreditUpdate",
+    "DeleteTasksRequest",
+    "DeleteTasksResponse",
     "EnqueueManyRequest",
     "EnqueueManyResponse",
     "EnqueueRequest",
@@ -22,12 +26,19 @@ __all__ = (
     "ExtendLeaseResponse",
     "GetQueueActivityRequest",
     "GetQueueActivityResponse",
+    "GetQueueStatsRequest",
+    "GetQueueStatsResponse",
     "GetTaskRequest",
     "GetTaskResponse",
     "Heartbeat",
     "Lease",
     "LeaseRef",
     "LeasedTask",
+    "ListOrder",
+    "ListQueuesRequest",
+    "ListQueuesResponse",
+    "ListTasksRequest",
+    "ListTasksResponse",
     "NackRequest",
     "NackResponse",
     "NegotiateRequest",
@@ -35,6 +46,7 @@ __all__ = (
     "Progress",
     "QueueServiceBase",
     "QueueServiceStub",
+    "QueueStats",
     "RejectRequest",
     "RejectResponse",
     "ReleaseRequest",
@@ -44,9 +56,12 @@ __all__ = (
     "RetryBackoff",
     "RetryTaskRequest",
     "RetryTaskResponse",
+    "RetryTasksRequest",
+    "RetryTasksResponse",
     "Task",
     "TaskSpec",
     "TaskState",
+    "TaskTypeStats",
     "WorkRequest",
     "WorkResponse",
     "WorkResult",
@@ -127,6 +142,38 @@ class ErrorCode(betterproto2.Enum):
         }
 
 
+class ListOrder(betterproto2.Enum):
+    """
+    ---------------------------------------------------------------------------
+    Operating the queues (minor >= 9)
+    """
+
+    UNSPECIFIED = 0
+    """
+    Oldest first.
+    """
+
+    OLDEST_FIRST = 1
+
+    NEWEST_FIRST = 2
+
+    @classmethod
+    def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
+        return {
+            0: "LIST_ORDER_UNSPECIFIED",
+            1: "LIST_ORDER_OLDEST_FIRST",
+            2: "LIST_ORDER_NEWEST_FIRST",
+        }
+
+    @classmethod
+    def betterproto_renamed_proto_names_to_value(cls) -> dict[str, int]:
+        return {
+            "LIST_ORDER_UNSPECIFIED": 0,
+            "LIST_ORDER_OLDEST_FIRST": 1,
+            "LIST_ORDER_NEWEST_FIRST": 2,
+        }
+
+
 class TaskState(betterproto2.Enum):
     UNSPECIFIED = 0
 
@@ -141,6 +188,12 @@ class TaskState(betterproto2.Enum):
 
     DEAD = 4
 
+    CANCELLED = 5
+    """
+    Minor >= 9: cancelled by CancelTask (terminal). A session below minor 9
+    is shown such a task as DEAD.
+    """
+
     @classmethod
     def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
         return {
@@ -149,6 +202,7 @@ class TaskState(betterproto2.Enum):
             2: "TASK_STATE_LEASED",
             3: "TASK_STATE_SUCCEEDED",
             4: "TASK_STATE_DEAD",
+            5: "TASK_STATE_CANCELLED",
         }
 
     @classmethod
@@ -159,6 +213,7 @@ class TaskState(betterproto2.Enum):
             "TASK_STATE_LEASED": 2,
             "TASK_STATE_SUCCEEDED": 3,
             "TASK_STATE_DEAD": 4,
+            "TASK_STATE_CANCELLED": 5,
         }
 
 
@@ -169,6 +224,12 @@ class AckRequest(betterproto2.Message):
     )
 
     lease: "LeaseRef | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
+
+    result: "bytes | None" = betterproto2.field(3, betterproto2.TYPE_BYTES, optional=True)
+    """
+    Minor >= 9: the handler's return value, stored with the SUCCEEDED task.
+    At most MAX_PAYLOAD_BYTES.
+    """
 
 
 default_message_pool.register_message("ringo.v1", "AckRequest", AckRequest)
@@ -201,6 +262,55 @@ class AttachLocalResponse(betterproto2.Message):
 
 
 default_message_pool.register_message("ringo.v1", "AttachLocalResponse", AttachLocalResponse)
+
+
+@dataclass(eq=False, repr=False)
+class CancelTaskRequest(betterproto2.Message):
+    """
+
+
+    Oneofs:
+        - lookup:
+    """
+
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    task_id: "str | None" = betterproto2.field(
+        3, betterproto2.TYPE_STRING, optional=True, group="lookup"
+    )
+
+    unique_key: "str | None" = betterproto2.field(
+        4, betterproto2.TYPE_STRING, optional=True, group="lookup"
+    )
+
+    reason: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    Stored as the task's last_error ("cancelled: <reason>"); at most
+    MAX_ERROR_BYTES.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "CancelTaskRequest", CancelTaskRequest)
+
+
+@dataclass(eq=False, repr=False)
+class CancelTaskResponse(betterproto2.Message):
+    """
+    A PENDING task becomes CANCELLED; a LEASED one too, and its lease is gone:
+    the worker's next renewal or settle of it is answered LEASE_LOST with
+    metadata reason "cancelled", and the SDK cancels the handler. Cancelling a
+    CANCELLED task returns it unchanged; a SUCCEEDED or DEAD one is
+    FAILED_PRECONDITION.
+    """
+
+    task: "Task | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message("ringo.v1", "CancelTaskResponse", CancelTaskResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -271,6 +381,48 @@ class CreditUpdate(betterproto2.Message):
 
 
 default_message_pool.register_message("ringo.v1", "CreditUpdate", CreditUpdate)
+
+
+@dataclass(eq=False, repr=False)
+class DeleteTasksRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    states: "list[TaskState]" = betterproto2.field(3, betterproto2.TYPE_ENUM, repeated=True)
+    """
+    Finished states only (SUCCEEDED, DEAD, CANCELLED); empty means all three.
+    """
+
+    finished_before: "datetime.datetime | None" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+    """
+    Only tasks finished before this; unset means any age.
+    """
+
+    limit: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
+    """
+    1..MAX_DELETE_BATCH; 0 means MAX_DELETE_BATCH. Oldest finished first.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "DeleteTasksRequest", DeleteTasksRequest)
+
+
+@dataclass(eq=False, repr=False)
+class DeleteTasksResponse(betterproto2.Message):
+    deleted_count: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    more: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    True when the call stopped at `limit`: more tasks may match.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "DeleteTasksResponse", DeleteTasksResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -429,6 +581,26 @@ default_message_pool.register_message(
 
 
 @dataclass(eq=False, repr=False)
+class GetQueueStatsRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("ringo.v1", "GetQueueStatsRequest", GetQueueStatsRequest)
+
+
+@dataclass(eq=False, repr=False)
+class GetQueueStatsResponse(betterproto2.Message):
+    stats: "QueueStats | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message("ringo.v1", "GetQueueStatsResponse", GetQueueStatsResponse)
+
+
+@dataclass(eq=False, repr=False)
 class GetTaskRequest(betterproto2.Message):
     """
 
@@ -518,6 +690,103 @@ default_message_pool.register_message("ringo.v1", "LeaseRef", LeaseRef)
 
 
 @dataclass(eq=False, repr=False)
+class ListQueuesRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    page_size: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+    """
+    1..MAX_LIST_PAGE; 0 means DEFAULT_LIST_PAGE.
+    """
+
+    page_token: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    Opaque: the previous page's next_page_token; empty for the first page.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "ListQueuesRequest", ListQueuesRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ListQueuesResponse(betterproto2.Message):
+    """
+    Queues that hold at least one task, by name.
+    """
+
+    queues: "list[QueueStats]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+
+    next_page_token: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("ringo.v1", "ListQueuesResponse", ListQueuesResponse)
+
+
+@dataclass(eq=False, repr=False)
+class ListTasksRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    states: "list[TaskState]" = betterproto2.field(3, betterproto2.TYPE_ENUM, repeated=True)
+    """
+    Empty means every state.
+    """
+
+    task_types: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Empty means every type; at most MAX_TASK_TYPES.
+    """
+
+    unique_key_prefix: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    Only tasks whose unique_key starts with this; empty means no filter.
+    """
+
+    order: "ListOrder" = betterproto2.field(
+        6, betterproto2.TYPE_ENUM, default_factory=lambda: ListOrder(0)
+    )
+    """
+    Enqueue order, oldest or newest first.
+    """
+
+    page_size: "int" = betterproto2.field(7, betterproto2.TYPE_UINT32)
+    """
+    1..MAX_LIST_PAGE; 0 means DEFAULT_LIST_PAGE.
+    """
+
+    page_token: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    Opaque: the previous page's next_page_token, sent with the same filters
+    and order. Empty for the first page.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "ListTasksRequest", ListTasksRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ListTasksResponse(betterproto2.Message):
+    """
+    Listed tasks carry no payload and no result (GetTask reads them), and
+    last_error cut to MAX_LIST_ERROR_BYTES, so a page stays small.
+    """
+
+    tasks: "list[Task]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+
+    next_page_token: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Empty on the last page.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "ListTasksResponse", ListTasksResponse)
+
+
+@dataclass(eq=False, repr=False)
 class NackRequest(betterproto2.Message):
     context: "RequestContext | None" = betterproto2.field(
         1, betterproto2.TYPE_MESSAGE, optional=True
@@ -597,6 +866,47 @@ class Progress(betterproto2.Message):
 
 
 default_message_pool.register_message("ringo.v1", "Progress", Progress)
+
+
+@dataclass(eq=False, repr=False)
+class QueueStats(betterproto2.Message):
+    queue: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    pending: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+    """
+    Every PENDING task, scheduled ones included.
+    """
+
+    leased: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+
+    succeeded: "int" = betterproto2.field(4, betterproto2.TYPE_UINT64)
+
+    dead: "int" = betterproto2.field(5, betterproto2.TYPE_UINT64)
+
+    cancelled: "int" = betterproto2.field(6, betterproto2.TYPE_UINT64)
+
+    oldest_pending_at: "datetime.datetime | None" = betterproto2.field(
+        7, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+    """
+    Earliest available_at among PENDING tasks that are due (available_at <=
+    the daemon's now); unset when none is due. now - this = oldest pending age.
+    """
+
+    by_type: "list[TaskTypeStats]" = betterproto2.field(8, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    GetQueueStats only (ListQueues leaves it empty); by task type name.
+    """
+
+    as_of: "datetime.datetime | None" = betterproto2.field(
+        9, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+    """
+    The daemon's clock when the figures were read.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "QueueStats", QueueStats)
 
 
 @dataclass(eq=False, repr=False)
@@ -740,6 +1050,51 @@ default_message_pool.register_message("ringo.v1", "RetryTaskResponse", RetryTask
 
 
 @dataclass(eq=False, repr=False)
+class RetryTasksRequest(betterproto2.Message):
+    """
+    DEAD tasks back to PENDING (as RetryTask does for one).
+    """
+
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    task_types: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Empty means every type.
+    """
+
+    finished_before: "datetime.datetime | None" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+    """
+    Only tasks finished before this; unset means any age. The SDK sets it to
+    the moment a bulk retry began, so tasks that die again while it pages
+    are not retried twice.
+    """
+
+    limit: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
+    """
+    1..MAX_DELETE_BATCH; 0 means MAX_DELETE_BATCH.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "RetryTasksRequest", RetryTasksRequest)
+
+
+@dataclass(eq=False, repr=False)
+class RetryTasksResponse(betterproto2.Message):
+    retried_count: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    more: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ringo.v1", "RetryTasksResponse", RetryTasksResponse)
+
+
+@dataclass(eq=False, repr=False)
 class Task(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -797,6 +1152,12 @@ class Task(betterproto2.Message):
         18, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
 
+    result: "bytes | None" = betterproto2.field(19, betterproto2.TYPE_BYTES, optional=True)
+    """
+    Minor >= 9: the value the successful attempt's handler returned (its
+    AckRequest.result); set only while SUCCEEDED. ListTasks leaves it out.
+    """
+
 
 default_message_pool.register_message("ringo.v1", "Task", Task)
 
@@ -839,6 +1200,24 @@ class TaskSpec(betterproto2.Message):
 
 
 default_message_pool.register_message("ringo.v1", "TaskSpec", TaskSpec)
+
+
+@dataclass(eq=False, repr=False)
+class TaskTypeStats(betterproto2.Message):
+    task_type: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    pending: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+
+    leased: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+
+    succeeded: "int" = betterproto2.field(4, betterproto2.TYPE_UINT64)
+
+    dead: "int" = betterproto2.field(5, betterproto2.TYPE_UINT64)
+
+    cancelled: "int" = betterproto2.field(6, betterproto2.TYPE_UINT64)
+
+
+default_message_pool.register_message("ringo.v1", "TaskTypeStats", TaskTypeStats)
 
 
 @dataclass(eq=False, repr=False)
@@ -1236,6 +1615,127 @@ class QueueServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def list_tasks(
+        self,
+        message: "ListTasksRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ListTasksResponse":
+        """
+        Minor >= 9: inspecting and operating the queues (docs/operations.md).
+        Read-only; pages with a stable cursor.
+        """
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/ListTasks",
+            message,
+            ListTasksResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_queue_stats(
+        self,
+        message: "GetQueueStatsRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "GetQueueStatsResponse":
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/GetQueueStats",
+            message,
+            GetQueueStatsResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def list_queues(
+        self,
+        message: "ListQueuesRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ListQueuesResponse":
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/ListQueues",
+            message,
+            ListQueuesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def cancel_task(
+        self,
+        message: "CancelTaskRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "CancelTaskResponse":
+        """
+        PENDING or LEASED -> CANCELLED.
+        """
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/CancelTask",
+            message,
+            CancelTaskResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def delete_tasks(
+        self,
+        message: "DeleteTasksRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "DeleteTasksResponse":
+        """
+        Removes finished tasks, at most `limit` per call.
+        """
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/DeleteTasks",
+            message,
+            DeleteTasksResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def retry_tasks(
+        self,
+        message: "RetryTasksRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "RetryTasksResponse":
+        """
+        Reactivates DEAD tasks in bulk, at most `limit` per call.
+        """
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/RetryTasks",
+            message,
+            RetryTasksResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
     async def work(
         self,
         messages: "AsyncIterable[WorkRequest] | Iterable[WorkRequest]",
@@ -1352,6 +1852,43 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def list_tasks(self, message: "ListTasksRequest") -> "ListTasksResponse":
+        """
+        Minor >= 9: inspecting and operating the queues (docs/operations.md).
+        Read-only; pages with a stable cursor.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_queue_stats(self, message: "GetQueueStatsRequest") -> "GetQueueStatsResponse":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def list_queues(self, message: "ListQueuesRequest") -> "ListQueuesResponse":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def cancel_task(self, message: "CancelTaskRequest") -> "CancelTaskResponse":
+        """
+        PENDING or LEASED -> CANCELLED.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def delete_tasks(self, message: "DeleteTasksRequest") -> "DeleteTasksResponse":
+        """
+        Removes finished tasks, at most `limit` per call.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def retry_tasks(self, message: "RetryTasksRequest") -> "RetryTasksResponse":
+        """
+        Reactivates DEAD tasks in bulk, at most `limit` per call.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def work(self, messages: "AsyncIterator[WorkRequest]") -> "AsyncIterator[WorkResponse]":
         """
         The credit-controlled push stream of a worker.
@@ -1462,6 +1999,54 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.get_queue_activity(request)
         await stream.send_message(response)
 
+    async def __rpc_list_tasks(
+        self, stream: "grpclib.server.Stream[ListTasksRequest, ListTasksResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.list_tasks(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_queue_stats(
+        self, stream: "grpclib.server.Stream[GetQueueStatsRequest, GetQueueStatsResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.get_queue_stats(request)
+        await stream.send_message(response)
+
+    async def __rpc_list_queues(
+        self, stream: "grpclib.server.Stream[ListQueuesRequest, ListQueuesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.list_queues(request)
+        await stream.send_message(response)
+
+    async def __rpc_cancel_task(
+        self, stream: "grpclib.server.Stream[CancelTaskRequest, CancelTaskResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.cancel_task(request)
+        await stream.send_message(response)
+
+    async def __rpc_delete_tasks(
+        self, stream: "grpclib.server.Stream[DeleteTasksRequest, DeleteTasksResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.delete_tasks(request)
+        await stream.send_message(response)
+
+    async def __rpc_retry_tasks(
+        self, stream: "grpclib.server.Stream[RetryTasksRequest, RetryTasksResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.retry_tasks(request)
+        await stream.send_message(response)
+
     async def __rpc_work(self, stream: "grpclib.server.Stream[WorkRequest, WorkResponse]") -> None:
         request = stream.__aiter__()
         await self._call_rpc_handler_server_stream(
@@ -1554,6 +2139,42 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 GetQueueActivityRequest,
                 GetQueueActivityResponse,
+            ),
+            "/ringo.v1.QueueService/ListTasks": grpclib.const.Handler(
+                self.__rpc_list_tasks,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListTasksRequest,
+                ListTasksResponse,
+            ),
+            "/ringo.v1.QueueService/GetQueueStats": grpclib.const.Handler(
+                self.__rpc_get_queue_stats,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetQueueStatsRequest,
+                GetQueueStatsResponse,
+            ),
+            "/ringo.v1.QueueService/ListQueues": grpclib.const.Handler(
+                self.__rpc_list_queues,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListQueuesRequest,
+                ListQueuesResponse,
+            ),
+            "/ringo.v1.QueueService/CancelTask": grpclib.const.Handler(
+                self.__rpc_cancel_task,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                CancelTaskRequest,
+                CancelTaskResponse,
+            ),
+            "/ringo.v1.QueueService/DeleteTasks": grpclib.const.Handler(
+                self.__rpc_delete_tasks,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                DeleteTasksRequest,
+                DeleteTasksResponse,
+            ),
+            "/ringo.v1.QueueService/RetryTasks": grpclib.const.Handler(
+                self.__rpc_retry_tasks,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                RetryTasksRequest,
+                RetryTasksResponse,
             ),
             "/ringo.v1.QueueService/Work": grpclib.const.Handler(
                 self.__rpc_work,

@@ -1,0 +1,191 @@
+"""The operator commands of `ringo`: queues, tasks (list, show, retry, cancel,
+purge) and enqueue, against ``--endpoint`` or ``--data-dir``.
+
+Every command prints a human table by default and one JSON document with
+``--json`` (for scripts); a task or queue that does not exist is one line on
+stderr and exit status 1. docs/operations.md is the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from ._client import Ringo, RingoClient
+from ._supervise import TOKEN_ENV
+
+__all__ = ["add_commands", "OPS_COMMANDS"]
+
+OPS_COMMANDS = frozenset({"queues", "tasks", "enqueue"})
+
+
+# -- output -------------------------------------------------------------------
+
+
+def print_json(document: Any) -> None:
+    json.dump(document, sys.stdout, indent=2, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """A plain aligned table; numbers right-aligned, text left-aligned."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    numeric = [
+        all(isinstance(r[i], int | float) for r in rows) and bool(rows) for i in range(len(headers))
+    ]
+    for n, row in enumerate(cells):
+        line = "  ".join(
+            cell.rjust(widths[i]) if numeric[i] else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        )
+        sys.stdout.write(line.rstrip() + "\n")
+        if n == 0:
+            sys.stdout.write("  ".join("-" * w for w in widths) + "\n")
+
+
+# -- connecting ---------------------------------------------------------------
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--endpoint", default=None, help="daemon to talk to (host:port or URL)")
+    where.add_argument(
+        "--data-dir", default=None, help="the data dir of a local daemon (shared; started if none)"
+    )
+    parser.add_argument(
+        "--token", default=None, help=f"bearer token for --endpoint (default: ${TOKEN_ENV})"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def open_client(args: argparse.Namespace) -> AbstractAsyncContextManager[RingoClient]:
+    if args.endpoint is not None:
+        return Ringo.connect(args.endpoint, token=args.token or os.environ.get(TOKEN_ENV))
+    return Ringo.local(args.data_dir, shared=True)
+
+
+# -- commands -----------------------------------------------------------------
+# Each takes the parsed arguments and returns the exit status.
+
+
+async def _queues(args: argparse.Namespace) -> int:
+    raise NotImplementedError("ringo queues")
+
+
+async def _tasks_list(args: argparse.Namespace) -> int:
+    raise NotImplementedError("ringo tasks list")
+
+
+async def _tasks_show(args: argparse.Namespace) -> int:
+    raise NotImplementedError("ringo tasks show")
+
+
+async def _tasks_retry(args: argparse.Namespace) -> int:
+    raise NotImplementedError("ringo tasks retry")
+
+
+async def _tasks_cancel(args: argparse.Namespace) -> int:
+    raise NotImplementedError("ringo tasks cancel")
+
+
+async def _enqueue(args: argparse.Namespace) -> int:
+    raise NotImplementedError("ringo enqueue")
+
+
+async def _tasks_purge(args: argparse.Namespace) -> int:
+    raise NotImplementedError("ringo tasks purge")
+
+
+# -- parsing ------------------------------------------------------------------
+
+
+def _command(
+    parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], Awaitable[int]]
+) -> None:
+    _connection_options(parser)
+    parser.set_defaults(ops_run=run)
+
+
+def _lookup(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("queue")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("task_id", nargs="?", default=None, help="the task's id")
+    target.add_argument("--key", default=None, help="the task's unique key")
+
+
+def add_commands(commands: Any) -> None:
+    """Add the operator commands to `ringo`'s subparsers."""
+    queues = commands.add_parser(
+        "queues", help="list queues with their task counts by state and oldest pending age"
+    )
+    _command(queues, _queues)
+
+    tasks = commands.add_parser("tasks", help="list, show, retry, cancel or purge tasks")
+    verbs = tasks.add_subparsers(dest="tasks_command", required=True)
+
+    listing = verbs.add_parser("list", help="a queue's tasks, oldest first")
+    listing.add_argument("queue")
+    listing.add_argument(
+        "--state",
+        action="append",
+        default=[],
+        choices=["pending", "leased", "succeeded", "dead", "cancelled"],
+        help="only tasks in this state (repeatable)",
+    )
+    listing.add_argument("--type", action="append", default=[], help="only this task type")
+    listing.add_argument("--key-prefix", default="", help="only unique keys with this prefix")
+    listing.add_argument("--newest-first", action="store_true")
+    listing.add_argument("--limit", type=int, default=100, help="tasks to print (100)")
+    _command(listing, _tasks_list)
+
+    show = verbs.add_parser("show", help="one task in full (payload preview, result, ...)")
+    _lookup(show)
+    _command(show, _tasks_show)
+
+    retry = verbs.add_parser(
+        "retry", help="reactivate a finished task, or every DEAD one with --all-dead"
+    )
+    retry.add_argument("queue")
+    target = retry.add_mutually_exclusive_group(required=True)
+    target.add_argument("task_id", nargs="?", default=None)
+    target.add_argument("--key", default=None)
+    target.add_argument("--all-dead", action="store_true", help="every DEAD task of the queue")
+    retry.add_argument("--type", action="append", default=[], help="with --all-dead: this type")
+    _command(retry, _tasks_retry)
+
+    cancel = verbs.add_parser("cancel", help="cancel a PENDING or LEASED task")
+    _lookup(cancel)
+    cancel.add_argument("--reason", default="", help="stored as the task's last error")
+    _command(cancel, _tasks_cancel)
+
+    purge = verbs.add_parser("purge", help="delete finished tasks")
+    purge.add_argument("queue")
+    purge.add_argument(
+        "--state",
+        action="append",
+        default=[],
+        choices=["succeeded", "dead", "cancelled"],
+        help="only this finished state (repeatable; default all three)",
+    )
+    purge.add_argument(
+        "--older-than", default=None, help="only tasks finished longer ago, e.g. 7d, 12h, 30m"
+    )
+    _command(purge, _tasks_purge)
+
+    enqueue = commands.add_parser("enqueue", help="enqueue one task")
+    enqueue.add_argument("queue")
+    enqueue.add_argument("task_type")
+    enqueue.add_argument(
+        "--payload", default="", help="the payload: text, @FILE for a file's bytes, - for stdin"
+    )
+    enqueue.add_argument("--key", default=None, help="unique key (dedupe)")
+    enqueue.add_argument("--delay", default=None, help="run after this long, e.g. 5m, 2h")
+    enqueue.add_argument("--priority", type=int, default=0)
+    enqueue.add_argument("--max-attempts", type=int, default=None)
+    _command(enqueue, _enqueue)

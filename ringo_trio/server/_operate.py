@@ -1,0 +1,64 @@
+"""The daemon's operator RPCs (protocol minor 9): inspect, cancel, purge and
+bulk-retry the tasks of a queue (docs/operations.md).
+
+`QueueService` admits each call (session, minor) and hands it here with the
+daemon's `now`; these methods validate the request against the limits in
+`_limits` and call the engine. Errors are the engine's conditions, mapped
+to status codes by the service's `_rpc` wrapper like every unary call.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ringo_trio._proto.ringo.v1 import (
+    CancelTaskRequest,
+    CancelTaskResponse,
+    DeleteTasksRequest,
+    DeleteTasksResponse,
+    GetQueueStatsRequest,
+    GetQueueStatsResponse,
+    ListQueuesRequest,
+    ListQueuesResponse,
+    ListTasksRequest,
+    ListTasksResponse,
+    RetryTasksRequest,
+    RetryTasksResponse,
+)
+
+from ._wakeups import QueueWakeups
+from .storage._base import Storage
+
+__all__ = ["Operations"]
+
+
+class Operations:
+    def __init__(self, storage: Storage, wakeups: QueueWakeups) -> None:
+        self._storage = storage
+        self._wakeups = wakeups
+
+    # -- inspection ----------------------------------------------------------
+
+    async def list_tasks(self, message: ListTasksRequest, now: datetime) -> ListTasksResponse:
+        raise NotImplementedError("ListTasks")
+
+    async def get_queue_stats(
+        self, message: GetQueueStatsRequest, now: datetime
+    ) -> GetQueueStatsResponse:
+        raise NotImplementedError("GetQueueStats")
+
+    async def list_queues(self, message: ListQueuesRequest, now: datetime) -> ListQueuesResponse:
+        raise NotImplementedError("ListQueues")
+
+    # -- operations ----------------------------------------------------------
+
+    async def cancel_task(self, message: CancelTaskRequest, now: datetime) -> CancelTaskResponse:
+        raise NotImplementedError("CancelTask")
+
+    async def retry_tasks(self, message: RetryTasksRequest, now: datetime) -> RetryTasksResponse:
+        raise NotImplementedError("RetryTasks")
+
+    # -- purge ---------------------------------------------------------------
+
+    async def delete_tasks(self, message: DeleteTasksRequest, now: datetime) -> DeleteTasksResponse:
+        raise NotImplementedError("DeleteTasks")
