@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
@@ -34,6 +34,8 @@ from ._models import (
 from ._proto.ringo.v1 import (
     AckRequest,
     AckResponse,
+    CancelTaskRequest,
+    CancelTaskResponse,
     ClaimRequest,
     ClaimResponse,
     EnqueueRequest,
@@ -54,12 +56,21 @@ from ._proto.ringo.v1 import (
     RequestContext,
     RetryTaskRequest,
     RetryTaskResponse,
+    RetryTasksRequest,
+    RetryTasksResponse,
 )
 from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
-from ._wire.protocol import DUE_ONLY_ACTIVITY_MINOR
+from ._wire.protocol import DUE_ONLY_ACTIVITY_MINOR, OPERATE_MINOR
 from ._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._work._timeouts import TaskTimeouts
-from ._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
+from ._work.worker import (
+    DEFAULT_STOP_TIMEOUT,
+    Worker,
+    check_concurrency,
+    encode_result,
+    new_worker_id,
+    result_for_minor,
+)
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -329,14 +340,15 @@ class TaskQueue:
     # -- retry --------------------------------------------------------------
 
     async def retry(self, unique_key: str) -> Task:
-        """Reactivate a SUCCEEDED or DEAD task, named by its unique key.
+        """Reactivate a SUCCEEDED, DEAD or CANCELLED task, named by its
+        unique key (its result is cleared).
 
         `FailedPreconditionError` if the task is still active.
         """
         return await self._retry(unique_key=_check_unique_key(unique_key))
 
     async def retry_by_id(self, task_id: str) -> Task:
-        """Reactivate a SUCCEEDED or DEAD task, named by its id."""
+        """Reactivate a SUCCEEDED, DEAD or CANCELLED task, named by its id."""
         return await self._retry(task_id=_check_name("task_id", task_id))
 
     async def _retry(self, *, task_id: str | None = None, unique_key: str | None = None) -> Task:
@@ -386,12 +398,40 @@ class TaskQueue:
     # -- operations (protocol minor >= 9) -----------------------------------
 
     async def cancel(self, unique_key: str, *, reason: str = "") -> Task:
-        """Cancel a PENDING or LEASED task named by its unique key (a running
-        handler is cancelled when its worker next renews or settles)."""
-        raise NotImplementedError("cancel")
+        """Cancel a PENDING or LEASED task named by its unique key; the task
+        comes back CANCELLED (``last_error`` is ``"cancelled: <reason>"``).
+
+        A LEASED task's lease ends at once: its worker learns it at the
+        lease's next renewal (every third of the lease) or settlement, and
+        cancels the handler; whatever that attempt then reports is not
+        stored. Cancelling a CANCELLED task returns it unchanged;
+        `FailedPreconditionError` for a SUCCEEDED or DEAD one, `NotFoundError`
+        for none. `retry` brings a cancelled task back. Protocol minor >= 9.
+        """
+        return await self._cancel(reason, unique_key=_check_unique_key(unique_key))
 
     async def cancel_by_id(self, task_id: str, *, reason: str = "") -> Task:
-        raise NotImplementedError("cancel_by_id")
+        """`cancel`, naming the task by its id."""
+        return await self._cancel(reason, task_id=_check_name("task_id", task_id))
+
+    async def _cancel(
+        self, reason: str, *, task_id: str | None = None, unique_key: str | None = None
+    ) -> Task:
+        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "cancel")
+        if not isinstance(reason, str):
+            raise InvalidArgumentError(f"reason must be a string, got {type(reason).__name__}")
+        if len(reason.encode("utf-8", "surrogatepass")) > _limits.MAX_ERROR_BYTES:
+            raise InvalidArgumentError(
+                f"reason exceeds the {_limits.MAX_ERROR_BYTES}-byte limit (MAX_ERROR_BYTES)"
+            )
+        reply = await self._connection.call(
+            "CancelTask",
+            CancelTaskRequest(
+                queue=self.name, task_id=task_id, unique_key=unique_key, reason=reason
+            ),
+            CancelTaskResponse,
+        )
+        return Task.from_wire(reply.task)
 
     async def retry_many(
         self,
@@ -401,8 +441,37 @@ class TaskQueue:
         batch_size: int = _limits.MAX_DELETE_BATCH,
     ) -> int:
         """Reactivate every DEAD task (of ``task_types``; finished before
-        ``finished_before``), in batches; how many were retried."""
-        raise NotImplementedError("retry_many")
+        ``finished_before``), in batches; how many were retried.
+
+        Each batch of at most ``batch_size`` (1..10,000) is one RetryTasks
+        call, oldest finished first, applied in one transaction; the loop
+        ends when the daemon reports nothing more. Without
+        ``finished_before`` the cutoff is the moment ``retry_many`` began,
+        by this machine's clock, so a task that dies again while it pages is
+        not retried twice (against a daemon whose clock differs, such as
+        `RingoTestEnv` on virtual time, pass ``finished_before=env.now()``).
+        Like every mutation it is never re-sent after `UnavailableError`;
+        the batches before it stay applied. Protocol minor >= 9.
+        """
+        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "retry_many")
+        types = _task_types(task_types)
+        _check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
+        if finished_before is None:
+            finished_before = datetime.now(UTC)
+        elif not isinstance(finished_before, datetime) or finished_before.tzinfo is None:
+            raise InvalidArgumentError("finished_before must be a timezone-aware datetime")
+        request = RetryTasksRequest(
+            queue=self.name,
+            task_types=types,
+            finished_before=finished_before,
+            limit=batch_size,
+        )
+        total = 0
+        while True:
+            reply = await self._connection.call("RetryTasks", request, RetryTasksResponse)
+            total += int(reply.retried_count)
+            if not reply.more:
+                return total
 
     # -- purge (protocol minor >= 9) ----------------------------------------
 
@@ -492,9 +561,20 @@ class LeasedTask:
     def _ref(self) -> LeaseRef:
         return LeaseRef(task_id=self.task.id, attempt=self.attempt, lease_token=self._token)
 
-    async def ack(self) -> None:
-        """Mark the task SUCCEEDED."""
-        await self._queue._connection.call("Ack", AckRequest(lease=self._ref()), AckResponse)
+    async def ack(self, result: bytes | str | None = None) -> None:
+        """Mark the task SUCCEEDED, storing ``result`` with it (bytes, or a
+        str as UTF-8; at most ``MAX_RESULT_BYTES``, `InvalidArgumentError`
+        beyond). A daemon below protocol minor 9 cannot store results: the
+        task is acked without it (one warning per process)."""
+        request = AckRequest(lease=self._ref())
+        if result is not None:
+            if not isinstance(result, bytes | bytearray | memoryview | str):
+                raise InvalidArgumentError(
+                    f"result must be bytes or str, got {type(result).__name__}"
+                )
+            minor = self._queue._connection.protocol_minor
+            request.result = result_for_minor(encode_result(result), minor)
+        await self._queue._connection.call("Ack", request, AckResponse)
 
     async def nack(self, error: str = "", *, delay: timedelta | None = None) -> None:
         """Fail this attempt: the task is retried after its backoff (or ``delay``),

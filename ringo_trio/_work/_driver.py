@@ -37,6 +37,7 @@ from .._fastwire import (
 )
 from .._models import Task
 from .._proto.ringo.v1 import (
+    AckRequest,
     LeaseRef,
     ReleaseRequest,
     ReportProgressRequest,
@@ -60,6 +61,7 @@ from ._session import (
     Settle,
     StartHandler,
     State,
+    TaskCancelled,
     WorkSession,
 )
 
@@ -85,6 +87,10 @@ class StreamOwner(Protocol):
     def _start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None: ...
 
     def _cancel_handler(self, key: LeaseKey, why: str) -> None: ...
+
+    def _task_cancelled(self, key: LeaseKey) -> None:
+        """The daemon says an operator cancelled this lease's task."""
+        ...
 
     def _quiet(self) -> bool:
         """True once the worker stops and no handler of it runs any more."""
@@ -137,8 +143,16 @@ class Inbound:
 def settle_frame(settle: Settle) -> Frame:
     key = settle.key
     outcome = settle.outcome
-    if outcome is Outcome.ACK:
+    if outcome is Outcome.ACK and settle.result is None:
         data = encode_ack(settle.request_id, key.task_id, key.attempt, settle.lease_token)
+    elif outcome is Outcome.ACK:
+        # An ack carrying a result (minor >= 9) is rarer and larger: betterproto2.
+        ref = LeaseRef(task_id=key.task_id, attempt=key.attempt, lease_token=settle.lease_token)
+        data = bytes(
+            WorkRequest(
+                request_id=settle.request_id, ack=AckRequest(lease=ref, result=settle.result)
+            )
+        )
     elif outcome is Outcome.NACK:
         delay = None if settle.retry_delay is None else timedelta(seconds=settle.retry_delay)
         data = encode_nack(
@@ -195,6 +209,8 @@ class StreamDriver:
                         waiter.event.set()
                 case CancelHandler(key=key, reason=reason):
                     self.owner._cancel_handler(key, reason)
+                case TaskCancelled(key=key):
+                    self.owner._task_cancelled(key)
                 case Extend(request_id=request_id, key=key, lease_token=token, extension=extension):
                     send(
                         Frame(

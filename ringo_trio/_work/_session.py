@@ -52,7 +52,11 @@ renewal (`Extend`) goes out a third of the lease duration before the
 deadline; a successful result moves the deadline to *send time* plus the
 extension — never receipt time, which would grant time the daemon did not.
 If the deadline passes with the renewal unanswered, or the daemon answers
-``LEASE_LOST``, the handler is cancelled (`CancelHandler`). Every lease the
+``LEASE_LOST``, the handler is cancelled (`CancelHandler`). A ``LEASE_LOST``
+with ``metadata.reason = "cancelled"`` means an operator cancelled the task
+(CancelTask, minor >= 9): the session says so once per lease
+(`TaskCancelled`, before the `CancelHandler` when the handler still runs,
+alone when its settlement was the command refused). Every lease the
 daemon pushed ends in exactly one of: a settlement, a command answered
 ``LEASE_LOST``, or — when a renewal succeeds after the lease was given up
 locally — a nack, so the daemon never counts a lease nobody works on.
@@ -73,7 +77,8 @@ does not.
 
 *Version gating.* The session is built for the negotiated minor and owns
 what it implies: ordered request ids (minor >= 6), a target concurrency
-(minor >= 2; `FeatureUnavailable` otherwise) and ``release`` (minor >= 7).
+(minor >= 2; `FeatureUnavailable` otherwise), ``release`` (minor >= 7) and
+an ack's result value (minor >= 9; dropped below, `can_store_result`).
 
 *States.* ``IDLE → REGISTERING → ACTIVE → DRAINING → ENDED`` with one
 transition table (`_TRANSITIONS`); an input the table does not list for the
@@ -95,7 +100,9 @@ from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
 
 from .._wire.protocol import (
+    CANCELLED_REASON,
     CREDIT_CAPACITY_REASON,
+    OPERATE_MINOR,
     ORDERED_REQUEST_IDS_MINOR,
     RELEASE_MINOR,
     TARGET_CONCURRENCY_MINOR,
@@ -124,11 +131,14 @@ __all__ = [
     "Settle",
     "StartHandler",
     "State",
+    "TaskCancelled",
     "VersionMismatch",
     "WorkSession",
 ]
 
 MAX_REQUEST_ID = 2**64 - 1
+#: `CancelHandler.reason` when the daemon says an operator cancelled the task.
+CANCELLED_BY_OPERATOR = "the task was cancelled by an operator"
 # Consecutive credit_capacity refusals after which the daemon is considered
 # to disagree with us for good (each retry is resampled, so a correct daemon
 # refuses at most as often as pushes race a resize).
@@ -280,6 +290,8 @@ class Settle:
     outcome: Outcome
     error: str = ""
     retry_delay: float | None = None
+    result: bytes | None = None
+    """An ACK's result value (minor >= 9; the session drops it below)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +337,15 @@ class CancelHandler:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskCancelled:
+    """The daemon answered a command on this lease ``LEASE_LOST`` with reason
+    ``cancelled``: an operator cancelled the task (CancelTask). Told once per
+    lease, before the `CancelHandler` that follows when its handler runs."""
+
+    key: LeaseKey
+
+
+@dataclass(frozen=True, slots=True)
 class CommandDone:
     """The result of a command the driver may be waiting for (settle,
     progress, drain); ``error`` None means success."""
@@ -343,6 +364,7 @@ Output = (
     | Drain
     | StartHandler
     | CancelHandler
+    | TaskCancelled
     | CommandDone
 )
 
@@ -364,6 +386,7 @@ class _Lease:
     timer_at: float = 0.0  # the one timer entry of this lease that is current
     renewing: int = 0  # request id of the renewal in flight, 0 if none
     state: LeaseState = LeaseState.HELD
+    told_cancelled: bool = False  # TaskCancelled was output for it
 
     def step(self, what: _LeaseInput, key: LeaseKey) -> None:
         new = _LEASE_TRANSITIONS.get((self.state, what))
@@ -426,6 +449,7 @@ class WorkSession:
         self.concurrency = concurrency
         self.ordered_request_ids = minor >= ORDERED_REQUEST_IDS_MINOR
         self.can_release = minor >= RELEASE_MINOR
+        self.can_store_result = minor >= OPERATE_MINOR
         self.dynamic_target = dynamic_target
         self.command_timeout = command_timeout
         self.lease_duration = 0.0
@@ -585,18 +609,21 @@ class WorkSession:
             self._credit_mirror = 0
         key = pending.key
         if kind is CommandKind.SETTLE and key is not None:
-            self._leases.pop(key, None)
+            lease = self._leases.pop(key, None)
             if error is not None and error.code != "LEASE_LOST":
                 # The settlement may or may not have committed; the only safe
                 # continuation is a new stream (leases left to expire).
                 raise SessionBroken(f"settling task {key.task_id} failed: {error.message}")
+            out += self._told_cancelled(key, lease, error)
         elif (
             kind is CommandKind.PROGRESS
             and key is not None
             and error is not None
             and error.code == "LEASE_LOST"
         ):
-            out += self._lose(key, "lease lost (progress report refused)")
+            told = self._told_cancelled(key, self._leases.get(key), error)
+            why = CANCELLED_BY_OPERATOR if told else "lease lost (progress report refused)"
+            out += told + self._lose(key, why)
         return out
 
     @_input
@@ -608,14 +635,18 @@ class WorkSession:
         *,
         error: str = "",
         retry_delay: float | None = None,
+        result: bytes | None = None,
     ) -> list[Output]:
         """The handler finished (or the worker stops it: ``Outcome.RELEASE``):
-        send its outcome and free its slot."""
+        send its outcome and free its slot. ``result`` goes with an ACK on a
+        stream of minor >= 9 (`can_store_result`) and is dropped otherwise."""
         lease = self._leases.get(key)
         if lease is None or lease.state is not LeaseState.HELD:
             raise LocalProtocolError(f"task {key.task_id} attempt {key.attempt} is not held")
         out: list[Output] = [
-            self._send_settle(key, lease, outcome, now, error=error, retry_delay=retry_delay)
+            self._send_settle(
+                key, lease, outcome, now, error=error, retry_delay=retry_delay, result=result
+            )
         ]
         self._slots.discard(key)
         return out + self._maybe_credit(now)
@@ -629,15 +660,26 @@ class WorkSession:
         *,
         error: str,
         retry_delay: float | None = None,
+        result: bytes | None = None,
     ) -> Settle:
         self._step(Input.SEND_SETTLE)
         lease.step(_LeaseInput.SETTLE, key)
         if outcome is Outcome.RELEASE and not self.can_release:
             # An older daemon has no release: today's nack (the attempt is spent).
             outcome = Outcome.NACK
+        if outcome is not Outcome.ACK or not self.can_store_result:
+            result = None
         request_id = self._take_id()
         self._pending[request_id] = _Pending(CommandKind.SETTLE, now, key=key)
-        return Settle(request_id, key, lease.token, outcome, error=error, retry_delay=retry_delay)
+        return Settle(
+            request_id,
+            key,
+            lease.token,
+            outcome,
+            error=error,
+            retry_delay=retry_delay,
+            result=result,
+        )
 
     @_input
     def handler_exited(self, key: LeaseKey, now: float) -> list[Output]:
@@ -792,11 +834,30 @@ class WorkSession:
             self._arm(key, lease.deadline - self.lease_duration / 3)
             return []
         if error.code == "LEASE_LOST":
-            out = self._lose(key, "lease lost (renewal refused)")
+            told = self._told_cancelled(key, lease, error)
+            why = CANCELLED_BY_OPERATOR if told else "lease lost (renewal refused)"
+            out = told + self._lose(key, why)
             if key not in self._slots:
                 self._leases.pop(key, None)
             return out
         raise SessionBroken(f"renewing task {key.task_id} failed: {error.code} {error.message}")
+
+    @staticmethod
+    def _told_cancelled(
+        key: LeaseKey, lease: _Lease | None, error: CommandError | None
+    ) -> list[Output]:
+        """`TaskCancelled` when `error` says an operator cancelled the task and
+        this lease has not been told so yet."""
+        if (
+            lease is None
+            or lease.told_cancelled
+            or error is None
+            or error.code != "LEASE_LOST"
+            or error.reason != CANCELLED_REASON
+        ):
+            return []
+        lease.told_cancelled = True
+        return [TaskCancelled(key)]
 
     def _release_renewed(
         self,

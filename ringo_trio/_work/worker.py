@@ -68,6 +68,15 @@ session, then the stream. When ``close`` returns, no handler of the worker
 runs and no lease is renewed. A push that arrives after the stop began is
 handed back unrun.
 
+*Results and cancellation.* What a handler returns is its task's result:
+bytes, or a str (stored as UTF-8), sent with the ack (protocol minor >= 9;
+dropped, with one warning, below). None stores nothing; any other value is
+ignored with one warning per type; a value over ``MAX_RESULT_BYTES`` fails
+the attempt like an exception (nack). An operator's CancelTask reaches the
+worker as a ``LEASE_LOST`` with reason ``cancelled`` on the lease's next
+renewal, progress report or settlement: the handler's scope is cancelled
+as for any lost lease, and the worker logs it at INFO, not as an error.
+
 *Timeouts and fencing*: `ringo_trio._work._fencing`.
 
 *Reconnects are bounded*: a session that fails before registering counts as a
@@ -116,6 +125,7 @@ from .._transport_api import SessionRejectedError
 from .._wire.protocol import (
     ACTIVITY_MINOR,
     DUE_ONLY_ACTIVITY_MINOR,
+    OPERATE_MINOR,
     TARGET_CONCURRENCY_MINOR,
 )
 from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
@@ -143,7 +153,9 @@ __all__ = [
     "TaskContext",
     "Worker",
     "check_concurrency",
+    "encode_result",
     "new_worker_id",
+    "result_for_minor",
 ]
 
 log = logging.getLogger(__name__)
@@ -165,9 +177,11 @@ _MAX_CONCURRENCY = 2**31 - 1
 class TaskContext:
     """What a handler gets besides its `Task`.
 
-    ``cancelled`` becomes true when the lease is lost, the stream drops, or
-    the worker is closed past its grace period — the handler is cancelled at
-    the same moment. The lease token stays inside the worker.
+    ``cancelled`` becomes true when the lease is lost, the stream drops, an
+    operator cancels the task (`TaskQueue.cancel`; the worker learns it at
+    its next renewal or settlement), or the worker is closed past its grace
+    period — the handler is cancelled at the same moment. The lease token
+    stays inside the worker.
     """
 
     __slots__ = (
@@ -344,6 +358,43 @@ def _find_interrupt(exc: BaseException) -> BaseException | None:
     return None
 
 
+def encode_result(value: bytes | bytearray | memoryview | str) -> bytes:
+    """A result value as stored: bytes as they are, a str as UTF-8;
+    `InvalidArgumentError` naming the limit when it is larger than
+    ``MAX_RESULT_BYTES``."""
+    data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    if len(data) > _limits.MAX_RESULT_BYTES:
+        raise InvalidArgumentError(
+            f"result: {len(data)} bytes exceeds the {_limits.MAX_RESULT_BYTES}-byte limit"
+            " (MAX_RESULT_BYTES)"
+        )
+    return data
+
+
+_dropped_result_warned = False
+
+
+def result_for_minor(result: bytes | None, minor: int) -> bytes | None:
+    """``result`` if the negotiated minor can store it; below minor 9 it is
+    dropped (the ack itself goes ahead), with one warning per process."""
+    global _dropped_result_warned
+    if result is None or minor >= OPERATE_MINOR:
+        return result
+    if not _dropped_result_warned:
+        _dropped_result_warned = True
+        log.warning(
+            "the daemon speaks protocol minor %d: result values (minor %d) are not stored;"
+            " tasks are acked without them",
+            minor,
+            OPERATE_MINOR,
+        )
+    return None
+
+
+class _ResultRefused(Exception):
+    """A handler returned a value too large to store: its attempt fails."""
+
+
 def new_worker_id() -> str:
     return f"py-{os.getpid()}-{secrets.token_hex(4)}"
 
@@ -426,6 +477,8 @@ class Worker(Fencing):
         self._watchdog = None if task_timeouts is None else Watchdog[_Running](task_timeouts)
         self._watch_nap: anyio.CancelScope | None = None
         self._fence: Fence | None = None
+        # Return types a handler gave that are no result value (warned once each).
+        self._ignored_returns: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<Worker {self._worker_id} queue={self._queue_name!r}>"
@@ -793,6 +846,7 @@ class Worker(Fencing):
         outcome = Outcome.RELEASE
         error = self._stop_reason or "the worker stopped before the handler finished"
         delay: float | None = None
+        result: bytes | None = None
         finished = False
         watchdog = self._watchdog
         try:
@@ -807,10 +861,16 @@ class Worker(Fencing):
                     return
             with running.scope:
                 try:
-                    result = self._handler(task, running.context)
-                    if inspect.isawaitable(result):
-                        await result
+                    returned = self._handler(task, running.context)
+                    if inspect.isawaitable(returned):
+                        returned = await returned
+                    result = self._result_value(live, returned)
                     outcome, error = Outcome.ACK, ""
+                except _ResultRefused as exc:
+                    outcome, error = Outcome.NACK, str(exc)
+                    _log_outcome(
+                        self, running, logging.ERROR, "returned a value it cannot store", error
+                    )
                 except RetryTaskError as exc:
                     outcome = Outcome.NACK
                     running.congested = exc.congestion
@@ -845,7 +905,31 @@ class Worker(Fencing):
                 stuck = watchdog.exited(running, now)
                 if stuck is not None:
                     self._fence_stuck(stuck)
-            self._finish_handler(live, key, running, outcome, error, delay, finished)
+            self._finish_handler(live, key, running, outcome, error, delay, finished, result)
+
+    def _result_value(self, live: StreamDriver, returned: object) -> bytes | None:
+        """What a handler's return value stores with its SUCCEEDED task: bytes
+        or str (as UTF-8); None stores nothing. Other types are not results
+        (handlers written before results existed return anything): ignored
+        with one warning per type. Too large: `_ResultRefused`."""
+        if returned is None:
+            return None
+        if not isinstance(returned, bytes | bytearray | memoryview | str):
+            name = type(returned).__qualname__
+            if name not in self._ignored_returns:
+                self._ignored_returns.add(name)
+                log.warning(
+                    "a handler of queue %r returned a %s; only bytes or str are stored as"
+                    " the task's result, so it is ignored (warned once per type)",
+                    self._queue_name,
+                    name,
+                )
+            return None
+        try:
+            data = encode_result(returned)
+        except InvalidArgumentError as exc:
+            raise _ResultRefused(f"the handler's return value cannot be stored: {exc}") from None
+        return result_for_minor(data, live.session.minor)
 
     def _finish_handler(
         self,
@@ -856,6 +940,7 @@ class Worker(Fencing):
         error: str,
         delay: float | None,
         finished: bool,
+        result: bytes | None = None,
     ) -> None:
         now = anyio.current_time()
         if self._running.get(key) is running:
@@ -875,7 +960,9 @@ class Worker(Fencing):
             self._rebalance()
         session = live.session
         if session.holds(key) and session.state in (State.ACTIVE, State.DRAINING):
-            live.act(session.settle(key, outcome, now, error=error, retry_delay=delay))
+            live.act(
+                session.settle(key, outcome, now, error=error, retry_delay=delay, result=result)
+            )
         elif session.state is not State.ERROR:
             # Lost, or its stream ended: nothing to settle, but its slot frees.
             live.act(session.handler_exited(key, now))
@@ -934,6 +1021,32 @@ class Worker(Fencing):
         running = self._running.get(key)
         if running is not None:
             self._cancel(running, why)
+
+    def _task_cancelled(self, key: LeaseKey) -> None:
+        # Not an error: someone chose to stop this task (CancelTask).
+        running = self._running.get(key)
+        if running is not None:
+            _log_outcome(
+                self,
+                running,
+                logging.INFO,
+                "was cancelled by an operator",
+                "its handler is being cancelled",
+            )
+            return
+        log.info(
+            "task %s (attempt %d) of queue %r was cancelled by an operator; its handler had"
+            " finished, and its outcome was not stored",
+            key.task_id,
+            key.attempt,
+            self._queue_name,
+            extra={
+                "ringo_task_id": key.task_id,
+                "ringo_queue": self._queue_name,
+                "ringo_attempt": key.attempt,
+                "ringo_worker_id": self.worker_id,
+            },
+        )
 
     def _cancel_all_handlers(self, why: str) -> None:
         for running in [*self._running.values(), *self._orphans]:

@@ -26,6 +26,7 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTasksResponse,
 )
 
+from . import _validate as v
 from ._wakeups import QueueWakeups
 from .storage._base import Storage
 
@@ -53,10 +54,29 @@ class Operations:
     # -- operations ----------------------------------------------------------
 
     async def cancel_task(self, message: CancelTaskRequest, now: datetime) -> CancelTaskResponse:
-        raise NotImplementedError("CancelTask")
+        queue = v.name(message.queue, "queue")
+        task_id, unique_key = v.lookup(message.task_id, message.unique_key)
+        reason = v.cancel_reason(message.reason)
+        task = await self._storage.cancel(
+            queue, reason, now, task_id=task_id, unique_key=unique_key
+        )
+        # Nothing to wake: a cancel makes no task claimable. A LEASED task's
+        # worker learns it at its next renewal or settlement (LeaseLost).
+        return CancelTaskResponse(task=task)
 
     async def retry_tasks(self, message: RetryTasksRequest, now: datetime) -> RetryTasksResponse:
-        raise NotImplementedError("RetryTasks")
+        queue = v.name(message.queue, "queue")
+        task_types = v.task_types(message.task_types)
+        limit = v.batch_limit(message.limit)
+        retried = await self._storage.retry_dead(
+            queue, task_types, message.finished_before, limit, now
+        )
+        if retried:
+            self._wakeups.notify(queue)
+        # A full batch may have left more behind; the caller asks again (the
+        # SDK fixes finished_before first, so tasks dying meanwhile do not
+        # keep it going).
+        return RetryTasksResponse(retried_count=retried, more=retried >= limit)
 
     # -- purge ---------------------------------------------------------------
 

@@ -22,12 +22,17 @@ any stage leaves every task exactly as it was:
 
 Only then does the method call the storage engine, with ``now`` read once
 from the daemon's single `Clock`. Engine conditions map one-to-one onto
-status codes (`NotFound` → ``NOT_FOUND``, `LeaseLost` → ``ABORTED``,
+status codes (`NotFound` → ``NOT_FOUND``, `LeaseLost` → ``ABORTED`` — its
+message ends "(reason: cancelled)" when the task was cancelled —,
 `FailedPrecondition` → ``FAILED_PRECONDITION``, `StorageFull` — no room to
 write, nothing written — → ``RESOURCE_EXHAUSTED``, `StorageUnavailable` — the
 database cannot be reached — → ``UNAVAILABLE``); anything unexpected is
 logged with its traceback and answered ``INTERNAL`` — a bug costs one call,
 never the daemon.
+
+A call below minor 9 knows no CANCELLED state: GetTask, RetryTask and an
+enqueue's duplicate show it such a task as DEAD (`_as_seen_at`), and an
+``AckRequest.result`` it sets is refused ``UNIMPLEMENTED``.
 
 Long-poll claims
 ----------------
@@ -68,6 +73,7 @@ AttachLocal
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -132,11 +138,17 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTasksResponse,
     Task,
     TaskSpec,
+    TaskState,
     WorkRequest,
     WorkResponse,
 )
 from ringo_trio._version import SDK_VERSION
-from ringo_trio._wire.protocol import ACTIVITY_MINOR, DUE_ONLY_ACTIVITY_MINOR, OPERATE_MINOR
+from ringo_trio._wire.protocol import (
+    ACTIVITY_MINOR,
+    CANCELLED_REASON,
+    DUE_ONLY_ACTIVITY_MINOR,
+    OPERATE_MINOR,
+)
 
 from . import _validate as v
 from ._clock import Clock
@@ -183,6 +195,15 @@ _SCHEDULE_SLACK = 0.002
 _INCONSISTENT_WAKEUP_RETRY = 0.05
 # How long before the client's own deadline a long-poll gives up waiting.
 _DEADLINE_MARGIN = 0.25
+
+
+def _as_seen_at(minor: int, task: Task) -> Task:
+    """`task` as a call at `minor` may see it: a session below minor 9 has no
+    CANCELLED state, so it is shown such a task as DEAD (terminal too, and
+    retry brings it back just the same)."""
+    if minor < OPERATE_MINOR and task.state == TaskState.CANCELLED:
+        return dataclasses.replace(task, state=TaskState.DEAD)
+    return task
 
 
 class _ContextRejected(Exception):
@@ -247,6 +268,11 @@ def _rpc(method: _Method[_Service, _Req, _Resp]) -> _Method[_Service, _Req, _Res
         except NotFound as exc:
             raise GRPCError(Status.NOT_FOUND, str(exc) or "no such task") from None
         except LeaseLost as exc:
+            if exc.cancelled:
+                # The SDK tells the lease's holder why: the detail names the reason.
+                raise GRPCError(
+                    Status.ABORTED, f"{exc or 'the lease is gone'} (reason: {CANCELLED_REASON})"
+                ) from None
             raise GRPCError(
                 Status.ABORTED, str(exc) or "the lease is not the task's current lease"
             ) from None
@@ -341,6 +367,11 @@ class QueueService(QueueServiceBase):
         self._session_minor(context, now)
         return now
 
+    def _admit_at(self, context: RequestContext | None) -> tuple[datetime, int]:
+        """`_admit`, and the minor the call runs at."""
+        now = self._clock.now()
+        return now, self._session_minor(context, now)
+
     def _session_minor(self, context: RequestContext | None, now: datetime) -> int:
         """The minor this call runs at, or `_ContextRejected`."""
         if context is None:
@@ -384,17 +415,19 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def enqueue(self, message: EnqueueRequest) -> EnqueueResponse:
-        now = self._admit(message.context)
+        now, minor = self._admit_at(message.context)
         queue = v.name(message.queue, "queue")
         spec = v.task_spec(message.task, "task", now)
         [outcome] = await self._storage.enqueue(queue, [spec], now)
         if outcome.created:
             self._wakeups.notify(queue)
-        return EnqueueResponse(result=EnqueueResult(task=outcome.task, created=outcome.created))
+        return EnqueueResponse(
+            result=EnqueueResult(task=_as_seen_at(minor, outcome.task), created=outcome.created)
+        )
 
     @_rpc
     async def enqueue_many(self, message: EnqueueManyRequest) -> EnqueueManyResponse:
-        now = self._admit(message.context)
+        now, minor = self._admit_at(message.context)
         queue = v.name(message.queue, "queue")
         specs = v.task_specs(message.tasks, "tasks", now)
         echo = sum(_echo_size_bound(queue, spec) for spec in specs)
@@ -411,25 +444,27 @@ class QueueService(QueueServiceBase):
         if created:
             self._wakeups.notify(queue)
         return _EncodedEnqueueMany(
-            [(o.task, o.created) for o in outcomes], created, len(outcomes) - created
+            [(_as_seen_at(minor, o.task), o.created) for o in outcomes],
+            created,
+            len(outcomes) - created,
         )
 
     @_rpc
     async def get_task(self, message: GetTaskRequest) -> GetTaskResponse:
-        self._admit(message.context)
+        _, minor = self._admit_at(message.context)
         queue = v.name(message.queue, "queue")
         task_id, unique_key = v.lookup(message.task_id, message.unique_key)
         task = await self._storage.get(queue, task_id=task_id, unique_key=unique_key)
-        return GetTaskResponse(task=task)
+        return GetTaskResponse(task=_as_seen_at(minor, task))
 
     @_rpc
     async def retry_task(self, message: RetryTaskRequest) -> RetryTaskResponse:
-        now = self._admit(message.context)
+        now, minor = self._admit_at(message.context)
         queue = v.name(message.queue, "queue")
         task_id, unique_key = v.lookup(message.task_id, message.unique_key)
         task = await self._storage.retry(queue, now, task_id=task_id, unique_key=unique_key)
         self._wakeups.notify(queue)
-        return RetryTaskResponse(task=task)
+        return RetryTaskResponse(task=_as_seen_at(minor, task))
 
     # -- leases ------------------------------------------------------------
 
@@ -501,7 +536,14 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def ack(self, message: AckRequest) -> AckResponse:
-        await self.apply_ack(message, self._admit(message.context))
+        now, minor = self._admit_at(message.context)
+        if message.result is not None and minor < OPERATE_MINOR:
+            raise GRPCError(
+                Status.UNIMPLEMENTED,
+                f"Ack result needs protocol minor {OPERATE_MINOR};"
+                f" this session runs at minor {minor}",
+            )
+        await self.apply_ack(message, now)
         return AckResponse()
 
     @_rpc
@@ -529,7 +571,9 @@ class QueueService(QueueServiceBase):
     # (a Work stream once, at registration) and maps the failures.
 
     async def apply_ack(self, message: AckRequest, now: datetime) -> None:
-        await self._storage.ack(v.lease_ref(message.lease), now)
+        """The caller has checked that its minor allows a result."""
+        ref = v.lease_ref(message.lease)
+        await self._storage.ack(ref, now, v.result_value(message.result))
 
     async def apply_nack(self, message: NackRequest, now: datetime) -> None:
         ref = v.lease_ref(message.lease)

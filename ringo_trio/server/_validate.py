@@ -29,6 +29,8 @@ from ringo_trio._proto.ringo.v1 import (
 __all__ = [
     "ClaimArgs",
     "FieldError",
+    "batch_limit",
+    "cancel_reason",
     "claim_args",
     "duration",
     "error_text",
@@ -36,6 +38,7 @@ __all__ = [
     "lookup",
     "name",
     "progress_values",
+    "result_value",
     "task_spec",
     "task_specs",
     "task_types",
@@ -246,3 +249,28 @@ def claim_args(request: ClaimRequest) -> ClaimArgs:
         wait_timeout=wait if wait is not None else _ZERO,
         lease_duration=lease if lease is not None else limits.DEFAULT_LEASE,
     )
+
+
+def cancel_reason(value: str, path: str = "reason") -> str:
+    """CancelTask's reason: stored as the task's last_error, so its limit."""
+    _bounded_text(value, path, limits.MAX_ERROR_BYTES)
+    return value
+
+
+def batch_limit(value: int, path: str = "limit") -> int:
+    """How many tasks one bulk call (RetryTasks, DeleteTasks) changes: 0 means
+    `MAX_DELETE_BATCH`, more is refused."""
+    if value == 0:
+        return limits.MAX_DELETE_BATCH
+    if value > limits.MAX_DELETE_BATCH:
+        raise FieldError(path, f"{value} exceeds the limit of {limits.MAX_DELETE_BATCH}")
+    return value
+
+
+def result_value(value: bytes | None, path: str = "result") -> bytes | None:
+    """A handler's return value (AckRequest.result); None when unset."""
+    if value is not None and len(value) > limits.MAX_RESULT_BYTES:
+        raise FieldError(
+            path, f"{len(value)} bytes exceeds the {limits.MAX_RESULT_BYTES}-byte limit"
+        )
+    return value

@@ -26,7 +26,9 @@ read: results come back in command order, with no task switch per command.
 Lease commands run the unary RPCs' own operations (`LeaseOps`, implemented by
 `QueueService`), with the same validation, storage call and wake-ups; the
 embedded ``context`` of a command is ignored (registration admitted the
-stream). A failure becomes the result's `ErrorDetail` and the stream goes
+stream). A failure becomes the result's `ErrorDetail` (a lease that ended because
+its task was cancelled: ``LEASE_LOST`` with ``metadata.reason =
+"cancelled"``) and the stream goes
 on — except when storage is unavailable (the database cannot be reached):
 that command is answered ``UNAVAILABLE`` and the stream ends with status
 ``UNAVAILABLE``, as it does when the dispatcher's claim hits an outage, so the
@@ -137,6 +139,7 @@ from ringo_trio._proto.ringo.v1 import (
     ReleaseRequest,
     ReportProgressRequest,
     RequestContext,
+    TaskState,
     WorkerDrain,
     WorkerRegistered,
     WorkerRegistration,
@@ -145,7 +148,9 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResult,
 )
 from ringo_trio._wire.protocol import (
+    CANCELLED_REASON,
     CREDIT_CAPACITY_REASON,
+    OPERATE_MINOR,
     ORDERED_REQUEST_IDS_MINOR,
     RELEASE_MINOR,
     TARGET_CONCURRENCY_MINOR,
@@ -545,6 +550,15 @@ class _WorkStream:
             # The worker learns here that the lease is gone; it no longer
             # occupies one of its slots.
             self._settle(getattr(body, "lease", None))
+            if exc.cancelled:
+                # An operator cancelled the task: the worker cancels the
+                # handler and says why, rather than reporting a lost lease.
+                return _error_frame(
+                    request_id,
+                    ErrorCode.LEASE_LOST,
+                    str(exc) or "the task was cancelled",
+                    reason=CANCELLED_REASON,
+                )
             return _error_frame(
                 request_id,
                 ErrorCode.LEASE_LOST,
@@ -582,6 +596,12 @@ class _WorkStream:
     # -- commands: each returns the Lease a result carries, if any ------------
 
     async def _ack(self, body: AckRequest) -> None:
+        if body.result is not None and self._minor < OPERATE_MINOR:
+            raise _Refused(
+                ErrorCode.INCOMPATIBLE_VERSION,
+                f"ack result needs protocol minor {OPERATE_MINOR}; this stream runs at minor"
+                f" {self._minor}",
+            )
         await self._owner.ops.apply_ack(body, self._owner.clock.now())
         self._settle(body.lease)
 
@@ -606,9 +626,23 @@ class _WorkStream:
         v.lease_ref(ref, "lease")
         owner = self._owner
         if not await owner.storage.release([ref], owner.clock.now()):
-            raise LeaseLost("the lease is not the task's current lease")
+            raise await self._lost(ref)
         self._settle(ref)
         owner.wakeups.notify(self._queue)
+
+    async def _lost(self, ref: LeaseRef) -> LeaseLost:
+        """Why a release matched no lease (the bulk `Storage.release` does
+        not say): cancelled when the task is CANCELLED at the ref's attempt."""
+        try:
+            task = await self._owner.storage.get(self._queue, task_id=ref.task_id)
+        except NotFound:
+            task = None
+        if task is not None and task.state == TaskState.CANCELLED and task.attempt == ref.attempt:
+            return LeaseLost(
+                f"task {ref.task_id!r} attempt {ref.attempt}: the task was cancelled",
+                cancelled=True,
+            )
+        return LeaseLost("the lease is not the task's current lease")
 
     async def _extend(self, body: ExtendLeaseRequest) -> Lease:
         return await self._owner.ops.apply_extend(body, self._owner.clock.now())

@@ -46,11 +46,11 @@ class FaultyEngine(SQLiteEngine):
             raise RuntimeError("disk on fire")
         return await super().enqueue(queue, specs, now)
 
-    async def ack(self, ref: LeaseRef, now: datetime) -> Task:
+    async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
         self.ack_entered.set()
         if self.hold_acks is not None:
             await self.hold_acks.wait()
-        return await super().ack(ref, now)
+        return await super().ack(ref, now, result)
 
     async def close(self) -> None:
         self.closed = True

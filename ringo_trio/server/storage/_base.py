@@ -28,7 +28,9 @@ Rules every engine keeps (the shared storage test suite checks them):
   returns the existing task with `created=False` and changes nothing.
 * A `LeaseRef` changes a task only if `(task_id, attempt, lease_token)` is the
   task's *current* lease and the task is LEASED and the lease has not expired
-  at `now`; otherwise `LeaseLost` and nothing changes.
+  at `now`; otherwise `LeaseLost` and nothing changes. When the ref's task
+  is CANCELLED at the ref's very attempt, that `LeaseLost` says so
+  (`cancelled=True`); finding that out costs only the miss path.
 * An expired lease is never handed out again for the same attempt: claim
   first returns expired leases to PENDING/DEAD (as `expire_leases` does), then
   leases with a new attempt number and a fresh token.
@@ -205,8 +207,8 @@ class Storage(abc.ABC):
         task_id: str | None = None,
         unique_key: str | None = None,
     ) -> Task:
-        """Reactivate a SUCCEEDED or DEAD task. NotFound; FailedPrecondition
-        for a PENDING or LEASED task."""
+        """Reactivate a SUCCEEDED, DEAD or CANCELLED task (its result is
+        cleared). NotFound; FailedPrecondition for a PENDING or LEASED task."""
 
     # -- leases ------------------------------------------------------------
 
@@ -327,8 +329,9 @@ class Storage(abc.ABC):
         unique_key: str | None = None,
     ) -> Task:
         """PENDING or LEASED -> CANCELLED (finished_at = now, last_error
-        "cancelled: reason", lease cleared); CANCELLED is returned unchanged.
-        NotFound; FailedPrecondition for SUCCEEDED or DEAD."""
+        "cancelled: <reason>" or "cancelled" without one, lease and worker_id
+        cleared, attempt kept); CANCELLED is returned unchanged. NotFound;
+        FailedPrecondition for SUCCEEDED or DEAD."""
 
     @abc.abstractmethod
     async def retry_dead(
@@ -339,8 +342,10 @@ class Storage(abc.ABC):
         limit: int,
         now: datetime,
     ) -> int:
-        """Up to `limit` DEAD tasks (oldest finished first) back to PENDING, as
-        `retry` does for one, in one transaction; how many changed."""
+        """Up to `limit` DEAD tasks of `queue` (of `task_types`, empty: any;
+        finished before `finished_before`, None: any), oldest finished first,
+        back to PENDING as `retry` does for one, in one transaction; how many
+        changed. `watch` of other engines hears of it."""
 
     # -- purge and retention (minor 9) -------------------------------------
 

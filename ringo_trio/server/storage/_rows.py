@@ -238,6 +238,11 @@ def new_task(
     return task, row
 
 
+def cancelled_text(reason: str) -> str:
+    """A cancelled task's last_error."""
+    return f"cancelled: {reason}" if reason else "cancelled"
+
+
 def describe(queue: str, task_id: str | None, unique_key: str | None) -> str:
     if task_id is not None:
         return f"task {task_id!r} in queue {queue!r}"

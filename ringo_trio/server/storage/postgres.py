@@ -39,7 +39,16 @@ Concurrency, operation by operation (READ COMMITTED):
   once: one attempt ended, one backoff applied.
 * lease operations -- one `UPDATE ... WHERE <the live lease>`; a concurrent
   change to the row makes the guard be re-evaluated on the new version, so a
-  stale ref matches nothing (LeaseLost), whoever won.
+  stale ref matches nothing (LeaseLost), whoever won. Only on that miss a
+  second statement looks whether the ref's attempt ended by CancelTask
+  (`LeaseLost(cancelled=True)`), so the hot path pays nothing for it.
+* cancel -- the row is locked (`SELECT ... FOR UPDATE`), checked and made
+  CANCELLED with its lease cleared in one transaction: a lease operation
+  racing it either committed first (the cancel then sees SUCCEEDED/DEAD or a
+  new PENDING) or re-evaluates its guard on the CANCELLED row and misses.
+* bulk retry (`retry_dead`) -- one `UPDATE ... WHERE seq IN (SELECT ...
+  ORDER BY finished_at LIMIT n FOR UPDATE SKIP LOCKED)`, notifying the queue
+  once in the same statement.
 * enqueue -- one `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`
   (dedupe against a racing daemon is the unique index's), then a lookup of
   the keys that conflicted; deadlocks between two overlapping keyed batches
@@ -50,8 +59,8 @@ clock. A lease token is `gen_random_uuid()` without dashes: 32 hex digits,
 122 random bits, minted in the claiming statement.
 
 Cross-daemon wake-ups: every mutation that may make a task claimable
-(enqueue that created tasks, nack back to PENDING, retry, release, expiry
-back to PENDING) calls `pg_notify(channel, "<engine id> <queue>")` inside its
+(enqueue that created tasks, nack back to PENDING, retry and bulk retry,
+release, expiry back to PENDING) calls `pg_notify(channel, "<engine id> <queue>")` inside its
 own transaction, so the notification is delivered at commit and never for a
 rolled-back change. `watch` LISTENs on a dedicated connection and skips the
 engine's own notifications. One channel per schema (`ringo:<schema>`), so
@@ -101,6 +110,7 @@ from ._rows import (
     C_AVAILABLE,
     C_PRIORITY,
     C_SEQ,
+    CANCELLED,
     COLS,
     DEAD,
     LEASE_EXPIRED,
@@ -111,6 +121,7 @@ from ._rows import (
     STATES,
     SUCCEEDED,
     UINT32_MAX,
+    cancelled_text,
     describe,
     from_us,
     lease,
@@ -159,6 +170,8 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     # "database does not allow connections" / "is being shut down" at connect.
     asyncpg.exceptions.ObjectNotInPrerequisiteStateError,
 )
+# finished_before unset: later than any time the daemon stores.
+_NO_CUTOFF = 2**63 - 1
 _TRANSIENT = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
 # Random, so TOAST cannot compress it: large enough to need pages of its own.
 _PROBE_SPEC = TaskSpec(task_type="probe", payload=secrets.token_bytes(16 * 1024))
@@ -442,6 +455,39 @@ class _Sql:
                 WHERE seq = $1 RETURNING {COLS}
             )
             SELECT r.*, {note("r.queue")} FROM r
+        """
+
+        # A LEASED task's lease goes with it: the worker's next command on
+        # it matches no row, and `cancelled_at` tells it why.
+        self.cancel = f"""
+            UPDATE {t} SET state = {CANCELLED}, finished_at = $2, last_error = $3,
+                worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
+            WHERE seq = $1 RETURNING {COLS}
+        """
+        self.by_seq = f"SELECT {COLS} FROM {t} WHERE seq = $1"
+        # The miss path of a lease operation: did that very attempt end by
+        # CancelTask?
+        self.cancelled_at = (
+            f"SELECT 1 FROM {t} WHERE id = $1 AND state = {CANCELLED} AND attempt = $2"
+        )
+        # The $3 oldest DEAD tasks of queue $1 finished before $2 back to
+        # PENDING at $4, as `retry` does for one; the walk follows the
+        # finished-task index. One notification for the queue if any changed.
+        self.retry_dead = f"""
+            WITH r AS (
+                UPDATE {t} SET state = {PENDING}, available_at = $4, finished_at = NULL,
+                    max_attempts = least(attempt + base_max_attempts, {UINT32_MAX}),
+                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $4,
+                    result = NULL
+                WHERE seq IN (
+                    SELECT seq FROM {t}
+                    WHERE queue = $1 AND state = {DEAD} AND finished_at < $2
+                        {_types_filter(5)}
+                    ORDER BY finished_at, seq LIMIT $3
+                    FOR UPDATE SKIP LOCKED)
+                RETURNING seq
+            ), n AS (SELECT count(*) AS changed FROM r)
+            SELECT n.changed, CASE WHEN n.changed > 0 THEN {note("$1")} END FROM n
         """
 
         # The queue's distinct PENDING priorities, highest first, one index
@@ -767,10 +813,10 @@ class PostgresEngine(Storage):
                 found = await conn.fetchrow(self._sql.lock_by_key, queue, unique_key)
             if found is None:
                 raise NotFound(describe(queue, task_id, unique_key))
-            if found[1] not in (SUCCEEDED, DEAD) and not stuck(found[2], found[3]):
+            if found[1] not in (SUCCEEDED, DEAD, CANCELLED) and not stuck(found[2], found[3]):
                 raise FailedPrecondition(
                     f"{describe(queue, task_id, unique_key)} is {STATES[found[1]].name};"
-                    " only SUCCEEDED or DEAD tasks (or stuck ones) can be retried"
+                    " only SUCCEEDED, DEAD or CANCELLED tasks (or stuck ones) can be retried"
                 )
             return row_task(await conn.fetchrow(self._sql.retry, found[0], now_us))
 
@@ -809,11 +855,22 @@ class PostgresEngine(Storage):
             sql, ref.task_id, ref.attempt, ref.lease_token, to_us(now), *extra
         )
         if row is None:
-            raise LeaseLost(
-                f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease,"
-                " or it has expired"
-            )
+            raise await self._lost(ref)
         return build(row)
+
+    async def _lost(self, ref: LeaseRef) -> LeaseLost:
+        """The LeaseLost for a ref whose lease operation matched no row,
+        telling whether that very attempt ended by CancelTask (one more
+        statement, on the miss path only)."""
+        if await self._fetchrow(self._sql.cancelled_at, ref.task_id, ref.attempt) is not None:
+            return LeaseLost(
+                f"task {ref.task_id!r} attempt {ref.attempt}: the task was cancelled",
+                cancelled=True,
+            )
+        return LeaseLost(
+            f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease,"
+            " or it has expired"
+        )
 
     async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
         return await self._settle(self._sql.ack, row_task, ref, now, result)
@@ -968,7 +1025,27 @@ class PostgresEngine(Storage):
         task_id: str | None = None,
         unique_key: str | None = None,
     ) -> Task:
-        raise NotImplementedError("cancel")
+        _one_lookup(task_id, unique_key)
+        async with self._conn() as conn, conn.transaction():
+            # Locked, so a claim or settlement racing the cancel either ran
+            # before (and the cancel sees its outcome) or waits and then
+            # matches no row.
+            if task_id is not None:
+                found = await conn.fetchrow(self._sql.lock_by_id, queue, task_id)
+            else:
+                found = await conn.fetchrow(self._sql.lock_by_key, queue, unique_key)
+            if found is None:
+                raise NotFound(describe(queue, task_id, unique_key))
+            seq, state = found[0], found[1]
+            if state == CANCELLED:
+                return row_task(await conn.fetchrow(self._sql.by_seq, seq))
+            if state not in (PENDING, LEASED):
+                raise FailedPrecondition(
+                    f"{describe(queue, task_id, unique_key)} is {STATES[state].name};"
+                    " only PENDING or LEASED tasks can be cancelled"
+                )
+            row = await conn.fetchrow(self._sql.cancel, seq, to_us(now), cancelled_text(reason))
+            return row_task(row)
 
     async def retry_dead(
         self,
@@ -978,7 +1055,13 @@ class PostgresEngine(Storage):
         limit: int,
         now: datetime,
     ) -> int:
-        raise NotImplementedError("retry_dead")
+        if limit <= 0:
+            return 0
+        before = _NO_CUTOFF if finished_before is None else to_us(finished_before)
+        row = await self._fetchrow(
+            self._sql.retry_dead, queue, before, limit, to_us(now), _types(task_types)
+        )
+        return int(row[0])
 
     # -- purge and retention (DeleteTasks, ringod --retain-*) ----------------
 

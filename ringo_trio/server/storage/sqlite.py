@@ -39,11 +39,19 @@ restarts and databases without coordination. Lease tokens are
 whole batch.
 
 Retry budget: a task keeps the `max_attempts` it was enqueued with as its
-base; retrying a SUCCEEDED or DEAD task sets `max_attempts = attempt + base`,
-i.e. it gets the same number of attempts again, and `attempt` keeps counting.
-`last_error` and `progress` describe the latest attempt that set them and are
-kept across attempts and retries; `worker_id` and `lease_until` exist only
-while LEASED.
+base; retrying a SUCCEEDED, DEAD or CANCELLED task sets `max_attempts =
+attempt + base`, i.e. it gets the same number of attempts again, and `attempt`
+keeps counting. `last_error` and `progress` describe the latest attempt that
+set them and are kept across attempts and retries; `worker_id` and
+`lease_until` exist only while LEASED; `result` only while SUCCEEDED.
+
+Cancel: a PENDING or LEASED task becomes CANCELLED in one UPDATE that also
+clears its lease, so the worker's next command on that lease matches no row.
+Only then — on the miss path, never on the hot path — the engine looks
+whether the ref's task is CANCELLED at that very attempt, and says so in the
+`LeaseLost` (`cancelled=True`). Bulk retry of DEAD tasks (`retry_dead`)
+walks the finished-task index oldest finished first and updates at most
+`limit` rows in one transaction.
 
 Schema: `PRAGMA user_version` is the schema version; `_MIGRATIONS[i]` takes
 the database from version i to i + 1. Open applies the missing migrations in
@@ -88,6 +96,7 @@ from ._base import (
 from ._rows import C_AVAILABLE as _C_AVAILABLE
 from ._rows import C_PRIORITY as _C_PRIORITY
 from ._rows import C_SEQ as _C_SEQ
+from ._rows import CANCELLED as _CANCELLED
 from ._rows import COLS as _COLS
 from ._rows import DEAD as _DEAD
 from ._rows import LEASE_EXPIRED as _LEASE_EXPIRED
@@ -98,6 +107,7 @@ from ._rows import PENDING as _PENDING
 from ._rows import STATES as _STATES
 from ._rows import SUCCEEDED as _SUCCEEDED
 from ._rows import UINT32_MAX as _UINT32_MAX
+from ._rows import cancelled_text as _cancelled_text
 from ._rows import describe as _describe
 from ._rows import from_us as _from_us
 from ._rows import lease as _lease
@@ -126,6 +136,9 @@ _COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
 # Spelled exactly so in the index and in its queries: SQLite uses a partial
 # index only for a query whose WHERE contains the index's own term.
 _ACTIVE = f"state IN ({_PENDING}, {_LEASED})"
+# The term of the finished-task indexes (purge and retention); bulk retry
+# walks the same index, so its query spells the term alike.
+_FINISHED_TERM = f"state IN ({_SUCCEEDED}, {_DEAD}, {_CANCELLED})"
 
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -249,6 +262,31 @@ _RETRY = f"""
 """
 
 
+# A LEASED task's lease goes with it: the worker's next command on the lease
+# matches no row, and `_lost` tells it why.
+_CANCEL = f"""
+    UPDATE tasks SET state = {_CANCELLED}, finished_at = :now, last_error = :error,
+        worker_id = '', lease_token = '', lease_until = NULL, updated_at = :now
+    WHERE seq = :seq RETURNING {_COLS}
+"""
+# Whether a ref's attempt ended by CancelTask: the miss path of a lease
+# operation only, so the hot path runs no extra statement.
+_CANCELLED_AT = f"SELECT 1 FROM tasks WHERE id = :id AND state = {_CANCELLED} AND attempt = :attempt"
+# The oldest DEAD tasks of a queue (finished_at < :before) back to PENDING,
+# as `_RETRY` does for one; the walk follows the finished-task index.
+_RETRY_DEAD = """
+    UPDATE tasks SET state = {pending}, available_at = :now, finished_at = NULL,
+        max_attempts = min(attempt + base_max_attempts, {uint32_max}), worker_id = '',
+        lease_token = '', lease_until = NULL, updated_at = :now, result = NULL
+    WHERE seq IN (
+        SELECT seq FROM tasks
+        WHERE {finished} AND queue = :queue AND state = {dead} AND finished_at < :before{types}
+        ORDER BY finished_at, seq LIMIT :limit)
+"""
+# finished_before unset: later than any time the daemon stores.
+_NO_CUTOFF = 2**63 - 1
+
+
 def _types_clause(task_types: Sequence[str]) -> tuple[str, dict[str, str]]:
     """An `AND task_type IN (...)` filter and its named parameters."""
     if not task_types:
@@ -332,6 +370,22 @@ def _find(
     if row is None:
         raise NotFound(_describe(queue, task_id, unique_key))
     return row
+
+
+def _lost(db: sqlite3.Connection, ref: LeaseRef) -> LeaseLost:
+    """The LeaseLost for a ref whose lease operation matched no row, telling
+    whether that very attempt ended by CancelTask."""
+    cancelled = (
+        db.execute(_CANCELLED_AT, {"id": ref.task_id, "attempt": ref.attempt}).fetchone()
+        is not None
+    )
+    if cancelled:
+        return LeaseLost(
+            f"task {ref.task_id!r} attempt {ref.attempt}: the task was cancelled", cancelled=True
+        )
+    return LeaseLost(
+        f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease, or it has expired"
+    )
 
 
 def _make_private(path: Path) -> None:
@@ -487,10 +541,10 @@ class SQLiteEngine(Storage):
         now_us = _to_us(now)
         with self._write() as db:
             row = _find(db, "seq, state, available_at, lease_until", queue, task_id, unique_key)
-            if row[1] not in (_SUCCEEDED, _DEAD) and not _stuck(row[2], row[3]):
+            if row[1] not in (_SUCCEEDED, _DEAD, _CANCELLED) and not _stuck(row[2], row[3]):
                 raise FailedPrecondition(
                     f"{_describe(queue, task_id, unique_key)} is {_STATES[row[1]].name};"
-                    " only SUCCEEDED or DEAD tasks (or stuck ones) can be retried"
+                    " only SUCCEEDED, DEAD or CANCELLED tasks (or stuck ones) can be retried"
                 )
             updated = db.execute(_RETRY, {"seq": row[0], "now": now_us}).fetchone()
             return _row_task(updated)
@@ -554,10 +608,7 @@ class SQLiteEngine(Storage):
         with self._write() as db:
             row = db.execute(sql, args).fetchone()
             if row is None:
-                raise LeaseLost(
-                    f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease,"
-                    " or it has expired"
-                )
+                raise _lost(db, ref)
             return build(row)
 
     async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
@@ -702,7 +753,20 @@ class SQLiteEngine(Storage):
         task_id: str | None = None,
         unique_key: str | None = None,
     ) -> Task:
-        raise NotImplementedError("cancel")
+        now_us = _to_us(now)
+        with self._write() as db:
+            seq, state = _find(db, "seq, state", queue, task_id, unique_key)
+            if state == _CANCELLED:
+                return _row_task(
+                    db.execute(f"SELECT {_COLS} FROM tasks WHERE seq = ?", (seq,)).fetchone()
+                )
+            if state not in (_PENDING, _LEASED):
+                raise FailedPrecondition(
+                    f"{_describe(queue, task_id, unique_key)} is {_STATES[state].name};"
+                    " only PENDING or LEASED tasks can be cancelled"
+                )
+            args = {"seq": seq, "now": now_us, "error": _cancelled_text(reason)}
+            return _row_task(db.execute(_CANCEL, args).fetchone())
 
     async def retry_dead(
         self,
@@ -712,7 +776,25 @@ class SQLiteEngine(Storage):
         limit: int,
         now: datetime,
     ) -> int:
-        raise NotImplementedError("retry_dead")
+        if limit <= 0:
+            return 0
+        types_clause, params = _types_clause(task_types)
+        sql = _RETRY_DEAD.format(
+            pending=_PENDING,
+            uint32_max=_UINT32_MAX,
+            finished=_FINISHED_TERM,
+            dead=_DEAD,
+            types=types_clause,
+        )
+        args: dict[str, Any] = {
+            **params,
+            "queue": queue,
+            "now": _to_us(now),
+            "before": _NO_CUTOFF if finished_before is None else _to_us(finished_before),
+            "limit": limit,
+        }
+        with self._write() as db:
+            return int(db.execute(sql, args).rowcount)
 
     # -- purge and retention (DeleteTasks, ringod --retain-*) ----------------
 
