@@ -94,7 +94,8 @@ def test_only_the_cancelled_attempt_is_told_cancelled(
     assert engine.expire_leases(clock.now()) == 1
     clock.advance(timedelta(minutes=10))  # past the backoff
     second = claim_one(engine, clock.now())
-    assert second.lease is not None and second.lease.attempt == 2
+    assert second.lease is not None
+    assert second.lease.attempt == 2
     with pytest.raises(LeaseLost) as stale:
         engine.ack(ref_of(first), clock.now())
     assert not stale.value.cancelled
@@ -132,7 +133,7 @@ def test_cancel_of_a_finished_task_is_refused(
     else:
         engine.reject(ref_of(lt), "no", clock.now())
     before = engine.get("q", task_id=out.task.id)
-    with pytest.raises(FailedPrecondition, match="SUCCEEDED|DEAD"):
+    with pytest.raises(FailedPrecondition, match=r"SUCCEEDED|DEAD"):
         engine.cancel("q", "", clock.now(), task_id=out.task.id)
     assert engine.get("q", task_id=out.task.id) == before
 
@@ -163,7 +164,8 @@ def test_retry_of_a_cancelled_task_makes_it_claimable(
     assert task.max_attempts == 1 + 2
     again = claim_one(engine, clock.now())
     assert again.task.id == out.task.id
-    assert again.lease is not None and again.lease.attempt == 2
+    assert again.lease is not None
+    assert again.lease.attempt == 2
 
 
 # -- results --------------------------------------------------------------------

@@ -868,8 +868,7 @@ class PostgresEngine(Storage):
                 cancelled=True,
             )
         return LeaseLost(
-            f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease,"
-            " or it has expired"
+            f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease, or it has expired"
         )
 
     async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:

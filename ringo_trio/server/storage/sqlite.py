@@ -271,7 +271,9 @@ _CANCEL = f"""
 """
 # Whether a ref's attempt ended by CancelTask: the miss path of a lease
 # operation only, so the hot path runs no extra statement.
-_CANCELLED_AT = f"SELECT 1 FROM tasks WHERE id = :id AND state = {_CANCELLED} AND attempt = :attempt"
+_CANCELLED_AT = (
+    f"SELECT 1 FROM tasks WHERE id = :id AND state = {_CANCELLED} AND attempt = :attempt"
+)
 # The oldest DEAD tasks of a queue (finished_at < :before) back to PENDING,
 # as `_RETRY` does for one; the walk follows the finished-task index.
 _RETRY_DEAD = """
