@@ -17,6 +17,10 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ._client import Ringo, RingoClient
+from ._durations import parse_duration
+from ._errors import InvalidArgumentError
+from ._limits import MAX_PAYLOAD_BYTES
+from ._models import Task, TaskSpec
 from ._supervise import TOKEN_ENV
 
 __all__ = ["add_commands", "OPS_COMMANDS"]
@@ -86,16 +90,102 @@ async def _tasks_show(args: argparse.Namespace) -> int:
     raise NotImplementedError("ringo tasks show")
 
 
+def _task_outcome(task: Task, **extra: object) -> dict[str, object]:
+    """What retry, cancel and enqueue print about the task they changed."""
+    return {
+        "id": task.id,
+        "queue": task.queue,
+        "task_type": task.task_type,
+        "unique_key": task.unique_key,
+        "state": task.state.value,
+        "attempt": task.attempt,
+        "max_attempts": task.max_attempts,
+        "last_error": task.last_error,
+        **extra,
+    }
+
+
+def _print_task_outcome(args: argparse.Namespace, task: Task, **extra: object) -> None:
+    document = _task_outcome(task, **extra)
+    if args.json:
+        print_json(document)
+    else:
+        print_table(list(document), [list(document.values())])
+
+
 async def _tasks_retry(args: argparse.Namespace) -> int:
-    raise NotImplementedError("ringo tasks retry")
+    if args.type and not args.all_dead:
+        raise InvalidArgumentError("--type filters --all-dead; a single task is named exactly")
+    async with open_client(args) as client:
+        queue = client.queue(args.queue)
+        if args.all_dead:
+            retried = await queue.retry_many(task_types=args.type or None)
+        elif args.key is not None:
+            task = await queue.retry(args.key)
+        else:
+            task = await queue.retry_by_id(args.task_id)
+    if not args.all_dead:
+        _print_task_outcome(args, task)
+    elif args.json:
+        print_json({"queue": args.queue, "retried": retried})
+    else:
+        sys.stdout.write(f"retried {retried} DEAD task(s) of queue {args.queue!r}\n")
+    return 0
 
 
 async def _tasks_cancel(args: argparse.Namespace) -> int:
-    raise NotImplementedError("ringo tasks cancel")
+    async with open_client(args) as client:
+        queue = client.queue(args.queue)
+        if args.key is not None:
+            task = await queue.cancel(args.key, reason=args.reason)
+        else:
+            task = await queue.cancel_by_id(args.task_id, reason=args.reason)
+    _print_task_outcome(args, task)
+    return 0
+
+
+def _read_payload(source: str) -> bytes:
+    """--payload: text as UTF-8, ``@FILE`` a file's bytes, ``-`` stdin; read
+    only up to one byte past the limit, so a huge input costs no memory."""
+    if source == "-":
+        data = sys.stdin.buffer.read(MAX_PAYLOAD_BYTES + 1)
+        where = "stdin"
+    elif source.startswith("@"):
+        with open(source[1:], "rb") as file:
+            data = file.read(MAX_PAYLOAD_BYTES + 1)
+        where = source[1:]
+    else:
+        return source.encode("utf-8")
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise InvalidArgumentError(
+            f"payload from {where} exceeds the {MAX_PAYLOAD_BYTES}-byte limit (MAX_PAYLOAD_BYTES)"
+        )
+    return data
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
-    raise NotImplementedError("ringo enqueue")
+    delay = None
+    if args.delay is not None:
+        try:
+            delay = parse_duration(args.delay)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"--delay: {exc}") from None
+    spec = TaskSpec(
+        task_type=args.task_type,
+        payload=_read_payload(args.payload),
+        unique_key=args.key,
+        max_attempts=args.max_attempts,
+        delay=delay,
+        priority=args.priority,
+    )
+    async with open_client(args) as client:
+        result = await client.queue(args.queue).enqueue(spec)
+    if args.json:
+        print_json(_task_outcome(result.task, created=result.created))
+    else:
+        how = "created" if result.created else "duplicate (the existing task)"
+        sys.stdout.write(f"{result.task.id} {how}\n")
+    return 0
 
 
 async def _tasks_purge(args: argparse.Namespace) -> int:

@@ -1,0 +1,311 @@
+"""Cancelling tasks, bulk retry and result values, from the SDK's side.
+
+The virtual-time tests run the daemon in process on trio's autojump clock
+(`RingoTestEnv`): the worker's renewals and the daemon's leases move with it,
+so "within one renewal interval" is measured in the clock the protocol runs
+on, at no real cost. The old-daemon tests need a real ``ringod`` started at
+minor 8.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from datetime import timedelta
+
+import pytest
+import trio
+import trio.testing
+
+from ringo_trio import (
+    FailedPreconditionError,
+    IncompatibleVersionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermanentTaskError,
+    Ringo,
+    Task,
+    TaskContext,
+    TaskSpec,
+    TaskState,
+)
+from ringo_trio import _limits as limits
+from ringo_trio.testing import RingoTestEnv, spawn_daemon
+
+from .test_worker import running, wait_states
+
+pytestmark = pytest.mark.trio
+
+LEASE = timedelta(seconds=9)
+# A renewal goes out when a third of the lease is left: every 2/3 of a lease.
+RENEWAL_INTERVAL = LEASE.total_seconds() * 2 / 3
+
+
+def _records(caplog: pytest.LogCaptureFixture, fragment: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if fragment in r.getMessage()]
+
+
+async def test_a_running_handler_is_cancelled_within_one_renewal_interval(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: cancelling a task whose handler runs cancels that handler through
+    its cancel scope no later than the lease's next renewal (one renewal interval
+    of virtual time after the cancel); ctx.is_cancelled is true when it sees the
+    cancellation; the worker logs "cancelled by an operator" at INFO, and nothing
+    at ERROR; the task stays CANCELLED (nothing is settled for it afterwards)."""
+    caplog.set_level(logging.INFO, logger="ringo_trio")
+    with trio.fail_after(10 * LEASE.total_seconds()):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("cancel-running")
+            task_id = (await queue.enqueue(task_type="t", unique_key="job")).task.id
+            started = trio.Event()
+            seen: dict[str, float | bool] = {}
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                started.set()
+                try:
+                    await trio.sleep_forever()
+                except trio.Cancelled:
+                    seen["at"] = trio.current_time()
+                    seen["ctx_cancelled"] = ctx.is_cancelled
+                    raise
+
+            worker = queue.worker(handle, lease_duration=LEASE)
+            async with running(worker):
+                await started.wait()
+                # Anywhere inside the renewal cycle, not just at its start.
+                await trio.sleep(1.5)
+                cancelled_at = trio.current_time()
+                task = await queue.cancel("job", reason="customer withdrew")
+                assert task.state is TaskState.CANCELLED
+                with trio.fail_after(2 * RENEWAL_INTERVAL):
+                    while "at" not in seen:
+                        await trio.sleep(0.1)
+                assert worker.running == 0
+            stored = await queue.get_by_id(task_id)
+    assert seen["ctx_cancelled"] is True
+    assert seen["at"] - cancelled_at <= RENEWAL_INTERVAL + 0.5  # type: ignore[operator]
+    assert stored.state is TaskState.CANCELLED
+    assert stored.last_error == "cancelled: customer withdrew"
+    assert stored.attempt == 1
+    [record] = _records(caplog, "cancelled by an operator")
+    assert record.levelno == logging.INFO
+    assert task_id in record.getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_an_ack_after_the_cancel_is_dropped_and_logged(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: a handler that returns after its task was cancelled (before any
+    renewal told the worker) is not resurrected: the ack is answered lease-lost
+    with reason cancelled, the task stays CANCELLED without a result, and the
+    worker logs at INFO that the outcome was not stored."""
+    caplog.set_level(logging.INFO, logger="ringo_trio")
+    with trio.fail_after(10 * LEASE.total_seconds()):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("cancel-late-ack")
+            task_id = (await queue.enqueue(task_type="t")).task.id
+            started, release = trio.Event(), trio.Event()
+
+            async def handle(task: Task, ctx: TaskContext) -> bytes:
+                started.set()
+                await release.wait()
+                return b"too late"
+
+            worker = queue.worker(handle, lease_duration=LEASE)
+            async with running(worker):
+                await started.wait()
+                await queue.cancel_by_id(task_id)
+                release.set()
+                with trio.fail_after(RENEWAL_INTERVAL):
+                    while not _records(caplog, "outcome was not stored"):
+                        await trio.sleep(0.1)
+            stored = await queue.get_by_id(task_id)
+    assert stored.state is TaskState.CANCELLED
+    assert stored.result is None
+    assert stored.last_error == "cancelled"
+    [record] = _records(caplog, "cancelled by an operator")
+    assert record.levelno == logging.INFO
+
+
+async def test_cancel_from_the_sdk(autojump_clock: trio.testing.MockClock) -> None:
+    """TaskQueue.cancel / cancel_by_id return the CANCELLED task; a cancelled task
+    is never handed to a worker; cancelling it again returns it unchanged; a
+    SUCCEEDED task is FailedPreconditionError, an unknown one NotFoundError; a
+    reason over MAX_ERROR_BYTES is refused before anything is sent; retry brings a
+    cancelled task back and it runs."""
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("cancel-sdk")
+            doomed = (await queue.enqueue(task_type="t", unique_key="d")).task
+            kept = (await queue.enqueue(task_type="t")).task
+            first = await queue.cancel_by_id(doomed.id, reason="dup")
+            assert first.state is TaskState.CANCELLED
+            assert first.finished_at is not None
+            assert await queue.cancel("d") == first
+            ran: list[str] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                ran.append(task.id)
+
+            await env.run_worker(queue, handle)
+            assert ran == [kept.id]
+            with pytest.raises(FailedPreconditionError, match="SUCCEEDED"):
+                await queue.cancel_by_id(kept.id)
+            with pytest.raises(NotFoundError):
+                await queue.cancel("nope")
+            with pytest.raises(InvalidArgumentError, match="reason"):
+                await queue.cancel("d", reason="x" * (limits.MAX_ERROR_BYTES + 1))
+            assert (await queue.retry("d")).state is TaskState.PENDING
+            await env.run_worker(queue, handle)
+            assert ran == [kept.id, doomed.id]
+            assert (await queue.get_by_id(doomed.id)).state is TaskState.SUCCEEDED
+
+
+async def test_retry_many_pages_until_every_dead_task_is_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """retry_many reactivates every DEAD task (of the given types) in batches of
+    batch_size, calling until the daemon has no more, and returns the total; tasks
+    of other types and states stay as they were."""
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("retry-many")
+            ids: dict[str, list[str]] = {}
+            for task_type, n in (("a", 5), ("b", 2)):
+                batch = await queue.enqueue_many(
+                    [TaskSpec(task_type, max_attempts=1) for _ in range(n)]
+                )
+                ids[task_type] = [r.task.id for r in batch.results]
+
+            async def fail(task: Task, ctx: TaskContext) -> None:
+                raise PermanentTaskError("no")
+
+            await env.run_worker(queue, fail)
+            pending = (await queue.enqueue(task_type="a")).task
+
+            async def states(task_type: str) -> list[TaskState]:
+                return [(await queue.get_by_id(i)).state for i in ids[task_type]]
+
+            assert await queue.retry_many(task_types=["a"], batch_size=2) == 5
+            assert await states("a") == [TaskState.PENDING] * 5
+            assert await states("b") == [TaskState.DEAD] * 2
+            assert (await queue.get_by_id(pending.id)).state is TaskState.PENDING
+            assert await queue.retry_many(finished_before=env.now()) == 2
+            assert await states("b") == [TaskState.PENDING] * 2
+            assert await queue.retry_many() == 0
+            with pytest.raises(InvalidArgumentError, match="batch_size"):
+                await queue.retry_many(batch_size=limits.MAX_DELETE_BATCH + 1)
+
+
+# -- result values ------------------------------------------------------------------
+
+
+async def test_what_a_handler_returns_is_the_tasks_result(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: a handler's bytes come back as the SUCCEEDED task's result, a str
+    as its UTF-8 bytes; None stores none; any other type is ignored with one
+    WARNING naming the type (the task still succeeds); a value over
+    MAX_RESULT_BYTES fails the attempt like an exception — nacked with an error
+    naming the limit, logged at ERROR — and the task is not SUCCEEDED. Retry
+    clears a stored result."""
+    caplog.set_level(logging.INFO, logger="ringo_trio")
+    returns: dict[str, object] = {
+        "bytes": b"\x00\xffraw",
+        "text": "naïve ✓",
+        "none": None,
+        "dict": {"not": "a result"},
+        "dict2": {"still": "not"},
+        "huge": b"x" * (limits.MAX_RESULT_BYTES + 1),
+    }
+    with trio.fail_after(120):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("results")
+            ids = {
+                kind: (await queue.enqueue(task_type=kind, max_attempts=1)).task.id
+                for kind in returns
+            }
+
+            async def handle(task: Task, ctx: TaskContext) -> object:
+                return returns[task.task_type]
+
+            await env.run_worker(queue, handle)
+            tasks = {kind: await queue.get_by_id(i) for kind, i in ids.items()}
+            assert tasks["bytes"].result == b"\x00\xffraw"
+            assert tasks["text"].result == "naïve ✓".encode()
+            for kind in ("none", "dict", "dict2"):
+                assert tasks[kind].state is TaskState.SUCCEEDED
+                assert tasks[kind].result is None
+            huge = tasks["huge"]
+            assert huge.state is TaskState.DEAD
+            assert huge.result is None
+            assert huge.last_error is not None
+            assert str(limits.MAX_RESULT_BYTES) in huge.last_error
+            assert (await queue.retry_by_id(ids["bytes"])).result is None
+            assert (await queue.get_by_id(ids["bytes"])).result is None
+    [warning] = _records(caplog, "returned a dict")
+    assert warning.levelno == logging.WARNING
+    [refused] = _records(caplog, "cannot store")
+    assert refused.levelno == logging.ERROR
+
+
+async def test_a_manual_ack_carries_a_result(autojump_clock: trio.testing.MockClock) -> None:
+    """LeasedTask.ack(result=...) stores bytes or a str (as UTF-8); a result over
+    MAX_RESULT_BYTES or of another type is InvalidArgumentError before anything is
+    sent, and the lease stays usable."""
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("manual-results")
+            first = (await queue.enqueue(task_type="t")).task
+            second = (await queue.enqueue(task_type="t")).task
+            [a, b] = await queue.claim(2)
+            with pytest.raises(InvalidArgumentError, match=str(limits.MAX_RESULT_BYTES)):
+                await a.ack(b"x" * (limits.MAX_RESULT_BYTES + 1))
+            with pytest.raises(InvalidArgumentError, match="bytes or str"):
+                await a.ack(42)  # type: ignore[arg-type]
+            await a.ack(b"one")
+            await b.ack(result="two")
+            assert (await queue.get_by_id(first.id)).result == b"one"
+            assert (await queue.get_by_id(second.id)).result == b"two"
+
+
+# -- an older daemon ---------------------------------------------------------------
+
+
+async def test_an_older_daemon_gets_acks_without_results(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Against a minor-8 daemon a returned result is dropped with one warning and
+    never fails the ack (worker and manual API alike); cancel and retry_many are
+    IncompatibleVersionError before anything is sent."""
+    caplog.set_level(logging.WARNING, logger="ringo_trio")
+    monkey = pytest.MonkeyPatch()
+    # One warning per process: start from a process that has not warned yet.
+    monkey.setattr("ringo_trio._work.worker._dropped_result_warned", False)
+    try:
+        with spawn_daemon(tmp_path / "old", protocol_minor=8) as daemon, trio.fail_after(60):
+            async with Ringo.connect(daemon.endpoint) as client:
+                assert client.protocol_minor == 8
+                queue = client.queue("old")
+                ids = [(await queue.enqueue(task_type="t")).task.id for _ in range(2)]
+
+                async def handle(task: Task, ctx: TaskContext) -> bytes:
+                    return b"kept nowhere"
+
+                async with running(queue.worker(handle)):
+                    await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=30)
+                ids.append((await queue.enqueue(task_type="t")).task.id)
+                [leased] = await queue.claim()
+                await leased.ack(result="dropped")
+                tasks = [await queue.get_by_id(i) for i in ids]
+                assert [t.state for t in tasks] == [TaskState.SUCCEEDED] * 3
+                assert [t.result for t in tasks] == [None] * 3
+                with pytest.raises(IncompatibleVersionError):
+                    await queue.cancel_by_id(ids[0])
+                with pytest.raises(IncompatibleVersionError):
+                    await queue.retry_many()
+    finally:
+        monkey.undo()
+    assert len(_records(caplog, "result values")) == 1
