@@ -9,7 +9,8 @@ No trio, no sockets, no clock: time is a number the tests pass in.
 * **A state machine** plays the session against `FakeDaemon`, a small model of
   a *correct* daemon (absolute credit, the ``credit_capacity`` rule, pushes
   while it has credit, ``LEASE_LOST`` for stale leases, leases expiring by
-  time or on demand). Commands reach the model at once; everything the model
+  time or on demand, leases an operator cancels — answered ``LEASE_LOST``
+  with reason ``cancelled``). Commands reach the model at once; everything the model
   says (results, pushes, heartbeats) waits in one ordered queue that a rule
   delivers, so results and pushes interleave in the daemon's order while the
   application settles, reports progress, resizes, drains and lets time pass.
@@ -38,8 +39,10 @@ from hypothesis.stateful import (
     rule,
 )
 
+from ringo_trio._wire.protocol import CANCELLED_REASON, OPERATE_MINOR
 from ringo_trio._work._session import (
     _TRANSITIONS,
+    CANCELLED_BY_OPERATOR,
     CREDIT_CAPACITY_REASON,
     MAX_CREDIT_REFUSALS,
     CancelHandler,
@@ -61,6 +64,7 @@ from ringo_trio._work._session import (
     Settle,
     StartHandler,
     State,
+    TaskCancelled,
     WorkSession,
 )
 
@@ -73,6 +77,7 @@ def frames(outputs: list[Output]) -> list[Output]:
 
 
 LEASE_LOST = CommandError("LEASE_LOST", "the lease is gone")
+CANCELLED = CommandError("LEASE_LOST", "the task was cancelled", CANCELLED_REASON)
 CAPACITY = CommandError("RESOURCE_EXHAUSTED", "over capacity", CREDIT_CAPACITY_REASON)
 
 Command = Credit | Settle | Extend | Progress | Drain
@@ -153,6 +158,10 @@ class FakeDaemon:
       lease stays in ``unsettled`` (the daemon cannot know the worker stopped
       working on it) until it is settled — whatever the outcome — or a
       command on it is answered ``LEASE_LOST``.
+    * An operator may cancel a task while it is leased: the lease ends at
+      once (the task is not handed out again) and every command on it is
+      answered ``LEASE_LOST`` with reason ``cancelled``.
+    * From minor 9 an ACK may carry a result; no other settlement does.
     """
 
     def __init__(
@@ -170,6 +179,7 @@ class FakeDaemon:
         self.available: deque[str] = deque()
         self.attempts: dict[str, int] = {}
         self.leases: dict[LeaseKey, ServerLease] = {}  # live leases only
+        self.cancelled: set[LeaseKey] = set()  # leases an operator cancelled
         self.unsettled: set[LeaseKey] = set()
         self.outbox: deque[Message] = deque()
         self.kinds: dict[int, CommandKind] = {}  # every command received
@@ -202,6 +212,14 @@ class FakeDaemon:
 
     def heartbeat(self) -> None:
         self.outbox.append(Heartbeat())
+
+    def operator_cancels(self, key: LeaseKey) -> None:
+        """CancelTask on a leased task: the lease ends, the task is done with."""
+        del self.leases[key]
+        self.cancelled.add(key)
+
+    def _lost(self, key: LeaseKey) -> CommandError:
+        return CANCELLED if key in self.cancelled else LEASE_LOST
 
     # -- the stream -------------------------------------------------------
 
@@ -262,9 +280,11 @@ class FakeDaemon:
     def _settle(self, frame: Settle) -> CommandError | None:
         if frame.outcome is Outcome.RELEASE and self.minor < 7:
             self.violations.append(f"release sent on a minor {self.minor} stream: {frame}")
+        if frame.result is not None and (frame.outcome is not Outcome.ACK or self.minor < 9):
+            self.violations.append(f"a result on a minor {self.minor} {frame.outcome}: {frame}")
         self.unsettled.discard(frame.key)
         if not self._live(frame.key, frame.lease_token):
-            return LEASE_LOST
+            return self._lost(frame.key)
         del self.leases[frame.key]
         if frame.outcome is Outcome.NACK:
             self.available.append(frame.key.task_id)
@@ -278,7 +298,7 @@ class FakeDaemon:
     def _on_lease(self, frame: Extend | Progress) -> CommandError | None:
         if not self._live(frame.key, frame.lease_token):
             self.unsettled.discard(frame.key)
-            return LEASE_LOST
+            return self._lost(frame.key)
         if isinstance(frame, Extend):
             self.leases[frame.key].until = self.now + frame.extension
         return None
@@ -318,6 +338,7 @@ class Tracked:
     stalled: bool = False  # the driver slept through the renewal point
     held: bool = True
     cancelled: bool = False
+    told_cancelled: bool = False  # the session said TaskCancelled for it
     settled: bool = False
     released: bool = False  # given back with a NACK after a late renewal
 
@@ -339,7 +360,7 @@ class SessionMachine(RuleBasedStateMachine):
         concurrency=st.integers(0, 4),
         max_concurrency=st.integers(1, 4),
         dynamic=st.booleans(),
-        minor=st.sampled_from([2, 5, 6, 7]),
+        minor=st.sampled_from([2, 5, 6, 7, OPERATE_MINOR]),
         lease=st.sampled_from([3.0, 6.0, 9.0]),
         timeout_leases=st.sampled_from([2.0, 5.0, 1000.0]),
         backlog=st.integers(0, 8),
@@ -435,6 +456,14 @@ class SessionMachine(RuleBasedStateMachine):
             elif isinstance(out, StartHandler):
                 if source != "push":
                     self.violations.append(f"{out} without a push")
+            elif isinstance(out, TaskCancelled):
+                tracked = self.leases.get(out.key)
+                if out.key not in self.daemon.cancelled or source != "result":
+                    self.violations.append(f"{out} for a task nobody cancelled ({source})")
+                elif tracked is None or tracked.told_cancelled:
+                    self.violations.append(f"{out} told twice")
+                else:
+                    tracked.told_cancelled = True
             elif isinstance(out, CommandDone) and source != "result":
                 self.violations.append(f"{out} outside a result")
 
@@ -511,6 +540,17 @@ class SessionMachine(RuleBasedStateMachine):
             expected = []
         if done != expected:
             self.violations.append(f"result {rid} ({sent.kind}) reported as {done}")
+        if error == CANCELLED:
+            # An operator's cancel is told as such: before the handler it
+            # cancels, which is cancelled for that reason.
+            for index, out in enumerate(outputs):
+                if isinstance(out, CancelHandler) and (
+                    out.reason != CANCELLED_BY_OPERATOR
+                    or TaskCancelled(out.key) not in outputs[:index]
+                ):
+                    self.violations.append(f"cancel by an operator reported as {outputs}")
+        elif of_type(outputs, TaskCancelled):
+            self.violations.append(f"{outputs} after a result that was no cancel ({error})")
         if sent.kind is CommandKind.EXTEND and sent.key is not None:
             tracked = self.leases[sent.key]
             if tracked.extend_id != rid:
@@ -597,15 +637,22 @@ class SessionMachine(RuleBasedStateMachine):
             self.daemon.heartbeat()
 
     @precondition(lambda self: not self.ended and bool(self._held()))
-    @rule(data=st.data(), outcome=st.sampled_from(Outcome))
-    def handler_returns(self, data: st.DataObject, outcome: Outcome) -> None:
+    @rule(
+        data=st.data(),
+        outcome=st.sampled_from(Outcome),
+        result=st.sampled_from([None, b"", b"value"]),
+    )
+    def handler_returns(self, data: st.DataObject, outcome: Outcome, result: bytes | None) -> None:
         key = data.draw(st.sampled_from(self._held()), label="key")
-        outputs = self.session.settle(key, outcome, self.now, error="boom")
+        outputs = self.session.settle(key, outcome, self.now, error="boom", result=result)
         tracked = self.leases[key]
         settles = of_type(outputs, Settle)
         if outcome is Outcome.RELEASE and not self.session.can_release:
             outcome = Outcome.NACK  # an older daemon: today's nack
-        if settles != [Settle(settles[0].request_id, key, tracked.token, outcome, "boom")]:
+        if outcome is not Outcome.ACK or self.session.minor < OPERATE_MINOR:
+            result = None  # only an ACK of minor >= 9 carries one
+        expected = Settle(settles[0].request_id, key, tracked.token, outcome, "boom", result=result)
+        if settles != [expected]:
             self.violations.append(f"settle {key} {outcome} sent {settles}")
         tracked.held = False
         tracked.settled = True
@@ -660,6 +707,12 @@ class SessionMachine(RuleBasedStateMachine):
     def lease_expires_on_daemon(self, data: st.DataObject) -> None:
         key = data.draw(st.sampled_from(sort_keys(self.daemon.leases)), label="key")
         self.daemon.expire(key)
+
+    @precondition(lambda self: not self.ended and bool(self.daemon.leases))
+    @rule(data=st.data())
+    def operator_cancels_a_task(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sort_keys(self.daemon.leases)), label="key")
+        self.daemon.operator_cancels(key)
 
     @precondition(lambda self: not self.ended)
     @rule(concurrency=st.integers(0, 5))
