@@ -140,7 +140,7 @@ class RingoTestEnv:
         ``until``:
 
         * ``"settled"`` (the default): no task of the queue (of ``task_types``)
-          is PENDING or LEASED — every one SUCCEEDED or DEAD. Tasks scheduled
+          is PENDING or LEASED — every one SUCCEEDED, DEAD or CANCELLED. Tasks scheduled
           for later (retries, ``delay``, ``not_before``) are waited for: under
           a mock clock that costs no real time.
         * ``"idle"``: no handler runs and nothing is due now: tasks scheduled
