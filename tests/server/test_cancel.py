@@ -24,6 +24,7 @@ from ringo_trio._proto.ringo.v1 import (
     ExtendLeaseRequest,
     GetTaskRequest,
     RejectRequest,
+    ReleaseRequest,
     RetryTaskRequest,
     RetryTasksRequest,
     Task,
@@ -74,7 +75,7 @@ async def test_a_worker_holding_a_cancelled_lease_is_told_cancelled(
     any_daemon: DaemonProcess,
 ) -> None:
     """Property (both engines): cancelling a task a Work-stream worker holds ends
-    the lease at once. The worker's renewal and its ack are each answered
+    the lease at once. The worker's renewal, a release and its ack are each answered
     LEASE_LOST with metadata reason "cancelled"; the task stays CANCELLED with the
     reason as its last error (the late ack resurrects nothing); a unary ack of the
     same lease is ABORTED saying cancelled."""
@@ -92,8 +93,9 @@ async def test_a_worker_holding_a_cancelled_lease_is_told_cancelled(
             renewal = await work.call(
                 extend_lease=ExtendLeaseRequest(lease=ref(leased), extension=timedelta(minutes=1))
             )
+            release = await work.call(release=ReleaseRequest(lease=ref(leased)))
             ack = await work.call(ack=AckRequest(lease=ref(leased), result=b"late"))
-            for answer in (renewal, ack):
+            for answer in (renewal, release, ack):
                 assert answer.error is not None
                 assert answer.error.code == ErrorCode.LEASE_LOST
                 assert answer.error.metadata == {"reason": CANCELLED_REASON}
