@@ -69,7 +69,7 @@ from ._work.worker import (
     check_concurrency,
     encode_result,
     new_worker_id,
-    result_for_minor,
+    results_stored,
 )
 
 if TYPE_CHECKING:
@@ -572,8 +572,8 @@ class LeasedTask:
                 raise InvalidArgumentError(
                     f"result must be bytes or str, got {type(result).__name__}"
                 )
-            minor = self._queue._connection.protocol_minor
-            request.result = result_for_minor(encode_result(result), minor)
+            if results_stored(self._queue._connection.protocol_minor):
+                request.result = encode_result(result)
         await self._queue._connection.call("Ack", request, AckResponse)
 
     async def nack(self, error: str = "", *, delay: timedelta | None = None) -> None:

@@ -155,7 +155,7 @@ __all__ = [
     "check_concurrency",
     "encode_result",
     "new_worker_id",
-    "result_for_minor",
+    "results_stored",
 ]
 
 log = logging.getLogger(__name__)
@@ -374,12 +374,13 @@ def encode_result(value: bytes | bytearray | memoryview | str) -> bytes:
 _dropped_result_warned = False
 
 
-def result_for_minor(result: bytes | None, minor: int) -> bytes | None:
-    """``result`` if the negotiated minor can store it; below minor 9 it is
-    dropped (the ack itself goes ahead), with one warning per process."""
+def results_stored(minor: int) -> bool:
+    """Whether the negotiated minor stores result values. Below minor 9 a
+    result is dropped — the ack itself goes ahead, never failed by it — with
+    one warning per process."""
     global _dropped_result_warned
-    if result is None or minor >= OPERATE_MINOR:
-        return result
+    if minor >= OPERATE_MINOR:
+        return True
     if not _dropped_result_warned:
         _dropped_result_warned = True
         log.warning(
@@ -388,7 +389,7 @@ def result_for_minor(result: bytes | None, minor: int) -> bytes | None:
             minor,
             OPERATE_MINOR,
         )
-    return None
+    return False
 
 
 class _ResultRefused(Exception):
@@ -925,11 +926,12 @@ class Worker(Fencing):
                     name,
                 )
             return None
+        if not results_stored(live.session.minor):
+            return None
         try:
-            data = encode_result(returned)
+            return encode_result(returned)
         except InvalidArgumentError as exc:
             raise _ResultRefused(f"the handler's return value cannot be stored: {exc}") from None
-        return result_for_minor(data, live.session.minor)
 
     def _finish_handler(
         self,

@@ -276,7 +276,8 @@ async def test_an_older_daemon_gets_acks_without_results(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Against a minor-8 daemon a returned result is dropped with one warning and
-    never fails the ack (worker and manual API alike); cancel and retry_many are
+    never fails the ack (worker and manual API alike, even a result over the
+    limit, which is not looked at); cancel and retry_many are
     IncompatibleVersionError before anything is sent."""
     caplog.set_level(logging.WARNING, logger="ringo_trio")
     monkey = pytest.MonkeyPatch()
@@ -290,13 +291,13 @@ async def test_an_older_daemon_gets_acks_without_results(
                 ids = [(await queue.enqueue(task_type="t")).task.id for _ in range(2)]
 
                 async def handle(task: Task, ctx: TaskContext) -> bytes:
-                    return b"kept nowhere"
+                    return b"x" * (limits.MAX_RESULT_BYTES + 1)
 
                 async with running(queue.worker(handle)):
                     await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=30)
                 ids.append((await queue.enqueue(task_type="t")).task.id)
                 [leased] = await queue.claim()
-                await leased.ack(result="dropped")
+                await leased.ack(result="x" * (limits.MAX_RESULT_BYTES + 1))
                 tasks = [await queue.get_by_id(i) for i in ids]
                 assert [t.state for t in tasks] == [TaskState.SUCCEEDED] * 3
                 assert [t.result for t in tasks] == [None] * 3
