@@ -1471,7 +1471,7 @@ class QueueServiceStub(betterproto2_grpclib.ServiceStub):
         metadata: "MetadataLike | None" = None,
     ) -> "RetryTaskResponse":
         """
-        Reactivates a SUCCEEDED or DEAD task.
+        Reactivates a SUCCEEDED, DEAD or CANCELLED task.
         """
 
         return await self._unary_unary(
@@ -1811,7 +1811,7 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
 
     async def retry_task(self, message: "RetryTaskRequest") -> "RetryTaskResponse":
         """
-        Reactivates a SUCCEEDED or DEAD task.
+        Reactivates a SUCCEEDED, DEAD or CANCELLED task.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
