@@ -56,3 +56,8 @@ MAX_DELETE_BATCH = 10_000
 """Tasks one DeleteTasks or RetryTasks call changes: one bounded transaction."""
 MAX_RESULT_BYTES = MAX_PAYLOAD_BYTES
 """A handler's return value, stored with the SUCCEEDED task."""
+MAX_METRIC_QUEUES = MAX_LIST_PAGE
+"""Queues the daemon's metrics label by name (``ringod --metrics-listen``):
+later queues share the label ``queue=""``, and a scrape reports the tasks of
+this many queues (one ListQueues page), so neither the daemon's memory nor a
+scrape grows with the number of queue names clients make up."""
