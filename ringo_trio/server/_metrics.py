@@ -252,7 +252,9 @@ class _Tap(StreamTap):
             self._metrics.credit_granted.inc(granted)
 
     def close(self) -> None:
-        if self._metrics.taps.pop(self, None) is not None:
+        taps = self._metrics.taps
+        if self in taps:
+            taps.discard(self)
             self._queue.streams.dec()
             self._pushed.clear()
 
@@ -353,7 +355,7 @@ class PrometheusMetrics(Metrics):
             registry=r,
         )
         ProcessCollector(registry=r)
-        self.taps: dict[_Tap, None] = {}
+        self.taps: set[_Tap] = set()
         self._queues: dict[str, _Queue] = {}
         self._snapshot = _Snapshot()
         r.register(_LiveCollector(self))
@@ -373,7 +375,7 @@ class PrometheusMetrics(Metrics):
 
     def work_stream(self, queue: str, credit: Callable[[], int]) -> StreamTap:
         tap = _Tap(self, queue, credit)
-        self.taps[tap] = None
+        self.taps.add(tap)
         return tap
 
     def install(self, server: Server) -> None:
