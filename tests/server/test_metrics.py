@@ -4,7 +4,9 @@ the daemon's log lines (``--log-format json``, ``--log-wire``)."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import logging
 import socket
 import urllib.error
 import urllib.request
@@ -17,12 +19,15 @@ import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ringo_trio import _limits as limits
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     CreditUpdate,
     NackRequest,
     RejectRequest,
 )
+from ringo_trio.server._logs import JsonFormatter
+from ringo_trio.server._metrics import PrometheusMetrics
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests._postgres import fresh_database
 
@@ -204,3 +209,44 @@ async def test_wire_libraries_are_quiet_at_debug_unless_asked(wire: bool, tmp_pa
         assert any(str(e["logger"]).startswith("hpack") for e in wire_debug)
     else:
         assert wire_debug == []
+
+
+async def test_queue_labels_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property: however many queue names clients make up, the metrics label at
+    most MAX_METRIC_QUEUES of them; events of later queues are counted under
+    queue="" (bounded memory, bounded scrape)."""
+    monkeypatch.setattr(limits, "MAX_METRIC_QUEUES", 3)
+    metrics = PrometheusMetrics()
+    for index in range(10):
+        metrics.queue(f"q{index}").acked.inc()
+    acked = {
+        sample.labels["queue"]: sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        if family.name == "ringo_tasks_acked"
+        for sample in family.samples
+    }
+    assert acked == {"q0": 1, "q1": 1, "q2": 1, "": 7}
+
+
+async def test_json_log_lines_carry_extra_fields() -> None:
+    """Property: a record's extra= fields (e.g. ringo_queue) become keys of its
+    JSON line next to ts, level, logger and message; a traceback is `exc`."""
+    logger = logging.getLogger("tests.metrics.json")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger.addHandler(handler)
+    try:
+        logger.warning("queue %s is slow", "q1", extra={"ringo_queue": "q1", "pending": 7})
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("failed")
+    finally:
+        logger.removeHandler(handler)
+    first, second = json_lines(stream.getvalue())
+    assert first["message"] == "queue q1 is slow"
+    assert first["level"] == "WARNING"
+    assert first["logger"] == "tests.metrics.json"
+    assert (first["ringo_queue"], first["pending"]) == ("q1", 7)
+    assert "ValueError: boom" in str(second["exc"])
