@@ -1,11 +1,14 @@
 """One serving lifetime of the daemon: storage, gRPC server, background tasks.
 
 `Daemon.serve` owns everything it starts. The background tasks — the lease
-reaper, the storage watch, the safety poll and the metrics responder
-(``--metrics-listen``, `_metrics`) — run in an `asyncio.TaskGroup`
+reaper, the storage watch and the safety poll — run in an `asyncio.TaskGroup`
 that cannot outlive the call; grpclib's per-call tasks are drained and then
 cancelled by the server; storage is closed last, after no call can touch it
 any more.
+
+**Metrics** (``DaemonConfig.metrics_listen``, `_metrics`): the /metrics
+responder is one more background task of that group; without it, the
+daemon's `metrics` is the do-nothing `Metrics`.
 
 **Other daemons.** On a database several daemons share (PostgreSQL), work
 can become claimable without this daemon doing anything: another daemon
@@ -100,11 +103,11 @@ class DaemonConfig:
     safety_poll: float | None = None
     # The longest a failed authentication waits for its answer (_throttle).
     auth_failure_delay: float = DEFAULT_CAP
+    # Where to serve Prometheus /metrics (None: no metrics, no cost).
+    metrics_listen: tuple[str, int] | None = None
     # TLS (None: plaintext); built and checked by the command line.
     tls: ssl.SSLContext | None = None
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
-    # Where to serve Prometheus /metrics (None: no metrics, no cost).
-    metrics_listen: tuple[str, int] | None = None
 
     @property
     def shared(self) -> bool:

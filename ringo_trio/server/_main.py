@@ -624,12 +624,12 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
             safety_poll=_safety_poll(args.safety_poll, choice),
             auth_failure_delay=args.auth_failure_delay,
             tls=args.ssl,
+            metrics_listen=args.metrics_listen,
             connections=ConnectionLimits(
                 idle_timeout=args.idle_timeout,
                 keepalive_interval=args.keepalive_interval,
                 keepalive_timeout=args.keepalive_timeout,
             ),
-            metrics_listen=args.metrics_listen,
         )
 
         def announce(daemon: Daemon) -> None:

@@ -549,10 +549,10 @@ class _WorkStream:
                 request_id, ErrorCode.INVALID_ARGUMENT, f"{path}: {exc.reason}", field=path
             )
         except LeaseLost as exc:
+            self._tap.lost(body)
             # The worker learns here that the lease is gone; it no longer
             # occupies one of its slots.
             self._settle(getattr(body, "lease", None))
-            self._tap.lost(body)
             return _error_frame(
                 request_id,
                 ErrorCode.LEASE_LOST,
