@@ -8,6 +8,8 @@ import io
 import json
 import logging
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from ringo_trio._proto.ringo.v1 import (
     RejectRequest,
 )
 from ringo_trio.server._logs import JsonFormatter
+from ringo_trio.server._main import EXIT_FAILURE
 from ringo_trio.server._metrics import PrometheusMetrics
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests._postgres import fresh_database
@@ -250,3 +253,43 @@ async def test_json_log_lines_carry_extra_fields() -> None:
     assert first["logger"] == "tests.metrics.json"
     assert (first["ringo_queue"], first["pending"]) == ("q1", 7)
     assert "ValueError: boom" in str(second["exc"])
+
+
+def test_help_says_metrics_are_unauthenticated() -> None:
+    """Property: --help documents --metrics-listen (off by default, the usual
+    address, no authentication), --log-format and --log-wire."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ringo_trio.server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for fragment in ("--metrics-listen", "127.0.0.1:9464", "without authentication"):
+        assert fragment in text
+    assert "--log-format {text,json}" in text
+    assert "--log-wire" in text
+
+
+def test_metrics_address_in_use_fails_with_a_message(tmp_path: Path) -> None:
+    """Property: an unbindable --metrics-listen address is a clear startup
+    failure (exit 1, the address named), not a daemon serving without metrics."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "ringo_trio.server"),
+                *("--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d")),
+                *("--metrics-listen", f"127.0.0.1:{port}"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+    assert result.returncode == EXIT_FAILURE
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
+    assert result.stdout == ""
