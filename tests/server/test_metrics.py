@@ -27,6 +27,7 @@ from ringo_trio._proto.ringo.v1 import (
     CreditUpdate,
     NackRequest,
     RejectRequest,
+    ReleaseRequest,
 )
 from ringo_trio.server._logs import JsonFormatter
 from ringo_trio.server._main import EXIT_FAILURE
@@ -85,8 +86,11 @@ async def test_a_scrape_reports_what_the_workload_did(engine: str, tmp_path: Pat
     settle with its outcome, the open Work stream and its unspent credit,
     credit granted, storage calls and gRPC calls by method and status."""
     queue = new_queue("metrics")
+    idle = new_queue("idle")
     with anyio.fail_after(60), metrics_daemon(engine, tmp_path) as process:
         async with connect(process) as client:
+            await client.enqueue(idle)
+            await client.enqueue(idle)
             for index in range(5):
                 await client.enqueue(queue, unique_key=f"k{index}")
             await client.enqueue(queue, unique_key="k0")  # a duplicate
@@ -101,11 +105,19 @@ async def test_a_scrape_reports_what_the_workload_did(engine: str, tmp_path: Pat
                 reject = RejectRequest(lease=ref(leased[4]), error="bad input")
                 assert (await work.call(reject=reject)).error is None
                 assert (await work.call(credit=CreditUpdate(available=2))).error is None
+                await client.enqueue(queue)
+                [handed_back] = (await work.wait_tasks(6))[5:]
+                release = ReleaseRequest(lease=ref(handed_back))
+                assert (await work.call(release=release)).error is None
+                # Claimable again at once: pushed again with the last credit.
+                [again] = (await work.wait_tasks(7))[6:]
+                assert again.task is not None and handed_back.task is not None
+                assert again.task.id == handed_back.task.id
 
                 samples = await scrape(process)
                 assert value(samples, "ringo_work_streams", queue=queue) == 1
-                assert value(samples, "ringo_work_credit", queue=queue) == 2
-                assert value(samples, "ringo_work_leases_outstanding", queue=queue) == 0
+                assert value(samples, "ringo_work_credit", queue=queue) == 0
+                assert value(samples, "ringo_work_leases_outstanding", queue=queue) == 1
             # The daemon learns of the reset a moment later.
             after = await scrape(process)
             while value(after, "ringo_work_streams", queue=queue) != 0:
@@ -113,25 +125,30 @@ async def test_a_scrape_reports_what_the_workload_did(engine: str, tmp_path: Pat
                 after = await scrape(process)
 
     created = value(samples, "ringo_tasks_enqueued_total", queue=queue, outcome="created")
-    assert created == 5
+    assert created == 6
     assert value(samples, "ringo_tasks_enqueued_total", queue=queue, outcome="duplicate") == 1
     assert value(samples, "ringo_tasks_acked_total", queue=queue) == 3
     assert value(samples, "ringo_tasks_nacked_total", queue=queue) == 1
     assert value(samples, "ringo_tasks_rejected_total", queue=queue) == 1
-    states = {"pending": 1, "leased": 0, "succeeded": 3, "dead": 1, "cancelled": 0}
+    states = {"pending": 1, "leased": 1, "succeeded": 3, "dead": 1, "cancelled": 0}
     for state, count in states.items():
         assert ("ringo_tasks", frozenset({("queue", queue), ("state", state)})) in samples, state
         assert value(samples, "ringo_tasks", queue=queue, state=state) == count, state
-    # The nacked task waits an hour: nothing is due.
+    # The nacked task waits an hour: nothing is due. The idle queue's tasks are.
     assert value(samples, "ringo_queue_oldest_pending_age_seconds", queue=queue) == 0
-    for outcome, count in (("acked", 3), ("nacked", 1), ("rejected", 1), ("released", 0)):
+    assert ("ringo_queue_oldest_pending_age_seconds", frozenset({("queue", idle)})) in samples
+    assert value(samples, "ringo_queue_oldest_pending_age_seconds", queue=idle) >= 0
+    assert value(samples, "ringo_tasks", queue=idle, state="pending") == 2
+    outcomes = {"acked": 3, "nacked": 1, "rejected": 1, "released": 1, "lease_lost": 0}
+    for outcome, count in outcomes.items():
         seen = value(samples, "ringo_push_to_settle_seconds_count", queue=queue, outcome=outcome)
         assert seen == count, outcome
+    assert value(samples, "ringo_tasks_released_total", queue=queue) == 1
     assert value(samples, "ringo_work_credit_granted_total") == 5 + 2
     assert value(samples, "ringo_storage_call_seconds_count", operation="ack") == 3
-    assert value(samples, "ringo_storage_call_seconds_count", operation="enqueue") == 6
-    assert value(samples, "ringo_rpc_total", method="Enqueue", code="OK") == 6
-    assert value(samples, "ringo_rpc_seconds_count", method="Enqueue") == 6
+    assert value(samples, "ringo_storage_call_seconds_count", operation="enqueue") == 9
+    assert value(samples, "ringo_rpc_total", method="Enqueue", code="OK") == 9
+    assert value(samples, "ringo_rpc_seconds_count", method="Enqueue") == 9
     assert value(samples, "ringo_queues_read_ok") == 1
     # The stream ended: its credit is no longer counted.
     assert ("ringo_work_credit", frozenset({("queue", queue)})) not in after
