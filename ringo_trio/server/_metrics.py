@@ -161,8 +161,6 @@ NO_TAP = StreamTap()
 class Metrics:
     """The daemon's metrics hooks; this base is the switched-off one."""
 
-    enabled = False
-
     def work_stream(self, queue: str, credit: Callable[[], int]) -> StreamTap:
         """The tap of a stream that registered on `queue`; `credit` reads
         its unspent credit."""
@@ -186,6 +184,7 @@ class _Queue:
         "cancelled",
         "created",
         "duplicates",
+        "label",
         "nacked",
         "rejected",
         "released",
@@ -195,6 +194,7 @@ class _Queue:
     )
 
     def __init__(self, m: PrometheusMetrics, queue: str) -> None:
+        self.label = queue
         self.created = m.enqueued.labels(queue, "created")
         self.duplicates = m.enqueued.labels(queue, "duplicate")
         self.acked = m.acked.labels(queue)
@@ -215,8 +215,9 @@ class _Tap(StreamTap):
 
     def __init__(self, metrics: PrometheusMetrics, queue: str, credit: Callable[[], int]) -> None:
         self._metrics = metrics
-        self.queue = queue
         self._queue = metrics.queue(queue)
+        # The label, "" past the cap like every other series of the queue.
+        self.queue = self._queue.label
         self._credit = credit
         # Push time by lease token, for the leases pushed here and not yet
         # settled here: the stream's own outstanding set, with times.
@@ -270,8 +271,6 @@ _CALL: contextvars.ContextVar[tuple[str, float]] = contextvars.ContextVar("ringo
 
 class PrometheusMetrics(Metrics):
     """Collectors in a registry of their own (see the module docstring)."""
-
-    enabled = True
 
     def __init__(self) -> None:
         # Process-wide, and right for a daemon: one `_created` timestamp
@@ -620,6 +619,7 @@ _MAX_CONNECTIONS = 4
 _MAX_HEAD_BYTES = 8 * 1024
 _READ_TIMEOUT = 5.0
 _WRITE_TIMEOUT = 10.0
+_ACCEPT_BACKOFF = 0.1
 _METRICS_PATH = "/metrics"
 
 
@@ -652,7 +652,14 @@ async def serve_metrics(
     with sock:
         async with asyncio.TaskGroup() as connections:
             while True:
-                conn, _ = await loop.sock_accept(sock)
+                try:
+                    conn, _ = await loop.sock_accept(sock)
+                except OSError as exc:
+                    # Out of file descriptors, or a connection aborted before
+                    # it was accepted: the daemon goes on, scrapes resume.
+                    log.warning("metrics: accepting a scrape failed: %r", exc)
+                    await asyncio.sleep(_ACCEPT_BACKOFF)
+                    continue
                 if busy >= _MAX_CONNECTIONS:
                     conn.close()
                     continue
