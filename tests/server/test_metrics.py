@@ -111,7 +111,8 @@ async def test_a_scrape_reports_what_the_workload_did(engine: str, tmp_path: Pat
                 assert (await work.call(release=release)).error is None
                 # Claimable again at once: pushed again with the last credit.
                 [again] = (await work.wait_tasks(7))[6:]
-                assert again.task is not None and handed_back.task is not None
+                assert again.task is not None
+                assert handed_back.task is not None
                 assert again.task.id == handed_back.task.id
 
                 samples = await scrape(process)
