@@ -52,7 +52,17 @@ MAX_LIST_PAGE = 1000
 DEFAULT_LIST_PAGE = 100
 MAX_LIST_ERROR_BYTES = 1024
 """A listed task's last_error is cut to this many bytes (GetTask has it whole)."""
+MAX_LIST_SCAN = 10_000
+"""Index entries one ListTasks page walks when its filter cannot be answered
+by index streams alone (a unique-key prefix, or task types times states
+beyond 64): the page then comes back short, possibly empty, with a
+next_page_token to go on from. Bounds the time one page holds the daemon."""
 MAX_DELETE_BATCH = 10_000
 """Tasks one DeleteTasks or RetryTasks call changes: one bounded transaction."""
 MAX_RESULT_BYTES = MAX_PAYLOAD_BYTES
 """A handler's return value, stored with the SUCCEEDED task."""
+MAX_METRIC_QUEUES = MAX_LIST_PAGE
+"""Queues the daemon's metrics label by name (``ringod --metrics-listen``):
+later queues share the label ``queue=""``, and a scrape reports the tasks of
+this many queues (one ListQueues page), so neither the daemon's memory nor a
+scrape grows with the number of queue names clients make up."""

@@ -6,6 +6,10 @@ that cannot outlive the call; grpclib's per-call tasks are drained and then
 cancelled by the server; storage is closed last, after no call can touch it
 any more.
 
+**Metrics** (``DaemonConfig.metrics_listen``, `_metrics`): the /metrics
+responder is one more background task of that group; without it, the
+daemon's `metrics` is the do-nothing `Metrics`.
+
 **Other daemons.** On a database several daemons share (PostgreSQL), work
 can become claimable without this daemon doing anything: another daemon
 enqueued, nacked, released or expired it. `Storage.watch` reports that
@@ -65,6 +69,7 @@ from ._connections import ConnectionLimits, GuardedServer
 from ._gate import Gate
 from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from ._memory import InMemoryChannel, start_in_memory
+from ._metrics import NO_METRICS, Metrics, PrometheusMetrics, serve_metrics
 from ._service import HealthService, QueueService
 from ._sessions import SessionTable
 from ._throttle import DEFAULT_CAP, AuthThrottle
@@ -98,6 +103,8 @@ class DaemonConfig:
     safety_poll: float | None = None
     # The longest a failed authentication waits for its answer (_throttle).
     auth_failure_delay: float = DEFAULT_CAP
+    # Where to serve Prometheus /metrics (None: no metrics, no cost).
+    metrics_listen: tuple[str, int] | None = None
     # TLS (None: plaintext); built and checked by the command line.
     tls: ssl.SSLContext | None = None
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
@@ -145,6 +152,9 @@ class Daemon:
         self.config = config
         self.storage = storage
         self.clock = clock or Clock()
+        self._prometheus = PrometheusMetrics() if config.metrics_listen is not None else None
+        self.metrics: Metrics = self._prometheus or NO_METRICS
+        self.metrics.instrument(storage)
         self.wakeups = QueueWakeups()
         self.reaper = LeaseReaper(
             storage, self.clock, self.wakeups, backstop=config.reaper_backstop
@@ -170,7 +180,9 @@ class Daemon:
             heartbeat_interval=config.heartbeat_interval,
             members=self.members,
         )
+        self.queue_service.work_streams.metrics = self.metrics
         self.port: int | None = None
+        self.metrics_port: int | None = None
         self._server: GuardedServer | None = None
         self._full = asyncio.Event()
         storage.full_listener = self._storage_full
@@ -209,12 +221,20 @@ class Daemon:
         server = GuardedServer(
             [self.queue_service, self.health], codec=StrictCodec(), limits=self.config.connections
         )
+        # Before the gate's listener, so a call the gate refuses is counted.
+        self.metrics.install(server)
         self.gate.install(server)
+        metrics_sock = await self._listen_metrics()
         if in_memory:
             start_in_memory(server)
             where = "memory"
         else:
-            where = await self._listen(server)
+            try:
+                where = await self._listen(server)
+            except BaseException:
+                if metrics_sock is not None:
+                    metrics_sock.close()
+                raise
         self._server = server
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -223,6 +243,15 @@ class Daemon:
                     tasks.create_task(self._watch(), name="ringod storage watch"),
                     tasks.create_task(self._room_probe(), name="ringod room probe"),
                 ]
+                if metrics_sock is not None:
+                    assert self._prometheus is not None
+                    background.append(
+                        tasks.create_task(
+                            serve_metrics(metrics_sock, self._prometheus, self._refresh_metrics),
+                            name="ringod metrics",
+                        )
+                    )
+                    metrics_sock = None
                 if self.config.safety_poll is not None:
                     background.append(
                         tasks.create_task(
@@ -244,6 +273,8 @@ class Daemon:
                 for task in background:
                     task.cancel()
         finally:
+            if metrics_sock is not None:
+                metrics_sock.close()
             server.close()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.shutdown_timeout):
@@ -262,6 +293,28 @@ class Daemon:
             raise
         self.port = sock.getsockname()[1]
         return self.endpoint
+
+    async def _listen_metrics(self) -> socket.socket | None:
+        if self.config.metrics_listen is None:
+            return None
+        host, port = self.config.metrics_listen
+        try:
+            sock = await _bind(host, port)
+        except OSError as exc:
+            where = format_endpoint(host, port)
+            raise ListenError(f"cannot serve metrics on {where}: {exc}") from exc
+        try:
+            sock.listen(16)
+        except BaseException:
+            sock.close()
+            raise
+        self.metrics_port = sock.getsockname()[1]
+        log.info("metrics at http://%s/metrics", format_endpoint(host, self.metrics_port))
+        return sock
+
+    async def _refresh_metrics(self) -> None:
+        assert self._prometheus is not None
+        await self._prometheus.refresh(self.storage, self.clock.now())
 
     def _other_daemon_changed(self, queue: str | None) -> None:
         if queue is None:

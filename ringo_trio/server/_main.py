@@ -50,8 +50,9 @@ from ._connections import (
     DEFAULT_KEEPALIVE_TIMEOUT,
     ConnectionLimits,
 )
-from ._daemon import Daemon, DaemonConfig, ListenError
+from ._daemon import Daemon, DaemonConfig, ListenError, format_endpoint
 from ._lock import DataDirLock, DataDirLocked
+from ._logs import LOG_FORMATS, configure_logging
 from ._members import DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, MAX_GENERATION_CHARS
 from ._throttle import DEFAULT_CAP as DEFAULT_AUTH_FAILURE_DELAY
 from .storage._base import Storage, StorageError
@@ -396,6 +397,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="stderr log level (default info)",
     )
     parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="stderr log lines as text (default) or json: one object per line with ts,"
+        " level, logger, message, pid and the record's extra fields",
+    )
+    parser.add_argument(
+        "--log-wire",
+        action="store_true",
+        help="let the gRPC/HTTP/2 libraries (grpclib, h2, hpack) log below WARNING too;"
+        " at --log-level debug that is a line per header block (off by default)",
+    )
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        type=_listen,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default;"
+        " 127.0.0.1:9464 is the usual choice, port 0 picks a free one, reported in the"
+        ' JSON line as "metrics"). /metrics is plain HTTP without authentication:'
+        " keep it on loopback or behind a proxy that guards it",
+    )
+    parser.add_argument(
         "--loop",
         choices=("auto", "uvloop", "asyncio"),
         default="auto",
@@ -420,19 +443,6 @@ def select_loop_factory(
         return None, "asyncio"
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory, "uvloop"
-
-
-def _configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s ringod[%(process)d] %(levelname)s %(name)s: %(message)s")
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    if level != "debug":
-        # grpclib reports every client-side cancellation at INFO.
-        logging.getLogger("grpclib").setLevel(logging.WARNING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,6 +580,8 @@ def ready_info(daemon: Daemon, *, storage: StorageChoice, loop_name: str) -> dic
         info.update(storage="postgres", postgres_schema=storage.postgres_schema)
     if daemon.config.generation is not None:
         info["generation"] = daemon.config.generation
+    if daemon.config.metrics_listen is not None:
+        info["metrics"] = format_endpoint(daemon.config.metrics_listen[0], daemon.metrics_port or 0)
     return info
 
 
@@ -612,6 +624,7 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
             safety_poll=_safety_poll(args.safety_poll, choice),
             auth_failure_delay=args.auth_failure_delay,
             tls=args.ssl,
+            metrics_listen=args.metrics_listen,
             connections=ConnectionLimits(
                 idle_timeout=args.idle_timeout,
                 keepalive_interval=args.keepalive_interval,
@@ -738,7 +751,7 @@ def _shared_mode_problem(args: argparse.Namespace) -> str | None:
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse `argv`, serve until told to stop; the process exit status."""
     args = build_parser().parse_args(argv)
-    _configure_logging(args.log_level)
+    configure_logging(args.log_level, log_format=args.log_format, wire=args.log_wire)
     problem = _token_problem(args, os.environ) or _tls_problem(args) or _shared_mode_problem(args)
     if problem is not None:
         log.error("%s", problem)

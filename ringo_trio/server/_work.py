@@ -158,6 +158,7 @@ from ringo_trio._wire.protocol import (
 
 from . import _validate as v
 from ._clock import Clock
+from ._metrics import NO_METRICS, NO_TAP, Metrics, StreamTap
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
 from .storage._base import (
@@ -264,6 +265,7 @@ class WorkStreams:
         self.ops = ops
         self.heartbeat_interval = heartbeat_interval
         self.closing = False
+        self.metrics: Metrics = NO_METRICS
         self._live: set[_WorkStream] = set()
 
     def __len__(self) -> int:
@@ -328,6 +330,7 @@ class _WorkStream:
         "_send_lock",
         "_stopping",
         "_stream",
+        "_tap",
         "_task_types",
         "_tasks",
         "_worker_id",
@@ -367,6 +370,7 @@ class _WorkStream:
         # Until a batch has been seen, assume the worst, so that the first
         # claims of many streams at once cannot load a full batch each.
         self._payload_hint = limits.MAX_PAYLOAD_BYTES
+        self._tap: StreamTap = NO_TAP
         self._handlers: dict[str, Callable[[Any], Awaitable[Lease | None]]] = {
             "ack": self._ack,
             "credit": self._credit_update,
@@ -394,6 +398,7 @@ class _WorkStream:
                         child.cancel()
         finally:
             self._tasks = None
+            self._tap.close()
         outcome = self._outcome
         if outcome is None:
             return
@@ -513,6 +518,7 @@ class _WorkStream:
         self._task_types = task_types
         self._lease_duration = lease
         self._capacity = registration.max_concurrency
+        self._tap = self._owner.metrics.work_stream(queue, lambda: self._credit)
         return WorkResponse(
             registered=WorkerRegistered(
                 lease_duration=lease,
@@ -541,12 +547,14 @@ class _WorkStream:
             if handler is None:
                 raise v.FieldError("body", "the request names no command")
             lease = await handler(body)
+            self._tap.done(name, body)
         except v.FieldError as exc:
             path = f"{name}.{exc.path}" if name else exc.path
             return _error_frame(
                 request_id, ErrorCode.INVALID_ARGUMENT, f"{path}: {exc.reason}", field=path
             )
         except LeaseLost as exc:
+            self._tap.lost(body)
             # The worker learns here that the lease is gone; it no longer
             # occupies one of its slots.
             self._settle(getattr(body, "lease", None))
@@ -675,6 +683,7 @@ class _WorkStream:
                 f" stream's capacity of {capacity}; resample and retry",
                 reason=CREDIT_CAPACITY_REASON,
             )
+        self._tap.credit(available)
         self._capacity = capacity
         self._credit = available
         if available:
@@ -794,6 +803,7 @@ class _WorkStream:
                             self._credit -= 1
                             if item.lease is not None:
                                 outstanding.add(item.lease.lease_token)
+                                self._tap.pushed(item.lease.lease_token)
             except TimeoutError:
                 raise StreamStalled(
                     f"a task frame could not be written by its batch's deadline;"

@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import secrets
@@ -91,9 +92,10 @@ from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 
-from ringo_trio._limits import MAX_ACTIVITY_COUNT
+from ringo_trio._limits import MAX_ACTIVITY_COUNT, MAX_LIST_ERROR_BYTES
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
 
+from . import _listing
 from ._base import (
     EnqueueOutcome,
     FailedPrecondition,
@@ -334,6 +336,12 @@ def _migrations(s: str) -> tuple[tuple[str, ...], ...]:
         ),
         # Minor 9: the handler's return value of a SUCCEEDED task.
         (f"ALTER TABLE {s}.tasks ADD COLUMN result bytea",),
+        # Minor 9, inspection: the listing indexes; GetQueueStats counts
+        # the second one's entries (see the module docstring).
+        (
+            f"CREATE INDEX tasks_by_state ON {s}.tasks (queue, state, seq)",
+            f"CREATE INDEX tasks_by_type ON {s}.tasks (queue, task_type, state, seq)",
+        ),
     )
 
 
@@ -593,6 +601,85 @@ class _Sql:
                     WHERE queue = $1 AND state = {PENDING} AND priority = prios.p {types}
                     ORDER BY available_at LIMIT 1) f))
         """
+
+        # -- inspection (see `_listing`) --
+        self.oldest_pending = f"""
+            WITH RECURSIVE {prios}
+            SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL (
+                SELECT available_at FROM {t}
+                WHERE queue = $1 AND state = {PENDING} AND priority = prios.p
+                ORDER BY available_at LIMIT 1) f
+        """
+        # Counted from tasks_by_type's entries (an index-only scan of the
+        # queue's range); the transaction forbids the other plans.
+        self.queue_counts = (
+            f"SELECT task_type, state, count(*) FROM {t} WHERE queue = $1 GROUP BY task_type, state"
+        )
+        # The distinct queues after $1, one index seek each (a skip scan).
+        self.queue_names = f"""
+            WITH RECURSIVE qs(q) AS (
+                (SELECT queue FROM {t} WHERE queue > $1 ORDER BY queue LIMIT 1)
+                UNION ALL
+                SELECT (SELECT queue FROM {t} WHERE queue > qs.q ORDER BY queue LIMIT 1)
+                FROM qs WHERE qs.q IS NOT NULL
+            )
+            SELECT q FROM qs WHERE q IS NOT NULL LIMIT $2
+        """
+        self.listed_by_seq = (
+            f"SELECT {_LIST_COLS} FROM {t} WHERE seq = ANY($1::bigint[]) ORDER BY seq"
+        )
+
+
+# -- inspection ------------------------------------------------------------
+
+# A listed task: no payload, no result, last_error cut (by characters here,
+# by bytes in `_listed`), so a page never reads the large columns.
+_LIST_COLS = ", ".join(
+    {
+        "payload": "''::bytea",
+        "last_error": f"left(last_error, {MAX_LIST_ERROR_BYTES})",
+        "result": "NULL::bytea",
+    }.get(c.strip(), c.strip())
+    for c in COLS.split(",")
+)
+_WALK_COLS = "seq, task_type, unique_key"
+
+
+@functools.lru_cache(maxsize=256)
+def _list_sql(
+    tasks: str, cols: str, arms: tuple[tuple[str | None, int], ...], newest_first: bool
+) -> str:
+    """One index stream per arm past $2, merged by seq (a Merge Append, see
+    `_listing`); $1 queue, $3 limit, $4... the arms' task types."""
+    op, order = ("<", "DESC") if newest_first else (">", "ASC")
+    selects = []
+    param = 4
+    for task_type, state in arms:
+        type_term = ""
+        if task_type is not None:
+            type_term = f" AND task_type = ${param}"
+            param += 1
+        selects.append(
+            f"SELECT {cols} FROM {tasks} WHERE queue = $1{type_term}"
+            f" AND state = {int(state)} AND seq {op} $2"
+        )
+    return " UNION ALL ".join(selects) + f" ORDER BY seq {order} LIMIT $3"
+
+
+def _listed(row: Any) -> Task:
+    task = row_task(row)
+    task.last_error = _listing.cut_error(task.last_error)
+    return task
+
+
+@contextlib.asynccontextmanager
+async def _stats_transaction(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """A read-only snapshot whose counts can only be index-only scans: on a
+    queue that is most of the table the planner would otherwise pick a
+    sequential scan of the rows, payloads and all."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off")
+        yield
 
 
 def _types_filter(n: int) -> str:
@@ -1005,13 +1092,48 @@ class PostgresEngine(Storage):
         after: int | None,
         limit: int,
     ) -> TaskPage:
-        raise NotImplementedError("list_tasks")
+        how = _listing.plan(where)
+        if after is None:
+            after = _listing.SEQ_MAX if newest_first else -1
+        types = [t for t, _ in how.arms if t is not None]
+        async with (
+            self._conn() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            if not how.residual:
+                sql = _list_sql(self._sql.tasks, _LIST_COLS, how.arms, newest_first)
+                rows = await conn.fetch(sql, queue, after, limit + 1, *types)
+                next_after = rows[limit - 1][C_SEQ] if len(rows) > limit else None
+                rows = rows[:limit]
+            else:
+                budget = _listing.scan_budget(limit)
+                sql = _list_sql(self._sql.tasks, _WALK_COLS, how.arms, newest_first)
+                walked = await conn.fetch(sql, queue, after, budget, *types)
+                seqs, next_after = _listing.pick(how, walked, limit, budget)
+                rows = []
+                if seqs:
+                    rows = await conn.fetch(self._sql.listed_by_seq, seqs)
+                    if newest_first:
+                        rows.reverse()
+        return TaskPage([_listed(r) for r in rows], next_after)
 
     async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
-        raise NotImplementedError("queue_stats")
+        async with self._conn() as conn, _stats_transaction(conn):
+            return await self._stats(conn, queue, now, by_type=by_type)
 
     async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
-        raise NotImplementedError("list_queues")
+        async with self._conn() as conn, _stats_transaction(conn):
+            names = [r[0] for r in await conn.fetch(self._sql.queue_names, after, limit)]
+            return [await self._stats(conn, name, now, by_type=False) for name in names]
+
+    async def _stats(
+        self, conn: asyncpg.Connection, queue: str, now: datetime, *, by_type: bool
+    ) -> QueueStats:
+        counts = _listing.by_state(await conn.fetch(self._sql.queue_counts, queue))
+        oldest = None
+        if counts.keys():
+            oldest = await conn.fetchval(self._sql.oldest_pending, queue)
+        return _listing.queue_stats(queue, counts, oldest, now, by_type=by_type)
 
     # -- operations (CancelTask, RetryTasks) ---------------------------------
 

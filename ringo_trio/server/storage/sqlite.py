@@ -72,7 +72,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ringo_trio._limits import MAX_ACTIVITY_COUNT
+from ringo_trio._limits import MAX_ACTIVITY_COUNT, MAX_LIST_ERROR_BYTES
 from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
@@ -82,6 +82,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
 )
 
+from . import _listing
 from ._base import (
     EnqueueOutcome,
     FailedPrecondition,
@@ -140,6 +141,18 @@ _ACTIVE = f"state IN ({_PENDING}, {_LEASED})"
 # walks the same index, so its query spells the term alike.
 _FINISHED_TERM = f"state IN ({_SUCCEEDED}, {_DEAD}, {_CANCELLED})"
 
+# The counts' trigger steps; a row of zeros stays (the next task of that
+# type and state reuses it) and is left out of every answer.
+_COUNT_UP = (
+    "INSERT INTO task_counts (queue, task_type, state, n)"
+    " VALUES ({row}.queue, {row}.task_type, {row}.state, 1)"
+    " ON CONFLICT DO UPDATE SET n = n + 1"
+)
+_COUNT_DOWN = (
+    "UPDATE task_counts SET n = n - 1"
+    " WHERE queue = {row}.queue AND task_type = {row}.task_type AND state = {row}.state"
+)
+
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         """
@@ -181,6 +194,43 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (f"CREATE INDEX tasks_active_type ON tasks (queue, task_type) WHERE {_ACTIVE}",),
     # Minor 9: the handler's return value of a SUCCEEDED task.
     ("ALTER TABLE tasks ADD COLUMN result BLOB",),
+    # Minor 9, inspection: the listing indexes, and the counts GetQueueStats
+    # reads, kept exact by triggers in the writing transaction and
+    # backfilled here from the tasks already stored.
+    (
+        "CREATE INDEX tasks_by_state ON tasks (queue, state)",
+        "CREATE INDEX tasks_by_type ON tasks (queue, task_type, state)",
+        """
+        CREATE TABLE task_counts (
+            queue       TEXT    NOT NULL,
+            task_type   TEXT    NOT NULL,
+            state       INTEGER NOT NULL,
+            n           INTEGER NOT NULL,
+            PRIMARY KEY (queue, task_type, state)
+        ) WITHOUT ROWID
+        """,
+        """
+        INSERT INTO task_counts (queue, task_type, state, n)
+        SELECT queue, task_type, state, count(*) FROM tasks GROUP BY queue, task_type, state
+        """,
+        f"""
+        CREATE TRIGGER task_counts_insert AFTER INSERT ON tasks BEGIN
+            {_COUNT_UP.format(row="new")};
+        END
+        """,
+        f"""
+        CREATE TRIGGER task_counts_delete AFTER DELETE ON tasks BEGIN
+            {_COUNT_DOWN.format(row="old")};
+        END
+        """,
+        f"""
+        CREATE TRIGGER task_counts_update AFTER UPDATE OF state ON tasks
+        WHEN old.state != new.state BEGIN
+            {_COUNT_DOWN.format(row="old")};
+            {_COUNT_UP.format(row="new")};
+        END
+        """,
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -287,6 +337,56 @@ _RETRY_DEAD = """
 """
 # finished_before unset: later than any time the daemon stores.
 _NO_CUTOFF = 2**63 - 1
+
+# -- inspection ------------------------------------------------------------
+
+# A listed task: no payload, no result, last_error cut (by characters here,
+# by bytes in `_listed`), so a page never reads the large columns.
+_LIST_COLS = ", ".join(
+    {
+        "payload": "X''",
+        "last_error": f"substr(last_error, 1, {MAX_LIST_ERROR_BYTES})",
+        "result": "NULL",
+    }.get(c.strip(), c.strip())
+    for c in _COLS.split(",")
+)
+_WALK_COLS = "seq, task_type, unique_key"
+# Queues holding a task, by name: walks the counts' primary key in order.
+_QUEUE_NAMES = (
+    "SELECT queue FROM task_counts WHERE queue > ? GROUP BY queue HAVING sum(n) > 0"
+    " ORDER BY queue LIMIT ?"
+)
+_QUEUE_COUNTS = "SELECT task_type, state, n FROM task_counts WHERE queue = ?"
+_OLDEST_AT = (
+    f"SELECT min(available_at) FROM tasks WHERE queue = ? AND state = {_PENDING} AND priority = ?"
+)
+_OLDEST_REST = (
+    f"SELECT min(available_at) FROM tasks WHERE queue = ? AND state = {_PENDING} AND priority <= ?"
+)
+
+
+@functools.lru_cache(maxsize=256)
+def _list_sql(cols: str, arms: tuple[tuple[str | None, int], ...], newest_first: bool) -> str:
+    """One index stream per arm past :after, merged by seq (see `_listing`)."""
+    op, order = ("<", "DESC") if newest_first else (">", "ASC")
+    selects = []
+    for i, (task_type, state) in enumerate(arms):
+        type_term = "" if task_type is None else f" AND task_type = :a{i}"
+        selects.append(
+            f"SELECT {cols} FROM tasks WHERE queue = :queue{type_term}"
+            f" AND state = {int(state)} AND seq {op} :after"
+        )
+    return " UNION ALL ".join(selects) + f" ORDER BY seq {order} LIMIT :limit"
+
+
+def _arm_params(arms: Sequence[tuple[str | None, int]]) -> dict[str, str]:
+    return {f"a{i}": t for i, (t, _) in enumerate(arms) if t is not None}
+
+
+def _listed(row: Sequence[Any]) -> Task:
+    task = _row_task(row)
+    task.last_error = _listing.cut_error(task.last_error)
+    return task
 
 
 def _types_clause(task_types: Sequence[str]) -> tuple[str, dict[str, str]]:
@@ -736,13 +836,71 @@ class SQLiteEngine(Storage):
         after: int | None,
         limit: int,
     ) -> TaskPage:
-        raise NotImplementedError("list_tasks")
+        how = _listing.plan(where)
+        args: dict[str, Any] = {"queue": queue}
+        if after is None:
+            after = _listing.SEQ_MAX if newest_first else -1
+        args["after"] = after
+        db = self._conn()
+        # A read transaction: the walk and the rows it picked are one snapshot.
+        db.execute("BEGIN")
+        try:
+            if not how.residual:
+                args["limit"] = limit + 1
+                rows = db.execute(
+                    _list_sql(_LIST_COLS, how.arms, newest_first), {**args, **_arm_params(how.arms)}
+                ).fetchall()
+                next_after = rows[limit - 1][_C_SEQ] if len(rows) > limit else None
+                rows = rows[:limit]
+            else:
+                budget = _listing.scan_budget(limit)
+                args["limit"] = budget
+                walked = db.execute(
+                    _list_sql(_WALK_COLS, how.arms, newest_first),
+                    {**args, **_arm_params(how.arms)},
+                ).fetchall()
+                seqs, next_after = _listing.pick(how, walked, limit, budget)
+                rows = []
+                if seqs:
+                    marks = ", ".join("?" * len(seqs))
+                    rows = db.execute(
+                        f"SELECT {_LIST_COLS} FROM tasks WHERE seq IN ({marks})"
+                        f" ORDER BY seq{' DESC' if newest_first else ''}",
+                        seqs,
+                    ).fetchall()
+        finally:
+            db.execute("COMMIT")
+        return TaskPage([_listed(r) for r in rows], next_after)
 
     async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
-        raise NotImplementedError("queue_stats")
+        db = self._conn()
+        db.execute("BEGIN")
+        try:
+            return self._stats(db, queue, now, by_type=by_type)
+        finally:
+            db.execute("COMMIT")
 
     async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
-        raise NotImplementedError("list_queues")
+        db = self._conn()
+        db.execute("BEGIN")
+        try:
+            names = [r[0] for r in db.execute(_QUEUE_NAMES, (after, limit))]
+            return [self._stats(db, name, now, by_type=False) for name in names]
+        finally:
+            db.execute("COMMIT")
+
+    @staticmethod
+    def _stats(db: sqlite3.Connection, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
+        counts = _listing.by_state(db.execute(_QUEUE_COUNTS, (queue,)))
+        oldest: int | None = None
+        if counts:
+            for prio, rest in _priority_steps(db, queue):
+                first = db.execute(_OLDEST_REST if rest else _OLDEST_AT, (queue, prio)).fetchone()[
+                    0
+                ]
+                if first is not None and (oldest is None or first < oldest):
+                    oldest = first
+        return _listing.queue_stats(queue, counts, oldest, now, by_type=by_type)
 
     # -- operations (CancelTask, RetryTasks) ---------------------------------
 

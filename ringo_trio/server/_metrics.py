@@ -1,0 +1,734 @@
+"""Prometheus metrics of one daemon (``ringod --metrics-listen``; docs/operations.md).
+
+Theory of operation
+-------------------
+The rest of the daemon reports events through a `Metrics` object. The base
+class is the switched-off daemon's: every method does nothing, so the hooks
+in the Work stream cost one method call when ``--metrics-listen`` is not
+given. `PrometheusMetrics` keeps its collectors in a `CollectorRegistry` of
+its own (never prometheus_client's global one: one process may run several
+daemons, the tests do) and is fed from four places:
+
+* **Storage** (`instrument_storage`): the engine instance's methods are
+  wrapped once, where the daemon receives it. Every call is timed by
+  operation, and the outcomes the engine returns are counted: enqueued
+  (created vs duplicate), acked, nacked, rejected, cancelled, retried by
+  queue, and lease expiries and purged tasks in total. Wrapping the instance
+  rather than subclassing `Storage` keeps the engine's identity and every
+  method it has, including ones added after this was written.
+* **Work streams** (`StreamTap`, one per registered stream): push-to-settle
+  latency (from a task frame's push to the worker's ack, nack, reject or
+  release of that lease on the same stream, or to its lease being found
+  lost), open streams by queue, credit granted; unspent credit and
+  unsettled pushes are read from the live taps at scrape time, so a push
+  costs one dict insert and a settle one dict pop plus an observation.
+* **gRPC** (`install`): grpclib's ``RecvRequest`` / ``SendTrailingMetadata``
+  events count every call by method and status and time it. A call's start
+  rides a context variable: grpclib runs both events in the call's task.
+* **Storage at scrape time** (`refresh`): tasks by queue and state and the
+  oldest due task's age come from `Storage.list_queues`, one page of at most
+  `limits.MAX_METRIC_QUEUES` queues, read on the daemon's loop when
+  ``/metrics`` is fetched.
+
+**Bounded memory.** Queue names come from clients, so labelled children are
+made for at most `limits.MAX_METRIC_QUEUES` queues; later queues share the
+label ``queue=""``. Methods and storage operations are fixed sets. The
+HTTP responder (`serve_metrics`) takes at most `_MAX_CONNECTIONS` scrapes at
+once, reads a request head of at most `_MAX_HEAD_BYTES` within
+`_READ_TIMEOUT` seconds, answers ``GET /metrics`` (404 for any other path,
+405 for any other method) and closes the connection.
+
+The exposition is prometheus_client's (`generate_latest`,
+`CONTENT_TYPE_LATEST`); nothing here formats the text format by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+from grpclib.events import RecvRequest, SendTrailingMetadata, listen
+from grpclib.server import Server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ringo_trio import _limits as limits
+
+from .storage._base import EnqueueOutcome, Storage, StorageUnavailable
+
+__all__ = [
+    "NO_METRICS",
+    "NO_TAP",
+    "Metrics",
+    "PrometheusMetrics",
+    "StreamTap",
+    "instrument_storage",
+    "serve_metrics",
+]
+
+log = logging.getLogger("ringo_trio.server.metrics")
+
+# Label for every queue past the first MAX_METRIC_QUEUES seen (no valid
+# queue name is empty).
+OTHER_QUEUES = ""
+
+_STORAGE_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+)  # fmt: skip
+_SETTLE_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    900.0, 3600.0,
+)  # fmt: skip
+_RPC_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0,
+)  # fmt: skip
+
+# Work-stream commands that settle a pushed lease, by outcome label.
+_SETTLES = {"ack": "acked", "nack": "nacked", "reject": "rejected", "release": "released"}
+LEASE_LOST = "lease_lost"
+
+# Storage operations timed by `instrument_storage` (open, close and the
+# never-ending watch are not).
+TIMED_OPERATIONS = (
+    "enqueue",
+    "get",
+    "retry",
+    "claim",
+    "ack",
+    "nack",
+    "reject",
+    "extend_lease",
+    "report_progress",
+    "release",
+    "expire_leases",
+    "activity",
+    "next_wakeup",
+    "probe",
+    "list_tasks",
+    "queue_stats",
+    "list_queues",
+    "cancel",
+    "retry_dead",
+    "delete_finished",
+)
+
+
+class StreamTap:
+    """One Work stream's hooks; this base is the switched-off one."""
+
+    __slots__ = ()
+
+    def pushed(self, lease_token: str) -> None:
+        """A task frame carrying this lease went out on the stream."""
+
+    def done(self, command: str, body: Any) -> None:
+        """Command `command` (the WorkRequest body's name) succeeded."""
+
+    def lost(self, body: Any) -> None:
+        """A command about ``body.lease`` was answered LEASE_LOST."""
+
+    def credit(self, available: int) -> None:
+        """A credit update replaces the stream's credit with `available`
+        (called before the stream applies it)."""
+
+    def close(self) -> None:
+        """The stream ended."""
+
+
+NO_TAP = StreamTap()
+
+
+class Metrics:
+    """The daemon's metrics hooks; this base is the switched-off one."""
+
+    def work_stream(self, queue: str, credit: Callable[[], int]) -> StreamTap:
+        """The tap of a stream that registered on `queue`; `credit` reads
+        its unspent credit."""
+        return NO_TAP
+
+    def install(self, server: Server) -> None:
+        """Count and time the server's calls."""
+
+    def instrument(self, storage: Storage) -> None:
+        """Time and count `storage`'s calls."""
+
+
+NO_METRICS = Metrics()
+
+
+class _Queue:
+    """The labelled children of one queue, made once."""
+
+    __slots__ = (
+        "acked",
+        "cancelled",
+        "created",
+        "duplicates",
+        "label",
+        "nacked",
+        "rejected",
+        "released",
+        "retried",
+        "settle",
+        "streams",
+    )
+
+    def __init__(self, m: PrometheusMetrics, queue: str) -> None:
+        self.label = queue
+        self.created = m.enqueued.labels(queue, "created")
+        self.duplicates = m.enqueued.labels(queue, "duplicate")
+        self.acked = m.acked.labels(queue)
+        self.nacked = m.nacked.labels(queue)
+        self.rejected = m.rejected.labels(queue)
+        self.cancelled = m.cancelled.labels(queue)
+        self.retried = m.retried.labels(queue)
+        self.released = m.released.labels(queue)
+        self.streams = m.work_streams.labels(queue)
+        self.settle = {
+            outcome: m.push_to_settle.labels(queue, outcome)
+            for outcome in (*_SETTLES.values(), LEASE_LOST)
+        }
+
+
+class _Tap(StreamTap):
+    __slots__ = ("_credit", "_metrics", "_pushed", "_queue", "queue")
+
+    def __init__(self, metrics: PrometheusMetrics, queue: str, credit: Callable[[], int]) -> None:
+        self._metrics = metrics
+        self._queue = metrics.queue(queue)
+        # The label, "" past the cap like every other series of the queue.
+        self.queue = self._queue.label
+        self._credit = credit
+        # Push time by lease token, for the leases pushed here and not yet
+        # settled here: the stream's own outstanding set, with times.
+        self._pushed: dict[str, float] = {}
+        self._queue.streams.inc()
+
+    def pushed(self, lease_token: str) -> None:
+        self._pushed[lease_token] = time.perf_counter()
+
+    def done(self, command: str, body: Any) -> None:
+        outcome = _SETTLES.get(command)
+        if outcome is not None:
+            self._settled(body, outcome)
+            if outcome == "released":
+                self._queue.released.inc()
+
+    def lost(self, body: Any) -> None:
+        self._settled(body, LEASE_LOST)
+
+    def _settled(self, body: Any, outcome: str) -> None:
+        lease = getattr(body, "lease", None)
+        if lease is None:
+            return
+        started = self._pushed.pop(lease.lease_token, None)
+        if started is not None:
+            self._queue.settle[outcome].observe(time.perf_counter() - started)
+
+    def credit(self, available: int) -> None:
+        # Credit is absolute: what the update adds to the unspent credit is
+        # what it grants.
+        granted = available - self._credit()
+        if granted > 0:
+            self._metrics.credit_granted.inc(granted)
+
+    def close(self) -> None:
+        taps = self._metrics.taps
+        if self in taps:
+            taps.discard(self)
+            self._queue.streams.dec()
+            self._pushed.clear()
+
+    def unspent_credit(self) -> int:
+        return max(self._credit(), 0)
+
+    def unsettled(self) -> int:
+        return len(self._pushed)
+
+
+_CALL: contextvars.ContextVar[tuple[str, float]] = contextvars.ContextVar("ringo_metrics_call")
+
+
+class PrometheusMetrics(Metrics):
+    """Collectors in a registry of their own (see the module docstring)."""
+
+    def __init__(self) -> None:
+        # Process-wide, and right for a daemon: one `_created` timestamp
+        # series per counter child doubles the exposition for nothing
+        # rate() needs.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        q = ("queue",)
+        self.enqueued = Counter(
+            "ringo_tasks_enqueued",
+            "Tasks submitted by Enqueue/EnqueueMany: outcome=created, or duplicate"
+            " (an existing task with the same unique key answered instead).",
+            ("queue", "outcome"),
+            registry=r,
+        )
+        self.acked = Counter("ringo_tasks_acked", "Tasks acked (SUCCEEDED).", q, registry=r)
+        self.nacked = Counter(
+            "ringo_tasks_nacked", "Tasks nacked (retried later, or DEAD).", q, registry=r
+        )
+        self.rejected = Counter("ringo_tasks_rejected", "Tasks rejected (DEAD).", q, registry=r)
+        self.cancelled = Counter(
+            "ringo_tasks_cancelled", "Tasks cancelled (CancelTask).", q, registry=r
+        )
+        self.retried = Counter(
+            "ringo_tasks_retried", "Finished tasks made PENDING again (RetryTask, RetryTasks).",
+            q, registry=r,
+        )  # fmt: skip
+        self.released = Counter(
+            "ringo_tasks_released",
+            "Leases a worker handed back unfinished on a Work stream (release).",
+            q,
+            registry=r,
+        )
+        self.expired = Counter(
+            "ringo_leases_expired",
+            "Leases the daemon's reaper found expired (task back to PENDING, or DEAD).",
+            registry=r,
+        )
+        self.deleted = Counter(
+            "ringo_tasks_deleted", "Finished tasks deleted (DeleteTasks, retention).", registry=r
+        )
+        self.push_to_settle = Histogram(
+            "ringo_push_to_settle_seconds",
+            "From a task's push on a Work stream to the worker settling that lease on the"
+            " same stream: outcome=acked, nacked, rejected, released, or lease_lost.",
+            ("queue", "outcome"),
+            buckets=_SETTLE_BUCKETS,
+            registry=r,
+        )
+        self.work_streams = Gauge(
+            "ringo_work_streams", "Registered Work streams open now.", q, registry=r
+        )
+        self.credit_granted = Counter(
+            "ringo_work_credit_granted",
+            "Credit units Work streams granted (what each update added to the unspent credit).",
+            registry=r,
+        )
+        self.storage_seconds = Histogram(
+            "ringo_storage_call_seconds",
+            "Duration of storage engine calls, by operation.",
+            ("operation",),
+            buckets=_STORAGE_BUCKETS,
+            registry=r,
+        )
+        self.storage_errors = Counter(
+            "ringo_storage_errors",
+            "Storage calls that failed because the database was unavailable or full.",
+            ("operation",),
+            registry=r,
+        )
+        self.rpcs = Counter(
+            "ringo_rpc", "gRPC calls answered, by method and status code.", ("method", "code"),
+            registry=r,
+        )  # fmt: skip
+        self.rpc_seconds = Histogram(
+            "ringo_rpc_seconds",
+            "gRPC call duration by method (a stream's: its lifetime).",
+            ("method",),
+            buckets=_RPC_BUCKETS,
+            registry=r,
+        )
+        ProcessCollector(registry=r)
+        self.taps: set[_Tap] = set()
+        self._queues: dict[str, _Queue] = {}
+        self._snapshot = _Snapshot()
+        r.register(_LiveCollector(self))
+
+    def queue(self, name: str) -> _Queue:
+        """The children of queue `name` (shared past the cardinality cap)."""
+        children = self._queues.get(name)
+        if children is None:
+            if len(self._queues) >= limits.MAX_METRIC_QUEUES:
+                name = OTHER_QUEUES
+                children = self._queues.get(name)
+            if children is None:
+                children = self._queues[name] = _Queue(self, name)
+        return children
+
+    # -- hooks -----------------------------------------------------------------
+
+    def work_stream(self, queue: str, credit: Callable[[], int]) -> StreamTap:
+        tap = _Tap(self, queue, credit)
+        self.taps.add(tap)
+        return tap
+
+    def install(self, server: Server) -> None:
+        listen(server, RecvRequest, self._on_request)
+        listen(server, SendTrailingMetadata, self._on_trailers)
+
+    async def _on_request(self, event: RecvRequest) -> None:
+        _CALL.set((event.method_name, time.perf_counter()))
+
+    async def _on_trailers(self, event: SendTrailingMetadata) -> None:
+        call = _CALL.get(None)
+        if call is None:
+            return
+        method, started = call
+        # The method is one the server maps (grpclib raises RecvRequest only
+        # for those), so the label set is fixed; the short name reads better.
+        name = method.rpartition("/")[2]
+        self.rpcs.labels(name, event.status.name).inc()
+        self.rpc_seconds.labels(name).observe(time.perf_counter() - started)
+
+    def instrument(self, storage: Storage) -> None:
+        instrument_storage(storage, self)
+
+    # -- scrape ----------------------------------------------------------------
+
+    async def refresh(self, storage: Storage, now: datetime) -> None:
+        """Read the figures that live in storage (tasks by queue and state)."""
+        try:
+            queues = await storage.list_queues(now, after="", limit=limits.MAX_METRIC_QUEUES)
+        except Exception as exc:
+            # Once per outage, not once per scrape.
+            if self._snapshot.ok:
+                log.warning("metrics: reading the queues failed: %r", exc)
+            self._snapshot = _Snapshot(ok=False)
+            return
+        self._snapshot = _Snapshot(
+            [
+                (
+                    stats.queue,
+                    {
+                        "pending": stats.pending,
+                        "leased": stats.leased,
+                        "succeeded": stats.succeeded,
+                        "dead": stats.dead,
+                        "cancelled": stats.cancelled,
+                    },
+                    (
+                        max((now - stats.oldest_pending_at).total_seconds(), 0.0)
+                        if stats.oldest_pending_at is not None
+                        else 0.0
+                    ),
+                )
+                for stats in queues
+            ],
+            truncated=len(queues) >= limits.MAX_METRIC_QUEUES,
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Snapshot:
+    __slots__ = ("ok", "queues", "truncated")
+
+    def __init__(
+        self,
+        queues: list[tuple[str, dict[str, int], float]] | None = None,
+        *,
+        ok: bool = True,
+        truncated: bool = False,
+    ) -> None:
+        self.queues = queues or []
+        self.ok = ok
+        self.truncated = truncated
+
+
+class _LiveCollector(Collector):
+    """The figures read at scrape time: from storage (`refresh`) and from
+    the live Work streams."""
+
+    def __init__(self, metrics: PrometheusMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._metrics._snapshot
+        tasks = GaugeMetricFamily(
+            "ringo_tasks",
+            "Tasks by queue and state, read from storage when scraped.",
+            labels=("queue", "state"),
+        )
+        oldest = GaugeMetricFamily(
+            "ringo_queue_oldest_pending_age_seconds",
+            "Age of the queue's oldest due PENDING task (0 when none is due).",
+            labels=("queue",),
+        )
+        for queue, counts, age in snapshot.queues:
+            for state, count in counts.items():
+                tasks.add_metric((queue, state), count)
+            oldest.add_metric((queue,), age)
+        yield tasks
+        yield oldest
+        yield GaugeMetricFamily(
+            "ringo_queues_read_ok",
+            "1 when this scrape read the queues from storage, 0 when that failed.",
+            value=1 if snapshot.ok else 0,
+        )
+        yield GaugeMetricFamily(
+            "ringo_queues_truncated",
+            f"1 when more queues exist than the {limits.MAX_METRIC_QUEUES} reported.",
+            value=1 if snapshot.truncated else 0,
+        )
+        credit = GaugeMetricFamily(
+            "ringo_work_credit",
+            "Unspent credit of the open Work streams (pushes they still allow).",
+            labels=("queue",),
+        )
+        unsettled = GaugeMetricFamily(
+            "ringo_work_leases_outstanding",
+            "Leases pushed on the open Work streams and not yet settled on them.",
+            labels=("queue",),
+        )
+        by_queue: dict[str, list[int]] = {}
+        for tap in self._metrics.taps:
+            sums = by_queue.setdefault(tap.queue, [0, 0])
+            sums[0] += tap.unspent_credit()
+            sums[1] += tap.unsettled()
+        for queue, (available, pushed) in by_queue.items():
+            credit.add_metric((queue,), available)
+            unsettled.add_metric((queue,), pushed)
+        yield credit
+        yield unsettled
+
+
+# -- storage -------------------------------------------------------------------
+
+
+def _count_enqueue(
+    m: PrometheusMetrics, outcomes: list[EnqueueOutcome], queue: str, *_: Any
+) -> None:
+    created = sum(1 for outcome in outcomes if outcome.created)
+    children = m.queue(queue)
+    if created:
+        children.created.inc(created)
+    if created < len(outcomes):
+        children.duplicates.inc(len(outcomes) - created)
+
+
+def _count_cancel(m: PrometheusMetrics, task: Any, queue: str, _reason: str, now: datetime) -> None:
+    # A task cancelled earlier is answered unchanged: only a fresh
+    # cancellation finishes at this call's `now`.
+    if task.finished_at == now:
+        m.queue(queue).cancelled.inc()
+
+
+def _count_retry_dead(m: PrometheusMetrics, changed: int, queue: str, *_: Any) -> None:
+    if changed:
+        m.queue(queue).retried.inc(changed)
+
+
+# What to count from an operation's result: ``(metrics, result, *args)``
+# with the call's positional arguments (the service passes these ones
+# positionally).
+_COUNTERS: dict[str, Callable[..., None]] = {
+    "enqueue": _count_enqueue,
+    "ack": lambda m, task, *_: m.queue(task.queue).acked.inc(),
+    "nack": lambda m, task, *_: m.queue(task.queue).nacked.inc(),
+    "reject": lambda m, task, *_: m.queue(task.queue).rejected.inc(),
+    "retry": lambda m, task, *_: m.queue(task.queue).retried.inc(),
+    "cancel": _count_cancel,
+    "retry_dead": _count_retry_dead,
+    "expire_leases": lambda m, changed, *_: m.expired.inc(changed),
+    "delete_finished": lambda m, changed, *_: m.deleted.inc(changed),
+}
+
+
+def instrument_storage(storage: Storage, metrics: PrometheusMetrics) -> None:
+    """Wrap `storage`'s own methods (on the instance) so that each call is
+    timed and its outcome counted. Idempotent per instance."""
+    if getattr(storage, "_ringo_metrics", None) is metrics:
+        return
+    for operation in TIMED_OPERATIONS:
+        method = getattr(storage, operation)
+        setattr(
+            storage,
+            operation,
+            _timed(
+                method,
+                metrics.storage_seconds.labels(operation).observe,
+                metrics.storage_errors.labels(operation).inc,
+                _counter(operation, metrics),
+            ),
+        )
+    storage._ringo_metrics = metrics  # type: ignore[attr-defined]
+
+
+def _counter(operation: str, metrics: PrometheusMetrics) -> Callable[..., None] | None:
+    count = _COUNTERS.get(operation)
+    if count is None:
+        return None
+
+    def counted(result: Any, *args: Any) -> None:
+        try:
+            count(metrics, result, *args)
+        except Exception:
+            # A miscount must never fail the call that was counted.
+            log.exception("metrics: counting %s failed", operation)
+
+    return counted
+
+
+def _timed(
+    method: Callable[..., Awaitable[Any]],
+    observe: Callable[[float], None],
+    failed: Callable[[], None],
+    count: Callable[..., None] | None,
+) -> Callable[..., Awaitable[Any]]:
+    perf_counter = time.perf_counter
+
+    @functools.wraps(method)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        started = perf_counter()
+        try:
+            result = await method(*args, **kwargs)
+        except StorageUnavailable:
+            failed()
+            raise
+        finally:
+            observe(perf_counter() - started)
+        if count is not None:
+            count(result, *args)
+        return result
+
+    return call
+
+
+# -- the HTTP responder --------------------------------------------------------
+
+_MAX_CONNECTIONS = 4
+_MAX_HEAD_BYTES = 8 * 1024
+_READ_TIMEOUT = 5.0
+_WRITE_TIMEOUT = 10.0
+_ACCEPT_BACKOFF = 0.1
+_METRICS_PATH = "/metrics"
+
+
+async def serve_metrics(
+    sock: socket.socket,
+    metrics: PrometheusMetrics,
+    refresh: Callable[[], Awaitable[None]],
+) -> None:
+    """Answer scrapes on the listening `sock` until cancelled; closes it.
+
+    `refresh` reads storage before each exposition. Every connection is a
+    task of this call's TaskGroup, so none outlives it.
+    """
+    loop = asyncio.get_running_loop()
+    busy = 0
+
+    async def answer(conn: socket.socket) -> None:
+        nonlocal busy
+        try:
+            await _answer(loop, conn, metrics, refresh)
+        except (OSError, TimeoutError) as exc:
+            log.debug("metrics: scrape connection failed: %r", exc)
+        except Exception:
+            # A bug costs one scrape, never the daemon's task group.
+            log.exception("metrics: answering a scrape failed")
+        finally:
+            busy -= 1
+            conn.close()
+
+    with sock:
+        async with asyncio.TaskGroup() as connections:
+            while True:
+                try:
+                    conn, _ = await loop.sock_accept(sock)
+                except OSError as exc:
+                    # Out of file descriptors, or a connection aborted before
+                    # it was accepted: the daemon goes on, scrapes resume.
+                    log.warning("metrics: accepting a scrape failed: %r", exc)
+                    await asyncio.sleep(_ACCEPT_BACKOFF)
+                    continue
+                if busy >= _MAX_CONNECTIONS:
+                    conn.close()
+                    continue
+                conn.setblocking(False)
+                busy += 1
+                connections.create_task(answer(conn), name="ringod metrics scrape")
+
+
+async def _answer(
+    loop: asyncio.AbstractEventLoop,
+    conn: socket.socket,
+    metrics: PrometheusMetrics,
+    refresh: Callable[[], Awaitable[None]],
+) -> None:
+    head = bytearray()
+    try:
+        async with asyncio.timeout(_READ_TIMEOUT):
+            while b"\r\n\r\n" not in head and b"\n\n" not in head:
+                if len(head) > _MAX_HEAD_BYTES:
+                    await _send(loop, conn, 431, b"request head too large\n")
+                    return
+                chunk = await loop.sock_recv(conn, 4096)
+                if not chunk:
+                    return
+                head += chunk
+    except TimeoutError:
+        with contextlib.suppress(OSError, TimeoutError):
+            await _send(loop, conn, 408, b"request timeout\n")
+        return
+    request_line = bytes(head).split(b"\n", 1)[0].strip()
+    parts = request_line.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+        await _send(loop, conn, 400, b"bad request\n")
+        return
+    method, target = parts[0], parts[1].split(b"?", 1)[0]
+    if target != _METRICS_PATH.encode():
+        await _send(loop, conn, 404, b"not found; metrics are at /metrics\n")
+        return
+    if method != b"GET":
+        await _send(loop, conn, 405, b"only GET\n", extra=b"Allow: GET\r\n")
+        return
+    await refresh()
+    await _send(loop, conn, 200, metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+}
+
+
+async def _send(
+    loop: asyncio.AbstractEventLoop,
+    conn: socket.socket,
+    status: int,
+    body: bytes,
+    *,
+    content_type: str = "text/plain; charset=utf-8",
+    extra: bytes = b"",
+) -> None:
+    head = (
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n"
+    ).encode() + extra
+    async with asyncio.timeout(_WRITE_TIMEOUT):
+        await loop.sock_sendall(conn, head + b"\r\n" + body)

@@ -1,0 +1,158 @@
+"""What both engines share for inspection (ListTasks, GetQueueStats, ListQueues).
+
+Theory of operation
+-------------------
+A page of ListTasks is a k-way merge, by `seq`, of index-ordered streams:
+one stream per (state) of the filter on the index `(queue, state, seq)`, or,
+when task types are asked, one per (task type, state) on `(queue,
+task_type, state, seq)`. Each stream is a range seek past the cursor, the
+database merges them (SQLite: MERGE (UNION ALL); PostgreSQL: Merge
+Append) and stops after `limit + 1` rows, so a page costs about `limit`
+index entries however deep the queue is, and never sorts.
+
+A filter the streams cannot express (a unique-key prefix; more (type,
+state) pairs than `MAX_ARMS`, where the types are then checked per row) is
+applied to the merged rows instead. Such a page walks at most
+`MAX_LIST_SCAN` index entries: when the walk ends before the page is full,
+the page comes back short (possibly empty) with a cursor at the last entry
+walked, and the next page continues from there. The walk reads only `seq,
+task_type, unique_key`; the full rows of the matches are read afterwards.
+
+Rows are listed without payload and result, and with last_error cut to
+`MAX_LIST_ERROR_BYTES` in SQL (by characters, then by bytes here), so a
+page's size is bounded whatever the tasks hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ringo_trio._limits import MAX_LIST_ERROR_BYTES, MAX_LIST_SCAN
+from ringo_trio._proto.ringo.v1 import QueueStats, TaskTypeStats
+
+from ._base import TaskFilter
+from ._rows import CANCELLED, DEAD, LEASED, PENDING, SUCCEEDED, from_us, to_us
+
+# Every state a task can be in, in wire order.
+ALL_STATES = (PENDING, LEASED, SUCCEEDED, DEAD, CANCELLED)
+MAX_ARMS = 64
+"""Most index streams one page merges; more (type, state) pairs fall back
+to the state streams with the types checked per row."""
+SEQ_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How one ListTasks page reads: `arms` are (task_type or None, state)
+    streams; `types` and `prefix` are checked per row when set (the
+    budgeted walk)."""
+
+    arms: tuple[tuple[str | None, int], ...]
+    types: frozenset[str]
+    prefix: str
+
+    @property
+    def residual(self) -> bool:
+        return bool(self.types or self.prefix)
+
+    def matches(self, task_type: str, unique_key: str) -> bool:
+        if self.types and task_type not in self.types:
+            return False
+        return unique_key.startswith(self.prefix)
+
+
+def plan(where: TaskFilter) -> Plan:
+    states = tuple(dict.fromkeys(where.states)) or ALL_STATES
+    types = tuple(dict.fromkeys(where.task_types))
+    if types and len(types) * len(states) <= MAX_ARMS:
+        arms: tuple[tuple[str | None, int], ...] = tuple((t, s) for t in types for s in states)
+        return Plan(arms, frozenset(), where.unique_key_prefix)
+    return Plan(tuple((None, s) for s in states), frozenset(types), where.unique_key_prefix)
+
+
+def scan_budget(limit: int) -> int:
+    return max(MAX_LIST_SCAN, limit + 1)
+
+
+def pick(
+    plan: Plan, walked: Sequence[Sequence[Any]], limit: int, budget: int
+) -> tuple[list[int], int | None]:
+    """From a budgeted walk's `(seq, task_type, unique_key)` rows: the seqs of
+    the page's tasks (at most `limit`) and the cursor for the next page
+    (None when the walk reached the end)."""
+    seqs: list[int] = []
+    for row in walked:
+        if plan.matches(row[1], row[2]):
+            if len(seqs) == limit:
+                return seqs, seqs[-1]
+            seqs.append(row[0])
+    if len(walked) < budget:
+        return seqs, None
+    # The walk stopped at its budget: the next page goes on after it.
+    return seqs, int(walked[-1][0])
+
+
+def cut_error(text: str) -> str:
+    """`text` cut to MAX_LIST_ERROR_BYTES of UTF-8, at a character boundary."""
+    if len(text) <= MAX_LIST_ERROR_BYTES // 4:
+        return text
+    data = text.encode("utf-8")
+    if len(data) <= MAX_LIST_ERROR_BYTES:
+        return text
+    return data[:MAX_LIST_ERROR_BYTES].decode("utf-8", "ignore")
+
+
+def by_state(rows: Iterable[Sequence[Any]]) -> dict[str, dict[int, int]]:
+    """`(task_type, state, n)` rows as {task_type: {state: n}}, n > 0 only."""
+    out: dict[str, dict[int, int]] = {}
+    for task_type, state, n in rows:
+        if n > 0:
+            counts = out.setdefault(task_type, {})
+            counts[state] = counts.get(state, 0) + int(n)
+    return out
+
+
+def queue_stats(
+    queue: str,
+    counts: dict[str, dict[int, int]],
+    oldest_us: int | None,
+    now: datetime,
+    *,
+    by_type: bool,
+) -> QueueStats:
+    """The wire stats of `queue` from `by_state` counts and the earliest
+    PENDING available_at (set in the reply only when it is due at `now`)."""
+    totals = dict.fromkeys(ALL_STATES, 0)
+    types: list[TaskTypeStats] = []
+    for task_type in sorted(counts):
+        per = counts[task_type]
+        for state, n in per.items():
+            totals[state] += n
+        if by_type:
+            types.append(
+                TaskTypeStats(
+                    task_type=task_type,
+                    pending=per.get(PENDING, 0),
+                    leased=per.get(LEASED, 0),
+                    succeeded=per.get(SUCCEEDED, 0),
+                    dead=per.get(DEAD, 0),
+                    cancelled=per.get(CANCELLED, 0),
+                )
+            )
+    oldest = None
+    if oldest_us is not None and oldest_us <= to_us(now):
+        oldest = from_us(oldest_us)
+    return QueueStats(
+        queue=queue,
+        pending=totals[PENDING],
+        leased=totals[LEASED],
+        succeeded=totals[SUCCEEDED],
+        dead=totals[DEAD],
+        cancelled=totals[CANCELLED],
+        oldest_pending_at=oldest,
+        by_type=types,
+        as_of=now,
+    )

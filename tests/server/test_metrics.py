@@ -1,0 +1,313 @@
+"""``ringod --metrics-listen``: Prometheus /metrics scraped over real HTTP, and
+the daemon's log lines (``--log-format json``, ``--log-wire``)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ringo_trio import _limits as limits
+from ringo_trio._proto.ringo.v1 import (
+    AckRequest,
+    CreditUpdate,
+    NackRequest,
+    RejectRequest,
+    ReleaseRequest,
+)
+from ringo_trio.server._logs import JsonFormatter
+from ringo_trio.server._main import EXIT_FAILURE
+from ringo_trio.server._metrics import PrometheusMetrics
+from ringo_trio.testing import DaemonProcess, spawn_daemon
+from tests._postgres import fresh_database
+
+from ._client import connect, new_queue, open_work, ref
+
+pytestmark = pytest.mark.anyio
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@contextmanager
+def metrics_daemon(engine: str, tmp_path: Path, *extra: str) -> Iterator[DaemonProcess]:
+    args = ["--metrics-listen", "127.0.0.1:0", *extra]
+    if engine == "sqlite":
+        with spawn_daemon(tmp_path / "data", extra_args=args) as process:
+            yield process
+    else:
+        with fresh_database() as dsn, spawn_daemon(None, postgres_dsn=dsn, extra_args=args) as p:
+            yield p
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+async def scrape(process: DaemonProcess) -> Samples:
+    status, content_type, body = await anyio.to_thread.run_sync(
+        get, f"http://{process.info['metrics']}/metrics"
+    )
+    assert status == 200, body
+    assert content_type.startswith("text/plain"), content_type
+    samples: Samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+async def test_a_scrape_reports_what_the_workload_did(engine: str, tmp_path: Path) -> None:
+    """Property: one real GET /metrics after a workload shows exactly that
+    workload: enqueues created vs duplicate, acks/nacks/rejects by queue,
+    tasks by state read from storage, one push-to-settle observation per
+    settle with its outcome, the open Work stream and its unspent credit,
+    credit granted, storage calls and gRPC calls by method and status."""
+    queue = new_queue("metrics")
+    idle = new_queue("idle")
+    with anyio.fail_after(60), metrics_daemon(engine, tmp_path) as process:
+        async with connect(process) as client:
+            await client.enqueue(idle)
+            await client.enqueue(idle)
+            for index in range(5):
+                await client.enqueue(queue, unique_key=f"k{index}")
+            await client.enqueue(queue, unique_key="k0")  # a duplicate
+            async with open_work(client) as work:
+                await work.register(queue)
+                await work.call(credit=CreditUpdate(available=5))
+                leased = await work.wait_tasks(5)
+                for item in leased[:3]:
+                    assert (await work.call(ack=AckRequest(lease=ref(item)))).error is None
+                nack = NackRequest(lease=ref(leased[3]), retry_delay_override=timedelta(hours=1))
+                assert (await work.call(nack=nack)).error is None
+                reject = RejectRequest(lease=ref(leased[4]), error="bad input")
+                assert (await work.call(reject=reject)).error is None
+                assert (await work.call(credit=CreditUpdate(available=2))).error is None
+                await client.enqueue(queue)
+                [handed_back] = (await work.wait_tasks(6))[5:]
+                release = ReleaseRequest(lease=ref(handed_back))
+                assert (await work.call(release=release)).error is None
+                # Claimable again at once: pushed again with the last credit.
+                [again] = (await work.wait_tasks(7))[6:]
+                assert again.task is not None
+                assert handed_back.task is not None
+                assert again.task.id == handed_back.task.id
+
+                samples = await scrape(process)
+                assert value(samples, "ringo_work_streams", queue=queue) == 1
+                assert value(samples, "ringo_work_credit", queue=queue) == 0
+                assert value(samples, "ringo_work_leases_outstanding", queue=queue) == 1
+            # The daemon learns of the reset a moment later.
+            after = await scrape(process)
+            while value(after, "ringo_work_streams", queue=queue) != 0:
+                await anyio.sleep(0.05)
+                after = await scrape(process)
+
+    created = value(samples, "ringo_tasks_enqueued_total", queue=queue, outcome="created")
+    assert created == 6
+    assert value(samples, "ringo_tasks_enqueued_total", queue=queue, outcome="duplicate") == 1
+    assert value(samples, "ringo_tasks_acked_total", queue=queue) == 3
+    assert value(samples, "ringo_tasks_nacked_total", queue=queue) == 1
+    assert value(samples, "ringo_tasks_rejected_total", queue=queue) == 1
+    states = {"pending": 1, "leased": 1, "succeeded": 3, "dead": 1, "cancelled": 0}
+    for state, count in states.items():
+        assert ("ringo_tasks", frozenset({("queue", queue), ("state", state)})) in samples, state
+        assert value(samples, "ringo_tasks", queue=queue, state=state) == count, state
+    # The nacked task waits an hour: nothing is due. The idle queue's tasks are.
+    assert value(samples, "ringo_queue_oldest_pending_age_seconds", queue=queue) == 0
+    assert ("ringo_queue_oldest_pending_age_seconds", frozenset({("queue", idle)})) in samples
+    assert value(samples, "ringo_queue_oldest_pending_age_seconds", queue=idle) >= 0
+    assert value(samples, "ringo_tasks", queue=idle, state="pending") == 2
+    outcomes = {"acked": 3, "nacked": 1, "rejected": 1, "released": 1, "lease_lost": 0}
+    for outcome, count in outcomes.items():
+        seen = value(samples, "ringo_push_to_settle_seconds_count", queue=queue, outcome=outcome)
+        assert seen == count, outcome
+    assert value(samples, "ringo_tasks_released_total", queue=queue) == 1
+    assert value(samples, "ringo_work_credit_granted_total") == 5 + 2
+    assert value(samples, "ringo_storage_call_seconds_count", operation="ack") == 3
+    assert value(samples, "ringo_storage_call_seconds_count", operation="enqueue") == 9
+    assert value(samples, "ringo_rpc_total", method="Enqueue", code="OK") == 9
+    assert value(samples, "ringo_rpc_seconds_count", method="Enqueue") == 9
+    assert value(samples, "ringo_queues_read_ok") == 1
+    # The stream ended: its credit is no longer counted.
+    assert ("ringo_work_credit", frozenset({("queue", queue)})) not in after
+
+
+async def test_only_get_metrics_is_served_and_bad_requests_harm_nothing(tmp_path: Path) -> None:
+    """Property: another path is 404, another method 405, a malformed request
+    line 400, a request head over the cap 431 and a client that sends
+    nothing is dropped; afterwards the daemon still serves gRPC and
+    /metrics."""
+    with anyio.fail_after(60), metrics_daemon("sqlite", tmp_path) as process:
+        base = f"http://{process.info['metrics']}"
+        status, _, _ = await anyio.to_thread.run_sync(get, f"{base}/other")
+        assert status == 404
+        host, _, port = process.info["metrics"].rpartition(":")
+
+        def raw(data: bytes) -> bytes:
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(data)
+                chunks = []
+                while chunk := sock.recv(65536):
+                    chunks.append(chunk)
+                return b"".join(chunks)
+
+        def status_of(data: bytes) -> int:
+            return int(raw(data).split(b" ", 2)[1])
+
+        assert await anyio.to_thread.run_sync(status_of, b"POST /metrics HTTP/1.1\r\n\r\n") == 405
+        assert await anyio.to_thread.run_sync(status_of, b"GARBAGE\r\n\r\n") == 400
+        huge = b"GET /metrics HTTP/1.1\r\nX-Fill: " + b"a" * 100_000 + b"\r\n\r\n"
+        # Closed while we may still be sending: refused all the same.
+        with contextlib.suppress(ConnectionResetError):
+            assert await anyio.to_thread.run_sync(status_of, huge) == 431
+        # Connect and say nothing at all, then go away.
+        await anyio.to_thread.run_sync(raw, b"")
+        async with connect(process) as client:
+            await client.enqueue(new_queue())
+        assert value(await scrape(process), "ringo_rpc_total", method="Enqueue", code="OK") == 1
+    assert process.process.returncode == 0, process.stderr_text()
+
+
+def json_lines(text: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+async def test_json_logs_are_one_object_per_line(tmp_path: Path) -> None:
+    """Property: with --log-format json every stderr line is a JSON object with
+    ts, level, logger and message, including the lines about serving."""
+    with anyio.fail_after(30):
+        with spawn_daemon(tmp_path / "data", extra_args=["--log-format", "json"]) as process:
+            async with connect(process) as client:
+                await client.enqueue(new_queue())
+        entries = json_lines(process.stderr_text())
+    assert entries
+    for entry in entries:
+        assert {"ts", "level", "logger", "message"} <= entry.keys(), entry
+    assert any(str(e["message"]).startswith("serving on") for e in entries)
+
+
+@pytest.mark.parametrize("wire", [False, True])
+async def test_wire_libraries_are_quiet_at_debug_unless_asked(wire: bool, tmp_path: Path) -> None:
+    """Property: at --log-level debug, grpclib/h2/hpack log nothing below
+    WARNING (no line per header block) unless --log-wire is given, when
+    they do."""
+    args = ["--log-format", "json", "--log-level", "debug", *(["--log-wire"] if wire else [])]
+    with anyio.fail_after(30):
+        with spawn_daemon(tmp_path / "data", extra_args=args) as process:
+            async with connect(process) as client:
+                await client.enqueue(new_queue())
+        entries = json_lines(process.stderr_text())
+    wire_debug = [
+        e
+        for e in entries
+        if str(e["logger"]).split(".")[0] in {"grpclib", "h2", "hpack"} and e["level"] == "DEBUG"
+    ]
+    assert any(e["logger"] == "ringo_trio.server" for e in entries)
+    if wire:
+        assert any(str(e["logger"]).startswith("hpack") for e in wire_debug)
+    else:
+        assert wire_debug == []
+
+
+async def test_queue_labels_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property: however many queue names clients make up, the metrics label at
+    most MAX_METRIC_QUEUES of them; events of later queues are counted under
+    queue="" (bounded memory, bounded scrape)."""
+    monkeypatch.setattr(limits, "MAX_METRIC_QUEUES", 3)
+    metrics = PrometheusMetrics()
+    for index in range(10):
+        metrics.queue(f"q{index}").acked.inc()
+    acked = {
+        sample.labels["queue"]: sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        if family.name == "ringo_tasks_acked"
+        for sample in family.samples
+    }
+    assert acked == {"q0": 1, "q1": 1, "q2": 1, "": 7}
+
+
+async def test_json_log_lines_carry_extra_fields() -> None:
+    """Property: a record's extra= fields (e.g. ringo_queue) become keys of its
+    JSON line next to ts, level, logger and message; a traceback is `exc`."""
+    logger = logging.getLogger("tests.metrics.json")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger.addHandler(handler)
+    try:
+        logger.warning("queue %s is slow", "q1", extra={"ringo_queue": "q1", "pending": 7})
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("failed")
+    finally:
+        logger.removeHandler(handler)
+    first, second = json_lines(stream.getvalue())
+    assert first["message"] == "queue q1 is slow"
+    assert first["level"] == "WARNING"
+    assert first["logger"] == "tests.metrics.json"
+    assert (first["ringo_queue"], first["pending"]) == ("q1", 7)
+    assert "ValueError: boom" in str(second["exc"])
+
+
+def test_help_says_metrics_are_unauthenticated() -> None:
+    """Property: --help documents --metrics-listen (off by default, the usual
+    address, no authentication), --log-format and --log-wire."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ringo_trio.server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for fragment in ("--metrics-listen", "127.0.0.1:9464", "without authentication"):
+        assert fragment in text
+    assert "--log-format {text,json}" in text
+    assert "--log-wire" in text
+
+
+def test_metrics_address_in_use_fails_with_a_message(tmp_path: Path) -> None:
+    """Property: an unbindable --metrics-listen address is a clear startup
+    failure (exit 1, the address named), not a daemon serving without metrics."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "ringo_trio.server"),
+                *("--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d")),
+                *("--metrics-listen", f"127.0.0.1:{port}"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+    assert result.returncode == EXIT_FAILURE
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
+    assert result.stdout == ""
