@@ -24,14 +24,17 @@ from ringo_trio._proto.ringo.v1 import (
     LeaseRef,
     RetryBackoff,
     TaskSpec,
+    TaskState,
 )
 
 __all__ = [
     "ClaimArgs",
     "FieldError",
+    "bulk_limit",
     "claim_args",
     "duration",
     "error_text",
+    "finished_states",
     "lease_ref",
     "lookup",
     "name",
@@ -246,3 +249,32 @@ def claim_args(request: ClaimRequest) -> ClaimArgs:
         wait_timeout=wait if wait is not None else _ZERO,
         lease_duration=lease if lease is not None else limits.DEFAULT_LEASE,
     )
+
+
+_FINISHED_STATES = (TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED)
+
+
+def finished_states(values: Sequence[TaskState], path: str = "states") -> list[int]:
+    """A filter of finished states (DeleteTasks): at most one entry per
+    finished state; empty means all three."""
+    if len(values) > len(_FINISHED_STATES):
+        raise FieldError(
+            path, f"{len(values)} entries exceeds the limit of {len(_FINISHED_STATES)}"
+        )
+    for index, state in enumerate(values):
+        if state not in _FINISHED_STATES:
+            # An unknown value decodes to a member without a name.
+            label = getattr(state, "name", "") or str(int(state))
+            raise FieldError(
+                f"{path}[{index}]",
+                f"{label} is not a finished state;"
+                " only SUCCEEDED, DEAD or CANCELLED tasks can be deleted",
+            )
+    return [int(state) for state in dict.fromkeys(values or _FINISHED_STATES)]
+
+
+def bulk_limit(value: int, path: str = "limit") -> int:
+    """Tasks one bulk call changes: 1..MAX_DELETE_BATCH, 0 meaning the maximum."""
+    if value > limits.MAX_DELETE_BATCH:
+        raise FieldError(path, f"{value} exceeds the limit of {limits.MAX_DELETE_BATCH}")
+    return value or limits.MAX_DELETE_BATCH

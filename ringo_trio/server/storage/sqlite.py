@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
+import itertools
 import math
 import os
 import secrets
@@ -90,6 +92,7 @@ from ._rows import C_PRIORITY as _C_PRIORITY
 from ._rows import C_SEQ as _C_SEQ
 from ._rows import COLS as _COLS
 from ._rows import DEAD as _DEAD
+from ._rows import FINISHED as _FINISHED
 from ._rows import LEASE_EXPIRED as _LEASE_EXPIRED
 from ._rows import LEASED as _LEASED
 from ._rows import MAX_DELAY_US as _MAX_DELAY_US
@@ -99,6 +102,7 @@ from ._rows import STATES as _STATES
 from ._rows import SUCCEEDED as _SUCCEEDED
 from ._rows import UINT32_MAX as _UINT32_MAX
 from ._rows import describe as _describe
+from ._rows import finished_states as _finished_states
 from ._rows import from_us as _from_us
 from ._rows import lease as _lease
 from ._rows import leased as _leased
@@ -126,6 +130,7 @@ _COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
 # Spelled exactly so in the index and in its queries: SQLite uses a partial
 # index only for a query whose WHERE contains the index's own term.
 _ACTIVE = f"state IN ({_PENDING}, {_LEASED})"
+_FINISHED_TERM = f"state IN ({', '.join(map(str, _FINISHED))})"
 
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -168,6 +173,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (f"CREATE INDEX tasks_active_type ON tasks (queue, task_type) WHERE {_ACTIVE}",),
     # Minor 9: the handler's return value of a SUCCEEDED task.
     ("ALTER TABLE tasks ADD COLUMN result BLOB",),
+    # Purge and retention: the oldest finished tasks of one state, of one
+    # queue (DeleteTasks) or of every queue (retention), by index seek.
+    (
+        f"CREATE INDEX tasks_finished ON tasks (state, finished_at) WHERE {_FINISHED_TERM}",
+        "CREATE INDEX tasks_finished_queue ON tasks (queue, state, finished_at)"
+        f" WHERE {_FINISHED_TERM}",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -247,6 +259,22 @@ _RETRY = f"""
         lease_token = '', lease_until = NULL, updated_at = :now, result = NULL
     WHERE seq = :seq RETURNING {_COLS}
 """
+
+# The oldest finished tasks of one state (of one queue, or of every queue for
+# retention): an ordered walk of a partial index that stops at :limit, so a
+# batch costs about :limit index entries however many tasks are kept. seq
+# (the rowid, the index's hidden last column) breaks ties without a sort.
+_OLDEST_FINISHED = (
+    f"SELECT finished_at, seq FROM tasks INDEXED BY tasks_finished WHERE {_FINISHED_TERM}"
+    " AND state = :state AND finished_at < :before ORDER BY finished_at, seq LIMIT :limit"
+)
+_OLDEST_FINISHED_QUEUE = (
+    f"SELECT finished_at, seq FROM tasks INDEXED BY tasks_finished_queue WHERE {_FINISHED_TERM}"
+    " AND queue = :queue AND state = :state AND finished_at < :before"
+    " ORDER BY finished_at, seq LIMIT :limit"
+)
+# finished_before unset: later than any time the daemon stores.
+_NO_CUTOFF = 2**63 - 1
 
 
 def _types_clause(task_types: Sequence[str]) -> tuple[str, dict[str, str]]:
@@ -723,7 +751,24 @@ class SQLiteEngine(Storage):
         finished_before: datetime | None,
         limit: int,
     ) -> int:
-        raise NotImplementedError("delete_finished")
+        wanted = _finished_states(states)
+        if limit <= 0 or not wanted:
+            return 0
+        args: dict[str, Any] = {
+            "queue": queue,
+            "before": _NO_CUTOFF if finished_before is None else _to_us(finished_before),
+            "limit": limit,
+        }
+        sql = _OLDEST_FINISHED if queue is None else _OLDEST_FINISHED_QUEUE
+        with self._write() as db:
+            # Each state's oldest by an ordered index walk, merged here: one
+            # ORDER BY over several states would sort them all (a temp b-tree).
+            oldest = heapq.merge(
+                *(db.execute(sql, {**args, "state": s}).fetchall() for s in wanted)
+            )
+            doomed = [(seq,) for _, seq in itertools.islice(oldest, limit)]
+            db.executemany("DELETE FROM tasks WHERE seq = ?", doomed)
+        return len(doomed)
 
 
 @contextlib.contextmanager
