@@ -6,7 +6,8 @@ A `RetentionPolicy` says how long a finished task is kept after it finished,
 per state (``ringod --retain-succeeded 7d --retain-dead 30d
 --retain-cancelled 7d``; None keeps that state forever). `Retention.run`
 lives in the daemon's task group for the daemon's whole life and makes one
-*pass* at start and then every `RetentionPolicy.interval` seconds.
+*pass* every `RetentionPolicy.interval` seconds, the first one interval
+after the start.
 
 A pass reads the daemon's `Clock` once; for each state with a retention it
 deletes, across every queue, the tasks of that state finished before
@@ -165,5 +166,6 @@ class Retention:
             return
         log.info("retention: %s, every %gs", self.policy.describe(), self.policy.interval)
         while True:
-            await self.sweep()
+            # Not at once: a daemon starting up has its clients to take back first.
             await asyncio.sleep(self.policy.interval)
+            await self.sweep()
