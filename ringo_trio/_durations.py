@@ -46,7 +46,9 @@ def format_duration(value: timedelta) -> str:
         size = _UNITS[unit]
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
+    # Fixed-point: `:g` would write 1000000 seconds as "1e+06s", which
+    # parse_duration (rightly) refuses.
+    return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
 
 
 def parse_retention(text: str) -> timedelta | None:
