@@ -139,6 +139,8 @@ class Retention:
 
     async def sweep(self) -> int:
         """`purge`, logged; never raises (but cancellation). How many were deleted."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             deleted = await self.purge()
         except StorageUnavailable as exc:
@@ -153,8 +155,9 @@ class Retention:
         total = sum(deleted.values())
         if total:
             log.info(
-                "retention deleted %d finished task(s): %s",
+                "retention deleted %d finished task(s) in %.2fs: %s",
                 total,
+                loop.time() - started,
                 ", ".join(f"{n} {state.name}" for state, n in deleted.items() if n),
             )
         return total
