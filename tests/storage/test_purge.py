@@ -8,14 +8,27 @@ import asyncio
 import pathlib
 from datetime import datetime, timedelta
 
+import asyncpg
 import pytest
 
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server._retention import Retention, RetentionPolicy
+from ringo_trio.server.storage import sqlite as engine_module
 from ringo_trio.server.storage._base import NotFound
+from ringo_trio.server.storage.postgres import PostgresEngine
 
-from .conftest import ENGINE_KINDS, SyncEngine, claim_one, open_engine, ref_of, spec
+from .conftest import (
+    ENGINE_KINDS,
+    EngineKind,
+    SyncEngine,
+    claim_one,
+    open_engine,
+    postgres_kind,
+    ref_of,
+    schema_for,
+    spec,
+)
 
 SUCCEEDED, DEAD, CANCELLED = int(TaskState.SUCCEEDED), int(TaskState.DEAD), int(TaskState.CANCELLED)
 FINISHED = [SUCCEEDED, DEAD, CANCELLED]
@@ -184,8 +197,6 @@ def test_retention_works_a_backlog_off_batch_by_batch(
 def test_sqlite_batches_walk_an_index(tmp_path: pathlib.Path, queue: str | None) -> None:
     """Each statement of a batch is an index search: no scan of the task table (which
     holds every task, finished or not) and no sort (temp b-tree) of what it finds."""
-    from ringo_trio.server.storage import sqlite as engine_module
-
     sql = engine_module._OLDEST_FINISHED if queue is None else engine_module._OLDEST_FINISHED_QUEUE
     with open_engine(ENGINE_KINDS["sqlite"], tmp_path) as sqlite:
         db = sqlite.raw._db  # type: ignore[attr-defined]
@@ -203,11 +214,8 @@ def test_postgres_batches_walk_an_index(storage_database: str, tmp_path: pathlib
     """The delete's generic plan (what the engine's prepared statement runs) finds
     its rows by the finished-task indexes, never by a sequential scan, even with
     plenty of rows to choose from."""
-    import asyncpg
 
-    from .conftest import postgres_kind, schema_for
-
-    async def plans() -> list[str]:
+    async def plans(statements: dict[str, str]) -> list[str]:
         schema = schema_for(tmp_path)
         conn = await asyncpg.connect(storage_database)
         try:
@@ -224,14 +232,9 @@ def test_postgres_batches_walk_an_index(storage_database: str, tmp_path: pathlib
             )
             await conn.execute("ANALYZE tasks")
             found = []
-            sql = engine.raw._sql  # type: ignore[attr-defined]
-            for statement in (sql.delete_finished, sql.delete_finished_queue):
+            for statement, args in statements.items():
                 await conn.execute(f"PREPARE p AS {statement}")
-                rows = await conn.fetch(
-                    "EXPLAIN EXECUTE p(ARRAY[3,4]::smallint[], 5, 10, 'q1')"
-                    if "$4" in statement
-                    else "EXPLAIN EXECUTE p(ARRAY[3,4]::smallint[], 5, 10)"
-                )
+                rows = await conn.fetch(f"EXPLAIN EXECUTE p({args})")
                 await conn.execute("DEALLOCATE p")
                 found.append("\n".join(r[0] for r in rows))
             return found
@@ -239,7 +242,12 @@ def test_postgres_batches_walk_an_index(storage_database: str, tmp_path: pathlib
             await conn.close()
 
     with open_engine(postgres_kind(storage_database), tmp_path) as engine:
-        for plan in engine.run(plans()):
+        sql = engine.raw._sql  # type: ignore[attr-defined]
+        statements = {
+            sql.delete_finished: "ARRAY[3,4]::smallint[], 5, 10",
+            sql.delete_finished_queue: "ARRAY[3,4]::smallint[], 5, 10, 'q1'",
+        }
+        for plan in engine.run(plans(statements)):
             assert "tasks_finished" in plan, plan
             assert "Seq Scan" not in plan, plan
 
@@ -250,10 +258,6 @@ def test_postgres_daemons_purging_at_once_skip_each_others_rows(
     """While another transaction (another daemon's batch) holds some finished rows,
     a delete neither waits for it nor touches those rows: it deletes the others and
     returns; the held rows are deleted once they are free."""
-    import asyncpg
-
-    from .conftest import postgres_kind, schema_for
-
     clock = ManualClock()
     with open_engine(postgres_kind(storage_database), tmp_path) as engine:
         ids = [finish(engine, clock.now(), SUCCEEDED) for _ in range(6)]
@@ -284,9 +288,6 @@ def test_postgres_enqueue_takes_a_key_whose_task_is_deleted_under_it(
     """An enqueue that met a unique key's finished task, which another daemon's purge
     deleted before the enqueue could read it, creates its own task for the key
     instead of failing."""
-    from ringo_trio.server.storage.postgres import PostgresEngine
-
-    from .conftest import EngineKind, postgres_kind
 
     class PurgedUnderfoot(PostgresEngine):
         """Deletes every finished task just before the first duplicate lookup."""
