@@ -55,6 +55,7 @@ from ._daemon import Daemon, DaemonConfig, ListenError
 from ._lock import DataDirLock, DataDirLocked
 from ._members import DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, MAX_GENERATION_CHARS
 from ._retention import (
+    DEFAULT_POSTGRES_RETENTION_BATCH,
     DEFAULT_RETAIN_CANCELLED,
     DEFAULT_RETAIN_DEAD,
     DEFAULT_RETAIN_SUCCEEDED,
@@ -419,9 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--retention-batch",
         metavar="N",
         type=_retention_batch,
-        default=DEFAULT_RETENTION_BATCH,
+        default=None,
         help="tasks deleted per storage transaction; the event loop serves other calls"
-        f" between batches (default {DEFAULT_RETENTION_BATCH})",
+        f" between batches (default {DEFAULT_RETENTION_BATCH} with SQLite,"
+        f" {DEFAULT_POSTGRES_RETENTION_BATCH} with PostgreSQL)",
     )
     parser.add_argument(
         "--idle-timeout",
@@ -680,7 +682,7 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
                 dead=args.retain_dead,
                 cancelled=args.retain_cancelled,
                 interval=args.retention_interval,
-                batch=args.retention_batch,
+                batch=_retention_batch_for(args.retention_batch, choice),
             ),
         )
 
@@ -707,6 +709,14 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
             pipe.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+
+
+def _retention_batch_for(batch: int | None, choice: StorageChoice) -> int:
+    if batch is not None:
+        return batch
+    if choice.postgres_dsn is not None:
+        return DEFAULT_POSTGRES_RETENTION_BATCH
+    return DEFAULT_RETENTION_BATCH
 
 
 def _safety_poll(seconds: float | None, choice: StorageChoice) -> float | None:

@@ -51,6 +51,7 @@ __all__ = [
     "DEFAULT_RETAIN_CANCELLED",
     "DEFAULT_RETAIN_DEAD",
     "DEFAULT_RETAIN_SUCCEEDED",
+    "DEFAULT_POSTGRES_RETENTION_BATCH",
     "DEFAULT_RETENTION_BATCH",
     "DEFAULT_RETENTION_INTERVAL",
     "Retention",
@@ -66,7 +67,11 @@ DEFAULT_RETAIN_SUCCEEDED = timedelta(days=7)
 DEFAULT_RETAIN_DEAD = timedelta(days=30)
 DEFAULT_RETAIN_CANCELLED = timedelta(days=7)
 DEFAULT_RETENTION_INTERVAL = 60.0
-DEFAULT_RETENTION_BATCH = 500
+# Measured (bench/retention.py, docs/operations.md): on SQLite a batch holds
+# the event loop, so it is small; on PostgreSQL the loop stays free and each
+# commit costs a WAL flush, so batches are larger.
+DEFAULT_RETENTION_BATCH = 200
+DEFAULT_POSTGRES_RETENTION_BATCH = 2000
 DEFAULT_RETENTION_PAUSE = 0.005
 
 
@@ -82,7 +87,8 @@ class RetentionPolicy:
     interval: float = DEFAULT_RETENTION_INTERVAL
     """Seconds between passes."""
     batch: int = DEFAULT_RETENTION_BATCH
-    """Tasks deleted per storage transaction."""
+    """Tasks deleted per storage transaction (the default suits SQLite;
+    ``DEFAULT_POSTGRES_RETENTION_BATCH`` PostgreSQL)."""
     pause: float = DEFAULT_RETENTION_PAUSE
     """Seconds between two batches of a pass, for the calls waiting on the loop."""
 

@@ -24,8 +24,13 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     TaskState,
 )
+from ringo_trio.server import _main
 from ringo_trio.server._daemon import Daemon, DaemonConfig
-from ringo_trio.server._retention import RetentionPolicy
+from ringo_trio.server._retention import (
+    DEFAULT_POSTGRES_RETENTION_BATCH,
+    DEFAULT_RETENTION_BATCH,
+    RetentionPolicy,
+)
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess
 
@@ -247,3 +252,15 @@ async def test_health_is_answered_while_retention_purges(tmp_path: Path) -> None
                 stop.set()
     during = [n for n in batches_at_answers if 0 < n < total // batch]
     assert len(set(during)) > 1, batches_at_answers
+
+
+def test_ringod_sizes_retention_batches_by_engine() -> None:
+    """Without --retention-batch, a batch is small on SQLite (it holds the event loop)
+    and larger on PostgreSQL (where each commit costs a WAL flush instead); the
+    flag, when given, wins on both."""
+    sqlite = _main.StorageChoice(data_dir=Path("data"))
+    postgres = _main.StorageChoice(postgres_dsn="postgresql://db/ringo")
+    assert _main._retention_batch_for(None, sqlite) == DEFAULT_RETENTION_BATCH
+    assert _main._retention_batch_for(None, postgres) == DEFAULT_POSTGRES_RETENTION_BATCH
+    assert DEFAULT_RETENTION_BATCH < DEFAULT_POSTGRES_RETENTION_BATCH
+    assert _main._retention_batch_for(7, sqlite) == _main._retention_batch_for(7, postgres) == 7
