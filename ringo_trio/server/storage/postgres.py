@@ -43,7 +43,14 @@ Concurrency, operation by operation (READ COMMITTED):
 * enqueue -- one `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`
   (dedupe against a racing daemon is the unique index's), then a lookup of
   the keys that conflicted; deadlocks between two overlapping keyed batches
-  are retried.
+  are retried. A key whose task was deleted (purge, retention) between the
+  two is free: its task is inserted again.
+* purge and retention (`delete_finished`) -- one `DELETE` of the rows a
+  sub-select picked `FOR UPDATE SKIP LOCKED`, the oldest finished of each
+  asked state by an ordered walk of `tasks_finished(_queue)`: daemons
+  purging at once, or a purge meeting a retry, skip each other's rows
+  instead of waiting; a row retried after the snapshot fails the state
+  re-check of the lock and stays.
 
 Time: the caller's `now` (microseconds, as in SQLite); never the database's
 clock. A lease token is `gen_random_uuid()` without dashes: 32 hex digits,

@@ -17,7 +17,7 @@ window at the cost of one fsync per commit.
 
 Rows: one table `tasks`; times are integer microseconds since the Unix epoch
 (UTC) and are converted to aware datetimes only at this module's boundary.
-`seq` (the rowid) is enqueue order. Four partial indexes do the work:
+`seq` (the rowid) is enqueue order. Partial indexes do the work:
 
 * `tasks_pending (queue, priority DESC, available_at) WHERE state = PENDING`
   -- claim order. Claims walk the distinct priorities of a queue from the top
@@ -31,6 +31,11 @@ Rows: one table `tasks`; times are integer microseconds since the Unix epoch
 * `tasks_active_type (queue, task_type) WHERE state IN (PENDING, LEASED)` --
   activity: counting stops at `MAX_ACTIVITY_COUNT`, and a task-type filter
   is a seek per type, so the count never walks a backlog of other types.
+* `tasks_finished (state, finished_at)` and `tasks_finished_queue (queue,
+  state, finished_at)` `WHERE state IN (SUCCEEDED, DEAD, CANCELLED)` --
+  purge and retention: a batch walks one state's oldest finished tasks (of
+  every queue, or of one) and stops at its limit; several states are merged
+  in Python rather than sorted by SQLite.
 
 Task ids are 32 hex digits: 48 bits of the enqueue time in milliseconds, then
 80 random bits, so they sort roughly by creation and are unique across
