@@ -14,18 +14,21 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
 from typing import Any
 
 from ._client import Ringo, RingoClient
 from ._durations import parse_duration
 from ._errors import InvalidArgumentError
 from ._limits import MAX_PAYLOAD_BYTES
-from ._models import Task, TaskSpec
+from ._models import Task, TaskSpec, TaskState
 from ._supervise import TOKEN_ENV
 
 __all__ = ["add_commands", "OPS_COMMANDS"]
 
 OPS_COMMANDS = frozenset({"queues", "tasks", "enqueue"})
+
+_FINISHED = [TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED]
 
 
 # -- output -------------------------------------------------------------------
@@ -189,10 +192,24 @@ async def _enqueue(args: argparse.Namespace) -> int:
 
 
 async def _tasks_purge(args: argparse.Namespace) -> int:
-    raise NotImplementedError("ringo tasks purge")
+    states = [TaskState(state) for state in args.state] or _FINISHED
+    async with open_client(args) as client:
+        deleted = await client.queue(args.queue).purge(states=states, older_than=args.older_than)
+    if args.json:
+        print_json({"queue": args.queue, "deleted": deleted})
+    else:
+        sys.stdout.write(f"deleted {deleted} finished task(s) from queue {args.queue}\n")
+    return 0
 
 
 # -- parsing ------------------------------------------------------------------
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _command(
@@ -264,7 +281,10 @@ def add_commands(commands: Any) -> None:
         help="only this finished state (repeatable; default all three)",
     )
     purge.add_argument(
-        "--older-than", default=None, help="only tasks finished longer ago, e.g. 7d, 12h, 30m"
+        "--older-than",
+        type=_duration,
+        default=None,
+        help="only tasks finished longer ago, e.g. 7d, 12h, 30m",
     )
     _command(purge, _tasks_purge)
 

@@ -1,5 +1,6 @@
 """Durations as operators type them: ``90s``, ``5m``, ``12h``, ``7d``, ``2w``,
-or a bare number of seconds. Shared by `ringo` and `ringod` flags."""
+or a bare number of seconds. Shared by `ringo` and `ringod` flags; a
+retention (``ringod --retain-*``) is such a duration or ``forever``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,20 @@ import math
 import re
 from datetime import timedelta
 
-__all__ = ["format_duration", "parse_duration"]
+__all__ = [
+    "FOREVER",
+    "MAX_RETENTION",
+    "format_duration",
+    "format_retention",
+    "parse_duration",
+    "parse_retention",
+]
+
+FOREVER = "forever"
+"""The retention that keeps tasks (the one way to turn a retention off)."""
+MAX_RETENTION = timedelta(days=100 * 365)
+"""Longer retentions are refused (say `FOREVER`): the cutoff, now minus the
+retention, must stay a valid date."""
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _FORM = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
@@ -32,4 +46,29 @@ def format_duration(value: timedelta) -> str:
         size = _UNITS[unit]
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
+    # Fixed-point: `:g` would write 1000000 seconds as "1e+06s", which
+    # parse_duration (rightly) refuses.
+    return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
+
+
+def parse_retention(text: str) -> timedelta | None:
+    """A retention: a positive duration up to `MAX_RETENTION`, or ``forever``
+    (None: never delete). ``0`` is refused rather than guessed at, since it
+    reads as "keep nothing" to some and as "no limit" to others."""
+    if text.strip().lower() == FOREVER:
+        return None
+    value = parse_duration(text)
+    if value <= timedelta(0):
+        raise ValueError(
+            f"{text!r}: a retention must be positive; say {FOREVER!r} to keep tasks forever"
+        )
+    if value > MAX_RETENTION:
+        raise ValueError(
+            f"{text!r} is longer than {format_duration(MAX_RETENTION)}; say {FOREVER!r}"
+        )
+    return value
+
+
+def format_retention(value: timedelta | None) -> str:
+    """What `parse_retention` reads back as `value`."""
+    return FOREVER if value is None else format_duration(value)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
+from ._durations import MAX_RETENTION
 from ._errors import InvalidArgumentError, RingoError, require_minor
 from ._fastwire import decode_enqueue_many_response, encode_enqueue_many_request_from_specs
 from ._models import (
@@ -38,6 +39,8 @@ from ._proto.ringo.v1 import (
     CancelTaskResponse,
     ClaimRequest,
     ClaimResponse,
+    DeleteTasksRequest,
+    DeleteTasksResponse,
     EnqueueRequest,
     EnqueueResponse,
     ExtendLeaseRequest,
@@ -484,8 +487,45 @@ class TaskQueue:
     ) -> int:
         """Delete finished tasks (SUCCEEDED, DEAD, CANCELLED) that finished
         more than ``older_than`` ago (any age when None), in batches; how
-        many were deleted. Their unique keys can be used again."""
-        raise NotImplementedError("purge")
+        many were deleted. Their unique keys can be used again.
+
+        Each batch (``batch_size`` tasks, at most 10,000) is one DeleteTasks
+        call and one transaction on the daemon, oldest finished first;
+        batches follow one another until the daemon finds no more. The age
+        is measured from this process's clock, once, at the start. After an
+        error the batches already done stay done: call it again. Needs
+        protocol minor >= 9 (`IncompatibleVersionError` before anything is
+        sent)."""
+        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "purge")
+        if isinstance(states, TaskState | str):
+            raise InvalidArgumentError("states must be a collection of TaskState")
+        wanted: builtins.list[TaskState] = []
+        for state in states:
+            if state not in _FINISHED:
+                raise InvalidArgumentError(
+                    f"states: {state!r} is not a finished state; only SUCCEEDED, DEAD"
+                    " or CANCELLED tasks can be purged"
+                )
+            wanted.append(state)
+        if not wanted:
+            raise InvalidArgumentError("states must name at least one finished state")
+        _check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
+        finished_before = None
+        if older_than is not None:
+            _check_duration("older_than", older_than, maximum=MAX_RETENTION)
+            finished_before = datetime.now(UTC) - older_than
+        request = DeleteTasksRequest(
+            queue=self.name,
+            states=[state.to_wire() for state in dict.fromkeys(wanted)],
+            finished_before=finished_before,
+            limit=batch_size,
+        )
+        deleted = 0
+        while True:
+            reply = await self._connection.call("DeleteTasks", request, DeleteTasksResponse)
+            deleted += reply.deleted_count
+            if not reply.more:
+                return deleted
 
     # -- manual claim -------------------------------------------------------
 

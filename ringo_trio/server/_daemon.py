@@ -1,10 +1,10 @@
 """One serving lifetime of the daemon: storage, gRPC server, background tasks.
 
 `Daemon.serve` owns everything it starts. The background tasks — the lease
-reaper, the storage watch and the safety poll — run in an `asyncio.TaskGroup`
-that cannot outlive the call; grpclib's per-call tasks are drained and then
-cancelled by the server; storage is closed last, after no call can touch it
-any more.
+reaper, the storage watch, the safety poll and retention (`_retention`) —
+run in an `asyncio.TaskGroup` that cannot outlive the call; grpclib's
+per-call tasks are drained and then cancelled by the server; storage is
+closed last, after no call can touch it any more.
 
 **Metrics** (``DaemonConfig.metrics_listen``, `_metrics`): the /metrics
 responder is one more background task of that group; without it, the
@@ -70,6 +70,7 @@ from ._gate import Gate
 from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from ._memory import InMemoryChannel, start_in_memory
 from ._metrics import NO_METRICS, Metrics, PrometheusMetrics, serve_metrics
+from ._retention import Retention, RetentionPolicy
 from ._service import HealthService, QueueService
 from ._sessions import SessionTable
 from ._throttle import DEFAULT_CAP, AuthThrottle
@@ -108,6 +109,9 @@ class DaemonConfig:
     # TLS (None: plaintext); built and checked by the command line.
     tls: ssl.SSLContext | None = None
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    # Finished tasks older than this are deleted in the background (_retention);
+    # the default keeps them all (ringod's flags default to 7d/30d/7d).
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 
     @property
     def shared(self) -> bool:
@@ -159,6 +163,7 @@ class Daemon:
         self.reaper = LeaseReaper(
             storage, self.clock, self.wakeups, backstop=config.reaper_backstop
         )
+        self.retention = Retention(storage, self.clock, config.retention)
         self.sessions = SessionTable(config.session_ttl)
         self.health = HealthService()
         self.members = Members(
@@ -242,6 +247,7 @@ class Daemon:
                     tasks.create_task(self.reaper.run(), name="ringod lease reaper"),
                     tasks.create_task(self._watch(), name="ringod storage watch"),
                     tasks.create_task(self._room_probe(), name="ringod room probe"),
+                    tasks.create_task(self.retention.run(), name="ringod retention"),
                 ]
                 if metrics_sock is not None:
                     assert self._prometheus is not None

@@ -42,6 +42,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from ringo_trio import _limits as limits
+from ringo_trio._durations import FOREVER, format_retention, parse_retention
 from ringo_trio._version import SDK_VERSION
 
 from ._connections import (
@@ -54,6 +55,15 @@ from ._daemon import Daemon, DaemonConfig, ListenError, format_endpoint
 from ._lock import DataDirLock, DataDirLocked
 from ._logs import LOG_FORMATS, configure_logging
 from ._members import DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, MAX_GENERATION_CHARS
+from ._retention import (
+    DEFAULT_POSTGRES_RETENTION_BATCH,
+    DEFAULT_RETAIN_CANCELLED,
+    DEFAULT_RETAIN_DEAD,
+    DEFAULT_RETAIN_SUCCEEDED,
+    DEFAULT_RETENTION_BATCH,
+    DEFAULT_RETENTION_INTERVAL,
+    RetentionPolicy,
+)
 from ._throttle import DEFAULT_CAP as DEFAULT_AUTH_FAILURE_DELAY
 from .storage._base import Storage, StorageError
 
@@ -177,6 +187,23 @@ def _pool_size(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
     if not 1 <= size <= 1000:
         raise argparse.ArgumentTypeError(f"{size} is outside 1..1000")
+    return size
+
+
+def _retention(value: str) -> timedelta | None:
+    try:
+        return parse_retention(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _retention_batch(value: str) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if not 1 <= size <= limits.MAX_DELETE_BATCH:
+        raise argparse.ArgumentTypeError(f"{size} is outside 1..{limits.MAX_DELETE_BATCH}")
     return size
 
 
@@ -365,6 +392,39 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         default=10.0,
         help="a Work stream that has sent nothing for this long sends a heartbeat (default 10)",
+    )
+    retention = parser.add_argument_group(
+        "retention",
+        "finished tasks are deleted in the background once they finished this long ago"
+        f" (DURATION: 90s, 12h, 7d, 2w, ...; or '{FOREVER}' to keep them)",
+    )
+    for state, default in (
+        ("succeeded", DEFAULT_RETAIN_SUCCEEDED),
+        ("dead", DEFAULT_RETAIN_DEAD),
+        ("cancelled", DEFAULT_RETAIN_CANCELLED),
+    ):
+        retention.add_argument(
+            f"--retain-{state}",
+            metavar="DURATION",
+            type=_retention,
+            default=default,
+            help=f"keep {state.upper()} tasks this long (default {format_retention(default)})",
+        )
+    retention.add_argument(
+        "--retention-interval",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=DEFAULT_RETENTION_INTERVAL,
+        help=f"seconds between retention passes (default {DEFAULT_RETENTION_INTERVAL:g})",
+    )
+    retention.add_argument(
+        "--retention-batch",
+        metavar="N",
+        type=_retention_batch,
+        default=None,
+        help="tasks deleted per storage transaction; the event loop serves other calls"
+        f" between batches (default {DEFAULT_RETENTION_BATCH} with SQLite,"
+        f" {DEFAULT_POSTGRES_RETENTION_BATCH} with PostgreSQL)",
     )
     parser.add_argument(
         "--idle-timeout",
@@ -630,6 +690,13 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
                 keepalive_interval=args.keepalive_interval,
                 keepalive_timeout=args.keepalive_timeout,
             ),
+            retention=RetentionPolicy(
+                succeeded=args.retain_succeeded,
+                dead=args.retain_dead,
+                cancelled=args.retain_cancelled,
+                interval=args.retention_interval,
+                batch=_retention_batch_for(args.retention_batch, choice),
+            ),
         )
 
         def announce(daemon: Daemon) -> None:
@@ -655,6 +722,14 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
             pipe.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+
+
+def _retention_batch_for(batch: int | None, choice: StorageChoice) -> int:
+    if batch is not None:
+        return batch
+    if choice.postgres_dsn is not None:
+        return DEFAULT_POSTGRES_RETENTION_BATCH
+    return DEFAULT_RETENTION_BATCH
 
 
 def _safety_poll(seconds: float | None, choice: StorageChoice) -> float | None:

@@ -9,6 +9,7 @@ to status codes by the service's `_rpc` wrapper like every unary call.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 from ringo_trio._proto.ringo.v1 import (
@@ -31,6 +32,8 @@ from ._wakeups import QueueWakeups
 from .storage._base import Storage
 
 __all__ = ["Operations"]
+
+log = logging.getLogger("ringo_trio.server")
 
 
 class Operations:
@@ -81,4 +84,11 @@ class Operations:
     # -- purge ---------------------------------------------------------------
 
     async def delete_tasks(self, message: DeleteTasksRequest, now: datetime) -> DeleteTasksResponse:
-        raise NotImplementedError("DeleteTasks")
+        queue = v.name(message.queue, "queue")
+        states = v.finished_states(message.states)
+        limit = v.batch_limit(message.limit)
+        deleted = await self._storage.delete_finished(queue, states, message.finished_before, limit)
+        if deleted:
+            # Deleting is for good: leave a trace an operator can find.
+            log.info("DeleteTasks deleted %d finished task(s) of queue %r", deleted, queue)
+        return DeleteTasksResponse(deleted_count=deleted, more=deleted == limit)

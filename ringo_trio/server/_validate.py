@@ -24,6 +24,7 @@ from ringo_trio._proto.ringo.v1 import (
     LeaseRef,
     RetryBackoff,
     TaskSpec,
+    TaskState,
 )
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "claim_args",
     "duration",
     "error_text",
+    "finished_states",
     "lease_ref",
     "lookup",
     "name",
@@ -274,3 +276,25 @@ def result_value(value: bytes | None, path: str = "result") -> bytes | None:
             path, f"{len(value)} bytes exceeds the {limits.MAX_RESULT_BYTES}-byte limit"
         )
     return value
+
+
+_FINISHED_STATES = (TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED)
+
+
+def finished_states(values: Sequence[TaskState], path: str = "states") -> list[int]:
+    """A filter of finished states (DeleteTasks): at most one entry per
+    finished state; empty means all three."""
+    if len(values) > len(_FINISHED_STATES):
+        raise FieldError(
+            path, f"{len(values)} entries exceeds the limit of {len(_FINISHED_STATES)}"
+        )
+    for index, state in enumerate(values):
+        if state not in _FINISHED_STATES:
+            # An unknown value decodes to a member without a name.
+            label = getattr(state, "name", "") or str(int(state))
+            raise FieldError(
+                f"{path}[{index}]",
+                f"{label} is not a finished state;"
+                " only SUCCEEDED, DEAD or CANCELLED tasks can be deleted",
+            )
+    return [int(state) for state in dict.fromkeys(values or _FINISHED_STATES)]

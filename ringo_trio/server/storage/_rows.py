@@ -247,3 +247,12 @@ def describe(queue: str, task_id: str | None, unique_key: str | None) -> str:
     if task_id is not None:
         return f"task {task_id!r} in queue {queue!r}"
     return f"task with unique key {unique_key!r} in queue {queue!r}"
+
+
+def finished_states(states: Sequence[int]) -> list[int]:
+    """`states` without repeats, for `delete_finished`; ValueError for one
+    that is not finished (the service refuses those before they get here)."""
+    wanted = list(dict.fromkeys(states))
+    if not set(wanted) <= set(FINISHED):
+        raise ValueError(f"only finished states can be deleted, got {wanted}")
+    return wanted

@@ -52,7 +52,14 @@ Concurrency, operation by operation (READ COMMITTED):
 * enqueue -- one `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`
   (dedupe against a racing daemon is the unique index's), then a lookup of
   the keys that conflicted; deadlocks between two overlapping keyed batches
-  are retried.
+  are retried. A key whose task was deleted (purge, retention) between the
+  two is free: its task is inserted again.
+* purge and retention (`delete_finished`) -- one `DELETE` of the rows a
+  sub-select picked `FOR UPDATE SKIP LOCKED`, the oldest finished of each
+  asked state by an ordered walk of `tasks_finished(_queue)`: daemons
+  purging at once, or a purge meeting a retry, skip each other's rows
+  instead of waiting; a row retried after the snapshot fails the state
+  re-check of the lock and stays.
 
 Time: the caller's `now` (microseconds, as in SQLite); never the database's
 clock. A lease token is `gen_random_uuid()` without dashes: 32 hex digits,
@@ -115,6 +122,7 @@ from ._rows import (
     CANCELLED,
     COLS,
     DEAD,
+    FINISHED,
     LEASE_EXPIRED,
     LEASED,
     MAX_DELAY_US,
@@ -125,6 +133,7 @@ from ._rows import (
     UINT32_MAX,
     cancelled_text,
     describe,
+    finished_states,
     from_us,
     lease,
     leased,
@@ -151,6 +160,9 @@ _WATCH_PING = 15.0
 # of leases expiring under it cannot keep it busy.
 _CLAIM_ROUNDS = 4
 _DEADLOCK_RETRIES = 3
+# An enqueue whose conflicting unique keys were deleted before it could read
+# them inserts those tasks again, this many times at most.
+_VANISHED_RETRIES = 3
 # pg_notify refuses payloads of 8000 bytes or more; queue names are far
 # shorter (MAX_NAME_BYTES), this only keeps a bad one from failing a write.
 _MAX_NOTIFY_QUEUE_BYTES = 7000
@@ -204,6 +216,11 @@ def _lock_key(schema: str) -> int:
     """The advisory lock migrations of `schema` run under (a signed bigint)."""
     digest = hashlib.sha256(f"ringo_trio schema {schema}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
+
+
+# Spelled in the partial indexes and in their queries alike: a generic plan
+# cannot prove `state = $n` implies the index's predicate, this literal term can.
+_FINISHED_TERM = f"state IN ({', '.join(map(str, FINISHED))})"
 
 
 def _migrations(s: str) -> tuple[tuple[str, ...], ...]:
@@ -341,6 +358,14 @@ def _migrations(s: str) -> tuple[tuple[str, ...], ...]:
         (
             f"CREATE INDEX tasks_by_state ON {s}.tasks (queue, state, seq)",
             f"CREATE INDEX tasks_by_type ON {s}.tasks (queue, task_type, state, seq)",
+        ),
+        # Purge and retention: the oldest finished tasks of one state, of one
+        # queue (DeleteTasks) or of every queue (retention), by index seek.
+        (
+            f"CREATE INDEX tasks_finished ON {s}.tasks (state, finished_at, seq)"
+            f" WHERE {_FINISHED_TERM}",
+            f"CREATE INDEX tasks_finished_queue ON {s}.tasks (queue, state, finished_at, seq)"
+            f" WHERE {_FINISHED_TERM}",
         ),
     )
 
@@ -581,6 +606,29 @@ class _Sql:
             )
             SELECT (SELECT count(*) FROM r), {notify_pending("r")}
         """
+
+        def delete_finished(queue_filter: str) -> str:
+            """Delete the $3 oldest tasks finished before $2 of the states
+            $1: each state's oldest by an ordered index walk, merged. SKIP
+            LOCKED: a row another daemon is deleting (or retrying) now is
+            left to it, so purging daemons never wait for each other."""
+            return f"""
+                WITH picked AS (
+                    SELECT c.seq FROM unnest($1::smallint[]) AS s(state) CROSS JOIN LATERAL (
+                        SELECT seq, finished_at FROM {t}
+                        WHERE {_FINISHED_TERM} AND state = s.state
+                            AND finished_at < $2{queue_filter}
+                        ORDER BY finished_at, seq LIMIT $3
+                        FOR UPDATE SKIP LOCKED) c
+                    ORDER BY c.finished_at, c.seq LIMIT $3
+                ), gone AS (
+                    DELETE FROM {t} k USING picked WHERE k.seq = picked.seq RETURNING 1
+                )
+                SELECT count(*) FROM gone
+            """
+
+        self.delete_finished = delete_finished("")
+        self.delete_finished_queue = delete_finished(" AND queue = $4")
 
         self.activity = (
             f"SELECT {_ident(schema)}.ringo_activity($1, $2::text[], {MAX_ACTIVITY_COUNT})"
@@ -841,25 +889,27 @@ class PostgresEngine(Storage):
             first.append(i)
             candidate[i] = len(new)
             new.append(new_task(queue, spec, now, now_us, id_prefix))
-        columns = _columns(row for _, row in new)
-        for attempt in range(_DEADLOCK_RETRIES):
-            try:
-                row = await self._fetchrow(self._sql.insert, queue, now_us, *columns)
-                break
-            except _TRANSIENT:
-                if attempt == _DEADLOCK_RETRIES - 1:
-                    raise
-        inserted_keys = set(row[0] or ())
+        inserted_keys = await self._insert(queue, now_us, [row for _, row in new])
         conflicted = [k for k in by_key if k not in inserted_keys]
         existing: dict[str, Task] = {}
-        if conflicted:
+        for _ in range(_VANISHED_RETRIES):
+            if not conflicted:
+                break
             # A new statement: it sees the rows that won the conflict, even
             # those another daemon committed a moment ago.
             for found in await self._fetch(self._sql.by_keys, queue, conflicted):
                 existing[found[5]] = row_task(found)
-            if len(existing) != len(conflicted):
-                # Tasks are never deleted, so a key that conflicted has a row.
-                raise StorageError(f"queue {queue!r}: a conflicting unique key vanished")
+            # A task that won the conflict may have been deleted since
+            # (DeleteTasks, retention): its key is free, so ours takes it.
+            vanished = [k for k in conflicted if k not in existing]
+            if vanished:
+                retried = [new[candidate[by_key[k]]][1] for k in vanished]
+                inserted_keys |= await self._insert(queue, now_us, retried)
+            conflicted = [k for k in vanished if k not in inserted_keys]
+        if conflicted:
+            raise StorageError(
+                f"queue {queue!r}: unique keys kept being taken and deleted under this enqueue"
+            )
         outcomes: list[EnqueueOutcome] = []
         for i, spec in enumerate(specs):
             if first[i] != i:
@@ -870,6 +920,18 @@ class PostgresEngine(Storage):
             else:
                 outcomes.append(EnqueueOutcome(new[candidate[i]][0], created=True))
         return outcomes
+
+    async def _insert(self, queue: str, now_us: int, rows: list[tuple[Any, ...]]) -> set[str]:
+        """Insert `new_task` rows, skipping taken unique keys; the keys inserted."""
+        columns = _columns(rows)
+        for attempt in range(_DEADLOCK_RETRIES):
+            try:
+                row = await self._fetchrow(self._sql.insert, queue, now_us, *columns)
+                break
+            except _TRANSIENT:
+                if attempt == _DEADLOCK_RETRIES - 1:
+                    raise
+        return set(row[0] or ())
 
     async def get(
         self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
@@ -1193,7 +1255,17 @@ class PostgresEngine(Storage):
         finished_before: datetime | None,
         limit: int,
     ) -> int:
-        raise NotImplementedError("delete_finished")
+        wanted = finished_states(states)
+        if limit <= 0 or not wanted:
+            return 0
+        before = _NO_CUTOFF if finished_before is None else to_us(finished_before)
+        if queue is None:
+            row = await self._fetchrow(self._sql.delete_finished, wanted, before, limit)
+        else:
+            row = await self._fetchrow(
+                self._sql.delete_finished_queue, wanted, before, limit, queue
+            )
+        return int(row[0])
 
 
 class _Listened(Exception):

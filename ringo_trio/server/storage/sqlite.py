@@ -17,7 +17,7 @@ window at the cost of one fsync per commit.
 
 Rows: one table `tasks`; times are integer microseconds since the Unix epoch
 (UTC) and are converted to aware datetimes only at this module's boundary.
-`seq` (the rowid) is enqueue order. Four partial indexes do the work:
+`seq` (the rowid) is enqueue order. Partial indexes do the work:
 
 * `tasks_pending (queue, priority DESC, available_at) WHERE state = PENDING`
   -- claim order. Claims walk the distinct priorities of a queue from the top
@@ -31,6 +31,11 @@ Rows: one table `tasks`; times are integer microseconds since the Unix epoch
 * `tasks_active_type (queue, task_type) WHERE state IN (PENDING, LEASED)` --
   activity: counting stops at `MAX_ACTIVITY_COUNT`, and a task-type filter
   is a seek per type, so the count never walks a backlog of other types.
+* `tasks_finished (state, finished_at)` and `tasks_finished_queue (queue,
+  state, finished_at)` `WHERE state IN (SUCCEEDED, DEAD, CANCELLED)` --
+  purge and retention: a batch walks one state's oldest finished tasks (of
+  every queue, or of one) and stops at its limit; several states are merged
+  in Python rather than sorted by SQLite.
 
 Task ids are 32 hex digits: 48 bits of the enqueue time in milliseconds, then
 80 random bits, so they sort roughly by creation and are unique across
@@ -63,6 +68,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
+import itertools
 import math
 import os
 import secrets
@@ -110,6 +117,7 @@ from ._rows import SUCCEEDED as _SUCCEEDED
 from ._rows import UINT32_MAX as _UINT32_MAX
 from ._rows import cancelled_text as _cancelled_text
 from ._rows import describe as _describe
+from ._rows import finished_states as _finished_states
 from ._rows import from_us as _from_us
 from ._rows import lease as _lease
 from ._rows import leased as _leased
@@ -231,6 +239,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         END
         """,
     ),
+    # Purge and retention: the oldest finished tasks of one state, of one
+    # queue (DeleteTasks) or of every queue (retention), by index seek.
+    (
+        f"CREATE INDEX tasks_finished ON tasks (state, finished_at) WHERE {_FINISHED_TERM}",
+        "CREATE INDEX tasks_finished_queue ON tasks (queue, state, finished_at)"
+        f" WHERE {_FINISHED_TERM}",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -310,6 +325,22 @@ _RETRY = f"""
         lease_token = '', lease_until = NULL, updated_at = :now, result = NULL
     WHERE seq = :seq RETURNING {_COLS}
 """
+
+# The oldest finished tasks of one state (of one queue, or of every queue for
+# retention): an ordered walk of a partial index that stops at :limit, so a
+# batch costs about :limit index entries however many tasks are kept. seq
+# (the rowid, the index's hidden last column) breaks ties without a sort.
+_OLDEST_FINISHED = (
+    f"SELECT finished_at, seq FROM tasks INDEXED BY tasks_finished WHERE {_FINISHED_TERM}"
+    " AND state = :state AND finished_at < :before ORDER BY finished_at, seq LIMIT :limit"
+)
+_OLDEST_FINISHED_QUEUE = (
+    f"SELECT finished_at, seq FROM tasks INDEXED BY tasks_finished_queue WHERE {_FINISHED_TERM}"
+    " AND queue = :queue AND state = :state AND finished_at < :before"
+    " ORDER BY finished_at, seq LIMIT :limit"
+)
+# finished_before unset: later than any time the daemon stores.
+_NO_CUTOFF = 2**63 - 1
 
 
 # A LEASED task's lease goes with it: the worker's next command on the lease
@@ -965,7 +996,24 @@ class SQLiteEngine(Storage):
         finished_before: datetime | None,
         limit: int,
     ) -> int:
-        raise NotImplementedError("delete_finished")
+        wanted = _finished_states(states)
+        if limit <= 0 or not wanted:
+            return 0
+        args: dict[str, Any] = {
+            "queue": queue,
+            "before": _NO_CUTOFF if finished_before is None else _to_us(finished_before),
+            "limit": limit,
+        }
+        sql = _OLDEST_FINISHED if queue is None else _OLDEST_FINISHED_QUEUE
+        with self._write() as db:
+            # Each state's oldest by an ordered index walk, merged here: one
+            # ORDER BY over several states would sort them all (a temp b-tree).
+            oldest = heapq.merge(
+                *(db.execute(sql, {**args, "state": s}).fetchall() for s in wanted)
+            )
+            doomed = [(seq,) for _, seq in itertools.islice(oldest, limit)]
+            db.executemany("DELETE FROM tasks WHERE seq = ?", doomed)
+        return len(doomed)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,72 @@
+"""Durations and retentions as operators type them (`ringo --older-than`, `ringod --retain-*`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ringo_trio._durations import (
+    FOREVER,
+    MAX_RETENTION,
+    format_duration,
+    format_retention,
+    parse_duration,
+    parse_retention,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("90", timedelta(seconds=90)),
+        ("90s", timedelta(seconds=90)),
+        ("5m", timedelta(minutes=5)),
+        ("12h", timedelta(hours=12)),
+        ("7d", timedelta(days=7)),
+        ("2w", timedelta(weeks=2)),
+        (" 1.5H ", timedelta(minutes=90)),
+    ],
+)
+def test_durations_read_as_written(text: str, value: timedelta) -> None:
+    """Every unit, a bare number of seconds, fractions, case and surrounding spaces."""
+    assert parse_duration(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "-1d", "7 days", "d", "1y", "1e3s", "inf"])
+def test_what_is_not_a_duration_is_refused_with_the_forms(text: str) -> None:
+    with pytest.raises(ValueError, match="7d"):
+        parse_duration(text)
+
+
+@given(st.integers(min_value=0, max_value=10**9))
+def test_a_formatted_duration_reads_back_the_same(seconds: int) -> None:
+    value = timedelta(seconds=seconds)
+    assert parse_duration(format_duration(value)) == value
+
+
+@pytest.mark.parametrize("text", ["forever", "FOREVER", " Forever "])
+def test_forever_is_the_retention_that_keeps_tasks(text: str) -> None:
+    assert parse_retention(text) is None
+    assert format_retention(None) == FOREVER
+
+
+def test_a_retention_is_a_positive_duration_up_to_the_limit() -> None:
+    """`0` is refused (it reads as both "keep nothing" and "no limit"), and so is a
+    retention beyond MAX_RETENTION, whose cutoff could not be a date; each message
+    points at `forever`."""
+    assert parse_retention("30d") == timedelta(days=30)
+    assert parse_retention(format_duration(MAX_RETENTION)) == MAX_RETENTION
+    for text in ("0", "0s", "0d", format_duration(MAX_RETENTION + timedelta(days=1))):
+        with pytest.raises(ValueError, match=FOREVER):
+            parse_retention(text)
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_retention("never")
+
+
+@given(st.integers(min_value=1, max_value=int(MAX_RETENTION.total_seconds())))
+def test_a_formatted_retention_reads_back_the_same(seconds: int) -> None:
+    value = timedelta(seconds=seconds)
+    assert parse_retention(format_retention(value)) == value
