@@ -1,4 +1,5 @@
-"""Two trees side by side: ``bench/run.py --baseline REV`` (and ``--only``).
+"""Side by side in one run: two trees (``bench/run.py --baseline REV``), or
+this tree and the peers against the issue's targets (the full run, ``--only``).
 
 Theory of operation. A performance claim about a change ("throughput not
 lower than before") is a ratio, and on a shared machine it only holds when
@@ -23,6 +24,11 @@ both sides are measured in the same run, under the same noise:
 * A cell is the median over the rounds, with min-max; the ratio is
   current / baseline of the medians. Whether higher is better is part of each
   metric's name.
+* The peers (huey, procrastinate, the low-load latency with huey's beside
+  ours) run on the current side only, in the same rounds as our benchmarks;
+  a `Target` row holds one metric of ours against a peer's (or against the
+  baseline side's same metric: "no lower than today") and checks its goal on
+  the medians.
 
 The formatting helpers here are pure (tests/test_bench_tools.py).
 """
@@ -508,8 +514,6 @@ def _section(
             target_table(targets, runs),
             *PEER_NOTES,
         ]
-    elif len(sides) == 1:
-        lines = ["## This tree only (`--only`)", "", f"{when}, {revisions}; {machine}.", ""]
     else:
         lines = [
             HEADING,
