@@ -1054,7 +1054,7 @@ def main() -> None:
         *["-n", str(args.n), "--tasks", str(args.tasks), "--peer-tasks", str(args.peer_tasks)],
         *["--latency-tasks", str(args.latency_tasks), "--latency-gap", repr(args.latency_gap)],
     ]
-    rounds = args.repeat or 3
+    rounds = args.repeat or (1 if args.quick else 3)
     if args.baseline is not None:
         # Two trees; the peers do not change with the tree.
         names = [name for name in names if name not in compare.PEER_NAMES]
