@@ -428,7 +428,24 @@ async def _until_idle(endpoint: str, queue: str, at: datetime) -> float:
             await trio.sleep(0.05)
 
 
+class _HeadStartMissed(RuntimeError):
+    pass
+
+
 def _scale_run(count: int, n: int, concurrency: int = 64) -> ScaleRun:
+    """One scale-out run. Enqueueing must be over before the shared start;
+    on a busy machine it can take longer than the first guess, so a run that
+    misses it starts again (fresh database) with a longer head start. The
+    head start is not timed: only a wasted wait when it is too long."""
+    for rate in (5_000.0, 1_500.0, 500.0):
+        try:
+            return _scale_attempt(count, n, concurrency, rate)
+        except _HeadStartMissed:
+            print(f"scale-out: enqueueing {n:,} tasks took over {n / rate:.0f} s; again")
+    raise RuntimeError(f"enqueueing {n:,} tasks never fit the head start; lower --tasks")
+
+
+def _scale_attempt(count: int, n: int, concurrency: int, enqueue_rate: float) -> ScaleRun:
     queue = "bench-scaleout"
     with _pg.fresh_database() as dsn, ExitStack() as stack:
         daemons = [
@@ -458,10 +475,10 @@ def _scale_run(count: int, n: int, concurrency: int = 64) -> ScaleRun:
             for line in lines:
                 assert line.next(60)["event"] == "registered"
             # Time enough to enqueue everything before any of it is due.
-            at = datetime.now(UTC) + timedelta(seconds=1.0 + n / 5_000)
+            at = datetime.now(UTC) + timedelta(seconds=1.0 + n / enqueue_rate)
             trio.run(_enqueue_at, daemons[0].endpoint, queue, n, at)
             if datetime.now(UTC) >= at:
-                raise RuntimeError("enqueueing took longer than the head start; lower --tasks")
+                raise _HeadStartMissed
             cpu_before = sum(_proc.cpu_seconds(d.pid) for d in daemons)
             server_before = _pg.server_cpu(dsn)
             elapsed = trio.run(_until_idle, daemons[0].endpoint, queue, at)
