@@ -58,7 +58,7 @@ def proto(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: ours side by side with the peers, ratios against the
-    issue's targets; writes bench/results.md (about 10 minutes).
+    issue's targets; writes bench/results.md (10-15 minutes).
 
     ``nox -s bench -- --quick`` is a small smoke run; ``-- --only
     noop,huey,latency`` runs a subset of the rounds (names: noop, sleep,

@@ -3,7 +3,7 @@
 the peers, huey and procrastinate, in the same run; ratios against the
 issue's targets.
 
-    python bench/run.py [--quick] [--repeat 3]            # everything (~10 min)
+    python bench/run.py [--quick] [--repeat 3]            # everything (10-15 min)
     python bench/run.py --only NAME[,NAME] [--repeat 3]   # a subset of the rounds
     python bench/run.py --baseline REV [--only NAME[,NAME]]
     python bench/run.py --postgres-only | --profile DIR
@@ -57,8 +57,9 @@ run, default 20,000; the 10 ms runs take half),
 ``--latency-tasks``, ``--latency-gap``, ``--quick`` (small sizes, one
 round: a smoke test), ``--no-postgres`` (skips ours and procrastinate's
 PostgreSQL rows), ``--no-write`` (print only). With the defaults a full run
-takes about 10 minutes on 2 cores; ``postgres`` (≈ 1 min a round) and
-``procrastinate`` (≈ 30 s) are the longest.
+took 14 minutes on 2 cores shared with other jobs (load average 3-5);
+``postgres`` (1-2 min a round) and ``procrastinate`` (30-70 s) are the
+longest.
 
 ``--postgres-only`` measures the scale-out alone, best of ``--repeat`` with
 CPU per process kind, and replaces the "PostgreSQL scale-out" section (not
