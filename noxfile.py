@@ -57,17 +57,18 @@ def proto(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks (one ringod, one separate worker process); writes bench/results.md.
+    """Benchmarks: ours side by side with the peers, ratios against the
+    issue's targets; writes bench/results.md (10-15 minutes).
 
-    ``nox -s bench -- --quick`` is a small smoke run; ``-- --profile DIR`` profiles
-    the no-op Worker run (daemon and worker) with py-spy; ``-- --baseline REV``
-    measures git revision REV and this tree side by side and reports
-    current / baseline (``--only noop,enqueue_many`` for a quick comparison);
-    ``-- --only noop,sleep,huey`` runs ours next to the peer, huey, and
-    reports ringo_trio / huey.
+    ``nox -s bench -- --quick`` is a small smoke run; ``-- --only
+    noop,huey,latency`` runs a subset of the rounds (names: noop, sleep,
+    enqueue_many, unary, postgres, huey, procrastinate, latency);
+    ``-- --baseline REV`` measures git revision REV and this tree side by side
+    and reports current / baseline; ``-- --profile DIR`` profiles the no-op
+    Worker run with py-spy. All knobs: ``python bench/run.py --help``.
     """
-    # huey is the peer of the "Against huey" rows: a bench-only dependency.
-    session.install("-e", ".", "huey==3.5.4")
+    # The peers (huey on SQLite, procrastinate on PostgreSQL): bench-only dependencies.
+    session.install("-e", ".", "huey==3.5.4", "procrastinate==3.10.0")
     if "--profile" in session.posargs:
         session.install("py-spy")
     session.run("python", "bench/run.py", *session.posargs)

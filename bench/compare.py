@@ -1,4 +1,5 @@
-"""Two trees side by side: ``bench/run.py --baseline REV`` (and ``--only``).
+"""Side by side in one run: two trees (``bench/run.py --baseline REV``), or
+this tree and the peers against the issue's targets (the full run, ``--only``).
 
 Theory of operation. A performance claim about a change ("throughput not
 lower than before") is a ratio, and on a shared machine it only holds when
@@ -23,6 +24,11 @@ both sides are measured in the same run, under the same noise:
 * A cell is the median over the rounds, with min-max; the ratio is
   current / baseline of the medians. Whether higher is better is part of each
   metric's name.
+* The peers (huey, procrastinate, the low-load latency with huey's beside
+  ours) run on the current side only, in the same rounds as our benchmarks;
+  a `Target` row holds one metric of ours against a peer's (or against the
+  baseline side's same metric: "no lower than today") and checks its goal on
+  the medians.
 
 The formatting helpers here are pure (tests/test_bench_tools.py).
 """
@@ -33,6 +39,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -54,10 +61,27 @@ ROOT = HERE.parent
 RUN = HERE / "run.py"
 HEADING = "## Comparing two trees"
 # What `--only` picks from (run.py measures them): the no-op and the 10 ms
-# Worker runs, enqueue_many alone, the unary rows, the PostgreSQL scale-out.
-# "huey" is the peer (bench/peer_huey.py): current tree only, never with --baseline.
-BENCHMARK_NAMES = ("noop", "sleep", "enqueue_many", "unary", "postgres", "huey")
-PEER_HEADING = "## Against huey"
+# Worker runs, enqueue_many alone, the unary rows, the PostgreSQL scale-out,
+# and the peers: huey (bench/peer_huey.py), procrastinate
+# (bench/peer_procrastinate.py) and the low-load latency (ours and huey's).
+BENCHMARK_NAMES = (
+    "noop",
+    "sleep",
+    "enqueue_many",
+    "unary",
+    "postgres",
+    "huey",
+    "procrastinate",
+    "latency",
+)
+# Benchmarks with a peer in them run on the current tree only: the peer does
+# not change with the tree.
+PEER_NAMES = ("huey", "procrastinate", "latency")
+# A peer is compared with our rows of the same run: naming it runs those too.
+COMPANIONS = {"huey": ("noop", "sleep"), "procrastinate": ("postgres",)}
+PEER_HEADING = "## Targets: against the peers"
+# Written by hand from a `--profile` run: a run never touches it.
+ANALYSIS_HEADING = "## Where the time goes"
 
 
 # -- formatting (pure) -------------------------------------------------------------
@@ -103,38 +127,135 @@ def ratio(current: Sequence[float], baseline: Sequence[float]) -> str:
 
 def table(metrics: Sequence[Metric], runs: dict[str, dict[str, list[float]]]) -> str:
     """Markdown: metric, baseline, current, ratio (current / baseline); metric
-    and current only when `runs` has no "baseline" side."""
+    and current only when `runs` has no "baseline" side. A metric one side did
+    not measure (a peer's, on the baseline tree) gets "—" there and no ratio."""
     current = runs["current"]
     baseline = runs.get("baseline")
+
+    def shown(side: dict[str, list[float]], m: Metric) -> str:
+        return cell(side[m.name], m.unit) if side.get(m.name) else "—"
+
     if baseline is None:
         lines = ["| metric | current |", "| --- | --- |"]
-        lines += [f"| {m.label} | {cell(current[m.name], m.unit)} |" for m in metrics]
+        lines += [f"| {m.label} | {shown(current, m)} |" for m in metrics]
     else:
         lines = [
             "| metric | baseline | current | ratio (current / baseline) |",
             "| --- | --- | --- | --- |",
         ]
-        lines += [
-            f"| {m.label} | {cell(baseline[m.name], m.unit)} | {cell(current[m.name], m.unit)}"
-            f" | {ratio(current[m.name], baseline[m.name])} |"
-            for m in metrics
-        ]
+        for m in metrics:
+            both = bool(current.get(m.name)) and bool(baseline.get(m.name))
+            lines.append(
+                f"| {m.label} | {shown(baseline, m)} | {shown(current, m)}"
+                f" | {ratio(current[m.name], baseline[m.name]) if both else '—'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
-def peer_table(pairs: dict[str, str], current: dict[str, list[float]]) -> str:
-    """Markdown: one row per (peer metric -> our metric) pair measured in this
-    run: our median, the peer's, and ours / theirs of the medians."""
+def replace_section(text: str, heading: str | None, section: str, *, first: bool = False) -> str:
+    """bench/results.md `text` with the "## " section under `heading` (None:
+    the text before the first "## " heading) replaced by `section`. A section
+    not there yet goes right after that opening text when `first`, else just
+    before the hand-written analysis (or at the end). The others stay as they
+    are."""
+    parts = re.split(r"(?m)^(?=## )", text)
+    if heading is None:
+        parts[0] = section
+        return "".join(parts)
+    for index, part in enumerate(parts[1:], 1):
+        if part.startswith(heading + "\n"):
+            parts[index] = section
+            return "".join(parts)
+    at = 1 if first else len(parts)
+    if not first:
+        for index, part in enumerate(parts[1:], 1):
+            if part.startswith(ANALYSIS_HEADING + "\n"):
+                at = index
+    parts.insert(at, section)
+    return "".join(parts)
+
+
+def expand(names: Sequence[str]) -> list[str]:
+    """`names` with each peer's companions (COMPANIONS) put before it, each
+    name once, in the order given."""
+    out: list[str] = []
+    for name in names:
+        for wanted in (*COMPANIONS.get(name, ()), name):
+            if wanted not in out:
+                out.append(wanted)
+    return out
+
+
+@dataclass(frozen=True)
+class Target:
+    """A row of the targets table: one of our metrics, what it is held
+    against in the same run (a peer's metric, or the same metric on the
+    baseline tree), and the goal, if it has one."""
+
+    label: str
+    ours: str  # metric name
+    unit: str
+    peer: str | None = None  # the peer's metric, same unit
+    baseline: bool = False  # held against the baseline tree instead of a peer
+    ratio_at_least: float | None = None  # ours / (peer or baseline), of the medians
+    at_least: float | None = None  # ours alone
+    at_most: float | None = None
+
+    @property
+    def goal(self) -> str:
+        parts = []
+        if self.ratio_at_least is not None:
+            parts.append(f"ratio ≥ {self.ratio_at_least:.2f}")
+        if self.at_least is not None:
+            parts.append(f"≥ {format_value(self.at_least, self.unit)} {self.unit}")
+        if self.at_most is not None:
+            parts.append(f"≤ {format_value(self.at_most, self.unit)} {self.unit}")
+        return ", ".join(parts) or "reported"
+
+    def met(self, ours: Sequence[float], other: Sequence[float] | None) -> str:
+        """ "yes" or "**no**" on the medians; "—" without a goal or when what
+        the goal needs was not measured in this run."""
+        if self.goal == "reported":
+            return "—"
+        value = statistics.median(ours)
+        checks = []
+        if self.ratio_at_least is not None:
+            if not other or statistics.median(other) == 0:
+                return "—"
+            checks.append(value / statistics.median(other) >= self.ratio_at_least)
+        if self.at_least is not None:
+            checks.append(value >= self.at_least)
+        if self.at_most is not None:
+            checks.append(value <= self.at_most)
+        return "yes" if all(checks) else "**no**"
+
+
+def target_table(targets: Sequence[Target], runs: dict[str, dict[str, list[float]]]) -> str:
+    """Markdown: one row per target whose metric of ours was measured: ours,
+    the peer's (or the baseline tree's), ours / theirs of the medians, the
+    goal, met."""
+    current = runs["current"]
     lines = [
-        "| ratio | ringo_trio | peer | ringo_trio / peer |",
-        "| --- | --- | --- | --- |",
+        "| target | ringo_trio | peer (or baseline tree) | ringo_trio / peer | goal | met |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
-    for peer, ours in pairs.items():
-        if peer in current and ours in current:
-            lines.append(
-                f"| {ours} / {peer} | {cell(current[ours], 'tasks/s')}"
-                f" | {cell(current[peer], 'tasks/s')} | {ratio(current[ours], current[peer])} |"
-            )
+    for t in targets:
+        ours = current.get(t.ours)
+        if not ours:
+            continue
+        if t.baseline:
+            other = runs.get("baseline", {}).get(t.ours)
+            missing = "no baseline tree in this run"
+        else:
+            other = current.get(t.peer) if t.peer else None
+            missing = "not measured in this run" if t.peer else "—"
+        shown = f"{cell(other, t.unit)} {t.unit}" if other else missing
+        if other and t.baseline:
+            shown += " (baseline)"
+        lines.append(
+            f"| {t.label} | {cell(ours, t.unit)} {t.unit} | {shown}"
+            f" | {ratio(ours, other) if other else '—'} | {t.goal} | {t.met(ours, other)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -264,11 +385,19 @@ def _check_imports(side: Side) -> None:
 
 
 def compare(
-    baseline: str | None, names: Sequence[str], rounds: int, options: Sequence[str], sizes: str
+    baseline: str | None,
+    names: Sequence[str],
+    rounds: int,
+    options: Sequence[str],
+    sizes: str,
+    *,
+    targets: Sequence[Target] = (),
+    baseline_names: Sequence[str] | None = None,
 ) -> str:
-    """Run `names` on the current tree (and on `baseline`), interleaved, and
-    return the markdown section: how it was run, which files each side
-    imported, the table."""
+    """Run `names` on the current tree (and on `baseline`: those of
+    `baseline_names`, default all but the peers), interleaved, and return the
+    markdown section: how it was run, which files each side imported, the
+    targets table (when `targets` are given), the table of every metric."""
     load_before = os.getloadavg()[0]
     with ExitStack() as stack:
         logs = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ringo-bench-")))
@@ -289,12 +418,13 @@ def compare(
             side.imports_log.touch()
         metrics: dict[str, Metric] = {}
         runs: dict[str, dict[str, list[float]]] = {side.label: {} for side in sides}
-        pairs: dict[str, str] = {}  # a peer's metric -> ours it is compared with
+        on_baseline = [n for n in (baseline_names or names) if n not in PEER_NAMES]
         # Rounds outside: each round runs every benchmark once, so ours and
         # the peer's alternate (noop, sleep, huey, noop, ...) under the same noise.
         for index in range(rounds):
             for name in names:
-                for side in sides if index % 2 == 0 else sides[::-1]:
+                here = sides if name in on_baseline else sides[-1:]
+                for side in here if index % 2 == 0 else here[::-1]:
                     t0 = time.perf_counter()
                     measured = _measure(side, name, options)
                     _check_imports(side)
@@ -302,8 +432,6 @@ def compare(
                         metric = Metric(item["name"], item["unit"], item["higher_is_better"])
                         metrics.setdefault(metric.name, metric)
                         runs[side.label].setdefault(metric.name, []).append(item["value"])
-                        if "versus" in item:
-                            pairs[metric.name] = item["versus"]
                     first = measured[0]
                     print(
                         f"{name}, round {index + 1}/{rounds}, {side.label}:"
@@ -312,7 +440,46 @@ def compare(
                         flush=True,
                     )
     load = (load_before, os.getloadavg()[0])
-    return _section(sides, list(metrics.values()), runs, rounds, sizes, load, pairs)
+    return _section(sides, list(metrics.values()), runs, rounds, sizes, load, targets)
+
+
+PEER_NOTES = [
+    "Every figure above comes from the same run: each round runs ours and the peers'"
+    " benchmarks one after the other, each on fresh processes, files and databases; a cell"
+    " is the median of the rounds (min-max), a ratio is ours / theirs of the medians (for"
+    " latency and memory, lower is better: a ratio under 1 is ours being smaller). Reproduce:"
+    " `nox -s bench` (everything) or `nox -s bench -- --only"
+    " noop,sleep,huey,procrastinate,latency,enqueue_many,unary`.",
+    "",
+    "* **Throughput against huey** (`bench/peer_huey.py`): SQLite, WAL and"
+    " `synchronous=NORMAL` like `ringod`; N tasks enqueued, then ONE consumer process"
+    " with thread workers (16 for no-op, 100 for a 10 ms `time.sleep`). Both sides as"
+    " the steady rate after the first completion: huey's counted by a `SIGNAL_COMPLETE`"
+    " handler, ours from the worker's first to its Nth handler return (`bench/worker.py`);"
+    " the stricter registration → `Worker.close()` rate of ours is in the table below."
+    " Not the same contract: huey deletes a task when a thread takes it (a consumer that"
+    " dies loses what it held) and runs everything in one process (its CPU is the whole"
+    " peer's); `ringod` leases, the worker acks over gRPC, an expired lease hands the"
+    " task out again.",
+    "* **PostgreSQL against procrastinate** (`bench/peer_procrastinate.py`): the same"
+    " server, a fresh database per run; N no-op jobs deferred in batches of 1,000, then ONE"
+    " worker process (`run_worker_async`, `concurrency=64` like our Worker, a psycopg pool"
+    " of at most 10 connections like `ringod`'s default `pool_size`), steady rate after the"
+    " first completion from polling its jobs table every 20 ms. Ours: N daemons on one"
+    " fresh database, a worker process (concurrency 64) per daemon, tasks due at one"
+    " shared moment after every worker registered, timed from then until no task is"
+    " active (no start-up in it either).",
+    "* **Latency at low load**: enqueue → handler START, the send time taken just"
+    " before the enqueue call and carried in the payload. Ours: one idle worker process"
+    " (concurrency 64), registered and left idle for 1 s, then the tasks enqueued one at"
+    " a time (unary `enqueue` from trio) with a gap. huey: the consumer (16 threads, its"
+    " default polling: 0.1 s, backing off x1.15 per empty poll to 10 s) started and left"
+    " idle for 1 s, then the same trickle.",
+    "* **Enqueue, 40 concurrent** is held against the baseline tree (`--unary-baseline"
+    " REV`, run in the same rounds), **enqueue_many** and **worker peak RSS** (`VmHWM` of"
+    " the worker process; huey's consumer beside it) against their absolute targets.",
+    "",
+]
 
 
 def _section(
@@ -322,7 +489,7 @@ def _section(
     rounds: int,
     sizes: str,
     load: tuple[float, float],
-    pairs: dict[str, str],
+    targets: Sequence[Target],
 ) -> str:
     revisions = "; ".join(f"{side.label} {side.revision}" for side in sides)
     imports = []
@@ -338,37 +505,15 @@ def _section(
         f" Load average (1 min) {load[0]:.1f} before, {load[1]:.1f} after"
     )
     when = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
-    if pairs:
+    if targets:
         lines = [
             PEER_HEADING,
             "",
-            "The peer is huey (`bench/peer_huey.py`) on SQLite, WAL and `synchronous=NORMAL`"
-            " like `ringod`: N tasks enqueued into a file in a temporary directory, then ONE"
-            " huey consumer process with thread workers (16 for no-op, 100 for a 10 ms"
-            " `time.sleep`); its rate is the steady rate from the first completion to the"
-            " last, counted by a `SIGNAL_COMPLETE` handler in the consumer, and its CPU is the"
-            " consumer's own (huey has no daemon: SQLite runs in it), to be read next to our"
-            " worker + daemon CPU. Our rows are the Worker rows (second table), timed from"
-            " registration until `Worker.close()` (every ack answered): that includes the"
-            " ramp-up and the"
-            " final acks, so it is the stricter of the two. Each round runs ours and the"
-            " peer's one after the other (noop, sleep, huey), each on fresh processes and"
-            " files; a cell is the median of the rounds (min-max), a ratio is ours / huey of"
-            " the medians. Reproduce: `nox -s bench -- --only noop,sleep,huey --repeat 3`.",
-            "",
-            "Not the same contract: huey deletes a task from SQLite when a thread takes it"
-            " (a consumer that dies loses what it held) and runs everything in one process;"
-            " `ringod` leases it, the worker acks it over gRPC, and an expired lease hands it"
-            " out again. On a shared machine the CPU rows are steadier than throughput, but"
-            " huey's no-op rate and CPU per task vary more between runs than ours (its 16"
-            " threads each take SQLite's write lock for every dequeue).",
-            "",
             f"{when}, {revisions}; {machine}: a shared machine, other jobs ran meanwhile.",
             "",
-            peer_table(pairs, runs["current"]),
+            target_table(targets, runs),
+            *PEER_NOTES,
         ]
-    elif len(sides) == 1:
-        lines = ["## This tree only (`--only`)", "", f"{when}, {revisions}; {machine}.", ""]
     else:
         lines = [
             HEADING,

@@ -3,6 +3,7 @@ names it ("Performance is a ratio": ``bench/run.py`` runs this next to our
 Worker rows and reports ringo_trio / huey).
 
     python bench/peer_huey.py [--tasks 10000] [--threads 16] [--sleep 0.010]
+    python bench/peer_huey.py --latency [--tasks 200] [--threads 16]
 
 Theory of operation.
 
@@ -31,6 +32,15 @@ Theory of operation.
 * After the Nth completion the parent stops the consumer (SIGTERM) and checks
   that the queue is empty.
 
+Latency at low load (``latency``, next to our idle-worker latency row): the
+consumer starts first (16 threads, huey's default polling: 0.1 s, backing
+off x1.15 per empty poll up to 10 s, the same as ``huey_consumer``'s
+defaults), says it is ready, is left idle for the same second as our worker,
+then this process enqueues the tasks one at a time with a gap; each task
+carries ``time.time()`` taken just before its enqueue and the task records
+``time.time()`` minus that when it STARTS. The consumer reports all of them
+after the Nth; p50 and p99 as ours (``_stats.percentile``).
+
 The task module must have the same name in both processes (huey keys its
 task registry by module and function name), hence the consumer is started as
 ``python -c "import peer_huey; ..."``, never as ``__main__``.
@@ -52,12 +62,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import _proc
+import _stats
 
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def _huey(filename: str, sleep: float) -> tuple[Any, Any]:
-    """A SqliteHuey on `filename` (WAL, synchronous=NORMAL) and its one task."""
+# The consumer's latency recorder (`consume_latency` sets it).
+_stamped: list[float] = []
+
+
+def _huey(filename: str, sleep: float) -> tuple[Any, Any, Any]:
+    """A SqliteHuey on `filename` (WAL, synchronous=NORMAL), its no-op or
+    sleeping task and its latency task."""
     from huey import SqliteHuey
     from huey.storage import SqliteStorage
 
@@ -74,7 +90,11 @@ def _huey(filename: str, sleep: float) -> tuple[Any, Any]:
         if sleep:
             time.sleep(sleep)
 
-    return huey, work
+    @huey.task(name="stamp")  # type: ignore[untyped-decorator]
+    def stamp(sent: float) -> None:
+        _stamped.append(time.time() - sent)  # list.append: atomic under the GIL
+
+    return huey, work, stamp
 
 
 def consume(filename: str, expect: int, threads: int, sleep: float) -> None:
@@ -82,7 +102,7 @@ def consume(filename: str, expect: int, threads: int, sleep: float) -> None:
     1st and the `expect`th completion on stdout."""
     from huey.signals import SIGNAL_COMPLETE
 
-    huey, _ = _huey(filename, sleep)
+    huey, _, _ = _huey(filename, sleep)
     counter = itertools.count(1)
 
     def report(event: str) -> None:
@@ -147,7 +167,7 @@ def run(tasks: int, threads: int, sleep: float) -> PeerRun:
         raise ValueError("a steady rate needs at least 2 tasks")
     with tempfile.TemporaryDirectory(prefix="ringo-bench-huey-") as tmp:
         filename = str(pathlib.Path(tmp) / "huey.db")
-        huey, work = _huey(filename, sleep)
+        huey, work, _ = _huey(filename, sleep)
         t0 = time.perf_counter()
         for _ in range(tasks):
             work()
@@ -185,9 +205,79 @@ def run(tasks: int, threads: int, sleep: float) -> PeerRun:
         threads=threads,
         sleep=sleep,
         enqueue_rate=enqueue_rate,
-        elapsed=done["t"] - first["t"],
+        elapsed=done["t"] - first["t"],  # for the steady rate: (tasks - 1) / elapsed
         cpu=done["cpu"] - first["cpu"],
         peak_rss_mb=done["peak_rss_kb"] / 1024,
+    )
+
+
+def consume_latency(filename: str, expect: int, threads: int) -> None:
+    """The consumer process of `latency`: says it is ready, then reports the
+    latencies of the first `expect` stamp tasks."""
+    from huey.signals import SIGNAL_COMPLETE
+
+    huey, _, _ = _huey(filename, 0.0)
+    counter = itertools.count(1)
+
+    @huey.signal(SIGNAL_COMPLETE)  # type: ignore[untyped-decorator]
+    def completed(signal_name: str, task: Any) -> None:
+        if next(counter) == expect:
+            line = {"event": "done", "latencies": list(_stamped)}
+            os.write(1, (json.dumps(line) + "\n").encode())
+
+    consumer = huey.create_consumer(workers=threads, worker_type="thread")
+    os.write(1, b'{"event": "ready"}\n')
+    consumer.run()
+
+
+@dataclass
+class LatencyRun:
+    tasks: int
+    threads: int
+    p50: float  # seconds, enqueue (just before the call) -> the task's start
+    p99: float
+
+
+def latency(tasks: int, threads: int, gap: float, idle: float = 1.0) -> LatencyRun:
+    """Enqueue→start latency at low load, as the module docstring says."""
+    with tempfile.TemporaryDirectory(prefix="ringo-bench-huey-") as tmp:
+        filename = str(pathlib.Path(tmp) / "huey.db")
+        _, _, stamp = _huey(filename, 0.0)  # creates the file and its tables
+        code = (
+            "import sys, peer_huey; a = sys.argv;"
+            " peer_huey.consume_latency(a[1], int(a[2]), int(a[3]))"
+        )
+        env = {**os.environ, "PYTHONPATH": str(HERE)}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, filename, str(tasks), str(threads)],
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        assert proc.stdout is not None
+        try:
+            buffer = bytearray()
+            ready = _read_line(proc.stdout.fileno(), buffer, 60)
+            assert ready["event"] == "ready", ready
+            time.sleep(idle)
+            for _ in range(tasks):
+                stamp(time.time())
+                time.sleep(gap)
+            done = _read_line(proc.stdout.fileno(), buffer, 120)
+            assert done["event"] == "done", done
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+    values = done["latencies"]
+    return LatencyRun(
+        tasks=len(values),
+        threads=threads,
+        p50=_stats.percentile(values, 0.50),
+        p99=_stats.percentile(values, 0.99),
     )
 
 
@@ -198,7 +288,16 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--sleep", type=float, default=0.0, help="handler sleep, seconds")
+    parser.add_argument("--latency", action="store_true", help="enqueue→start at low load")
+    parser.add_argument("--gap", type=float, default=0.005, help="with --latency: seconds")
     args = parser.parse_args()
+    if args.latency:
+        lat = latency(args.tasks, args.threads, args.gap)
+        print(
+            f"huey, {lat.threads} threads, {lat.tasks} tasks {args.gap * 1000:g} ms apart:"
+            f" enqueue→start p50 {lat.p50 * 1000:.1f} ms, p99 {lat.p99 * 1000:.1f} ms"
+        )
+        return
     result = run(args.tasks, args.threads, args.sleep)
     print(
         f"huey, {result.threads} threads, sleep {result.sleep * 1000:g} ms,"

@@ -1,61 +1,86 @@
-"""Benchmarks: one ``ringod`` (SQLite) and, for the Worker rows, ONE separate
-worker process (``bench/worker.py``), so the worker's peak RSS is its own.
+"""Benchmarks: ours (one ``ringod`` and ONE separate worker process,
+``bench/worker.py``, so the worker's peak RSS is its own) side by side with
+the peers, huey and procrastinate, in the same run; ratios against the
+issue's targets.
 
-    python bench/run.py [--quick] [--repeat 3] [--profile DIR]
-    python bench/run.py --baseline REV [--only NAME[,NAME]] [--quick | --tasks N]
+    python bench/run.py [--quick] [--repeat 3]            # everything (10-15 min)
+    python bench/run.py --only NAME[,NAME] [--repeat 3]   # a subset of the rounds
+    python bench/run.py --baseline REV [--only NAME[,NAME]]
+    python bench/run.py --postgres-only | --profile DIR
 
-Rows:
+A full run writes two sections of bench/results.md, in this order:
 
-* unary calls from this process (sequential and 40-concurrent ``Enqueue``,
-  manual ``claim(32)`` + unary ack): best of ``--repeat``;
-* ``enqueue_many`` in calls of 1000: timed while pre-enqueueing the Worker
-  runs' tasks (best run);
-* Worker, no-op handler, concurrency 64: N tasks pre-enqueued, then the
-  worker process starts; timed from its registration until it has closed
-  (every ack answered), checked with the daemon (no task left active).
-  Latency p50/p99 is enqueue (the daemon's ``created_at``) → the handler's
-  return; all tasks are enqueued before the worker starts, so it is mostly
-  queue wait;
-* Worker, 10 ms-sleep handler, concurrency 256, timed the same way;
-* the worker process's peak RSS (``VmHWM``, reported by the worker);
-* PostgreSQL scale-out: 1, 2 and 3 daemons on one fresh database (created on
-  the server ``$RINGO_BENCH_POSTGRES`` names, default the local test server,
-  and dropped afterwards), a worker process per daemon (no-op handler,
-  concurrency 64 each). The tasks are enqueued with one shared
-  ``not_before`` in the near future, after every worker has registered, so
-  all daemons start on them at the same moment; timed from that moment until
-  the queue has no active task. Best of ``--repeat``. ``--postgres-only``
-  runs just these rows and replaces their section of bench/results.md;
-  ``--no-postgres`` skips them and keeps the section that is there.
+1. The first table, this tree alone (best of ``--repeat``): unary calls
+   (sequential and 40-concurrent ``Enqueue``, manual ``claim(32)`` + unary
+   ack); ``enqueue_many`` in calls of 1000 (timed while pre-enqueueing the
+   Worker runs' tasks); the Worker runs, no-op handler at concurrency 64 and
+   a 10 ms sleep at concurrency 256: N tasks pre-enqueued, then the worker
+   process starts; timed from its registration until it has closed (every
+   ack answered), checked with the daemon (no task left active); the worker's
+   peak RSS (``VmHWM``) and CPU.
+2. "Targets: against the peers" (bench/compare.py), rounds in which every
+   benchmark runs once, ours and the peers' one after the other on fresh
+   processes, files and databases; cells are medians over the rounds, ratios
+   ours / peer of the medians; one row per target of the issue: ours, peer,
+   ratio, goal, met. The benchmarks (``--only`` names):
 
-* the peer, huey (``bench/peer_huey.py``: SQLite, WAL, ``synchronous=NORMAL``,
-  one consumer process; no-op at 16 threads, 10 ms at 100 threads, steady
-  rate after the first completion), measured in rounds that alternate with
-  our no-op and 10 ms Worker runs (fresh daemons, medians), and the ratios
-  ringo_trio / huey: the "Against huey" section of bench/results.md. The full
-  run does these rounds after the rows above; ``--only noop,sleep,huey``
-  runs just them and replaces that section. huey is a bench-only dependency
-  (the nox session installs it). ``--baseline`` leaves huey out: the peer
-  does not change with the tree.
+   * ``noop``, ``sleep``: the Worker runs above, also as the steady rate
+     after the first completion (how the peers are measured);
+   * ``huey`` (``bench/peer_huey.py``): SQLite, WAL, ``synchronous=NORMAL``,
+     one consumer process, no-op at 16 threads and 10 ms at 100 threads,
+     ``--peer-tasks`` tasks (10,000), steady rate after the first completion;
+   * ``postgres``: 1, 2 and 3 daemons on one fresh database (created on the
+     server ``$RINGO_BENCH_POSTGRES`` names, default the local test server,
+     and dropped afterwards), a worker process per daemon (no-op,
+     concurrency 64 each), the tasks due at one shared ``not_before`` after
+     every worker registered, timed from then until no task is active;
+   * ``procrastinate`` (``bench/peer_procrastinate.py``): the same server, a
+     fresh database, ``--peer-tasks`` no-op jobs deferred in batches of 1,000,
+     then one worker process at concurrency 64, steady rate after the first
+     completion (its jobs table polled);
+   * ``latency``: enqueue → handler start at low load: an idle worker,
+     registered and left idle for 1 s, then ``--latency-tasks`` (200) tasks
+     enqueued one at a time, ``--latency-gap`` (5 ms) apart, p50 and p99;
+     then the same for huey (an idle consumer, 16 threads);
+   * ``enqueue_many`` alone (target 40,000 tasks/s);
+   * ``unary``: the unary rows, also on the ``--unary-baseline REV`` tree
+     (default: the tree when "no lower than today" was set; ``none`` to skip)
+     in the same rounds, for the "Enqueue, 40 concurrent" ratio.
+
+   Naming a peer runs the rows it is compared with too (huey: noop, sleep;
+   procrastinate: postgres). ``--only`` runs just those rounds and replaces
+   the targets section (rows not measured are left out of it).
+
+Knobs: ``--repeat`` (rounds and best-of, default 3), ``--tasks`` (ours per
+run, default 20,000; the 10 ms runs take half),
+``--peer-tasks`` (10,000), ``-n`` (unary calls per measurement, 2,000),
+``--latency-tasks``, ``--latency-gap``, ``--quick`` (small sizes, one
+round: a smoke test), ``--no-postgres`` (skips ours and procrastinate's
+PostgreSQL rows), ``--no-write`` (print only). With the defaults a full run
+took 14 minutes on 2 cores shared with other jobs (load average 3-5);
+``postgres`` (1-2 min a round) and ``procrastinate`` (30-70 s) are the
+longest.
+
+``--postgres-only`` measures the scale-out alone, best of ``--repeat`` with
+CPU per process kind, and replaces the "PostgreSQL scale-out" section (not
+part of the full run, whose targets section has the 1/2/3-daemon figures).
+
+``--baseline REV`` measures git revision REV and this tree side by side in
+one run (bench/compare.py: a temporary ``git worktree``, each side's
+processes importing its own tree, rounds alternating the sides, medians) and
+writes the table (metric, baseline, current, current / baseline) as the
+"Comparing two trees" section, leaving the others as they are; the peers
+are left out (they do not change with the tree).
 
 ``--profile DIR`` re-runs the no-op Worker case under ``py-spy`` (which must
 be installed: ``pip install py-spy``), the daemon and the worker each sampled
 separately, and prints where the time goes (self and inclusive, % of
 samples); raw collapsed stacks are left in DIR.
 
-``--baseline REV`` measures git revision REV and this tree side by side in
-one run (bench/compare.py: a temporary ``git worktree``, each side's
-processes importing its own tree, rounds alternating the sides, medians) and
-writes the table (metric, baseline, current, current / baseline) as the
-"Comparing two trees" section of bench/results.md, leaving the other
-sections as they are. ``--only noop,enqueue_many`` (names: noop, sleep,
-enqueue_many, unary, postgres, huey) runs a subset; without ``--baseline`` it
-prints the current tree's figures and writes nothing, unless huey is among
-them (then it writes the "Against huey" section).
-
-Writes the results tables to bench/results.md and prints them. The text from
-the "## Where the time goes" heading on is kept as it is (it is written by
-hand from a ``--profile`` run).
+Every run prints what it writes. Sections of bench/results.md a run does not
+measure stay as they are, and the "## Where the time goes" section is never
+touched (it is written by hand from a ``--profile`` run). huey and
+procrastinate are bench-only dependencies (the nox session installs them).
 """
 
 from __future__ import annotations
@@ -66,10 +91,10 @@ import json
 import os
 import pathlib
 import platform
-import secrets
 import selectors
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -79,9 +104,10 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+import _pg
 import _proc
+import _stats
 import _tree
 import compare
 import trio
@@ -93,14 +119,16 @@ from ringo_trio.testing import DaemonProcess, spawn_daemon
 HERE = pathlib.Path(__file__).parent
 RESULTS = HERE / "results.md"
 WORKER = HERE / "worker.py"
-ANALYSIS_HEADING = "## Where the time goes"
 POSTGRES_HEADING = "## PostgreSQL scale-out"
-POSTGRES_ADMIN = os.environ.get("RINGO_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 TARGET_NOOP = 3_000.0  # tasks/s, no-op handler, concurrency 64
 TARGET_SLEEP = 2_500.0  # tasks/s, 10 ms handler, concurrency 256
-TARGET_ENQUEUE = 20_000.0  # tasks/s, enqueue_many in calls of 1000
+TARGET_ENQUEUE = 40_000.0  # tasks/s, enqueue_many in calls of 1000
 TARGET_RSS_MB = 60.0  # worker process peak RSS
+TARGET_PEER_RATIO = 2.0  # ours / the peer's throughput ("twice the fastest peer")
+# "No lower than today" for unary Enqueue: the tree when that target was set.
+UNARY_BASELINE = "cf773c5"
+IDLE = 1.0  # seconds a latency run's worker (ours or huey's) idles before the trickle
 
 
 # -- unary rows (this process) -------------------------------------------------
@@ -187,10 +215,17 @@ class WorkRun:
     peak_rss_mb: float
     worker_cpu: float  # CPU seconds of the worker process while timed
     daemon_cpu: float  # CPU seconds of the daemon over the same span (about)
+    first_handler: float  # seconds from registration to the 1st handler's return
+    last_handler: float  # ... to the Nth's
 
     @property
     def rate(self) -> float:
         return self.tasks / self.elapsed
+
+    @property
+    def steady_rate(self) -> float:
+        """After the first completion, as the peers are measured."""
+        return _stats.steady_rate(self.tasks, 1, self.first_handler, self.last_handler)
 
 
 async def _prefill(endpoint: str, queue: str, n: int) -> float:
@@ -201,6 +236,16 @@ async def _prefill(endpoint: str, queue: str, n: int) -> float:
         for start in range(0, n, 1000):
             await q.enqueue_many(specs[start : start + 1000])
         return n / (time.perf_counter() - t0)
+
+
+async def _trickle(endpoint: str, queue: str, n: int, gap: float) -> None:
+    """Enqueue `n` tasks one at a time, `gap` seconds apart, each carrying
+    the time just before its enqueue call (worker.py --stamp)."""
+    async with Ringo.connect(endpoint) as client:
+        q = client.queue(queue)
+        for _ in range(n):
+            await q.enqueue(task_type="t", payload=struct.pack("d", time.time()))
+            await trio.sleep(gap)
 
 
 async def _active(endpoint: str, queue: str) -> int:
@@ -252,16 +297,6 @@ class _Lines:
                     self.buffer += chunk
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc; 0 elsewhere)."""
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _work_run(
     daemon: DaemonProcess,
     queue: str,
@@ -271,8 +306,13 @@ def _work_run(
     *,
     wrap: list[str] | None = None,
     before_start: Callable[[], None] | None = None,
+    trickle: float | None = None,
 ) -> WorkRun:
-    enqueue_rate = trio.run(_prefill, daemon.endpoint, queue, n)
+    """One worker process on `n` tasks: enqueued all at once before it starts
+    (enqueue_many), or with `trickle`: once it has registered and been idle
+    for IDLE seconds, one at a time, `trickle` seconds apart (latency from
+    the send time: worker.py --stamp; enqueue_rate is then 0)."""
+    enqueue_rate = 0.0 if trickle is not None else trio.run(_prefill, daemon.endpoint, queue, n)
     if before_start is not None:
         before_start()
     command = [
@@ -286,8 +326,9 @@ def _work_run(
         str(concurrency),
         "--sleep",
         repr(sleep),
+        *(["--stamp"] if trickle is not None else []),
     ]
-    daemon_cpu_before = _cpu_seconds(daemon.pid)
+    daemon_cpu_before = _proc.cpu_seconds(daemon.pid)
     spawned = time.perf_counter()
     # Its own process group, so that a wrapper (py-spy) and the worker go together.
     proc = subprocess.Popen(
@@ -298,9 +339,12 @@ def _work_run(
         registered = lines.next(60)
         assert registered["event"] == "registered", registered
         startup = time.perf_counter() - spawned
+        if trickle is not None:
+            time.sleep(IDLE)
+            trio.run(_trickle, daemon.endpoint, queue, n, trickle)
         done = lines.next(600)
         assert done["event"] == "done", done
-        daemon_cpu = _cpu_seconds(daemon.pid) - daemon_cpu_before
+        daemon_cpu = _proc.cpu_seconds(daemon.pid) - daemon_cpu_before
         if proc.wait(timeout=60) != 0:
             raise RuntimeError(f"the bench worker exited with status {proc.returncode}")
     finally:
@@ -324,48 +368,12 @@ def _work_run(
         peak_rss_mb=done["peak_rss_kb"] / 1024,
         worker_cpu=done["cpu"],
         daemon_cpu=daemon_cpu,
+        first_handler=done["first_handler"],
+        last_handler=done["last_handler"],
     )
 
 
 # -- PostgreSQL scale-out (daemons and worker processes on one database) -------
-
-
-def _psql(sql: str) -> None:
-    subprocess.run(
-        ["psql", POSTGRES_ADMIN, "-v", "ON_ERROR_STOP=1", "-qXc", sql],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-
-
-@contextmanager
-def _fresh_database() -> Iterator[str]:
-    name = f"ringo_bench_{os.getpid()}_{secrets.token_hex(4)}"
-    _psql(f'CREATE DATABASE "{name}"')
-    try:
-        yield urlunsplit(urlsplit(POSTGRES_ADMIN)._replace(path="/" + name))
-    finally:
-        _psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _server_cpu(dsn: str) -> dict[int, float]:
-    """CPU seconds so far of each PostgreSQL backend serving `dsn`'s database
-    (readable when the server runs on this machine; empty otherwise)."""
-    database = urlsplit(dsn).path.lstrip("/")
-    done = subprocess.run(
-        [
-            "psql",
-            POSTGRES_ADMIN,
-            "-qAtXc",
-            f"SELECT pid FROM pg_stat_activity WHERE datname = '{database}'",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    pids = [int(line) for line in done.stdout.split()]
-    return {pid: _cpu_seconds(pid) for pid in pids}
 
 
 async def _scaleout_worker(endpoint: str, queue: str, concurrency: int) -> None:
@@ -421,9 +429,26 @@ async def _until_idle(endpoint: str, queue: str, at: datetime) -> float:
             await trio.sleep(0.05)
 
 
+class _HeadStartMissed(RuntimeError):
+    pass
+
+
 def _scale_run(count: int, n: int, concurrency: int = 64) -> ScaleRun:
+    """One scale-out run. Enqueueing must be over before the shared start;
+    on a busy machine it can take longer than the first guess, so a run that
+    misses it starts again (fresh database) with a longer head start. The
+    head start is not timed: only a wasted wait when it is too long."""
+    for rate in (5_000.0, 1_500.0, 500.0):
+        try:
+            return _scale_attempt(count, n, concurrency, rate)
+        except _HeadStartMissed:
+            print(f"scale-out: enqueueing {n:,} tasks took over {n / rate:.0f} s; again")
+    raise RuntimeError(f"enqueueing {n:,} tasks never fit the head start; lower --tasks")
+
+
+def _scale_attempt(count: int, n: int, concurrency: int, enqueue_rate: float) -> ScaleRun:
     queue = "bench-scaleout"
-    with _fresh_database() as dsn, ExitStack() as stack:
+    with _pg.fresh_database() as dsn, ExitStack() as stack:
         daemons = [
             stack.enter_context(
                 DaemonProcess(
@@ -451,17 +476,15 @@ def _scale_run(count: int, n: int, concurrency: int = 64) -> ScaleRun:
             for line in lines:
                 assert line.next(60)["event"] == "registered"
             # Time enough to enqueue everything before any of it is due.
-            at = datetime.now(UTC) + timedelta(seconds=1.0 + n / 5_000)
+            at = datetime.now(UTC) + timedelta(seconds=1.0 + n / enqueue_rate)
             trio.run(_enqueue_at, daemons[0].endpoint, queue, n, at)
             if datetime.now(UTC) >= at:
-                raise RuntimeError("enqueueing took longer than the head start; lower --tasks")
-            cpu_before = sum(_cpu_seconds(d.pid) for d in daemons)
-            server_before = _server_cpu(dsn)
+                raise _HeadStartMissed
+            cpu_before = sum(_proc.cpu_seconds(d.pid) for d in daemons)
+            server_before = _pg.server_cpu(dsn)
             elapsed = trio.run(_until_idle, daemons[0].endpoint, queue, at)
-            daemon_cpu = sum(_cpu_seconds(d.pid) for d in daemons) - cpu_before
-            server_cpu = sum(
-                cpu - server_before.get(pid, 0.0) for pid, cpu in _server_cpu(dsn).items()
-            )
+            daemon_cpu = sum(_proc.cpu_seconds(d.pid) for d in daemons) - cpu_before
+            server_cpu = _pg.cpu_since(dsn, server_before)
             reports = []
             for worker, line in zip(workers, lines, strict=True):
                 assert worker.stdin is not None
@@ -658,57 +681,98 @@ def _worker_metrics(run: WorkRun, what: str) -> list[dict[str, Any]]:
     per = 1000 / run.tasks
     return [
         _metric(f"{what}: throughput", run.rate, "tasks/s"),
+        _metric(f"{what}: {_STEADY}", run.steady_rate, "tasks/s"),
         _metric(f"{what}: worker CPU per 1,000 tasks", run.worker_cpu * per, "s", higher=False),
         _metric(f"{what}: daemon CPU per 1,000 tasks", run.daemon_cpu * per, "s", higher=False),
         _metric(f"{what}: worker peak RSS", run.peak_rss_mb, "MB", higher=False),
     ]
 
 
+# Metric names, shared by the children that measure them and _targets.
 _NOOP = "Worker, no-op handler, concurrency 64 ({tasks:,} tasks)"
 _SLEEP = "Worker, 10 ms-sleep handler, concurrency 256 ({tasks:,} tasks)"
+_STEADY = "steady rate after the first completion"
+_HUEY = "huey {what}, {threads} threads ({tasks:,} tasks)"
+_HUEY_RUNS = (("no-op", 16, 0.0), ("10 ms", 100, 0.010))
+_PG = "PostgreSQL scale-out, {daemons} daemon(s), {tasks:,} tasks"
+_PROCRASTINATE = "procrastinate, one worker process, concurrency 64 ({tasks:,} tasks)"
+_LATENCY = "enqueue → handler start at low load, {who} ({tasks} tasks {gap:g} ms apart)"
+_ENQUEUE_MANY = "enqueue_many, calls of 1000 ({tasks:,} tasks)"
 
 
 def _huey_metrics(tasks: int) -> list[dict[str, Any]]:
-    """The peer's two runs, each naming the throughput of ours it is compared
-    with ("versus"): huey no-op at 16 threads against our no-op at
-    concurrency 64, huey 10 ms at 100 threads against ours at 256; N is our
-    10 ms run's (10,000 by default, the issue's figure)."""
+    """The peer's two runs: no-op at 16 threads, next to our no-op at
+    concurrency 64, and 10 ms at 100 threads, next to ours at 256."""
     import peer_huey  # huey is a bench-only dependency, needed for this row only
 
     metrics = []
-    for what, threads, sleep, ours in (
-        ("no-op", 16, 0.0, _NOOP.format(tasks=tasks)),
-        ("10 ms", 100, 0.010, _SLEEP.format(tasks=tasks // 2)),
-    ):
-        run = peer_huey.run(tasks // 2, threads, sleep)
-        label = f"huey {what}, {threads} threads ({run.tasks:,} tasks)"
+    for what, threads, sleep in _HUEY_RUNS:
+        run = peer_huey.run(tasks, threads, sleep)
+        label = _HUEY.format(what=what, threads=threads, tasks=tasks)
         metrics += [
-            {
-                **_metric(f"{label}: throughput", run.rate, "tasks/s"),
-                "versus": f"{ours}: throughput",
-            },
+            _metric(f"{label}: {_STEADY}", run.rate, "tasks/s"),
             _metric(f"{label}: consumer CPU per 1,000 tasks", run.cpu_per_1000, "s", higher=False),
             _metric(f"{label}: consumer peak RSS", run.peak_rss_mb, "MB", higher=False),
         ]
     return metrics
 
 
-def _tree_child(name: str, n: int, tasks: int) -> list[dict[str, Any]]:
+def _procrastinate_metrics(tasks: int) -> list[dict[str, Any]]:
+    import peer_procrastinate  # a bench-only dependency, needed for this row only
+
+    run = peer_procrastinate.run(tasks)
+    label = _PROCRASTINATE.format(tasks=tasks)
+    per = 1000 / run.counted
+    return [
+        _metric(f"{label}: {_STEADY}", run.rate, "tasks/s"),
+        _metric(f"{label}: deferral, batches of 1000", run.enqueue_rate, "tasks/s"),
+        _metric(f"{label}: worker CPU per 1,000 tasks", run.worker_cpu * per, "s", higher=False),
+        _metric(
+            f"{label}: PostgreSQL CPU per 1,000 tasks", run.server_cpu * per, "s", higher=False
+        ),
+        _metric(f"{label}: worker peak RSS", run.peak_rss_mb, "MB", higher=False),
+    ]
+
+
+def _latency_metrics(tasks: int, gap: float) -> list[dict[str, Any]]:
+    """Ours (an idle worker process, unary enqueues from trio) and huey's (an
+    idle consumer, 16 threads), the same trickle, one after the other."""
+    import peer_huey
+
+    with _sqlite_daemon() as daemon:
+        ours = _work_run(daemon, "bench-latency", tasks, 64, 0.0, trickle=gap)
+    huey = peer_huey.latency(tasks, 16, gap, IDLE)
+    metrics = []
+    for who, p50, p99 in (
+        ("ringo_trio", ours.p50, ours.p99),
+        ("huey, 16 threads", huey.p50, huey.p99),
+    ):
+        label = _LATENCY.format(who=who, tasks=tasks, gap=gap * 1000)
+        metrics += [
+            _metric(f"{label}: p50", p50 * 1000, "ms", higher=False),
+            _metric(f"{label}: p99", p99 * 1000, "ms", higher=False),
+        ]
+    return metrics
+
+
+def _tree_child(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Benchmark `name` once (one of compare.BENCHMARK_NAMES) on a fresh daemon."""
+    n, tasks = args.n, args.tasks
     if name == "huey":
-        return _huey_metrics(tasks)
+        return _huey_metrics(args.peer_tasks)
+    if name == "procrastinate":
+        return _procrastinate_metrics(args.peer_tasks)
+    if name == "latency":
+        return _latency_metrics(args.latency_tasks, args.latency_gap)
     if name == "postgres":
         runs = [_scale_run(count, tasks) for count in (1, 2, 3)]
         return [
-            _metric(
-                f"PostgreSQL scale-out, {r.daemons} daemon(s), {tasks:,} tasks", r.rate, "tasks/s"
-            )
-            for r in runs
+            _metric(_PG.format(daemons=r.daemons, tasks=tasks), r.rate, "tasks/s") for r in runs
         ]
     with _sqlite_daemon() as daemon:
         if name == "enqueue_many":
             rate = trio.run(_prefill, daemon.endpoint, "bench-enqueue", tasks)
-            return [_metric(f"enqueue_many, calls of 1000 ({tasks:,} tasks)", rate, "tasks/s")]
+            return [_metric(_ENQUEUE_MANY.format(tasks=tasks), rate, "tasks/s")]
         if name == "unary":
             rows = trio.run(_unary, daemon.endpoint, n, 1)
             return [_metric(f"{row} (n={n})", value, unit) for row, value, unit in rows]
@@ -724,6 +788,85 @@ def _tree_child(name: str, n: int, tasks: int) -> list[dict[str, Any]]:
             run = _work_run(daemon, "bench-sleep", tasks // 2, 256, 0.010)
             return _worker_metrics(run, _SLEEP.format(tasks=tasks // 2))
     raise SystemExit(f"unknown benchmark {name!r}")
+
+
+def _targets(args: argparse.Namespace) -> list[compare.Target]:
+    """The issue's targets, each with what it is held against in the same run."""
+    Target = compare.Target
+    tasks, peer = args.tasks, args.peer_tasks
+    noop, sleep = _NOOP.format(tasks=tasks), _SLEEP.format(tasks=tasks // 2)
+    huey = [_HUEY.format(what=w, threads=t, tasks=peer) for w, t, _ in _HUEY_RUNS]
+    procrastinate = f"{_PROCRASTINATE.format(tasks=peer)}: {_STEADY}"
+    latency = [
+        _LATENCY.format(who=who, tasks=args.latency_tasks, gap=args.latency_gap * 1000)
+        for who in ("ringo_trio", "huey, 16 threads")
+    ]
+    pg = [_PG.format(daemons=d, tasks=tasks) for d in (1, 2, 3)]
+    ratio = TARGET_PEER_RATIO
+    return [
+        Target(
+            "no-op handler, c=64, one worker process / huey (16 threads), steady rate",
+            f"{noop}: {_STEADY}",
+            "tasks/s",
+            peer=f"{huey[0]}: {_STEADY}",
+            ratio_at_least=ratio,
+        ),
+        Target(
+            "10 ms handler, c=256 / huey (100 threads), steady rate",
+            f"{sleep}: {_STEADY}",
+            "tasks/s",
+            peer=f"{huey[1]}: {_STEADY}",
+            ratio_at_least=ratio,
+        ),
+        Target(
+            "PostgreSQL, one daemon / procrastinate (one worker, concurrency 64)",
+            pg[0],
+            "tasks/s",
+            peer=procrastinate,
+            ratio_at_least=ratio,
+        ),
+        Target("PostgreSQL, 2 daemons / procrastinate", pg[1], "tasks/s", peer=procrastinate),
+        Target("PostgreSQL, 3 daemons / procrastinate", pg[2], "tasks/s", peer=procrastinate),
+        Target(
+            "enqueue_many, calls of 1000",
+            _ENQUEUE_MANY.format(tasks=tasks),
+            "tasks/s",
+            at_least=TARGET_ENQUEUE,
+        ),
+        Target(
+            "unary Enqueue from trio, 40 concurrent / the baseline tree",
+            f"Enqueue, 40 concurrent (n={args.n})",
+            "calls/s",
+            baseline=True,
+            ratio_at_least=1.0,
+        ),
+        Target(
+            "worker peak RSS, no-op c=64 / huey consumer (16 threads)",
+            f"{noop}: worker peak RSS",
+            "MB",
+            peer=f"{huey[0]}: consumer peak RSS",
+            at_most=TARGET_RSS_MB,
+        ),
+        Target(
+            "worker peak RSS, 10 ms c=256 / huey consumer (100 threads)",
+            f"{sleep}: worker peak RSS",
+            "MB",
+            peer=f"{huey[1]}: consumer peak RSS",
+            at_most=TARGET_RSS_MB,
+        ),
+        Target(
+            "latency at low load, enqueue → handler start, p50 / huey",
+            f"{latency[0]}: p50",
+            "ms",
+            peer=f"{latency[1]}: p50",
+        ),
+        Target(
+            "latency at low load, enqueue → handler start, p99 / huey",
+            f"{latency[0]}: p99",
+            "ms",
+            peer=f"{latency[1]}: p99",
+        ),
+    ]
 
 
 # -- report --------------------------------------------------------------------
@@ -794,108 +937,11 @@ def _table(
     return "\n".join(lines) + "\n"
 
 
-def _sections() -> list[str]:
-    """bench/results.md as [SQLite rows, PostgreSQL section, comparison
-    section, huey section, analysis] (a section not in the file is empty)."""
-    rest = RESULTS.read_text() if RESULTS.exists() else ""
-    tail = []
-    for heading in (ANALYSIS_HEADING, compare.PEER_HEADING, compare.HEADING, POSTGRES_HEADING):
-        at = rest.find(heading)
-        rest, section = (rest[:at], rest[at:]) if at >= 0 else (rest, "")
-        tail.insert(0, section)
-    return [rest, *tail]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="a small, fast run (smoke test)")
-    parser.add_argument("-n", type=int, default=None, help="unary operations per measurement")
-    parser.add_argument("--tasks", type=int, default=None, help="tasks per Worker run")
-    parser.add_argument(
-        "--repeat",
-        type=int,
-        default=None,
-        help="runs per row, best counts; with --baseline or --only: rounds, the median counts",
-    )
-    parser.add_argument(
-        "--baseline",
-        metavar="REV",
-        help="also measure git revision REV, side by side, and report current / baseline",
-    )
-    parser.add_argument(
-        "--only",
-        type=lambda text: text.split(","),
-        metavar="NAME[,NAME]",
-        help=f"run only these benchmarks ({', '.join(compare.BENCHMARK_NAMES)}); without"
-        " --baseline: print the current tree's figures, do not write results.md",
-    )
-    parser.add_argument("--profile", type=pathlib.Path, default=None, metavar="DIR")
-    parser.add_argument(
-        "--native", action="store_true", help="with --profile: native frames too (slower)"
-    )
-    parser.add_argument("--no-write", action="store_true", help="print, do not write results.md")
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--postgres-only", action="store_true", help="only the scale-out rows")
-    which.add_argument("--no-postgres", action="store_true", help="skip the scale-out rows")
-    parser.add_argument("--scaleout-worker", nargs=3, help=argparse.SUPPRESS)
-    parser.add_argument("--tree-child", metavar="NAME", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.scaleout_worker is not None:
-        endpoint, queue, concurrency = args.scaleout_worker
-        trio.run(_scaleout_worker, endpoint, queue, int(concurrency))
-        return
-    n = args.n or (300 if args.quick else 2000)
-    tasks = args.tasks or (2000 if args.quick else 20_000)
-    if args.tree_child is not None:
-        print(json.dumps({"metrics": _tree_child(args.tree_child, n, tasks)}))
-        return
-    sqlite_rows, postgres_rows, compared, peer, analysis = _sections()
-    sizes = f"unary n={n}, {tasks:,} tasks per run{' (--quick)' if args.quick else ''}"
-    options = ["-n", str(n), "--tasks", str(tasks)]
-    if args.baseline is not None or args.only is not None:
-        if args.profile is not None:
-            parser.error("--profile measures one tree: not with --baseline or --only")
-        names = args.only or list(compare.BENCHMARK_NAMES)
-        unknown = set(names) - set(compare.BENCHMARK_NAMES)
-        if unknown:
-            parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
-        if args.baseline is not None:
-            # The peer does not depend on the tree: two trees, one huey.
-            names = [name for name in names if name != "huey"]
-            if not names:
-                parser.error("--baseline compares two trees; huey is not one (drop --baseline)")
-        if args.postgres_only:
-            names = ["postgres"]
-        elif args.no_postgres:
-            names = [name for name in names if name != "postgres"]
-        section = compare.compare(args.baseline, names, args.repeat or 3, options, sizes)
-        sys.stdout.write(section)
-        if args.baseline is not None:
-            compared = section
-        elif section.startswith(compare.PEER_HEADING):
-            peer = section
-        else:
-            return
-        if not args.no_write:
-            RESULTS.write_text(sqlite_rows + postgres_rows + compared + peer + analysis)
-        return
-    repeat = args.repeat or (1 if args.quick else 3)
-    if not args.no_postgres and args.profile is None:
-        runs = [[_scale_run(count, tasks) for _ in range(repeat)] for count in (1, 2, 3)]
-        postgres_rows = _scaleout_section(runs, repeat)
-        sys.stdout.write(postgres_rows)
-    if args.postgres_only:
-        if not args.no_write:
-            RESULTS.write_text(sqlite_rows + postgres_rows + compared + peer + analysis)
-        return
-
+def _sqlite_rows(args: argparse.Namespace, repeat: int) -> str:
+    """The first table: this tree alone, best of `repeat`."""
+    n, tasks = args.n, args.tasks
     load_before = os.getloadavg()[0]
     with _sqlite_daemon() as daemon:
-        if args.profile is not None:
-            print(_profile(daemon, tasks, args.profile, native=args.native))
-            return
         unary = trio.run(_unary, daemon.endpoint, n, repeat)
         noops = [_work_run(daemon, f"bench-noop-{i}", tasks, 64, 0.0) for i in range(repeat)]
         slows = [
@@ -917,7 +963,8 @@ def main() -> None:
         f"One `ringod` (SQLite WAL, loop {loop}), ONE separate worker process"
         " (`bench/worker.py`, one `Worker` under trio) whose peak RSS is its own, and this"
         " process as the producer (enqueue, unary rows). Reproduce: `nox -s bench`"
-        " (or `python bench/run.py`).\n\n"
+        " (or `python bench/run.py`). The issue's targets, side by side with the peers,"
+        f' are in the next section ("{compare.PEER_HEADING[3:]}").\n\n'
     )
     footer = (
         f"\nWorker rows are timed from the worker's registration until `Worker.close()`"
@@ -927,13 +974,125 @@ def main() -> None:
         f" {', '.join(f'{r.rate:,.0f}' for r in slows)} tasks/s (10 ms)."
         f" Producer (this) process peak RSS {bench_rss:.0f} MB.\n\n"
     )
-    text = header + _table(unary, noop, slow, enqueue) + footer
-    sys.stdout.write(text)
-    # Its own interleaved rounds (fresh daemons, medians), as with --only.
-    peer = compare.compare(None, ["noop", "sleep", "huey"], repeat, options, sizes)
-    sys.stdout.write(peer)
-    if not args.no_write:
-        RESULTS.write_text(text + postgres_rows + compared + peer + analysis)
+    return header + _table(unary, noop, slow, enqueue) + footer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a small, fast run (smoke test)")
+    parser.add_argument("-n", type=int, default=None, help="unary operations per measurement")
+    parser.add_argument("--tasks", type=int, default=None, help="tasks per Worker run")
+    parser.add_argument(
+        "--peer-tasks", type=int, default=None, help="tasks per huey / procrastinate run"
+    )
+    parser.add_argument("--latency-tasks", type=int, default=200, help="tasks per latency run")
+    parser.add_argument(
+        "--latency-gap", type=float, default=0.005, help="seconds between latency enqueues"
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="runs per row, best counts; in side-by-side rounds: rounds, the median counts",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure git revision REV, side by side, and report current / baseline",
+    )
+    parser.add_argument(
+        "--unary-baseline",
+        metavar="REV",
+        default=UNARY_BASELINE,
+        help=f"the tree unary Enqueue is held against (default {UNARY_BASELINE}; 'none': skip)",
+    )
+    parser.add_argument(
+        "--only",
+        type=lambda text: text.split(","),
+        metavar="NAME[,NAME]",
+        help=f"run only these benchmarks ({', '.join(compare.BENCHMARK_NAMES)})",
+    )
+    parser.add_argument("--profile", type=pathlib.Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--native", action="store_true", help="with --profile: native frames too (slower)"
+    )
+    parser.add_argument("--no-write", action="store_true", help="print, do not write results.md")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--postgres-only", action="store_true", help="only the scale-out rows")
+    which.add_argument(
+        "--no-postgres", action="store_true", help="skip PostgreSQL (ours and procrastinate)"
+    )
+    parser.add_argument("--scaleout-worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--tree-child", metavar="NAME", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.scaleout_worker is not None:
+        endpoint, queue, concurrency = args.scaleout_worker
+        trio.run(_scaleout_worker, endpoint, queue, int(concurrency))
+        return
+    args.n = args.n or (300 if args.quick else 2000)
+    args.tasks = args.tasks or (2000 if args.quick else 20_000)
+    args.peer_tasks = args.peer_tasks or (1000 if args.quick else 10_000)
+    if args.tree_child is not None:
+        print(json.dumps({"metrics": _tree_child(args.tree_child, args)}))
+        return
+    repeat = args.repeat or (1 if args.quick else 3)
+
+    def write(heading: str | None, section: str, *, first: bool = False) -> None:
+        sys.stdout.write(section)
+        if not args.no_write:
+            text = RESULTS.read_text() if RESULTS.exists() else ""
+            text = compare.replace_section(text, heading, section, first=first)
+            RESULTS.write_text(text)
+
+    if args.profile is not None:
+        if args.baseline is not None or args.only is not None:
+            parser.error("--profile measures one tree: not with --baseline or --only")
+        with _sqlite_daemon() as daemon:
+            print(_profile(daemon, args.tasks, args.profile, native=args.native))
+        return
+    if args.postgres_only:
+        runs = [[_scale_run(count, args.tasks) for _ in range(repeat)] for count in (1, 2, 3)]
+        write(POSTGRES_HEADING, _scaleout_section(runs, repeat))
+        return
+    names = args.only or list(compare.BENCHMARK_NAMES)
+    unknown = set(names) - set(compare.BENCHMARK_NAMES)
+    if unknown:
+        parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
+    names = compare.expand(names)
+    if args.no_postgres:
+        names = [name for name in names if name not in ("postgres", "procrastinate")]
+    sizes = (
+        f"unary n={args.n}, {args.tasks:,} tasks per run of ours, {args.peer_tasks:,} per"
+        f" peer run, latency {args.latency_tasks} tasks {args.latency_gap * 1000:g} ms apart"
+        f"{' (--quick)' if args.quick else ''}"
+    )
+    options = [
+        *["-n", str(args.n), "--tasks", str(args.tasks), "--peer-tasks", str(args.peer_tasks)],
+        *["--latency-tasks", str(args.latency_tasks), "--latency-gap", repr(args.latency_gap)],
+    ]
+    rounds = args.repeat or (1 if args.quick else 3)
+    if args.baseline is not None:
+        # Two trees; the peers do not change with the tree.
+        names = [name for name in names if name not in compare.PEER_NAMES]
+        if not names:
+            parser.error("--baseline compares two trees; the peers are not one (drop --baseline)")
+        write(compare.HEADING, compare.compare(args.baseline, names, rounds, options, sizes))
+        return
+    if args.only is None:
+        write(None, _sqlite_rows(args, repeat))
+    unary_baseline = None if args.unary_baseline == "none" else args.unary_baseline
+    section = compare.compare(
+        unary_baseline if "unary" in names else None,
+        names,
+        rounds,
+        options,
+        sizes,
+        targets=_targets(args),
+        baseline_names=["unary"],
+    )
+    write(compare.PEER_HEADING, section, first=True)
 
 
 if __name__ == "__main__":

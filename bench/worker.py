@@ -1,13 +1,17 @@
 """The benchmark's worker process: ONE `Worker` against a running daemon.
 
-    python bench/worker.py ENDPOINT QUEUE --expect N [--concurrency C] [--sleep S]
+    python bench/worker.py ENDPOINT QUEUE --expect N [--concurrency C] [--sleep S] [--stamp]
 
 Prints one JSON line ``{"event": "registered", ...}`` once the worker is
 registered, then works until its handler has seen N tasks, closes the worker
 (every ack answered by the daemon) and prints ``{"event": "done", ...}``:
 elapsed seconds and this process's CPU seconds from registration to the
 close, enqueue→ack latencies (p50/p99, from the daemon's ``created_at`` to
-the handler's return) and this process's peak RSS (``VmHWM``, not ``ru_maxrss``,
+the handler's return; with ``--stamp``: from the producer's clock, an 8-byte
+double in the payload written just before its ``enqueue`` call, to the
+handler's START), the first and the Nth handler return (for the steady rate
+after the first completion, as the peers are measured) and this process's
+peak RSS (``VmHWM``, not ``ru_maxrss``,
 which Linux carries over ``execve`` from the parent: bench/_proc.py), so the
 worker's memory is measured alone.
 """
@@ -17,21 +21,15 @@ from __future__ import annotations
 import argparse
 import array
 import json
-import math
+import struct
 import sys
 import time
 
 import _proc
+import _stats
 import trio
 
 from ringo_trio import Ringo, Task, TaskContext
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
 
 
 def _emit(**fields: object) -> None:
@@ -43,18 +41,23 @@ async def _main(args: argparse.Namespace) -> None:
     latencies = array.array("d")
     done = trio.Event()
     seen = 0
-    last = 0.0
+    first = last = 0.0
     sleep = args.sleep
     expect = args.expect
+    stamp = args.stamp
     clock = time.time
 
     async def handle(task: Task, ctx: TaskContext) -> None:
-        nonlocal seen, last
+        nonlocal seen, first, last
+        if stamp:
+            latencies.append(clock() - struct.unpack("d", task.payload)[0])
         if sleep:
             await trio.sleep(sleep)
-        if task.created_at is not None:
+        if not stamp and task.created_at is not None:
             latencies.append(clock() - task.created_at.timestamp())
         seen += 1
+        if seen == 1:
+            first = time.perf_counter()
         if seen >= expect:
             last = time.perf_counter()
             done.set()
@@ -75,10 +78,11 @@ async def _main(args: argparse.Namespace) -> None:
         event="done",
         tasks=seen,
         elapsed=closed - started,
+        first_handler=first - started,
         last_handler=last - started,
         cpu=cpu,
-        p50=_percentile(values, 0.50),
-        p99=_percentile(values, 0.99),
+        p50=_stats.percentile(values, 0.50),
+        p99=_stats.percentile(values, 0.99),
         peak_rss_kb=_proc.peak_rss_kb(),
     )
 
@@ -90,6 +94,9 @@ def main() -> None:
     parser.add_argument("--expect", type=int, required=True, help="tasks to wait for")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per handler")
+    parser.add_argument(
+        "--stamp", action="store_true", help="latency from the send time in the payload"
+    )
     trio.run(_main, parser.parse_args())
 
 

@@ -1,10 +1,12 @@
-"""The side-by-side benchmark's pure parts (bench/compare.py) and its
-per-tree bootstrap (bench/_tree.py); the benchmarks themselves are not run."""
+"""The side-by-side benchmark's pure parts (bench/compare.py, bench/_stats.py)
+and its per-tree bootstrap (bench/_tree.py); the benchmarks themselves are not
+run."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +17,21 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
+def _bench_module(monkeypatch: pytest.MonkeyPatch, name: str) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCH))
+    for loaded in ("compare", "_tree", "_stats"):
+        monkeypatch.delitem(sys.modules, loaded, raising=False)
+    return importlib.import_module(name)
+
+
 @pytest.fixture
 def compare(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCH))
-    for name in ("compare", "_tree"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    return importlib.import_module("compare")
+    return _bench_module(monkeypatch, "compare")
+
+
+@pytest.fixture
+def stats(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return _bench_module(monkeypatch, "_stats")
 
 
 def test_ratio_is_current_over_baseline_of_the_medians(compare: ModuleType) -> None:
@@ -93,18 +104,122 @@ def test_a_tree_process_imports_only_from_its_tree(tmp_path: Path) -> None:
     assert entry["argv"] == [str(script)]
 
 
-def test_a_peer_ratio_is_ours_over_the_peers_medians_from_the_same_run(
+def test_a_metric_one_side_did_not_measure_has_no_ratio(compare: ModuleType) -> None:
+    """A peer runs on the current tree only: its rows show "—" on the baseline
+    side and in the ratio column, never a made-up figure."""
+    metric = compare.Metric("huey no-op: steady rate", "tasks/s", True)
+    runs = {"baseline": {}, "current": {metric.name: [16000.0]}}
+    assert compare.table([metric], runs).splitlines()[2] == (
+        "| huey no-op: steady rate (tasks/s, higher is better) | — | 16,000 | — |"
+    )
+
+
+def test_a_target_row_shows_ours_the_peer_their_ratio_the_goal_and_whether_it_is_met(
     compare: ModuleType,
 ) -> None:
-    """The ratio rows divide our median by the peer's, both from the same run,
-    and a pair with either side not measured gets no row (never a made-up ratio)."""
+    """Each target row divides our median by the peer's from the same run and
+    checks the goal on the medians; a goal on our figure alone is checked
+    without a peer; a target whose figure of ours was not measured has no row."""
+    Target = compare.Target
+    targets = [
+        Target("no-op / huey", "ours noop", "tasks/s", peer="huey noop", ratio_at_least=2.0),
+        Target("10 ms / huey", "ours sleep", "tasks/s", peer="huey sleep", ratio_at_least=2.0),
+        Target("enqueue_many", "ours many", "tasks/s", at_least=40_000.0),
+        Target("RSS", "ours rss", "MB", peer="huey rss", at_most=60.0),
+        Target("latency p50 / huey", "ours p50", "ms", peer="huey p50"),
+        Target("not run", "ours unary", "calls/s", baseline=True, ratio_at_least=1.0),
+    ]
     current = {
         "ours noop": [4000.0, 3000.0, 5000.0],
         "huey noop": [2000.0, 1000.0, 9000.0],
-        "huey 10 ms": [1500.0],
+        "ours sleep": [3000.0],
+        "huey sleep": [7000.0],
+        "ours many": [39_999.0],
+        "ours rss": [40.0],
+        "huey rss": [26.5],
+        "ours p50": [3.6],
+        "huey p50": [27.2],
     }
-    pairs = {"huey noop": "ours noop", "huey 10 ms": "ours 10 ms"}
-    rows = compare.peer_table(pairs, current).splitlines()
+    rows = compare.target_table(targets, {"current": current}).splitlines()
     assert rows[2:] == [
-        "| ours noop / huey noop | 4,000 (3,000-5,000) | 2,000 (1,000-9,000) | 2.00 |"
+        "| no-op / huey | 4,000 (3,000-5,000) tasks/s | 2,000 (1,000-9,000) tasks/s | 2.00"
+        " | ratio ≥ 2.00 | yes |",
+        "| 10 ms / huey | 3,000 tasks/s | 7,000 tasks/s | 0.43 | ratio ≥ 2.00 | **no** |",
+        "| enqueue_many | 39,999 tasks/s | — | — | ≥ 40,000 tasks/s | **no** |",
+        "| RSS | 40.0 MB | 26.5 MB | 1.51 | ≤ 60.0 MB | yes |",
+        "| latency p50 / huey | 3.6 ms | 27.2 ms | 0.13 | reported | — |",
     ]
+
+
+def test_a_target_against_the_baseline_tree_needs_one_in_the_run(compare: ModuleType) -> None:
+    """ "No lower than today" is held against the same metric on the baseline
+    tree of the same run; without one the row says so and claims nothing."""
+    target = compare.Target("unary", "Enqueue, 40", "calls/s", baseline=True, ratio_at_least=1.0)
+    both = {"baseline": {"Enqueue, 40": [2000.0]}, "current": {"Enqueue, 40": [1900.0]}}
+    assert compare.target_table([target], both).splitlines()[2] == (
+        "| unary | 1,900 calls/s | 2,000 calls/s (baseline) | 0.95 | ratio ≥ 1.00 | **no** |"
+    )
+    alone = {"current": {"Enqueue, 40": [1900.0]}}
+    assert compare.target_table([target], alone).splitlines()[2] == (
+        "| unary | 1,900 calls/s | no baseline tree in this run | — | ratio ≥ 1.00 | — |"
+    )
+
+
+def test_naming_a_peer_runs_the_rows_it_is_compared_with(compare: ModuleType) -> None:
+    """`--only huey` measures our no-op and 10 ms runs too, before the peer,
+    so its ratios have both sides; nothing runs twice."""
+    assert compare.expand(["huey", "latency"]) == ["noop", "sleep", "huey", "latency"]
+    assert compare.expand(["sleep", "procrastinate", "huey"]) == [
+        "sleep",
+        "postgres",
+        "procrastinate",
+        "noop",
+        "huey",
+    ]
+
+
+def test_a_run_replaces_its_own_section_of_results_md_only(compare: ModuleType) -> None:
+    """A run rewrites the section it measured and leaves every other one,
+    the hand-written analysis included, as it was; a new targets section goes
+    right after the opening table, other new sections before the analysis."""
+    text = (
+        "# Benchmarks\n\nold table\n\n"
+        "## GetQueueActivity on a deep queue\n\nby hand\n\n"
+        "## Where the time goes\n\n### Worker process\n\nanalysis\n"
+    )
+    targets = f"{compare.PEER_HEADING}\n\nratios\n\n"
+    with_targets = compare.replace_section(text, compare.PEER_HEADING, targets, first=True)
+    assert with_targets == text.replace("## GetQueueActivity", targets + "## GetQueueActivity")
+    again = compare.replace_section(
+        with_targets, compare.PEER_HEADING, targets.replace("ratios", "new"), first=True
+    )
+    assert again == with_targets.replace("ratios", "new")
+    trees = f"{compare.HEADING}\n\ntrees\n\n"
+    assert compare.replace_section(text, compare.HEADING, trees) == text.replace(
+        "## Where the time goes", trees + "## Where the time goes"
+    )
+    assert compare.replace_section(text, None, "# Benchmarks\n\nnew\n\n") == text.replace(
+        "old table", "new"
+    )
+
+
+def test_percentiles_are_nearest_rank(stats: ModuleType) -> None:
+    """p50 and p99 are values that were measured (nearest rank), and an empty
+    run has none rather than a zero that would look like a result."""
+    values = [float(v) for v in range(200, 0, -1)]
+    assert stats.percentile(values, 0.50) == 100.0
+    assert stats.percentile(values, 0.99) == 198.0
+    assert stats.percentile([7.0], 0.99) == 7.0
+    assert math.isnan(stats.percentile([], 0.5))
+
+
+def test_the_steady_rate_leaves_out_what_came_before_the_first_completion(
+    stats: ModuleType,
+) -> None:
+    """The peers' rate (and ours beside it) counts completions after the first
+    observation over the time they took: start-up is not in it; a polled count
+    that saw several done at once subtracts them all."""
+    assert stats.steady_rate(10_001, 1, 2.0, 4.0) == 5000.0
+    assert stats.steady_rate(10_000, 40, 0.5, 2.5) == 4980.0
+    with pytest.raises(ValueError, match="steady rate"):
+        stats.steady_rate(10, 10, 1.0, 2.0)
