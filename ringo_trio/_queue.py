@@ -10,6 +10,7 @@ surfaces `UnavailableError` instead of risking a double apply.
 from __future__ import annotations
 
 import builtins
+import collections
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -42,9 +43,14 @@ from ._proto.ringo.v1 import (
     ExtendLeaseResponse,
     GetQueueActivityRequest,
     GetQueueActivityResponse,
+    GetQueueStatsRequest,
+    GetQueueStatsResponse,
     GetTaskRequest,
     GetTaskResponse,
     LeaseRef,
+    ListOrder,
+    ListTasksRequest,
+    ListTasksResponse,
     NackRequest,
     NackResponse,
     RejectRequest,
@@ -56,7 +62,7 @@ from ._proto.ringo.v1 import (
     RetryTaskResponse,
 )
 from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
-from ._wire.protocol import DUE_ONLY_ACTIVITY_MINOR
+from ._wire.protocol import DUE_ONLY_ACTIVITY_MINOR, OPERATE_MINOR
 from ._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._work._timeouts import TaskTimeouts
 from ._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
@@ -78,6 +84,45 @@ class TaskPage:
     """Listed tasks carry no payload and no result (`get_by_id` reads them)."""
     next_page_token: str | None
     """Pass to `list_page` (with the same filters) for the next page; None on the last."""
+
+
+async def _list_page(connection: Connection, request: ListTasksRequest) -> TaskPage:
+    reply = await connection.call("ListTasks", request, ListTasksResponse, read_only=True)
+    return TaskPage(
+        tasks=tuple(Task.from_wire(t) for t in reply.tasks),
+        next_page_token=reply.next_page_token or None,
+    )
+
+
+class _TaskIterator:
+    """`TaskQueue.list`: each `__anext__` hands out a buffered task or fetches
+    the next page in the caller's own task. A plain object rather than an
+    async generator, so a caller that stops early leaves no suspended frame
+    to finalize and nothing running."""
+
+    def __init__(self, connection: Connection, request: ListTasksRequest) -> None:
+        self._connection = connection
+        self._request = request
+        self._buffer: collections.deque[Task] = collections.deque()
+        self._done = False
+
+    def __aiter__(self) -> _TaskIterator:
+        return self
+
+    async def __anext__(self) -> Task:
+        # A page may be empty yet not the last (a bounded walk): keep going.
+        while not self._buffer:
+            if self._done:
+                raise StopAsyncIteration
+            page = await _list_page(self._connection, self._request)
+            self._buffer.extend(page.tasks)
+            if page.next_page_token is None:
+                self._done = True
+            else:
+                # The request is this iterator's own: the next page is it again,
+                # with the cursor.
+                self._request.page_token = page.next_page_token
+        return self._buffer.popleft()
 
 
 def _task_types(task_types: Iterable[str] | None) -> list[str]:
@@ -362,9 +407,18 @@ class TaskQueue:
         newest first), fetched ``page_size`` at a time as the iteration
         goes: ``async for task in queue.list(states=[TaskState.DEAD])``.
 
+        Tasks enqueued or changed during the walk never make it repeat or
+        skip a task that matched throughout. Listed tasks carry no payload
+        and no result, and last_error cut to 1 KiB (`get_by_id` has them).
+        Arguments are checked at once; nothing is sent before the first
+        ``__anext__``, and leaving the loop early leaves nothing running.
+
         (Named after what it does for the caller; inside this class the
         built-in is spelled ``builtins.list``.)"""
-        raise NotImplementedError("list")
+        request = self._list_request(
+            states, task_types, unique_key_prefix, newest_first, page_size, None
+        )
+        return _TaskIterator(self._connection, request)
 
     async def list_page(
         self,
@@ -376,12 +430,62 @@ class TaskQueue:
         page_size: int = _limits.DEFAULT_LIST_PAGE,
         page_token: str | None = None,
     ) -> TaskPage:
-        """One page of `list`, for callers that keep the cursor themselves."""
-        raise NotImplementedError("list_page")
+        """One page of `list`, for callers that keep the cursor themselves.
+
+        A page may hold fewer than ``page_size`` tasks, even none, and still
+        have a ``next_page_token``: a unique-key-prefix filter (or a very
+        wide type filter) walks a bounded number of tasks per page."""
+        request = self._list_request(
+            states, task_types, unique_key_prefix, newest_first, page_size, page_token
+        )
+        return await _list_page(self._connection, request)
+
+    def _list_request(
+        self,
+        states: Iterable[TaskState] | None,
+        task_types: Iterable[str] | None,
+        unique_key_prefix: str,
+        newest_first: bool,
+        page_size: int,
+        page_token: str | None,
+    ) -> ListTasksRequest:
+        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "TaskQueue.list")
+        wire_states = []
+        for state in states or ():
+            if not isinstance(state, TaskState):
+                raise InvalidArgumentError(
+                    f"states must hold TaskState values, got {type(state).__name__}"
+                )
+            wire_states.append(state.to_wire())
+        if unique_key_prefix:
+            _check_unique_key(unique_key_prefix)
+        _check_int("page_size", page_size, 1, _limits.MAX_LIST_PAGE)
+        if page_token is not None and not isinstance(page_token, str):
+            raise InvalidArgumentError(
+                f"page_token must be a string, got {type(page_token).__name__}"
+            )
+        return ListTasksRequest(
+            queue=self.name,
+            states=wire_states,
+            task_types=_task_types(task_types),
+            unique_key_prefix=unique_key_prefix,
+            order=ListOrder.NEWEST_FIRST if newest_first else ListOrder.OLDEST_FIRST,
+            page_size=page_size,
+            page_token=page_token or "",
+        )
 
     async def stats(self) -> QueueStats:
-        """Counts by state and by task type, and the oldest due task's age."""
-        raise NotImplementedError("stats")
+        """Counts by state and by task type, and the oldest due task's age.
+        Exact, and cheap however many tasks the queue holds. A queue without
+        tasks answers zeros."""
+        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "TaskQueue.stats")
+        reply = await self._connection.call(
+            "GetQueueStats",
+            GetQueueStatsRequest(queue=self.name),
+            GetQueueStatsResponse,
+            read_only=True,
+        )
+        return QueueStats.from_wire(reply.stats)
 
     # -- operations (protocol minor >= 9) -----------------------------------
 

@@ -22,8 +22,10 @@ from ringo_trio import _limits as limits
 from ringo_trio._proto.ringo.v1 import (
     ClaimRequest,
     LeaseRef,
+    ListOrder,
     RetryBackoff,
     TaskSpec,
+    TaskState,
 )
 
 __all__ = [
@@ -32,12 +34,16 @@ __all__ = [
     "claim_args",
     "duration",
     "error_text",
+    "key_prefix",
+    "list_order",
     "lease_ref",
     "lookup",
     "name",
+    "page_size",
     "progress_values",
     "task_spec",
     "task_specs",
+    "task_states",
     "task_types",
 ]
 
@@ -246,3 +252,40 @@ def claim_args(request: ClaimRequest) -> ClaimArgs:
         wait_timeout=wait if wait is not None else _ZERO,
         lease_duration=lease if lease is not None else limits.DEFAULT_LEASE,
     )
+
+
+# -- inspection (minor 9) ----------------------------------------------------
+
+_LISTABLE_STATES = frozenset(int(s) for s in TaskState if s != TaskState.UNSPECIFIED)
+
+
+def task_states(values: Sequence[int], path: str = "states") -> tuple[int, ...]:
+    """A state filter: empty means every state; each a known state other than
+    UNSPECIFIED. Duplicates are dropped."""
+    for index, value in enumerate(values):
+        if int(value) not in _LISTABLE_STATES:
+            raise FieldError(f"{path}[{index}]", f"{int(value)} is not a task state")
+    return tuple(dict.fromkeys(int(v) for v in values))
+
+
+def key_prefix(value: str, path: str = "unique_key_prefix") -> str:
+    """A unique-key prefix filter; empty means no filter."""
+    _bounded_text(value, path, limits.MAX_UNIQUE_KEY_BYTES)
+    return value
+
+
+def page_size(value: int, path: str = "page_size") -> int:
+    """0 is DEFAULT_LIST_PAGE; above MAX_LIST_PAGE is refused, not clamped, so
+    a caller never mistakes a short page for the end."""
+    if value == 0:
+        return limits.DEFAULT_LIST_PAGE
+    if value > limits.MAX_LIST_PAGE:
+        raise FieldError(path, f"{value} exceeds the limit of {limits.MAX_LIST_PAGE}")
+    return value
+
+
+def list_order(value: int, path: str = "order") -> bool:
+    """Whether the listing is newest first."""
+    if int(value) not in (int(o) for o in ListOrder):
+        raise FieldError(path, f"{int(value)} is not a list order")
+    return int(value) == ListOrder.NEWEST_FIRST
