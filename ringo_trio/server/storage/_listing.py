@@ -4,15 +4,15 @@ Theory of operation
 -------------------
 A page of ListTasks is a k-way merge, by `seq`, of index-ordered streams:
 one stream per (state) of the filter on the index `(queue, state, seq)`, or,
-when task types are asked, one per (task type, state) on `(queue,
-task_type, state, seq)`. Each stream is a range seek past the cursor, the
+when task types are asked and the engine has the index `(queue, task_type,
+state, seq)` (PostgreSQL), one per (task type, state). Each stream is a range seek past the cursor, the
 database merges them (SQLite: MERGE (UNION ALL); PostgreSQL: Merge
 Append) and stops after `limit + 1` rows, so a page costs about `limit`
 index entries however deep the queue is, and never sorts.
 
-A filter the streams cannot express (a unique-key prefix; more (type,
-state) pairs than `MAX_ARMS`, where the types are then checked per row) is
-applied to the merged rows instead. Such a page walks at most
+A filter the streams cannot express (a unique-key prefix; task types on
+SQLite, or more (type, state) pairs than `MAX_ARMS`) is applied to the
+merged rows instead. Such a page walks at most
 `MAX_LIST_SCAN` index entries: when the walk ends before the page is full,
 the page comes back short (possibly empty) with a cursor at the last entry
 walked, and the next page continues from there. The walk reads only `seq,
@@ -64,10 +64,12 @@ class Plan:
         return unique_key.startswith(self.prefix)
 
 
-def plan(where: TaskFilter) -> Plan:
+def plan(where: TaskFilter, *, type_streams: bool) -> Plan:
+    """`type_streams`: the engine has the `(queue, task_type, state, seq)`
+    index (PostgreSQL); without it the types are checked per row."""
     states = tuple(dict.fromkeys(where.states)) or ALL_STATES
     types = tuple(dict.fromkeys(where.task_types))
-    if types and len(types) * len(states) <= MAX_ARMS:
+    if type_streams and types and len(types) * len(states) <= MAX_ARMS:
         arms: tuple[tuple[str | None, int], ...] = tuple((t, s) for t in types for s in states)
         return Plan(arms, frozenset(), where.unique_key_prefix)
     return Plan(tuple((None, s) for s in states), frozenset(types), where.unique_key_prefix)

@@ -619,9 +619,7 @@ def _list_sql(
         )
     # In FROM and each arm ordered: only so does the planner merge the arms'
     # index scans (Merge Append); a plain UNION ALL is appended, then sorted.
-    return (
-        "SELECT * FROM (" + " UNION ALL ".join(selects) + f") u ORDER BY seq {order} LIMIT $3"
-    )
+    return "SELECT * FROM (" + " UNION ALL ".join(selects) + f") u ORDER BY seq {order} LIMIT $3"
 
 
 def _listed(row: Any) -> Task:
@@ -1046,7 +1044,7 @@ class PostgresEngine(Storage):
         after: int | None,
         limit: int,
     ) -> TaskPage:
-        how = _listing.plan(where)
+        how = _listing.plan(where, type_streams=True)
         if after is None:
             after = _listing.SEQ_MAX if newest_first else -1
         types = [t for t, _ in how.arms if t is not None]

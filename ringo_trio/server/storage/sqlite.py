@@ -186,7 +186,6 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # backfilled here from the tasks already stored.
     (
         "CREATE INDEX tasks_by_state ON tasks (queue, state)",
-        "CREATE INDEX tasks_by_type ON tasks (queue, task_type, state)",
         """
         CREATE TABLE task_counts (
             queue       TEXT    NOT NULL,
@@ -784,7 +783,7 @@ class SQLiteEngine(Storage):
         after: int | None,
         limit: int,
     ) -> TaskPage:
-        how = _listing.plan(where)
+        how = _listing.plan(where, type_streams=False)
         args: dict[str, Any] = {"queue": queue}
         if after is None:
             after = _listing.SEQ_MAX if newest_first else -1
