@@ -346,7 +346,7 @@ def _downgrade(engine: SyncEngine) -> None:
             db.execute(f"DROP TRIGGER {trigger}")
         for statement in (
             "DROP TABLE task_counts",
-            "DROP INDEX tasks_by_state",
+            "DROP INDEX tasks_finished",
         ):
             db.execute(statement)
         db.execute(f"PRAGMA user_version = {sqlite_engine.SCHEMA_VERSION - 1}")
@@ -392,15 +392,19 @@ def test_sqlite_listing_is_index_streams_merged_without_sorting(
     every matching row before the first is returned)."""
     kind = _kind_sqlite()
     with open_engine(kind, tmp_path) as engine:
-        how = _listing.plan(where, type_streams=False)
-        params = {"queue": "q", "after": 0, "limit": 10, **sqlite_engine._arm_params(how.arms)}
-        cols = sqlite_engine._WALK_COLS if how.residual else sqlite_engine._LIST_COLS
-        plan = _sqlite_plan(engine, sqlite_engine._list_sql(cols, how.arms, newest_first), params)
-        _assert_indexed(plan, "tasks_by_state")
+        engine.enqueue("q", [spec("a"), spec("b")], ManualClock().now())
+        db = engine.raw._db  # type: ignore[attr-defined]
+        arms, residual = sqlite_engine._list_arms(db, "q", where)
+        params = {"queue": "q", "after": 0, "limit": 10, **sqlite_engine._arm_params(arms)}
+        cols = sqlite_engine._LIST_COLS if residual is None else sqlite_engine._WALK_COLS
+        plan = _sqlite_plan(engine, sqlite_engine._list_sql(cols, arms, newest_first), params)
+        index = "tasks_finished" if where.states == (DEAD,) else "tasks_active_type"
+        _assert_indexed(plan, index)
         for sql, args in [
             (sqlite_engine._QUEUE_COUNTS, ("q",)),
             (sqlite_engine._QUEUE_NAMES, ("", 10)),
             (sqlite_engine._OLDEST_AT, ("q", 0)),
+            (sqlite_engine._ACTIVE_TYPES, ("q",)),
         ]:
             _assert_indexed(_sqlite_plan(engine, sql, args), "")
 

@@ -2,21 +2,23 @@
 
 Theory of operation
 -------------------
-A page of ListTasks is a k-way merge, by `seq`, of index-ordered streams:
-one stream per (state) of the filter on the index `(queue, state, seq)`, or,
-when task types are asked and the engine has the index `(queue, task_type,
-state, seq)` (PostgreSQL), one per (task type, state). Each stream is a range seek past the cursor, the
-database merges them (SQLite: MERGE (UNION ALL); PostgreSQL: Merge
-Append) and stops after `limit + 1` rows, so a page costs about `limit`
-index entries however deep the queue is, and never sorts.
+A page of ListTasks is a k-way merge, by `seq`, of index-ordered streams,
+each a range seek past the cursor. The database merges them (SQLite: MERGE
+(UNION ALL); PostgreSQL: Merge Append) and stops after `limit + 1` rows, so
+a page costs about `limit` index entries however deep the queue is, and
+never sorts. Which streams depends on the engine's indexes (see each
+engine's listing section): PostgreSQL has one per state, or per (task type,
+state) when types are asked (`plan`); SQLite has one per active task type
+and one per finished state, on partial indexes the claim path never
+touches.
 
-A filter the streams cannot express (a unique-key prefix; task types on
-SQLite, or more (type, state) pairs than `MAX_ARMS`) is applied to the
-merged rows instead. Such a page walks at most
-`MAX_LIST_SCAN` index entries: when the walk ends before the page is full,
-the page comes back short (possibly empty) with a cursor at the last entry
-walked, and the next page continues from there. The walk reads only `seq,
-task_type, unique_key`; the full rows of the matches are read afterwards.
+A filter the streams cannot express (a unique-key prefix; task types over
+the finished states on SQLite; more streams than `MAX_ARMS`) is applied to
+the merged rows instead. Such a page walks at most `MAX_LIST_SCAN` index
+entries: when the walk ends before the page is full, the page comes back
+short (possibly empty) with a cursor at the last entry walked, and the
+next page continues from there. The walk reads only a few narrow columns;
+the full rows of the matches are read afterwards.
 
 Rows are listed without payload and result, and with last_error cut to
 `MAX_LIST_ERROR_BYTES` in SQL (by characters, then by bytes here), so a
@@ -58,7 +60,7 @@ class Plan:
     def residual(self) -> bool:
         return bool(self.types or self.prefix)
 
-    def matches(self, task_type: str, unique_key: str) -> bool:
+    def matches(self, task_type: str, unique_key: str, state: int = 0) -> bool:
         if self.types and task_type not in self.types:
             return False
         return unique_key.startswith(self.prefix)
@@ -79,15 +81,32 @@ def scan_budget(limit: int) -> int:
     return max(MAX_LIST_SCAN, limit + 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Residual:
+    """The per-row check of a page whose streams do not decide the filter
+    alone (SQLite: walked rows are `(seq, task_type, unique_key, state)`)."""
+
+    states: frozenset[int]
+    types: frozenset[str]
+    prefix: str
+
+    def matches(self, task_type: str, unique_key: str, state: int) -> bool:
+        if state not in self.states:
+            return False
+        if self.types and task_type not in self.types:
+            return False
+        return unique_key.startswith(self.prefix)
+
+
 def pick(
-    plan: Plan, walked: Sequence[Sequence[Any]], limit: int, budget: int
+    plan: Plan | Residual, walked: Sequence[Sequence[Any]], limit: int, budget: int
 ) -> tuple[list[int], int | None]:
     """From a budgeted walk's `(seq, task_type, unique_key)` rows: the seqs of
     the page's tasks (at most `limit`) and the cursor for the next page
     (None when the walk reached the end)."""
     seqs: list[int] = []
     for row in walked:
-        if plan.matches(row[1], row[2]):
+        if plan.matches(*row[1:]):
             if len(seqs) == limit:
                 return seqs, seqs[-1]
             seqs.append(row[0])

@@ -89,6 +89,7 @@ from ._base import (
 from ._rows import C_AVAILABLE as _C_AVAILABLE
 from ._rows import C_PRIORITY as _C_PRIORITY
 from ._rows import C_SEQ as _C_SEQ
+from ._rows import CANCELLED as _CANCELLED
 from ._rows import COLS as _COLS
 from ._rows import DEAD as _DEAD
 from ._rows import LEASE_EXPIRED as _LEASE_EXPIRED
@@ -127,6 +128,7 @@ _COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
 # Spelled exactly so in the index and in its queries: SQLite uses a partial
 # index only for a query whose WHERE contains the index's own term.
 _ACTIVE = f"state IN ({_PENDING}, {_LEASED})"
+_FINISHED = f"state IN ({_SUCCEEDED}, {_DEAD}, {_CANCELLED})"
 
 # The counts' trigger steps; a row of zeros stays (the next task of that
 # type and state reuses it) and is left out of every answer.
@@ -185,7 +187,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # reads, kept exact by triggers in the writing transaction and
     # backfilled here from the tasks already stored.
     (
-        "CREATE INDEX tasks_by_state ON tasks (queue, state)",
+        f"CREATE INDEX tasks_finished ON tasks (queue, state) WHERE {_FINISHED}",
         """
         CREATE TABLE task_counts (
             queue       TEXT    NOT NULL,
@@ -310,7 +312,11 @@ _LIST_COLS = ", ".join(
     }.get(c.strip(), c.strip())
     for c in _COLS.split(",")
 )
-_WALK_COLS = "seq, task_type, unique_key"
+_WALK_COLS = "seq, task_type, unique_key, state"
+_ACTIVE_TYPES = (
+    f"SELECT task_type FROM task_counts WHERE queue = ? AND state IN ({_PENDING}, {_LEASED})"
+    " GROUP BY task_type HAVING sum(n) > 0"
+)
 # Queues holding a task, by name: walks the counts' primary key in order.
 _QUEUE_NAMES = (
     "SELECT queue FROM task_counts WHERE queue > ? GROUP BY queue HAVING sum(n) > 0"
@@ -325,22 +331,66 @@ _OLDEST_REST = (
 )
 
 
+# One ListTasks stream: ("active", task_type) walks tasks_active_type (the
+# queue's PENDING and LEASED tasks of one type); ("finished", state) walks
+# tasks_finished; ("scan", None) walks the table itself by seq (budgeted),
+# when a queue has more active task types than `_listing.MAX_ARMS`.
+_Arm = tuple[str, str | int | None]
+
+
+def _list_arms(
+    db: sqlite3.Connection, queue: str, where: TaskFilter
+) -> tuple[tuple[_Arm, ...], _listing.Residual | None]:
+    """The streams a page of `where` merges, and the per-row check when the
+    streams alone do not decide the filter."""
+    states = tuple(dict.fromkeys(where.states)) or _listing.ALL_STATES
+    active = [s for s in states if s in (_PENDING, _LEASED)]
+    finished = [s for s in states if s not in (_PENDING, _LEASED)]
+    types = tuple(dict.fromkeys(where.task_types))
+    arms: list[_Arm] = []
+    exact = not where.unique_key_prefix
+    if active:
+        active_types = types or tuple(r[0] for r in db.execute(_ACTIVE_TYPES, (queue,)))
+        if len(active_types) + len(finished) <= _listing.MAX_ARMS:
+            arms += [("active", t) for t in active_types]
+        else:
+            arms.append(("scan", None))
+            exact = False
+        # The active streams hold both states.
+        exact = exact and len(active) == 2
+    if finished:
+        arms += [("finished", s) for s in finished]
+        exact = exact and not types
+    if exact:
+        return tuple(arms), None
+    return tuple(arms), _listing.Residual(
+        frozenset(states), frozenset(types), where.unique_key_prefix
+    )
+
+
 @functools.lru_cache(maxsize=256)
-def _list_sql(cols: str, arms: tuple[tuple[str | None, int], ...], newest_first: bool) -> str:
-    """One index stream per arm past :after, merged by seq (see `_listing`)."""
+def _list_sql(cols: str, arms: tuple[_Arm, ...], newest_first: bool) -> str:
+    """One index stream per arm past :after, merged by seq (see `_listing`).
+    Each arm repeats its partial index's own term: SQLite uses a partial
+    index only for a query that spells it."""
     op, order = ("<", "DESC") if newest_first else (">", "ASC")
     selects = []
-    for i, (task_type, state) in enumerate(arms):
-        type_term = "" if task_type is None else f" AND task_type = :a{i}"
-        selects.append(
-            f"SELECT {cols} FROM tasks WHERE queue = :queue{type_term}"
-            f" AND state = {int(state)} AND seq {op} :after"
-        )
+    for i, (kind, value) in enumerate(arms):
+        if kind == "active":
+            where = f"queue = :queue AND task_type = :a{i} AND {_ACTIVE}"
+            source = "tasks"
+        elif kind == "finished":
+            where = f"queue = :queue AND state = {int(value)} AND {_FINISHED}"  # type: ignore[arg-type]
+            source = "tasks"
+        else:
+            where = f"queue = :queue AND {_ACTIVE}"
+            source = "tasks NOT INDEXED"
+        selects.append(f"SELECT {cols} FROM {source} WHERE {where} AND seq {op} :after")
     return " UNION ALL ".join(selects) + f" ORDER BY seq {order} LIMIT :limit"
 
 
-def _arm_params(arms: Sequence[tuple[str | None, int]]) -> dict[str, str]:
-    return {f"a{i}": t for i, (t, _) in enumerate(arms) if t is not None}
+def _arm_params(arms: Sequence[_Arm]) -> dict[str, Any]:
+    return {f"a{i}": value for i, (kind, value) in enumerate(arms) if kind == "active"}
 
 
 def _listed(row: Sequence[Any]) -> Task:
@@ -783,30 +833,27 @@ class SQLiteEngine(Storage):
         after: int | None,
         limit: int,
     ) -> TaskPage:
-        how = _listing.plan(where, type_streams=False)
-        args: dict[str, Any] = {"queue": queue}
         if after is None:
             after = _listing.SEQ_MAX if newest_first else -1
-        args["after"] = after
         db = self._conn()
         # A read transaction: the walk and the rows it picked are one snapshot.
         db.execute("BEGIN")
         try:
-            if not how.residual:
+            arms, residual = _list_arms(db, queue, where)
+            if not arms:
+                return TaskPage([], None)
+            args: dict[str, Any] = {"queue": queue, "after": after}
+            args.update(_arm_params(arms))
+            if residual is None:
                 args["limit"] = limit + 1
-                rows = db.execute(
-                    _list_sql(_LIST_COLS, how.arms, newest_first), {**args, **_arm_params(how.arms)}
-                ).fetchall()
+                rows = db.execute(_list_sql(_LIST_COLS, arms, newest_first), args).fetchall()
                 next_after = rows[limit - 1][_C_SEQ] if len(rows) > limit else None
                 rows = rows[:limit]
             else:
                 budget = _listing.scan_budget(limit)
                 args["limit"] = budget
-                walked = db.execute(
-                    _list_sql(_WALK_COLS, how.arms, newest_first),
-                    {**args, **_arm_params(how.arms)},
-                ).fetchall()
-                seqs, next_after = _listing.pick(how, walked, limit, budget)
+                walked = db.execute(_list_sql(_WALK_COLS, arms, newest_first), args).fetchall()
+                seqs, next_after = _listing.pick(residual, walked, limit, budget)
                 rows = []
                 if seqs:
                     marks = ", ".join("?" * len(seqs))
