@@ -187,7 +187,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # reads, kept exact by triggers in the writing transaction and
     # backfilled here from the tasks already stored.
     (
-        f"CREATE INDEX tasks_finished ON tasks (queue, state) WHERE {_FINISHED}",
+        f"CREATE INDEX tasks_finished ON tasks (queue, task_type, state) WHERE {_FINISHED}",
         """
         CREATE TABLE task_counts (
             queue       TEXT    NOT NULL,
@@ -313,10 +313,7 @@ _LIST_COLS = ", ".join(
     for c in _COLS.split(",")
 )
 _WALK_COLS = "seq, task_type, unique_key, state"
-_ACTIVE_TYPES = (
-    f"SELECT task_type FROM task_counts WHERE queue = ? AND state IN ({_PENDING}, {_LEASED})"
-    " GROUP BY task_type HAVING sum(n) > 0"
-)
+_PRESENT = "SELECT task_type, state FROM task_counts WHERE queue = ? AND n > 0"
 # Queues holding a task, by name: walks the counts' primary key in order.
 _QUEUE_NAMES = (
     "SELECT queue FROM task_counts WHERE queue > ? GROUP BY queue HAVING sum(n) > 0"
@@ -331,36 +328,36 @@ _OLDEST_REST = (
 )
 
 
-# One ListTasks stream: ("active", task_type) walks tasks_active_type (the
-# queue's PENDING and LEASED tasks of one type); ("finished", state) walks
-# tasks_finished; ("scan", None) walks the table itself by seq (budgeted),
-# when a queue has more active task types than `_listing.MAX_ARMS`.
-_Arm = tuple[str, str | int | None]
+# One ListTasks stream, each seq-ordered on a partial index: ("active",
+# type) walks tasks_active_type (one type's PENDING and LEASED tasks);
+# ("finished", (type, state)) walks tasks_finished. ("scan", None) walks the
+# table itself by seq (budgeted), when the streams would be more than
+# `_listing.MAX_ARMS`.
+_Arm = tuple[str, Any]
 
 
 def _list_arms(
     db: sqlite3.Connection, queue: str, where: TaskFilter
 ) -> tuple[tuple[_Arm, ...], _listing.Residual | None]:
-    """The streams a page of `where` merges, and the per-row check when the
+    """The streams a page of `where` merges -- exactly the (type, state)
+    pairs the counts say hold tasks -- and the per-row check when the
     streams alone do not decide the filter."""
     states = tuple(dict.fromkeys(where.states)) or _listing.ALL_STATES
-    active = [s for s in states if s in (_PENDING, _LEASED)]
-    finished = [s for s in states if s not in (_PENDING, _LEASED)]
-    types = tuple(dict.fromkeys(where.task_types))
-    arms: list[_Arm] = []
-    exact = not where.unique_key_prefix
-    if active:
-        active_types = types or tuple(r[0] for r in db.execute(_ACTIVE_TYPES, (queue,)))
-        if len(active_types) + len(finished) <= _listing.MAX_ARMS:
-            arms += [("active", t) for t in active_types]
-        else:
-            arms.append(("scan", None))
-            exact = False
-        # The active streams hold both states.
-        exact = exact and len(active) == 2
-    if finished:
-        arms += [("finished", s) for s in finished]
-        exact = exact and not types
+    types = set(where.task_types)
+    pairs = [
+        (t, s)
+        for t, s in db.execute(_PRESENT, (queue,))
+        if s in states and (not types or t in types)
+    ]
+    arms: list[_Arm] = [
+        ("active", t) for t in dict.fromkeys(t for t, s in pairs if s in (_PENDING, _LEASED))
+    ]
+    arms += [("finished", (t, s)) for t, s in pairs if s not in (_PENDING, _LEASED)]
+    # The active streams hold both states.
+    exact = not where.unique_key_prefix and (_PENDING in states) == (_LEASED in states)
+    if len(arms) > _listing.MAX_ARMS:
+        arms = [("scan", None)]
+        exact = False
     if exact:
         return tuple(arms), None
     return tuple(arms), _listing.Residual(
@@ -376,21 +373,27 @@ def _list_sql(cols: str, arms: tuple[_Arm, ...], newest_first: bool) -> str:
     op, order = ("<", "DESC") if newest_first else (">", "ASC")
     selects = []
     for i, (kind, value) in enumerate(arms):
+        source = "tasks"
         if kind == "active":
             where = f"queue = :queue AND task_type = :a{i} AND {_ACTIVE}"
-            source = "tasks"
         elif kind == "finished":
-            where = f"queue = :queue AND state = {int(value)} AND {_FINISHED}"  # type: ignore[arg-type]
-            source = "tasks"
+            where = f"queue = :queue AND task_type = :a{i} AND state = {int(value[1])}"
+            where += f" AND {_FINISHED}"
         else:
-            where = f"queue = :queue AND {_ACTIVE}"
+            where = "queue = :queue"
             source = "tasks NOT INDEXED"
         selects.append(f"SELECT {cols} FROM {source} WHERE {where} AND seq {op} :after")
     return " UNION ALL ".join(selects) + f" ORDER BY seq {order} LIMIT :limit"
 
 
 def _arm_params(arms: Sequence[_Arm]) -> dict[str, Any]:
-    return {f"a{i}": value for i, (kind, value) in enumerate(arms) if kind == "active"}
+    params = {}
+    for i, (kind, value) in enumerate(arms):
+        if kind == "active":
+            params[f"a{i}"] = value
+        elif kind == "finished":
+            params[f"a{i}"] = value[0]
+    return params
 
 
 def _listed(row: Sequence[Any]) -> Task:
