@@ -569,6 +569,21 @@ class _Sql:
         self.queue_counts = (
             f"SELECT task_type, state, count(*) FROM {t} WHERE queue = $1 GROUP BY task_type, state"
         )
+        # ListQueues: the same for every queue of a page ($1), in two statements.
+        self.queues_counts = (
+            f"SELECT queue, task_type, state, count(*) FROM {t} WHERE queue = ANY($1::text[])"
+            " GROUP BY queue, task_type, state"
+        )
+        oldest_of = prios.replace("$1", "n.name")
+        self.queues_oldest = f"""
+            SELECT n.name, (
+                WITH RECURSIVE {oldest_of}
+                SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL (
+                    SELECT available_at FROM {t}
+                    WHERE queue = n.name AND state = {PENDING} AND priority = prios.p
+                    ORDER BY available_at LIMIT 1) f)
+            FROM unnest($1::text[]) AS n(name)
+        """
         # The distinct queues after $1, one index seek each (a skip scan).
         self.queue_names = f"""
             WITH RECURSIVE qs(q) AS (
@@ -1076,7 +1091,18 @@ class PostgresEngine(Storage):
     async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
         async with self._conn() as conn, _inspect_transaction(conn):
             names = [r[0] for r in await conn.fetch(self._sql.queue_names, after, limit)]
-            return [await self._stats(conn, name, now, by_type=False) for name in names]
+            if not names:
+                return []
+            rows: dict[str, list[Any]] = {name: [] for name in names}
+            for queue, task_type, state, n in await conn.fetch(self._sql.queues_counts, names):
+                rows[queue].append((task_type, state, n))
+            oldest = dict(list(r) for r in await conn.fetch(self._sql.queues_oldest, names))
+        return [
+            _listing.queue_stats(
+                name, _listing.by_state(rows[name]), oldest[name], now, by_type=False
+            )
+            for name in names
+        ]
 
     async def _stats(
         self, conn: asyncpg.Connection, queue: str, now: datetime, *, by_type: bool
