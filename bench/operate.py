@@ -36,11 +36,11 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from ringo_trio._proto.ringo.v1 import TaskSpec, TaskState  # noqa: E402
-from ringo_trio.server._clock import Clock  # noqa: E402
-from ringo_trio.server.storage._base import Storage, TaskFilter  # noqa: E402
-from ringo_trio.server.storage.postgres import PostgresEngine  # noqa: E402
-from ringo_trio.server.storage.sqlite import SQLiteEngine  # noqa: E402
+from ringo_trio._proto.ringo.v1 import TaskSpec, TaskState
+from ringo_trio.server._clock import Clock
+from ringo_trio.server.storage._base import Storage, TaskFilter
+from ringo_trio.server.storage.postgres import PostgresEngine
+from ringo_trio.server.storage.sqlite import SQLiteEngine
 
 BATCH = 1000
 SMALL_QUEUES = 200
@@ -119,9 +119,9 @@ async def measure(engine: Storage, tasks: int, repeat: int) -> list[tuple[str, t
     deep = int(tasks * 0.9)
     dead = TaskFilter(states=(int(TaskState.DEAD),))
 
-    def page(where: TaskFilter = TaskFilter(), **kw: Any) -> Callable[[], Awaitable[Any]]:
+    def page(where: TaskFilter | None = None, **kw: Any) -> Callable[[], Awaitable[Any]]:
         args = {"newest_first": False, "after": None, "limit": 100, **kw}
-        return lambda: engine.list_tasks("big", where, **args)
+        return lambda: engine.list_tasks("big", where or TaskFilter(), **args)
 
     cases: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
         ("ListTasks first page (100)", page()),
