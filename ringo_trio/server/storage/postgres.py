@@ -45,6 +45,18 @@ Concurrency, operation by operation (READ COMMITTED):
   the keys that conflicted; deadlocks between two overlapping keyed batches
   are retried.
 
+Inspection (ListTasks, GetQueueStats, ListQueues; see `_listing`): no
+counts table. A counter row per (queue, type, state) would be written by
+every claim, ack and nack of every daemon, serialising them on its row lock,
+and a claim (PENDING row, then LEASED) against a nack (LEASED, then PENDING)
+would deadlock. Stats are an index-only count of the queue's range of
+`tasks_by_type (queue, task_type, state, seq)` instead: exact, no write-path
+cost but the index, growing with the queue (docs/operations.md has the
+figures at 1,000,000 tasks). Pages are a Merge Append of index scans on
+`tasks_by_state (queue, state, seq)` or `tasks_by_type`. Both run in a
+read-only snapshot that turns sequential scans, bitmap scans and sorts off
+for its own transaction, so no plan reads every row of a big queue.
+
 Time: the caller's `now` (microseconds, as in SQLite); never the database's
 clock. A lease token is `gen_random_uuid()` without dashes: 32 hex digits,
 122 random bits, minted in the claiming statement.

@@ -32,6 +32,21 @@ Rows: one table `tasks`; times are integer microseconds since the Unix epoch
   activity: counting stops at `MAX_ACTIVITY_COUNT`, and a task-type filter
   is a seek per type, so the count never walks a backlog of other types.
 
+Inspection (ListTasks, GetQueueStats, ListQueues; see `_listing`) never
+scans on the loop. `task_counts (queue, task_type, state, n)` is kept exact
+by three triggers (insert, delete, state change) in the writing
+transaction, so every write path is counted, also ones written later (cancel,
+purge); its migration counts the rows already stored. Listing merges
+seq-ordered streams, one per (task type, state) pair the counts hold:
+PENDING/LEASED on `tasks_active_type`, finished states on
+`tasks_finished (queue, task_type, state) WHERE state IN (SUCCEEDED, DEAD,
+CANCELLED)`; the claim path touches neither, an ack adds one entry.
+Measured cost (engine CPU per task, shared 2-core machine): claim + ack
+63.8 -> 85.3 us (index +12, triggers +10: each B-tree a commit touches is a
+page more in the WAL), enqueue in 1000s 12.4 -> 16.0 us; through the daemon
++16% daemon CPU per no-op task, throughput unchanged within noise
+(docs/operations.md, "How it is stored").
+
 Task ids are 32 hex digits: 48 bits of the enqueue time in milliseconds, then
 80 random bits, so they sort roughly by creation and are unique across
 restarts and databases without coordination. Lease tokens are
