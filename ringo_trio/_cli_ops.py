@@ -192,10 +192,7 @@ def preview(data: bytes) -> dict[str, Any]:
         text = None
         # A character the preview cut in two is still text.
         if document["truncated"] and len(shown) - exc.start < 4:
-            try:
-                text = shown[: exc.start].decode("utf-8")
-            except UnicodeDecodeError:
-                text = None
+            text = shown[: exc.start].decode("utf-8")
     if text is not None and all(c.isprintable() or c in "\n\t\r" for c in text):
         document["text"] = text
     else:

@@ -437,10 +437,8 @@ def test_postgres_listing_and_counts_use_the_indexes(
     with open_engine(kind, tmp_path) as engine:
         engine.enqueue("q", [spec(f"t{i % 2}") for i in range(200)], ManualClock().now())
         sql = engine.raw._sql  # type: ignore[attr-defined]
-        how = _listing.plan(
-            TaskFilter(states=(PENDING, DEAD), task_types=("t0",)), type_streams=True
-        )
-        listing = postgres._list_sql(sql.tasks, postgres._LIST_COLS, how.arms, False)
+        arms, _ = _listing.plan(TaskFilter(states=(PENDING, DEAD), task_types=("t0",)))
+        listing = postgres._list_sql(sql.tasks, postgres._LIST_COLS, arms, False)
 
         async def explain() -> tuple[str, str]:
             async with engine.raw._conn() as conn, postgres._inspect_transaction(conn):  # type: ignore[attr-defined]

@@ -47,44 +47,9 @@ SEQ_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
-    """How one ListTasks page reads: `arms` are (task_type or None, state)
-    streams; `types` and `prefix` are checked per row when set (the
-    budgeted walk)."""
-
-    arms: tuple[tuple[str | None, int], ...]
-    types: frozenset[str]
-    prefix: str
-
-    @property
-    def residual(self) -> bool:
-        return bool(self.types or self.prefix)
-
-    def matches(self, task_type: str, unique_key: str, state: int = 0) -> bool:
-        if self.types and task_type not in self.types:
-            return False
-        return unique_key.startswith(self.prefix)
-
-
-def plan(where: TaskFilter, *, type_streams: bool) -> Plan:
-    """`type_streams`: the engine has the `(queue, task_type, state, seq)`
-    index (PostgreSQL); without it the types are checked per row."""
-    states = tuple(dict.fromkeys(where.states)) or ALL_STATES
-    types = tuple(dict.fromkeys(where.task_types))
-    if type_streams and types and len(types) * len(states) <= MAX_ARMS:
-        arms: tuple[tuple[str | None, int], ...] = tuple((t, s) for t in types for s in states)
-        return Plan(arms, frozenset(), where.unique_key_prefix)
-    return Plan(tuple((None, s) for s in states), frozenset(types), where.unique_key_prefix)
-
-
-def scan_budget(limit: int) -> int:
-    return max(MAX_LIST_SCAN, limit + 1)
-
-
-@dataclass(frozen=True, slots=True)
 class Residual:
     """The per-row check of a page whose streams do not decide the filter
-    alone (SQLite: walked rows are `(seq, task_type, unique_key, state)`)."""
+    alone; walked rows are `(seq, task_type, unique_key, state)`."""
 
     states: frozenset[int]
     types: frozenset[str]
@@ -98,15 +63,35 @@ class Residual:
         return unique_key.startswith(self.prefix)
 
 
+def plan(where: TaskFilter) -> tuple[tuple[tuple[str | None, int], ...], Residual | None]:
+    """PostgreSQL's streams for `where`: (task type or None, state) pairs on
+    `tasks_by_type` / `tasks_by_state`, and the per-row check if needed."""
+    states = tuple(dict.fromkeys(where.states)) or ALL_STATES
+    types = tuple(dict.fromkeys(where.task_types))
+    if types and len(types) * len(states) <= MAX_ARMS:
+        arms: tuple[tuple[str | None, int], ...] = tuple((t, s) for t in types for s in states)
+        checked: frozenset[str] = frozenset()
+    else:
+        arms = tuple((None, s) for s in states)
+        checked = frozenset(types)
+    if not (checked or where.unique_key_prefix):
+        return arms, None
+    return arms, Residual(frozenset(states), checked, where.unique_key_prefix)
+
+
+def scan_budget(limit: int) -> int:
+    return max(MAX_LIST_SCAN, limit + 1)
+
+
 def pick(
-    plan: Plan | Residual, walked: Sequence[Sequence[Any]], limit: int, budget: int
+    residual: Residual, walked: Sequence[Sequence[Any]], limit: int, budget: int
 ) -> tuple[list[int], int | None]:
     """From a budgeted walk's `(seq, task_type, unique_key)` rows: the seqs of
     the page's tasks (at most `limit`) and the cursor for the next page
     (None when the walk reached the end)."""
     seqs: list[int] = []
     for row in walked:
-        if plan.matches(*row[1:]):
+        if residual.matches(row[1], row[2], row[3]):
             if len(seqs) == limit:
                 return seqs, seqs[-1]
             seqs.append(row[0])

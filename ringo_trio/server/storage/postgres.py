@@ -623,21 +623,29 @@ _LIST_COLS = ", ".join(
     }.get(c.strip(), c.strip())
     for c in COLS.split(",")
 )
-_WALK_COLS = "seq, task_type, unique_key"
+_WALK_COLS = "seq, task_type, unique_key, state"
+
+
+def _list_sql(
+    tasks: str, cols: str, arms: Sequence[tuple[str | None, int]], newest_first: bool
+) -> str:
+    # The text depends on which arms have a type and their states only.
+    shape = tuple((task_type is not None, state) for task_type, state in arms)
+    return _list_sql_of(tasks, cols, shape, newest_first)
 
 
 @functools.lru_cache(maxsize=256)
-def _list_sql(
-    tasks: str, cols: str, arms: tuple[tuple[str | None, int], ...], newest_first: bool
+def _list_sql_of(
+    tasks: str, cols: str, shape: tuple[tuple[bool, int], ...], newest_first: bool
 ) -> str:
     """One index stream per arm past $2, merged by seq (a Merge Append, see
     `_listing`); $1 queue, $3 limit, $4... the arms' task types."""
     op, order = ("<", "DESC") if newest_first else (">", "ASC")
     selects = []
     param = 4
-    for task_type, state in arms:
+    for typed, state in shape:
         type_term = ""
-        if task_type is not None:
+        if typed:
             type_term = f" AND task_type = ${param}"
             param += 1
         selects.append(
@@ -1071,24 +1079,21 @@ class PostgresEngine(Storage):
         after: int | None,
         limit: int,
     ) -> TaskPage:
-        how = _listing.plan(where, type_streams=True)
+        arms, residual = _listing.plan(where)
         if after is None:
             after = _listing.SEQ_MAX if newest_first else -1
-        types = [t for t, _ in how.arms if t is not None]
-        async with (
-            self._conn() as conn,
-            conn.transaction(isolation="repeatable_read", readonly=True),
-        ):
-            if not how.residual:
-                sql = _list_sql(self._sql.tasks, _LIST_COLS, how.arms, newest_first)
+        types = [t for t, _ in arms if t is not None]
+        async with self._conn() as conn, _inspect_transaction(conn):
+            if residual is None:
+                sql = _list_sql(self._sql.tasks, _LIST_COLS, arms, newest_first)
                 rows = await conn.fetch(sql, queue, after, limit + 1, *types)
                 next_after = rows[limit - 1][C_SEQ] if len(rows) > limit else None
                 rows = rows[:limit]
             else:
                 budget = _listing.scan_budget(limit)
-                sql = _list_sql(self._sql.tasks, _WALK_COLS, how.arms, newest_first)
+                sql = _list_sql(self._sql.tasks, _WALK_COLS, arms, newest_first)
                 walked = await conn.fetch(sql, queue, after, budget, *types)
-                seqs, next_after = _listing.pick(how, walked, limit, budget)
+                seqs, next_after = _listing.pick(residual, walked, limit, budget)
                 rows = []
                 if seqs:
                     rows = await conn.fetch(self._sql.listed_by_seq, seqs)

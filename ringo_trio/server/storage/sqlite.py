@@ -380,19 +380,25 @@ def _list_arms(
     )
 
 
+def _list_sql(cols: str, arms: Sequence[_Arm], newest_first: bool) -> str:
+    # The text depends on the arms' kinds and states only (types are bound).
+    shape = tuple((kind, value[1] if kind == "finished" else None) for kind, value in arms)
+    return _list_sql_of(cols, shape, newest_first)
+
+
 @functools.lru_cache(maxsize=256)
-def _list_sql(cols: str, arms: tuple[_Arm, ...], newest_first: bool) -> str:
+def _list_sql_of(cols: str, shape: tuple[tuple[str, int | None], ...], newest_first: bool) -> str:
     """One index stream per arm past :after, merged by seq (see `_listing`).
     Each arm repeats its partial index's own term: SQLite uses a partial
     index only for a query that spells it."""
     op, order = ("<", "DESC") if newest_first else (">", "ASC")
     selects = []
-    for i, (kind, value) in enumerate(arms):
+    for i, (kind, state) in enumerate(shape):
         source = "tasks"
         if kind == "active":
             where = f"queue = :queue AND task_type = :a{i} AND {_ACTIVE}"
         elif kind == "finished":
-            where = f"queue = :queue AND task_type = :a{i} AND state = {int(value[1])}"
+            where = f"queue = :queue AND task_type = :a{i} AND state = {state}"
             where += f" AND {_FINISHED}"
         else:
             where = "queue = :queue"
