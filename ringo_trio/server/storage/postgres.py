@@ -205,6 +205,23 @@ def _lock_key(schema: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+def _count_function(s: str, name: str, changes: str) -> str:
+    """A statement trigger's function appending the statement's net count
+    changes (`changes`: queue, task_type, state, +-1 rows) as deltas: an
+    INSERT only, so concurrent writers never wait on each other here."""
+    return f"""
+        CREATE FUNCTION {s}.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO {s}.task_count_deltas (queue, task_type, state, d)
+            SELECT queue, task_type, state, sum(d)
+            FROM ({changes}) AS c(queue, task_type, state, d)
+            GROUP BY queue, task_type, state HAVING sum(d) <> 0;
+            RETURN NULL;
+        END
+        $$
+    """
+
+
 def _migrations(s: str) -> tuple[tuple[str, ...], ...]:
     """The schema steps for schema `s` (already quoted)."""
     return (
@@ -335,11 +352,57 @@ def _migrations(s: str) -> tuple[tuple[str, ...], ...]:
         ),
         # Minor 9: the handler's return value of a SUCCEEDED task.
         (f"ALTER TABLE {s}.tasks ADD COLUMN result bytea",),
-        # Minor 9, inspection: the listing indexes; GetQueueStats counts
-        # the second one's entries (see the module docstring).
+        # Minor 9, inspection: the listing indexes, and exact counts kept by
+        # statement triggers as append-only deltas that `_fold` sums into
+        # task_counts (see the module docstring). The triggers are created
+        # before the backfill: CREATE TRIGGER locks out writers until the
+        # migration commits, so no change is counted twice or missed.
         (
             f"CREATE INDEX tasks_by_state ON {s}.tasks (queue, state, seq)",
             f"CREATE INDEX tasks_by_type ON {s}.tasks (queue, task_type, state, seq)",
+            f"""
+            CREATE TABLE {s}.task_counts (
+                queue       text    NOT NULL,
+                task_type   text    NOT NULL,
+                state       integer NOT NULL,
+                n           bigint  NOT NULL,
+                PRIMARY KEY (queue, task_type, state)
+            )
+            """,
+            f"""
+            CREATE TABLE {s}.task_count_deltas (
+                queue       text    NOT NULL,
+                task_type   text    NOT NULL,
+                state       integer NOT NULL,
+                d           bigint  NOT NULL
+            )
+            """,
+            _count_function(
+                s, "ringo_count_insert", "SELECT queue, task_type, state, 1 FROM new_rows"
+            ),
+            _count_function(
+                s, "ringo_count_delete", "SELECT queue, task_type, state, -1 FROM old_rows"
+            ),
+            _count_function(
+                s,
+                "ringo_count_update",
+                "SELECT queue, task_type, state, 1 FROM new_rows"
+                " UNION ALL SELECT queue, task_type, state, -1 FROM old_rows",
+            ),
+            f"CREATE TRIGGER task_counts_insert AFTER INSERT ON {s}.tasks"
+            " REFERENCING NEW TABLE AS new_rows"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {s}.ringo_count_insert()",
+            f"CREATE TRIGGER task_counts_delete AFTER DELETE ON {s}.tasks"
+            " REFERENCING OLD TABLE AS old_rows"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {s}.ringo_count_delete()",
+            f"CREATE TRIGGER task_counts_update AFTER UPDATE ON {s}.tasks"
+            " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {s}.ringo_count_update()",
+            f"""
+            INSERT INTO {s}.task_counts (queue, task_type, state, n)
+            SELECT queue, task_type, state, count(*) FROM {s}.tasks
+            GROUP BY queue, task_type, state
+            """,
         ),
     )
 
@@ -569,23 +632,27 @@ class _Sql:
         """
 
         # -- inspection (see `_listing`) --
-        self.oldest_pending = f"""
-            WITH RECURSIVE {prios}
-            SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL (
-                SELECT available_at FROM {t}
-                WHERE queue = $1 AND state = {PENDING} AND priority = prios.p
-                ORDER BY available_at LIMIT 1) f
+        counts = f"{_ident(schema)}.task_counts"
+        deltas = f"{_ident(schema)}.task_count_deltas"
+        # Folds the committed deltas into task_counts. Only folders write
+        # task_counts, one at a time (the advisory lock), so its row locks
+        # never meet the write path's.
+        self.fold_lock = f"SELECT pg_advisory_xact_lock({_lock_key(schema + ' counts')})"
+        self.fold = f"""
+            WITH moved AS (DELETE FROM {deltas} RETURNING queue, task_type, state, d)
+            INSERT INTO {counts} AS c (queue, task_type, state, n)
+            SELECT queue, task_type, state, sum(d) FROM moved GROUP BY queue, task_type, state
+            ON CONFLICT (queue, task_type, state) DO UPDATE SET n = c.n + excluded.n
         """
-        # Counted from tasks_by_type's entries (an index-only scan of the
-        # queue's range); the transaction forbids the other plans.
-        self.queue_counts = (
-            f"SELECT task_type, state, count(*) FROM {t} WHERE queue = $1 GROUP BY task_type, state"
-        )
-        # ListQueues: the same for every queue of a page ($1), in two statements.
-        self.queues_counts = (
-            f"SELECT queue, task_type, state, count(*) FROM {t} WHERE queue = ANY($1::text[])"
-            " GROUP BY queue, task_type, state"
-        )
+        # Counts of the queues $1 at one snapshot: folded counts plus the
+        # deltas committed since the fold (few: the fold just ran).
+        self.queues_counts = f"""
+            SELECT queue, task_type, state, sum(n) FROM (
+                SELECT queue, task_type, state, n FROM {counts} WHERE queue = ANY($1::text[])
+                UNION ALL
+                SELECT queue, task_type, state, d FROM {deltas} WHERE queue = ANY($1::text[])
+            ) c GROUP BY queue, task_type, state
+        """
         oldest_of = prios.replace("$1", "n.name")
         self.queues_oldest = f"""
             SELECT n.name, (
@@ -596,15 +663,11 @@ class _Sql:
                     ORDER BY available_at LIMIT 1) f)
             FROM unnest($1::text[]) AS n(name)
         """
-        # The distinct queues after $1, one index seek each (a skip scan).
+        # The queues after $1 holding a task, by the folded counts (a queue
+        # whose first tasks came after the fold shows up in the next call).
         self.queue_names = f"""
-            WITH RECURSIVE qs(q) AS (
-                (SELECT queue FROM {t} WHERE queue > $1 ORDER BY queue LIMIT 1)
-                UNION ALL
-                SELECT (SELECT queue FROM {t} WHERE queue > qs.q ORDER BY queue LIMIT 1)
-                FROM qs WHERE qs.q IS NOT NULL
-            )
-            SELECT q FROM qs WHERE q IS NOT NULL LIMIT $2
+            SELECT queue FROM {counts} WHERE queue > $1
+            GROUP BY queue HAVING sum(n) > 0 ORDER BY queue LIMIT $2
         """
         self.listed_by_seq = (
             f"SELECT {_LIST_COLS} FROM {t} WHERE seq = ANY($1::bigint[]) ORDER BY seq"
@@ -1061,6 +1124,11 @@ class PostgresEngine(Storage):
                     # it alive now and then.
                     if not lost.is_set():
                         await conn.fetchval("SELECT 1", timeout=_WATCH_PING)
+                        # Housekeeping on the same beat: count deltas must not
+                        # pile up while nobody reads stats. A failure here is
+                        # the pool's, not the listener's.
+                        with contextlib.suppress(StorageError):
+                            await self._fold()
                 raise StorageUnavailable("the listening connection closed")
             except Exception as exc:
                 raise _Listened from exc
@@ -1102,33 +1170,40 @@ class PostgresEngine(Storage):
         return TaskPage([_listed(r) for r in rows], next_after)
 
     async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
-        async with self._conn() as conn, _inspect_transaction(conn):
-            return await self._stats(conn, queue, now, by_type=by_type)
+        [stats] = await self._queues_stats([queue], now, by_type=by_type)
+        return stats
 
     async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
-        async with self._conn() as conn, _inspect_transaction(conn):
+        await self._fold()
+        async with self._conn() as conn:
             names = [r[0] for r in await conn.fetch(self._sql.queue_names, after, limit)]
-            if not names:
-                return []
-            rows: dict[str, list[Any]] = {name: [] for name in names}
+        return await self._queues_stats(names, now, by_type=False, fold=False)
+
+    async def _queues_stats(
+        self, names: list[str], now: datetime, *, by_type: bool, fold: bool = True
+    ) -> list[QueueStats]:
+        if not names:
+            return []
+        if fold:
+            await self._fold()
+        rows: dict[str, list[Any]] = {name: [] for name in names}
+        async with self._conn() as conn, _inspect_transaction(conn):
             for queue, task_type, state, n in await conn.fetch(self._sql.queues_counts, names):
                 rows[queue].append((task_type, state, n))
             oldest = dict(list(r) for r in await conn.fetch(self._sql.queues_oldest, names))
         return [
             _listing.queue_stats(
-                name, _listing.by_state(rows[name]), oldest[name], now, by_type=False
+                name, _listing.by_state(rows[name]), oldest[name], now, by_type=by_type
             )
             for name in names
         ]
 
-    async def _stats(
-        self, conn: asyncpg.Connection, queue: str, now: datetime, *, by_type: bool
-    ) -> QueueStats:
-        counts = _listing.by_state(await conn.fetch(self._sql.queue_counts, queue))
-        oldest = None
-        if counts.keys():
-            oldest = await conn.fetchval(self._sql.oldest_pending, queue)
-        return _listing.queue_stats(queue, counts, oldest, now, by_type=by_type)
+    async def _fold(self) -> None:
+        """Sum the committed count deltas into task_counts (`watch` does it
+        too, so they do not pile up while nobody reads stats)."""
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute(self._sql.fold_lock)
+            await conn.execute(self._sql.fold)
 
     # -- operations (CancelTask, RetryTasks) ---------------------------------
 
