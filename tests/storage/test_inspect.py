@@ -357,8 +357,12 @@ def _downgrade(engine: SyncEngine) -> None:
 
     async def down() -> None:
         async with engine.raw._conn() as conn:  # type: ignore[attr-defined]
-            await conn.execute(f'DROP INDEX "{schema}".tasks_by_state')
-            await conn.execute(f'DROP INDEX "{schema}".tasks_by_type')
+            await conn.execute(f'DROP INDEX "{schema}".tasks_finished')
+            await conn.execute(f'DROP INDEX "{schema}".tasks_active_type')
+            await conn.execute(
+                f'CREATE INDEX tasks_active_type ON "{schema}".tasks (queue, task_type)'
+                f" WHERE state IN ({PENDING}, {LEASED})"
+            )
             await conn.execute(f'DROP TABLE "{schema}".task_counts, "{schema}".task_count_deltas')
             for kind in ("insert", "delete", "update"):
                 await conn.execute(f'DROP TRIGGER task_counts_{kind} ON "{schema}".tasks')
@@ -402,7 +406,7 @@ def test_sqlite_listing_is_index_streams_merged_without_sorting(
         engine.reject(ref_of(first), "x", now)
         engine.ack(ref_of(second), now)
         db = engine.raw._db  # type: ignore[attr-defined]
-        arms, residual = sqlite_engine._list_arms(db, "q", where)
+        arms, residual = _listing.arms(db.execute(sqlite_engine._PRESENT, ("q",)), where)
         params = {"queue": "q", "after": 0, "limit": 10, **sqlite_engine._arm_params(arms)}
         cols = sqlite_engine._LIST_COLS if residual is None else sqlite_engine._WALK_COLS
         plan = _sqlite_plan(engine, sqlite_engine._list_sql(cols, arms, newest_first), params)
@@ -442,18 +446,20 @@ def test_postgres_listing_and_counts_use_the_indexes(
     with open_engine(kind, tmp_path) as engine:
         engine.enqueue("q", [spec(f"t{i % 2}") for i in range(200)], ManualClock().now())
         sql = engine.raw._sql  # type: ignore[attr-defined]
-        arms, _ = _listing.plan(TaskFilter(states=(PENDING, DEAD), task_types=("t0",)))
+        arms, _ = _listing.arms([("t0", PENDING), ("t0", DEAD), ("t1", DEAD)], TaskFilter())
         listing = postgres._list_sql(sql.tasks, postgres._LIST_COLS, arms, False)
 
         async def explain() -> tuple[str, str]:
             async with engine.raw._conn() as conn, postgres._inspect_transaction(conn):  # type: ignore[attr-defined]
                 await conn.execute("ANALYZE " + sql.tasks)
-                a = await conn.fetch("EXPLAIN " + listing, "q", 0, 10, "t0", "t0")
+                a = await conn.fetch("EXPLAIN " + listing, "q", 0, 10, "t0", "t0", "t1")
                 b = await conn.fetch("EXPLAIN " + sql.queues_counts, ["q"])
             return "\n".join(r[0] for r in a), "\n".join(r[0] for r in b)
 
         plan_list, plan_counts = engine.run(explain())
         assert "Merge Append" in plan_list, plan_list
+        assert "tasks_active_type" in plan_list, plan_list
+        assert "tasks_finished" in plan_list, plan_list
         # A Merge Append has a "Sort Key" but no Sort node under it.
         assert "->  Sort " not in plan_list, plan_list
         assert not plan_list.startswith("Sort"), plan_list

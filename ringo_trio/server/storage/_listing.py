@@ -63,20 +63,46 @@ class Residual:
         return unique_key.startswith(self.prefix)
 
 
-def plan(where: TaskFilter) -> tuple[tuple[tuple[str | None, int], ...], Residual | None]:
-    """PostgreSQL's streams for `where`: (task type or None, state) pairs on
-    `tasks_by_type` / `tasks_by_state`, and the per-row check if needed."""
+Arm = tuple[str, Any]
+"""One ListTasks stream, seq-ordered on a partial index: ("active", type)
+walks one type's PENDING and LEASED tasks (`tasks_active_type`);
+("finished", (type, state)) one type's tasks in one finished state
+(`tasks_finished`); ("scan", None) walks the queue by seq, budgeted, when
+the streams would be more than `MAX_ARMS`."""
+
+
+def arms(
+    pairs: Iterable[tuple[str, int]], where: TaskFilter
+) -> tuple[tuple[Arm, ...], Residual | None]:
+    """The streams a page of `where` merges, from the (task type, state)
+    pairs the counts say hold tasks, and the per-row check when the streams
+    alone do not decide the filter."""
     states = tuple(dict.fromkeys(where.states)) or ALL_STATES
-    types = tuple(dict.fromkeys(where.task_types))
-    if types and len(types) * len(states) <= MAX_ARMS:
-        arms: tuple[tuple[str | None, int], ...] = tuple((t, s) for t in types for s in states)
-        checked: frozenset[str] = frozenset()
-    else:
-        arms = tuple((None, s) for s in states)
-        checked = frozenset(types)
-    if not (checked or where.unique_key_prefix):
-        return arms, None
-    return arms, Residual(frozenset(states), checked, where.unique_key_prefix)
+    types = set(where.task_types)
+    wanted = [(t, s) for t, s in pairs if s in states and (not types or t in types)]
+    out: list[Arm] = [
+        ("active", t) for t in dict.fromkeys(t for t, s in wanted if s in (PENDING, LEASED))
+    ]
+    out += [("finished", (t, s)) for t, s in wanted if s not in (PENDING, LEASED)]
+    # The active streams hold both states.
+    exact = not where.unique_key_prefix and (PENDING in states) == (LEASED in states)
+    if len(out) > MAX_ARMS:
+        out = [("scan", None)]
+        exact = False
+    if exact:
+        return tuple(out), None
+    return tuple(out), Residual(frozenset(states), frozenset(types), where.unique_key_prefix)
+
+
+def shape(arms: Sequence[Arm]) -> tuple[tuple[str, int | None], ...]:
+    """What a page's SQL text depends on: the arms' kinds and finished
+    states (task types are bound parameters)."""
+    return tuple((kind, value[1] if kind == "finished" else None) for kind, value in arms)
+
+
+def arm_types(arms: Sequence[Arm]) -> list[str]:
+    """The task type of each typed arm, in order (the bound parameters)."""
+    return [value if kind == "active" else value[0] for kind, value in arms if kind != "scan"]
 
 
 def scan_budget(limit: int) -> int:

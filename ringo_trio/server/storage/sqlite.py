@@ -343,47 +343,8 @@ _OLDEST_REST = (
 )
 
 
-# One ListTasks stream, each seq-ordered on a partial index: ("active",
-# type) walks tasks_active_type (one type's PENDING and LEASED tasks);
-# ("finished", (type, state)) walks tasks_finished. ("scan", None) walks the
-# table itself by seq (budgeted), when the streams would be more than
-# `_listing.MAX_ARMS`.
-_Arm = tuple[str, Any]
-
-
-def _list_arms(
-    db: sqlite3.Connection, queue: str, where: TaskFilter
-) -> tuple[tuple[_Arm, ...], _listing.Residual | None]:
-    """The streams a page of `where` merges -- exactly the (type, state)
-    pairs the counts say hold tasks -- and the per-row check when the
-    streams alone do not decide the filter."""
-    states = tuple(dict.fromkeys(where.states)) or _listing.ALL_STATES
-    types = set(where.task_types)
-    pairs = [
-        (t, s)
-        for t, s in db.execute(_PRESENT, (queue,))
-        if s in states and (not types or t in types)
-    ]
-    arms: list[_Arm] = [
-        ("active", t) for t in dict.fromkeys(t for t, s in pairs if s in (_PENDING, _LEASED))
-    ]
-    arms += [("finished", (t, s)) for t, s in pairs if s not in (_PENDING, _LEASED)]
-    # The active streams hold both states.
-    exact = not where.unique_key_prefix and (_PENDING in states) == (_LEASED in states)
-    if len(arms) > _listing.MAX_ARMS:
-        arms = [("scan", None)]
-        exact = False
-    if exact:
-        return tuple(arms), None
-    return tuple(arms), _listing.Residual(
-        frozenset(states), frozenset(types), where.unique_key_prefix
-    )
-
-
-def _list_sql(cols: str, arms: Sequence[_Arm], newest_first: bool) -> str:
-    # The text depends on the arms' kinds and states only (types are bound).
-    shape = tuple((kind, value[1] if kind == "finished" else None) for kind, value in arms)
-    return _list_sql_of(cols, shape, newest_first)
+def _list_sql(cols: str, arms: Sequence[_listing.Arm], newest_first: bool) -> str:
+    return _list_sql_of(cols, _listing.shape(arms), newest_first)
 
 
 @functools.lru_cache(maxsize=256)
@@ -407,14 +368,9 @@ def _list_sql_of(cols: str, shape: tuple[tuple[str, int | None], ...], newest_fi
     return " UNION ALL ".join(selects) + f" ORDER BY seq {order} LIMIT :limit"
 
 
-def _arm_params(arms: Sequence[_Arm]) -> dict[str, Any]:
-    params = {}
-    for i, (kind, value) in enumerate(arms):
-        if kind == "active":
-            params[f"a{i}"] = value
-        elif kind == "finished":
-            params[f"a{i}"] = value[0]
-    return params
+def _arm_params(arms: Sequence[_listing.Arm]) -> dict[str, Any]:
+    typed = [i for i, (kind, _) in enumerate(arms) if kind != "scan"]
+    return {f"a{i}": t for i, t in zip(typed, _listing.arm_types(arms), strict=True)}
 
 
 def _listed(row: Sequence[Any]) -> Task:
@@ -863,7 +819,7 @@ class SQLiteEngine(Storage):
         # A read transaction: the walk and the rows it picked are one snapshot.
         db.execute("BEGIN")
         try:
-            arms, residual = _list_arms(db, queue, where)
+            arms, residual = _listing.arms(db.execute(_PRESENT, (queue,)), where)
             if not arms:
                 return TaskPage([], None)
             args: dict[str, Any] = {"queue": queue, "after": after}
