@@ -57,10 +57,13 @@ before every stats read and on `watch`'s beat. A read sums `task_counts`
 and the deltas committed since the fold, in one snapshot: exact. An
 index-only count of the queue's index entries was measured first and
 dropped: 0.7 s at 1,000,000 tasks. Pages are a Merge Append of index scans
-on `tasks_by_state (queue, state, seq)` or `tasks_by_type (queue,
-task_type, state, seq)`, in a read-only snapshot that turns sequential
-scans, bitmap scans and sorts off for its own transaction, so no plan
-reads every row of a big queue.
+on partial indexes (as in SQLite): `tasks_active_type (queue, task_type,
+seq)` for PENDING/LEASED, `tasks_finished (queue, task_type, state, seq)`
+for the finished states. A non-HOT UPDATE adds an entry to every index
+whose predicate the new row meets, so a claim adds none to them and an ack
+one, where full listing indexes cost two each. The inspection statements run
+in a read-only snapshot that turns sequential scans, bitmap scans and sorts
+off for its own transaction, so no plan reads every row of a big queue.
 
 Time: the caller's `now` (microseconds, as in SQLite); never the database's
 clock. A lease token is `gen_random_uuid()` without dashes: 32 hex digits,
