@@ -42,9 +42,9 @@ PENDING/LEASED on `tasks_active_type`, finished states on
 `tasks_finished (queue, task_type, state) WHERE state IN (SUCCEEDED, DEAD,
 CANCELLED)`; the claim path touches neither, an ack adds one entry.
 Measured cost (engine CPU per task, shared 2-core machine): claim + ack
-63.8 -> 85.3 us (index +12, triggers +10: each B-tree a commit touches is a
-page more in the WAL), enqueue in 1000s 12.4 -> 16.0 us; through the daemon
-+16% daemon CPU per no-op task, throughput unchanged within noise
+66.0 -> 88.0 us (index +11, triggers +11: each B-tree a commit touches is a
+page more in the WAL), enqueue in 1000s 12.3 -> 16.7 us; through the daemon
++14% daemon CPU per no-op task, throughput within the noise
 (docs/operations.md, "How it is stored").
 
 Task ids are 32 hex digits: 48 bits of the enqueue time in milliseconds, then
