@@ -14,14 +14,14 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from ._client import Ringo, RingoClient
 from ._durations import parse_duration
 from ._errors import InvalidArgumentError
-from ._limits import MAX_PAYLOAD_BYTES
-from ._models import Task, TaskSpec, TaskState
+from ._limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
+from ._models import QueueStats, Task, TaskSpec, TaskState
 from ._supervise import TOKEN_ENV
 
 __all__ = ["add_commands", "OPS_COMMANDS"]
@@ -82,15 +82,209 @@ def open_client(args: argparse.Namespace) -> AbstractAsyncContextManager[RingoCl
 
 
 async def _queues(args: argparse.Namespace) -> int:
-    raise NotImplementedError("ringo queues")
+    async with open_client(args) as client:
+        found = await client.queues()
+    if args.json:
+        print_json([stats_document(q) for q in found])
+        return 0
+    print_table(
+        ["queue", "pending", "leased", "succeeded", "dead", "cancelled", "oldest pending"],
+        [[q.queue, q.pending, q.leased, q.succeeded, q.dead, q.cancelled, _age(q)] for q in found],
+    )
+    return 0
 
 
 async def _tasks_list(args: argparse.Namespace) -> int:
-    raise NotImplementedError("ringo tasks list")
+    if not 1 <= args.limit <= _MAX_CLI_LIST:
+        raise InvalidArgumentError(f"--limit must be between 1 and {_MAX_CLI_LIST}")
+    tasks: list[Task] = []
+    async with open_client(args) as client:
+        listing = client.queue(args.queue).list(
+            states=[TaskState(s) for s in dict.fromkeys(args.state)],
+            task_types=args.type,
+            unique_key_prefix=args.key_prefix,
+            newest_first=args.newest_first,
+            page_size=min(args.limit, MAX_LIST_PAGE),
+        )
+        async for task in listing:
+            tasks.append(task)
+            if len(tasks) == args.limit:
+                break
+    if args.json:
+        print_json([task_document(t) for t in tasks])
+        return 0
+    print_table(
+        ["id", "type", "state", "attempt", "unique key", "created", "last error"],
+        [
+            [
+                t.id,
+                t.task_type,
+                t.state.value,
+                f"{t.attempt}/{t.max_attempts}",
+                t.unique_key or "",
+                _when(t.created_at),
+                _one_line(t.last_error or "", 60),
+            ]
+            for t in tasks
+        ],
+    )
+    return 0
 
 
 async def _tasks_show(args: argparse.Namespace) -> int:
-    raise NotImplementedError("ringo tasks show")
+    async with open_client(args) as client:
+        queue = client.queue(args.queue)
+        if args.key is not None:
+            task = await queue.get_by_unique_key(args.key)
+        else:
+            task = await queue.get_by_id(args.task_id)
+    document = task_document(task)
+    document["payload"] = preview(task.payload)
+    document["result"] = None if task.result is None else preview(task.result)
+    if args.json:
+        print_json(document)
+        return 0
+    progress = document["progress"]
+    lines = [
+        ("id", task.id),
+        ("queue", task.queue),
+        ("type", task.task_type),
+        ("state", task.state.value),
+        ("unique key", task.unique_key or ""),
+        ("attempts", f"{task.attempt} of {task.max_attempts}"),
+        ("priority", task.priority),
+        ("created", _when(task.created_at)),
+        ("available", _when(task.available_at)),
+        ("finished", _when(task.finished_at)),
+        ("worker", task.worker_id or ""),
+        ("lease until", _when(task.lease_until)),
+        (
+            "progress",
+            ""
+            if progress is None
+            else f"{progress['current']}/{progress['total']} {progress['message']}".rstrip(),
+        ),
+        ("last error", task.last_error or ""),
+        ("payload", _shown(document["payload"])),
+        ("result", "" if task.result is None else _shown(document["result"])),
+    ]
+    width = max(len(label) for label, _ in lines) + 1
+    for label, value in lines:
+        # Continuation lines (a multi-line error or payload) stay indented.
+        text = str(value).replace("\n", "\n" + " " * (width + 1))
+        sys.stdout.write(f"{label + ':':<{width}} {text}".rstrip() + "\n")
+    return 0
+
+
+# -- task and stats documents ---------------------------------------------------
+
+_MAX_CLI_LIST = 100_000
+PREVIEW_BYTES = 4096
+"""`tasks show` prints at most this much of a payload or result."""
+
+
+def preview(data: bytes) -> dict[str, Any]:
+    """A bounded, printable view of bytes: text when the shown part is
+    printable UTF-8, else hex."""
+    shown = data[:PREVIEW_BYTES]
+    document: dict[str, Any] = {"bytes": len(data), "truncated": len(data) > len(shown)}
+    text: str | None
+    try:
+        text = shown.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        text = None
+        # A character the preview cut in two is still text.
+        if document["truncated"] and len(shown) - exc.start < 4:
+            text = shown[: exc.start].decode("utf-8")
+    if text is not None and all(c.isprintable() or c in "\n\t\r" for c in text):
+        document["text"] = text
+    else:
+        document["hex"] = shown.hex()
+    return document
+
+
+def _shown(document: dict[str, Any]) -> str:
+    more = f" ... ({document['bytes']} bytes)" if document["truncated"] else ""
+    if "text" in document:
+        return f"{document['text']}{more}" if document["bytes"] else "(empty)"
+    return f"hex {document['hex']}{more}"
+
+
+def task_document(task: Task) -> dict[str, Any]:
+    """A task as JSON (times ISO 8601); without payload and result, which
+    callers add as they see fit (`preview`)."""
+    progress = None
+    if task.progress is not None:
+        progress = {
+            "current": task.progress.current,
+            "total": task.progress.total,
+            "message": task.progress.message,
+            "updated_at": _iso(task.progress.updated_at),
+        }
+    return {
+        "id": task.id,
+        "queue": task.queue,
+        "task_type": task.task_type,
+        "state": task.state.value,
+        "unique_key": task.unique_key,
+        "attempt": task.attempt,
+        "max_attempts": task.max_attempts,
+        "priority": task.priority,
+        "created_at": _iso(task.created_at),
+        "updated_at": _iso(task.updated_at),
+        "available_at": _iso(task.available_at),
+        "finished_at": _iso(task.finished_at),
+        "last_error": task.last_error,
+        "progress": progress,
+        "worker_id": task.worker_id,
+        "lease_until": _iso(task.lease_until),
+    }
+
+
+def stats_document(stats: QueueStats) -> dict[str, Any]:
+    age = stats.oldest_pending_age
+    return {
+        "queue": stats.queue,
+        "pending": stats.pending,
+        "leased": stats.leased,
+        "succeeded": stats.succeeded,
+        "dead": stats.dead,
+        "cancelled": stats.cancelled,
+        "oldest_pending_at": _iso(stats.oldest_pending_at),
+        "oldest_pending_age_seconds": None if age is None else age.total_seconds(),
+        "as_of": _iso(stats.as_of),
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def _when(moment: datetime | None) -> str:
+    return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _age(stats: QueueStats) -> str:
+    """The oldest due task's wait, in its two largest units (``2h05m``)."""
+    age = stats.oldest_pending_age
+    if age is None:
+        return "-"
+    seconds = int(age.total_seconds())
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{seconds:02d}s"
+    return f"{seconds}s"
+
+
+def _one_line(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def _task_outcome(task: Task, **extra: object) -> dict[str, object]:

@@ -33,17 +33,21 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 import anyio.abc
 
+from . import _limits
 from ._connection import Connection
 from ._daemon import LocalDaemon
 from ._endpoint import Endpoint, parse_endpoint
 from ._errors import (
     InvalidArgumentError,
     RingoError,
+    require_minor,
 )
 from ._models import PostgresStorage, QueueStats, SQLiteStorage, _check_name
+from ._proto.ringo.v1 import ListQueuesRequest, ListQueuesResponse
 from ._queue import TaskQueue
 from ._transport import client_tls_context
 from ._transport_api import ClientTransport
+from ._wire.protocol import OPERATE_MINOR
 
 if TYPE_CHECKING:
     from ._shared import SharedLocalDaemon
@@ -270,8 +274,24 @@ class RingoClient:
 
     async def queues(self) -> list[QueueStats]:
         """Every queue that holds a task, by name, with its counts by state
-        (no per-type breakdown: `TaskQueue.stats` has it). Protocol minor >= 9."""
-        raise NotImplementedError("queues")
+        (no per-type breakdown: `TaskQueue.stats` has it). Protocol minor >= 9.
+
+        Pages through ListQueues (1,000 queues a call); a queue created or
+        emptied meanwhile may or may not be in the answer."""
+        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "RingoClient.queues")
+        found: list[QueueStats] = []
+        token = ""
+        while True:
+            reply = await self._connection.call(
+                "ListQueues",
+                ListQueuesRequest(page_size=_limits.MAX_LIST_PAGE, page_token=token),
+                ListQueuesResponse,
+                read_only=True,
+            )
+            found.extend(QueueStats.from_wire(q) for q in reply.queues)
+            token = reply.next_page_token
+            if not token:
+                return found
 
 
 class Ringo:

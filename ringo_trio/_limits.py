@@ -52,10 +52,10 @@ MAX_LIST_PAGE = 1000
 DEFAULT_LIST_PAGE = 100
 MAX_LIST_ERROR_BYTES = 1024
 """A listed task's last_error is cut to this many bytes (GetTask has it whole)."""
-MAX_LIST_SCAN = 10_000
+MAX_LIST_SCAN = 2_000
 """Index entries one ListTasks page walks when its filter cannot be answered
-by index streams alone (a unique-key prefix, or task types times states
-beyond 64): the page then comes back short, possibly empty, with a
+by index streams alone (a unique-key prefix, for one; docs/operations.md
+lists the cases): the page then comes back short, possibly empty, with a
 next_page_token to go on from. Bounds the time one page holds the daemon."""
 MAX_DELETE_BATCH = 10_000
 """Tasks one DeleteTasks or RetryTasks call changes: one bounded transaction."""

@@ -18,10 +18,12 @@ from . import _limits
 from ._errors import InvalidArgumentError
 from ._proto.ringo.v1 import EnqueueResult as _WireEnqueueResult
 from ._proto.ringo.v1 import Progress as _WireProgress
+from ._proto.ringo.v1 import QueueStats as _WireQueueStats
 from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
 from ._proto.ringo.v1 import Task as _WireTask
 from ._proto.ringo.v1 import TaskSpec as _WireTaskSpec
 from ._proto.ringo.v1 import TaskState as _WireTaskState
+from ._proto.ringo.v1 import TaskTypeStats as _WireTaskTypeStats
 
 __all__ = [
     "BatchResult",
@@ -314,6 +316,17 @@ class TaskTypeStats:
     dead: int = 0
     cancelled: int = 0
 
+    @classmethod
+    def from_wire(cls, wire: _WireTaskTypeStats) -> TaskTypeStats:
+        return cls(
+            task_type=wire.task_type,
+            pending=wire.pending,
+            leased=wire.leased,
+            succeeded=wire.succeeded,
+            dead=wire.dead,
+            cancelled=wire.cancelled,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
@@ -331,6 +344,23 @@ class QueueStats:
     as_of: datetime | None = None
     by_type: tuple[TaskTypeStats, ...] = ()
     """`TaskQueue.stats` only (`RingoClient.queues` leaves it empty)."""
+
+    @classmethod
+    def from_wire(cls, wire: _WireQueueStats | None) -> QueueStats:
+        if wire is None:
+            # The daemon always sets it; an empty reply is a protocol bug.
+            raise InvalidArgumentError("daemon reply carried no queue stats")
+        return cls(
+            queue=wire.queue,
+            pending=wire.pending,
+            leased=wire.leased,
+            succeeded=wire.succeeded,
+            dead=wire.dead,
+            cancelled=wire.cancelled,
+            oldest_pending_at=wire.oldest_pending_at,
+            as_of=wire.as_of,
+            by_type=tuple(TaskTypeStats.from_wire(t) for t in wire.by_type),
+        )
 
     @property
     def oldest_pending_age(self) -> timedelta | None:

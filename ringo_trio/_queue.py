@@ -10,9 +10,10 @@ surfaces `UnavailableError` instead of risking a double apply.
 from __future__ import annotations
 
 import builtins
+import collections
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
@@ -47,9 +48,14 @@ from ._proto.ringo.v1 import (
     ExtendLeaseResponse,
     GetQueueActivityRequest,
     GetQueueActivityResponse,
+    GetQueueStatsRequest,
+    GetQueueStatsResponse,
     GetTaskRequest,
     GetTaskResponse,
     LeaseRef,
+    ListOrder,
+    ListTasksRequest,
+    ListTasksResponse,
     NackRequest,
     NackResponse,
     RejectRequest,
@@ -92,6 +98,45 @@ class TaskPage:
     """Listed tasks carry no payload and no result (`get_by_id` reads them)."""
     next_page_token: str | None
     """Pass to `list_page` (with the same filters) for the next page; None on the last."""
+
+
+async def _list_page(connection: Connection, request: ListTasksRequest) -> TaskPage:
+    reply = await connection.call("ListTasks", request, ListTasksResponse, read_only=True)
+    return TaskPage(
+        tasks=tuple(Task.from_wire(t) for t in reply.tasks),
+        next_page_token=reply.next_page_token or None,
+    )
+
+
+class _TaskIterator:
+    """`TaskQueue.list`: each `__anext__` hands out a buffered task or fetches
+    the next page in the caller's own task. A plain object rather than an
+    async generator, so a caller that stops early leaves no suspended frame
+    to finalize and nothing running."""
+
+    def __init__(self, connection: Connection, request: ListTasksRequest) -> None:
+        self._connection = connection
+        self._request = request
+        self._buffer: collections.deque[Task] = collections.deque()
+        self._done = False
+
+    def __aiter__(self) -> _TaskIterator:
+        return self
+
+    async def __anext__(self) -> Task:
+        # A page may be empty yet not the last (a bounded walk): keep going.
+        while not self._buffer:
+            if self._done:
+                raise StopAsyncIteration
+            page = await _list_page(self._connection, self._request)
+            self._buffer.extend(page.tasks)
+            if page.next_page_token is None:
+                self._done = True
+            else:
+                # The request is this iterator's own: the next page is it again,
+                # with the cursor.
+                self._request.page_token = page.next_page_token
+        return self._buffer.popleft()
 
 
 def _task_types(task_types: Iterable[str] | None) -> list[str]:
@@ -377,9 +422,18 @@ class TaskQueue:
         newest first), fetched ``page_size`` at a time as the iteration
         goes: ``async for task in queue.list(states=[TaskState.DEAD])``.
 
+        Tasks enqueued or changed during the walk never make it repeat or
+        skip a task that matched throughout. Listed tasks carry no payload
+        and no result, and last_error cut to 1 KiB (`get_by_id` has them).
+        Arguments are checked at once; nothing is sent before the first
+        ``__anext__``, and leaving the loop early leaves nothing running.
+
         (Named after what it does for the caller; inside this class the
         built-in is spelled ``builtins.list``.)"""
-        raise NotImplementedError("list")
+        request = self._list_request(
+            states, task_types, unique_key_prefix, newest_first, page_size, None
+        )
+        return _TaskIterator(self._connection, request)
 
     async def list_page(
         self,
@@ -391,12 +445,62 @@ class TaskQueue:
         page_size: int = _limits.DEFAULT_LIST_PAGE,
         page_token: str | None = None,
     ) -> TaskPage:
-        """One page of `list`, for callers that keep the cursor themselves."""
-        raise NotImplementedError("list_page")
+        """One page of `list`, for callers that keep the cursor themselves.
+
+        A page may hold fewer than ``page_size`` tasks, even none, and still
+        have a ``next_page_token``: a unique-key-prefix filter (or a very
+        wide type filter) walks a bounded number of tasks per page."""
+        request = self._list_request(
+            states, task_types, unique_key_prefix, newest_first, page_size, page_token
+        )
+        return await _list_page(self._connection, request)
+
+    def _list_request(
+        self,
+        states: Iterable[TaskState] | None,
+        task_types: Iterable[str] | None,
+        unique_key_prefix: str,
+        newest_first: bool,
+        page_size: int,
+        page_token: str | None,
+    ) -> ListTasksRequest:
+        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "TaskQueue.list")
+        wire_states = []
+        for state in states or ():
+            if not isinstance(state, TaskState):
+                raise InvalidArgumentError(
+                    f"states must hold TaskState values, got {type(state).__name__}"
+                )
+            wire_states.append(state.to_wire())
+        if unique_key_prefix:
+            _check_unique_key(unique_key_prefix)
+        _check_int("page_size", page_size, 1, _limits.MAX_LIST_PAGE)
+        if page_token is not None and not isinstance(page_token, str):
+            raise InvalidArgumentError(
+                f"page_token must be a string, got {type(page_token).__name__}"
+            )
+        return ListTasksRequest(
+            queue=self.name,
+            states=wire_states,
+            task_types=_task_types(task_types),
+            unique_key_prefix=unique_key_prefix,
+            order=ListOrder.NEWEST_FIRST if newest_first else ListOrder.OLDEST_FIRST,
+            page_size=page_size,
+            page_token=page_token or "",
+        )
 
     async def stats(self) -> QueueStats:
-        """Counts by state and by task type, and the oldest due task's age."""
-        raise NotImplementedError("stats")
+        """Counts by state and by task type, and the oldest due task's age.
+        Exact, and cheap however many tasks the queue holds. A queue without
+        tasks answers zeros."""
+        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "TaskQueue.stats")
+        reply = await self._connection.call(
+            "GetQueueStats",
+            GetQueueStatsRequest(queue=self.name),
+            GetQueueStatsResponse,
+            read_only=True,
+        )
+        return QueueStats.from_wire(reply.stats)
 
     # -- operations (protocol minor >= 9) -----------------------------------
 
@@ -436,6 +540,13 @@ class TaskQueue:
         )
         return Task.from_wire(reply.task)
 
+    async def _daemon_now(self) -> datetime:
+        """The daemon's clock, as its stats read it (never this machine's)."""
+        as_of = (await self.stats()).as_of
+        if as_of is None:
+            raise InvalidArgumentError("daemon reply carried no time (stats.as_of)")
+        return as_of
+
     async def retry_many(
         self,
         *,
@@ -450,9 +561,10 @@ class TaskQueue:
         call, oldest finished first, applied in one transaction; the loop
         ends when the daemon reports nothing more. Without
         ``finished_before`` the cutoff is the moment ``retry_many`` began,
-        by this machine's clock, so a task that dies again while it pages is
-        not retried twice (against a daemon whose clock differs, such as
-        `RingoTestEnv` on virtual time, pass ``finished_before=env.now()``).
+        by the daemon's clock (read with one `stats` call: the cutoff is
+        compared with times the daemon wrote, so this machine's clock, or a
+        test's virtual one, must not decide it), so a task that dies again
+        while it pages is not retried twice.
         Like every mutation it is never re-sent after `UnavailableError`;
         the batches before it stay applied. Protocol minor >= 9.
         """
@@ -460,7 +572,7 @@ class TaskQueue:
         types = _task_types(task_types)
         _check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
         if finished_before is None:
-            finished_before = datetime.now(UTC)
+            finished_before = await self._daemon_now()
         elif not isinstance(finished_before, datetime) or finished_before.tzinfo is None:
             raise InvalidArgumentError("finished_before must be a timezone-aware datetime")
         request = RetryTasksRequest(
@@ -492,7 +604,8 @@ class TaskQueue:
         Each batch (``batch_size`` tasks, at most 10,000) is one DeleteTasks
         call and one transaction on the daemon, oldest finished first;
         batches follow one another until the daemon finds no more. The age
-        is measured from this process's clock, once, at the start. After an
+        is measured on the daemon's clock (one `stats` call), once, at the
+        start: it is compared with the finish times the daemon wrote. After an
         error the batches already done stay done: call it again. Needs
         protocol minor >= 9 (`IncompatibleVersionError` before anything is
         sent)."""
@@ -513,7 +626,7 @@ class TaskQueue:
         finished_before = None
         if older_than is not None:
             _check_duration("older_than", older_than, maximum=MAX_RETENTION)
-            finished_before = datetime.now(UTC) - older_than
+            finished_before = await self._daemon_now() - older_than
         request = DeleteTasksRequest(
             queue=self.name,
             states=[state.to_wire() for state in dict.fromkeys(wanted)],

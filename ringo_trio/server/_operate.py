@@ -9,9 +9,14 @@ to status codes by the service's `_rpc` wrapper like every unary call.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import logging
+import struct
 from datetime import datetime
 
+from ringo_trio import _limits as limits
 from ringo_trio._proto.ringo.v1 import (
     CancelTaskRequest,
     CancelTaskResponse,
@@ -29,7 +34,7 @@ from ringo_trio._proto.ringo.v1 import (
 
 from . import _validate as v
 from ._wakeups import QueueWakeups
-from .storage._base import Storage
+from .storage._base import Storage, TaskFilter
 
 __all__ = ["Operations"]
 
@@ -44,15 +49,40 @@ class Operations:
     # -- inspection ----------------------------------------------------------
 
     async def list_tasks(self, message: ListTasksRequest, now: datetime) -> ListTasksResponse:
-        raise NotImplementedError("ListTasks")
+        queue = v.name(message.queue, "queue")
+        where = TaskFilter(
+            states=v.task_states(message.states),
+            task_types=tuple(v.task_types(message.task_types)),
+            unique_key_prefix=v.key_prefix(message.unique_key_prefix),
+        )
+        newest_first = v.list_order(message.order)
+        limit = v.page_size(message.page_size)
+        filters = _filters_digest(queue, where, newest_first)
+        after = _task_cursor(message.page_token, filters)
+        page = await self._storage.list_tasks(
+            queue, where, newest_first=newest_first, after=after, limit=limit
+        )
+        token = "" if page.next_after is None else _task_token(page.next_after, filters)
+        return ListTasksResponse(tasks=page.tasks, next_page_token=token)
 
     async def get_queue_stats(
         self, message: GetQueueStatsRequest, now: datetime
     ) -> GetQueueStatsResponse:
-        raise NotImplementedError("GetQueueStats")
+        queue = v.name(message.queue, "queue")
+        return GetQueueStatsResponse(
+            stats=await self._storage.queue_stats(queue, now, by_type=True)
+        )
 
     async def list_queues(self, message: ListQueuesRequest, now: datetime) -> ListQueuesResponse:
-        raise NotImplementedError("ListQueues")
+        limit = v.page_size(message.page_size)
+        after = _queue_cursor(message.page_token)
+        # One more than asked tells whether a next page exists.
+        queues = await self._storage.list_queues(now, after=after, limit=limit + 1)
+        token = ""
+        if len(queues) > limit:
+            queues = queues[:limit]
+            token = _queue_token(queues[-1].queue)
+        return ListQueuesResponse(queues=queues, next_page_token=token)
 
     # -- operations ----------------------------------------------------------
 
@@ -92,3 +122,82 @@ class Operations:
             # Deleting is for good: leave a trace an operator can find.
             log.info("DeleteTasks deleted %d finished task(s) of queue %r", deleted, queue)
         return DeleteTasksResponse(deleted_count=deleted, more=deleted == limit)
+
+
+# -- page tokens -------------------------------------------------------------
+#
+# Opaque to clients, but plain: no secret, so a token outlives a daemon
+# restart and works on every daemon of a shared store. A ListTasks token is
+# version, cursor seq and a digest of the queue, filters and order: sent with
+# other filters it is refused instead of silently resuming a different walk.
+# Forging one gains nothing (the caller could list that queue anyway).
+
+_TASK_TOKEN = struct.Struct(">BQ8s")
+_TASK_TOKEN_VERSION = 1
+_QUEUE_TOKEN_VERSION = b"q1:"
+# Longer than any token this daemon hands out; checked before decoding.
+_MAX_TOKEN_CHARS = 2 * (len(_QUEUE_TOKEN_VERSION) + limits.MAX_NAME_BYTES)
+
+
+def _filters_digest(queue: str, where: TaskFilter, newest_first: bool) -> bytes:
+    canonical = "\x00".join(
+        [
+            queue,
+            ",".join(map(str, sorted(where.states))),
+            "\x00".join(sorted(where.task_types)),
+            where.unique_key_prefix,
+            "newest" if newest_first else "oldest",
+        ]
+    )
+    return hashlib.blake2b(canonical.encode(), digest_size=8, person=b"ringo-list").digest()
+
+
+def _encode(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _decode(token: str) -> bytes:
+    if len(token) > _MAX_TOKEN_CHARS or not token.isascii():
+        raise v.FieldError("page_token", "is not a token this daemon handed out")
+    try:
+        return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (binascii.Error, ValueError):
+        raise v.FieldError("page_token", "is not a token this daemon handed out") from None
+
+
+def _task_token(after: int, filters: bytes) -> str:
+    return _encode(_TASK_TOKEN.pack(_TASK_TOKEN_VERSION, after, filters))
+
+
+def _task_cursor(token: str, filters: bytes) -> int | None:
+    if not token:
+        return None
+    raw = _decode(token)
+    if len(raw) != _TASK_TOKEN.size:
+        raise v.FieldError("page_token", "is not a ListTasks token this daemon handed out")
+    version, after, digest = _TASK_TOKEN.unpack(raw)
+    if version != _TASK_TOKEN_VERSION or after >= 2**63:
+        raise v.FieldError("page_token", "is not a ListTasks token this daemon handed out")
+    if digest != filters:
+        raise v.FieldError(
+            "page_token", "belongs to another queue, filter or order than this request's"
+        )
+    return int(after)
+
+
+def _queue_token(queue: str) -> str:
+    return _encode(_QUEUE_TOKEN_VERSION + queue.encode())
+
+
+def _queue_cursor(token: str) -> str:
+    if not token:
+        return ""
+    raw = _decode(token)
+    if not raw.startswith(_QUEUE_TOKEN_VERSION):
+        raise v.FieldError("page_token", "is not a ListQueues token this daemon handed out")
+    try:
+        return raw[len(_QUEUE_TOKEN_VERSION) :].decode()
+    except UnicodeDecodeError:
+        raise v.FieldError(
+            "page_token", "is not a ListQueues token this daemon handed out"
+        ) from None

@@ -22,6 +22,7 @@ from ringo_trio import _limits as limits
 from ringo_trio._proto.ringo.v1 import (
     ClaimRequest,
     LeaseRef,
+    ListOrder,
     RetryBackoff,
     TaskSpec,
     TaskState,
@@ -36,13 +37,17 @@ __all__ = [
     "duration",
     "error_text",
     "finished_states",
+    "key_prefix",
+    "list_order",
     "lease_ref",
     "lookup",
     "name",
+    "page_size",
     "progress_values",
     "result_value",
     "task_spec",
     "task_specs",
+    "task_states",
     "task_types",
 ]
 
@@ -298,3 +303,40 @@ def finished_states(values: Sequence[TaskState], path: str = "states") -> list[i
                 " only SUCCEEDED, DEAD or CANCELLED tasks can be deleted",
             )
     return [int(state) for state in dict.fromkeys(values or _FINISHED_STATES)]
+
+
+# -- inspection (minor 9) ----------------------------------------------------
+
+_LISTABLE_STATES = frozenset(int(s) for s in TaskState if s != TaskState.UNSPECIFIED)
+
+
+def task_states(values: Sequence[int], path: str = "states") -> tuple[int, ...]:
+    """A state filter: empty means every state; each a known state other than
+    UNSPECIFIED. Duplicates are dropped."""
+    for index, value in enumerate(values):
+        if int(value) not in _LISTABLE_STATES:
+            raise FieldError(f"{path}[{index}]", f"{int(value)} is not a task state")
+    return tuple(dict.fromkeys(int(v) for v in values))
+
+
+def key_prefix(value: str, path: str = "unique_key_prefix") -> str:
+    """A unique-key prefix filter; empty means no filter."""
+    _bounded_text(value, path, limits.MAX_UNIQUE_KEY_BYTES)
+    return value
+
+
+def page_size(value: int, path: str = "page_size") -> int:
+    """0 is DEFAULT_LIST_PAGE; above MAX_LIST_PAGE is refused, not clamped, so
+    a caller never mistakes a short page for the end."""
+    if value == 0:
+        return limits.DEFAULT_LIST_PAGE
+    if value > limits.MAX_LIST_PAGE:
+        raise FieldError(path, f"{value} exceeds the limit of {limits.MAX_LIST_PAGE}")
+    return value
+
+
+def list_order(value: int, path: str = "order") -> bool:
+    """Whether the listing is newest first."""
+    if int(value) not in (int(o) for o in ListOrder):
+        raise FieldError(path, f"{int(value)} is not a list order")
+    return int(value) == ListOrder.NEWEST_FIRST

@@ -2,21 +2,23 @@
 
 Theory of operation
 -------------------
-A page of ListTasks is a k-way merge, by `seq`, of index-ordered streams:
-one stream per (state) of the filter on the index `(queue, state, seq)`, or,
-when task types are asked, one per (task type, state) on `(queue,
-task_type, state, seq)`. Each stream is a range seek past the cursor, the
-database merges them (SQLite: MERGE (UNION ALL); PostgreSQL: Merge
-Append) and stops after `limit + 1` rows, so a page costs about `limit`
-index entries however deep the queue is, and never sorts.
+A page of ListTasks is a k-way merge, by `seq`, of index-ordered streams,
+each a range seek past the cursor. The database merges them (SQLite: MERGE
+(UNION ALL); PostgreSQL: Merge Append) and stops after `limit + 1` rows, so
+a page costs about `limit` index entries however deep the queue is, and
+never sorts. Which streams depends on the engine's indexes (see each
+engine's listing section): PostgreSQL has one per state, or per (task type,
+state) when types are asked (`plan`); SQLite has one per active task type
+and one per finished state, on partial indexes the claim path never
+touches.
 
-A filter the streams cannot express (a unique-key prefix; more (type,
-state) pairs than `MAX_ARMS`, where the types are then checked per row) is
-applied to the merged rows instead. Such a page walks at most
-`MAX_LIST_SCAN` index entries: when the walk ends before the page is full,
-the page comes back short (possibly empty) with a cursor at the last entry
-walked, and the next page continues from there. The walk reads only `seq,
-task_type, unique_key`; the full rows of the matches are read afterwards.
+A filter the streams cannot express (a unique-key prefix; task types over
+the finished states on SQLite; more streams than `MAX_ARMS`) is applied to
+the merged rows instead. Such a page walks at most `MAX_LIST_SCAN` index
+entries: when the walk ends before the page is full, the page comes back
+short (possibly empty) with a cursor at the last entry walked, and the
+next page continues from there. The walk reads only a few narrow columns;
+the full rows of the matches are read afterwards.
 
 Rows are listed without payload and result, and with last_error cut to
 `MAX_LIST_ERROR_BYTES` in SQL (by characters, then by bytes here), so a
@@ -45,32 +47,62 @@ SEQ_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
-    """How one ListTasks page reads: `arms` are (task_type or None, state)
-    streams; `types` and `prefix` are checked per row when set (the
-    budgeted walk)."""
+class Residual:
+    """The per-row check of a page whose streams do not decide the filter
+    alone; walked rows are `(seq, task_type, unique_key, state)`."""
 
-    arms: tuple[tuple[str | None, int], ...]
+    states: frozenset[int]
     types: frozenset[str]
     prefix: str
 
-    @property
-    def residual(self) -> bool:
-        return bool(self.types or self.prefix)
-
-    def matches(self, task_type: str, unique_key: str) -> bool:
+    def matches(self, task_type: str, unique_key: str, state: int) -> bool:
+        if state not in self.states:
+            return False
         if self.types and task_type not in self.types:
             return False
         return unique_key.startswith(self.prefix)
 
 
-def plan(where: TaskFilter) -> Plan:
+Arm = tuple[str, Any]
+"""One ListTasks stream, seq-ordered on a partial index: ("active", type)
+walks one type's PENDING and LEASED tasks (`tasks_active_type`);
+("finished", (type, state)) one type's tasks in one finished state
+(`tasks_finished`); ("scan", None) walks the queue by seq, budgeted, when
+the streams would be more than `MAX_ARMS`."""
+
+
+def arms(
+    pairs: Iterable[tuple[str, int]], where: TaskFilter
+) -> tuple[tuple[Arm, ...], Residual | None]:
+    """The streams a page of `where` merges, from the (task type, state)
+    pairs the counts say hold tasks, and the per-row check when the streams
+    alone do not decide the filter."""
     states = tuple(dict.fromkeys(where.states)) or ALL_STATES
-    types = tuple(dict.fromkeys(where.task_types))
-    if types and len(types) * len(states) <= MAX_ARMS:
-        arms: tuple[tuple[str | None, int], ...] = tuple((t, s) for t in types for s in states)
-        return Plan(arms, frozenset(), where.unique_key_prefix)
-    return Plan(tuple((None, s) for s in states), frozenset(types), where.unique_key_prefix)
+    types = set(where.task_types)
+    wanted = [(t, s) for t, s in pairs if s in states and (not types or t in types)]
+    out: list[Arm] = [
+        ("active", t) for t in dict.fromkeys(t for t, s in wanted if s in (PENDING, LEASED))
+    ]
+    out += [("finished", (t, s)) for t, s in wanted if s not in (PENDING, LEASED)]
+    # The active streams hold both states.
+    exact = not where.unique_key_prefix and (PENDING in states) == (LEASED in states)
+    if len(out) > MAX_ARMS:
+        out = [("scan", None)]
+        exact = False
+    if exact:
+        return tuple(out), None
+    return tuple(out), Residual(frozenset(states), frozenset(types), where.unique_key_prefix)
+
+
+def shape(arms: Sequence[Arm]) -> tuple[tuple[str, int | None], ...]:
+    """What a page's SQL text depends on: the arms' kinds and finished
+    states (task types are bound parameters)."""
+    return tuple((kind, value[1] if kind == "finished" else None) for kind, value in arms)
+
+
+def arm_types(arms: Sequence[Arm]) -> list[str]:
+    """The task type of each typed arm, in order (the bound parameters)."""
+    return [value if kind == "active" else value[0] for kind, value in arms if kind != "scan"]
 
 
 def scan_budget(limit: int) -> int:
@@ -78,14 +110,14 @@ def scan_budget(limit: int) -> int:
 
 
 def pick(
-    plan: Plan, walked: Sequence[Sequence[Any]], limit: int, budget: int
+    residual: Residual, walked: Sequence[Sequence[Any]], limit: int, budget: int
 ) -> tuple[list[int], int | None]:
     """From a budgeted walk's `(seq, task_type, unique_key)` rows: the seqs of
     the page's tasks (at most `limit`) and the cursor for the next page
     (None when the walk reached the end)."""
     seqs: list[int] = []
     for row in walked:
-        if plan.matches(row[1], row[2]):
+        if residual.matches(row[1], row[2], row[3]):
             if len(seqs) == limit:
                 return seqs, seqs[-1]
             seqs.append(row[0])
