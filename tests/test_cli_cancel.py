@@ -3,11 +3,8 @@ subprocess against a real ``ringod``."""
 
 from __future__ import annotations
 
-import json
 import pathlib
 import subprocess
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,39 +12,22 @@ import trio
 
 from ringo_trio import PermanentTaskError, Ringo, Task, TaskContext
 from ringo_trio import _limits as limits
-from ringo_trio.testing import DaemonProcess, run_worker, spawn_daemon
+from ringo_trio.testing import DaemonProcess, run_worker
 
-CLI = [sys.executable, "-m", "ringo_trio._cli"]
+from ._ringo_cli import daemon as daemon  # the fixture, found by name
+from ._ringo_cli import run_ringo, run_ringo_json
+
 TIMEOUT = 30
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with spawn_daemon(tmp_path_factory.mktemp("cli-cancel") / "ringod") as d:
-        yield d
 
 
 def ringo(
     daemon: DaemonProcess, *args: str, stdin: bytes | None = None, cwd: pathlib.Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    command, rest = args[0], args[1:]
-    if command == "tasks":
-        command, rest = f"tasks {rest[0]}", rest[1:]
-    return subprocess.run(
-        [*CLI, *command.split(), *rest, "--endpoint", daemon.endpoint],
-        capture_output=True,
-        timeout=TIMEOUT,
-        input=(stdin or b"").decode("latin-1"),
-        text=True,
-        encoding="latin-1",
-        cwd=cwd,
-    )
+    return run_ringo(daemon, *args, stdin=stdin, cwd=cwd, encoding="latin-1")
 
 
 def ringo_json(daemon: DaemonProcess, *args: str, **kwargs: Any) -> Any:
-    result = ringo(daemon, *args, "--json", **kwargs)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return run_ringo_json(daemon, *args, encoding="latin-1", **kwargs)
 
 
 def sdk(daemon: DaemonProcess, queue: str, call: Any) -> Any:

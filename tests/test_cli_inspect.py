@@ -6,23 +6,15 @@ from __future__ import annotations
 import json
 import pathlib
 import subprocess
-import sys
-from collections.abc import Iterator
 
 import pytest
 import trio
 
 from ringo_trio import Ringo, TaskSpec
-from ringo_trio.testing import DaemonProcess, spawn_daemon
+from ringo_trio.testing import DaemonProcess
 
-CLI = [sys.executable, "-m", "ringo_trio._cli"]
-TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with spawn_daemon(tmp_path_factory.mktemp("cli-inspect") / "ringod") as d:
-        yield d
+from ._ringo_cli import daemon as daemon  # the fixture, found by name
+from ._ringo_cli import run_ringo
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +42,7 @@ def filled(daemon: DaemonProcess) -> dict[str, str]:
 
 
 def ringo(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args[:2], "--endpoint", daemon.endpoint, *args[2:]]
-        if args[0] == "tasks"
-        else [*CLI, args[0], "--endpoint", daemon.endpoint, *args[1:]],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    return run_ringo(daemon, *args)
 
 
 def test_queues_prints_counts_per_queue(daemon: DaemonProcess, filled: dict[str, str]) -> None:

@@ -3,33 +3,20 @@
 from __future__ import annotations
 
 import json
-import pathlib
 import subprocess
-import sys
-from collections.abc import Iterator
 
 import pytest
 import trio
 
 from ringo_trio import NotFoundError, Ringo
-from ringo_trio.testing import DaemonProcess, spawn_daemon
+from ringo_trio.testing import DaemonProcess
 
-CLI = [sys.executable, "-m", "ringo_trio._cli"]
-
-
-@pytest.fixture
-def daemon(tmp_path: pathlib.Path) -> Iterator[DaemonProcess]:
-    with spawn_daemon(tmp_path / "data") as process:
-        yield process
+from ._ringo_cli import daemon as daemon  # the fixture, found by name
+from ._ringo_cli import run_ringo
 
 
 def ringo(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, "tasks", "purge", *args, "--endpoint", daemon.endpoint],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_ringo(daemon, "tasks", "purge", *args)
 
 
 def finish(daemon: DaemonProcess, queue: str, *, ok: int, dead: int) -> dict[str, list[str]]:
