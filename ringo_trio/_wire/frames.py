@@ -1,0 +1,127 @@
+"""The hot frames, by name: what the SDK's worker and the daemon encode per task.
+
+Each function is the encoding of one betterproto2 message built from its
+arguments (the docstring names it), by the generic codec (`.codec`). The
+callers keep their flat arguments so that a frame can be hand-unrolled here,
+and only here, if the end-to-end benchmark ever says the generic path costs
+5 % or more (docs/architecture.md, "Codec", has the figures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from .._proto.ringo.v1 import (
+    AckRequest,
+    CreditUpdate,
+    EnqueueManyRequest,
+    EnqueueManyResponse,
+    EnqueueResult,
+    ErrorDetail,
+    ExtendLeaseRequest,
+    Lease,
+    LeasedTask,
+    LeaseRef,
+    NackRequest,
+    RejectRequest,
+    RequestContext,
+    Task,
+    TaskSpec,
+    WorkRequest,
+    WorkResponse,
+    WorkResult,
+)
+from .codec import encode
+
+__all__ = [
+    "encode_ack",
+    "encode_credit",
+    "encode_enqueue_many_request",
+    "encode_enqueue_many_response",
+    "encode_extend",
+    "encode_nack",
+    "encode_reject",
+    "encode_work_push",
+    "encode_work_result",
+]
+
+
+# -- the daemon's frames -------------------------------------------------------------
+
+
+def encode_work_push(leased: LeasedTask) -> bytes:
+    """``WorkResponse(task=leased)``: one pushed task."""
+    return encode(WorkResponse(task=leased))
+
+
+def encode_work_result(request_id: int, error: ErrorDetail | None, lease: Lease | None) -> bytes:
+    """``WorkResponse(result=WorkResult(request_id, error, lease))``."""
+    return encode(WorkResponse(result=WorkResult(request_id=request_id, error=error, lease=lease)))
+
+
+def encode_enqueue_many_response(
+    results: Sequence[tuple[Task, bool]], created: int, duplicates: int
+) -> bytes:
+    """``EnqueueManyResponse(results=[EnqueueResult(task, created), ...],
+    created_count=created, duplicate_count=duplicates)``."""
+    return encode(
+        EnqueueManyResponse(
+            results=[EnqueueResult(task=task, created=was) for task, was in results],
+            created_count=created,
+            duplicate_count=duplicates,
+        )
+    )
+
+
+# -- the SDK's commands --------------------------------------------------------------
+
+
+def encode_credit(request_id: int, available: int, target: int | None) -> bytes:
+    """``WorkRequest(request_id, credit=CreditUpdate(available, target))``."""
+    credit = CreditUpdate(available=available, target_concurrency=target)
+    return encode(WorkRequest(request_id=request_id, credit=credit))
+
+
+def encode_ack(request_id: int, task_id: str, attempt: int, token: str) -> bytes:
+    """``WorkRequest(request_id, ack=AckRequest(lease=LeaseRef(...)))``."""
+    ref = LeaseRef(task_id=task_id, attempt=attempt, lease_token=token)
+    return encode(WorkRequest(request_id=request_id, ack=AckRequest(lease=ref)))
+
+
+def encode_nack(
+    request_id: int,
+    task_id: str,
+    attempt: int,
+    token: str,
+    error: str,
+    retry_delay: timedelta | None,
+) -> bytes:
+    """``WorkRequest(request_id, nack=NackRequest(lease=LeaseRef(...), error,
+    retry_delay_override=retry_delay))``."""
+    ref = LeaseRef(task_id=task_id, attempt=attempt, lease_token=token)
+    nack = NackRequest(lease=ref, error=error, retry_delay_override=retry_delay)
+    return encode(WorkRequest(request_id=request_id, nack=nack))
+
+
+def encode_reject(request_id: int, task_id: str, attempt: int, token: str, error: str) -> bytes:
+    """``WorkRequest(request_id, reject=RejectRequest(lease=LeaseRef(...), error))``."""
+    ref = LeaseRef(task_id=task_id, attempt=attempt, lease_token=token)
+    return encode(WorkRequest(request_id=request_id, reject=RejectRequest(lease=ref, error=error)))
+
+
+def encode_extend(
+    request_id: int, task_id: str, attempt: int, token: str, extension: timedelta
+) -> bytes:
+    """``WorkRequest(request_id, extend_lease=ExtendLeaseRequest(lease=LeaseRef(...),
+    extension))``."""
+    ref = LeaseRef(task_id=task_id, attempt=attempt, lease_token=token)
+    extend = ExtendLeaseRequest(lease=ref, extension=extension)
+    return encode(WorkRequest(request_id=request_id, extend_lease=extend))
+
+
+def encode_enqueue_many_request(
+    context: RequestContext | None, queue: str, specs: Sequence[TaskSpec]
+) -> bytes:
+    """``EnqueueManyRequest(context, queue, tasks=specs)``."""
+    return encode(EnqueueManyRequest(context=context, queue=queue, tasks=list(specs)))
