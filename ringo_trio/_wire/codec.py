@@ -31,13 +31,14 @@ the nested class, the Timestamp/Duration/wrapper ``unwrap`` — and walks it:
 
 Values are built without the dataclass ``__init__`` (a fresh ``__dict__``
 from the class's defaults), which is most of the gain on decode. The module
-is pure: no I/O, and the only state is the per-class tables, built on first
-use (thread-safe enough: building twice gives equal tables).
+is pure: no I/O; its only state is the per-class tables, built on first use
+under a lock, and two bounded memos of immutable Timestamp values.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -513,17 +514,30 @@ class _Plan:
 
 
 _plans: dict[type[betterproto2.Message], _Plan] = {}
+# Plans being built (a message may nest itself, so a plan is referenced before
+# it is complete); published to `_plans` together once the outermost is done,
+# under the lock, so another thread never sees half a table.
+_building: dict[type[betterproto2.Message], _Plan] = {}
+_lock = threading.RLock()
 
 
 def _plan(cls: type[betterproto2.Message]) -> _Plan:
     plan = _plans.get(cls)
-    if plan is None:
-        plan = _plans[cls] = _Plan()  # registered first: messages may nest themselves
+    if plan is not None:
+        return plan
+    with _lock:
+        plan = _plans.get(cls) or _building.get(cls)
+        if plan is not None:
+            return plan
+        outermost = not _building
+        plan = _building[cls] = _Plan()
         try:
             _build(plan, cls)
-        except BaseException:
-            del _plans[cls]
-            raise
+            if outermost:
+                _plans.update(_building)
+        finally:
+            if outermost:
+                _building.clear()
     return plan
 
 
