@@ -2,7 +2,9 @@
 
     python bench/codec.py [--repeat 5] [--batch 1000] [--unrolled REV]
 
-µs per operation, best of ``--repeat`` samples (each sample runs >= 0.1 s).
+µs per operation, best of ``--repeat`` samples (each sample runs >= 0.1 s;
+a row's columns take their samples in turn, so load from elsewhere on a
+shared machine falls on all of them alike).
 Three columns per row:
 
 * **generic**: what the tree does now — `ringo_trio._wire.codec` through the
@@ -120,12 +122,21 @@ def _unrolled(rev: str) -> ModuleType | None:
     return module
 
 
-def best_us(func: Callable[[], object], repeat: int) -> float:
-    timer = timeit.Timer(func)
-    number = 1
-    while timer.timeit(number) < 0.1:
-        number *= 2
-    return min(timer.repeat(repeat=repeat, number=number)) / number * 1e6
+def best_us(funcs: list[Callable[[], object]], repeat: int) -> list[float]:
+    """Best µs per call of each function; their samples alternate, so load from
+    elsewhere on a shared machine falls on all of them alike."""
+    timers = [timeit.Timer(func) for func in funcs]
+    numbers = []
+    for timer in timers:
+        number = 1
+        while timer.timeit(number) < 0.1:
+            number *= 2
+        numbers.append(number)
+    best = [float("inf")] * len(funcs)
+    for _ in range(repeat):
+        for index, (timer, number) in enumerate(zip(timers, numbers, strict=True)):
+            best[index] = min(best[index], timer.timeit(number) / number * 1e6)
+    return best
 
 
 def _cycling(items: list[Any], func: Callable[[Any], object]) -> Callable[[], object]:
@@ -270,9 +281,9 @@ def main() -> None:
     print("| operation | generic | unrolled | betterproto2 | generic µs/item |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, generic, unrolled, reference, items in rows:
-        generic_us = best_us(generic, repeat)
-        unrolled_cell = f"{best_us(unrolled, repeat):,.1f}" if unrolled else "—"
-        reference_us = best_us(reference, repeat)
+        funcs = [generic, reference] if unrolled is None else [generic, reference, unrolled]
+        generic_us, reference_us, *rest = best_us(funcs, repeat)
+        unrolled_cell = f"{rest[0]:,.1f}" if rest else "—"
         per_item = f"{generic_us / items:,.2f}" if items > 1 else ""
         print(
             f"| {name} | {generic_us:,.1f} | {unrolled_cell} | {reference_us:,.1f} | {per_item} |"
