@@ -52,7 +52,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResult,
 )
 from ringo_trio._wire import frames
-from ringo_trio._wire.codec import WireError, decode, encode, message_classes
+from ringo_trio._wire.codec import WireError, build, decode, encode, message_classes
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -707,3 +707,15 @@ def test_decoded_messages_are_ordinary_dataclasses() -> None:
     task = decode(encode(Task(id="a", attempt=2)), Task)
     assert dataclasses.replace(task, attempt=3) == Task(id="a", attempt=3)
     assert repr(task) == repr(Task(id="a", attempt=2))
+
+
+def test_build_is_the_constructor_without_its_cost() -> None:
+    """Example: `build` makes the same message as the class, with fresh containers,
+    and refuses a name the class does not have."""
+    assert build(Task, id="a", attempt=2) == Task(id="a", attempt=2)
+    first, second = build(v1.ClaimRequest), build(v1.ClaimRequest)
+    first.task_types.append("x")
+    assert second.task_types == []
+    assert encode(build(LeaseRef, task_id="t")) == bytes(LeaseRef(task_id="t"))
+    with pytest.raises(TypeError):
+        build(Task, nope=1)

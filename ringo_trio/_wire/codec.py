@@ -46,7 +46,7 @@ from typing import Any, Final, TypeVar
 
 import betterproto2
 
-__all__ = ["WireError", "decode", "encode", "message_classes"]
+__all__ = ["WireError", "build", "decode", "encode", "message_classes"]
 
 M = TypeVar("M", bound=betterproto2.Message)
 
@@ -831,6 +831,23 @@ def _encode_fields(plan: _Plan, message: Any) -> bytearray:
 def encode(message: betterproto2.Message) -> bytes:
     """The protobuf encoding of ``message`` (see the module docstring)."""
     return bytes(_encode_fields(_plan(type(message)), message))
+
+
+def build(cls: type[M], /, **fields: Any) -> M:
+    """``cls(**fields)`` without the dataclass ``__init__`` (a default factory
+    call per field): the hot frames are built per task. Unknown names raise
+    TypeError, as ``cls(...)`` would."""
+    plan = _plan(cls)
+    values = plan.defaults.copy()
+    for name, factory in plan.containers:
+        values[name] = factory()
+    for name, value in fields.items():
+        if name not in values or name == "_unknown_fields":
+            raise TypeError(f"{cls.__name__} has no field {name!r}")
+        values[name] = value
+    message: M = _new(cls)
+    _setattr(message, "__dict__", values)
+    return message
 
 
 def message_classes(module: Any) -> Iterable[type[betterproto2.Message]]:

@@ -1,7 +1,8 @@
 """The hot frames, by name: what the SDK's worker and the daemon encode per task.
 
 Each function is the encoding of one betterproto2 message built from its
-arguments (the docstring names it), by the generic codec (`.codec`). The
+arguments (the docstring names it; `.codec.build` makes it without the
+dataclass ``__init__``), by the generic codec (`.codec`). The
 callers keep their flat arguments so that a frame can be hand-unrolled here,
 and only here, if the end-to-end benchmark ever says the generic path costs
 5 % or more (docs/architecture.md, "Codec", has the figures).
@@ -32,7 +33,7 @@ from .._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from .codec import encode
+from .codec import build, encode
 
 __all__ = [
     "encode_ack",
@@ -52,22 +53,27 @@ __all__ = [
 
 def encode_work_push(leased: LeasedTask) -> bytes:
     """``WorkResponse(task=leased)``: one pushed task."""
-    return encode(WorkResponse(task=leased))
+    return encode(build(WorkResponse, task=leased))
 
 
 def encode_work_result(request_id: int, error: ErrorDetail | None, lease: Lease | None) -> bytes:
-    """``WorkResponse(result=WorkResult(request_id, error, lease))``."""
-    return encode(WorkResponse(result=WorkResult(request_id=request_id, error=error, lease=lease)))
+    """``WorkResponse(result=build(WorkResult, request_id, error, lease))``."""
+    return encode(
+        build(
+            WorkResponse, result=build(WorkResult, request_id=request_id, error=error, lease=lease)
+        )
+    )
 
 
 def encode_enqueue_many_response(
     results: Sequence[tuple[Task, bool]], created: int, duplicates: int
 ) -> bytes:
-    """``EnqueueManyResponse(results=[EnqueueResult(task, created), ...],
+    """``EnqueueManyResponse(results=[build(EnqueueResult, task, created), ...],
     created_count=created, duplicate_count=duplicates)``."""
     return encode(
-        EnqueueManyResponse(
-            results=[EnqueueResult(task=task, created=was) for task, was in results],
+        build(
+            EnqueueManyResponse,
+            results=[build(EnqueueResult, task=task, created=was) for task, was in results],
             created_count=created,
             duplicate_count=duplicates,
         )
@@ -78,15 +84,15 @@ def encode_enqueue_many_response(
 
 
 def encode_credit(request_id: int, available: int, target: int | None) -> bytes:
-    """``WorkRequest(request_id, credit=CreditUpdate(available, target))``."""
-    credit = CreditUpdate(available=available, target_concurrency=target)
-    return encode(WorkRequest(request_id=request_id, credit=credit))
+    """``WorkRequest(request_id, credit=build(CreditUpdate, available, target))``."""
+    credit = build(CreditUpdate, available=available, target_concurrency=target)
+    return encode(build(WorkRequest, request_id=request_id, credit=credit))
 
 
 def encode_ack(request_id: int, task_id: str, attempt: int, token: str) -> bytes:
-    """``WorkRequest(request_id, ack=AckRequest(lease=LeaseRef(...)))``."""
-    ref = LeaseRef(task_id=task_id, attempt=attempt, lease_token=token)
-    return encode(WorkRequest(request_id=request_id, ack=AckRequest(lease=ref)))
+    """``WorkRequest(request_id, ack=build(AckRequest, lease=LeaseRef(...)))``."""
+    ref = build(LeaseRef, task_id=task_id, attempt=attempt, lease_token=token)
+    return encode(build(WorkRequest, request_id=request_id, ack=build(AckRequest, lease=ref)))
 
 
 def encode_nack(
@@ -97,31 +103,35 @@ def encode_nack(
     error: str,
     retry_delay: timedelta | None,
 ) -> bytes:
-    """``WorkRequest(request_id, nack=NackRequest(lease=LeaseRef(...), error,
+    """``WorkRequest(request_id, nack=build(NackRequest, lease=LeaseRef(...), error,
     retry_delay_override=retry_delay))``."""
-    ref = LeaseRef(task_id=task_id, attempt=attempt, lease_token=token)
-    nack = NackRequest(lease=ref, error=error, retry_delay_override=retry_delay)
-    return encode(WorkRequest(request_id=request_id, nack=nack))
+    ref = build(LeaseRef, task_id=task_id, attempt=attempt, lease_token=token)
+    nack = build(NackRequest, lease=ref, error=error, retry_delay_override=retry_delay)
+    return encode(build(WorkRequest, request_id=request_id, nack=nack))
 
 
 def encode_reject(request_id: int, task_id: str, attempt: int, token: str, error: str) -> bytes:
-    """``WorkRequest(request_id, reject=RejectRequest(lease=LeaseRef(...), error))``."""
-    ref = LeaseRef(task_id=task_id, attempt=attempt, lease_token=token)
-    return encode(WorkRequest(request_id=request_id, reject=RejectRequest(lease=ref, error=error)))
+    """``WorkRequest(request_id, reject=build(RejectRequest, lease=LeaseRef(...), error))``."""
+    ref = build(LeaseRef, task_id=task_id, attempt=attempt, lease_token=token)
+    return encode(
+        build(
+            WorkRequest, request_id=request_id, reject=build(RejectRequest, lease=ref, error=error)
+        )
+    )
 
 
 def encode_extend(
     request_id: int, task_id: str, attempt: int, token: str, extension: timedelta
 ) -> bytes:
-    """``WorkRequest(request_id, extend_lease=ExtendLeaseRequest(lease=LeaseRef(...),
+    """``WorkRequest(request_id, extend_lease=build(ExtendLeaseRequest, lease=LeaseRef(...),
     extension))``."""
-    ref = LeaseRef(task_id=task_id, attempt=attempt, lease_token=token)
-    extend = ExtendLeaseRequest(lease=ref, extension=extension)
-    return encode(WorkRequest(request_id=request_id, extend_lease=extend))
+    ref = build(LeaseRef, task_id=task_id, attempt=attempt, lease_token=token)
+    extend = build(ExtendLeaseRequest, lease=ref, extension=extension)
+    return encode(build(WorkRequest, request_id=request_id, extend_lease=extend))
 
 
 def encode_enqueue_many_request(
     context: RequestContext | None, queue: str, specs: Sequence[TaskSpec]
 ) -> bytes:
     """``EnqueueManyRequest(context, queue, tasks=specs)``."""
-    return encode(EnqueueManyRequest(context=context, queue=queue, tasks=list(specs)))
+    return encode(build(EnqueueManyRequest, context=context, queue=queue, tasks=list(specs)))
