@@ -11,7 +11,8 @@ Three columns per row:
   named hot frames (`ringo_trio._wire.frames`, `ringo_trio._frames`),
   including the SDK's model conversion where the SDK applies one;
 * **unrolled**: the hand-unrolled codec this replaced, ``_fastwire.py`` as
-  of git revision ``--unrolled`` (default ``main``; loaded with ``git show``,
+  of git revision ``--unrolled`` (default ``440edd8``, the last tree with it;
+  loaded with ``git show``,
   so the figure stays reproducible after the file is gone);
 * **betterproto2**: the generated dataclasses' own ``bytes()`` / ``parse``
   (plus the same model conversion).
@@ -148,7 +149,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--unrolled", default="main", help="git revision of _fastwire.py")
+    parser.add_argument(
+        "--unrolled", default="440edd8", help="git revision of _fastwire.py (the last one with it)"
+    )
     args = parser.parse_args()
     repeat, batch = args.repeat, args.batch
     fw = _unrolled(args.unrolled)
