@@ -596,9 +596,7 @@ def _build(plan: _Plan, cls: type[betterproto2.Message]) -> None:
                 value_default = partial(value_hint, 0)
             elif value_type == "message":
                 # An entry without its value holds the empty message.
-                empty = b"\x00"
-                value_default = partial(value_codec[0], empty, 0, 1, value_codec[2])
-                value_default = partial(_first, value_default)
+                value_default = partial(_empty_value, value_codec[0], value_codec[2])
             else:
                 value_default = partial(_same, _DEFAULTS[value_type])
             entry = _Entry(
@@ -651,8 +649,9 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _first(make: Callable[[], tuple[Any, int]]) -> Any:
-    return make()[0]
+def _empty_value(read: Callable[..., tuple[Any, int]], arg: Any) -> Any:
+    """What ``read`` makes of a zero-length message."""
+    return read(b"\x00", 0, 1, arg)[0]
 
 
 def _packed(
