@@ -390,6 +390,13 @@ def test_repeated_scalars_decode_packed_and_unpacked() -> None:
     assert str(_refused(b"\x12\x03\x00\x00\x00", Kitchen)) == "doubles[0]: truncated field"
 
 
+def test_map_entries_may_leave_out_key_or_value() -> None:
+    """Example: a map entry missing its key or value holds the type's default (an
+    empty message for a message value), as protobuf says."""
+    assert decode(b"\x32\x03\x0a\x01k", Kitchen).inners == {"k": Inner()}
+    assert decode(b"\x2a\x03\x12\x01v", Kitchen).names == {0: "v"}
+
+
 def test_negative_durations_keep_their_sign() -> None:
     """Example: -0.5 s survives our encoder (betterproto2's sends +0.5 s; not pinned)."""
     nack = NackRequest(retry_delay_override=timedelta(seconds=-0.5))
