@@ -11,7 +11,7 @@ Three columns per row:
   named hot frames (`ringo_trio._wire.frames`, `ringo_trio._frames`),
   including the SDK's model conversion where the SDK applies one;
 * **unrolled**: the hand-unrolled codec this replaced, ``_fastwire.py`` as
-  of git revision ``--unrolled`` (default ``440edd8``, the last tree with it;
+  of git revision ``--unrolled`` (default ``cf773c5``, the last tree with it;
   loaded with ``git show``,
   so the figure stays reproducible after the file is gone);
 * **betterproto2**: the generated dataclasses' own ``bytes()`` / ``parse``
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument(
-        "--unrolled", default="440edd8", help="git revision of _fastwire.py (the last one with it)"
+        "--unrolled", default="cf773c5", help="git revision of _fastwire.py (the last one with it)"
     )
     args = parser.parse_args()
     repeat, batch = args.repeat, args.batch
