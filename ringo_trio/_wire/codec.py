@@ -32,7 +32,7 @@ the nested class, the Timestamp/Duration/wrapper ``unwrap`` — and walks it:
 Values are built without the dataclass ``__init__`` (a fresh ``__dict__``
 from the class's defaults), which is most of the gain on decode. The module
 is pure: no I/O; its only state is the per-class tables, built on first use
-under a lock, and two bounded memos of immutable Timestamp values.
+under a lock, and bounded memos of immutable Timestamp and Duration values.
 """
 
 from __future__ import annotations
@@ -277,16 +277,29 @@ def _r_timestamp(buf: bytes, pos: int, end: int, arg: Any) -> tuple[datetime, in
     return moment, stop
 
 
+# Decoded Durations by their bytes: a queue's retry policy is a handful of values.
+_DURATIONS: dict[bytes, timedelta] = {}
+
+
 def _r_duration(buf: bytes, pos: int, end: int, arg: Any) -> tuple[timedelta, int]:
     start, stop = _read_len(buf, pos, end)
+    body = buf[start:stop]
+    delta = _DURATIONS.get(body)
+    if delta is not None:
+        return delta, stop
     seconds, nanos = _seconds_nanos(buf, start, stop)
     try:
         if nanos % 1000:
             # Duration.to_timedelta: ``microseconds=nanos / 1e3``, rounded half-even.
-            return timedelta(seconds=seconds, microseconds=nanos / 1e3), stop
-        return timedelta(0, seconds, nanos // 1000), stop
+            delta = timedelta(seconds=seconds, microseconds=nanos / 1e3)
+        else:
+            delta = timedelta(0, seconds, nanos // 1000)
     except OverflowError:
         raise WireError(f"Duration {seconds}s {nanos}ns is outside timedelta's range") from None
+    if len(_DURATIONS) >= _TIMESTAMP_MEMO_SIZE:
+        _DURATIONS.clear()
+    _DURATIONS[body] = delta
+    return delta, stop
 
 
 def _skip(buf: bytes, pos: int, end: int, key: int, known: Any) -> int:
@@ -385,13 +398,22 @@ def _w_timestamp(out: bytearray, value: datetime, arg: Any) -> None:
     out += encoded
 
 
+_DURATION_BYTES: dict[timedelta, bytes] = {}
+
+
 def _w_duration(out: bytearray, value: timedelta, arg: Any) -> None:
-    # Seconds and nanos share the duration's sign (protobuf's rule).
-    total = value // _MICROSECOND
-    seconds, micros = divmod(-total if total < 0 else total, 1_000_000)
-    if total < 0:
-        seconds, micros = -seconds, -micros
-    out += _seconds_nanos_body(seconds, micros * 1000)
+    encoded = _DURATION_BYTES.get(value)
+    if encoded is None:
+        # Seconds and nanos share the duration's sign (protobuf's rule).
+        total = value // _MICROSECOND
+        seconds, micros = divmod(-total if total < 0 else total, 1_000_000)
+        if total < 0:
+            seconds, micros = -seconds, -micros
+        encoded = _seconds_nanos_body(seconds, micros * 1000)
+        if len(_DURATION_BYTES) >= _TIMESTAMP_MEMO_SIZE:
+            _DURATION_BYTES.clear()
+        _DURATION_BYTES[value] = encoded
+    out += encoded
 
 
 def _w_varint(out: bytearray, value: int, arg: Any) -> None:
