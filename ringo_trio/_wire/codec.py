@@ -189,7 +189,13 @@ def _fixed_reader(fmt: str) -> Callable[[bytes, int, int, Any], tuple[Any, int]]
 
 
 def _r_string(buf: bytes, pos: int, end: int, arg: Any) -> tuple[str, int]:
-    start, stop = _read_len(buf, pos, end)
+    if pos < end and buf[pos] < 0x80:  # `_read_len`, inline for short strings
+        start = pos + 1
+        stop = start + buf[pos]
+        if stop > end:
+            raise WireError("truncated field")
+    else:
+        start, stop = _read_len(buf, pos, end)
     try:
         return buf[start:stop].decode(), stop
     except UnicodeDecodeError:
@@ -437,16 +443,27 @@ def _fixed_writer(fmt: str) -> Callable[[bytearray, Any, Any], None]:
     return write
 
 
+# The three writers below inline `_put_len`: they run for most fields of a task.
+
+
 def _w_string(out: bytearray, value: str, arg: Any) -> None:
-    _put_len(out, value.encode())
+    data = value.encode()
+    size = len(data)
+    out += _SMALL[size] if size < 0x80 else _varint(size)
+    out += data
 
 
 def _w_bytes(out: bytearray, value: bytes, arg: Any) -> None:
-    _put_len(out, value)
+    size = len(value)
+    out += _SMALL[size] if size < 0x80 else _varint(size)
+    out += value
 
 
 def _w_message(out: bytearray, value: Any, arg: Any) -> None:
-    _put_len(out, _encode_fields(arg, value))
+    body = _encode_fields(arg, value)
+    size = len(body)
+    out += _SMALL[size] if size < 0x80 else _varint(size)
+    out += body
 
 
 def _w_wrapped(out: bytearray, value: Any, arg: Any) -> None:
