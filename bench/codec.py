@@ -1,50 +1,55 @@
-"""Codec micro-benchmark: betterproto2 vs ``ringo_trio._fastwire``, µs per operation.
+"""Codec micro-benchmark: the shared generic codec vs hand-unrolled code vs betterproto2.
 
-    python bench/codec.py [--repeat 5] [--batch 1000]
+    python bench/codec.py [--repeat 5] [--batch 1000] [--unrolled REV]
 
-Each row times what the hot path does today against its fastwire
-replacement, best of ``--repeat`` samples (each sample runs long enough to
-take >= 0.1 s):
+µs per operation, best of ``--repeat`` samples (each sample runs >= 0.1 s;
+a row's columns take their samples in turn, so load from elsewhere on a
+shared machine falls on all of them alike).
+Three columns per row:
 
-* daemon encoders: ``bytes(message)`` of an already built message;
-* SDK decoders: ``Message.parse`` plus the ``_models`` conversion the SDK
-  applies (``Task.from_wire`` / ``BatchResult``);
-* SDK request encoders: building the betterproto2 request and ``bytes()``
-  (the SDK builds one per command), against one fastwire call.
+* **generic**: what the tree does now — `ringo_trio._wire.codec` through the
+  named hot frames (`ringo_trio._wire.frames`, `ringo_trio._frames`),
+  including the SDK's model conversion where the SDK applies one;
+* **unrolled**: the hand-unrolled codec this replaced, ``_fastwire.py`` as
+  of git revision ``--unrolled`` (default ``cf773c5``, the last tree with it;
+  loaded with ``git show``,
+  so the figure stays reproducible after the file is gone);
+* **betterproto2**: the generated dataclasses' own ``bytes()`` / ``parse``
+  (plus the same model conversion).
 
-The task is realistic: a 26-character ULID, 16-byte payload, queue, type,
-retry backoff, ``created_at == available_at`` (an immediate task),
-``updated_at`` at the lease, ``lease_until == lease.until`` (as the daemon's
-storage writes them), a 32-hex lease token. The "distinct timestamps" row
-gives every timestamp its own value (no reuse within the frame).
+Decoders cycle through 256 distinct frames (distinct ids and timestamps), so
+the codec's timestamp memo only hits where one frame repeats a moment
+(``created_at == available_at``, the task's ``lease_until`` and the lease's
+``until``), as in a real stream. The task is realistic: a 26-character ULID,
+16-byte payload, queue, type, retry backoff, a 32-hex lease token.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
+import subprocess
 import sys
 import timeit
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from itertools import cycle
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-from ringo_trio import _fastwire as fw
+from ringo_trio import _frames as sdk
 from ringo_trio import _models as models
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
-    CreditUpdate,
     EnqueueManyRequest,
     EnqueueManyResponse,
     EnqueueResult,
-    ErrorCode,
-    ErrorDetail,
-    ExtendLeaseRequest,
     Lease,
     LeasedTask,
     LeaseRef,
-    NackRequest,
-    RejectRequest,
     RequestContext,
     RetryBackoff,
     Task,
@@ -53,14 +58,18 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
+from ringo_trio._wire import frames
+from ringo_trio._wire.codec import decode
 
+ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2026, 12, 2, 15, 30, 12, 345678, tzinfo=UTC)
 TOKEN = "9f86d081884c7d659a2feaa0c55ad015"
-CONTEXT = RequestContext(protocol_major=1, protocol_minor=6, session_token="s" * 32)
+CONTEXT = RequestContext(protocol_major=1, protocol_minor=8, session_token="s" * 32)
+DISTINCT = 256
 
 
-def _task(index: int, *, leased: bool, distinct: bool = False) -> Task:
-    created = T0 + timedelta(microseconds=index)
+def _task(index: int, *, leased: bool) -> Task:
+    created = T0 + timedelta(milliseconds=index)
     leased_at = created + timedelta(seconds=1, microseconds=234_567)
     return Task(
         id=f"01JE{index:022d}",
@@ -75,89 +84,99 @@ def _task(index: int, *, leased: bool, distinct: bool = False) -> Task:
         ),
         created_at=created,
         updated_at=leased_at if leased else created,
-        available_at=created + timedelta(microseconds=7) if distinct else created,
+        available_at=created,
         worker_id="host-4242-7f3a" if leased else "",
         lease_until=leased_at + timedelta(seconds=60) if leased else None,
     )
 
 
-def _leased(*, distinct: bool = False) -> LeasedTask:
-    task = _task(1, leased=True, distinct=distinct)
-    assert task.lease_until is not None
-    until = task.lease_until + timedelta(microseconds=3) if distinct else task.lease_until
-    return LeasedTask(
-        task=task,
-        lease=Lease(
-            task_id=task.id, attempt=1, lease_token=TOKEN, worker_id=task.worker_id, until=until
-        ),
+def _leased(index: int) -> LeasedTask:
+    task = _task(index, leased=True)
+    lease = Lease(
+        task_id=task.id,
+        attempt=1,
+        lease_token=TOKEN,
+        worker_id=task.worker_id,
+        until=task.lease_until,
     )
+    return LeasedTask(task=task, lease=lease)
 
 
-def best_us(func: Callable[[], object], repeat: int) -> float:
-    timer = timeit.Timer(func)
-    number = 1
-    while timer.timeit(number) < 0.1:
-        number *= 2
-    return min(timer.repeat(repeat=repeat, number=number)) / number * 1e6
+def _unrolled(rev: str) -> ModuleType | None:
+    """``ringo_trio/_fastwire.py`` at ``rev``, imported as a module of this tree's package."""
+    try:
+        source = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:ringo_trio/_fastwire.py"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    except subprocess.CalledProcessError:
+        return None
+    name = "ringo_trio._fastwire_reference"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "ringo_trio"
+    sys.modules[name] = module
+    exec(compile(source, f"{rev}:ringo_trio/_fastwire.py", "exec"), module.__dict__)
+    return module
+
+
+def best_us(funcs: list[Callable[[], object]], repeat: int) -> list[float]:
+    """Best µs per call of each function; their samples alternate, so load from
+    elsewhere on a shared machine falls on all of them alike."""
+    timers = [timeit.Timer(func) for func in funcs]
+    numbers = []
+    for timer in timers:
+        number = 1
+        while timer.timeit(number) < 0.1:
+            number *= 2
+        numbers.append(number)
+    best = [float("inf")] * len(funcs)
+    for _ in range(repeat):
+        for index, (timer, number) in enumerate(zip(timers, numbers, strict=True)):
+            best[index] = min(best[index], timer.timeit(number) / number * 1e6)
+    return best
+
+
+def _cycling(items: list[Any], func: Callable[[Any], object]) -> Callable[[], object]:
+    source = cycle(items)
+    return lambda: func(next(source))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument(
+        "--unrolled", default="cf773c5", help="git revision of _fastwire.py (the last one with it)"
+    )
     args = parser.parse_args()
     repeat, batch = args.repeat, args.batch
+    fw = _unrolled(args.unrolled)
 
-    leased = _leased()
-    distinct = _leased(distinct=True)
-    task, lease = leased.task, leased.lease
-    assert task is not None
-    assert lease is not None
-    task_id = task.id
-    error = ErrorDetail(
-        code=ErrorCode.RESOURCE_EXHAUSTED,
-        message="credit above capacity",
-        metadata={"reason": "credit_capacity", "field": "available"},
-    )
+    pushes = [_leased(i) for i in range(DISTINCT)]
+    push_bytes = [bytes(WorkResponse(task=leased)) for leased in pushes]
+    ok_bytes = bytes(WorkResponse(result=WorkResult(request_id=77)))
     pending = [(_task(i, leased=False), True) for i in range(batch)]
-    # One daemon call stamps a whole batch with one clock reading.
-    for task, _ in pending:
+    for task, _ in pending:  # one daemon call stamps a batch with one clock reading
         task.created_at = task.updated_at = task.available_at = T0
-    push = bytes(WorkResponse(task=leased))
-    push_distinct = bytes(WorkResponse(task=distinct))
-    result = bytes(WorkResponse(result=WorkResult(request_id=77, error=error)))
-    many = bytes(
-        EnqueueManyResponse(
-            results=[EnqueueResult(task=t, created=c) for t, c in pending],
-            created_count=batch,
-        )
-    )
-    model_specs = [
+    many = frames.encode_enqueue_many_response(pending, batch, 0)
+    specs = [
         models.TaskSpec(
             task_type="send_welcome_email", payload=bytes(range(16)), unique_key=f"user-{i}"
         )
         for i in range(batch)
     ]
-    wire_specs = [s.to_wire() for s in model_specs]
+    ack = frames.encode_ack(1234, pushes[0].task.id, 1, TOKEN)  # type: ignore[union-attr]
 
-    def sdk_push() -> object:
-        response = WorkResponse.parse(push)
-        assert response.task is not None
-        return models.Task.from_wire(response.task.task)
+    def bp_push(data: bytes) -> object:
+        pushed = WorkResponse.parse(data).task
+        assert pushed is not None
+        return models.Task.from_wire(pushed.task)
 
-    def sdk_push_distinct() -> object:
-        response = WorkResponse.parse(push_distinct)
-        assert response.task is not None
-        return models.Task.from_wire(response.task.task)
-
-    def sdk_result() -> object:
-        response = WorkResponse.parse(result)
-        assert response.result is not None
-        detail = response.result.error
-        assert detail is not None
-        return (detail.code.name, detail.message, detail.metadata.get("reason", ""))
-
-    def sdk_many() -> object:
+    def bp_many() -> object:
         reply = EnqueueManyResponse.parse(many)
         return models.BatchResult(
             results=tuple(models.EnqueueResult.from_wire(r) for r in reply.results),
@@ -165,157 +184,112 @@ def main() -> None:
             duplicate_count=reply.duplicate_count,
         )
 
-    def ref() -> LeaseRef:
-        return LeaseRef(task_id=task_id, attempt=1, lease_token=TOKEN)
+    def bp_ack() -> object:
+        return WorkRequest.parse(ack)
 
-    rows: list[tuple[str, Callable[[], object], Callable[[], object], int]] = [
-        # name, betterproto2, fastwire, items per call
+    rows: list[
+        tuple[str, Callable[[], object], Callable[[], object] | None, Callable[[], object], int]
+    ]
+    rows = [
+        # name, generic, unrolled, betterproto2, items per call
         (
-            "encode_task",
-            lambda: bytes(task),
-            lambda: fw.encode_task(task),
+            "push decode (SDK: bytes -> PushedTask)",
+            _cycling(push_bytes, sdk.decode_work_response),
+            fw and _cycling(push_bytes, fw.decode_work_response),
+            _cycling(push_bytes, bp_push),
             1,
         ),
         (
-            "encode_work_push",
-            lambda: bytes(WorkResponse(task=leased)),
-            lambda: fw.encode_work_push(leased),
+            "push encode (daemon: LeasedTask -> bytes)",
+            _cycling(pushes, frames.encode_work_push),
+            fw and _cycling(pushes, fw.encode_work_push),
+            _cycling(pushes, lambda leased: bytes(WorkResponse(task=leased))),
             1,
         ),
         (
-            "encode_work_result (ok)",
+            "result encode (daemon: OK result)",
+            lambda: frames.encode_work_result(77, None, None),
+            fw and (lambda: fw.encode_work_result(77, None, None)),
             lambda: bytes(WorkResponse(result=WorkResult(request_id=77))),
-            lambda: fw.encode_work_result(77, None, None),
             1,
         ),
         (
-            "encode_work_result (error+metadata)",
-            lambda: bytes(WorkResponse(result=WorkResult(request_id=77, error=error))),
-            lambda: fw.encode_work_result(77, error, None),
+            "result decode (SDK: OK result)",
+            lambda: sdk.decode_work_response(ok_bytes),
+            fw and (lambda: fw.decode_work_response(ok_bytes)),
+            lambda: WorkResponse.parse(ok_bytes),
             1,
         ),
         (
-            "encode_work_result (extend: lease)",
-            lambda: bytes(WorkResponse(result=WorkResult(request_id=77, lease=lease))),
-            lambda: fw.encode_work_result(77, None, lease),
+            "ack encode (SDK)",
+            lambda: frames.encode_ack(1234, "01JE0000000000000000000001", 1, TOKEN),
+            fw and (lambda: fw.encode_ack(1234, "01JE0000000000000000000001", 1, TOKEN)),
+            lambda: bytes(
+                WorkRequest(
+                    request_id=1234,
+                    ack=AckRequest(
+                        lease=LeaseRef(
+                            task_id="01JE0000000000000000000001", attempt=1, lease_token=TOKEN
+                        )
+                    ),
+                )
+            ),
             1,
         ),
         (
-            f"encode_enqueue_many_response ({batch})",
+            "ack decode (daemon, strict)",
+            lambda: decode(ack, WorkRequest),
+            None,
+            bp_ack,
+            1,
+        ),
+        (
+            f"EnqueueMany request encode (SDK specs, {batch})",
+            lambda: sdk.encode_enqueue_many_request_from_specs(CONTEXT, "emails", specs),
+            fw and (lambda: fw.encode_enqueue_many_request_from_specs(CONTEXT, "emails", specs)),
+            lambda: bytes(
+                EnqueueManyRequest(
+                    context=CONTEXT, queue="emails", tasks=[s.to_wire() for s in specs]
+                )
+            ),
+            batch,
+        ),
+        (
+            f"EnqueueMany response encode (daemon, {batch})",
+            lambda: frames.encode_enqueue_many_response(pending, batch, 0),
+            fw and (lambda: fw.encode_enqueue_many_response(pending, batch, 0)),
             lambda: bytes(
                 EnqueueManyResponse(
                     results=[EnqueueResult(task=t, created=c) for t, c in pending],
                     created_count=batch,
                 )
             ),
-            lambda: fw.encode_enqueue_many_response(pending, batch, 0),
-            batch,
-        ),
-        ("decode_work_response (push)", sdk_push, lambda: fw.decode_work_response(push), 1),
-        (
-            "decode_work_response (push, distinct timestamps)",
-            sdk_push_distinct,
-            lambda: fw.decode_work_response(push_distinct),
-            1,
-        ),
-        (
-            "decode_work_response (error result)",
-            sdk_result,
-            lambda: fw.decode_work_response(result),
-            1,
-        ),
-        (
-            f"decode_enqueue_many_response ({batch})",
-            sdk_many,
-            lambda: fw.decode_enqueue_many_response(many),
             batch,
         ),
         (
-            "encode_credit",
-            lambda: bytes(
-                WorkRequest(
-                    request_id=1234, credit=CreditUpdate(available=64, target_concurrency=64)
-                )
-            ),
-            lambda: fw.encode_credit(1234, 64, 64),
-            1,
-        ),
-        (
-            "encode_ack",
-            lambda: bytes(WorkRequest(request_id=1234, ack=AckRequest(lease=ref()))),
-            lambda: fw.encode_ack(1234, task_id, 1, TOKEN),
-            1,
-        ),
-        (
-            "encode_nack (with retry delay)",
-            lambda: bytes(
-                WorkRequest(
-                    request_id=1234,
-                    nack=NackRequest(
-                        lease=ref(),
-                        error="ValueError: boom",
-                        retry_delay_override=timedelta(seconds=2.5),
-                    ),
-                )
-            ),
-            lambda: fw.encode_nack(
-                1234, task_id, 1, TOKEN, "ValueError: boom", timedelta(seconds=2.5)
-            ),
-            1,
-        ),
-        (
-            "encode_reject",
-            lambda: bytes(
-                WorkRequest(
-                    request_id=1234,
-                    reject=RejectRequest(lease=ref(), error="PermanentTaskError"),
-                )
-            ),
-            lambda: fw.encode_reject(1234, task_id, 1, TOKEN, "PermanentTaskError"),
-            1,
-        ),
-        (
-            "encode_extend",
-            lambda: bytes(
-                WorkRequest(
-                    request_id=1234,
-                    extend_lease=ExtendLeaseRequest(lease=ref(), extension=timedelta(seconds=60)),
-                )
-            ),
-            lambda: fw.encode_extend(1234, task_id, 1, TOKEN, timedelta(seconds=60)),
-            1,
-        ),
-        (
-            f"encode_enqueue_many_request ({batch} wire specs)",
-            lambda: bytes(EnqueueManyRequest(context=CONTEXT, queue="emails", tasks=wire_specs)),
-            lambda: fw.encode_enqueue_many_request(CONTEXT, "emails", wire_specs),
-            batch,
-        ),
-        (
-            f"  ... from SDK specs (to_wire + bytes vs one call, {batch})",
-            lambda: bytes(
-                EnqueueManyRequest(
-                    context=CONTEXT, queue="emails", tasks=[s.to_wire() for s in model_specs]
-                )
-            ),
-            lambda: fw.encode_enqueue_many_request_from_specs(CONTEXT, "emails", model_specs),
+            f"EnqueueMany response decode (SDK: BatchResult, {batch})",
+            lambda: sdk.decode_enqueue_many_response(many),
+            fw and (lambda: fw.decode_enqueue_many_response(many)),
+            bp_many,
             batch,
         ),
     ]
 
     print(
-        f"# codec: betterproto2 vs fastwire — CPython {platform.python_version()}, "
-        f"{platform.machine()}, {os.cpu_count()} cores, best of {repeat}"
+        f"# codec µs/op — CPython {platform.python_version()}, {platform.machine()}, "
+        f"{os.cpu_count()} cores, best of {repeat}; unrolled = _fastwire.py at {args.unrolled}"
+        + ("" if fw else " (not found)")
     )
     print()
-    print("| operation | betterproto2 µs/op | fastwire µs/op | speedup | fastwire µs/item |")
+    print("| operation | generic | unrolled | betterproto2 | generic µs/item |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for name, reference, fast, items in rows:
-        slow_us = best_us(reference, repeat)
-        fast_us = best_us(fast, repeat)
-        per_item = f"{fast_us / items:,.2f}" if items > 1 else ""
+    for name, generic, unrolled, reference, items in rows:
+        funcs = [generic, reference] if unrolled is None else [generic, reference, unrolled]
+        generic_us, reference_us, *rest = best_us(funcs, repeat)
+        unrolled_cell = f"{rest[0]:,.1f}" if rest else "—"
+        per_item = f"{generic_us / items:,.2f}" if items > 1 else ""
         print(
-            f"| {name} | {slow_us:,.1f} | {fast_us:,.1f} | {slow_us / fast_us:,.1f}x | {per_item} |"
+            f"| {name} | {generic_us:,.1f} | {unrolled_cell} | {reference_us:,.1f} | {per_item} |"
         )
         sys.stdout.flush()
 

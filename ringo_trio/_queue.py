@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from . import _limits
 from ._durations import MAX_RETENTION
 from ._errors import InvalidArgumentError, RingoError, require_minor
-from ._fastwire import decode_enqueue_many_response, encode_enqueue_many_request_from_specs
+from ._frames import decode_enqueue_many_response, encode_enqueue_many_request_from_specs
 from ._models import (
     BatchResult,
     EnqueueResult,
@@ -158,7 +158,7 @@ def _error_text(error: object) -> str:
 
 
 class _EnqueueManyCall:
-    """An EnqueueMany request encoded by `ringo_trio._fastwire` when sent (so a
+    """An EnqueueMany request encoded by the shared codec when sent (so a
     renegotiated ``context`` set by the retry rules is the one encoded)."""
 
     __slots__ = ("context", "queue", "specs")

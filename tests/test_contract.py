@@ -163,12 +163,20 @@ def test_session_is_sans_io() -> None:
 
 def test_wire_is_shared_and_sans_io() -> None:
     """`ringo_trio._wire` is what the SDK and the daemon share: it imports no
-    I/O library and nothing of the SDK, so the daemon may import it."""
+    I/O library and nothing of the SDK (only its own modules and the
+    generated contract), so the daemon may import it — and the daemon no
+    longer imports the SDK's codec."""
     forbidden = {"trio", "anyio", "asyncio", "grpclib", "time", "sniffio"}
     for module in sorted((ROOT / "ringo_trio" / "_wire").glob("*.py")):
         imported = _imports(str(module.relative_to(ROOT / "ringo_trio")))
         assert not {name.split(".")[0] for name in imported} & forbidden, module.name
-        assert {name for name in imported if name.startswith(".")} <= {".protocol"}, module.name
+        relative = {name for name in imported if name.startswith(".")}
+        assert relative <= {".protocol", ".codec", ".._proto.ringo.v1"}, module.name
+        assert not {name for name in imported if name.startswith("ringo_trio")}, module.name
+    for module in sorted((ROOT / "ringo_trio" / "server").rglob("*.py")):
+        imported = _imports(str(module.relative_to(ROOT / "ringo_trio")))
+        sdk = {name for name in imported if name.startswith(("ringo_trio._frames", "..._frames"))}
+        assert not sdk, module.name
 
 
 def test_queues_and_workers_depend_on_the_connection_not_the_client() -> None:

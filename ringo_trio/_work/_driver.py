@@ -11,8 +11,8 @@ the send channel (unbounded, so carrying out outputs never awaits and no
 cancellation can cut a settlement in half), handlers are started and
 cancelled through the owner, waiters of commands are woken. `finish` ends
 the stream in order: answers awaited (bounded), session ended, send side
-closed. Encoding lives here too: the hot commands by `ringo_trio._fastwire`,
-the rare ones by betterproto2.
+closed. Encoding lives here too: the hot commands by the shared codec
+(`ringo_trio._wire.frames`), the rare ones by betterproto2.
 """
 
 from __future__ import annotations
@@ -25,19 +25,9 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._errors import RingoError, UnavailableError, error_for_code
-from .._fastwire import (
-    PushedTask,
-    WorkResultFrame,
-    decode_work_response,
-    encode_ack,
-    encode_credit,
-    encode_extend,
-    encode_nack,
-    encode_reject,
-)
+from .._frames import PushedTask, WorkResultFrame, decode_work_response
 from .._models import Task
 from .._proto.ringo.v1 import (
-    AckRequest,
     LeaseRef,
     ReleaseRequest,
     ReportProgressRequest,
@@ -45,6 +35,7 @@ from .._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
+from .._wire.frames import encode_ack, encode_credit, encode_extend, encode_nack, encode_reject
 from ._session import (
     CancelHandler,
     CommandDone,
@@ -114,8 +105,8 @@ class Waiter:
 class Frame:
     """A WorkRequest already encoded (grpclib's codec calls ``SerializeToString``).
 
-    The hot commands are encoded by `ringo_trio._fastwire`, byte-identical to
-    betterproto2 at a fraction of its cost.
+    The hot commands are encoded by the shared codec (`ringo_trio._wire.frames`)
+    at a fraction of betterproto2's cost.
     """
 
     __slots__ = ("data",)
@@ -143,15 +134,9 @@ class Inbound:
 def settle_frame(settle: Settle) -> Frame:
     key = settle.key
     outcome = settle.outcome
-    if outcome is Outcome.ACK and settle.result is None:
-        data = encode_ack(settle.request_id, key.task_id, key.attempt, settle.lease_token)
-    elif outcome is Outcome.ACK:
-        # An ack carrying a result (minor >= 9) is rarer and larger: betterproto2.
-        ref = LeaseRef(task_id=key.task_id, attempt=key.attempt, lease_token=settle.lease_token)
-        data = bytes(
-            WorkRequest(
-                request_id=settle.request_id, ack=AckRequest(lease=ref, result=settle.result)
-            )
+    if outcome is Outcome.ACK:
+        data = encode_ack(
+            settle.request_id, key.task_id, key.attempt, settle.lease_token, settle.result
         )
     elif outcome is Outcome.NACK:
         delay = None if settle.retry_delay is None else timedelta(seconds=settle.retry_delay)

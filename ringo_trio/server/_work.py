@@ -104,9 +104,9 @@ every frame before it.
 **Heartbeats**: a stream that has sent nothing for ``heartbeat_interval``
 seconds sends ``heartbeat{server_time}``.
 
-**Cost.** Task frames and plain OK results, the hot path, are encoded by
-`ringo_trio._fastwire` (`task_frame`, `ok_frame`), byte-identical to
-betterproto2 at a tenth of its cost; everything else goes through betterproto2.
+**Cost.** Task frames and plain OK results, the hot path, are encoded where
+they are made (`task_frame`, `ok_frame`) by the shared codec
+(`ringo_trio._wire`), like every other frame at a fraction of betterproto2's cost.
 """
 
 from __future__ import annotations
@@ -123,7 +123,6 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from h2.exceptions import H2Error
 
 from ringo_trio import _limits as limits
-from ringo_trio._fastwire import encode_work_push, encode_work_result
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     CreditUpdate,
@@ -147,6 +146,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
+from ringo_trio._wire.frames import encode_work_push, encode_work_result
 from ringo_trio._wire.protocol import (
     CANCELLED_REASON,
     CREDIT_CAPACITY_REASON,
@@ -874,9 +874,8 @@ class _WorkStream:
 
 # betterproto2 spends ~150 µs encoding one task frame, which alone would cap
 # the daemon near 2,500 tasks/s per core. Task frames and plain OK results,
-# the two frames of the hot path, are encoded by `ringo_trio._fastwire`
-# (byte-identical to betterproto2, proven by its hypothesis tests) and handed
-# to the codec already encoded: `_Wire` is a complete `WorkResponse` whose
+# the two frames of the hot path, are encoded by `ringo_trio._wire.frames`
+# and handed to the codec already encoded: `_Wire` is a complete `WorkResponse` whose
 # `bytes()` is that encoding.
 
 

@@ -35,12 +35,13 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     WorkResult,
 )
+from ringo_trio._wire.codec import decode
 from ringo_trio.server import _validate as v
 from ringo_trio.server._clock import Clock, ManualClock
 from ringo_trio.server._service import QueueService
 from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
-from ringo_trio.server._wire import StrictCodec, WireError, check_message
+from ringo_trio.server._wire import StrictCodec, WireError
 from ringo_trio.server.storage._base import Storage
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
@@ -116,7 +117,7 @@ def test_codec_accepts_every_valid_encoding_unchanged(message: betterproto2.Mess
     """Property: the strict check never refuses a message betterproto itself
     encoded, and decoding gives back an equal message."""
     data = bytes(message)
-    check_message(data, type(message))
+    decode(data, type(message))
     assert StrictCodec().decode(data, type(message)) == message
 
 
@@ -151,7 +152,7 @@ def test_codec_refuses_truncations_inside_a_field(message: betterproto2.Message,
     if cut == 0 or cut in boundaries:
         return
     with pytest.raises(WireError):
-        check_message(encoded[:cut], type(message))
+        decode(encoded[:cut], type(message))
 
 
 def _field_boundaries(encoded: bytes) -> set[int]:
@@ -197,7 +198,8 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         (b"\x1a\x03\x7a\x02\xff", EnqueueManyRequest, "tasks[0].#15: truncated field"),
         (b"\x12\x03\x0a\x05\x61", AckRequest, "lease.task_id: truncated field"),
         (b"\x12\x05\x1a\x03\x0a\x01\xc3", WorkResult, "error.metadata[0].key: string"),
-        (b"\x08" + b"\xff" * 10 + b"\x01", AckRequest, "varint longer than 10 bytes"),
+        (b"\x78" + b"\xff" * 10 + b"\x01", AckRequest, "#15: varint longer than 10 bytes"),
+        (b"\x08\x01", AckRequest, "context: wire type 0 does not match a message field"),
     ],
 )
 def test_codec_names_the_malformed_field(

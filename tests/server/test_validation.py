@@ -234,7 +234,7 @@ CASES: list[tuple[str, Build, str]] = [
             "get_task",
             GetTaskRequest(context=ctx, queue=s.queue, task_id=s.pending_id, unique_key="k"),
         ),
-        "lookup: exactly one of task_id or unique_key is required",
+        "lookup: more than one of task_id, unique_key",
     ),
     (
         "batch-empty",
@@ -262,7 +262,7 @@ CASES: list[tuple[str, Build, str]] = [
             "retry_task",
             RetryTaskRequest(context=ctx, queue=s.queue, task_id=s.leased_id, unique_key="k"),
         ),
-        "lookup: exactly one of task_id or unique_key is required",
+        "lookup: more than one of task_id, unique_key",
     ),
     (
         "retry-key-too-long",
