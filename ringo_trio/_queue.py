@@ -552,12 +552,13 @@ class TaskQueue:
         *,
         task_types: Iterable[str] | None = None,
         finished_before: datetime | None = None,
-        batch_size: int = _limits.MAX_DELETE_BATCH,
+        batch_size: int = _limits.DEFAULT_BULK_BATCH,
     ) -> int:
         """Reactivate every DEAD task (of ``task_types``; finished before
         ``finished_before``), in batches; how many were retried.
 
-        Each batch of at most ``batch_size`` (1..10,000) is one RetryTasks
+        Each batch of at most ``batch_size`` (1..10,000; 1,000 by default,
+        so an SQLite daemon's loop is held ~30 ms at a time) is one RetryTasks
         call, oldest finished first, applied in one transaction; the loop
         ends when the daemon reports nothing more. Without
         ``finished_before`` the cutoff is the moment ``retry_many`` began,
@@ -595,13 +596,14 @@ class TaskQueue:
         *,
         states: Iterable[TaskState] = _FINISHED,
         older_than: timedelta | None = None,
-        batch_size: int = _limits.MAX_DELETE_BATCH,
+        batch_size: int = _limits.DEFAULT_BULK_BATCH,
     ) -> int:
         """Delete finished tasks (SUCCEEDED, DEAD, CANCELLED) that finished
         more than ``older_than`` ago (any age when None), in batches; how
         many were deleted. Their unique keys can be used again.
 
-        Each batch (``batch_size`` tasks, at most 10,000) is one DeleteTasks
+        Each batch (``batch_size`` tasks, at most 10,000, 1,000 by default:
+        an SQLite daemon's loop is held ~30 ms at a time) is one DeleteTasks
         call and one transaction on the daemon, oldest finished first;
         batches follow one another until the daemon finds no more. The age
         is measured on the daemon's clock (one `stats` call), once, at the
