@@ -1,10 +1,12 @@
-"""What a bench process reads about itself, or a child, from /proc (Linux)."""
+"""What a bench process reads about itself, or a child, from /proc (Linux), and
+stopping a child."""
 
 from __future__ import annotations
 
 import os
 import pathlib
 import resource
+import subprocess
 
 
 def peak_rss_kb(pid: int | str = "self") -> float:
@@ -29,3 +31,15 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a child process (killed if it lingers 30 s) and close its stdout."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()

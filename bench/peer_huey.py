@@ -190,13 +190,7 @@ def run(tasks: int, threads: int, sleep: float) -> PeerRun:
             done = _read_line(proc.stdout.fileno(), buffer, 600)
             assert done["event"] == "done", done
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
+            _proc.stop(proc)
         left = huey.pending_count()
         if left:
             raise RuntimeError(f"huey: {left} task(s) still queued after {tasks} completions")
@@ -265,13 +259,7 @@ def latency(tasks: int, threads: int, gap: float, idle: float = 1.0) -> LatencyR
             done = _read_line(proc.stdout.fileno(), buffer, 120)
             assert done["event"] == "done", done
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
+            _proc.stop(proc)
     values = done["latencies"]
     return LatencyRun(
         tasks=len(values),

@@ -287,27 +287,26 @@ def _one_line(text: str, width: int) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def _task_outcome(task: Task, **extra: object) -> dict[str, object]:
-    """What retry, cancel and enqueue print about the task they changed."""
-    return {
-        "id": task.id,
-        "queue": task.queue,
-        "task_type": task.task_type,
-        "unique_key": task.unique_key,
-        "state": task.state.value,
-        "attempt": task.attempt,
-        "max_attempts": task.max_attempts,
-        "last_error": task.last_error,
-        **extra,
-    }
+# The columns retry and cancel print about the task they changed (their
+# --json is the whole `task_document`).
+_OUTCOME_COLUMNS = (
+    "id",
+    "queue",
+    "task_type",
+    "unique_key",
+    "state",
+    "attempt",
+    "max_attempts",
+    "last_error",
+)
 
 
-def _print_task_outcome(args: argparse.Namespace, task: Task, **extra: object) -> None:
-    document = _task_outcome(task, **extra)
+def _print_task_outcome(args: argparse.Namespace, task: Task) -> None:
+    document = task_document(task)
     if args.json:
         print_json(document)
     else:
-        print_table(list(document), [list(document.values())])
+        print_table(_OUTCOME_COLUMNS, [[document[c] for c in _OUTCOME_COLUMNS]])
 
 
 async def _tasks_retry(args: argparse.Namespace) -> int:
@@ -378,7 +377,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
     async with open_client(args) as client:
         result = await client.queue(args.queue).enqueue(spec)
     if args.json:
-        print_json(_task_outcome(result.task, created=result.created))
+        print_json({**task_document(result.task), "created": result.created})
     else:
         how = "created" if result.created else "duplicate (the existing task)"
         sys.stdout.write(f"{result.task.id} {how}\n")

@@ -89,7 +89,8 @@ class Operations:
     async def cancel_task(self, message: CancelTaskRequest, now: datetime) -> CancelTaskResponse:
         queue = v.name(message.queue, "queue")
         task_id, unique_key = v.lookup(message.task_id, message.unique_key)
-        reason = v.cancel_reason(message.reason)
+        # Stored as the task's last_error, so an error's limit.
+        reason = v.error_text(message.reason, "reason")
         task = await self._storage.cancel(
             queue, reason, now, task_id=task_id, unique_key=unique_key
         )

@@ -32,7 +32,6 @@ __all__ = [
     "ClaimArgs",
     "FieldError",
     "batch_limit",
-    "cancel_reason",
     "claim_args",
     "duration",
     "error_text",
@@ -256,12 +255,6 @@ def claim_args(request: ClaimRequest) -> ClaimArgs:
         wait_timeout=wait if wait is not None else _ZERO,
         lease_duration=lease if lease is not None else limits.DEFAULT_LEASE,
     )
-
-
-def cancel_reason(value: str, path: str = "reason") -> str:
-    """CancelTask's reason: stored as the task's last_error, so its limit."""
-    _bounded_text(value, path, limits.MAX_ERROR_BYTES)
-    return value
 
 
 def batch_limit(value: int, path: str = "limit") -> int:

@@ -1077,6 +1077,21 @@ class PostgresEngine(Storage):
             raise NotFound(describe(queue, task_id, unique_key))
         return row_task(row)
 
+    async def _lock(
+        self, conn: asyncpg.Connection, queue: str, task_id: str | None, unique_key: str | None
+    ) -> Any:
+        """The task named by exactly one of id / unique key, its row locked
+        for the rest of the transaction (seq, state, available_at,
+        lease_until); NotFound."""
+        _one_lookup(task_id, unique_key)
+        if task_id is not None:
+            found = await conn.fetchrow(self._sql.lock_by_id, queue, task_id)
+        else:
+            found = await conn.fetchrow(self._sql.lock_by_key, queue, unique_key)
+        if found is None:
+            raise NotFound(describe(queue, task_id, unique_key))
+        return found
+
     async def retry(
         self,
         queue: str,
@@ -1085,15 +1100,9 @@ class PostgresEngine(Storage):
         task_id: str | None = None,
         unique_key: str | None = None,
     ) -> Task:
-        _one_lookup(task_id, unique_key)
         now_us = to_us(now)
         async with self._conn() as conn, conn.transaction():
-            if task_id is not None:
-                found = await conn.fetchrow(self._sql.lock_by_id, queue, task_id)
-            else:
-                found = await conn.fetchrow(self._sql.lock_by_key, queue, unique_key)
-            if found is None:
-                raise NotFound(describe(queue, task_id, unique_key))
+            found = await self._lock(conn, queue, task_id, unique_key)
             if found[1] not in (SUCCEEDED, DEAD, CANCELLED) and not stuck(found[2], found[3]):
                 raise FailedPrecondition(
                     f"{describe(queue, task_id, unique_key)} is {STATES[found[1]].name};"
@@ -1363,17 +1372,11 @@ class PostgresEngine(Storage):
         task_id: str | None = None,
         unique_key: str | None = None,
     ) -> Task:
-        _one_lookup(task_id, unique_key)
         async with self._conn() as conn, conn.transaction():
             # Locked, so a claim or settlement racing the cancel either ran
             # before (and the cancel sees its outcome) or waits and then
             # matches no row.
-            if task_id is not None:
-                found = await conn.fetchrow(self._sql.lock_by_id, queue, task_id)
-            else:
-                found = await conn.fetchrow(self._sql.lock_by_key, queue, unique_key)
-            if found is None:
-                raise NotFound(describe(queue, task_id, unique_key))
+            found = await self._lock(conn, queue, task_id, unique_key)
             seq, state = found[0], found[1]
             if state == CANCELLED:
                 return row_task(await conn.fetchrow(self._sql.by_seq, seq))
