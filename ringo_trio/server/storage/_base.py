@@ -60,7 +60,11 @@ from datetime import datetime, timedelta
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
 
 __all__ = [
+    "Ack",
     "EnqueueOutcome",
+    "Nack",
+    "Reject",
+    "Settlement",
     "FailedPrecondition",
     "LeaseLost",
     "NotFound",
@@ -115,6 +119,34 @@ class FailedPrecondition(StorageError):
 class SchemaTooNew(StorageError):
     """The data was written by a newer schema than this code knows; `open`
     refuses it and leaves it untouched."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """One ack of a group commit (`Storage.settle_many`)."""
+
+    ref: LeaseRef
+    result: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """One nack of a group commit (`Storage.settle_many`)."""
+
+    ref: LeaseRef
+    error: str
+    retry_delay: timedelta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """One reject of a group commit (`Storage.settle_many`)."""
+
+    ref: LeaseRef
+    error: str
+
+
+Settlement = Ack | Nack | Reject
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +270,37 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task: ...
+
+    async def settle_many(
+        self, settlements: Sequence[Settlement], now: datetime
+    ) -> list[LeaseLost | None]:
+        """Group commit: apply `settlements` in order, as `ack`/`nack`/`reject`
+        one by one would, in ONE transaction (engines override this default,
+        which is the one-by-one reference the tests compare them with).
+
+        Element i of the answer is None when settlement i took effect, or the
+        `LeaseLost` that call alone would have raised (`cancelled` included);
+        a lost lease changes nothing and does not stop the others. Two
+        settlements of one lease in a group: the first wins, the second is
+        LeaseLost, as in sequence. Any other error (`StorageUnavailable`,
+        `StorageFull`) rolls the whole group back and is raised: none of it
+        happened. Returns nothing else: the Work stream needs no row back.
+        """
+        outcomes: list[LeaseLost | None] = []
+        for item in settlements:
+            try:
+                match item:
+                    case Ack(ref, result):
+                        await self.ack(ref, now, result)
+                    case Nack(ref, error, retry_delay):
+                        await self.nack(ref, error, retry_delay, now)
+                    case Reject(ref, error):
+                        await self.reject(ref, error, now)
+            except LeaseLost as lost:
+                outcomes.append(lost)
+            else:
+                outcomes.append(None)
+        return outcomes
 
     @abc.abstractmethod
     async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
