@@ -64,12 +64,26 @@ class WorkResultFrame:
 
 def decode_work_response(
     buffer: bytes | bytearray | memoryview,
-) -> PushedTask | WorkResultFrame | WorkResponse:
+) -> PushedTask | WorkResultFrame | WorkResponse | list[PushedTask | WorkResultFrame]:
     """A task push as `PushedTask`, a command result as `WorkResultFrame`,
-    any other frame (registered, heartbeat, a push without its task or
+    a batch (minor >= 10) as the list of its elements, each one of those
+    two; any other frame (registered, heartbeat, a push without its task or
     lease) as the decoded `WorkResponse`. Raises `ValueError` on malformed
-    input."""
+    input, and on a batch holding anything but pushes and results."""
     response = decode(buffer, WorkResponse)
+    batch = response.batch
+    if batch is None:
+        return _work_frame(response)
+    frames: list[PushedTask | WorkResultFrame] = []
+    for index, element in enumerate(batch.responses):
+        frame = _work_frame(element)
+        if isinstance(frame, WorkResponse):
+            raise ValueError(f"batch.responses[{index}]: a batch holds pushes and results only")
+        frames.append(frame)
+    return frames
+
+
+def _work_frame(response: WorkResponse) -> PushedTask | WorkResultFrame | WorkResponse:
     result = response.result
     if result is not None:
         detail = result.error

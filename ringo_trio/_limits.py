@@ -9,10 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 PROTOCOL_MAJOR = 1
 #: Newest minor this package speaks (client) and serves (daemon).
-PROTOCOL_MINOR = 9
+PROTOCOL_MINOR = 10
 
 MAX_BATCH = 1000
 """Tasks per EnqueueMany call and tasks per Claim."""
+MAX_WORK_BATCH = 1000
+"""Elements of one Work-stream batch frame (``WorkRequestBatch`` and
+``WorkResponseBatch``, minor >= 10)."""
 MAX_NAME_BYTES = 200
 """Queue names, task types and worker ids (UTF-8 bytes)."""
 MAX_UNIQUE_KEY_BYTES = 512

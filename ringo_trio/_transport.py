@@ -241,8 +241,12 @@ class Transport:
         send_buffer: float = 64,
         receive_buffer: float = 64,
         rpc_timeout: float | None = None,
+        coalesce: Callable[[list[_Req]], list[_Req]] | None = None,
     ) -> AsyncIterator[StreamChannels[_Req, _Resp]]:
         """Open a server stream (``request`` given) or a bidi stream (``request`` None).
+
+        ``coalesce`` (bidi): the writer hands it every request queued when it
+        wakes and sends what it returns instead (fewer, larger messages).
 
         A failure of the stream cancels the body and is raised when the block
         exits; leaving the block early cancels the stream.
@@ -265,6 +269,7 @@ class Transport:
                             to_wire_rx,
                             from_wire_tx,
                             rpc_timeout,
+                            coalesce,
                         )
                         try:
                             await self._run_aio(coro)
@@ -360,6 +365,7 @@ class Transport:
         outbound: MemoryObjectReceiveStream[Any],
         inbound: MemoryObjectSendStream[Any],
         rpc_timeout: float | None,
+        coalesce: Callable[[list[Any]], list[Any]] | None = None,
     ) -> None:
         channel = self._require_channel()
         endpoint = self._endpoint
@@ -384,7 +390,9 @@ class Transport:
                     await stream.send_request()
                     try:
                         async with asyncio.TaskGroup() as pumps:
-                            writer = pumps.create_task(self._writer_pump(stream, outbound))
+                            writer = pumps.create_task(
+                                self._writer_pump(stream, outbound, coalesce)
+                            )
                             await self._reader_pump(stream, inbound)
                             # The server ended the stream: nothing left to send to.
                             writer.cancel()
@@ -425,7 +433,10 @@ class Transport:
                 return
 
     async def _writer_pump(
-        self, stream: grpclib.client.Stream[Any, Any], outbound: MemoryObjectReceiveStream[Any]
+        self,
+        stream: grpclib.client.Stream[Any, Any],
+        outbound: MemoryObjectReceiveStream[Any],
+        coalesce: Callable[[list[Any]], list[Any]] | None = None,
     ) -> None:
         receive_nowait = outbound.receive_nowait
         try:
@@ -439,7 +450,19 @@ class Transport:
                         break
                 except (anyio.EndOfStream, anyio.ClosedResourceError):
                     break
-                await stream.send_message(message)
+                if coalesce is None:
+                    await stream.send_message(message)
+                    continue
+                # Whatever queued up while the writer waited goes out together:
+                # nothing is held back for more to arrive.
+                queued = [message]
+                while True:
+                    try:
+                        queued.append(receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                        break
+                for message in coalesce(queued):
+                    await stream.send_message(message)
             await stream.end()
         except grpclib.exceptions.StreamTerminatedError:
             # The server ended or reset the stream; the reader reports how.

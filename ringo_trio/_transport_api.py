@@ -10,6 +10,7 @@ arguments and results are plain betterproto messages, failures are always
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
@@ -93,6 +94,9 @@ class ClientTransport(Protocol):
         send_buffer: float = 64,
         receive_buffer: float = 64,
         rpc_timeout: float | None = None,
+        coalesce: Callable[[list[_Req]], list[_Req]] | None = None,
     ) -> AbstractAsyncContextManager[StreamChannels[_Req, _Resp]]:
-        """A server stream (``request`` given) or a bidi stream (``request`` None)."""
+        """A server stream (``request`` given) or a bidi stream (``request`` None);
+        ``coalesce`` turns the requests queued when the writer wakes into
+        what it sends (the Work stream's batch frames)."""
         ...

@@ -48,7 +48,7 @@ from typing import Any, Final, TypeVar, cast, get_type_hints
 
 import betterproto2
 
-__all__ = ["WireError", "build", "decode", "encode", "message_classes"]
+__all__ = ["WireError", "build", "decode", "encode", "message_classes", "tag_len", "varint"]
 
 M = TypeVar("M", bound=betterproto2.Message)
 
@@ -604,6 +604,16 @@ def _value_codec(
     if proto_type == "enum":
         return _r_enum, _w_varint, ({int(member): member for member in cls}, cls)
     return _SCALAR_READERS[proto_type], _SCALAR_WRITERS[proto_type], None
+
+
+def tag_len(number: int) -> bytes:
+    """The key of length-delimited field `number` (a message, bytes or string)."""
+    return _tag(number, _LEN)
+
+
+def varint(value: int) -> bytes:
+    """`value` (>= 0) as a base-128 varint."""
+    return _varint(value)
 
 
 def _tag(number: int, wire_type: int) -> bytes:

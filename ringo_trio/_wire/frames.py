@@ -33,7 +33,7 @@ from .._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from .codec import build, encode
+from .codec import build, encode, tag_len, varint
 
 __all__ = [
     "encode_ack",
@@ -44,8 +44,22 @@ __all__ = [
     "encode_nack",
     "encode_reject",
     "encode_work_push",
+    "encode_work_request_batch",
+    "encode_work_response_batch",
     "encode_work_result",
 ]
+
+# A batch's encoding is its elements' encodings, each framed as one element of
+# the repeated field, framed as the oneof member: so a batch of frames that
+# are already encoded costs a join, not a walk of the schema.
+_RESPONSE_BATCH = tag_len(5)  # WorkResponse.batch
+_REQUEST_BATCH = tag_len(11)  # WorkRequest.batch
+_ELEMENT = tag_len(1)  # WorkResponseBatch.responses, WorkRequestBatch.requests
+
+
+def _batch(member: bytes, elements: Sequence[bytes]) -> bytes:
+    body = b"".join([part for data in elements for part in (_ELEMENT, varint(len(data)), data)])
+    return b"".join((member, varint(len(body)), body))
 
 
 # -- the daemon's frames -------------------------------------------------------------
@@ -54,6 +68,12 @@ __all__ = [
 def encode_work_push(leased: LeasedTask) -> bytes:
     """``WorkResponse(task=leased)``: one pushed task."""
     return encode(build(WorkResponse, task=leased))
+
+
+def encode_work_response_batch(elements: Sequence[bytes]) -> bytes:
+    """``WorkResponse(batch=WorkResponseBatch(responses=[...]))`` from the
+    elements' encodings (each an encoded ``WorkResponse``)."""
+    return _batch(_RESPONSE_BATCH, elements)
 
 
 def encode_work_result(request_id: int, error: ErrorDetail | None, lease: Lease | None) -> bytes:
@@ -81,6 +101,12 @@ def encode_enqueue_many_response(
 
 
 # -- the SDK's commands --------------------------------------------------------------
+
+
+def encode_work_request_batch(elements: Sequence[bytes]) -> bytes:
+    """``WorkRequest(batch=WorkRequestBatch(requests=[...]))`` from the
+    elements' encodings (each an encoded ``WorkRequest``)."""
+    return _batch(_REQUEST_BATCH, elements)
 
 
 def encode_credit(request_id: int, available: int, target: int | None) -> bytes:

@@ -26,6 +26,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .._errors import RingoError, UnavailableError, error_for_code
 from .._frames import PushedTask, WorkResultFrame, decode_work_response
+from .._limits import MAX_WORK_BATCH
 from .._models import Task
 from .._proto.ringo.v1 import (
     LeaseRef,
@@ -35,8 +36,16 @@ from .._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
-from .._wire.frames import encode_ack, encode_credit, encode_extend, encode_nack, encode_reject
+from .._wire.frames import (
+    encode_ack,
+    encode_credit,
+    encode_extend,
+    encode_nack,
+    encode_reject,
+    encode_work_request_batch,
+)
 from ._session import (
+    Answered,
     CancelHandler,
     CommandDone,
     CommandError,
@@ -48,6 +57,7 @@ from ._session import (
     Outcome,
     Output,
     Progress,
+    Pushed,
     RemoteProtocolError,
     Settle,
     StartHandler,
@@ -62,11 +72,15 @@ __all__ = [
     "StreamDriver",
     "StreamOwner",
     "Waiter",
+    "batch_frames",
     "command_exception",
     "settle_frame",
 ]
 
 _REGISTER_TIMEOUT = 30.0
+#: Encoded bytes of the commands one batch frame carries (at least one
+#: command): far below the daemon's message limit, whatever the results held.
+BATCH_FRAME_BYTES = 1024 * 1024
 #: The timer never sleeps longer than this, so a command sent while it
 #: sleeps is checked against its timeout in time without waking it per send.
 _TIMER_MAX_SLEEP = 1.0
@@ -109,10 +123,12 @@ class Frame:
     at a fraction of betterproto2's cost.
     """
 
-    __slots__ = ("data",)
+    __slots__ = ("alone", "data")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, *, alone: bool = False) -> None:
         self.data = data
+        # Never put in a batch (``register``).
+        self.alone = alone
 
     def SerializeToString(self) -> bytes:
         return self.data
@@ -123,12 +139,45 @@ class Inbound:
     fast decoder, anything else (registered, heartbeat) by betterproto2."""
 
     @staticmethod
-    def FromString(data: bytes) -> PushedTask | WorkResultFrame | WorkResponse:
+    def FromString(
+        data: bytes,
+    ) -> PushedTask | WorkResultFrame | WorkResponse | list[PushedTask | WorkResultFrame]:
         try:
             frame = decode_work_response(data)
             return frame if frame is not None else WorkResponse.parse(data)
         except (ValueError, EOFError) as exc:
             raise RemoteProtocolError(f"malformed Work frame from the daemon: {exc}") from None
+
+
+def batch_frames(frames: list[Frame]) -> list[Frame]:
+    """What the writer sends for the frames queued when it woke (minor >=
+    10): runs of them joined into batch frames of at most MAX_WORK_BATCH
+    commands and BATCH_FRAME_BYTES, in order; a run of one stays itself."""
+    out: list[Frame] = []
+    run: list[bytes] = []
+    size = 0
+
+    def close_run() -> None:
+        if len(run) == 1:
+            out.append(Frame(run[0]))
+        elif run:
+            out.append(Frame(encode_work_request_batch(run)))
+        run.clear()
+
+    for frame in frames:
+        data = frame.data
+        if frame.alone:
+            close_run()
+            out.append(frame)
+            continue
+        if run and (len(run) >= MAX_WORK_BATCH or size + len(data) > BATCH_FRAME_BYTES):
+            close_run()
+        if not run:
+            size = 0
+        run.append(data)
+        size += len(data)
+    close_run()
+    return out
 
 
 def settle_frame(settle: Settle) -> Frame:
@@ -288,10 +337,51 @@ class StreamDriver:
                     when = session.next_deadline()
                     if when is not None and when < timer.deadline:
                         timer.deadline = when
+            elif kind is list:
+                live._batch(frame)
             elif frame.heartbeat is not None:
                 session.heartbeat()
             else:
                 raise RemoteProtocolError(f"unexpected Work frame {frame!r}")
+
+    def _batch(self, frames: list[PushedTask | WorkResultFrame]) -> None:
+        """A batch frame: its elements into the session at once, and what
+        they ask for carried out once."""
+        session = self.session
+        arrived = self.arrived
+        wall = datetime.now(UTC)
+        items: list[Pushed | Answered] = []
+        for frame in frames:
+            if type(frame) is PushedTask:
+                key = LeaseKey(frame.task_id, frame.attempt)
+                until = frame.until
+                remaining = (
+                    (until - wall).total_seconds() if until is not None else session.lease_duration
+                )
+                arrived[key] = frame.task
+                items.append(Pushed(key, frame.lease_token, remaining))
+            else:
+                assert type(frame) is WorkResultFrame
+                error = None
+                if frame.error_value:
+                    error = CommandError(
+                        frame.error_code or f"CODE_{frame.error_value}",
+                        frame.error_message,
+                        frame.reason,
+                    )
+                items.append(Answered(frame.request_id, error))
+        outputs: list[Output] = []
+        try:
+            session.batch(items, anyio.current_time(), outputs)
+        finally:
+            # What the elements before a broken one asked for is carried out,
+            # as it would have been had they come one by one.
+            self.act(outputs)
+        timer = self.timer
+        if timer is not None:
+            when = session.next_deadline()
+            if when is not None and when < timer.deadline:
+                timer.deadline = when
 
     async def timer_loop(self) -> None:
         """Renewals, local lease deadlines and command timeouts, when due."""

@@ -100,6 +100,7 @@ from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
 
 from .._wire.protocol import (
+    BATCH_MINOR,
     CANCELLED_REASON,
     CREDIT_CAPACITY_REASON,
     OPERATE_MINOR,
@@ -109,6 +110,7 @@ from .._wire.protocol import (
 )
 
 __all__ = [
+    "Answered",
     "CancelHandler",
     "CommandDone",
     "CommandError",
@@ -125,6 +127,7 @@ __all__ = [
     "Outcome",
     "Output",
     "Progress",
+    "Pushed",
     "Register",
     "RemoteProtocolError",
     "SessionBroken",
@@ -186,11 +189,19 @@ class Input(enum.Enum):
     RECV_TASK = "receive task"
     RECV_RESULT = "receive result"
     RECV_HEARTBEAT = "receive heartbeat"
+    RECV_BATCH = "receive batch"
     END = "end"
 
 
 _S, _I = State, Input
-_LIVE = (_I.SEND_SETTLE, _I.SEND_EXTEND, _I.SEND_PROGRESS, _I.RECV_TASK, _I.RECV_RESULT)
+_LIVE = (
+    _I.SEND_SETTLE,
+    _I.SEND_EXTEND,
+    _I.SEND_PROGRESS,
+    _I.RECV_TASK,
+    _I.RECV_RESULT,
+    _I.RECV_BATCH,
+)
 _TRANSITIONS: dict[tuple[State, Input], State] = {
     (_S.IDLE, _I.SEND_REGISTER): _S.REGISTERING,
     (_S.REGISTERING, _I.RECV_REGISTERED): _S.ACTIVE,
@@ -318,6 +329,26 @@ class Drain:
 
 
 Frame = Register | Credit | Settle | Extend | Progress | Drain
+
+
+# -- the elements of a batch frame (minor >= 10) ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pushed:
+    """A pushed task in a batch: `WorkSession.task_pushed`'s arguments."""
+
+    key: LeaseKey
+    lease_token: str
+    lease_remaining: float
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A command result in a batch: `WorkSession.result`'s arguments."""
+
+    request_id: int
+    error: CommandError | None
 
 
 # -- events out ---------------------------------------------------------------
@@ -586,6 +617,27 @@ class WorkSession:
         # The last covered push: slots freed while the previous grant was out
         # are asked for now, or they would idle until some handler settles.
         return [StartHandler(key), *self._maybe_credit(now)]
+
+    @_input
+    def batch(self, items: list[Pushed | Answered], now: float, out: list[Output]) -> None:
+        """A batch frame (minor >= 10): exactly its elements, in order, as
+        `task_pushed` and `result` would take them one by one. The outputs
+        are appended to `out` as each element is taken, so that when an
+        element breaks the session, `out` holds what the ones before it
+        asked for, as it would have been carried out one by one."""
+        self._step(Input.RECV_BATCH)
+        if self.minor < BATCH_MINOR:
+            raise RemoteProtocolError(
+                f"a batch frame on a stream of minor {self.minor} (batches need {BATCH_MINOR})"
+            )
+        if not items:
+            raise RemoteProtocolError("an empty batch frame")
+        for item in items:
+            if type(item) is Pushed:
+                out += self.task_pushed(item.key, item.lease_token, item.lease_remaining, now)
+            else:
+                assert type(item) is Answered
+                out += self.result(item.request_id, item.error, now)
 
     @_input
     def heartbeat(self) -> None:

@@ -131,12 +131,13 @@ from .._proto.ringo.v1 import (
 from .._transport_api import SessionRejectedError
 from .._wire.protocol import (
     ACTIVITY_MINOR,
+    BATCH_MINOR,
     DUE_ONLY_ACTIVITY_MINOR,
     OPERATE_MINOR,
     TARGET_CONCURRENCY_MINOR,
 )
 from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
-from ._driver import Frame, Inbound, StreamDriver, command_exception
+from ._driver import Frame, Inbound, StreamDriver, batch_frames, command_exception
 from ._fencing import Fence, Fencing
 from ._permits import Member, Signal, balance
 from ._session import (
@@ -771,12 +772,17 @@ class Worker(Fencing):
         if self._lease_duration > timedelta(0):
             registration.lease_duration = self._lease_duration
         async with self._connection.open_stream(
-            "Work", Frame, Inbound, send_buffer=math.inf, receive_buffer=256
+            "Work",
+            Frame,
+            Inbound,
+            send_buffer=math.inf,
+            receive_buffer=256,
+            coalesce=batch_frames if sent.minor >= BATCH_MINOR else None,
         ) as channels:
             assert channels.send is not None
             live = StreamDriver(session, channels.send, self)
             session.register()
-            channels.send.send_nowait(Frame(bytes(WorkRequest(register=registration))))
+            channels.send.send_nowait(Frame(bytes(WorkRequest(register=registration)), alone=True))
             first = await live.first_response(channels.receive)
             granted = first.registered
             if granted is None:

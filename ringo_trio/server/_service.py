@@ -76,7 +76,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -162,7 +162,9 @@ from ._work import WorkStreams
 from .storage._base import (
     FailedPrecondition,
     LeaseLost,
+    Nack,
     NotFound,
+    Settlement,
     Storage,
     StorageFull,
     StorageUnavailable,
@@ -572,22 +574,33 @@ class QueueService(QueueServiceBase):
 
     async def apply_ack(self, message: AckRequest, now: datetime) -> None:
         """The caller has checked that its minor allows a result."""
-        ref = v.lease_ref(message.lease)
-        await self._storage.ack(ref, now, v.result_value(message.result))
+        ack = v.ack_settlement(message)
+        await self._storage.ack(ack.ref, now, ack.result)
 
     async def apply_nack(self, message: NackRequest, now: datetime) -> None:
-        ref = v.lease_ref(message.lease)
-        error = v.error_text(message.error)
-        delay = v.duration(
-            message.retry_delay_override, "retry_delay_override", maximum=limits.MAX_DELAY
-        )
-        task = await self._storage.nack(ref, error, delay, now)
+        nack = v.nack_settlement(message)
+        task = await self._storage.nack(nack.ref, nack.error, nack.retry_delay, now)
         self._wakeups.notify(task.queue)
 
     async def apply_reject(self, message: RejectRequest, now: datetime) -> None:
-        ref = v.lease_ref(message.lease)
-        error = v.error_text(message.error)
-        await self._storage.reject(ref, error, now)
+        reject = v.reject_settlement(message)
+        await self._storage.reject(reject.ref, reject.error, now)
+
+    async def apply_settlements(
+        self, queue: str, settlements: Sequence[Settlement], now: datetime
+    ) -> list[LeaseLost | None]:
+        """A Work stream's settlements, in order, in ONE storage call (the
+        group commit; `Storage.settle_many` has the contract). `queue` is the
+        stream's: a nack that took effect made one of its tasks claimable,
+        so its dispatchers are woken. The one place a committer that groups
+        across streams would go."""
+        outcomes = await self._storage.settle_many(settlements, now)
+        if any(
+            outcome is None and type(item) is Nack
+            for item, outcome in zip(settlements, outcomes, strict=True)
+        ):
+            self._wakeups.notify(queue)
+        return outcomes
 
     async def apply_extend(self, message: ExtendLeaseRequest, now: datetime) -> Lease:
         ref = v.lease_ref(message.lease)

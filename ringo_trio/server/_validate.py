@@ -20,16 +20,24 @@ from datetime import datetime, timedelta
 
 from ringo_trio import _limits as limits
 from ringo_trio._proto.ringo.v1 import (
+    AckRequest,
     ClaimRequest,
     LeaseRef,
     ListOrder,
+    NackRequest,
+    RejectRequest,
     RetryBackoff,
     TaskSpec,
     TaskState,
 )
 
+from .storage._base import Ack, Nack, Reject
+
 __all__ = [
     "ClaimArgs",
+    "ack_settlement",
+    "nack_settlement",
+    "reject_settlement",
     "FieldError",
     "batch_limit",
     "claim_args",
@@ -333,3 +341,22 @@ def list_order(value: int, path: str = "order") -> bool:
     if int(value) not in (int(o) for o in ListOrder):
         raise FieldError(path, f"{int(value)} is not a list order")
     return int(value) == ListOrder.NEWEST_FIRST
+
+
+# -- settlements: the storage form of an ack / nack / reject ------------------------
+
+
+def ack_settlement(message: AckRequest) -> Ack:
+    """The caller has checked that its minor allows a result."""
+    return Ack(lease_ref(message.lease), result_value(message.result))
+
+
+def nack_settlement(message: NackRequest) -> Nack:
+    ref = lease_ref(message.lease)
+    error = error_text(message.error)
+    delay = duration(message.retry_delay_override, "retry_delay_override", maximum=limits.MAX_DELAY)
+    return Nack(ref, error, delay)
+
+
+def reject_settlement(message: RejectRequest) -> Reject:
+    return Reject(lease_ref(message.lease), error_text(message.error))

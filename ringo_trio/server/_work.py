@@ -124,7 +124,6 @@ from h2.exceptions import H2Error
 
 from ringo_trio import _limits as limits
 from ringo_trio._proto.ringo.v1 import (
-    AckRequest,
     CreditUpdate,
     ErrorCode,
     ErrorDetail,
@@ -133,8 +132,6 @@ from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
     LeaseRef,
-    NackRequest,
-    RejectRequest,
     ReleaseRequest,
     ReportProgressRequest,
     RequestContext,
@@ -143,11 +140,19 @@ from ringo_trio._proto.ringo.v1 import (
     WorkerRegistered,
     WorkerRegistration,
     WorkRequest,
+    WorkRequestBatch,
     WorkResponse,
+    WorkResponseBatch,
     WorkResult,
 )
-from ringo_trio._wire.frames import encode_work_push, encode_work_result
+from ringo_trio._wire.codec import build, encode
+from ringo_trio._wire.frames import (
+    encode_work_push,
+    encode_work_response_batch,
+    encode_work_result,
+)
 from ringo_trio._wire.protocol import (
+    BATCH_MINOR,
     CANCELLED_REASON,
     CREDIT_CAPACITY_REASON,
     OPERATE_MINOR,
@@ -165,6 +170,7 @@ from .storage._base import (
     FailedPrecondition,
     LeaseLost,
     NotFound,
+    Settlement,
     Storage,
     StorageUnavailable,
 )
@@ -176,9 +182,11 @@ __all__ = [
     "PUSH_BUDGET_BYTES",
     "TARGET_CONCURRENCY_MINOR",
     "LeaseOps",
+    "PUSH_MESSAGE_BYTES",
     "StreamStalled",
     "WorkStreamIO",
     "WorkStreams",
+    "batch_frame",
     "ok_frame",
     "task_frame",
 ]
@@ -189,6 +197,9 @@ log = logging.getLogger("ringo_trio.server")
 PUSH_BATCH = 64
 # Payload bytes one stream may hold claimed but not yet written (see Budget).
 PUSH_BUDGET_BYTES = 4 * 1024 * 1024
+# Encoded bytes of the pushes one batch frame carries (at least one push):
+# a small message reaches the worker's handlers sooner than one big one.
+PUSH_MESSAGE_BYTES = 1024 * 1024
 # A lease is pushed only with this much of it left (at most half the lease).
 LEASE_MARGIN = timedelta(seconds=5)
 # Seconds a batch may take to be written, whatever its leases (see Stalls).
@@ -201,7 +212,12 @@ MAX_CONCURRENCY = 2**31 - 1
 _SCHEDULE_SLACK = 0.002
 _INCONSISTENT_WAKEUP_RETRY = 0.05
 
+# The commands that settle a lease: run in groups by `Storage.settle_many`.
+_SETTLEMENTS = frozenset({"ack", "nack", "reject"})
+
 _SHUTTING_DOWN = "the daemon is shutting down"
+# A placeholder in a list of answers being filled in (never sent).
+_NOT_RUN = WorkResponse()
 _STORAGE_UNAVAILABLE = "storage unavailable"
 
 
@@ -220,11 +236,11 @@ class LeaseOps(Protocol):
         """The minor of a live session, or GRPCError(OUT_OF_RANGE)."""
         ...
 
-    async def apply_ack(self, message: AckRequest, now: datetime) -> None: ...
-
-    async def apply_nack(self, message: NackRequest, now: datetime) -> None: ...
-
-    async def apply_reject(self, message: RejectRequest, now: datetime) -> None: ...
+    async def apply_settlements(
+        self, queue: str, settlements: Sequence[Settlement], now: datetime
+    ) -> list[LeaseLost | None]:
+        """Acks, nacks and rejects of one stream, in order, in one storage call."""
+        ...
 
     async def apply_extend(self, message: ExtendLeaseRequest, now: datetime) -> Lease: ...
 
@@ -312,6 +328,7 @@ class _WorkStream:
         "_children",
         "_credit",
         "_credit_changed",
+        "_down",
         "_drained",
         "_ended",
         "_handlers",
@@ -354,6 +371,9 @@ class _WorkStream:
         self._pushing = False
         self._stopping = False
         self._drained = False
+        # Set once storage was found unavailable: the stream is ending, and
+        # commands still queued behind that one are answered, not executed.
+        self._down: StorageUnavailable | None = None
         self._credit = 0
         self._credit_changed = asyncio.Event()
         self._capacity = 0
@@ -371,13 +391,12 @@ class _WorkStream:
         # claims of many streams at once cannot load a full batch each.
         self._payload_hint = limits.MAX_PAYLOAD_BYTES
         self._tap: StreamTap = NO_TAP
+        # Every command but the settlements (`_SETTLEMENTS`), which go to
+        # storage in groups.
         self._handlers: dict[str, Callable[[Any], Awaitable[Lease | None]]] = {
-            "ack": self._ack,
             "credit": self._credit_update,
             "extend_lease": self._extend,
-            "nack": self._nack,
             "progress": self._progress,
-            "reject": self._reject,
             "drain": self._drain,
             "register": self._register_again,
             "release": self._release_command,
@@ -481,7 +500,10 @@ class _WorkStream:
             if request is None:
                 return
             self._busy = True
-            if request.credit is None and request.drain is None:
+            batch = request.batch
+            if batch is not None and self._minor >= BATCH_MINOR:
+                await self._execute_batch(_batch_requests(batch))
+            elif request.credit is None and request.drain is None:
                 await send(await execute(request))
             else:
                 # A credit change and its result are one step on the wire:
@@ -529,31 +551,150 @@ class _WorkStream:
         )
 
     async def _execute(self, request: WorkRequest) -> WorkResponse:
-        request_id = request.request_id
-        if self._ordered:
-            last = self._last_request_id
-            if last is not None and request_id <= last:
-                return _error_frame(
-                    request_id,
-                    ErrorCode.INVALID_ARGUMENT,
-                    f"request_id: {request_id} is not above the previous id {last};"
-                    " this stream registered ordered_request_ids",
-                    field="request_id",
-                )
-            self._last_request_id = request_id
-        name, body = betterproto2.which_one_of(request, "body")
+        [answer] = await self._run((request,))
+        return answer
+
+    async def _execute_batch(self, requests: Sequence[WorkRequest]) -> None:
+        """Run a batch's commands in order and send their results as one batch."""
+        # A credit change and its result are one step on the wire (see
+        # `_read`): from the first credit or drain on, the batch runs under
+        # the send lock; what precedes it does not hold pushes up.
+        cut = next(
+            (
+                index
+                for index, request in enumerate(requests)
+                if request.credit is not None or request.drain is not None
+            ),
+            len(requests),
+        )
+        answers = await self._run(requests[:cut])
+        if cut == len(requests):
+            await self._send(batch_frame(answers))
+            return
+        async with self._send_lock:
+            answers += await self._run(requests[cut:])
+            await self._stream.send_message(batch_frame(answers))
+        self._last_sent = self._loop.time()
+
+    async def _run(self, requests: Sequence[WorkRequest]) -> list[WorkResponse]:
+        """The result of each command, in order, each executed as if alone,
+        except that consecutive settlements go to storage in one call."""
+        answers: list[WorkResponse] = []
+        # (position in answers, command name, body, settlement)
+        group: list[tuple[int, str, Any, Settlement]] = []
+        for request in requests:
+            request_id = request.request_id
+            index = len(answers)
+            answers.append(_NOT_RUN)
+            if self._down is not None:
+                answers[index] = self._not_run(request_id)
+                continue
+            refusal = self._out_of_order(request_id)
+            if refusal is not None:
+                answers[index] = refusal
+                continue
+            name, body = betterproto2.which_one_of(request, "body")
+            if name in _SETTLEMENTS:
+                try:
+                    group.append((index, name, body, self._settlement(name, body)))
+                except Exception as exc:
+                    answers[index] = self._failure(request_id, name, body, exc)
+                continue
+            if group:
+                await self._settle_group(group, requests, answers)
+                group = []
+                if self._down is not None:
+                    answers[index] = self._not_run(request_id)
+                    continue
+            answers[index] = await self._command(request_id, name, body)
+        if group:
+            await self._settle_group(group, requests, answers)
+        return answers
+
+    def _not_run(self, request_id: int) -> WorkResponse:
+        return _error_frame(
+            request_id,
+            ErrorCode.UNAVAILABLE,
+            f"{_STORAGE_UNAVAILABLE} (not executed): {self._down}",
+        )
+
+    def _out_of_order(self, request_id: int) -> WorkResponse | None:
+        if not self._ordered:
+            return None
+        last = self._last_request_id
+        if last is not None and request_id <= last:
+            return _error_frame(
+                request_id,
+                ErrorCode.INVALID_ARGUMENT,
+                f"request_id: {request_id} is not above the previous id {last};"
+                " this stream registered ordered_request_ids",
+                field="request_id",
+            )
+        self._last_request_id = request_id
+        return None
+
+    async def _command(self, request_id: int, name: str, body: Any) -> WorkResponse:
         try:
             handler = self._handlers.get(name)
             if handler is None:
                 raise v.FieldError("body", "the request names no command")
             lease = await handler(body)
             self._tap.done(name, body)
-        except v.FieldError as exc:
+        except Exception as exc:
+            return self._failure(request_id, name, body, exc)
+        if lease is None:
+            return ok_frame(request_id)
+        return WorkResponse(result=WorkResult(request_id=request_id, lease=lease))
+
+    def _settlement(self, name: str, body: Any) -> Settlement:
+        if name == "ack":
+            if body.result is not None and self._minor < OPERATE_MINOR:
+                raise _Refused(
+                    ErrorCode.INCOMPATIBLE_VERSION,
+                    f"ack result needs protocol minor {OPERATE_MINOR}; this stream runs at minor"
+                    f" {self._minor}",
+                )
+            return v.ack_settlement(body)
+        if name == "nack":
+            return v.nack_settlement(body)
+        return v.reject_settlement(body)
+
+    async def _settle_group(
+        self,
+        group: Sequence[tuple[int, str, Any, Settlement]],
+        requests: Sequence[WorkRequest],
+        answers: list[WorkResponse],
+    ) -> None:
+        """One storage call for consecutive settlements; each answered as alone."""
+        owner = self._owner
+        try:
+            outcomes = await owner.ops.apply_settlements(
+                self._queue, [item for _, _, _, item in group], owner.clock.now()
+            )
+        except Exception as exc:
+            # The whole group failed (and, by the contract, none of it happened).
+            for index, name, body, _ in group:
+                answers[index] = self._failure(requests[index].request_id, name, body, exc)
+            return
+        tap = self._tap
+        outstanding = self._outstanding
+        for (index, name, body, item), outcome in zip(group, outcomes, strict=True):
+            request_id = requests[index].request_id
+            if outcome is None:
+                outstanding.discard(item.ref.lease_token)
+                tap.done(name, body)
+                answers[index] = ok_frame(request_id)
+            else:
+                answers[index] = self._failure(request_id, name, body, outcome)
+
+    def _failure(self, request_id: int, name: str, body: Any, exc: Exception) -> WorkResponse:
+        """The result that answers a command that raised `exc`."""
+        if isinstance(exc, v.FieldError):
             path = f"{name}.{exc.path}" if name else exc.path
             return _error_frame(
                 request_id, ErrorCode.INVALID_ARGUMENT, f"{path}: {exc.reason}", field=path
             )
-        except LeaseLost as exc:
+        if isinstance(exc, LeaseLost):
             self._tap.lost(body)
             # The worker learns here that the lease is gone; it no longer
             # occupies one of its slots.
@@ -572,54 +713,38 @@ class _WorkStream:
                 ErrorCode.LEASE_LOST,
                 str(exc) or "the lease is not the task's current lease",
             )
-        except NotFound as exc:
+        if isinstance(exc, NotFound):
             return _error_frame(request_id, ErrorCode.NOT_FOUND, str(exc) or "not found")
-        except FailedPrecondition as exc:
+        if isinstance(exc, FailedPrecondition):
             return _error_frame(
                 request_id, ErrorCode.FAILED_PRECONDITION, str(exc) or "not allowed in this state"
             )
-        except _Refused as exc:
+        if isinstance(exc, _Refused):
             return WorkResponse(result=WorkResult(request_id=request_id, error=exc.detail))
-        except StorageUnavailable as exc:
+        if isinstance(exc, StorageUnavailable):
             # The command's outcome is unknown and the next one would fail
             # alike: answer it, then end the stream so the worker reconnects
             # (here once the database is back, or to another daemon).
+            self._down = exc
             self._end(exc)
             return _error_frame(request_id, ErrorCode.UNAVAILABLE, f"{_STORAGE_UNAVAILABLE}: {exc}")
-        except Exception as exc:
-            log.exception("Work command %s of worker %r failed unexpectedly", name, self._worker_id)
-            return _error_frame(
-                request_id,
-                ErrorCode.INTERNAL,
-                f"internal error in {name} ({type(exc).__name__}); see the daemon log",
-            )
-        if lease is None:
-            return ok_frame(request_id)
-        return WorkResponse(result=WorkResult(request_id=request_id, lease=lease))
+        log.error(
+            "Work command %s of worker %r failed unexpectedly",
+            name,
+            self._worker_id,
+            exc_info=exc,
+        )
+        return _error_frame(
+            request_id,
+            ErrorCode.INTERNAL,
+            f"internal error in {name} ({type(exc).__name__}); see the daemon log",
+        )
 
     def _settle(self, lease: LeaseRef | None) -> None:
         if lease is not None:
             self._outstanding.discard(lease.lease_token)
 
     # -- commands: each returns the Lease a result carries, if any ------------
-
-    async def _ack(self, body: AckRequest) -> None:
-        if body.result is not None and self._minor < OPERATE_MINOR:
-            raise _Refused(
-                ErrorCode.INCOMPATIBLE_VERSION,
-                f"ack result needs protocol minor {OPERATE_MINOR}; this stream runs at minor"
-                f" {self._minor}",
-            )
-        await self._owner.ops.apply_ack(body, self._owner.clock.now())
-        self._settle(body.lease)
-
-    async def _nack(self, body: NackRequest) -> None:
-        await self._owner.ops.apply_nack(body, self._owner.clock.now())
-        self._settle(body.lease)
-
-    async def _reject(self, body: RejectRequest) -> None:
-        await self._owner.ops.apply_reject(body, self._owner.clock.now())
-        self._settle(body.lease)
 
     async def _release_command(self, body: ReleaseRequest) -> None:
         if self._minor < RELEASE_MINOR:
@@ -778,13 +903,12 @@ class _WorkStream:
             if untils:
                 fresh_for = (min(untils) - margin - clock.now()).total_seconds()
                 hard = min(hard, loop.time() + fresh_for)
+            # One frame per push below minor 10; from it on, one frame for as
+            # many pushes as the credit covers (split at PUSH_MESSAGE_BYTES).
+            most = len(batch) if self._minor >= BATCH_MINOR else 1
             try:
                 async with asyncio.timeout_at(hard):
-                    for item in batch:
-                        until = item.lease.until if item.lease is not None else None
-                        if until is not None and until - margin <= clock.now():
-                            # Too stale to hand out: returned below, claimed afresh.
-                            break
+                    while sent < len(batch):
                         async with lock:
                             # Checked and spent under the send lock, the same
                             # lock a credit update holds while it changes the
@@ -792,18 +916,27 @@ class _WorkStream:
                             # result precedes it on the wire. A drain, shutdown
                             # or smaller credit may have landed while this batch
                             # was being pushed.
-                            if self._credit <= 0:
+                            frames, stale = self._next_pushes(
+                                batch, sent, min(most, self._credit), margin
+                            )
+                            if not frames:
                                 break
                             self._pushing = True
-                            await send_message(task_frame(item))
+                            await send_message(
+                                frames[0] if len(frames) == 1 else batch_frame(frames)
+                            )
                             # No await between the send and the bookkeeping: a
                             # lease on the wire is always counted.
                             self._pushing = False
-                            sent += 1
-                            self._credit -= 1
-                            if item.lease is not None:
-                                outstanding.add(item.lease.lease_token)
-                                self._tap.pushed(item.lease.lease_token)
+                            self._credit -= len(frames)
+                            for item in batch[sent : sent + len(frames)]:
+                                if item.lease is not None:
+                                    outstanding.add(item.lease.lease_token)
+                                    self._tap.pushed(item.lease.lease_token)
+                            sent += len(frames)
+                        if stale:
+                            # Too stale to hand out: returned below, claimed afresh.
+                            break
             except TimeoutError:
                 raise StreamStalled(
                     f"a task frame could not be written by its batch's deadline;"
@@ -816,6 +949,26 @@ class _WorkStream:
                 await self._release(batch[sent:])
         if self._stopping:
             self._end_if_quiet()
+
+    def _next_pushes(
+        self, batch: Sequence[LeasedTask], start: int, most: int, margin: timedelta
+    ) -> tuple[list[WorkResponse], bool]:
+        """The task frames of the next message: up to `most` of `batch` from
+        `start`, within PUSH_MESSAGE_BYTES (at least one), ending before the
+        first lease too stale to push (then True)."""
+        now = self._owner.clock.now()
+        frames: list[WorkResponse] = []
+        size = 0
+        for item in batch[start : start + max(most, 0)]:
+            until = item.lease.until if item.lease is not None else None
+            if until is not None and until - margin <= now:
+                return frames, True
+            frame = task_frame(item)
+            size += len(frame._wire)
+            if frames and size > PUSH_MESSAGE_BYTES:
+                break
+            frames.append(frame)
+        return frames, False
 
     def _within_budget(self, batch: Sequence[LeasedTask]) -> int:
         """How many of `batch` fit `PUSH_BUDGET_BYTES` (at least one)."""
@@ -883,10 +1036,20 @@ class _Wire(Preencoded, WorkResponse):
     """A `WorkResponse` that carries its own encoding."""
 
 
-def task_frame(leased: LeasedTask) -> WorkResponse:
+def task_frame(leased: LeasedTask) -> _Wire:
     """`WorkResponse(task=leased)`, encoded once, here."""
     frame = _Wire(task=leased)
     frame._wire = encode_work_push(leased)
+    return frame
+
+
+def batch_frame(frames: Sequence[WorkResponse]) -> WorkResponse:
+    """`WorkResponse(batch=WorkResponseBatch(responses=frames))`, encoded from
+    the frames' own encodings."""
+    frame = _Wire(batch=build(WorkResponseBatch, responses=list(frames)))
+    frame._wire = encode_work_response_batch(
+        [item._wire if isinstance(item, Preencoded) else encode(item) for item in frames]
+    )
     return frame
 
 
@@ -900,6 +1063,29 @@ def ok_frame(request_id: int) -> WorkResponse:
 def _error_frame(request_id: int, code: ErrorCode, message: str, **metadata: str) -> WorkResponse:
     detail = ErrorDetail(code=code, message=message, metadata=metadata)
     return WorkResponse(result=WorkResult(request_id=request_id, error=detail))
+
+
+def _batch_requests(batch: WorkRequestBatch) -> list[WorkRequest]:
+    """The commands of a batch, or the INVALID_ARGUMENT that ends the stream."""
+    requests = batch.requests
+    if not requests:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT, "batch.requests: a batch holds at least one command"
+        )
+    if len(requests) > limits.MAX_WORK_BATCH:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"batch.requests: {len(requests)} commands exceed MAX_WORK_BATCH"
+            f" ({limits.MAX_WORK_BATCH})",
+        )
+    for index, request in enumerate(requests):
+        for name in ("batch", "register"):
+            if getattr(request, name) is not None:
+                raise GRPCError(
+                    Status.INVALID_ARGUMENT,
+                    f"batch.requests[{index}].{name}: a batch cannot hold `{name}`",
+                )
+    return requests
 
 
 def _no_reset(*args: Any, **kwargs: Any) -> None:

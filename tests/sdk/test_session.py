@@ -22,6 +22,7 @@ No trio, no sockets, no clock: time is a number the tests pass in.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -39,12 +40,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ringo_trio._wire.protocol import CANCELLED_REASON, OPERATE_MINOR
+from ringo_trio._wire.protocol import BATCH_MINOR, CANCELLED_REASON, OPERATE_MINOR
 from ringo_trio._work._session import (
     _TRANSITIONS,
     CANCELLED_BY_OPERATOR,
     CREDIT_CAPACITY_REASON,
     MAX_CREDIT_REFUSALS,
+    Answered,
     CancelHandler,
     CommandDone,
     CommandError,
@@ -58,6 +60,7 @@ from ringo_trio._work._session import (
     Outcome,
     Output,
     Progress,
+    Pushed,
     Register,
     RemoteProtocolError,
     SessionBroken,
@@ -360,7 +363,7 @@ class SessionMachine(RuleBasedStateMachine):
         concurrency=st.integers(0, 4),
         max_concurrency=st.integers(1, 4),
         dynamic=st.booleans(),
-        minor=st.sampled_from([2, 5, 6, 7, OPERATE_MINOR]),
+        minor=st.sampled_from([2, 5, 6, 7, OPERATE_MINOR, BATCH_MINOR]),
         lease=st.sampled_from([3.0, 6.0, 9.0]),
         timeout_leases=st.sampled_from([2.0, 5.0, 1000.0]),
         backlog=st.integers(0, 8),
@@ -406,6 +409,8 @@ class SessionMachine(RuleBasedStateMachine):
         self.sent: dict[int, Sent] = {}
         self.unanswered: dict[int, Sent] = {}
         self.violations: list[str] = []
+        # Every output the machine carried out, in order (see `deliver_batch`).
+        self.applied: list[Output] = []
         self._send(self.session.register(), source="register")
 
     # -- plumbing ----------------------------------------------------------
@@ -443,6 +448,7 @@ class SessionMachine(RuleBasedStateMachine):
         self.daemon.receive(frame)
 
     def _apply(self, outputs: list[Output], *, source: str) -> None:
+        self.applied += outputs
         for out in outputs:
             if isinstance(out, Register | Credit | Settle | Extend | Progress | Drain):
                 self._send(out, source=source)
@@ -629,6 +635,45 @@ class SessionMachine(RuleBasedStateMachine):
                 break
             self._deliver(self.daemon.outbox.popleft())
             self._drive()
+
+    @precondition(
+        lambda self: (
+            not self.ended
+            and self.session.minor >= BATCH_MINOR
+            and self.session.state in (State.ACTIVE, State.DRAINING)
+            and isinstance(self.daemon.outbox[0] if self.daemon.outbox else None, Push | Result)
+        )
+    )
+    @rule(count=st.integers(1, 6))
+    def deliver_batch(self, count: int) -> None:
+        """Property: a batch is the same as its elements in order. The next
+        pushes and results in transit (up to `count`) arrive as one batch
+        frame: a copy of the session takes the batch, the session itself takes
+        the elements one by one (with every check of `_deliver`); both must
+        give the same outputs in the same order and end in the same state.
+        The copy then carries on, so later steps run on a batch-fed session."""
+        outbox = self.daemon.outbox
+        messages: list[Push | Result] = []
+        while outbox and len(messages) < count and isinstance(outbox[0], Push | Result):
+            message = outbox.popleft()
+            assert isinstance(message, Push | Result)
+            messages.append(message)
+        items: list[Pushed | Answered] = [
+            Pushed(m.key, m.token, m.until - self.now)
+            if isinstance(m, Push)
+            else Answered(m.request_id, m.error)
+            for m in messages
+        ]
+        batched = copy.deepcopy(self.session)
+        batch_outputs: list[Output] = []
+        batched.batch(items, self.now, batch_outputs)
+        applied = len(self.applied)
+        for message in messages:
+            self._deliver(message)
+        assert batch_outputs == self.applied[applied:]
+        assert session_state(batched) == session_state(self.session)
+        self.session = batched
+        self._drive()
 
     @precondition(lambda self: not self.ended)
     @rule(chance=RARELY)
@@ -926,7 +971,7 @@ B = LeaseKey("b", 1)
 def session_in(state: State) -> WorkSession:
     """A fresh session brought into ``state`` through the public methods; from
     ACTIVE on it holds lease A, has credit left and a progress report pending."""
-    session = WorkSession(concurrency=3, minor=7)
+    session = WorkSession(concurrency=3, minor=BATCH_MINOR)
     if state is State.IDLE:
         return session
     session.register()
@@ -950,6 +995,11 @@ def session_in(state: State) -> WorkSession:
     return session
 
 
+def session_state(session: WorkSession) -> dict[str, object]:
+    """Everything a session holds, comparable across copies."""
+    return {**vars(session), "_tiebreak": repr(session._tiebreak)}
+
+
 def _pending_id(session: WorkSession) -> int:
     return next(iter(session._pending), 1)
 
@@ -969,6 +1019,7 @@ APPLY: dict[Input, Callable[[WorkSession], object]] = {
     Input.RECV_TASK: lambda s: s.task_pushed(B, "tok-b", LEASE, NOW),
     Input.RECV_RESULT: lambda s: s.result(_pending_id(s), None, NOW),
     Input.RECV_HEARTBEAT: lambda s: s.heartbeat(),
+    Input.RECV_BATCH: lambda s: s.batch([Answered(_pending_id(s), None)], NOW, []),
     Input.END: lambda s: s.end(),
 }
 
@@ -1324,3 +1375,49 @@ def test_a_resize_never_lets_new_work_replace_a_cancelled_handler() -> None:
     session.result(resize.request_id, None, 3.0)
     assert session.in_flight == 3 == session.concurrency
     assert session.credit_mirror == 0
+
+
+# -- batch frames (minor >= 10) ------------------------------------------------
+
+
+def _active(minor: int) -> tuple[WorkSession, Credit]:
+    session = WorkSession(concurrency=3, minor=minor)
+    session.register()
+    (credit,) = session.registered(
+        lease_duration=LEASE, max_concurrency=3, ordered_request_ids=True, now=NOW
+    )
+    assert isinstance(credit, Credit)
+    return session, credit
+
+
+@pytest.mark.parametrize("minor", [OPERATE_MINOR, BATCH_MINOR])
+def test_a_batch_is_refused_below_its_minor_and_when_empty(minor: int) -> None:
+    """A batch frame on a stream older than minor 10 breaks the protocol
+    (the daemon must never send one there), and so does an empty batch."""
+    session, credit = _active(minor)
+    items: list[Pushed | Answered] = [Answered(credit.request_id, None)]
+    out: list[Output] = []
+    with pytest.raises(RemoteProtocolError):
+        session.batch(items if minor < BATCH_MINOR else [], NOW, out)
+    assert session.state is State.ERROR
+    assert out == []
+
+
+def test_a_batch_broken_part_way_keeps_what_its_first_elements_asked_for() -> None:
+    """Property: a batch is the same as its elements in order, also when one
+    of them breaks the protocol: what the elements before it asked for is in
+    `out` (to be carried out, as it would have been one by one), the session
+    is in ERROR, and nothing after the bad element was taken."""
+    session, credit = _active(BATCH_MINOR)
+    out: list[Output] = []
+    items: list[Pushed | Answered] = [
+        Answered(credit.request_id, None),
+        Pushed(A, "tok-a", LEASE),
+        Answered(2**63, None),
+        Pushed(B, "tok-b", LEASE),
+    ]
+    with pytest.raises(RemoteProtocolError):
+        session.batch(items, NOW, out)
+    assert out == [StartHandler(A)]
+    assert session.state is State.ERROR
+    assert session.in_flight == 1

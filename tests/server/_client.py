@@ -33,6 +33,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkerRegistered,
     WorkerRegistration,
     WorkRequest,
+    WorkRequestBatch,
     WorkResponse,
     WorkResult,
 )
@@ -203,6 +204,8 @@ class WorkStream:
         self.sent_ids: list[int] = []
         self.answers: list[WorkResult] = []
         self.heartbeats: list[WorkResponse] = []
+        # The element count of each batch frame received.
+        self.batches: list[int] = []
         self.ended = False
 
     async def send_register(self, queue: str, **fields: Any) -> None:
@@ -228,11 +231,37 @@ class WorkStream:
         self.sent_ids.append(request_id)
         return len(self.sent_ids) - 1
 
+    async def send_batch(self, *commands: dict[str, Any]) -> list[int]:
+        """Send `commands` (each the body of one WorkRequest, with an optional
+        ``request_id``) as one batch frame; their positions among the commands."""
+        requests = []
+        for body in commands:
+            body = dict(body)
+            request_id = body.pop("request_id", None)
+            if request_id is None:
+                request_id = max(self.sent_ids, default=0) + 1
+            requests.append(WorkRequest(request_id=request_id, **body))
+            self.sent_ids.append(request_id)
+        await self.stream.send_message(WorkRequest(batch=WorkRequestBatch(requests=requests)))
+        return list(range(len(self.sent_ids) - len(commands), len(self.sent_ids)))
+
     async def frame(self) -> WorkResponse | None:
         response = await self.stream.recv_message()
         if response is None:
             self.ended = True
             return None
+        if response.batch is not None:
+            # Minor >= 10: exactly its elements, in order.
+            assert response.batch.responses, "an empty batch"
+            for element in response.batch.responses:
+                assert element.task is not None or element.result is not None, element
+                self._take(element)
+            self.batches.append(len(response.batch.responses))
+        else:
+            self._take(response)
+        return response
+
+    def _take(self, response: WorkResponse) -> None:
         if response.task is not None:
             self.tasks.append(response.task)
         elif response.result is not None:
@@ -245,7 +274,6 @@ class WorkStream:
             self.answers.append(response.result)
         elif response.heartbeat is not None:
             self.heartbeats.append(response)
-        return response
 
     async def answer(self, index: int) -> WorkResult:
         """The result of the `index`-th command sent (reading frames until it comes)."""
@@ -280,6 +308,12 @@ class WorkStream:
             Status(int(trailers["grpc-status"])),
             decode_grpc_message(message) if message else "",
         )
+
+
+def elements(frame: WorkResponse | None) -> list[WorkResponse]:
+    """The frames `frame` stands for: a batch's elements in order, else itself."""
+    assert frame is not None, "the stream ended"
+    return list(frame.batch.responses) if frame.batch is not None else [frame]
 
 
 @asynccontextmanager

@@ -59,7 +59,7 @@ from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
-from ._client import Client, WorkStream, connect, new_queue, open_work, ref
+from ._client import Client, WorkStream, connect, elements, new_queue, open_work, ref
 
 pytestmark = pytest.mark.anyio
 
@@ -305,21 +305,19 @@ async def test_every_push_is_covered_by_the_credit_answered_before_it(
             mirror = 0
             answered = 0
             while answered < len(values):
-                frame = await work.frame()
-                assert frame is not None
-                if frame.task is not None:
-                    assert mirror > 0, "a task was pushed that no answered credit covered"
-                    mirror -= 1
-                elif frame.result is not None:
-                    ok(frame.result)
-                    mirror = sent[frame.result.request_id]
-                    answered += 1
+                for frame in elements(await work.frame()):
+                    if frame.task is not None:
+                        assert mirror > 0, "a task was pushed that no answered credit covered"
+                        mirror -= 1
+                    elif frame.result is not None:
+                        ok(frame.result)
+                        mirror = sent[frame.result.request_id]
+                        answered += 1
             # The last credit is spent to the end and nothing more arrives.
             while mirror:
-                frame = await work.frame()
-                assert frame is not None
-                if frame.task is not None:
-                    mirror -= 1
+                for frame in elements(await work.frame()):
+                    if frame.task is not None:
+                        mirror -= 1
             await anyio.sleep(SETTLE)
             ok(await work.call(credit=CreditUpdate(available=0)))
             assert mirror == 0
@@ -958,7 +956,7 @@ class FakeStream:
         return message
 
     async def send_message(self, message: WorkResponse) -> None:
-        if message.task is not None:
+        if message.task is not None or message.batch is not None:
             self.task_sends += 1
             if self._on_task is not None:
                 await self._on_task(self.task_sends)
@@ -976,12 +974,22 @@ class FakeStream:
 
     @property
     def tasks(self) -> list[LeasedTask]:
-        return [m.task for m in self.sent if m.task is not None]
+        return [m.task for sent in self.sent for m in elements(sent) if m.task is not None]
+
+
+@pytest.fixture(params=[9, 10], ids=["minor9", "minor10-split"])
+def push_minor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The in-process push tests at both frame forms: minor 9 sends a frame per
+    push; at minor 10 every message is cut down to one push, so a message's
+    fate is again one lease's (`test_a_batch_*` cover whole batches)."""
+    if request.param >= 10:
+        monkeypatch.setattr(_work, "PUSH_MESSAGE_BYTES", 1)
+    return int(request.param)
 
 
 @asynccontextmanager
 async def in_process(
-    tmp_path: Path, clock: Clock | None = None
+    tmp_path: Path, clock: Clock | None = None, minor: int = limits.PROTOCOL_MINOR
 ) -> AsyncIterator[tuple[QueueService, SQLiteEngine, Any]]:
     engine = SQLiteEngine(tmp_path / "ringo.db")
     await engine.open()
@@ -995,9 +1003,7 @@ async def in_process(
         wakeups=wakeups,
         reaper=LeaseReaper(engine, clock, wakeups),
     )
-    negotiated = await service.negotiate(
-        NegotiateRequest(protocol_major=1, protocol_minor=limits.PROTOCOL_MINOR)
-    )
+    negotiated = await service.negotiate(NegotiateRequest(protocol_major=1, protocol_minor=minor))
     context = RequestContext(1, negotiated.protocol_minor, negotiated.session_token)
     try:
         yield service, engine, context
@@ -1037,7 +1043,9 @@ async def _assert_returned(
     assert not old_tokens & {t.lease.lease_token for t in again if t.lease}
 
 
-async def test_a_push_whose_send_fails_returns_the_unsent_tasks(tmp_path: Path) -> None:
+async def test_a_push_whose_send_fails_returns_the_unsent_tasks(
+    tmp_path: Path, push_minor: int
+) -> None:
     """Property (seed 004): a claimed batch whose push fails part-way leaves
     the delivered lease with the worker and returns every lease not yet sent
     — the failed one included — to PENDING with its attempt unspent; the
@@ -1048,7 +1056,7 @@ async def test_a_push_whose_send_fails_returns_the_unsent_tasks(tmp_path: Path) 
             raise RuntimeError("the wire broke")
 
     with anyio.fail_after(10):
-        async with in_process(tmp_path) as (service, engine, context):
+        async with in_process(tmp_path, minor=push_minor) as (service, engine, context):
             stream = FakeStream(fail_second)
             task_ids, serving = await _start(service, engine, context, stream, credit=3)
             with pytest.raises(GRPCError) as failure:
@@ -1063,7 +1071,9 @@ async def test_a_push_whose_send_fails_returns_the_unsent_tasks(tmp_path: Path) 
             assert len(service.work_streams) == 0
 
 
-async def test_a_push_cancelled_mid_send_returns_every_unsent_task(tmp_path: Path) -> None:
+async def test_a_push_cancelled_mid_send_returns_every_unsent_task(
+    tmp_path: Path, push_minor: int
+) -> None:
     """Property (seed 004): when the stream is cancelled (the worker vanished)
     while a push is in flight, no lease of the claimed batch stays taken: all
     return to PENDING with their attempts unspent."""
@@ -1074,7 +1084,7 @@ async def test_a_push_cancelled_mid_send_returns_every_unsent_task(tmp_path: Pat
         await asyncio.Event().wait()
 
     with anyio.fail_after(10):
-        async with in_process(tmp_path) as (service, engine, context):
+        async with in_process(tmp_path, minor=push_minor) as (service, engine, context):
             stream = FakeStream(hang)
             task_ids, serving = await _start(service, engine, context, stream, credit=3)
             await blocked.wait()
@@ -1087,7 +1097,9 @@ async def test_a_push_cancelled_mid_send_returns_every_unsent_task(tmp_path: Pat
             await _assert_returned(engine, task_ids, [])
 
 
-async def test_a_drain_that_overtakes_a_batch_returns_its_rest(tmp_path: Path) -> None:
+async def test_a_drain_that_overtakes_a_batch_returns_its_rest(
+    tmp_path: Path, push_minor: int
+) -> None:
     """Property: credit withdrawn while a batch is being pushed (here by a
     drain) stops the batch at once; the leases not yet sent go back to PENDING
     with their attempts unspent, and the stream carries on."""
@@ -1100,7 +1112,7 @@ async def test_a_drain_that_overtakes_a_batch_returns_its_rest(tmp_path: Path) -
             await gate.wait()
 
     with anyio.fail_after(10):
-        async with in_process(tmp_path) as (service, engine, context):
+        async with in_process(tmp_path, minor=push_minor) as (service, engine, context):
             stream = FakeStream(hold_first)
             task_ids, serving = await _start(service, engine, context, stream, credit=3)
             await blocked.wait()
@@ -1120,7 +1132,9 @@ async def test_a_drain_that_overtakes_a_batch_returns_its_rest(tmp_path: Path) -
             await _assert_returned(engine, rest, [])
 
 
-async def test_shutdown_waits_for_a_push_in_flight_to_be_settled(tmp_path: Path) -> None:
+async def test_shutdown_waits_for_a_push_in_flight_to_be_settled(
+    tmp_path: Path, push_minor: int
+) -> None:
     """Property: a shutdown that lands while a task frame is on its way does
     not end the stream under the worker: once sent, that lease is
     outstanding, so the stream stays until the worker settles it (and its
@@ -1133,7 +1147,7 @@ async def test_shutdown_waits_for_a_push_in_flight_to_be_settled(tmp_path: Path)
         await gate.wait()
 
     with anyio.fail_after(10):
-        async with in_process(tmp_path) as (service, engine, context):
+        async with in_process(tmp_path, minor=push_minor) as (service, engine, context):
             stream = FakeStream(hold_first)
             _, serving = await _start(service, engine, context, stream, credit=1)
             await blocked.wait()

@@ -20,12 +20,16 @@ from ringo_trio._proto.ringo.v1 import (
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server._work import LEASE_MARGIN
 
-from .test_work import FakeStream, in_process
+from .test_work import FakeStream, in_process, push_minor
+
+__all__ = ["push_minor"]  # a fixture of this module too
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_lease_that_aged_in_the_batch_is_claimed_afresh(tmp_path: Path) -> None:
+async def test_a_lease_that_aged_in_the_batch_is_claimed_afresh(
+    tmp_path: Path, push_minor: int
+) -> None:
     """Property: a push never starts with less than the lease's margin left. When
     a slow send ages the rest of a batch past that point, those leases go
     back (PENDING, attempt unspent) and the worker gets the tasks under fresh
@@ -42,7 +46,7 @@ async def test_a_lease_that_aged_in_the_batch_is_claimed_afresh(tmp_path: Path) 
             blocked.set()
             await gate.wait()
 
-    async with in_process(tmp_path, clock) as (service, engine, context):
+    async with in_process(tmp_path, clock, push_minor) as (service, engine, context):
         outcomes = await engine.enqueue("q", [TaskSpec(task_type="t")] * 3, clock.now())
         task_ids = [o.task.id for o in outcomes if o.task is not None]
         stream = FakeStream(slow_first)

@@ -63,7 +63,9 @@ __all__ = (
     "TaskState",
     "TaskTypeStats",
     "WorkRequest",
+    "WorkRequestBatch",
     "WorkResponse",
+    "WorkResponseBatch",
     "WorkResult",
     "WorkerDrain",
     "WorkerRegistered",
@@ -1331,8 +1333,30 @@ class WorkRequest(betterproto2.Message):
         10, betterproto2.TYPE_MESSAGE, optional=True, group="body"
     )
 
+    batch: "WorkRequestBatch | None" = betterproto2.field(
+        11, betterproto2.TYPE_MESSAGE, optional=True, group="body"
+    )
+    """
+    Minor >= 10: several commands in one message (see WorkRequestBatch).
+    """
+
 
 default_message_pool.register_message("ringo.v1", "WorkRequest", WorkRequest)
+
+
+@dataclass(eq=False, repr=False)
+class WorkRequestBatch(betterproto2.Message):
+    """
+    Minor >= 10: exactly its commands, executed in order, as if each had come
+    in its own WorkRequest (each keeps its own request_id). 1..MAX_WORK_BATCH
+    elements; none may be a `register` or another `batch`. The daemon answers
+    it with one WorkResponseBatch holding one result per element, in order.
+    """
+
+    requests: "list[WorkRequest]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+
+
+default_message_pool.register_message("ringo.v1", "WorkRequestBatch", WorkRequestBatch)
 
 
 @dataclass(eq=False, repr=False)
@@ -1360,8 +1384,32 @@ class WorkResponse(betterproto2.Message):
         4, betterproto2.TYPE_MESSAGE, optional=True, group="body"
     )
 
+    batch: "WorkResponseBatch | None" = betterproto2.field(
+        5, betterproto2.TYPE_MESSAGE, optional=True, group="body"
+    )
+    """
+    Minor >= 10: several frames in one message (see WorkResponseBatch).
+    """
+
 
 default_message_pool.register_message("ringo.v1", "WorkResponse", WorkResponse)
+
+
+@dataclass(eq=False, repr=False)
+class WorkResponseBatch(betterproto2.Message):
+    """
+    Minor >= 10: exactly its frames, in order, as if each had come in its own
+    WorkResponse: the pushes of one claim, or the results of one
+    WorkRequestBatch. 1..MAX_WORK_BATCH elements; none is a `registered` or
+    another `batch`.
+    """
+
+    responses: "list[WorkResponse]" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+
+default_message_pool.register_message("ringo.v1", "WorkResponseBatch", WorkResponseBatch)
 
 
 @dataclass(eq=False, repr=False)
