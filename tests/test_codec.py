@@ -48,7 +48,9 @@ from ringo_trio._proto.ringo.v1 import (
     Task,
     TaskSpec,
     WorkRequest,
+    WorkRequestBatch,
     WorkResponse,
+    WorkResponseBatch,
     WorkResult,
 )
 from ringo_trio._wire import frames
@@ -726,3 +728,87 @@ def test_build_is_the_constructor_without_its_cost() -> None:
     assert encode(build(LeaseRef, task_id="t")) == bytes(LeaseRef(task_id="t"))
     with pytest.raises(TypeError):
         build(Task, nope=1)
+
+
+# -- batch frames (minor >= 10) ------------------------------------------------------
+
+
+@PROPERTY
+@given(
+    st.lists(
+        st.one_of(
+            messages(LeasedTask, BETTERPROTO_DURATIONS, nan=False).map(frames.encode_work_push),
+            st.builds(
+                frames.encode_work_result,
+                st.integers(0, 2**64 - 1),
+                st.none() | messages(ErrorDetail),
+                st.none() | LEASES,
+            ),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_push_and_result_batches(elements: list[bytes]) -> None:
+    """Property: a batch of encoded pushes and results parses back (betterproto2
+    and the shared codec alike) as WorkResponse(batch=...) of exactly those
+    frames in order, and the SDK reads it as the list of what it reads each
+    frame as."""
+    data = frames.encode_work_response_batch(elements)
+    expected = WorkResponse(
+        batch=WorkResponseBatch(responses=[WorkResponse.parse(e) for e in elements])
+    )
+    assert WorkResponse.parse(data) == expected
+    assert decode(data, WorkResponse) == expected
+    singles = [_frames.decode_work_response(e) for e in elements]
+    if any(isinstance(single, WorkResponse) for single in singles):
+        # A push without its task or lease is no push the SDK can take.
+        with pytest.raises(ValueError, match=r"batch\.responses\[\d+\]"):
+            _frames.decode_work_response(data)
+    else:
+        assert _frames.decode_work_response(data) == singles
+
+
+@PROPERTY
+@given(
+    st.lists(
+        st.one_of(
+            st.builds(
+                frames.encode_ack,
+                st.integers(0, 2**64 - 1),
+                st.text(),
+                st.integers(0, 9),
+                st.text(),
+            ),
+            st.builds(
+                frames.encode_credit,
+                st.integers(0, 2**64 - 1),
+                st.integers(0, 2**32 - 1),
+                st.none() | st.integers(0, 2**32 - 1),
+            ),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_command_batches(elements: list[bytes]) -> None:
+    """Property: a batch of encoded commands parses back as
+    WorkRequest(batch=...) of exactly those commands in order."""
+    data = frames.encode_work_request_batch(elements)
+    expected = WorkRequest(
+        batch=WorkRequestBatch(requests=[WorkRequest.parse(e) for e in elements])
+    )
+    assert WorkRequest.parse(data) == expected
+    assert decode(data, WorkRequest) == expected
+
+
+def test_a_heartbeat_or_a_nested_batch_in_a_batch_is_refused_by_the_sdk() -> None:
+    """A batch holds pushes and results only: the SDK refuses anything else
+    in one (the driver then ends the stream as broken)."""
+    for inner in (
+        WorkResponse(heartbeat=Heartbeat()),
+        WorkResponse(batch=WorkResponseBatch(responses=[WorkResponse(result=WorkResult())])),
+    ):
+        data = frames.encode_work_response_batch([bytes(inner)])
+        with pytest.raises(ValueError, match=r"batch\.responses\[0\]"):
+            _frames.decode_work_response(data)

@@ -594,6 +594,10 @@ class _WorkStream:
                 answers[index] = refusal
                 continue
             name, body = betterproto2.which_one_of(request, "body")
+            if name == "batch":
+                # Below BATCH_MINOR: refused as an older daemon refuses a
+                # body it does not know (it sees none).
+                name, body = "", None
             if name in _SETTLEMENTS:
                 try:
                     group.append((index, name, body, self._settlement(name, body)))

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import anyio
 import pytest
 
-from ringo_trio import Ringo, RingoClient
+from ringo_trio import Ringo, RingoClient, _limits
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 
@@ -28,6 +28,15 @@ def pid_alive(pid: int) -> bool:
         return False
     # The state letter follows the parenthesised command name.
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+@pytest.fixture(params=[9, 10], ids=["minor9", "minor10"])
+def sdk_minor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The Work-stream tests that matter run at both frame forms: the SDK
+    negotiates minor 9 (a frame per command and per push) or 10 (batch
+    frames both ways)."""
+    monkeypatch.setattr(_limits, "PROTOCOL_MINOR", request.param)
+    return int(request.param)
 
 
 @pytest.fixture

@@ -67,7 +67,7 @@ class Started:
 
 
 async def test_cancelling_run_releases_every_lease_without_spending_attempts(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, sdk_minor: int
 ) -> None:
     """Cancellation = drain: an outer cancel scope around ``run`` stops it, and
     before ``run`` returns every lease is back — PENDING, attempt not spent,

@@ -74,7 +74,9 @@ async def running(worker: Worker) -> AsyncIterator[trio.Nursery]:
 # -- outcomes -------------------------------------------------------------------
 
 
-async def test_outcomes_follow_what_the_handler_does(tmp_path: pathlib.Path) -> None:
+async def test_outcomes_follow_what_the_handler_does(
+    tmp_path: pathlib.Path, sdk_minor: int
+) -> None:
     """Returning acks (SUCCEEDED), RetryTaskError nacks with its delay,
     PermanentTaskError rejects (DEAD), any other exception nacks with its text."""
     with trio.fail_after(30):
@@ -116,7 +118,7 @@ async def test_outcomes_follow_what_the_handler_does(tmp_path: pathlib.Path) -> 
 
 
 async def test_every_task_is_worked_exactly_once_and_concurrency_is_a_bound(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, sdk_minor: int
 ) -> None:
     """No task lost, none worked twice when nothing fails, and never more
     handlers at once than the worker's concurrency (the credit bound)."""
@@ -151,7 +153,9 @@ async def test_every_task_is_worked_exactly_once_and_concurrency_is_a_bound(
             assert peak == 8
 
 
-async def test_report_progress_is_stored_and_correlated(tmp_path: pathlib.Path) -> None:
+async def test_report_progress_is_stored_and_correlated(
+    tmp_path: pathlib.Path, sdk_minor: int
+) -> None:
     """report_progress travels on the Work stream, waits for its own result,
     and the daemon stores it on the task."""
     with trio.fail_after(30):
@@ -450,7 +454,9 @@ class Interruptible:
         self._release.set()
 
 
-async def test_daemon_sigkill_mid_stream_loses_nothing(tmp_path: pathlib.Path) -> None:
+async def test_daemon_sigkill_mid_stream_loses_nothing(
+    tmp_path: pathlib.Path, sdk_minor: int
+) -> None:
     """The local daemon SIGKILLed mid-stream: running handlers are cancelled,
     the worker reconnects to the restarted daemon, no task is lost and every
     task ends SUCCEEDED."""

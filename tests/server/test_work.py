@@ -81,6 +81,13 @@ def heartbeat_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemo
         yield process
 
 
+@pytest.fixture(params=[9, 10], ids=["minor9", "minor10"])
+def work_minor(request: pytest.FixtureRequest) -> int:
+    """The stream tests that matter run at both frame forms: minor 9 (a frame
+    per push and per result) and minor 10 (pushes in batch frames)."""
+    return int(request.param)
+
+
 @asynccontextmanager
 async def worker(client: Client, queue: str, **registration: Any) -> AsyncIterator[WorkStream]:
     """A registered Work stream on `queue`."""
@@ -249,13 +256,18 @@ async def test_a_refusal_reaches_a_grpclib_client_as_its_status(daemon: DaemonPr
 # -- credit --------------------------------------------------------------------
 
 
-async def test_credit_is_absolute_and_bounds_every_push(daemon: DaemonProcess) -> None:
+async def test_credit_is_absolute_and_bounds_every_push(
+    daemon: DaemonProcess, work_minor: int
+) -> None:
     """Property: credit is absolute ("`available` more from now on"): the
     daemon pushes exactly that many, a later update replaces (never adds to)
     it, and credit 0 stops pushes."""
     queue = new_queue()
     with anyio.fail_after(15):
-        async with connect(daemon) as client, worker(client, queue, max_concurrency=20) as work:
+        async with (
+            connect(daemon, minor=work_minor) as client,
+            worker(client, queue, max_concurrency=20) as work,
+        ):
             await enqueue_n(client, queue, 5)
             ok(await work.call(credit=CreditUpdate(available=2)))
             await work.wait_tasks(2)
@@ -285,7 +297,7 @@ async def test_credit_is_absolute_and_bounds_every_push(daemon: DaemonProcess) -
 
 
 async def test_every_push_is_covered_by_the_credit_answered_before_it(
-    daemon: DaemonProcess,
+    daemon: DaemonProcess, work_minor: int
 ) -> None:
     """Property (what lets a worker mirror its credit exactly): on the wire,
     every push spends the credit whose result came before it — a credit
@@ -296,7 +308,10 @@ async def test_every_push_is_covered_by_the_credit_answered_before_it(
     queue = new_queue()
     values = [3, 0, 7, 2, 5, 1, 0, 9, 4, 6, 2, 8, 0, 3, 5] * 3
     with anyio.fail_after(20):
-        async with connect(daemon) as client, worker(client, queue, max_concurrency=10_000) as work:
+        async with (
+            connect(daemon, minor=work_minor) as client,
+            worker(client, queue, max_concurrency=10_000) as work,
+        ):
             await enqueue_n(client, queue, 400)
             sent = {}
             for value in values:
@@ -324,7 +339,7 @@ async def test_every_push_is_covered_by_the_credit_answered_before_it(
 
 
 async def test_credit_beyond_capacity_is_refused_until_leases_are_settled(
-    daemon: DaemonProcess,
+    daemon: DaemonProcess, work_minor: int
 ) -> None:
     """Property: pushed-and-unsettled ≤ capacity is enforced by the daemon. A
     credit with available + outstanding > capacity is RESOURCE_EXHAUSTED
@@ -333,7 +348,10 @@ async def test_credit_beyond_capacity_is_refused_until_leases_are_settled(
     the stream."""
     queue = new_queue()
     with anyio.fail_after(15):
-        async with connect(daemon) as client, worker(client, queue, max_concurrency=2) as work:
+        async with (
+            connect(daemon, minor=work_minor) as client,
+            worker(client, queue, max_concurrency=2) as work,
+        ):
             refused(
                 await work.call(credit=CreditUpdate(available=3)),
                 ErrorCode.RESOURCE_EXHAUSTED,
@@ -364,13 +382,18 @@ async def test_credit_beyond_capacity_is_refused_until_leases_are_settled(
             ok(await work.call(credit=CreditUpdate(available=2)))
 
 
-async def test_target_concurrency_is_the_capacity_from_then_on(daemon: DaemonProcess) -> None:
+async def test_target_concurrency_is_the_capacity_from_then_on(
+    daemon: DaemonProcess, work_minor: int
+) -> None:
     """Property (minor ≥ 2): a credit's target_concurrency replaces the
     capacity the refusal rule uses, upwards and downwards, and a refused update
     leaves the old capacity in place."""
     queue = new_queue()
     with anyio.fail_after(15):
-        async with connect(daemon) as client, worker(client, queue, max_concurrency=1) as work:
+        async with (
+            connect(daemon, minor=work_minor) as client,
+            worker(client, queue, max_concurrency=1) as work,
+        ):
             await enqueue_n(client, queue, 5)
             ok(await work.call(credit=CreditUpdate(available=3, target_concurrency=3)))
             leases = await work.wait_tasks(3)
@@ -465,14 +488,14 @@ async def test_ordered_ids_refuse_a_non_increasing_id_without_executing_it(
 
 
 async def test_every_command_is_answered_once_in_order_with_its_own_id(
-    daemon: DaemonProcess,
+    daemon: DaemonProcess, work_minor: int
 ) -> None:
     """Property: each command — valid or not, whatever it fails with — gets
     exactly one result carrying its request_id, in the order the commands
     were sent, and the stream survives every refusal."""
     queue = new_queue()
     with anyio.fail_after(15):
-        async with connect(daemon) as client, worker(client, queue) as work:
+        async with connect(daemon, minor=work_minor) as client, worker(client, queue) as work:
             await enqueue_n(client, queue, 2)
             ok(await work.call(1, credit=CreditUpdate(available=2)))
             a, b = await work.wait_tasks(2)
@@ -537,7 +560,7 @@ async def test_every_command_is_answered_once_in_order_with_its_own_id(
 
 
 async def test_lease_commands_on_the_stream_mirror_the_unary_rpcs(
-    daemon: DaemonProcess,
+    daemon: DaemonProcess, work_minor: int
 ) -> None:
     """Property: ack, nack, reject, extend_lease and progress on the stream do
     what the unary RPCs do (observed with GetTask): SUCCEEDED; PENDING after
@@ -545,7 +568,7 @@ async def test_lease_commands_on_the_stream_mirror_the_unary_rpcs(
     extension, returned in the result; progress stored on the task."""
     queue = new_queue()
     with anyio.fail_after(15):
-        async with connect(daemon) as client, worker(client, queue) as work:
+        async with connect(daemon, minor=work_minor) as client, worker(client, queue) as work:
             ids = await enqueue_n(client, queue, 5)
             ok(await work.call(credit=CreditUpdate(available=5)))
             leased = {t.task.id: t for t in await work.wait_tasks(5) if t.task}
@@ -594,14 +617,16 @@ async def test_lease_commands_on_the_stream_mirror_the_unary_rpcs(
             assert task.state is TaskState.LEASED
 
 
-async def test_a_nack_on_the_stream_wakes_an_idle_stream(daemon: DaemonProcess) -> None:
+async def test_a_nack_on_the_stream_wakes_an_idle_stream(
+    daemon: DaemonProcess, work_minor: int
+) -> None:
     """Property: a nack on the stream notifies the queue like the unary Nack:
     another stream idling on the queue receives the next attempt at once
     (not when the old lease would have expired)."""
     queue = new_queue()
     with anyio.fail_after(10):
         async with (
-            connect(daemon) as client,
+            connect(daemon, minor=work_minor) as client,
             worker(client, queue, worker_id="a") as first,
             worker(client, queue, worker_id="b") as second,
         ):
@@ -617,14 +642,16 @@ async def test_a_nack_on_the_stream_wakes_an_idle_stream(daemon: DaemonProcess) 
             assert again.lease.attempt == 2
 
 
-async def test_a_stale_lease_is_lease_lost_and_frees_its_slot(daemon: DaemonProcess) -> None:
+async def test_a_stale_lease_is_lease_lost_and_frees_its_slot(
+    daemon: DaemonProcess, work_minor: int
+) -> None:
     """Property: a command about a lease that is no longer live is answered
     LEASE_LOST (and changes nothing), and that lease stops counting against
     the stream's capacity."""
     queue = new_queue()
     with anyio.fail_after(15):
         async with (
-            connect(daemon) as client,
+            connect(daemon, minor=work_minor) as client,
             worker(client, queue, max_concurrency=1, lease_duration=timedelta(seconds=0.4)) as work,
         ):
             await enqueue_n(client, queue, 1)
@@ -655,7 +682,7 @@ async def test_a_stale_lease_is_lease_lost_and_frees_its_slot(daemon: DaemonProc
 
 
 async def test_a_release_returns_the_task_at_once_without_spending_its_attempt(
-    daemon: DaemonProcess,
+    daemon: DaemonProcess, work_minor: int
 ) -> None:
     """Property (minor 7): a released lease makes its task PENDING and claimable
     at once with its attempt count as before the lease — even with
@@ -665,7 +692,7 @@ async def test_a_release_returns_the_task_at_once_without_spending_its_attempt(
     queue = new_queue()
     with anyio.fail_after(15):
         async with (
-            connect(daemon) as client,
+            connect(daemon, minor=work_minor) as client,
             worker(client, queue, worker_id="a", max_concurrency=1) as first,
             worker(client, queue, worker_id="b") as second,
         ):
@@ -718,13 +745,13 @@ async def test_minor_6_refuses_release(daemon: DaemonProcess) -> None:
 # -- pushing -------------------------------------------------------------------
 
 
-async def test_an_enqueue_reaches_an_idle_stream(daemon: DaemonProcess) -> None:
+async def test_an_enqueue_reaches_an_idle_stream(daemon: DaemonProcess, work_minor: int) -> None:
     """Property: a registered stream with credit and nothing to claim sleeps
     on the queue's wake-up, so an enqueue is pushed at once — with no other
     work and no scheduled moment, nothing but the wake-up could deliver it."""
     queue = new_queue()
     with anyio.fail_after(10):
-        async with connect(daemon) as client, worker(client, queue) as work:
+        async with connect(daemon, minor=work_minor) as client, worker(client, queue) as work:
             ok(await work.call(credit=CreditUpdate(available=1)))
             await anyio.sleep(SETTLE)
             [task_id] = await enqueue_n(client, queue, 1)
@@ -736,14 +763,14 @@ async def test_an_enqueue_reaches_an_idle_stream(daemon: DaemonProcess) -> None:
 
 
 async def test_drain_stops_pushes_for_good_and_commands_still_work(
-    daemon: DaemonProcess,
+    daemon: DaemonProcess, work_minor: int
 ) -> None:
     """Property: after drain{begin} nothing more is pushed on the stream,
     later credit is OK but grants nothing, and results of running tasks are
     still accepted on it."""
     queue = new_queue()
     with anyio.fail_after(15):
-        async with connect(daemon) as client, worker(client, queue) as work:
+        async with connect(daemon, minor=work_minor) as client, worker(client, queue) as work:
             await enqueue_n(client, queue, 1)
             ok(await work.call(credit=CreditUpdate(available=3)))
             [held] = await work.wait_tasks(1)
@@ -758,15 +785,17 @@ async def test_drain_stops_pushes_for_good_and_commands_still_work(
             assert (await client.get(queue, held.task.id)).state is TaskState.SUCCEEDED
 
 
-async def test_two_streams_on_one_queue_both_receive_tasks(daemon: DaemonProcess) -> None:
+async def test_two_streams_on_one_queue_both_receive_tasks(
+    daemon: DaemonProcess, work_minor: int
+) -> None:
     """Property: dispatchers of one queue share it fairly — with ample credit
     on both, a burst is not swallowed by whichever stream woke first."""
     queue = new_queue()
     total = 200
     with anyio.fail_after(15):
         async with (
-            connect(daemon) as one,
-            connect(daemon) as two,
+            connect(daemon, minor=work_minor) as one,
+            connect(daemon, minor=work_minor) as two,
             worker(one, queue, worker_id="one", max_concurrency=total) as first,
             worker(two, queue, worker_id="two", max_concurrency=total) as second,
         ):
@@ -792,7 +821,7 @@ async def test_two_streams_on_one_queue_both_receive_tasks(daemon: DaemonProcess
 
 
 async def test_a_dropped_stream_keeps_its_leases_until_they_expire(
-    daemon: DaemonProcess,
+    daemon: DaemonProcess, work_minor: int
 ) -> None:
     """Property: when a worker's connection drops, its delivered leases stay
     LEASED (its handlers may still run); the task is handed out again only
@@ -800,10 +829,13 @@ async def test_a_dropped_stream_keeps_its_leases_until_they_expire(
     queue = new_queue()
     lease = timedelta(seconds=1.5)
     with anyio.fail_after(15):
-        async with connect(daemon) as client, worker(client, queue, worker_id="b") as other:
+        async with (
+            connect(daemon, minor=work_minor) as client,
+            worker(client, queue, worker_id="b") as other,
+        ):
             [task_id] = await enqueue_n(client, queue, 1)
             async with (
-                connect(daemon) as doomed,
+                connect(daemon, minor=work_minor) as doomed,
                 worker(doomed, queue, worker_id="a", lease_duration=lease) as work,
             ):
                 ok(await work.call(credit=CreditUpdate(available=1)))
