@@ -13,6 +13,12 @@ cancelled through the owner, waiters of commands are woken. `finish` ends
 the stream in order: answers awaited (bounded), session ended, send side
 closed. Encoding lives here too: the hot commands by the shared codec
 (`ringo_trio._wire.frames`), the rare ones by betterproto2.
+
+At minor >= 10 the transport's writer hands every frame queued when it wakes
+to `batch_frames`, which joins them into batch frames: handlers that finish
+together settle in one message, and nothing waits for a timer. A batch that
+arrives is fed to the session at once (`WorkSession.batch`) and what it asks
+for carried out in one `act`.
 """
 
 from __future__ import annotations

@@ -77,8 +77,16 @@ does not.
 
 *Version gating.* The session is built for the negotiated minor and owns
 what it implies: ordered request ids (minor >= 6), a target concurrency
-(minor >= 2; `FeatureUnavailable` otherwise), ``release`` (minor >= 7) and
-an ack's result value (minor >= 9; dropped below, `can_store_result`).
+(minor >= 2; `FeatureUnavailable` otherwise), ``release`` (minor >= 7), an
+ack's result value (minor >= 9; dropped below, `can_store_result`) and batch
+frames (minor >= 10).
+
+*Batches.* A batch frame (`batch`) is exactly its pushes and results in
+order: the session takes them as `task_pushed` and `result` would one by
+one, appending their outputs as it goes, so an element that breaks the
+protocol leaves in ``out`` what the elements before it asked for. A batch
+below minor 10, or an empty one, is a `RemoteProtocolError`. How the driver
+groups the frames it sends is not the session's business.
 
 *States.* ``IDLE → REGISTERING → ACTIVE → DRAINING → ENDED`` with one
 transition table (`_TRANSITIONS`); an input the table does not list for the

@@ -23,17 +23,31 @@ token is not looked at again, so a stream outlives its session's TTL.
 **Commands** are executed by the reader in arrival order, each answered by
 exactly one ``result`` that is built once and sent before the next frame is
 read: results come back in command order, with no task switch per command.
-Lease commands run the unary RPCs' own operations (`LeaseOps`, implemented by
-`QueueService`), with the same validation, storage call and wake-ups; the
+Lease commands run the unary RPCs' own validation and storage calls
+(`LeaseOps`, implemented by `QueueService`), with their wake-ups; the
 embedded ``context`` of a command is ignored (registration admitted the
-stream). A failure becomes the result's `ErrorDetail` (a lease that ended because
-its task was cancelled: ``LEASE_LOST`` with ``metadata.reason =
-"cancelled"``) and the stream goes
+stream). Acks, nacks and rejects go to storage through ONE function,
+`LeaseOps.apply_settlements` (`Storage.settle_many`): a lone one as a group
+of one, the consecutive ones of a batch as one group. A failure becomes the
+result's `ErrorDetail` (a lease that ended because its task was cancelled:
+``LEASE_LOST`` with ``metadata.reason = "cancelled"``) and the stream goes
 on — except when storage is unavailable (the database cannot be reached):
 that command is answered ``UNAVAILABLE`` and the stream ends with status
 ``UNAVAILABLE``, as it does when the dispatcher's claim hits an outage, so the
 worker reconnects instead of settling into a stream that cannot work. Its
 leases are left to expire, as for any stream that ends.
+
+**Batches** (minor >= 10): a ``batch`` of commands is exactly its commands
+in order (`_run`), answered by one batch of results. Its consecutive
+settlements are one storage call; any other command first settles the group
+before it, so every command sees the effects of those before it, as one by
+one. From the first credit or drain on, the batch runs under the send lock
+(a credit change and its result are one step on the wire, see *Credit*).
+After storage was found unavailable, the rest of the batch is answered
+``UNAVAILABLE`` without being executed, so the batch is still answered
+whole. A malformed batch (empty, over ``MAX_WORK_BATCH``, nested, holding
+``register``) ends the stream ``INVALID_ARGUMENT``; below minor 10 a batch
+is a body the stream does not know.
 
 **Credit.** Three numbers per stream: *credit* (pushes still allowed),
 *outstanding* (leases pushed on this stream that the worker has not settled
@@ -106,7 +120,11 @@ seconds sends ``heartbeat{server_time}``.
 
 **Cost.** Task frames and plain OK results, the hot path, are encoded where
 they are made (`task_frame`, `ok_frame`) by the shared codec
-(`ringo_trio._wire`), like every other frame at a fraction of betterproto2's cost.
+(`ringo_trio._wire`), like every other frame at a fraction of betterproto2's
+cost; a batch frame (`batch_frame`) joins its elements' encodings. From
+minor 10 a claim is pushed in as few messages as its credit allows (split
+at ``PUSH_MESSAGE_BYTES``): per task, the message, its h2 frame and its
+socket write were most of the daemon's CPU.
 """
 
 from __future__ import annotations
