@@ -166,6 +166,8 @@ async def test_resuming_worker_never_gets_an_expired_lease(daemon: DaemonProcess
             received = datetime.now(UTC)
             worker.close()
     frames = [WorkResponse.parse(message) for message in state.messages()]
+    # A batch frame (minor >= 10) is its elements.
+    frames = [m for frame in frames for m in (frame.batch.responses if frame.batch else [frame])]
     leases = [frame.task.lease for frame in frames if frame.task and frame.task.lease]
     assert all(lease.until > received for lease in leases), leases
     assert state.reset is not None
