@@ -360,18 +360,12 @@ def _read_payload(source: str) -> bytes:
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
-    delay = None
-    if args.delay is not None:
-        try:
-            delay = parse_duration(args.delay)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"--delay: {exc}") from None
     spec = TaskSpec(
         task_type=args.task_type,
         payload=_read_payload(args.payload),
         unique_key=args.key,
         max_attempts=args.max_attempts,
-        delay=delay,
+        delay=args.delay,
         priority=args.priority,
     )
     async with open_client(args) as client:
@@ -488,7 +482,9 @@ def add_commands(commands: Any) -> None:
         "--payload", default="", help="the payload: text, @FILE for a file's bytes, - for stdin"
     )
     enqueue.add_argument("--key", default=None, help="unique key (dedupe)")
-    enqueue.add_argument("--delay", default=None, help="run after this long, e.g. 5m, 2h")
+    enqueue.add_argument(
+        "--delay", type=_duration, default=None, help="run after this long, e.g. 5m, 2h"
+    )
     enqueue.add_argument("--priority", type=int, default=0)
     enqueue.add_argument("--max-attempts", type=int, default=None)
     _command(enqueue, _enqueue)
