@@ -506,7 +506,7 @@ async def _worker_main(args: argparse.Namespace, handler: Handler) -> int:
                         )
                     )
                 client = (
-                    Ringo.connect(args.endpoint, token=args.token or os.environ.get(TOKEN_ENV))
+                    _cli_ops.connect(args)
                     if args.endpoint is not None
                     else Ringo.local(args.data_dir, shared=args.shared)
                 )
@@ -554,6 +554,7 @@ def _worker_problems(args: argparse.Namespace) -> list[str]:
         problems.append("give exactly one of --endpoint and --data-dir")
     if args.token is not None and args.endpoint is None:
         problems.append("--token needs --endpoint")
+    problems += _cli_ops.tls_problems(args)
     if args.concurrency < 1:
         problems.append("--concurrency must be >= 1")
     if not args.lease_duration > 0:
@@ -633,6 +634,9 @@ def _run_supervise(args: argparse.Namespace) -> int:
                 processes=args.processes,
                 endpoint=args.endpoint,
                 token=args.token or (os.environ.get(TOKEN_ENV) if args.endpoint else None),
+                tls_ca=args.tls_ca,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
                 data_dir=args.data_dir,
                 concurrency=args.concurrency,
                 task_types=args.task_type,
@@ -790,6 +794,7 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
         help=f"bearer token for --endpoint (default: ${TOKEN_ENV}, which, unlike a flag,"
         " other users cannot read through ps)",
     )
+    _cli_ops.tls_options(parser)
     parser.add_argument(
         "-c", "--concurrency", type=int, default=1, help="handlers running at once (1)"
     )

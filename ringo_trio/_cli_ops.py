@@ -68,12 +68,42 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token", default=None, help=f"bearer token for --endpoint (default: ${TOKEN_ENV})"
     )
+    tls_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def tls_options(parser: argparse.ArgumentParser) -> None:
+    """--tls-ca/--tls-cert/--tls-key, for every command that takes --endpoint."""
+    tls = parser.add_argument_group("TLS (with --endpoint; any of them turns TLS on)")
+    tls.add_argument(
+        "--tls-ca", default=None, help="PEM bundle of the CA(s) to trust (default: the system's)"
+    )
+    tls.add_argument(
+        "--tls-cert", default=None, help="client certificate (PEM), for ringod --tls-client-ca"
+    )
+    tls.add_argument("--tls-key", default=None, help="the key of --tls-cert, if not in its file")
+
+
+def tls_problems(args: argparse.Namespace) -> list[str]:
+    if args.endpoint is None and (args.tls_ca or args.tls_cert or args.tls_key):
+        return ["--tls-ca, --tls-cert and --tls-key need --endpoint"]
+    return []
+
+
+def connect(args: argparse.Namespace) -> RingoClient:
+    """The client of `--endpoint` the options describe (token, TLS)."""
+    return Ringo.connect(
+        args.endpoint,
+        token=args.token or os.environ.get(TOKEN_ENV),
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
 
 
 def open_client(args: argparse.Namespace) -> AbstractAsyncContextManager[RingoClient]:
     if args.endpoint is not None:
-        return Ringo.connect(args.endpoint, token=args.token or os.environ.get(TOKEN_ENV))
+        return connect(args)
     return Ringo.local(args.data_dir, shared=True)
 
 
