@@ -24,6 +24,12 @@ from ._limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
 from ._models import QueueStats, Task, TaskSpec, TaskState
 from ._supervise import TOKEN_ENV
 
+#: Exit statuses of every ``ringo`` command (``ringo_trio._cli`` lists them).
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
 __all__ = ["add_commands", "OPS_COMMANDS"]
 
 OPS_COMMANDS = frozenset({"queues", "tasks", "enqueue"})
