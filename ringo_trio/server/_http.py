@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http
 import logging
 import socket
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import h11
@@ -233,7 +234,8 @@ class _Connection:
         ]
         if response.close or response.status >= 400:
             headers.append(("Connection", "close"))
-        data = conn.send(h11.Response(status_code=response.status, headers=headers))
+        reason = _REASONS.get(response.status, b"")
+        data = conn.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
         assert data is not None
         if response.body:
             more = conn.send(h11.Data(data=response.body))
@@ -254,11 +256,14 @@ class _Connection:
     _started = False
 
 
+_REASONS = {int(s): s.phrase.encode() for s in http.HTTPStatus}
+
+
 class _TooLarge(Exception):
     pass
 
 
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
     for name, value in headers:
         if name == b"content-length":
             return int(value)
