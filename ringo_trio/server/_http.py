@@ -210,6 +210,11 @@ class _Connection:
                     continue
                 if isinstance(event, h11.Request):
                     head = event
+                    # h11 bounds only a head still incomplete in its buffer;
+                    # one that arrived whole in a single read is measured here.
+                    size = len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
+                    if size > self._limits.max_head_bytes:
+                        raise h11.RemoteProtocolError("request head too large", 431)
                     length = _content_length(event.headers)
                     if length is not None and length > self._limits.max_body_bytes:
                         raise _TooLarge
