@@ -594,6 +594,32 @@ async def test_oversized_requests_and_too_many_connections_are_refused(sqlite: S
             assert reply.status == 200
 
 
+async def test_keep_alive_serves_requests_one_after_another(sqlite: Storage) -> None:
+    """Property: one connection serves several requests in turn (HTTP/1.1
+    keep-alive), and an error answer closes it."""
+    with anyio.fail_after(30):
+        async with dashboard(sqlite) as ui:
+
+            def session() -> list[tuple[int, bool]]:
+                conn = http.client.HTTPConnection(ui.host, timeout=10)
+                try:
+                    conn.connect()
+                    sock = conn.sock
+                    out = []
+                    for path in ("/queues", "/workers", "/static/ui.css", "/nowhere"):
+                        conn.request("GET", path)
+                        response = conn.getresponse()
+                        response.read()
+                        # http.client drops its socket when the server closes.
+                        out.append((response.status, conn.sock is sock))
+                    return out
+                finally:
+                    conn.close()
+
+            answers = await anyio.to_thread.run_sync(session)
+            assert answers == [(200, True), (200, True), (200, True), (404, False)]
+
+
 # -- sparkline data ------------------------------------------------------------
 
 
