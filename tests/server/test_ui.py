@@ -12,6 +12,8 @@ import html
 import http.client
 import re
 import socket
+import subprocess
+import sys
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -26,11 +28,13 @@ import pytest
 
 from ringo_trio._proto.ringo.v1 import AckRequest, CreditUpdate, TaskSpec, TaskState
 from ringo_trio.server._daemon import Daemon, DaemonConfig
+from ringo_trio.server._main import EXIT_FAILURE
 from ringo_trio.server._ui import Activity
 from ringo_trio.server._ui._app import TASKS_PAGE, UI_HTTP
 from ringo_trio.server.storage._base import Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
+from ringo_trio.testing import spawn_daemon
 from tests._postgres import fresh_database
 
 from ._client import connect, new_queue, open_work, ref
@@ -618,6 +622,45 @@ async def test_keep_alive_serves_requests_one_after_another(sqlite: Storage) -> 
 
             answers = await anyio.to_thread.run_sync(session)
             assert answers == [(200, True), (200, True), (200, True), (404, False)]
+
+
+def test_ringod_serves_the_dashboard_and_reports_its_url(tmp_path: Path) -> None:
+    """Property: ``ringod --ui-listen HOST:0`` reports the bound URL as "ui" in
+    its ready line and serves it (read-only refuses actions); an address
+    that cannot be bound is a startup failure naming it."""
+    args = ["--ui-listen", "127.0.0.1:0", "--ui-read-only"]
+    with spawn_daemon(tmp_path / "d", token=TOKEN, extra_args=args) as process:
+        url = process.info["ui"]
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url), url
+        host = url.removeprefix("http://")
+        conn = http.client.HTTPConnection(host, timeout=10)
+        try:
+            conn.request("GET", "/queues", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert conn.getresponse().status == 200
+        finally:
+            conn.close()
+        conn = http.client.HTTPConnection(host, timeout=10)
+        try:
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            conn.request("POST", "/queues/q/purge", body=b"", headers=headers)
+            assert conn.getresponse().status == 403
+        finally:
+            conn.close()
+        taken = int(url.rpartition(":")[2])
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "ringo_trio.server"),
+                *("--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "other")),
+                *("--ui-listen", f"127.0.0.1:{taken}"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+        assert result.returncode == EXIT_FAILURE
+        assert f"cannot serve the dashboard on 127.0.0.1:{taken}" in result.stderr
+    assert process.process.returncode == 0, process.stderr_text()
 
 
 # -- sparkline data ------------------------------------------------------------
