@@ -77,9 +77,10 @@ class Request:
         """An ``application/x-www-form-urlencoded`` body, parsed."""
         try:
             text = self.body.decode("utf-8")
-        except UnicodeDecodeError:
+            return urllib.parse.parse_qs(text, keep_blank_values=True, max_num_fields=100)
+        except ValueError:
+            # Not UTF-8, or too many fields: no form the dashboard made.
             return {}
-        return urllib.parse.parse_qs(text, keep_blank_values=True, max_num_fields=100)
 
 
 @dataclass(slots=True)
