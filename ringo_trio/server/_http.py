@@ -190,7 +190,9 @@ class _Connection:
             except DropConnection:
                 return
             await self._respond(response)
-            if response.close or response.status >= 400 or conn.our_state is h11.MUST_CLOSE:
+            # An answer that said `Connection: close` (see _respond) leaves h11
+            # in MUST_CLOSE, as does a client that asked for it.
+            if conn.our_state is h11.MUST_CLOSE:
                 return
             try:
                 conn.start_next_cycle()
