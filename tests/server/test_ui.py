@@ -611,6 +611,26 @@ async def test_oversized_requests_and_too_many_connections_are_refused(sqlite: S
             assert reply.status == 200
 
 
+async def test_a_bug_in_a_page_is_a_500_and_the_dashboard_goes_on(
+    sqlite: Storage, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: an unexpected exception in a page answers that request 500
+    (with the security headers) and is logged; other requests are served."""
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("template on fire")
+
+    with anyio.fail_after(30):
+        async with dashboard(sqlite) as ui:
+            assert ui.daemon.dashboard is not None
+            monkeypatch.setattr(ui.daemon.dashboard, "_workers", broken)
+            reply = await ui.get("/workers")
+            assert reply.status == 500
+            assert "frame-ancestors 'none'" in reply.headers["content-security-policy"]
+            assert (await ui.get("/queues")).status == 200
+    assert any("template on fire" in str(r.exc_info) for r in caplog.records if r.exc_info)
+
+
 async def test_keep_alive_serves_requests_one_after_another(sqlite: Storage) -> None:
     """Property: one connection serves several requests in turn (HTTP/1.1
     keep-alive), and an error answer closes it."""
