@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -29,9 +29,9 @@ import pytest
 from ringo_trio._proto.ringo.v1 import AckRequest, CreditUpdate, TaskSpec, TaskState
 from ringo_trio.server._daemon import Daemon, DaemonConfig
 from ringo_trio.server._main import EXIT_FAILURE
-from ringo_trio.server._ui import Activity
+from ringo_trio.server._ui import Activity, instrument_activity
 from ringo_trio.server._ui._app import TASKS_PAGE, UI_HTTP
-from ringo_trio.server.storage._base import Storage
+from ringo_trio.server.storage._base import Ack, LeaseLost, Nack, Reject, Settlement, Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import spawn_daemon
@@ -697,6 +697,57 @@ def test_ringod_serves_the_dashboard_and_reports_its_url(tmp_path: Path) -> None
 
 
 # -- sparkline data ------------------------------------------------------------
+
+
+class GroupCommitEngine(SQLiteEngine):
+    """settle_many as an engine's own group commit: not through the
+    instance's ack/nack/reject (which the dashboard wraps)."""
+
+    async def settle_many(
+        self, settlements: Sequence[Settlement], now: datetime
+    ) -> list[LeaseLost | None]:
+        out: list[LeaseLost | None] = []
+        for item in settlements:
+            try:
+                if isinstance(item, Ack):
+                    await SQLiteEngine.ack(self, item.ref, now, item.result)
+                elif isinstance(item, Nack):
+                    await SQLiteEngine.nack(self, item.ref, item.error, item.retry_delay, now)
+                else:
+                    await SQLiteEngine.reject(self, item.ref, item.error, now)
+            except LeaseLost as lost:
+                out.append(lost)
+            else:
+                out.append(None)
+        return out
+
+
+@pytest.mark.parametrize("kind", [SQLiteEngine, GroupCommitEngine])
+async def test_the_sparkline_counts_each_settlement_once(
+    kind: type[SQLiteEngine], tmp_path: Path
+) -> None:
+    """Property: acks count as succeeded and nacks/rejects as failed, each
+    exactly once, whether they come one by one or in a group commit (the
+    engine's own or the one-by-one default); a lost lease counts nothing."""
+    engine = kind(tmp_path / "ringo.db")
+    activity = Activity()
+    instrument_activity(engine, activity)
+    await engine.open()
+    try:
+        now = datetime.now(UTC)
+        await engine.enqueue("q", [TaskSpec(task_type="t")] * 5, now)
+        leased = await engine.claim("q", [], 5, "w", timedelta(minutes=1), now)
+        refs = [ref(item) for item in leased]
+        await engine.ack(refs[0], now)
+        outcomes = await engine.settle_many(
+            [Ack(refs[1]), Nack(refs[2], "x"), Reject(refs[3], "y"), Ack(refs[0])], now
+        )
+        assert [o is None for o in outcomes] == [True, True, True, False]
+        await engine.nack(refs[4], "z", None, now)
+        ok, failed = activity.series("q")
+        assert (sum(ok), sum(failed)) == (2, 3)
+    finally:
+        await engine.close()
 
 
 def test_activity_keeps_one_hour_per_minute_and_a_bounded_number_of_queues() -> None:
