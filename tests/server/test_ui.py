@@ -8,6 +8,7 @@ from a worker thread, one connection per request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import html
 import http.client
 import re
@@ -28,6 +29,7 @@ import pytest
 
 from ringo_trio._proto.ringo.v1 import AckRequest, CreditUpdate, TaskSpec, TaskState
 from ringo_trio.server._daemon import Daemon, DaemonConfig
+from ringo_trio.server._http import HttpLimits, Request, Response, serve_http
 from ringo_trio.server._main import EXIT_FAILURE
 from ringo_trio.server._ui import Activity, instrument_activity
 from ringo_trio.server._ui._app import TASKS_PAGE, UI_HTTP
@@ -694,6 +696,40 @@ def test_ringod_serves_the_dashboard_and_reports_its_url(tmp_path: Path) -> None
         assert result.returncode == EXIT_FAILURE
         assert f"cannot serve the dashboard on 127.0.0.1:{taken}" in result.stderr
     assert process.process.returncode == 0, process.stderr_text()
+
+
+async def test_slow_clients_get_408_and_idle_connections_are_closed() -> None:
+    """Property: a request not whole within read_timeout of its first byte is
+    answered 408 and closed; a keep-alive connection idle that long is
+    closed without an answer."""
+    limits = HttpLimits(read_timeout=0.3)
+
+    async def ok(request: Request) -> Response:
+        return Response(200, b"ok")
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+
+    def slow() -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+            return sock.recv(65536)
+
+    def idle() -> tuple[bytes, bytes]:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = sock.recv(65536)
+            return first, sock.recv(65536)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(serve_http, listener, ok, limits, name="test"))
+            assert (await anyio.to_thread.run_sync(slow)).startswith(b"HTTP/1.1 408")
+            first, then = await anyio.to_thread.run_sync(idle)
+            assert first.startswith(b"HTTP/1.1 200")
+            assert then == b""
+            tg.cancel_scope.cancel()
 
 
 # -- sparkline data ------------------------------------------------------------
