@@ -124,11 +124,15 @@ from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, 
 
 from . import _listing
 from ._base import (
+    Ack,
     EnqueueOutcome,
     FailedPrecondition,
     LeaseLost,
+    Nack,
     NotFound,
+    Reject,
     SchemaTooNew,
+    Settlement,
     Storage,
     StorageError,
     StorageUnavailable,
@@ -206,6 +210,8 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 # finished_before unset: later than any time the daemon stores.
 _NO_CUTOFF = 2**63 - 1
+# A group commit's item kinds (the $4 of its statement).
+_ACK, _NACK, _REJECT = 0, 1, 2
 _TRANSIENT = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
 # Random, so TOAST cannot compress it: large enough to need pages of its own.
 _PROBE_SPEC = TaskSpec(task_type="probe", payload=secrets.token_bytes(16 * 1024))
@@ -487,15 +493,20 @@ class _Sql:
             " AND lease_until > $4"
         )
 
+        def retry_at(now: str, delay: str) -> str:
+            """When a nacked or expired attempt runs again: the override
+            `delay` or the task's backoff, capped."""
+            return f"""{now} + least(coalesce({delay}, {backoff}(
+                backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
+                {MAX_DELAY_US})"""
+
         def release(now: str, error: str, delay: str) -> str:
             # SET expressions see the row as it was before the UPDATE, so
             # `attempt` is the attempt that just ended.
             return f"""
                 state = CASE WHEN attempt >= max_attempts THEN {DEAD} ELSE {PENDING} END,
                 available_at = CASE WHEN attempt >= max_attempts THEN available_at
-                    ELSE {now} + least(coalesce({delay}, {backoff}(
-                        backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
-                        {MAX_DELAY_US}) END,
+                    ELSE {retry_at(now, delay)} END,
                 finished_at = CASE WHEN attempt >= max_attempts THEN {now} ELSE NULL END,
                 last_error = {error}, worker_id = '', lease_token = '', lease_until = NULL,
                 updated_at = {now}
@@ -673,6 +684,57 @@ class _Sql:
             UPDATE {t} SET state = {DEAD}, finished_at = $4, last_error = $5,
                 worker_id = '', lease_token = '', lease_until = NULL, updated_at = $4
             WHERE {match} RETURNING {COLS}
+        """
+        # Group commit, one statement: the group's live leases are locked in
+        # task-id order (daemons whose groups meet on rows wait for each
+        # other in one order, never in a cycle: the refs come sorted out of
+        # DISTINCT ON, and the row lock inside the LATERAL, which the planner
+        # cannot flatten, makes each lock one tasks_id lookup taken in that
+        # order, whatever the table's statistics), then settled by one UPDATE
+        # whose SET picks each item's outcome by its kind ($4: 0 ack, 1
+        # nack, 2 reject). Identical refs are reduced to their first item, so
+        # a lease listed twice is settled once (the rest then miss, as in
+        # sequence); distinct refs of one task match at most one lease. One
+        # row out: the settled items' positions and queues, and the
+        # notifications of the queues nacks made claimable.
+        again = f"l.kind = {_NACK} AND k.attempt < k.max_attempts"
+        self.settle_group = f"""
+            WITH d AS (
+                SELECT DISTINCT ON (u.id, u.attempt, u.token) u.*
+                FROM unnest($1::text[], $2::bigint[], $3::text[], $4::smallint[],
+                    $5::bytea[], $6::text[], $7::bigint[])
+                    WITH ORDINALITY AS u(id, attempt, token, kind, result, error, delay, ord)
+                ORDER BY u.id, u.attempt, u.token, u.ord
+            ), live AS MATERIALIZED (
+                SELECT k.seq, d.ord, d.kind, d.result, d.error, d.delay
+                FROM d CROSS JOIN LATERAL (
+                    SELECT seq FROM {t}
+                    WHERE id = d.id AND state = {LEASED} AND attempt = d.attempt
+                        AND lease_token = d.token AND lease_until > $8
+                    FOR UPDATE) k
+                ORDER BY d.id
+            ), s AS (
+                UPDATE {t} k SET
+                    state = CASE WHEN l.kind = {_ACK} THEN {SUCCEEDED}
+                        WHEN {again} THEN {PENDING} ELSE {DEAD} END,
+                    available_at = CASE WHEN {again}
+                        THEN {retry_at("$8", "l.delay")} ELSE k.available_at END,
+                    finished_at = CASE WHEN {again} THEN NULL ELSE $8 END,
+                    last_error = CASE WHEN l.kind = {_ACK} THEN k.last_error ELSE l.error END,
+                    result = CASE WHEN l.kind = {_ACK} THEN l.result ELSE k.result END,
+                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $8
+                FROM live l WHERE k.seq = l.seq
+                RETURNING l.ord, k.queue, k.state
+            )
+            SELECT array_agg(s.ord), array_agg(s.queue), {notify_pending("s")} FROM s
+        """
+        # The miss path of a group: which of these (id, attempt) ended by
+        # CancelTask (their positions).
+        self.cancelled_of = f"""
+            SELECT u.ord
+            FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(id, attempt, ord)
+            WHERE EXISTS (SELECT 1 FROM {t}
+                WHERE id = u.id AND state = {CANCELLED} AND attempt = u.attempt LIMIT 1)
         """
         self.extend = f"""
             UPDATE {t} SET lease_until = $5, updated_at = $4
@@ -1152,14 +1214,8 @@ class PostgresEngine(Storage):
         """The LeaseLost for a ref whose lease operation matched no row,
         telling whether that very attempt ended by CancelTask (one more
         statement, on the miss path only)."""
-        if await self._fetchrow(self._sql.cancelled_at, ref.task_id, ref.attempt) is not None:
-            return LeaseLost(
-                f"task {ref.task_id!r} attempt {ref.attempt}: the task was cancelled",
-                cancelled=True,
-            )
-        return LeaseLost(
-            f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease, or it has expired"
-        )
+        cancelled = await self._fetchrow(self._sql.cancelled_at, ref.task_id, ref.attempt)
+        return _lease_lost(ref, cancelled=cancelled is not None)
 
     async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
         return await self._settle(self._sql.ack, row_task, ref, now, result)
@@ -1167,11 +1223,59 @@ class PostgresEngine(Storage):
     async def nack(
         self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
     ) -> Task:
-        delay = None if retry_delay is None else max(retry_delay // MICRO, 0)
-        return await self._settle(self._sql.nack, row_task, ref, now, error, delay)
+        return await self._settle(self._sql.nack, row_task, ref, now, error, _delay_us(retry_delay))
 
     async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
         return await self._settle(self._sql.reject, row_task, ref, now, error)
+
+    async def settle_group(
+        self, settlements: Sequence[Settlement], now: datetime
+    ) -> list[str | LeaseLost]:
+        """One statement (one implicit transaction) for the group; only for
+        the items that missed, a second one asks which were cancelled."""
+        if not settlements:
+            return []
+        cols: list[list[Any]] = [[] for _ in range(7)]
+        ids, attempts, tokens, kinds, results, errors, delays = cols
+        for item in settlements:
+            ids.append(item.ref.task_id)
+            attempts.append(item.ref.attempt)
+            tokens.append(item.ref.lease_token)
+            match item:
+                case Ack(_, result):
+                    kinds.append(_ACK)
+                    results.append(result)
+                    errors.append(None)
+                    delays.append(None)
+                case Nack(_, error, retry_delay):
+                    kinds.append(_NACK)
+                    results.append(None)
+                    errors.append(error)
+                    delays.append(_delay_us(retry_delay))
+                case Reject(_, error):
+                    kinds.append(_REJECT)
+                    results.append(None)
+                    errors.append(error)
+                    delays.append(None)
+        async with self._conn() as conn:
+            row = await conn.fetchrow(self._sql.settle_group, *cols, to_us(now))
+            # Positions are 1-based (WITH ORDINALITY).
+            settled = dict(zip(row[0] or (), row[1] or (), strict=True))
+            cancelled: set[int] = set()
+            if len(settled) < len(settlements):
+                missed = [i for i in range(1, len(settlements) + 1) if i not in settled]
+                cancelled = {
+                    missed[r[0] - 1]
+                    for r in await conn.fetch(
+                        self._sql.cancelled_of,
+                        [ids[i - 1] for i in missed],
+                        [attempts[i - 1] for i in missed],
+                    )
+                }
+        return [
+            settled[i] if i in settled else _lease_lost(item.ref, cancelled=i in cancelled)
+            for i, item in enumerate(settlements, 1)
+        ]
 
     async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
         until = to_us(now) + extension // MICRO
@@ -1443,6 +1547,21 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     on every release (a round trip per call) to undo session state this
     engine never creates. An open transaction is still rolled back by asyncpg
     before this runs."""
+
+
+def _delay_us(retry_delay: timedelta | None) -> int | None:
+    """A nack's retry delay override in microseconds (None: the backoff)."""
+    return None if retry_delay is None else max(retry_delay // MICRO, 0)
+
+
+def _lease_lost(ref: LeaseRef, *, cancelled: bool) -> LeaseLost:
+    if cancelled:
+        return LeaseLost(
+            f"task {ref.task_id!r} attempt {ref.attempt}: the task was cancelled", cancelled=True
+        )
+    return LeaseLost(
+        f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease, or it has expired"
+    )
 
 
 def _one_lookup(task_id: str | None, unique_key: str | None) -> None:
