@@ -8,8 +8,10 @@ random per task, are compared by position)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
+import pathlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,7 +34,7 @@ from ringo_trio.server.storage._base import (
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
-from .conftest import SyncEngine, ref_of, spec
+from .conftest import SyncEngine, open_engine, postgres_kind, ref_of, spec
 from .test_inspect import brute, counts_of, expected_counts
 
 _queues = itertools.count()
@@ -290,3 +292,53 @@ def test_the_first_settlement_of_a_lease_listed_twice_wins(
     for item in firsts:
         want = TaskState.SUCCEEDED if isinstance(item, Ack) else TaskState.DEAD
         assert states[item.ref.task_id] == want
+
+
+async def _waiting_on_locks(pool: Any, n: int) -> None:
+    """Until `n` of the engine's backends in this database wait for a lock."""
+    waiting = 0
+    while waiting < n:
+        await asyncio.sleep(0.01)
+        waiting = await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND application_name = 'ringod' AND datname = current_database()"
+        )
+
+
+def test_postgres_groups_meeting_on_rows_never_deadlock(
+    storage_database: str, tmp_path: pathlib.Path, clock: ManualClock
+) -> None:
+    """Property (lock order): two groups naming the same two leases in
+    opposite orders, both made to queue behind a third transaction's lock,
+    finish without a deadlock: every group locks its rows in task-id order.
+    Between them each lease is settled exactly once."""
+    now = clock.now()
+    with open_engine(postgres_kind(storage_database), tmp_path) as engine:
+        leases = _setup(engine, "q", Scene((1, 1), frozenset(), frozenset()), now)
+        low, high = sorted((ref_of(x) for x in leases), key=lambda r: r.task_id)
+        raw = engine.raw
+        assert isinstance(raw, PostgresEngine)
+        pool = raw._live_pool()
+
+        async def scene() -> list[Any]:
+            async with asyncio.timeout(30), asyncio.TaskGroup() as tg:
+                blocker = await pool.acquire()
+                try:
+                    async with blocker.transaction():
+                        await blocker.execute(
+                            f"SELECT 1 FROM {raw._sql.tasks} WHERE id = $1 FOR UPDATE",
+                            low.task_id,
+                        )
+                        # Queued on `low` first: once it gets `low` it
+                        # wants `high`, which the second may hold by then.
+                        first = tg.create_task(raw.settle_many([Ack(low), Ack(high)], now))
+                        await _waiting_on_locks(pool, 1)
+                        second = tg.create_task(raw.settle_many([Ack(high), Ack(low)], now))
+                        await _waiting_on_locks(pool, 2)
+                finally:
+                    await pool.release(blocker)
+            return [*first.result(), *second.result()]
+
+        answers = engine.run(scene())
+        assert sorted(a is None for a in answers) == [False, False, True, True]
+        assert {t.state for t in brute(engine, "q")} == {TaskState.SUCCEEDED}
