@@ -2,6 +2,7 @@
 
     python bench/settle.py [--tasks 4096] [--groups 1 8 64] [--repeat 5]
                            [--engine sqlite postgres] [--nacks 0.0]
+                           [--checkpoint-off]
 
 Straight on the storage engine, no daemon: per round a fresh store (an
 SQLite file in a temporary dir; a fresh PostgreSQL schema in a fresh
@@ -10,7 +11,9 @@ database, `_pg.ADMIN`), `--tasks` tasks enqueued and all of them claimed
 `settle_many` in groups of each `--groups` size, back to back on one
 asyncio loop (uvloop when importable, as ringod). `--nacks` makes that share
 of the settlements nacks (back to PENDING). Modes alternate within each
-repeat, so a load change on the machine hits them alike.
+repeat, so a load change on the machine hits them alike. `--checkpoint-off`
+turns SQLite's automatic WAL checkpoint off for the rounds (the question:
+would moving checkpoints off the committing call pay?).
 
 Prints, per engine and mode, the median over the repeats (min-max) of wall
 µs per settlement, CPU µs per settlement of this process, of the PostgreSQL
@@ -90,6 +93,10 @@ async def _round(
     engine = make()
     await engine.open()
     try:
+        if args.checkpoint_off and isinstance(engine, SQLiteEngine):
+            # No commit runs a checkpoint: what the settlements cost if the
+            # daemon checkpointed in its idle time instead.
+            engine._conn().execute("PRAGMA wal_autocheckpoint = 0")
         refs = await _leases(engine, args.tasks)
         items = _items(refs, args.nacks, seed)
         server = _pg.server_cpu(dsn) if dsn else {}
@@ -116,6 +123,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--engine", nargs="+", default=["sqlite", "postgres"])
     parser.add_argument("--nacks", type=float, default=0.0)
+    parser.add_argument(
+        "--checkpoint-off",
+        action="store_true",
+        help="SQLite: no automatic WAL checkpoint during the round",
+    )
     args = parser.parse_args()
     try:
         import uvloop
