@@ -42,6 +42,12 @@ Concurrency, operation by operation (READ COMMITTED):
   stale ref matches nothing (LeaseLost), whoever won. Only on that miss a
   second statement looks whether the ref's attempt ended by CancelTask
   (`LeaseLost(cancelled=True)`), so the hot path pays nothing for it.
+* group commit (`settle_group`) -- one statement: the group's live leases
+  are locked one `tasks_id` lookup each, in task-id order, then settled by
+  one `UPDATE ... FROM` of the locked rows. Groups of two daemons that meet
+  on rows (a worker's stale refs after it moved) queue on the lowest id
+  first, so they never deadlock; a row that changed meanwhile fails the
+  lease re-check of its lock and its item misses, as a single ack would.
 * cancel -- the row is locked (`SELECT ... FOR UPDATE`), checked and made
   CANCELLED with its lease cleared in one transaction: a lease operation
   racing it either committed first (the cancel then sees SUCCEEDED/DEAD or a
@@ -593,18 +599,13 @@ class _Sql:
         """
 
         # A LEASED task's lease goes with it: the worker's next command on
-        # it matches no row, and `cancelled_at` tells it why.
+        # it matches no row, and `cancelled_of` tells it why.
         self.cancel = f"""
             UPDATE {t} SET state = {CANCELLED}, finished_at = $2, last_error = $3,
                 worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
             WHERE seq = $1 RETURNING {COLS}
         """
         self.by_seq = f"SELECT {COLS} FROM {t} WHERE seq = $1"
-        # The miss path of a lease operation: did that very attempt end by
-        # CancelTask?
-        self.cancelled_at = (
-            f"SELECT 1 FROM {t} WHERE id = $1 AND state = {CANCELLED} AND attempt = $2"
-        )
         # The $3 oldest DEAD tasks of queue $1 finished before $2 back to
         # PENDING at $4, as `retry` does for one; the walk follows the
         # finished-task index. One notification for the queue if any changed.
@@ -743,8 +744,8 @@ class _Sql:
             )
             SELECT array_agg(s.ord), array_agg(s.queue), {notify_pending("s")} FROM s
         """
-        # The miss path of a group: which of these (id, attempt) ended by
-        # CancelTask (their positions).
+        # The miss path of lease operations: which of these (id, attempt)
+        # ended by CancelTask (their 1-based positions).
         self.cancelled_of = f"""
             SELECT u.ord
             FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(id, attempt, ord)
@@ -1229,8 +1230,8 @@ class PostgresEngine(Storage):
         """The LeaseLost for a ref whose lease operation matched no row,
         telling whether that very attempt ended by CancelTask (one more
         statement, on the miss path only)."""
-        cancelled = await self._fetchrow(self._sql.cancelled_at, ref.task_id, ref.attempt)
-        return _lease_lost(ref, cancelled=cancelled is not None)
+        found = await self._fetch(self._sql.cancelled_of, [ref.task_id], [ref.attempt])
+        return _lease_lost(ref, cancelled=bool(found))
 
     async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
         return await self._settle(self._sql.ack, row_task, ref, now, result)
@@ -1250,30 +1251,11 @@ class PostgresEngine(Storage):
         the items that missed, a second one asks which were cancelled."""
         if not settlements:
             return []
-        cols: list[list[Any]] = [[] for _ in range(7)]
-        ids, attempts, tokens, kinds, results, errors, delays = cols
-        for item in settlements:
-            ids.append(item.ref.task_id)
-            attempts.append(item.ref.attempt)
-            tokens.append(item.ref.lease_token)
-            match item:
-                case Ack(_, result):
-                    kinds.append(_ACK)
-                    results.append(result)
-                    errors.append(None)
-                    delays.append(None)
-                case Nack(_, error, retry_delay):
-                    kinds.append(_NACK)
-                    results.append(None)
-                    errors.append(error)
-                    delays.append(_delay_us(retry_delay))
-                case Reject(_, error):
-                    kinds.append(_REJECT)
-                    results.append(None)
-                    errors.append(error)
-                    delays.append(None)
-        if len(settlements) == 1:
-            return [await self._settle_one(kinds[0], settlements[0].ref, now, cols)]
+        rows = [_settlement_row(item) for item in settlements]
+        if len(rows) == 1:
+            return [await self._settle_one(rows[0], now)]
+        cols = [list(col) for col in zip(*rows, strict=True)]
+        ids, attempts = cols[0], cols[1]
         async with self._conn() as conn:
             row = await conn.fetchrow(self._sql.settle_group, *cols, to_us(now))
             # Positions are 1-based (WITH ORDINALITY).
@@ -1294,21 +1276,16 @@ class PostgresEngine(Storage):
             for i, item in enumerate(settlements, 1)
         ]
 
-    async def _settle_one(
-        self, kind: int, ref: LeaseRef, now: datetime, cols: list[list[Any]]
-    ) -> str | LeaseLost:
-        """The group of one item, of `kind`, whose `settle_group` columns
-        are `cols`."""
-        extra = {_ACK: (cols[4][0],), _NACK: (cols[5][0], cols[6][0]), _REJECT: (cols[5][0],)}
-        row = await self._fetchrow(
-            self._sql.settle_one[kind],
-            ref.task_id,
-            ref.attempt,
-            ref.lease_token,
-            to_us(now),
-            *extra[kind],
+    async def _settle_one(self, row: tuple[Any, ...], now: datetime) -> str | LeaseLost:
+        """A group of one (a `_settlement_row`): its single statement."""
+        task_id, attempt, token, kind, result, error, delay = row
+        extra = {_ACK: (result,), _NACK: (error, delay), _REJECT: (error,)}[kind]
+        found = await self._fetchrow(
+            self._sql.settle_one[kind], task_id, attempt, token, to_us(now), *extra
         )
-        return await self._lost(ref) if row is None else str(row[0])
+        if found is None:
+            return await self._lost(LeaseRef(task_id=task_id, attempt=attempt, lease_token=token))
+        return str(found[0])
 
     async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
         until = to_us(now) + extension // MICRO
@@ -1585,6 +1562,20 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
 def _delay_us(retry_delay: timedelta | None) -> int | None:
     """A nack's retry delay override in microseconds (None: the backoff)."""
     return None if retry_delay is None else max(retry_delay // MICRO, 0)
+
+
+def _settlement_row(item: Settlement) -> tuple[Any, ...]:
+    """The item as a row of the group statement's columns ($1..$7): task id,
+    attempt, token, kind, result, error, delay."""
+    ref = item.ref
+    match item:
+        case Ack(_, result):
+            return (ref.task_id, ref.attempt, ref.lease_token, _ACK, result, None, None)
+        case Nack(_, error, retry_delay):
+            delay = _delay_us(retry_delay)
+            return (ref.task_id, ref.attempt, ref.lease_token, _NACK, None, error, delay)
+        case Reject(_, error):
+            return (ref.task_id, ref.attempt, ref.lease_token, _REJECT, None, error, None)
 
 
 def _lease_lost(ref: LeaseRef, *, cancelled: bool) -> LeaseLost:

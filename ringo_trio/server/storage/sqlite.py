@@ -65,6 +65,12 @@ keeps counting. `last_error` and `progress` describe the latest attempt that
 set them and are kept across attempts and retries; `worker_id` and
 `lease_until` exist only while LEASED; `result` only while SUCCEEDED.
 
+Group commit (`settle_group`): one `BEGIN IMMEDIATE ... COMMIT` for a
+whole group of acks, nacks and rejects, an `UPDATE ... RETURNING queue` per
+item in order (so a lease listed twice misses the second time, as in
+sequence); the count rows and index pages the group shares go to the WAL
+once, and no `Task` is built.
+
 Cancel: a PENDING or LEASED task becomes CANCELLED in one UPDATE that also
 clears its lease, so the worker's next command on that lease matches no row.
 Only then — on the miss path, never on the hot path — the engine looks
