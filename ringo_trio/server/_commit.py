@@ -48,9 +48,10 @@ from .storage._base import LeaseLost, Settlement, Storage, StorageUnavailable
 
 __all__ = ["DEFAULT_MAX_ITEMS", "GroupCommit"]
 
-# One flush's settlements at most: ~10 µs of SQLite VM each, so a full
-# flush holds the daemon's loop for a few milliseconds.
-DEFAULT_MAX_ITEMS = 512
+# One flush's settlements at most: ~20 µs of SQLite each in a group
+# (bench/settle.py), so a full flush holds the daemon's loop ~5 ms; groups
+# of 64 already take most of what grouping saves.
+DEFAULT_MAX_ITEMS = 256
 
 
 @dataclass(eq=False)
