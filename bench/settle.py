@@ -1,6 +1,6 @@
 """Leases settled one by one (`ack`) against group commits (`settle_many`).
 
-    python bench/settle.py [--tasks 4096] [--groups 1 8 64] [--repeat 5]
+    python bench/settle.py [--tasks 4096] [--groups 1 8 64] [--callers 64] [--repeat 5]
                            [--engine sqlite postgres] [--nacks 0.0]
                            [--checkpoint-off]
 
@@ -9,7 +9,9 @@ SQLite file in a temporary dir; a fresh PostgreSQL schema in a fresh
 database, `_pg.ADMIN`), `--tasks` tasks enqueued and all of them claimed
 (untimed), then every lease settled, timed: by `ack` one at a time, or by
 `settle_many` in groups of each `--groups` size, back to back on one
-asyncio loop (uvloop when importable, as ringod). `--nacks` makes that share
+asyncio loop (uvloop when importable, as ringod), or by `--callers`
+concurrent tasks (Work streams) each settling one lease at a time through
+one `GroupCommit`, which forms the groups by itself. `--nacks` makes that share
 of the settlements nacks (back to PENDING). Modes alternate within each
 repeat, so a load change on the machine hits them alike. `--checkpoint-off`
 turns SQLite's automatic WAL checkpoint off for the rounds (the question:
@@ -18,8 +20,8 @@ would moving checkpoints off the committing call pay?).
 Prints, per engine and mode, the median over the repeats (min-max) of wall
 µs per settlement, CPU µs per settlement of this process, of the PostgreSQL
 backends too (when the server runs here), and the transactions committed
-per settlement (by construction: one per call, on both engines; every
-settlement of these rounds takes effect, so no miss-path statement runs).
+per settlement (one per engine call: counted; every settlement of these
+rounds takes effect, so no miss-path statement runs).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 import _pg
 
 from ringo_trio._proto.ringo.v1 import LeaseRef, TaskSpec
+from ringo_trio.server._commit import GroupCommit
 from ringo_trio.server.storage._base import Ack, Nack, Settlement, Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
@@ -73,22 +76,46 @@ def _items(refs: list[LeaseRef], nacks: float, seed: int) -> list[Settlement]:
     return [Nack(r, "busy") if pick.random() < nacks else Ack(r) for r in refs]
 
 
-async def _settle(engine: Storage, items: Sequence[Settlement], group: int) -> None:
-    if group == 0:
+async def _settle(engine: Storage, items: Sequence[Settlement], mode: tuple[str, int]) -> int:
+    """Settle every item as `mode` says; the transactions it took."""
+    how, n = mode
+    if how == "ack":
         for item in items:
             if isinstance(item, Ack):
                 await engine.ack(item.ref, NOW, item.result)
             else:
                 assert isinstance(item, Nack)
                 await engine.nack(item.ref, item.error, item.retry_delay, NOW)
-        return
-    for start in range(0, len(items), group):
-        answers = await engine.settle_many(items[start : start + group], NOW)
-        assert all(a is None for a in answers), answers
+        return len(items)
+    if how == "many":
+        for start in range(0, len(items), n):
+            answers = await engine.settle_many(items[start : start + n], NOW)
+            assert all(a is None for a in answers), answers
+        return -(-len(items) // n)
+    # `n` callers (Work streams) each settling one lease at a time, through
+    # one GroupCommit: the groups form by themselves.
+    commit = GroupCommit(engine)
+    pending = iter(items)
+
+    async def caller() -> None:
+        for item in pending:
+            assert await commit.settle([item], NOW) == [None]
+
+    async with asyncio.TaskGroup() as tg:
+        runner = tg.create_task(commit.run())
+        async with asyncio.TaskGroup() as callers:
+            for _ in range(n):
+                callers.create_task(caller())
+        runner.cancel()
+    return commit.flushes
 
 
 async def _round(
-    make: Callable[[], Storage], dsn: str | None, args: argparse.Namespace, group: int, seed: int
+    make: Callable[[], Storage],
+    dsn: str | None,
+    args: argparse.Namespace,
+    mode: tuple[str, int],
+    seed: int,
 ) -> dict[str, float]:
     engine = make()
     await engine.open()
@@ -101,10 +128,10 @@ async def _round(
         items = _items(refs, args.nacks, seed)
         server = _pg.server_cpu(dsn) if dsn else {}
         cpu, wall = time.process_time(), time.perf_counter()
-        await _settle(engine, items, group)
+        transactions = await _settle(engine, items, mode)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         n = len(items)
-        out = {"wall": wall / n * 1e6, "cpu": cpu / n * 1e6}
+        out = {"wall": wall / n * 1e6, "cpu": cpu / n * 1e6, "tx": transactions / n}
         if dsn:
             out["server"] = _pg.cpu_since(dsn, server) / n * 1e6
         return out
@@ -120,6 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=4096)
     parser.add_argument("--groups", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--callers", type=int, nargs="+", default=[64])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--engine", nargs="+", default=["sqlite", "postgres"])
     parser.add_argument("--nacks", type=float, default=0.0)
@@ -135,8 +163,13 @@ def main() -> None:
         run: Callable[[Any], Any] = uvloop.run
     except ImportError:
         run = asyncio.run
-    modes = [0, *args.groups]
-    label = {0: "ack one by one"} | {g: f"settle_many, groups of {g}" for g in args.groups}
+    modes = [("ack", 0), *(("many", g) for g in args.groups)]
+    modes += [("commit", c) for c in args.callers]
+    label = {
+        "ack": "ack one by one",
+        "many": "settle_many, groups of {}",
+        "commit": "GroupCommit, {} caller(s) settling one at a time",
+    }
     print(f"{args.tasks} settlements per round, {args.nacks:.0%} nacks, median of {args.repeat}")
     print(f"python {sys.version.split()[0]}\n")
     print(
@@ -144,7 +177,7 @@ def main() -> None:
     )
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for kind in args.engine:
-        results: dict[int, list[dict[str, float]]] = {m: [] for m in modes}
+        results: dict[tuple[str, int], list[dict[str, float]]] = {m: [] for m in modes}
         with contextlib.ExitStack() as stack:
             scratch = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             dsn = stack.enter_context(_pg.fresh_database()) if kind == "postgres" else None
@@ -155,7 +188,7 @@ def main() -> None:
                         schema = f"s_{uuid.uuid4().hex[:12]}"
                         make = functools.partial(PostgresEngine, dsn, schema=schema)
                     else:
-                        make = functools.partial(SQLiteEngine, scratch / f"{r}-{m}.db")
+                        make = functools.partial(SQLiteEngine, scratch / f"{r}-{m[0]}{m[1]}.db")
                     results[m].append(run(_round(make, dsn, args, m, seed=r)))
         for m in modes:
             rows = results[m]
@@ -163,9 +196,9 @@ def main() -> None:
                 _summary([x["wall"] for x in rows]),
                 _summary([x["cpu"] for x in rows]),
                 _summary([x["server"] for x in rows]) if dsn else "-",
-                "1" if m == 0 else f"1/{m}",
+                f"1/{1 / statistics.median(x['tx'] for x in rows):.3g}",
             ]
-            print(f"| {kind} | {label[m]} | {' | '.join(cells)} |")
+            print(f"| {kind} | {label[m[0]].format(m[1])} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":
