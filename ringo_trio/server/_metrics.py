@@ -12,8 +12,9 @@ daemons, the tests do) and is fed from four places:
 * **Storage** (`instrument_storage`): the engine instance's methods are
   wrapped once, where the daemon receives it. Every call is timed by
   operation, and the outcomes the engine returns are counted: enqueued
-  (created vs duplicate), acked, nacked, rejected, cancelled, retried by
-  queue, and lease expiries and purged tasks in total. Wrapping the instance
+  (created vs duplicate), acked, nacked, rejected (one by one, or in a group
+  commit, whose `settle_group` answer names each settled task's queue),
+  cancelled, retried by queue, and lease expiries and purged tasks in total. Wrapping the instance
   rather than subclassing `Storage` keeps the engine's identity and every
   method it has, including ones added after this was written.
 * **Work streams** (`StreamTap`, one per registered stream): push-to-settle
@@ -48,7 +49,7 @@ import functools
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -70,7 +71,16 @@ from prometheus_client.registry import Collector
 from ringo_trio import _limits as limits
 
 from ._http import HttpLimits, Request, Response, serve_http
-from .storage._base import EnqueueOutcome, Storage, StorageUnavailable
+from .storage._base import (
+    Ack,
+    EnqueueOutcome,
+    LeaseLost,
+    Nack,
+    Reject,
+    Settlement,
+    Storage,
+    StorageUnavailable,
+)
 
 __all__ = [
     "NO_METRICS",
@@ -115,6 +125,7 @@ TIMED_OPERATIONS = (
     "ack",
     "nack",
     "reject",
+    "settle_many",
     "extend_lease",
     "report_progress",
     "release",
@@ -530,6 +541,22 @@ def _count_cancel(m: PrometheusMetrics, task: Any, queue: str, _reason: str, now
         m.queue(queue).cancelled.inc()
 
 
+def _count_settle_group(
+    m: PrometheusMetrics, answers: list[str | LeaseLost], settlements: Sequence[Settlement], *_: Any
+) -> None:
+    # A settled item's answer is its task's queue; a lost one counts nothing.
+    for answer, item in zip(answers, settlements, strict=True):
+        if isinstance(answer, str):
+            children = m.queue(answer)
+            match item:
+                case Ack():
+                    children.acked.inc()
+                case Nack():
+                    children.nacked.inc()
+                case Reject():
+                    children.rejected.inc()
+
+
 def _count_retry_dead(m: PrometheusMetrics, changed: int, queue: str, *_: Any) -> None:
     if changed:
         m.queue(queue).retried.inc(changed)
@@ -544,6 +571,7 @@ _COUNTERS: dict[str, Callable[..., None]] = {
     "nack": lambda m, task, *_: m.queue(task.queue).nacked.inc(),
     "reject": lambda m, task, *_: m.queue(task.queue).rejected.inc(),
     "retry": lambda m, task, *_: m.queue(task.queue).retried.inc(),
+    "settle_many": _count_settle_group,
     "cancel": _count_cancel,
     "retry_dead": _count_retry_dead,
     "expire_leases": lambda m, changed, *_: m.expired.inc(changed),
@@ -557,18 +585,30 @@ def instrument_storage(storage: Storage, metrics: PrometheusMetrics) -> None:
     if getattr(storage, "_ringo_metrics", None) is metrics:
         return
     for operation in TIMED_OPERATIONS:
-        method = getattr(storage, operation)
-        setattr(
-            storage,
-            operation,
-            _timed(
-                method,
-                metrics.storage_seconds.labels(operation).observe,
-                metrics.storage_errors.labels(operation).inc,
-                _counter(operation, metrics),
-            ),
+        # A group commit is counted from the answer naming the settled
+        # tasks' queues: both spellings run the engine's settle_group, timed
+        # and counted as "settle_many" (the engine's own settle_many would
+        # call the wrapped settle_group, so it is replaced, not wrapped).
+        method = storage.settle_group if operation == "settle_many" else getattr(storage, operation)
+        wrapped = _timed(
+            method,
+            metrics.storage_seconds.labels(operation).observe,
+            metrics.storage_errors.labels(operation).inc,
+            _counter(operation, metrics),
         )
+        if operation == "settle_many":
+            setattr(storage, "settle_group", wrapped)  # noqa: B010 (mypy: a method)
+            wrapped = functools.partial(_settle_many, wrapped)
+        setattr(storage, operation, wrapped)
     storage._ringo_metrics = metrics  # type: ignore[attr-defined]
+
+
+async def _settle_many(
+    group: Callable[..., Awaitable[list[str | LeaseLost]]],
+    settlements: Sequence[Settlement],
+    now: datetime,
+) -> list[LeaseLost | None]:
+    return [None if isinstance(a, str) else a for a in await group(settlements, now)]
 
 
 def _counter(operation: str, metrics: PrometheusMetrics) -> Callable[..., None] | None:
