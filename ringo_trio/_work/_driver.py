@@ -155,6 +155,14 @@ class Inbound:
             raise RemoteProtocolError(f"malformed Work frame from the daemon: {exc}") from None
 
 
+def _error(frame: WorkResultFrame) -> CommandError | None:
+    if not frame.error_value:
+        return None
+    return CommandError(
+        frame.error_code or f"CODE_{frame.error_value}", frame.error_message, frame.reason
+    )
+
+
 def batch_frames(frames: list[Frame]) -> list[Frame]:
     """What the writer sends for the frames queued when it woke (minor >=
     10): runs of them joined into batch frames of at most MAX_WORK_BATCH
@@ -315,34 +323,19 @@ class StreamDriver:
         live = self
         session = live.session
         act = live.act
-        arrived = live.arrived
         current_time = anyio.current_time
         async for frame in receive:
             kind = type(frame)
             if kind is WorkResultFrame:
-                error = None
-                if frame.error_value:
-                    error = CommandError(
-                        frame.error_code or f"CODE_{frame.error_value}",
-                        frame.error_message,
-                        frame.reason,
-                    )
-                act(session.result(frame.request_id, error, current_time()))
+                act(session.result(frame.request_id, _error(frame), current_time()))
             elif kind is PushedTask:
-                key = LeaseKey(frame.task_id, frame.attempt)
-                until = frame.until
-                remaining = (
-                    (until - datetime.now(UTC)).total_seconds()
-                    if until is not None
-                    else session.lease_duration
+                pushed = live._arrived(frame, datetime.now(UTC))
+                act(
+                    session.task_pushed(
+                        pushed.key, pushed.lease_token, pushed.lease_remaining, current_time()
+                    )
                 )
-                arrived[key] = frame.task
-                act(session.task_pushed(key, frame.lease_token, remaining, current_time()))
-                timer = live.timer
-                if timer is not None:
-                    when = session.next_deadline()
-                    if when is not None and when < timer.deadline:
-                        timer.deadline = when
+                live._pull_in_timer()
             elif kind is list:
                 live._batch(frame)
             elif frame.heartbeat is not None:
@@ -350,44 +343,43 @@ class StreamDriver:
             else:
                 raise RemoteProtocolError(f"unexpected Work frame {frame!r}")
 
+    def _arrived(self, frame: PushedTask, wall: datetime) -> Pushed:
+        """Keep a pushed task for its handler; the push as the session takes it."""
+        key = LeaseKey(frame.task_id, frame.attempt)
+        until = frame.until
+        remaining = (
+            (until - wall).total_seconds() if until is not None else self.session.lease_duration
+        )
+        self.arrived[key] = frame.task
+        return Pushed(key, frame.lease_token, remaining)
+
+    def _pull_in_timer(self) -> None:
+        # A push may bring an earlier renewal than the timer sleeps towards;
+        # otherwise the timer would oversleep a short lease.
+        timer = self.timer
+        if timer is not None:
+            when = self.session.next_deadline()
+            if when is not None and when < timer.deadline:
+                timer.deadline = when
+
     def _batch(self, frames: list[PushedTask | WorkResultFrame]) -> None:
         """A batch frame: its elements into the session at once, and what
         they ask for carried out once."""
-        session = self.session
-        arrived = self.arrived
         wall = datetime.now(UTC)
-        items: list[Pushed | Answered] = []
-        for frame in frames:
-            if type(frame) is PushedTask:
-                key = LeaseKey(frame.task_id, frame.attempt)
-                until = frame.until
-                remaining = (
-                    (until - wall).total_seconds() if until is not None else session.lease_duration
-                )
-                arrived[key] = frame.task
-                items.append(Pushed(key, frame.lease_token, remaining))
-            else:
-                assert type(frame) is WorkResultFrame
-                error = None
-                if frame.error_value:
-                    error = CommandError(
-                        frame.error_code or f"CODE_{frame.error_value}",
-                        frame.error_message,
-                        frame.reason,
-                    )
-                items.append(Answered(frame.request_id, error))
+        items = [
+            self._arrived(frame, wall)
+            if isinstance(frame, PushedTask)
+            else Answered(frame.request_id, _error(frame))
+            for frame in frames
+        ]
         outputs: list[Output] = []
         try:
-            session.batch(items, anyio.current_time(), outputs)
+            self.session.batch(items, anyio.current_time(), outputs)
         finally:
             # What the elements before a broken one asked for is carried out,
             # as it would have been had they come one by one.
             self.act(outputs)
-        timer = self.timer
-        if timer is not None:
-            when = session.next_deadline()
-            if when is not None and when < timer.deadline:
-                timer.deadline = when
+        self._pull_in_timer()
 
     async def timer_loop(self) -> None:
         """Renewals, local lease deadlines and command timeouts, when due."""

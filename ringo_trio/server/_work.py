@@ -520,9 +520,7 @@ class _WorkStream:
         self._spawn(self._heartbeat(), final=False)
         self._busy = False
         self._end_if_quiet()
-        execute = self._execute
-        send = self._send
-        lock = self._send_lock
+        answer = self._answer
         while True:
             request = await stream.recv_message()
             if request is None:
@@ -530,17 +528,9 @@ class _WorkStream:
             self._busy = True
             batch = request.batch
             if batch is not None and self._minor >= BATCH_MINOR:
-                await self._execute_batch(_batch_requests(batch))
-            elif request.credit is None and request.drain is None:
-                await send(await execute(request))
+                await answer(_batch_requests(batch), batched=True)
             else:
-                # A credit change and its result are one step on the wire:
-                # every push before the result spent the old credit, every
-                # push after it spends the new one. That is what lets the
-                # worker mirror its remaining credit exactly.
-                async with lock:
-                    await stream.send_message(await execute(request))
-                self._last_sent = self._loop.time()
+                await answer((request,), batched=False)
             self._busy = False
             if self._stopping:
                 self._end_if_quiet()
@@ -578,15 +568,14 @@ class _WorkStream:
             )
         )
 
-    async def _execute(self, request: WorkRequest) -> WorkResponse:
-        [answer] = await self._run((request,))
-        return answer
-
-    async def _execute_batch(self, requests: Sequence[WorkRequest]) -> None:
-        """Run a batch's commands in order and send their results as one batch."""
-        # A credit change and its result are one step on the wire (see
-        # `_read`): from the first credit or drain on, the batch runs under
-        # the send lock; what precedes it does not hold pushes up.
+    async def _answer(self, requests: Sequence[WorkRequest], *, batched: bool) -> None:
+        """Run commands in order and send their results: one batch frame for
+        a batch, the one result for a lone command."""
+        # A credit change and its result are one step on the wire: every push
+        # before the result spent the old credit, every push after it spends
+        # the new one (that is what lets the worker mirror its remaining
+        # credit exactly). So from the first credit or drain on, the commands
+        # run under the send lock; what precedes it does not hold pushes up.
         cut = next(
             (
                 index
@@ -597,11 +586,11 @@ class _WorkStream:
         )
         answers = await self._run(requests[:cut])
         if cut == len(requests):
-            await self._send(batch_frame(answers))
+            await self._send(batch_frame(answers) if batched else answers[0])
             return
         async with self._send_lock:
             answers += await self._run(requests[cut:])
-            await self._stream.send_message(batch_frame(answers))
+            await self._stream.send_message(batch_frame(answers) if batched else answers[0])
         self._last_sent = self._loop.time()
 
     async def _run(self, requests: Sequence[WorkRequest]) -> list[WorkResponse]:

@@ -263,6 +263,49 @@ async def test_a_batch_of_settlements_is_one_storage_call(
             await serving
 
 
+async def test_a_credit_in_a_batch_precedes_its_pushes_even_when_storage_yields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property (the credit mirror, batch form, on an engine that yields in
+    its calls, as PostgreSQL or a group committer does): a batch holding a
+    credit and then a settlement writes its results before any push that
+    spends the new credit, so a mirror that becomes N at the credit's result
+    and drops by one per push never goes below zero."""
+    values = [3, 0, 5, 2, 4, 1, 6, 0, 2, 3]
+    stale = LeaseRef(task_id="gone", attempt=1, lease_token="gone")
+    with anyio.fail_after(10):
+        async with in_process(tmp_path) as (service, engine, context):
+            await engine.enqueue("q", [TaskSpec(task_type="t")] * 40, datetime.now(UTC))
+            settle_many = engine.settle_many
+
+            async def yielding(items: Any, now: datetime) -> Any:
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                return await settle_many(items, now)
+
+            monkeypatch.setattr(engine, "settle_many", yielding)
+            stream = FakeStream()
+            registration = WorkerRegistration(
+                context=context, queue="q", worker_id="w", max_concurrency=1000
+            )
+            stream.inbox.put_nowait(WorkRequest(register=registration))
+            serving = asyncio.create_task(service.work_streams.serve(stream))
+            for index, value in enumerate(values):
+                credit = WorkRequest(request_id=2 * index + 1, credit=CreditUpdate(available=value))
+                ack = WorkRequest(request_id=2 * index + 2, ack=AckRequest(lease=stale))
+                stream.inbox.put_nowait(WorkRequest(batch=WorkRequestBatch(requests=[credit, ack])))
+            await stream.until(lambda: len(_results(stream)) == 2 * len(values))
+            stream.inbox.put_nowait(None)
+            await serving
+    mirror = 0
+    for frame in (m for sent in stream.sent for m in elements(sent)):
+        if frame.task is not None:
+            assert mirror > 0, "a task was pushed that no answered credit covered"
+            mirror -= 1
+        elif frame.result is not None and frame.result.request_id % 2:
+            mirror = values[frame.result.request_id // 2]
+
+
 async def test_storage_unavailable_mid_batch_answers_every_command_and_ends_the_stream(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
