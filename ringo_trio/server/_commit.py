@@ -58,7 +58,7 @@ DEFAULT_MAX_ITEMS = 256
 class _Batch:
     items: Sequence[Settlement]
     now: datetime
-    answer: asyncio.Future[list[LeaseLost | None]] = field(
+    answer: asyncio.Future[list[str | LeaseLost]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
@@ -77,7 +77,7 @@ class GroupCommit:
         self.flushes = 0
         """How many `settle_many` calls ran (the transactions spent)."""
 
-    async def settle(self, items: Sequence[Settlement], now: datetime) -> list[LeaseLost | None]:
+    async def settle(self, items: Sequence[Settlement], now: datetime) -> list[str | LeaseLost]:
         """`Storage.settle_many(items, now)`, committed together with the
         other callers queued at the same time (see the module docstring for
         what cancellation does)."""
@@ -151,7 +151,7 @@ class GroupCommit:
 def _resolve(
     batch: _Batch,
     *,
-    answers: list[LeaseLost | None] | None = None,
+    answers: list[str | LeaseLost] | None = None,
     error: Exception | None = None,
 ) -> None:
     """Answer `batch`'s caller, unless it went away (cancelled) meanwhile."""

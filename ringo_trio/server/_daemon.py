@@ -67,6 +67,7 @@ from datetime import timedelta
 from ringo_trio import _limits as limits
 
 from ._clock import Clock
+from ._commit import GroupCommit
 from ._connections import ConnectionLimits, GuardedServer
 from ._gate import Gate
 from ._http import serve_http
@@ -197,6 +198,7 @@ class Daemon:
             uncounted={ATTACH_LOCAL_METHOD},
             throttle=AuthThrottle(cap=config.auth_failure_delay),
         )
+        self.commit = GroupCommit(storage)
         self.queue_service = QueueService(
             storage,
             clock=self.clock,
@@ -206,6 +208,7 @@ class Daemon:
             reaper=self.reaper,
             heartbeat_interval=config.heartbeat_interval,
             members=self.members,
+            commit=self.commit,
         )
         self.queue_service.work_streams.metrics = self.metrics
         self.dashboard: Dashboard | None = None
@@ -290,6 +293,7 @@ class Daemon:
             async with asyncio.TaskGroup() as tasks:
                 background = [
                     tasks.create_task(self.reaper.run(), name="ringod lease reaper"),
+                    tasks.create_task(self.commit.run(), name="ringod group commit"),
                     tasks.create_task(self._watch(), name="ringod storage watch"),
                     tasks.create_task(self._room_probe(), name="ringod room probe"),
                     tasks.create_task(self.retention.run(), name="ringod retention"),

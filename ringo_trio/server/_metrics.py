@@ -13,7 +13,7 @@ daemons, the tests do) and is fed from four places:
   wrapped once, where the daemon receives it. Every call is timed by
   operation, and the outcomes the engine returns are counted: enqueued
   (created vs duplicate), acked, nacked, rejected (one by one, or in a group
-  commit, whose `settle_group` answer names each settled task's queue),
+  commit, whose `settle_many` answer names each settled task's queue),
   cancelled, retried by queue, and lease expiries and purged tasks in total. Wrapping the instance
   rather than subclassing `Storage` keeps the engine's identity and every
   method it has, including ones added after this was written.
@@ -541,7 +541,7 @@ def _count_cancel(m: PrometheusMetrics, task: Any, queue: str, _reason: str, now
         m.queue(queue).cancelled.inc()
 
 
-def _count_settle_group(
+def _count_settle_many(
     m: PrometheusMetrics, answers: list[str | LeaseLost], settlements: Sequence[Settlement], *_: Any
 ) -> None:
     # A settled item's answer is its task's queue; a lost one counts nothing.
@@ -571,7 +571,7 @@ _COUNTERS: dict[str, Callable[..., None]] = {
     "nack": lambda m, task, *_: m.queue(task.queue).nacked.inc(),
     "reject": lambda m, task, *_: m.queue(task.queue).rejected.inc(),
     "retry": lambda m, task, *_: m.queue(task.queue).retried.inc(),
-    "settle_many": _count_settle_group,
+    "settle_many": _count_settle_many,
     "cancel": _count_cancel,
     "retry_dead": _count_retry_dead,
     "expire_leases": lambda m, changed, *_: m.expired.inc(changed),
@@ -585,30 +585,14 @@ def instrument_storage(storage: Storage, metrics: PrometheusMetrics) -> None:
     if getattr(storage, "_ringo_metrics", None) is metrics:
         return
     for operation in TIMED_OPERATIONS:
-        # A group commit is counted from the answer naming the settled
-        # tasks' queues: both spellings run the engine's settle_group, timed
-        # and counted as "settle_many" (the engine's own settle_many would
-        # call the wrapped settle_group, so it is replaced, not wrapped).
-        method = storage.settle_group if operation == "settle_many" else getattr(storage, operation)
         wrapped = _timed(
-            method,
+            getattr(storage, operation),
             metrics.storage_seconds.labels(operation).observe,
             metrics.storage_errors.labels(operation).inc,
             _counter(operation, metrics),
         )
-        if operation == "settle_many":
-            setattr(storage, "settle_group", wrapped)  # noqa: B010 (mypy: a method)
-            wrapped = functools.partial(_settle_many, wrapped)
         setattr(storage, operation, wrapped)
     storage._ringo_metrics = metrics  # type: ignore[attr-defined]
-
-
-async def _settle_many(
-    group: Callable[..., Awaitable[list[str | LeaseLost]]],
-    settlements: Sequence[Settlement],
-    now: datetime,
-) -> list[LeaseLost | None]:
-    return [None if isinstance(a, str) else a for a in await group(settlements, now)]
 
 
 def _counter(operation: str, metrics: PrometheusMetrics) -> Callable[..., None] | None:

@@ -152,6 +152,7 @@ from ringo_trio._wire.protocol import (
 
 from . import _validate as v
 from ._clock import Clock
+from ._commit import GroupCommit
 from ._gate import time_remaining
 from ._members import ATTACH_LOCAL_METHOD, Members
 from ._operate import Operations
@@ -321,6 +322,7 @@ class QueueService(QueueServiceBase):
         reaper: LeaseReaper,
         heartbeat_interval: float = 10.0,
         members: Members | None = None,
+        commit: GroupCommit | None = None,
     ) -> None:
         if not 0 <= served_minor <= limits.PROTOCOL_MINOR:
             raise ValueError(f"served minor must be within 0..{limits.PROTOCOL_MINOR}")
@@ -330,6 +332,10 @@ class QueueService(QueueServiceBase):
         self._served_minor = served_minor
         self._wakeups = wakeups
         self._reaper = reaper
+        # The daemon's committer groups settlements across Work streams;
+        # without one (in-process tests), each stream's group is its own
+        # transaction.
+        self._commit = commit
         self.members = members if members is not None else Members(None)
         self._operations = Operations(storage, wakeups)
         self.work_streams = WorkStreams(
@@ -587,20 +593,24 @@ class QueueService(QueueServiceBase):
         await self._storage.reject(reject.ref, reject.error, now)
 
     async def apply_settlements(
-        self, queue: str, settlements: Sequence[Settlement], now: datetime
-    ) -> list[LeaseLost | None]:
-        """A Work stream's settlements, in order, in ONE storage call (the
-        group commit; `Storage.settle_many` has the contract). `queue` is the
-        stream's: a nack that took effect made one of its tasks claimable,
-        so its dispatchers are woken. The one place a committer that groups
-        across streams would go."""
-        outcomes = await self._storage.settle_many(settlements, now)
-        if any(
-            outcome is None and type(item) is Nack
-            for item, outcome in zip(settlements, outcomes, strict=True)
-        ):
+        self, settlements: Sequence[Settlement], now: datetime
+    ) -> list[str | LeaseLost]:
+        """A Work stream's settlements, in order, committed together (with
+        other streams' through the daemon's `GroupCommit`;
+        `Storage.settle_many` has the contract). The queues whose tasks a
+        nack made claimable again have their dispatchers woken."""
+        if self._commit is not None:
+            answers = await self._commit.settle(settlements, now)
+        else:
+            answers = await self._storage.settle_many(settlements, now)
+        refilled = {
+            answer
+            for item, answer in zip(settlements, answers, strict=True)
+            if type(item) is Nack and isinstance(answer, str)
+        }
+        for queue in refilled:
             self._wakeups.notify(queue)
-        return outcomes
+        return answers
 
     async def apply_extend(self, message: ExtendLeaseRequest, now: datetime) -> Lease:
         ref = v.lease_ref(message.lease)

@@ -255,8 +255,8 @@ class LeaseOps(Protocol):
         ...
 
     async def apply_settlements(
-        self, queue: str, settlements: Sequence[Settlement], now: datetime
-    ) -> list[LeaseLost | None]:
+        self, settlements: Sequence[Settlement], now: datetime
+    ) -> list[str | LeaseLost]:
         """Acks, nacks and rejects of one stream, in order, in one storage call."""
         ...
 
@@ -622,14 +622,14 @@ class _WorkStream:
                     answers[index] = self._failure(request_id, name, body, exc)
                 continue
             if group:
-                await self._settle_group(group, requests, answers)
+                await self._settle_together(group, requests, answers)
                 group = []
                 if self._down is not None:
                     answers[index] = self._not_run(request_id)
                     continue
             answers[index] = await self._command(request_id, name, body)
         if group:
-            await self._settle_group(group, requests, answers)
+            await self._settle_together(group, requests, answers)
         return answers
 
     def _not_run(self, request_id: int) -> WorkResponse:
@@ -680,7 +680,7 @@ class _WorkStream:
             return v.nack_settlement(body)
         return v.reject_settlement(body)
 
-    async def _settle_group(
+    async def _settle_together(
         self,
         group: Sequence[tuple[int, str, Any, Settlement]],
         requests: Sequence[WorkRequest],
@@ -690,7 +690,7 @@ class _WorkStream:
         owner = self._owner
         try:
             outcomes = await owner.ops.apply_settlements(
-                self._queue, [item for _, _, _, item in group], owner.clock.now()
+                [item for _, _, _, item in group], owner.clock.now()
             )
         except Exception as exc:
             # The whole group failed (and, by the contract, none of it happened).
@@ -701,7 +701,7 @@ class _WorkStream:
         outstanding = self._outstanding
         for (index, name, body, item), outcome in zip(group, outcomes, strict=True):
             request_id = requests[index].request_id
-            if outcome is None:
+            if not isinstance(outcome, LeaseLost):
                 outstanding.discard(item.ref.lease_token)
                 tap.done(name, body)
                 answers[index] = ok_frame(request_id)

@@ -355,7 +355,7 @@ class EngineMachine(RuleBasedStateMachine):
             max_size=5,
         ),
     )
-    def settle_group(self, data: st.DataObject, ops: list[tuple[str, str | None]]) -> None:
+    def settle_many(self, data: st.DataObject, ops: list[tuple[str, str | None]]) -> None:
         """A group commit of live, stale and forged refs (a lease may come
         twice): per item, what the same call alone would do, in order."""
         now = self.now
@@ -377,8 +377,8 @@ class EngineMachine(RuleBasedStateMachine):
             expected.append(None if target is None else target.queue)
             if target is not None:
                 self.settle(target, op, now)
-        event(f"settle_group: {sum(e is not None for e in expected)} live")
-        answers = self.engine.settle_group(items, now)
+        event(f"settle_many: {sum(e is not None for e in expected)} live")
+        answers = self.engine.settle_many(items, now)
         assert [None if isinstance(a, LeaseLost) else a for a in answers] == expected
 
     @rule(step=st.sampled_from(STEPS), reap=st.booleans())

@@ -10,10 +10,8 @@ are tracked; later ones are not drawn.
 `instrument_activity` feeds it by wrapping the storage instance's settling
 methods, like the metrics do (`_metrics.instrument_storage`); the daemon
 installs it only with ``--ui-listen``, so without the dashboard it costs
-nothing. A group commit (`Storage.settle_many`) names leases, not queues:
-the queue of each lease comes from the claim that handed it out, remembered
-in a bounded map (`_MAX_LEASES` entries; an older lease's settlement is not
-counted).
+nothing. A group commit (`Storage.settle_many`) answers each settled task's
+queue, which is what is counted.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ringo_trio import _limits as limits
-from ringo_trio._proto.ringo.v1 import LeasedTask
 
 from ..storage._base import Ack, Settlement, Storage
 
@@ -34,7 +31,6 @@ __all__ = ["MINUTES", "Activity", "instrument_activity"]
 log = logging.getLogger("ringo_trio.server.ui")
 
 MINUTES = 60
-_MAX_LEASES = 100_000
 
 
 class _Series:
@@ -91,48 +87,30 @@ class Activity:
 
 def instrument_activity(storage: Storage, activity: Activity) -> None:
     """Wrap `storage`'s settling methods (on the instance) to feed `activity`."""
-    leases: dict[str, str] = {}
 
-    def claimed(batch: list[LeasedTask], queue: str, *_: Any) -> None:
-        for leased in batch:
-            if leased.task is not None:
-                leases[leased.task.id] = queue
-        while len(leases) > _MAX_LEASES:
-            del leases[next(iter(leases))]
-
-    def grouped(outcomes: list[Any], settlements: Sequence[Settlement], *_: Any) -> None:
-        for item, outcome in zip(settlements, outcomes, strict=False):
-            # Popped already when the engine settled through its own ack,
-            # nack and reject (the one-by-one default): counted there.
-            queue = leases.pop(item.ref.task_id, None)
-            if outcome is None and queue is not None:
-                activity.record(queue, succeeded=isinstance(item, Ack))
+    def grouped(answers: list[Any], settlements: Sequence[Settlement], *_: Any) -> None:
+        # A settled item's answer is its task's queue; a lost one counts nothing.
+        for item, answer in zip(settlements, answers, strict=False):
+            if isinstance(answer, str):
+                activity.record(answer, succeeded=isinstance(item, Ack))
 
     hooks: dict[str, Callable[..., None]] = {
-        "claim": claimed,
         "ack": lambda task, *_: activity.record(task.queue, succeeded=True),
         "nack": lambda task, *_: activity.record(task.queue, succeeded=False),
         "reject": lambda task, *_: activity.record(task.queue, succeeded=False),
         "settle_many": grouped,
     }
     for operation, hook in hooks.items():
-        setattr(storage, operation, _after(getattr(storage, operation), hook, leases, operation))
+        setattr(storage, operation, _after(getattr(storage, operation), hook, operation))
 
 
 def _after(
-    method: Callable[..., Awaitable[Any]],
-    hook: Callable[..., None],
-    leases: dict[str, str],
-    operation: str,
+    method: Callable[..., Awaitable[Any]], hook: Callable[..., None], operation: str
 ) -> Callable[..., Awaitable[Any]]:
-    forget = operation in ("ack", "nack", "reject")
-
     @functools.wraps(method)
     async def call(*args: Any, **kwargs: Any) -> Any:
         result = await method(*args, **kwargs)
         try:
-            if forget:
-                leases.pop(result.id, None)
             hook(result, *args)
         except Exception:
             # A miscount must never fail the call that was counted.

@@ -273,35 +273,23 @@ class Storage(abc.ABC):
 
     async def settle_many(
         self, settlements: Sequence[Settlement], now: datetime
-    ) -> list[LeaseLost | None]:
+    ) -> list[str | LeaseLost]:
         """Group commit: apply `settlements` in order, as `ack`/`nack`/`reject`
         one by one would, in ONE transaction.
 
-        Element i of the answer is None when settlement i took effect, or the
-        `LeaseLost` that call alone would have raised (`cancelled` included);
-        a lost lease changes nothing and does not stop the others. Two
-        settlements of one lease in a group: the first wins, the second is
-        LeaseLost, as in sequence. Any other error (`StorageUnavailable`,
-        `StorageFull`) rolls the whole group back and is raised: none of it
-        happened. Returns nothing else: the Work stream needs no row back.
-        (`settle_group` is the same call naming the settled tasks' queues;
-        engines override that one.)
-        """
-        return [
-            None if isinstance(a, str) else a for a in await self.settle_group(settlements, now)
-        ]
-
-    async def settle_group(
-        self, settlements: Sequence[Settlement], now: datetime
-    ) -> list[str | LeaseLost]:
-        """`settle_many`, with element i the queue of settlement i's task
-        when it took effect (instead of None): the metrics count outcomes by
-        queue, and a caller settling for several streams learns which queues
-        a nack made claimable, without a row built per task.
+        Element i of the answer is the queue of settlement i's task when it
+        took effect (the metrics count by it, and a caller wakes the queues
+        its nacks refilled, with no row built per task), or the `LeaseLost`
+        that call alone would have raised (`cancelled` included); a lost
+        lease changes nothing and does not stop the others. Two settlements
+        of one lease in a group: the first wins, the second is LeaseLost, as
+        in sequence. Any other error (`StorageUnavailable`, `StorageFull`)
+        rolls the whole group back and is raised: none of it happened.
 
         This default, one by one in one transaction each, is the reference
         semantics the storage tests compare the engines' group commits with
-        (call it as ``Storage.settle_group(engine, ...)``)."""
+        (call it as ``Storage.settle_many(engine, ...)``); engines override it.
+        """
         answers: list[str | LeaseLost] = []
         for item in settlements:
             try:

@@ -42,7 +42,7 @@ Concurrency, operation by operation (READ COMMITTED):
   stale ref matches nothing (LeaseLost), whoever won. Only on that miss a
   second statement looks whether the ref's attempt ended by CancelTask
   (`LeaseLost(cancelled=True)`), so the hot path pays nothing for it.
-* group commit (`settle_group`) -- one statement: the group's live leases
+* group commit (`settle_many`) -- one statement: the group's live leases
   are locked one `tasks_id` lookup each, in task-id order, then settled by
   one `UPDATE ... FROM` of the locked rows. Groups of two daemons that meet
   on rows (a worker's stale refs after it moved) queue on the lowest id
@@ -714,7 +714,7 @@ class _Sql:
         # row out: the settled items' positions and queues, and the
         # notifications of the queues nacks made claimable.
         again = f"l.kind = {_NACK} AND k.attempt < k.max_attempts"
-        self.settle_group = f"""
+        self.settle_many = f"""
             WITH d AS (
                 SELECT DISTINCT ON (u.id, u.attempt, u.token) u.*
                 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::smallint[],
@@ -1244,7 +1244,7 @@ class PostgresEngine(Storage):
     async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
         return await self._settle(self._sql.reject, row_task, ref, now, error)
 
-    async def settle_group(
+    async def settle_many(
         self, settlements: Sequence[Settlement], now: datetime
     ) -> list[str | LeaseLost]:
         """One statement (one implicit transaction) for the group; only for
@@ -1257,7 +1257,7 @@ class PostgresEngine(Storage):
         cols = [list(col) for col in zip(*rows, strict=True)]
         ids, attempts = cols[0], cols[1]
         async with self._conn() as conn:
-            row = await conn.fetchrow(self._sql.settle_group, *cols, to_us(now))
+            row = await conn.fetchrow(self._sql.settle_many, *cols, to_us(now))
             # Positions are 1-based (WITH ORDINALITY).
             settled = dict(zip(row[0] or (), row[1] or (), strict=True))
             cancelled: set[int] = set()

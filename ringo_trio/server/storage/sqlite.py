@@ -65,7 +65,7 @@ keeps counting. `last_error` and `progress` describe the latest attempt that
 set them and are kept across attempts and retries; `worker_id` and
 `lease_until` exist only while LEASED; `result` only while SUCCEEDED.
 
-Group commit (`settle_group`): one `BEGIN IMMEDIATE ... COMMIT` for a
+Group commit (`settle_many`): one `BEGIN IMMEDIATE ... COMMIT` for a
 whole group of acks, nacks and rejects, an `UPDATE ... RETURNING queue` per
 item in order (so a lease listed twice misses the second time, as in
 sequence); the count rows and index pages the group shares go to the WAL
@@ -807,7 +807,7 @@ class SQLiteEngine(Storage):
     async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
         return self._settle(_REJECT, _row_task, ref, now, error=error)
 
-    async def settle_group(
+    async def settle_many(
         self, settlements: Sequence[Settlement], now: datetime
     ) -> list[str | LeaseLost]:
         """One `BEGIN IMMEDIATE ... COMMIT` for the group: one lease-guarded
