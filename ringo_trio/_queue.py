@@ -17,9 +17,10 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
+from ._batch_reply import decode_batch_reply
 from ._durations import MAX_RETENTION
 from ._errors import InvalidArgumentError, RingoError, require_minor
-from ._frames import decode_enqueue_many_response, encode_enqueue_many_request_from_specs
+from ._frames import encode_enqueue_many_request_from_specs
 from ._models import (
     BatchResult,
     EnqueueResult,
@@ -178,7 +179,7 @@ class _EnqueueManyReply:
     @staticmethod
     def FromString(data: bytes) -> BatchResult:
         try:
-            return decode_enqueue_many_response(data)
+            return decode_batch_reply(data)
         except ValueError as exc:
             raise RingoError(f"malformed EnqueueMany reply from the daemon: {exc}") from None
 
