@@ -130,13 +130,13 @@ from ._rows import PENDING as _PENDING
 from ._rows import STATES as _STATES
 from ._rows import SUCCEEDED as _SUCCEEDED
 from ._rows import UINT32_MAX as _UINT32_MAX
+from ._rows import NewTasks as _NewTasks
 from ._rows import cancelled_text as _cancelled_text
 from ._rows import describe as _describe
 from ._rows import finished_states as _finished_states
 from ._rows import from_us as _from_us
 from ._rows import lease as _lease
 from ._rows import leased as _leased
-from ._rows import new_task as _new_task
 from ._rows import row_task as _row_task
 from ._rows import stuck as _stuck
 from ._rows import to_us as _to_us
@@ -658,7 +658,7 @@ class SQLiteEngine(Storage):
         now_us = _to_us(now)
         # Queue "" names no queue a client can use, and the row is gone again
         # before the commit makes anything visible.
-        _, row = _new_task("", _PROBE_SPEC, _from_us(now_us), now_us, "probe")
+        _, row = _NewTasks("", _from_us(now_us), now_us, 1, "probe").make(_PROBE_SPEC)
         with self._write() as db:
             seq = db.execute(_INSERT, row).lastrowid
             db.execute("DELETE FROM tasks WHERE seq = ?", (seq,))
@@ -671,7 +671,7 @@ class SQLiteEngine(Storage):
         now_us = _to_us(now)
         # Normalised to UTC so a returned Task equals what `get` reads back.
         now = _from_us(now_us)
-        id_prefix = f"{max(now_us // 1000, 0) & 0xFFFF_FFFF_FFFF:012x}"
+        new_tasks = _NewTasks(queue, now, now_us, len(specs))
         keys = {s.unique_key for s in specs if s.unique_key}
         with self._write() as db:
             existing = self._tasks_by_key(db, queue, keys) if keys else {}
@@ -684,7 +684,7 @@ class SQLiteEngine(Storage):
                     if found is not None:
                         outcomes.append(EnqueueOutcome(found, created=False))
                         continue
-                task, row = _new_task(queue, spec, now, now_us, id_prefix)
+                task, row = new_tasks.make(spec)
                 if key:
                     # A later spec with the same key in this batch resolves here.
                     existing[key] = task
