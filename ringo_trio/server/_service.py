@@ -444,7 +444,9 @@ class QueueService(QueueServiceBase):
         if created:
             self._wakeups.notify(queue)
         return _EncodedEnqueueMany(
-            [(_as_seen_at(minor, o.task), o.created) for o in outcomes],
+            [(o.task, o.created) for o in outcomes]
+            if minor >= OPERATE_MINOR  # `_as_seen_at` changes nothing then
+            else [(_as_seen_at(minor, o.task), o.created) for o in outcomes],
             created,
             len(outcomes) - created,
         )
