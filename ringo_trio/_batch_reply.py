@@ -23,6 +23,7 @@ corrupted replies (tests/sdk/test_batch_reply.py).
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from ._frames import decode_enqueue_many_response
 from ._models import BatchResult, EnqueueResult, RetryBackoff, Task, TaskState
@@ -50,18 +51,21 @@ def decode_batch_reply(buffer: bytes | bytearray | memoryview) -> BatchResult:
         return decode_enqueue_many_response(buf)
 
 
+_Tail = tuple[Any, ...]  # fields 6-15, in `Task`'s order: see `_tail`
+
+
 def _decode(buf: bytes) -> BatchResult:
     end = len(buf)
     pos = 0
     results: list[EnqueueResult] = []
     created_count = duplicate_count = 0
     strings: dict[bytes, str] = {}
-    backoffs: dict[bytes, RetryBackoff | None] = {}
+    tails: dict[bytes, _Tail] = {}
     while pos < end:
         key = buf[pos]
         if key == 0x0A:
             start, pos = _read_len(buf, pos + 1, end)
-            results.append(_result(buf, start, pos, strings, backoffs))
+            results.append(_result(buf, start, pos, strings, tails))
         elif key == 0x10:
             created_count, pos = _read_varint(buf, pos + 1, end)
             created_count &= _M32
@@ -74,11 +78,7 @@ def _decode(buf: bytes) -> BatchResult:
 
 
 def _result(
-    buf: bytes,
-    pos: int,
-    end: int,
-    strings: dict[bytes, str],
-    backoffs: dict[bytes, RetryBackoff | None],
+    buf: bytes, pos: int, end: int, strings: dict[bytes, str], tails: dict[bytes, _Tail]
 ) -> EnqueueResult:
     task: Task | None = None
     created = False
@@ -86,7 +86,7 @@ def _result(
         key = buf[pos]
         if key == 0x0A:
             start, pos = _read_len(buf, pos + 1, end)
-            task = _task(buf, start, pos, strings, backoffs)
+            task = _task(buf, start, pos, strings, tails)
         elif key == 0x10:
             value, pos = _read_varint(buf, pos + 1, end)
             created = value != 0
@@ -98,70 +98,81 @@ def _result(
 
 
 def _task(
-    buf: bytes,
-    pos: int,
-    end: int,
-    strings: dict[bytes, str],
-    backoffs: dict[bytes, RetryBackoff | None],
+    buf: bytes, pos: int, end: int, strings: dict[bytes, str], tails: dict[bytes, _Tail]
 ) -> Task:
-    task_id = queue = task_type = unique_key = last_error = ""
+    """Fields 1-5 (unique per task) one by one; fields 6-15, which encoders
+    write after them and a batch's tasks mostly share, decoded once per
+    distinct run of bytes."""
+    task_id = queue = task_type = unique_key = ""
     payload = b""
-    state = attempt = max_attempts = priority = 0
-    backoff: RetryBackoff | None = None
-    created_at: datetime | None = None
-    updated_at: datetime | None = None
-    available_at: datetime | None = None
-    finished_at: datetime | None = None
     while pos < end:
         key = buf[pos]
-        pos += 1
-        if key & 7 == 2:  # length-delimited: every field but 6-9
-            at = pos
-            size = buf[pos]
-            if size < 0x80:
-                start = pos + 1
-                pos = start + size
-                if pos > end:
-                    raise _Generic
-            else:
-                start, pos = _read_len(buf, pos, end)
-            if key == 0x0A:
-                task_id = buf[start:pos].decode()
-            elif key == 0x22:
-                payload = buf[start:pos]
-            elif key == 0x5A or key == 0x62 or key == 0x6A or key == 0x72:
-                moment = _r_timestamp(buf, at, end, None)[0]
-                if key == 0x5A:
-                    created_at = moment
-                elif key == 0x62:
-                    updated_at = moment
-                elif key == 0x6A:
-                    available_at = moment
-                else:
-                    finished_at = moment
-            elif key == 0x12 or key == 0x1A or key == 0x2A or key == 0x7A:
-                raw = buf[start:pos]
-                text = strings.get(raw)
-                if text is None:
-                    text = strings[raw] = raw.decode()
-                if key == 0x12:
-                    queue = text
-                elif key == 0x1A:
-                    task_type = text
-                elif key == 0x2A:
-                    unique_key = text
-                else:
-                    last_error = text
-            elif key == 0x52:
-                raw = buf[start:pos]
-                if raw in backoffs:
-                    backoff = backoffs[raw]
-                else:
-                    backoff = backoffs[raw] = RetryBackoff.from_wire(decode(raw, _WireRetryBackoff))
-            else:
+        if key > 0x2A or key & 7 != 2:
+            break
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+            if pos > end:
                 raise _Generic
-        elif key == 0x30 or key == 0x38 or key == 0x40 or key == 0x48:
-            value, pos = _read_varint(buf, pos, end)
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        if key == 0x0A:
+            task_id = buf[start:pos].decode()
+        elif key == 0x22:
+            payload = buf[start:pos]
+        elif key == 0x12 or key == 0x1A:
+            raw = buf[start:pos]
+            text = strings.get(raw)
+            if text is None:
+                text = strings[raw] = raw.decode()
+            if key == 0x12:
+                queue = text
+            else:
+                task_type = text
+        elif key == 0x2A:
+            unique_key = buf[start:pos].decode()
+        else:
+            raise _Generic
+    rest = buf[pos:end]
+    tail = tails.get(rest)
+    if tail is None:
+        tail = tails[rest] = _tail(buf, pos, end)
+    # Positional, in the dataclass's field order (the property test checks it).
+    return Task(
+        task_id,
+        queue,
+        task_type,
+        payload,
+        tail[0],
+        tail[1],
+        tail[2],
+        tail[3],
+        unique_key or None,
+        tail[4],
+        tail[5],
+        tail[6],
+        tail[7],
+        tail[8],
+        tail[9],
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+def _tail(buf: bytes, pos: int, end: int) -> _Tail:
+    """(state, attempt, max_attempts, priority, retry_backoff, created_at,
+    updated_at, available_at, finished_at, last_error) from fields 6-15."""
+    state = attempt = max_attempts = priority = 0
+    backoff: RetryBackoff | None = None
+    moments: list[datetime | None] = [None, None, None, None]
+    last_error = ""
+    while pos < end:
+        key = buf[pos]
+        if key == 0x30 or key == 0x38 or key == 0x40 or key == 0x48:
+            value, pos = _read_varint(buf, pos + 1, end)
             if key == 0x30:
                 state = value & _M32
             elif key == 0x38:
@@ -172,30 +183,25 @@ def _task(
                 priority = value & _M32
                 if priority >> 31:
                     priority -= 1 << 32
+        elif key == 0x5A or key == 0x62 or key == 0x6A or key == 0x72:
+            moments[(key - 0x5A) >> 3], pos = _r_timestamp(buf, pos + 1, end, None)
+        elif key == 0x52:
+            start, pos = _read_len(buf, pos + 1, end)
+            backoff = RetryBackoff.from_wire(decode(buf[start:pos], _WireRetryBackoff))
+        elif key == 0x7A:
+            start, pos = _read_len(buf, pos + 1, end)
+            last_error = buf[start:pos].decode()
         else:
+            # Fields 16+ (two-byte keys), 1-5 out of order, unknown fields.
             raise _Generic
     # Values this SDK does not know (a newer daemon) are UNSPECIFIED, as in
     # `TaskState.from_wire`.
-    task_state = _STATES.get(state, TaskState.UNSPECIFIED)
-    # Positional, in the dataclass's field order (the property test checks it).
-    return Task(
-        task_id,
-        queue,
-        task_type,
-        payload,
-        task_state,
+    return (
+        _STATES.get(state, TaskState.UNSPECIFIED),
         attempt,
         max_attempts,
         priority,
-        unique_key or None,
         backoff,
-        created_at,
-        updated_at,
-        available_at,
-        finished_at,
+        *moments,
         last_error or None,
-        None,
-        None,
-        None,
-        None,
     )
