@@ -17,10 +17,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
-from ._batch_reply import decode_batch_reply
+from ._batch_wire import decode_batch_wire, encode_batch_request
 from ._durations import MAX_RETENTION
 from ._errors import InvalidArgumentError, RingoError, require_minor
-from ._frames import encode_enqueue_many_request_from_specs
 from ._models import (
     BatchResult,
     EnqueueResult,
@@ -170,7 +169,7 @@ class _EnqueueManyCall:
         self.specs = specs
 
     def SerializeToString(self) -> bytes:
-        return encode_enqueue_many_request_from_specs(self.context, self.queue, self.specs)
+        return encode_batch_request(self.context, self.queue, self.specs)
 
 
 class _EnqueueManyReply:
@@ -179,7 +178,7 @@ class _EnqueueManyReply:
     @staticmethod
     def FromString(data: bytes) -> BatchResult:
         try:
-            return decode_batch_reply(data)
+            return decode_batch_wire(data)
         except ValueError as exc:
             raise RingoError(f"malformed EnqueueMany reply from the daemon: {exc}") from None
 
