@@ -294,7 +294,7 @@ def _insert_all(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None
     for size in _INSERT_CHUNKS:
         sql = _insert_rows(size)
         while total - start >= size:
-            db.execute(sql, [value for row in rows[start : start + size] for value in row])
+            db.execute(sql, list(itertools.chain.from_iterable(rows[start : start + size])))
             start += size
 
 
