@@ -39,9 +39,9 @@ from ._models import BatchResult, EnqueueResult, RetryBackoff, Task, TaskSpec, T
 from ._proto.ringo.v1 import EnqueueManyRequest, RequestContext
 from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
 from ._proto.ringo.v1 import TaskState as _WireTaskState
-from ._wire.codec import _r_timestamp, _read_len, _read_varint, build, decode, encode
+from ._wire.codec import _r_timestamp, _read_len, _read_varint, _varint, build, decode, encode
 
-__all__ = ["decode_batch_wire", "encode_batch_request"]
+__all__ = ["decode_batch_reply", "encode_batch_request"]
 
 _M32 = 0xFFFF_FFFF
 _STATES = {int(member): TaskState.from_wire(int(member)) for member in _WireTaskState}
@@ -51,7 +51,7 @@ class _Generic(Exception):
     """Not a reply this decoder reads: the generic decoder takes it."""
 
 
-def decode_batch_wire(buffer: bytes | bytearray | memoryview) -> BatchResult:
+def decode_batch_reply(buffer: bytes | bytearray | memoryview) -> BatchResult:
     """The `BatchResult` of an EnqueueMany reply; `ValueError` (or
     `InvalidArgumentError`) on malformed input, as the generic decoder."""
     buf = buffer if type(buffer) is bytes else bytes(buffer)
@@ -218,16 +218,6 @@ def _tail(buf: bytes, pos: int, end: int) -> _Tail:
 
 
 # -- the request ----------------------------------------------------------------------
-
-
-def _varint(value: int) -> bytes:
-    value &= 0xFFFF_FFFF_FFFF_FFFF  # int32 negatives: ten bytes, as protobuf
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _field(tag: bytes, data: bytes) -> bytes:

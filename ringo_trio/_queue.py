@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
-from ._batch_wire import decode_batch_wire, encode_batch_request
+from ._batch_wire import decode_batch_reply, encode_batch_request
 from ._durations import MAX_RETENTION
 from ._errors import InvalidArgumentError, RingoError, require_minor
 from ._models import (
@@ -178,7 +178,7 @@ class _EnqueueManyReply:
     @staticmethod
     def FromString(data: bytes) -> BatchResult:
         try:
-            return decode_batch_wire(data)
+            return decode_batch_reply(data)
         except ValueError as exc:
             raise RingoError(f"malformed EnqueueMany reply from the daemon: {exc}") from None
 

@@ -23,23 +23,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ringo_trio._proto.ringo.v1 import Task
-from ringo_trio._wire.codec import _w_timestamp, encode
+from ringo_trio._wire.codec import _SMALL, _varint, _w_timestamp, encode
 
 __all__ = ["encode_enqueue_many_reply"]
-
-
-def _varint(value: int) -> bytes:
-    if value < 0:
-        value &= 0xFFFF_FFFF_FFFF_FFFF  # int32/enum negatives: ten bytes, as protobuf
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_SMALL = tuple(bytes((i,)) for i in range(128))
 
 
 def _field(tag: bytes, data: bytes | bytearray) -> bytes:

@@ -77,7 +77,7 @@ def _outcome(decoder: Any, data: bytes) -> Any:
 def test_any_reply_decodes_as_the_generic_decoder_does(reply: EnqueueManyResponse) -> None:
     """Property (same answer): on any reply the result is the generic decoder's."""
     data = encode(reply)
-    assert _outcome(_batch_wire.decode_batch_wire, data) == _outcome(
+    assert _outcome(_batch_wire.decode_batch_reply, data) == _outcome(
         decode_enqueue_many_response, data
     )
 
@@ -107,7 +107,7 @@ def test_corrupted_replies_fail_or_decode_as_the_generic_decoder(
         encoded[index] = data.draw(st.integers(0, 255))
     cut = bytes(encoded[: data.draw(st.integers(0, len(encoded)))])
     for attempt in (bytes(encoded), cut):
-        assert _outcome(_batch_wire.decode_batch_wire, attempt) == _outcome(
+        assert _outcome(_batch_wire.decode_batch_reply, attempt) == _outcome(
             decode_enqueue_many_response, attempt
         )
 
@@ -116,7 +116,7 @@ def test_a_result_without_its_task_is_refused_as_before() -> None:
     """Example: a result missing its task is the generic decoder's error."""
     data = encode(EnqueueManyResponse(results=[EnqueueResult(created=True)]))
     with pytest.raises(InvalidArgumentError, match="no task"):
-        _batch_wire.decode_batch_wire(data)
+        _batch_wire.decode_batch_reply(data)
 
 
 def test_repeated_backoffs_are_shared_values() -> None:
