@@ -24,6 +24,12 @@ from ._limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
 from ._models import QueueStats, Task, TaskSpec, TaskState
 from ._supervise import TOKEN_ENV
 
+#: Exit statuses of every ``ringo`` command (``ringo_trio._cli`` lists them).
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
 __all__ = ["add_commands", "OPS_COMMANDS"]
 
 OPS_COMMANDS = frozenset({"queues", "tasks", "enqueue"})
@@ -68,12 +74,42 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token", default=None, help=f"bearer token for --endpoint (default: ${TOKEN_ENV})"
     )
+    tls_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def tls_options(parser: argparse.ArgumentParser) -> None:
+    """--tls-ca/--tls-cert/--tls-key, for every command that takes --endpoint."""
+    tls = parser.add_argument_group("TLS (with --endpoint; any of them turns TLS on)")
+    tls.add_argument(
+        "--tls-ca", default=None, help="PEM bundle of the CA(s) to trust (default: the system's)"
+    )
+    tls.add_argument(
+        "--tls-cert", default=None, help="client certificate (PEM), for ringod --tls-client-ca"
+    )
+    tls.add_argument("--tls-key", default=None, help="the key of --tls-cert, if not in its file")
+
+
+def tls_problems(args: argparse.Namespace) -> list[str]:
+    if args.endpoint is None and (args.tls_ca or args.tls_cert or args.tls_key):
+        return ["--tls-ca, --tls-cert and --tls-key need --endpoint"]
+    return []
+
+
+def connect(args: argparse.Namespace) -> RingoClient:
+    """The client of `--endpoint` the options describe (token, TLS)."""
+    return Ringo.connect(
+        args.endpoint,
+        token=args.token or os.environ.get(TOKEN_ENV),
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
 
 
 def open_client(args: argparse.Namespace) -> AbstractAsyncContextManager[RingoClient]:
     if args.endpoint is not None:
-        return Ringo.connect(args.endpoint, token=args.token or os.environ.get(TOKEN_ENV))
+        return connect(args)
     return Ringo.local(args.data_dir, shared=True)
 
 
@@ -360,18 +396,12 @@ def _read_payload(source: str) -> bytes:
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
-    delay = None
-    if args.delay is not None:
-        try:
-            delay = parse_duration(args.delay)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"--delay: {exc}") from None
     spec = TaskSpec(
         task_type=args.task_type,
         payload=_read_payload(args.payload),
         unique_key=args.key,
         max_attempts=args.max_attempts,
-        delay=delay,
+        delay=args.delay,
         priority=args.priority,
     )
     async with open_client(args) as client:
@@ -488,7 +518,9 @@ def add_commands(commands: Any) -> None:
         "--payload", default="", help="the payload: text, @FILE for a file's bytes, - for stdin"
     )
     enqueue.add_argument("--key", default=None, help="unique key (dedupe)")
-    enqueue.add_argument("--delay", default=None, help="run after this long, e.g. 5m, 2h")
+    enqueue.add_argument(
+        "--delay", type=_duration, default=None, help="run after this long, e.g. 5m, 2h"
+    )
     enqueue.add_argument("--priority", type=int, default=0)
     enqueue.add_argument("--max-attempts", type=int, default=None)
     _command(enqueue, _enqueue)

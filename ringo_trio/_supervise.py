@@ -232,7 +232,8 @@ class Supervisor:
 
     ``handler`` is ``"module:function"``, imported by each worker process
     (from the current directory too). Workers connect to ``endpoint`` (with
-    ``token``), or share the one local daemon of ``data_dir``
+    ``token``, and ``tls_ca``/``tls_cert``/``tls_key`` as in
+    ``Ringo.connect``), or share the one local daemon of ``data_dir``
     (``Ringo.local(data_dir, shared=True)``). ``concurrency``,
     ``task_types``, ``lease_duration``, ``grace_period`` and
     ``task_timeouts`` configure every worker as in ``queue.worker(...)``.
@@ -266,6 +267,9 @@ class Supervisor:
         task_timeouts: TaskTimeouts | None = None,
         stall_timeout: timedelta | None = None,
         restarts: RestartPolicy | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(handler, str) or not _HANDLER_RE.fullmatch(handler):
             raise InvalidArgumentError(f"handler {handler!r} must look like module:function")
@@ -278,6 +282,9 @@ class Supervisor:
             raise InvalidArgumentError("give exactly one of endpoint and data_dir")
         if token is not None and endpoint is None:
             raise InvalidArgumentError("token needs endpoint")
+        tls = {"--tls-ca": tls_ca, "--tls-cert": tls_cert, "--tls-key": tls_key}
+        if endpoint is None and any(path is not None for path in tls.values()):
+            raise InvalidArgumentError("tls_ca, tls_cert and tls_key need endpoint")
         for name, value in (("lease_duration", lease_duration), ("grace_period", grace_period)):
             if not isinstance(value, timedelta) or value < timedelta(0):
                 raise InvalidArgumentError(f"{name} must be a non-negative timedelta")
@@ -292,6 +299,10 @@ class Supervisor:
         self._processes = processes
         self._endpoint = endpoint
         self._token = token
+        # Absolute: the workers may start in another directory.
+        self._tls = {
+            flag: os.path.abspath(os.fspath(path)) for flag, path in tls.items() if path is not None
+        }
         self._data_dir = None if data_dir is None else os.path.abspath(os.fspath(data_dir))
         self._concurrency = concurrency
         self._task_types = tuple(task_types or ())
@@ -328,6 +339,8 @@ class Supervisor:
         argv += ["--queue", self._queue, "--concurrency", str(self._concurrency)]
         if self._endpoint is not None:
             argv += ["--endpoint", self._endpoint]
+            for flag, path in self._tls.items():
+                argv += [flag, path]
         else:
             assert self._data_dir is not None
             argv += ["--data-dir", self._data_dir, "--shared"]

@@ -74,12 +74,15 @@ def test_enqueue_takes_text_a_file_or_stdin(daemon: DaemonProcess, tmp_path: pat
 
 
 def test_enqueue_refusals_are_one_line(daemon: DaemonProcess, tmp_path: pathlib.Path) -> None:
-    """A bad --delay, a missing @FILE and a payload over the limit are refused with
-    one line on stderr and exit status 1; nothing is enqueued."""
+    """A missing @FILE and a payload over the limit are refused with one line on
+    stderr and exit status 1; a bad --delay is a usage error (exit status 2, like
+    `tasks purge --older-than`); nothing is enqueued."""
     big = tmp_path / "big.bin"
     big.write_bytes(b"x" * (limits.MAX_PAYLOAD_BYTES + 1))
+    usage = ringo(daemon, "enqueue", "cli-refused", "t", "--delay", "soon", cwd=tmp_path)
+    assert usage.returncode == 2, usage
+    assert "--delay" in usage.stderr
     for args, fragment in (
-        (["--delay", "soon"], "--delay"),
         (["--payload", "@missing.bin"], "missing.bin"),
         (["--payload", f"@{big}"], str(limits.MAX_PAYLOAD_BYTES)),
     ):

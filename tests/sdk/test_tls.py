@@ -3,6 +3,7 @@ with certificate authorities made in the test (trustme)."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import trio
 import trustme
 
-from ringo_trio import Ringo, RingoClient, Task, TaskContext, TaskState
+from ringo_trio import Ringo, RingoClient, Supervisor, Task, TaskContext, TaskState
 from ringo_trio._errors import InvalidArgumentError, UnavailableError
 from ringo_trio.server import _main
 from ringo_trio.testing import DaemonProcess, spawn_daemon
@@ -206,3 +207,47 @@ def test_unusable_tls_flags_are_a_usage_error(
     assert result.returncode == _main.EXIT_USAGE, result.stderr
     assert fragment in result.stderr
     assert result.stdout == ""
+
+
+def _ringo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ringo_trio._cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_ringo_cli_speaks_mutual_tls(mtls_daemon: DaemonProcess, pki: Pki) -> None:
+    """Property: the operator commands reach a TLS daemon with --tls-ca (and a
+    mutual-TLS one with --tls-cert/--tls-key); without the client certificate
+    the daemon refuses them, as one line on stderr and exit status 1."""
+    endpoint = ["--endpoint", mtls_daemon.endpoint, "--tls-ca", str(pki.ca)]
+    client = ["--tls-cert", str(pki.client_cert), "--tls-key", str(pki.client_key)]
+    made = _ringo("enqueue", "cli-tls", "t", "--payload", "hi", "--json", *endpoint, *client)
+    assert made.returncode == 0, made.stderr
+    listed = _ringo("tasks", "list", "cli-tls", "--json", *endpoint, *client)
+    assert listed.returncode == 0, listed.stderr
+    assert [task["id"] for task in json.loads(listed.stdout)] == [json.loads(made.stdout)["id"]]
+    refused = _ringo("queues", *endpoint)
+    assert refused.returncode == 1, refused
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+def test_tls_flags_of_the_cli_need_an_endpoint(pki: Pki, tmp_path: pathlib.Path) -> None:
+    """Property: --tls-* without --endpoint is a usage error (exit 2) for `ringo
+    worker`, and reaches every supervised worker's command line as an absolute
+    path, next to --endpoint."""
+    result = _ringo("worker", "m:f", "-q", "q", "--data-dir", str(tmp_path), "--tls-ca", "ca.pem")
+    assert result.returncode == 2, result
+    assert "--tls-ca, --tls-cert and --tls-key need --endpoint" in result.stderr
+    with pytest.raises(InvalidArgumentError, match="need endpoint"):
+        Supervisor("m:f", queue="q", data_dir=tmp_path, tls_ca=pki.ca)
+    argv = Supervisor(
+        "m:f", queue="q", endpoint="h:1", tls_ca="ca.pem", tls_cert=pki.client_cert
+    ).worker_argv()
+    flags = dict(zip(argv[5::2], argv[6::2], strict=True))
+    assert flags["--endpoint"] == "h:1"
+    assert flags["--tls-ca"] == str(pathlib.Path("ca.pem").absolute())
+    assert flags["--tls-cert"] == str(pki.client_cert)
+    assert "--tls-key" not in flags

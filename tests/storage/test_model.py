@@ -31,7 +31,15 @@ from hypothesis.stateful import (
 from ringo_trio._limits import DEFAULT_MAX_ATTEMPTS
 from ringo_trio._proto.ringo.v1 import LeaseRef, RetryBackoff, TaskSpec, TaskState
 from ringo_trio.server._clock import ManualClock
-from ringo_trio.server.storage._base import FailedPrecondition, LeaseLost, NotFound
+from ringo_trio.server.storage._base import (
+    Ack,
+    FailedPrecondition,
+    LeaseLost,
+    Nack,
+    NotFound,
+    Reject,
+    Settlement,
+)
 
 from .conftest import EngineKind, SyncEngine
 
@@ -309,25 +317,69 @@ class EngineMachine(RuleBasedStateMachine):
             return
         event(f"lease op: live {op}")
         result = calls[op]()
+        if op == "extend":
+            target.lease_until = now + timedelta(seconds=20)
+            assert result.until == target.lease_until
+        elif op != "progress":
+            self.settle(target, op, now)
+            assert result.state == target.state
+
+    @staticmethod
+    def settle(target: Model, op: str, now: datetime) -> None:
+        """The model's side of a live ack, nack or reject."""
         if op == "ack":
             target.state = TaskState.SUCCEEDED
             target.finished_at = now
             target.successes += 1
             target.clear_lease()
         elif op in ("nack", "nack-override"):
+            override = timedelta(seconds=2) if op == "nack-override" else None
             target.release(now, "nacked", override)
             if target.state == TaskState.DEAD:
                 event("nack: last attempt, DEAD")
-        elif op == "reject":
+        else:
             target.state = TaskState.DEAD
             target.finished_at = now
             target.last_error = "rejected"
             target.clear_lease()
-        elif op == "extend":
-            target.lease_until = now + timedelta(seconds=20)
-            assert result.until == target.lease_until
-        if op not in ("extend", "progress"):
-            assert result.state == target.state
+
+    @precondition(lambda self: self.refs)
+    @rule(
+        data=st.data(),
+        ops=st.lists(
+            st.tuples(
+                st.sampled_from(("ack", "nack", "nack-override", "reject")),
+                st.sampled_from([None, None, "token"]),
+            ),
+            min_size=1,
+            max_size=5,
+        ),
+    )
+    def settle_group(self, data: st.DataObject, ops: list[tuple[str, str | None]]) -> None:
+        """A group commit of live, stale and forged refs (a lease may come
+        twice): per item, what the same call alone would do, in order."""
+        now = self.now
+        items: list[Settlement] = []
+        expected: list[str | None] = []
+        for op, forge in ops:
+            ref = data.draw(st.sampled_from(self.refs))
+            if forge == "token":
+                ref = LeaseRef(task_id=ref.task_id, attempt=ref.attempt, lease_token="f" * 32)
+            override = timedelta(seconds=2) if op == "nack-override" else None
+            items.append(
+                Ack(ref)
+                if op == "ack"
+                else Reject(ref, "rejected")
+                if op == "reject"
+                else Nack(ref, "nacked", override)
+            )
+            target = self.live(ref)
+            expected.append(None if target is None else target.queue)
+            if target is not None:
+                self.settle(target, op, now)
+        event(f"settle_group: {sum(e is not None for e in expected)} live")
+        answers = self.engine.settle_group(items, now)
+        assert [None if isinstance(a, LeaseLost) else a for a in answers] == expected
 
     @rule(step=st.sampled_from(STEPS), reap=st.booleans())
     def advance(self, step: timedelta, reap: bool) -> None:

@@ -275,8 +275,7 @@ class Storage(abc.ABC):
         self, settlements: Sequence[Settlement], now: datetime
     ) -> list[LeaseLost | None]:
         """Group commit: apply `settlements` in order, as `ack`/`nack`/`reject`
-        one by one would, in ONE transaction (engines override this default,
-        which is the one-by-one reference the tests compare them with).
+        one by one would, in ONE transaction.
 
         Element i of the answer is None when settlement i took effect, or the
         `LeaseLost` that call alone would have raised (`cancelled` included);
@@ -285,22 +284,39 @@ class Storage(abc.ABC):
         LeaseLost, as in sequence. Any other error (`StorageUnavailable`,
         `StorageFull`) rolls the whole group back and is raised: none of it
         happened. Returns nothing else: the Work stream needs no row back.
+        (`settle_group` is the same call naming the settled tasks' queues;
+        engines override that one.)
         """
-        outcomes: list[LeaseLost | None] = []
+        return [
+            None if isinstance(a, str) else a for a in await self.settle_group(settlements, now)
+        ]
+
+    async def settle_group(
+        self, settlements: Sequence[Settlement], now: datetime
+    ) -> list[str | LeaseLost]:
+        """`settle_many`, with element i the queue of settlement i's task
+        when it took effect (instead of None): the metrics count outcomes by
+        queue, and a caller settling for several streams learns which queues
+        a nack made claimable, without a row built per task.
+
+        This default, one by one in one transaction each, is the reference
+        semantics the storage tests compare the engines' group commits with
+        (call it as ``Storage.settle_group(engine, ...)``)."""
+        answers: list[str | LeaseLost] = []
         for item in settlements:
             try:
                 match item:
                     case Ack(ref, result):
-                        await self.ack(ref, now, result)
+                        task = await self.ack(ref, now, result)
                     case Nack(ref, error, retry_delay):
-                        await self.nack(ref, error, retry_delay, now)
+                        task = await self.nack(ref, error, retry_delay, now)
                     case Reject(ref, error):
-                        await self.reject(ref, error, now)
+                        task = await self.reject(ref, error, now)
             except LeaseLost as lost:
-                outcomes.append(lost)
+                answers.append(lost)
             else:
-                outcomes.append(None)
-        return outcomes
+                answers.append(task.queue)
+        return answers
 
     @abc.abstractmethod
     async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:

@@ -42,6 +42,12 @@ Concurrency, operation by operation (READ COMMITTED):
   stale ref matches nothing (LeaseLost), whoever won. Only on that miss a
   second statement looks whether the ref's attempt ended by CancelTask
   (`LeaseLost(cancelled=True)`), so the hot path pays nothing for it.
+* group commit (`settle_group`) -- one statement: the group's live leases
+  are locked one `tasks_id` lookup each, in task-id order, then settled by
+  one `UPDATE ... FROM` of the locked rows. Groups of two daemons that meet
+  on rows (a worker's stale refs after it moved) queue on the lowest id
+  first, so they never deadlock; a row that changed meanwhile fails the
+  lease re-check of its lock and its item misses, as a single ack would.
 * cancel -- the row is locked (`SELECT ... FOR UPDATE`), checked and made
   CANCELLED with its lease cleared in one transaction: a lease operation
   racing it either committed first (the cancel then sees SUCCEEDED/DEAD or a
@@ -124,11 +130,15 @@ from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, 
 
 from . import _listing
 from ._base import (
+    Ack,
     EnqueueOutcome,
     FailedPrecondition,
     LeaseLost,
+    Nack,
     NotFound,
+    Reject,
     SchemaTooNew,
+    Settlement,
     Storage,
     StorageError,
     StorageUnavailable,
@@ -206,6 +216,8 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 # finished_before unset: later than any time the daemon stores.
 _NO_CUTOFF = 2**63 - 1
+# A group commit's item kinds (the $4 of its statement).
+_ACK, _NACK, _REJECT = 0, 1, 2
 _TRANSIENT = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
 # Random, so TOAST cannot compress it: large enough to need pages of its own.
 _PROBE_SPEC = TaskSpec(task_type="probe", payload=secrets.token_bytes(16 * 1024))
@@ -487,15 +499,20 @@ class _Sql:
             " AND lease_until > $4"
         )
 
+        def retry_at(now: str, delay: str) -> str:
+            """When a nacked or expired attempt runs again: the override
+            `delay` or the task's backoff, capped."""
+            return f"""{now} + least(coalesce({delay}, {backoff}(
+                backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
+                {MAX_DELAY_US})"""
+
         def release(now: str, error: str, delay: str) -> str:
             # SET expressions see the row as it was before the UPDATE, so
             # `attempt` is the attempt that just ended.
             return f"""
                 state = CASE WHEN attempt >= max_attempts THEN {DEAD} ELSE {PENDING} END,
                 available_at = CASE WHEN attempt >= max_attempts THEN available_at
-                    ELSE {now} + least(coalesce({delay}, {backoff}(
-                        backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
-                        {MAX_DELAY_US}) END,
+                    ELSE {retry_at(now, delay)} END,
                 finished_at = CASE WHEN attempt >= max_attempts THEN {now} ELSE NULL END,
                 last_error = {error}, worker_id = '', lease_token = '', lease_until = NULL,
                 updated_at = {now}
@@ -582,18 +599,13 @@ class _Sql:
         """
 
         # A LEASED task's lease goes with it: the worker's next command on
-        # it matches no row, and `cancelled_at` tells it why.
+        # it matches no row, and `cancelled_of` tells it why.
         self.cancel = f"""
             UPDATE {t} SET state = {CANCELLED}, finished_at = $2, last_error = $3,
                 worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
             WHERE seq = $1 RETURNING {COLS}
         """
         self.by_seq = f"SELECT {COLS} FROM {t} WHERE seq = $1"
-        # The miss path of a lease operation: did that very attempt end by
-        # CancelTask?
-        self.cancelled_at = (
-            f"SELECT 1 FROM {t} WHERE id = $1 AND state = {CANCELLED} AND attempt = $2"
-        )
         # The $3 oldest DEAD tasks of queue $1 finished before $2 back to
         # PENDING at $4, as `retry` does for one; the walk follows the
         # finished-task index. One notification for the queue if any changed.
@@ -657,22 +669,88 @@ class _Sql:
             SELECT (SELECT count(*) FROM expired), {notify_pending("expired")}
         """
 
-        self.ack = f"""
-            UPDATE {t} SET state = {SUCCEEDED}, finished_at = $4, worker_id = '',
-                lease_token = '', lease_until = NULL, updated_at = $4, result = $5
-            WHERE {match} RETURNING {COLS}
-        """
-        self.nack = f"""
-            WITH r AS (
-                UPDATE {t} SET {release("$4", "$5", "$6::bigint")}
-                WHERE {match} RETURNING {COLS}
+        def ack(returning: str) -> str:
+            return f"""
+                UPDATE {t} SET state = {SUCCEEDED}, finished_at = $4, worker_id = '',
+                    lease_token = '', lease_until = NULL, updated_at = $4, result = $5
+                WHERE {match} RETURNING {returning}
+            """
+
+        def nack(returning: str) -> str:
+            return f"""
+                WITH r AS (
+                    UPDATE {t} SET {release("$4", "$5", "$6::bigint")}
+                    WHERE {match} RETURNING {returning}
+                )
+                SELECT r.*, CASE WHEN r.state = {PENDING} THEN {note("r.queue")} END FROM r
+            """
+
+        def reject(returning: str) -> str:
+            return f"""
+                UPDATE {t} SET state = {DEAD}, finished_at = $4, last_error = $5,
+                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $4
+                WHERE {match} RETURNING {returning}
+            """
+
+        self.ack, self.nack, self.reject = ack(COLS), nack(COLS), reject(COLS)
+        # A group of one: the single statement, answering the queue only
+        # (the group statement's sort, lock step and join cost a lone item
+        # more than they save).
+        self.settle_one = {
+            _ACK: ack("queue"),
+            _NACK: nack("queue, state"),
+            _REJECT: reject("queue"),
+        }
+        # Group commit, one statement: the group's live leases are locked in
+        # task-id order (daemons whose groups meet on rows wait for each
+        # other in one order, never in a cycle: the refs come sorted out of
+        # DISTINCT ON, and the row lock inside the LATERAL, which the planner
+        # cannot flatten, makes each lock one tasks_id lookup taken in that
+        # order, whatever the table's statistics), then settled by one UPDATE
+        # whose SET picks each item's outcome by its kind ($4: 0 ack, 1
+        # nack, 2 reject). Identical refs are reduced to their first item, so
+        # a lease listed twice is settled once (the rest then miss, as in
+        # sequence); distinct refs of one task match at most one lease. One
+        # row out: the settled items' positions and queues, and the
+        # notifications of the queues nacks made claimable.
+        again = f"l.kind = {_NACK} AND k.attempt < k.max_attempts"
+        self.settle_group = f"""
+            WITH d AS (
+                SELECT DISTINCT ON (u.id, u.attempt, u.token) u.*
+                FROM unnest($1::text[], $2::bigint[], $3::text[], $4::smallint[],
+                    $5::bytea[], $6::text[], $7::bigint[])
+                    WITH ORDINALITY AS u(id, attempt, token, kind, result, error, delay, ord)
+                ORDER BY u.id, u.attempt, u.token, u.ord
+            ), live AS MATERIALIZED (
+                SELECT k.seq, d.ord, d.kind, d.result, d.error, d.delay
+                FROM d CROSS JOIN LATERAL (
+                    SELECT seq FROM {t}
+                    WHERE id = d.id AND state = {LEASED} AND attempt = d.attempt
+                        AND lease_token = d.token AND lease_until > $8
+                    FOR UPDATE) k
+                ORDER BY d.id
+            ), s AS (
+                UPDATE {t} k SET
+                    state = CASE WHEN l.kind = {_ACK} THEN {SUCCEEDED}
+                        WHEN {again} THEN {PENDING} ELSE {DEAD} END,
+                    available_at = CASE WHEN {again}
+                        THEN {retry_at("$8", "l.delay")} ELSE k.available_at END,
+                    finished_at = CASE WHEN {again} THEN NULL ELSE $8 END,
+                    last_error = CASE WHEN l.kind = {_ACK} THEN k.last_error ELSE l.error END,
+                    result = CASE WHEN l.kind = {_ACK} THEN l.result ELSE k.result END,
+                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $8
+                FROM live l WHERE k.seq = l.seq
+                RETURNING l.ord, k.queue, k.state
             )
-            SELECT r.*, CASE WHEN r.state = {PENDING} THEN {note("r.queue")} END FROM r
+            SELECT array_agg(s.ord), array_agg(s.queue), {notify_pending("s")} FROM s
         """
-        self.reject = f"""
-            UPDATE {t} SET state = {DEAD}, finished_at = $4, last_error = $5,
-                worker_id = '', lease_token = '', lease_until = NULL, updated_at = $4
-            WHERE {match} RETURNING {COLS}
+        # The miss path of lease operations: which of these (id, attempt)
+        # ended by CancelTask (their 1-based positions).
+        self.cancelled_of = f"""
+            SELECT u.ord
+            FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(id, attempt, ord)
+            WHERE EXISTS (SELECT 1 FROM {t}
+                WHERE id = u.id AND state = {CANCELLED} AND attempt = u.attempt LIMIT 1)
         """
         self.extend = f"""
             UPDATE {t} SET lease_until = $5, updated_at = $4
@@ -1152,14 +1230,8 @@ class PostgresEngine(Storage):
         """The LeaseLost for a ref whose lease operation matched no row,
         telling whether that very attempt ended by CancelTask (one more
         statement, on the miss path only)."""
-        if await self._fetchrow(self._sql.cancelled_at, ref.task_id, ref.attempt) is not None:
-            return LeaseLost(
-                f"task {ref.task_id!r} attempt {ref.attempt}: the task was cancelled",
-                cancelled=True,
-            )
-        return LeaseLost(
-            f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease, or it has expired"
-        )
+        found = await self._fetch(self._sql.cancelled_of, [ref.task_id], [ref.attempt])
+        return _lease_lost(ref, cancelled=bool(found))
 
     async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
         return await self._settle(self._sql.ack, row_task, ref, now, result)
@@ -1167,11 +1239,53 @@ class PostgresEngine(Storage):
     async def nack(
         self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
     ) -> Task:
-        delay = None if retry_delay is None else max(retry_delay // MICRO, 0)
-        return await self._settle(self._sql.nack, row_task, ref, now, error, delay)
+        return await self._settle(self._sql.nack, row_task, ref, now, error, _delay_us(retry_delay))
 
     async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
         return await self._settle(self._sql.reject, row_task, ref, now, error)
+
+    async def settle_group(
+        self, settlements: Sequence[Settlement], now: datetime
+    ) -> list[str | LeaseLost]:
+        """One statement (one implicit transaction) for the group; only for
+        the items that missed, a second one asks which were cancelled."""
+        if not settlements:
+            return []
+        rows = [_settlement_row(item) for item in settlements]
+        if len(rows) == 1:
+            return [await self._settle_one(rows[0], now)]
+        cols = [list(col) for col in zip(*rows, strict=True)]
+        ids, attempts = cols[0], cols[1]
+        async with self._conn() as conn:
+            row = await conn.fetchrow(self._sql.settle_group, *cols, to_us(now))
+            # Positions are 1-based (WITH ORDINALITY).
+            settled = dict(zip(row[0] or (), row[1] or (), strict=True))
+            cancelled: set[int] = set()
+            if len(settled) < len(settlements):
+                missed = [i for i in range(1, len(settlements) + 1) if i not in settled]
+                cancelled = {
+                    missed[r[0] - 1]
+                    for r in await conn.fetch(
+                        self._sql.cancelled_of,
+                        [ids[i - 1] for i in missed],
+                        [attempts[i - 1] for i in missed],
+                    )
+                }
+        return [
+            settled[i] if i in settled else _lease_lost(item.ref, cancelled=i in cancelled)
+            for i, item in enumerate(settlements, 1)
+        ]
+
+    async def _settle_one(self, row: tuple[Any, ...], now: datetime) -> str | LeaseLost:
+        """A group of one (a `_settlement_row`): its single statement."""
+        task_id, attempt, token, kind, result, error, delay = row
+        extra = {_ACK: (result,), _NACK: (error, delay), _REJECT: (error,)}[kind]
+        found = await self._fetchrow(
+            self._sql.settle_one[kind], task_id, attempt, token, to_us(now), *extra
+        )
+        if found is None:
+            return await self._lost(LeaseRef(task_id=task_id, attempt=attempt, lease_token=token))
+        return str(found[0])
 
     async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
         until = to_us(now) + extension // MICRO
@@ -1443,6 +1557,35 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     on every release (a round trip per call) to undo session state this
     engine never creates. An open transaction is still rolled back by asyncpg
     before this runs."""
+
+
+def _delay_us(retry_delay: timedelta | None) -> int | None:
+    """A nack's retry delay override in microseconds (None: the backoff)."""
+    return None if retry_delay is None else max(retry_delay // MICRO, 0)
+
+
+def _settlement_row(item: Settlement) -> tuple[Any, ...]:
+    """The item as a row of the group statement's columns ($1..$7): task id,
+    attempt, token, kind, result, error, delay."""
+    ref = item.ref
+    match item:
+        case Ack(_, result):
+            return (ref.task_id, ref.attempt, ref.lease_token, _ACK, result, None, None)
+        case Nack(_, error, retry_delay):
+            delay = _delay_us(retry_delay)
+            return (ref.task_id, ref.attempt, ref.lease_token, _NACK, None, error, delay)
+        case Reject(_, error):
+            return (ref.task_id, ref.attempt, ref.lease_token, _REJECT, None, error, None)
+
+
+def _lease_lost(ref: LeaseRef, *, cancelled: bool) -> LeaseLost:
+    if cancelled:
+        return LeaseLost(
+            f"task {ref.task_id!r} attempt {ref.attempt}: the task was cancelled", cancelled=True
+        )
+    return LeaseLost(
+        f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease, or it has expired"
+    )
 
 
 def _one_lookup(task_id: str | None, unique_key: str | None) -> None:

@@ -65,6 +65,12 @@ keeps counting. `last_error` and `progress` describe the latest attempt that
 set them and are kept across attempts and retries; `worker_id` and
 `lease_until` exist only while LEASED; `result` only while SUCCEEDED.
 
+Group commit (`settle_group`): one `BEGIN IMMEDIATE ... COMMIT` for a
+whole group of acks, nacks and rejects, an `UPDATE ... RETURNING queue` per
+item in order (so a lease listed twice misses the second time, as in
+sequence); the count rows and index pages the group shares go to the WAL
+once, and no `Task` is built.
+
 Cancel: a PENDING or LEASED task becomes CANCELLED in one UPDATE that also
 clears its lease, so the worker's next command on that lease matches no row.
 Only then — on the miss path, never on the hot path — the engine looks
@@ -106,11 +112,15 @@ from ringo_trio._proto.ringo.v1 import (
 
 from . import _listing
 from ._base import (
+    Ack,
     EnqueueOutcome,
     FailedPrecondition,
     LeaseLost,
+    Nack,
     NotFound,
+    Reject,
     SchemaTooNew,
+    Settlement,
     Storage,
     StorageError,
     TaskFilter,
@@ -316,17 +326,27 @@ _RELEASE = f"""
     last_error = :error, worker_id = '', lease_token = '', lease_until = NULL,
     updated_at = :now
 """
-_ACK = f"""
-    UPDATE tasks SET state = {_SUCCEEDED}, finished_at = :now, worker_id = '',
-        lease_token = '', lease_until = NULL, updated_at = :now, result = :result
-    WHERE {_LEASE_MATCH} RETURNING {_COLS}
+_ACK_SET = f"""
+    state = {_SUCCEEDED}, finished_at = :now, worker_id = '', lease_token = '',
+    lease_until = NULL, updated_at = :now, result = :result
 """
-_NACK = f"UPDATE tasks SET {_RELEASE} WHERE {_LEASE_MATCH} RETURNING {_COLS}"
-_REJECT = f"""
-    UPDATE tasks SET state = {_DEAD}, finished_at = :now, last_error = :error,
-        worker_id = '', lease_token = '', lease_until = NULL, updated_at = :now
-    WHERE {_LEASE_MATCH} RETURNING {_COLS}
+_REJECT_SET = f"""
+    state = {_DEAD}, finished_at = :now, last_error = :error, worker_id = '',
+    lease_token = '', lease_until = NULL, updated_at = :now
 """
+
+
+def _lease_update(assignments: str, returning: str) -> str:
+    return f"UPDATE tasks SET {assignments} WHERE {_LEASE_MATCH} RETURNING {returning}"
+
+
+_ACK = _lease_update(_ACK_SET, _COLS)
+_NACK = _lease_update(_RELEASE, _COLS)
+_REJECT = _lease_update(_REJECT_SET, _COLS)
+# Group commit: the queue is all a settled item answers (no Task is built).
+_ACK_QUEUE = _lease_update(_ACK_SET, "queue")
+_NACK_QUEUE = _lease_update(_RELEASE, "queue")
+_REJECT_QUEUE = _lease_update(_REJECT_SET, "queue")
 _EXTEND = f"""
     UPDATE tasks SET lease_until = :until, updated_at = :now
     WHERE {_LEASE_MATCH} RETURNING id, attempt, lease_token, worker_id, lease_until
@@ -524,6 +544,11 @@ def _backoff_us(initial_us: int, max_us: int, multiplier: float, attempt: int) -
     if not delay < max_us:
         return max_us
     return max(int(delay), 0)
+
+
+def _delay_us(retry_delay: timedelta | None) -> int | None:
+    """A nack's retry delay override in microseconds (None: the backoff)."""
+    return None if retry_delay is None else max(retry_delay // _MICRO, 0)
 
 
 def _new_token() -> str:
@@ -800,11 +825,41 @@ class SQLiteEngine(Storage):
     async def nack(
         self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
     ) -> Task:
-        delay = None if retry_delay is None else max(retry_delay // _MICRO, 0)
-        return self._settle(_NACK, _row_task, ref, now, error=error, delay=delay)
+        return self._settle(_NACK, _row_task, ref, now, error=error, delay=_delay_us(retry_delay))
 
     async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
         return self._settle(_REJECT, _row_task, ref, now, error=error)
+
+    async def settle_group(
+        self, settlements: Sequence[Settlement], now: datetime
+    ) -> list[str | LeaseLost]:
+        """One `BEGIN IMMEDIATE ... COMMIT` for the group: one lease-guarded
+        UPDATE per item returning only the queue, in order, so a second
+        settlement of a lease misses as it would in sequence."""
+        if not settlements:
+            return []
+        now_us = _to_us(now)
+        answers: list[str | LeaseLost] = []
+        with self._write() as db:
+            for item in settlements:
+                ref = item.ref
+                args: dict[str, Any] = {
+                    "id": ref.task_id,
+                    "attempt": ref.attempt,
+                    "token": ref.lease_token,
+                    "now": now_us,
+                }
+                match item:
+                    case Ack(_, result):
+                        sql, args["result"] = _ACK_QUEUE, result
+                    case Nack(_, error, retry_delay):
+                        sql, args["error"] = _NACK_QUEUE, error
+                        args["delay"] = _delay_us(retry_delay)
+                    case Reject(_, error):
+                        sql, args["error"] = _REJECT_QUEUE, error
+                row = db.execute(sql, args).fetchone()
+                answers.append(_lost(db, ref) if row is None else row[0])
+        return answers
 
     async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
         until = _to_us(now) + extension // _MICRO

@@ -1,0 +1,344 @@
+"""Group commit (`Storage.settle_many` / `settle_group`) on both engines.
+
+The reference is the base class's one by one (`Storage.settle_group` called
+on the engine): each example builds the same scene on two fresh queues of
+one store, settles one group natively on the first and by the reference on
+the second, and compares the answers and the tasks (ids and lease tokens,
+random per task, are compared by position)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import pathlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, Task, TaskState
+from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.storage._base import (
+    Ack,
+    LeaseLost,
+    Nack,
+    Reject,
+    Settlement,
+    Storage,
+    StorageFull,
+)
+from ringo_trio.server.storage.postgres import PostgresEngine
+from ringo_trio.server.storage.sqlite import SQLiteEngine
+
+from .conftest import SyncEngine, open_engine, postgres_kind, ref_of, spec
+from .test_inspect import brute, counts_of, expected_counts
+
+_queues = itertools.count()
+
+SHORT = timedelta(seconds=2)
+LONG = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class Scene:
+    """Tasks enqueued, some leased short (expired by the time the group
+    runs), some cancelled while leased."""
+
+    max_attempts: tuple[int, ...]
+    expired: frozenset[int]
+    cancelled: frozenset[int]
+
+
+@dataclass(frozen=True)
+class Item:
+    """A settlement of the lease of task `task`, whose ref is `ref`: "live",
+    "token" (a wrong token) or "attempt" (a wrong attempt)."""
+
+    task: int
+    ref: str
+    kind: str
+    result: bytes | None
+    delay: timedelta | None
+
+
+def _scenes() -> st.SearchStrategy[Scene]:
+    def build(max_attempts: list[int]) -> st.SearchStrategy[Scene]:
+        n = len(max_attempts)
+        subsets = st.frozensets(st.integers(0, n - 1))
+        return st.builds(Scene, st.just(tuple(max_attempts)), subsets, subsets)
+
+    return st.lists(st.integers(1, 3), min_size=1, max_size=6).flatmap(build)
+
+
+def _items(n: int) -> st.SearchStrategy[list[Item]]:
+    item = st.builds(
+        Item,
+        st.integers(0, n - 1),
+        st.sampled_from(["live", "live", "live", "token", "attempt"]),
+        st.sampled_from(["ack", "nack", "reject"]),
+        st.none() | st.binary(max_size=8),
+        st.none() | st.timedeltas(timedelta(0), timedelta(hours=1)),
+    )
+    return st.lists(item, max_size=12)
+
+
+def _setup(engine: SyncEngine, queue: str, scene: Scene, now: datetime) -> list[LeasedTask]:
+    """The scene on `queue`: every task leased, in enqueue order."""
+    specs = [spec(f"t{i % 2}", max_attempts=m) for i, m in enumerate(scene.max_attempts)]
+    engine.enqueue(queue, specs, now)
+    leases: list[LeasedTask] = []
+    # Claimed one at a time, so each task gets the lease length its role asks.
+    for i in range(len(specs)):
+        duration = SHORT if i in scene.expired else LONG
+        [leased] = engine.claim(queue, [], 1, "w", duration, now)
+        leases.append(leased)
+    for i in scene.cancelled:
+        assert leases[i].task is not None
+        engine.cancel(queue, "stop", now, task_id=leases[i].task.id)
+    return leases
+
+
+def _realize(item: Item, leases: list[LeasedTask]) -> Settlement:
+    live = ref_of(leases[item.task])
+    ref = {
+        "live": live,
+        "token": LeaseRef(task_id=live.task_id, attempt=live.attempt, lease_token="0" * 32),
+        "attempt": LeaseRef(
+            task_id=live.task_id, attempt=live.attempt + 1, lease_token=live.lease_token
+        ),
+    }[item.ref]
+    if item.kind == "ack":
+        return Ack(ref, item.result)
+    if item.kind == "nack":
+        return Nack(ref, "boom", item.delay)
+    return Reject(ref, "bad")
+
+
+def _answer(answer: LeaseLost | str | None) -> Any:
+    if isinstance(answer, LeaseLost):
+        return ("lost", answer.cancelled)
+    return "ok" if answer is None else ("ok", answer)
+
+
+def _normal(task: Task, ids: dict[str, int]) -> Task:
+    """The task with its id by position and without its queue."""
+    return dataclasses.replace(task, id=str(ids[task.id]), queue="")
+
+
+def _tasks(engine: SyncEngine, queue: str) -> list[Task]:
+    tasks = brute(engine, queue)
+    ids = {t.id: i for i, t in enumerate(tasks)}
+    return [_normal(t, ids) for t in tasks]
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data(), scene=_scenes(), settle_after=st.sampled_from([SHORT, SHORT * 2]))
+def test_settle_many_equals_settling_one_by_one(
+    engine: SyncEngine, data: st.DataObject, scene: Scene, settle_after: timedelta
+) -> None:
+    """Property (group = sequence): a group of acks, nacks and rejects
+    (live, stale-token, wrong-attempt, expired and cancelled refs, one lease
+    listed several times, nacks to DEAD on the last attempt, results)
+    answers exactly what settling its items one by one answers (LeaseLost
+    where one call would raise it, with `cancelled` alike; the task's queue
+    where it took effect), leaves the same tasks behind, and the queue stats
+    equal a count of the tasks."""
+    items = data.draw(_items(len(scene.max_attempts)))
+    n = next(_queues)
+    native_q, reference_q = f"native{n}", f"reference{n}"
+    clock = ManualClock()
+    now = clock.now()
+    native_leases = _setup(engine, native_q, scene, now)
+    reference_leases = _setup(engine, reference_q, scene, now)
+    later = now + settle_after
+
+    native = engine.settle_group([_realize(i, native_leases) for i in items], later)
+    reference = engine.run(
+        Storage.settle_group(engine.raw, [_realize(i, reference_leases) for i in items], later)
+    )
+    assert [_answer(a) for a in native] == [
+        _answer(native_q if a == reference_q else a) for a in reference
+    ]
+    assert _tasks(engine, native_q) == _tasks(engine, reference_q)
+    for queue in (native_q, reference_q):
+        assert counts_of(engine, queue, later) == expected_counts(brute(engine, queue))
+    # settle_many is the same call without the queues.
+    again = engine.settle_many([_realize(i, native_leases) for i in items], later)
+    assert all(isinstance(a, LeaseLost) for a in again)
+
+
+def test_settle_many_answers_none_for_what_took_effect(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """Property: settle_many answers None for each settled item and the
+    LeaseLost for each lost one, in order, and an empty group is no call."""
+    now = clock.now()
+    leases = _setup(engine, "q", Scene((1, 1), frozenset(), frozenset()), now)
+    first, second = (ref_of(x) for x in leases)
+    answers = engine.settle_many([Ack(first, b"r"), Ack(first), Nack(second, "e")], now)
+    assert answers[0] is None
+    assert answers[2] is None
+    assert isinstance(answers[1], LeaseLost)
+    assert not answers[1].cancelled
+    assert engine.settle_many([], now) == []
+    assert leases[0].task is not None
+    assert engine.get("q", task_id=leases[0].task.id).result == b"r"
+
+
+def _fail_on(engine: SyncEngine, task_id: str) -> None:
+    """Make the store run out of room when the group reaches task `task_id`:
+    SQLite for real (its ack carries a result larger than the pages left),
+    PostgreSQL by a trigger raising disk_full for that row (test_full.py)."""
+    raw = engine.raw
+    if isinstance(raw, SQLiteEngine):
+        db = raw._conn()
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {pages + 2}")
+        return
+    assert isinstance(raw, PostgresEngine)
+    schema = raw._sql.tasks.rpartition(".")[0]
+    engine.run(
+        raw._live_pool().execute(
+            f"""
+            CREATE FUNCTION {schema}.disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'
+                USING ERRCODE = 'disk_full'; END $$;
+            CREATE TRIGGER disk_full BEFORE UPDATE ON {raw._sql.tasks}
+                FOR EACH ROW WHEN (NEW.id = '{task_id}')
+                EXECUTE FUNCTION {schema}.disk_full();
+            """
+        )
+    )
+
+
+def test_a_group_that_fails_midway_leaves_nothing_applied(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """Property (atomicity): when the store runs out of room partway
+    through a group, StorageFull is raised and none of the group happened:
+    the settled-before items are still leased, the counts unchanged, and the
+    same group applies in full once there is room."""
+    now = clock.now()
+    leases = _setup(engine, "q", Scene((1, 1, 1, 1), frozenset(), frozenset()), now)
+    before = brute(engine, "q")
+    counts = counts_of(engine, "q", now)
+    last = leases[-1].task
+    assert last is not None
+    group: list[Settlement] = [
+        Ack(ref_of(leases[0])),
+        Nack(ref_of(leases[1]), "e"),
+        Reject(ref_of(leases[2]), "e"),
+        Ack(ref_of(leases[3]), b"x" * 200_000),
+    ]
+    _fail_on(engine, last.id)
+    with pytest.raises(StorageFull):
+        engine.settle_many(group, now)
+    assert brute(engine, "q") == before
+    assert counts_of(engine, "q", now) == counts
+    assert all(t.state == TaskState.LEASED for t in before)
+
+    raw = engine.raw
+    if isinstance(raw, SQLiteEngine):
+        raw._conn().execute("PRAGMA max_page_count = 1073741823")
+    else:
+        assert isinstance(raw, PostgresEngine)
+        engine.run(raw._live_pool().execute(f"DROP TRIGGER disk_full ON {raw._sql.tasks}"))
+    assert engine.settle_many(group, now) == [None] * 4
+    assert [t.state for t in brute(engine, "q")] == [
+        TaskState.SUCCEEDED,
+        TaskState.DEAD,
+        TaskState.DEAD,
+        TaskState.SUCCEEDED,
+    ]
+
+
+def test_a_cancelled_lease_in_a_group_says_so(engine: SyncEngine, clock: ManualClock) -> None:
+    """Property: a group's item whose task was cancelled at that attempt
+    answers LeaseLost(cancelled=True); the other items take effect."""
+    now = clock.now()
+    leases = _setup(engine, "q", Scene((2, 2, 2), frozenset(), frozenset({1})), now)
+    answers = engine.settle_many([Ack(ref_of(x)) for x in leases], now)
+    assert answers[0] is None
+    assert answers[2] is None
+    assert isinstance(answers[1], LeaseLost)
+    assert answers[1].cancelled
+
+
+def test_the_first_settlement_of_a_lease_listed_twice_wins(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """Property (first wins): in a large group where every lease is listed
+    twice, an ack first and a reject later (and the reverse), each task takes
+    its first item and the second answers LeaseLost."""
+    now = clock.now()
+    leases = _setup(engine, "q", Scene((1,) * 40, frozenset(), frozenset()), now)
+    refs = [ref_of(x) for x in leases]
+    firsts: list[Settlement] = [
+        Ack(r) if i % 2 else Reject(r, "e") for i, r in enumerate(reversed(refs))
+    ]
+    seconds: list[Settlement] = [Reject(r, "e") if i % 2 else Ack(r) for i, r in enumerate(refs)]
+    answers = engine.settle_many(firsts + seconds, now)
+    assert answers[:40] == [None] * 40
+    assert all(isinstance(a, LeaseLost) for a in answers[40:])
+    states = {t.id: t.state for t in brute(engine, "q")}
+    for item in firsts:
+        want = TaskState.SUCCEEDED if isinstance(item, Ack) else TaskState.DEAD
+        assert states[item.ref.task_id] == want
+
+
+async def _waiting_on_locks(pool: Any, n: int) -> None:
+    """Until `n` of the engine's backends in this database wait for a lock."""
+    waiting = 0
+    while waiting < n:
+        await asyncio.sleep(0.01)
+        waiting = await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND application_name = 'ringod' AND datname = current_database()"
+        )
+
+
+def test_postgres_groups_meeting_on_rows_never_deadlock(
+    storage_database: str, tmp_path: pathlib.Path, clock: ManualClock
+) -> None:
+    """Property (lock order): two groups naming the same two leases in
+    opposite orders, both made to queue behind a third transaction's lock,
+    finish without a deadlock: every group locks its rows in task-id order.
+    Between them each lease is settled exactly once."""
+    now = clock.now()
+    with open_engine(postgres_kind(storage_database), tmp_path) as engine:
+        leases = _setup(engine, "q", Scene((1, 1), frozenset(), frozenset()), now)
+        low, high = sorted((ref_of(x) for x in leases), key=lambda r: r.task_id)
+        raw = engine.raw
+        assert isinstance(raw, PostgresEngine)
+        pool = raw._live_pool()
+
+        async def scene() -> list[Any]:
+            async with asyncio.timeout(30), asyncio.TaskGroup() as tg:
+                blocker = await pool.acquire()
+                try:
+                    async with blocker.transaction():
+                        await blocker.execute(
+                            f"SELECT 1 FROM {raw._sql.tasks} WHERE id = $1 FOR UPDATE",
+                            low.task_id,
+                        )
+                        # Queued on `low` first: once it gets `low` it
+                        # wants `high`, which the second may hold by then.
+                        first = tg.create_task(raw.settle_many([Ack(low), Ack(high)], now))
+                        await _waiting_on_locks(pool, 1)
+                        second = tg.create_task(raw.settle_many([Ack(high), Ack(low)], now))
+                        await _waiting_on_locks(pool, 2)
+                finally:
+                    await pool.release(blocker)
+            return [*first.result(), *second.result()]
+
+        answers = engine.run(scene())
+        assert sorted(a is None for a in answers) == [False, False, True, True]
+        assert {t.state for t in brute(engine, "q")} == {TaskState.SUCCEEDED}
