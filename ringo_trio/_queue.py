@@ -17,9 +17,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
+from ._batch_wire import decode_batch_reply, encode_batch_request
 from ._durations import MAX_RETENTION
 from ._errors import InvalidArgumentError, RingoError, require_minor
-from ._frames import decode_enqueue_many_response, encode_enqueue_many_request_from_specs
 from ._models import (
     BatchResult,
     EnqueueResult,
@@ -169,7 +169,7 @@ class _EnqueueManyCall:
         self.specs = specs
 
     def SerializeToString(self) -> bytes:
-        return encode_enqueue_many_request_from_specs(self.context, self.queue, self.specs)
+        return encode_batch_request(self.context, self.queue, self.specs)
 
 
 class _EnqueueManyReply:
@@ -178,7 +178,7 @@ class _EnqueueManyReply:
     @staticmethod
     def FromString(data: bytes) -> BatchResult:
         try:
-            return decode_enqueue_many_response(data)
+            return decode_batch_reply(data)
         except ValueError as exc:
             raise RingoError(f"malformed EnqueueMany reply from the daemon: {exc}") from None
 

@@ -29,8 +29,12 @@ Inside `_work`, two task groups live as long as the worker:
   own nursery (`_handler_group`): anyio's task group wraps every child in a
   task handle, measured at ~8 % of a no-op task's worker CPU, which a
   handler (it catches all but its cancellation) does not need. Long-lived
-  runner tasks per slot were measured too: a channel hand-off costs about
-  what the nursery's spawn does, so a task per handler stays.
+  runner tasks per slot were measured twice: a channel hand-off costs about
+  what the nursery's spawn does (~3 µs less per task in isolation), and
+  with trio's own cancel scope per call instead of anyio's they saved 2 % of
+  a no-op task's worker CPU (issue 15, `bench/run.py --baseline HEAD
+  --only noop,sleep`, worker CPU ratios 0.98, 0.97, 0.98 in three runs), under the 3 % that
+  would pay for a second way to run handlers; so a task per handler stays.
 
 Inside them, the worker opens one **Work session** after another. A session
 is one ``open_stream`` block plus one task group holding the driver's timer

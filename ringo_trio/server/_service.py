@@ -142,7 +142,6 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
 )
 from ringo_trio._version import SDK_VERSION
-from ringo_trio._wire.frames import encode_enqueue_many_response
 from ringo_trio._wire.protocol import (
     ACTIVITY_MINOR,
     CANCELLED_REASON,
@@ -153,6 +152,7 @@ from ringo_trio._wire.protocol import (
 from . import _validate as v
 from ._clock import Clock
 from ._commit import GroupCommit
+from ._enqueue_reply import encode_enqueue_many_reply
 from ._gate import time_remaining
 from ._members import ATTACH_LOCAL_METHOD, Members
 from ._operate import Operations
@@ -239,13 +239,13 @@ def _echo_size_bound(queue: str, spec: TaskSpec) -> int:
 
 
 class _EncodedEnqueueMany(Preencoded, EnqueueManyResponse):
-    """An `EnqueueManyResponse` encoded by `ringo_trio._wire.frames` from the
+    """An `EnqueueManyResponse` encoded by `_enqueue_reply` from the
     (task, created) pairs, without building an `EnqueueResult` per task here.
     Its fields stay empty: it exists to be sent."""
 
     def __init__(self, results: list[tuple[Task, bool]], created: int, duplicates: int) -> None:
         super().__init__(created_count=created, duplicate_count=duplicates)
-        self._wire = encode_enqueue_many_response(results, created, duplicates)
+        self._wire = encode_enqueue_many_reply(results, created, duplicates)
 
 
 _Service = TypeVar("_Service", bound="QueueService")
@@ -452,7 +452,9 @@ class QueueService(QueueServiceBase):
         if created:
             self._wakeups.notify(queue)
         return _EncodedEnqueueMany(
-            [(_as_seen_at(minor, o.task), o.created) for o in outcomes],
+            [(o.task, o.created) for o in outcomes]
+            if minor >= OPERATE_MINOR  # `_as_seen_at` changes nothing then
+            else [(_as_seen_at(minor, o.task), o.created) for o in outcomes],
             created,
             len(outcomes) - created,
         )

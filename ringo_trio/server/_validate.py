@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from ringo_trio import _limits as limits
@@ -130,13 +130,18 @@ def _fmt(value: timedelta) -> str:
     return f"{int(seconds)}s" if seconds.is_integer() else f"{seconds:g}s"
 
 
+# One object for every spec without a policy: validated specs only go to the
+# storage engine, which reads them.
+_DEFAULT_BACKOFF = RetryBackoff(
+    initial=limits.DEFAULT_BACKOFF_INITIAL,
+    maximum=limits.DEFAULT_BACKOFF_MAX,
+    multiplier=limits.DEFAULT_BACKOFF_MULTIPLIER,
+)
+
+
 def _backoff(backoff: RetryBackoff | None, path: str) -> RetryBackoff:
     if backoff is None:
-        return RetryBackoff(
-            initial=limits.DEFAULT_BACKOFF_INITIAL,
-            maximum=limits.DEFAULT_BACKOFF_MAX,
-            multiplier=limits.DEFAULT_BACKOFF_MULTIPLIER,
-        )
+        return _DEFAULT_BACKOFF
     initial = duration(backoff.initial, f"{path}.initial", maximum=limits.MAX_DELAY)
     maximum = duration(backoff.maximum, f"{path}.maximum", maximum=limits.MAX_DELAY)
     multiplier = backoff.multiplier
@@ -185,13 +190,16 @@ def task_spec(spec: TaskSpec | None, path: str, now: datetime) -> TaskSpec:
         )
     if delay is not None:
         not_before = now + delay
-    return replace(
-        spec,
-        max_attempts=spec.max_attempts or limits.DEFAULT_MAX_ATTEMPTS,
-        retry_backoff=_backoff(spec.retry_backoff, f"{path}.retry_backoff"),
-        delay=None,
-        not_before=not_before,
-    )
+    # `dataclasses.replace` without the dataclass __init__ (a third of the
+    # validation of an EnqueueMany of 1,000): every field kept, four changed.
+    values = spec.__dict__.copy()
+    values["max_attempts"] = spec.max_attempts or limits.DEFAULT_MAX_ATTEMPTS
+    values["retry_backoff"] = _backoff(spec.retry_backoff, f"{path}.retry_backoff")
+    values["delay"] = None
+    values["not_before"] = not_before
+    normalized: TaskSpec = object.__new__(TaskSpec)
+    object.__setattr__(normalized, "__dict__", values)
+    return normalized
 
 
 def task_specs(specs: Sequence[TaskSpec], path: str, now: datetime) -> list[TaskSpec]:

@@ -287,3 +287,32 @@ def test_an_empty_batch_is_a_no_op(engine: SyncEngine) -> None:
     """Enqueueing nothing returns nothing and creates nothing."""
     assert engine.enqueue("q", [], datetime(2030, 1, 1, tzinfo=UTC)) == []
     assert engine.activity("q", []) == 0
+
+
+@pytest.mark.parametrize("size", [1, 9, 65, 577, 1000])
+def test_every_task_of_a_batch_is_stored_as_returned(
+    engine: SyncEngine, clock: ManualClock, size: int
+) -> None:
+    """Batch insert (SQLite cuts a batch into multi-row INSERTs of 512, 64, 8
+    and 1 rows): whatever the size, every task of the batch — fresh ones and
+    in-batch duplicates — is stored exactly as returned, in submission order,
+    and counted once."""
+    specs = [
+        spec(
+            "a" if i % 3 else "b",
+            payload=bytes([i % 256]),
+            unique_key=f"k{i % (size - 1)}" if size > 1 and i % 2 else "",
+            priority=i % 5,
+        )
+        for i in range(size)
+    ]
+    outs = engine.enqueue("q", specs, clock.now())
+    fresh = [out.task for out in outs if out.created]
+    assert len({task.id for task in fresh}) == len(fresh)
+    for out, sent in zip(outs, specs, strict=True):
+        assert (out.task.task_type, out.task.unique_key) == (sent.task_type, sent.unique_key)
+        assert engine.get("q", task_id=out.task.id) == out.task
+        if out.created:
+            assert out.task.payload == sent.payload
+    stats = engine.queue_stats("q", clock.now(), by_type=False)
+    assert stats.pending == len(fresh)

@@ -40,6 +40,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     TaskState,
 )
+from ringo_trio._wire.codec import build
 
 PENDING = int(TaskState.PENDING)
 LEASED = int(TaskState.LEASED)
@@ -165,77 +166,121 @@ def lease(row: Sequence[Any]) -> Lease:
     )
 
 
-def new_task(
-    queue: str, spec: TaskSpec, now: datetime, now_us: int, id_prefix: str
-) -> tuple[Task, tuple[Any, ...]]:
-    """The Task a spec becomes, and its INSERT row (built together so the
-    returned Task is exactly what a later `get` reads back)."""
-    backoff = spec.retry_backoff
-    initial = DEFAULT_BACKOFF_INITIAL
-    maximum = DEFAULT_BACKOFF_MAX
-    multiplier = DEFAULT_BACKOFF_MULTIPLIER
-    if backoff is not None:
-        if backoff.initial is not None:
-            initial = max(backoff.initial, timedelta(0))
-        # Same rule as the service's validator: an unset maximum never caps
-        # the backoff below its own initial delay.
-        maximum = (
-            max(backoff.maximum, timedelta(0))
-            if backoff.maximum is not None
-            else max(DEFAULT_BACKOFF_MAX, initial)
+class NewTasks:
+    """The Tasks a batch of specs becomes, with their INSERT rows (built
+    together so each returned Task is exactly what a later `get` reads back).
+
+    Per batch, not per task: one read of the random source for every id
+    (48 bits of the enqueue time in ms, then 80 random bits); a spec's retry
+    policy worked out once per policy object (the service gives every spec
+    without one the same object) and one `RetryBackoff` per policy; each Task
+    a copy of the batch's template instead of a dataclass ``__init__``. The
+    engine's Python share of an ``enqueue_many`` of 1,000 was ~3.4 ms before.
+    """
+
+    __slots__ = ("_next", "_now_us", "_policies", "_prefix", "_queue", "_random", "_template")
+
+    def __init__(
+        self, queue: str, now: datetime, now_us: int, count: int, prefix: str | None = None
+    ) -> None:
+        self._queue = queue
+        self._now_us = now_us
+        self._prefix = (
+            f"{max(now_us // 1000, 0) & 0xFFFF_FFFF_FFFF:012x}" if prefix is None else prefix
         )
-        if backoff.multiplier:
-            multiplier = backoff.multiplier
-    max_attempts = spec.max_attempts or DEFAULT_MAX_ATTEMPTS
-    # A task cannot become available before it exists; when both delay and
-    # not_before are given the later moment wins.
-    available_us = now_us
-    if spec.delay is not None:
-        available_us = max(available_us, now_us + spec.delay // MICRO)
-    if spec.not_before is not None:
-        available_us = max(available_us, to_us(spec.not_before))
-    available = now if available_us == now_us else from_us(available_us)
-    task_id = id_prefix + secrets.token_hex(10)
-    initial_us = initial // MICRO
-    maximum_us = maximum // MICRO
-    task = Task(
-        id=task_id,
-        queue=queue,
-        task_type=spec.task_type,
-        payload=spec.payload,
-        unique_key=spec.unique_key,
-        state=TaskState.PENDING,
-        attempt=0,
-        max_attempts=max_attempts,
-        priority=spec.priority,
+        self._random = secrets.token_hex(10 * count)
+        self._next = 0
+        # Policy objects are the specs' own, alive for the whole batch, so
+        # their ids are stable keys.
+        self._policies: dict[int, tuple[int, int, float, RetryBackoff]] = {}
+        self._template = build(
+            Task, queue=queue, state=TaskState.PENDING, created_at=now, updated_at=now
+        ).__dict__
+
+    def _policy(self, backoff: RetryBackoff | None) -> tuple[int, int, float, RetryBackoff]:
+        initial = DEFAULT_BACKOFF_INITIAL
+        maximum = DEFAULT_BACKOFF_MAX
+        multiplier = DEFAULT_BACKOFF_MULTIPLIER
+        if backoff is not None:
+            if backoff.initial is not None:
+                initial = max(backoff.initial, timedelta(0))
+            # Same rule as the service's validator: an unset maximum never caps
+            # the backoff below its own initial delay.
+            maximum = (
+                max(backoff.maximum, timedelta(0))
+                if backoff.maximum is not None
+                else max(DEFAULT_BACKOFF_MAX, initial)
+            )
+            if backoff.multiplier:
+                multiplier = backoff.multiplier
+        initial_us, maximum_us = initial // MICRO, maximum // MICRO
+        for known in self._policies.values():
+            if known[:3] == (initial_us, maximum_us, multiplier):
+                return known
         # Rebuilt from microseconds so the Task equals what the row reads back.
-        retry_backoff=RetryBackoff(
+        shared = build(
+            RetryBackoff,
             initial=timedelta(microseconds=initial_us),
             maximum=timedelta(microseconds=maximum_us),
             multiplier=float(multiplier),
-        ),
-        created_at=now,
-        updated_at=now,
-        available_at=available,
-    )
-    row = (
-        task_id,
-        queue,
-        spec.task_type,
-        spec.payload,
-        spec.unique_key,
-        PENDING,
-        max_attempts,
-        max_attempts,
-        spec.priority,
-        initial_us,
-        maximum_us,
-        float(multiplier),
-        now_us,
-        now_us,
-        available_us,
-    )
-    return task, row
+        )
+        return (initial_us, maximum_us, float(multiplier), shared)
+
+    def make(self, spec: TaskSpec) -> tuple[Task, tuple[Any, ...]]:
+        """The next task (at most ``count`` of them) and its INSERT row."""
+        backoff = spec.retry_backoff
+        policy = self._policies.get(id(backoff))
+        if policy is None:
+            policy = self._policies[id(backoff)] = self._policy(backoff)
+        max_attempts = spec.max_attempts or DEFAULT_MAX_ATTEMPTS
+        now_us = self._now_us
+        # A task cannot become available before it exists; when both delay and
+        # not_before are given the later moment wins.
+        available_us = now_us
+        if spec.delay is not None:
+            available_us = max(available_us, now_us + spec.delay // MICRO)
+        if spec.not_before is not None:
+            available_us = max(available_us, to_us(spec.not_before))
+        start = self._next
+        self._next = stop = start + 20
+        if stop > len(self._random):
+            raise IndexError("NewTasks: more tasks than its count")
+        task_id = self._prefix + self._random[start:stop]
+        values = self._template.copy()
+        values["id"] = task_id
+        values["task_type"] = spec.task_type
+        values["payload"] = spec.payload
+        values["unique_key"] = spec.unique_key
+        values["max_attempts"] = max_attempts
+        values["priority"] = spec.priority
+        values["retry_backoff"] = policy[3]
+        values["available_at"] = (
+            values["created_at"] if available_us == now_us else from_us(available_us)
+        )
+        task: Task = _new(Task)
+        _setattr(task, "__dict__", values)
+        row = (
+            task_id,
+            self._queue,
+            spec.task_type,
+            spec.payload,
+            spec.unique_key,
+            PENDING,
+            max_attempts,
+            max_attempts,
+            spec.priority,
+            policy[0],
+            policy[1],
+            policy[2],
+            now_us,
+            now_us,
+            available_us,
+        )
+        return task, row
+
+
+_new = object.__new__
+_setattr = object.__setattr__
 
 
 def cancelled_text(reason: str) -> str:

@@ -161,13 +161,13 @@ from ._rows import (
     STATES,
     SUCCEEDED,
     UINT32_MAX,
+    NewTasks,
     cancelled_text,
     describe,
     finished_states,
     from_us,
     lease,
     leased,
-    new_task,
     row_task,
     stuck,
     to_us,
@@ -562,7 +562,7 @@ class _Sql:
             )
             SELECT n.keys, CASE WHEN n.created > 0 THEN {note("$1")} END FROM n
         """
-        # `new_task`'s INSERT row, as it is ($1..$15).
+        # `NewTasks`'s INSERT row, as it is ($1..$15).
         self.probe_insert = f"""
             INSERT INTO {t} (id, queue, task_type, payload, unique_key, state, attempt,
                 max_attempts, base_max_attempts, priority, backoff_initial_us, backoff_max_us,
@@ -1067,7 +1067,7 @@ class PostgresEngine(Storage):
         now_us = to_us(now)
         # Queue "" names no queue a client can use, and the row is gone again
         # before the commit makes anything visible.
-        _, row = new_task("", _PROBE_SPEC, from_us(now_us), now_us, "probe")
+        _, row = NewTasks("", from_us(now_us), now_us, 1, "probe").make(_PROBE_SPEC)
         async with self._conn() as conn, conn.transaction():
             seq = await conn.fetchval(self._sql.probe_insert, *row)
             await conn.execute(self._sql.probe_delete, seq)
@@ -1082,7 +1082,7 @@ class PostgresEngine(Storage):
         now_us = to_us(now)
         # Normalised to UTC so a returned Task equals what `get` reads back.
         now = from_us(now_us)
-        id_prefix = f"{max(now_us // 1000, 0) & 0xFFFF_FFFF_FFFF:012x}"
+        new_tasks = NewTasks(queue, now, now_us, len(specs))
         # In-batch dedupe first: `first[i]` is the index of the spec whose
         # task spec i resolves to.
         first: list[int] = []
@@ -1098,7 +1098,7 @@ class PostgresEngine(Storage):
                 by_key[key] = i
             first.append(i)
             candidate[i] = len(new)
-            new.append(new_task(queue, spec, now, now_us, id_prefix))
+            new.append(new_tasks.make(spec))
         inserted_keys = await self._insert(queue, now_us, [row for _, row in new])
         conflicted = [k for k in by_key if k not in inserted_keys]
         existing: dict[str, Task] = {}
@@ -1132,7 +1132,7 @@ class PostgresEngine(Storage):
         return outcomes
 
     async def _insert(self, queue: str, now_us: int, rows: list[tuple[Any, ...]]) -> set[str]:
-        """Insert `new_task` rows, skipping taken unique keys; the keys inserted."""
+        """Insert `NewTasks` rows, skipping taken unique keys; the keys inserted."""
         columns = _columns(rows)
         for attempt in range(_DEADLOCK_RETRIES):
             try:
@@ -1594,7 +1594,7 @@ def _one_lookup(task_id: str | None, unique_key: str | None) -> None:
 
 
 def _columns(rows: Any) -> list[list[Any]]:
-    """INSERT rows (as `new_task` builds them) as the insert statement's
+    """INSERT rows (as `NewTasks` builds them) as the insert statement's
     column arrays ($3..$12)."""
     cols: list[list[Any]] = [[] for _ in range(10)]
     (ids, types, payloads, keys, attempts, prios, initials, maxima, mults, avail) = cols

@@ -140,13 +140,13 @@ from ._rows import PENDING as _PENDING
 from ._rows import STATES as _STATES
 from ._rows import SUCCEEDED as _SUCCEEDED
 from ._rows import UINT32_MAX as _UINT32_MAX
+from ._rows import NewTasks as _NewTasks
 from ._rows import cancelled_text as _cancelled_text
 from ._rows import describe as _describe
 from ._rows import finished_states as _finished_states
 from ._rows import from_us as _from_us
 from ._rows import lease as _lease
 from ._rows import leased as _leased
-from ._rows import new_task as _new_task
 from ._rows import row_task as _row_task
 from ._rows import stuck as _stuck
 from ._rows import to_us as _to_us
@@ -277,12 +277,36 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 # Large enough to need pages of its own (overflow pages).
 _PROBE_SPEC = TaskSpec(task_type="probe", payload=bytes(16 * 1024))
 
-_INSERT = (
+_INSERT_HEAD = (
     "INSERT INTO tasks (id, queue, task_type, payload, unique_key, state, attempt,"
     " max_attempts, base_max_attempts, priority, backoff_initial_us, backoff_max_us,"
     " backoff_multiplier, created_at, updated_at, available_at, last_error, worker_id,"
-    " lease_token) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', '', '')"
+    " lease_token) VALUES "
 )
+_INSERT_ROW = "(?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', '', '')"
+_INSERT = _INSERT_HEAD + _INSERT_ROW
+# Rows per multi-row INSERT, largest first: a batch is cut into these so
+# that only four statements (each prepared once, in the statement cache)
+# insert any batch. One statement per row (`executemany`) cost twice as much:
+# SQLite evaluates each partial index's `state IN (...)` term with a table it
+# builds once per statement execution, i.e. once per row (measured: 9.9 ->
+# 4.4 ms per 1,000 rows, engine alone).
+_INSERT_CHUNKS = (512, 64, 8, 1)  # 512 rows x 16 parameters, far below 32766
+
+
+@functools.cache
+def _insert_rows(count: int) -> str:
+    return _INSERT_HEAD + ", ".join([_INSERT_ROW] * count)
+
+
+def _insert_all(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    start, total = 0, len(rows)
+    for size in _INSERT_CHUNKS:
+        sql = _insert_rows(size)
+        while total - start >= size:
+            db.execute(sql, list(itertools.chain.from_iterable(rows[start : start + size])))
+            start += size
+
 
 # The current lease, alive at :now. Every LeaseRef operation is one UPDATE
 # guarded by this, so a stale ref matches no row and changes nothing.
@@ -659,7 +683,7 @@ class SQLiteEngine(Storage):
         now_us = _to_us(now)
         # Queue "" names no queue a client can use, and the row is gone again
         # before the commit makes anything visible.
-        _, row = _new_task("", _PROBE_SPEC, _from_us(now_us), now_us, "probe")
+        _, row = _NewTasks("", _from_us(now_us), now_us, 1, "probe").make(_PROBE_SPEC)
         with self._write() as db:
             seq = db.execute(_INSERT, row).lastrowid
             db.execute("DELETE FROM tasks WHERE seq = ?", (seq,))
@@ -672,7 +696,7 @@ class SQLiteEngine(Storage):
         now_us = _to_us(now)
         # Normalised to UTC so a returned Task equals what `get` reads back.
         now = _from_us(now_us)
-        id_prefix = f"{max(now_us // 1000, 0) & 0xFFFF_FFFF_FFFF:012x}"
+        new_tasks = _NewTasks(queue, now, now_us, len(specs))
         keys = {s.unique_key for s in specs if s.unique_key}
         with self._write() as db:
             existing = self._tasks_by_key(db, queue, keys) if keys else {}
@@ -685,14 +709,13 @@ class SQLiteEngine(Storage):
                     if found is not None:
                         outcomes.append(EnqueueOutcome(found, created=False))
                         continue
-                task, row = _new_task(queue, spec, now, now_us, id_prefix)
+                task, row = new_tasks.make(spec)
                 if key:
                     # A later spec with the same key in this batch resolves here.
                     existing[key] = task
                 rows.append(row)
                 outcomes.append(EnqueueOutcome(task, created=True))
-            if rows:
-                db.executemany(_INSERT, rows)
+            _insert_all(db, rows)
         return outcomes
 
     @staticmethod
