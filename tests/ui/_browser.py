@@ -1,0 +1,55 @@
+"""What the browser tests share besides fixtures: the daemon and browser
+settings, and the steps every test may take (a context, a login)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize
+
+from ringo_trio.testing import DaemonProcess, spawn_daemon
+
+TOKEN = "ui-test-token-0123456789"
+WAIT_MS = 10_000
+TEST_TIMEOUT = 90.0
+# Screenshots for the docs stay small at this size.
+VIEWPORT = ViewportSize(width=1280, height=800)
+
+# Chrome features that phone home or prompt: none of them belong in a test run.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+INSTALL_HINT = (
+    "the dashboard's browser tests drive the system's Chromium, and `chromium` is not on"
+    " PATH. Install it (Debian/Ubuntu: `apt-get install chromium chromium-driver`;"
+    " .ci/run does this itself); `playwright install` is not used."
+)
+
+
+def start_dashboard(data_dir: Path, *extra: str) -> DaemonProcess:
+    daemon = spawn_daemon(data_dir, token=TOKEN, extra_args=["--ui-listen", "127.0.0.1:0", *extra])
+    if "ui" not in daemon.info:
+        daemon.stop()
+        raise AssertionError(f"ringod announced no 'ui' address: {daemon.info}")
+    return daemon
+
+
+def new_context(browser: Browser, base_url: str, **options: Any) -> BrowserContext:
+    context = browser.new_context(base_url=base_url, viewport=VIEWPORT, **options)
+    context.set_default_timeout(WAIT_MS)
+    return context
+
+
+def log_in(page: Page, token: str) -> None:
+    page.goto("/login")
+    page.fill("input[name=token]", token)
+    with page.expect_navigation():
+        page.locator("form button, form input[type=submit]").first.click()
