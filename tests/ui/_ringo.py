@@ -116,9 +116,10 @@ class Ops:
                     with trio.fail_after(CALL_TIMEOUT):
                         await worker.close()
 
-        running = self._pool.submit(trio.run, main)
+        running: concurrent.futures.Future[None] = self._pool.submit(trio.run, main)
+        either: list[concurrent.futures.Future[Any]] = [ready, running]
         done, _ = concurrent.futures.wait(
-            [ready, running], timeout=CALL_TIMEOUT, return_when=concurrent.futures.FIRST_COMPLETED
+            either, timeout=CALL_TIMEOUT, return_when=concurrent.futures.FIRST_COMPLETED
         )
         if running in done:
             running.result()  # raises: the worker never started

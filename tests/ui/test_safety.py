@@ -156,7 +156,7 @@ def test_read_only_has_no_actions(read_only_page: Page, read_only: Dashboard, qu
     # A genuine session's CSRF token (the logout form still has one) and
     # our own Origin: only read-only mode is left to refuse.
     csrf = page.locator("input[name=_csrf]")
-    fields = {"reason": "x", "state": "DEAD"}
+    fields: dict[str, str | float | bool] = {"reason": "x", "state": "DEAD"}
     if csrf.count():
         fields["_csrf"] = str(csrf.first.get_attribute("value"))
     base = f"{read_only.url}/queues/{queue}"
