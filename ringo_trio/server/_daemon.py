@@ -8,7 +8,9 @@ closed last, after no call can touch it any more.
 
 **Metrics** (``DaemonConfig.metrics_listen``, `_metrics`): the /metrics
 responder is one more background task of that group; without it, the
-daemon's `metrics` is the do-nothing `Metrics`.
+daemon's `metrics` is the do-nothing `Metrics`. The **dashboard**
+(``ui_listen``, `_ui`) is another, on the same `_http` server; without it
+nothing of it is built and storage is not wrapped for its sparklines.
 
 **Other daemons.** On a database several daemons share (PostgreSQL), work
 can become claimable without this daemon doing anything: another daemon
@@ -67,6 +69,7 @@ from ringo_trio import _limits as limits
 from ._clock import Clock
 from ._connections import ConnectionLimits, GuardedServer
 from ._gate import Gate
+from ._http import serve_http
 from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from ._memory import InMemoryChannel, start_in_memory
 from ._metrics import NO_METRICS, Metrics, PrometheusMetrics, serve_metrics
@@ -74,6 +77,8 @@ from ._retention import Retention, RetentionPolicy
 from ._service import HealthService, QueueService
 from ._sessions import SessionTable
 from ._throttle import DEFAULT_CAP, AuthThrottle
+from ._ui import Activity, Dashboard, instrument_activity
+from ._ui._app import UI_HTTP
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import StrictCodec
 from .storage._base import Storage, StorageFull
@@ -106,6 +111,9 @@ class DaemonConfig:
     auth_failure_delay: float = DEFAULT_CAP
     # Where to serve Prometheus /metrics (None: no metrics, no cost).
     metrics_listen: tuple[str, int] | None = None
+    # Where to serve the dashboard (None: none, no cost); without actions.
+    ui_listen: tuple[str, int] | None = None
+    ui_read_only: bool = False
     # TLS (None: plaintext); built and checked by the command line.
     tls: ssl.SSLContext | None = None
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
@@ -137,6 +145,20 @@ async def _bind(host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _listen_http(address: tuple[str, int], what: str) -> socket.socket:
+    host, port = address
+    try:
+        sock = await _bind(host, port)
+    except OSError as exc:
+        raise ListenError(f"cannot serve {what} on {format_endpoint(host, port)}: {exc}") from exc
+    try:
+        sock.listen(16)
     except BaseException:
         sock.close()
         raise
@@ -186,8 +208,23 @@ class Daemon:
             members=self.members,
         )
         self.queue_service.work_streams.metrics = self.metrics
+        self.dashboard: Dashboard | None = None
+        if config.ui_listen is not None:
+            activity = Activity()
+            instrument_activity(storage, activity)
+            self.dashboard = Dashboard(
+                service=self.queue_service,
+                sessions=self.sessions,
+                clock=self.clock,
+                activity=activity,
+                # The gate's: one address guessing over gRPC and HTTP waits in one line.
+                throttle=self.gate.throttle,
+                token=config.token,
+                read_only=config.ui_read_only,
+            )
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self.ui_port: int | None = None
         self._server: GuardedServer | None = None
         self._full = asyncio.Event()
         storage.full_listener = self._storage_full
@@ -230,6 +267,12 @@ class Daemon:
         self.metrics.install(server)
         self.gate.install(server)
         metrics_sock = await self._listen_metrics()
+        try:
+            ui_sock = await self._listen_ui()
+        except BaseException:
+            if metrics_sock is not None:
+                metrics_sock.close()
+            raise
         if in_memory:
             start_in_memory(server)
             where = "memory"
@@ -237,8 +280,9 @@ class Daemon:
             try:
                 where = await self._listen(server)
             except BaseException:
-                if metrics_sock is not None:
-                    metrics_sock.close()
+                for sock in (metrics_sock, ui_sock):
+                    if sock is not None:
+                        sock.close()
                 raise
         self._server = server
         try:
@@ -258,6 +302,15 @@ class Daemon:
                         )
                     )
                     metrics_sock = None
+                if ui_sock is not None:
+                    assert self.dashboard is not None
+                    background.append(
+                        tasks.create_task(
+                            serve_http(ui_sock, self.dashboard.handle, UI_HTTP, name="ui"),
+                            name="ringod ui",
+                        )
+                    )
+                    ui_sock = None
                 if self.config.safety_poll is not None:
                     background.append(
                         tasks.create_task(
@@ -279,8 +332,9 @@ class Daemon:
                 for task in background:
                     task.cancel()
         finally:
-            if metrics_sock is not None:
-                metrics_sock.close()
+            for sock in (metrics_sock, ui_sock):
+                if sock is not None:
+                    sock.close()
             server.close()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.shutdown_timeout):
@@ -303,19 +357,18 @@ class Daemon:
     async def _listen_metrics(self) -> socket.socket | None:
         if self.config.metrics_listen is None:
             return None
-        host, port = self.config.metrics_listen
-        try:
-            sock = await _bind(host, port)
-        except OSError as exc:
-            where = format_endpoint(host, port)
-            raise ListenError(f"cannot serve metrics on {where}: {exc}") from exc
-        try:
-            sock.listen(16)
-        except BaseException:
-            sock.close()
-            raise
+        sock = await _listen_http(self.config.metrics_listen, "metrics")
         self.metrics_port = sock.getsockname()[1]
+        host = self.config.metrics_listen[0]
         log.info("metrics at http://%s/metrics", format_endpoint(host, self.metrics_port))
+        return sock
+
+    async def _listen_ui(self) -> socket.socket | None:
+        if self.config.ui_listen is None:
+            return None
+        sock = await _listen_http(self.config.ui_listen, "the dashboard")
+        self.ui_port = sock.getsockname()[1]
+        log.info("dashboard at http://%s/", format_endpoint(self.config.ui_listen[0], self.ui_port))
         return sock
 
     async def _refresh_metrics(self) -> None:

@@ -479,6 +479,19 @@ def build_parser() -> argparse.ArgumentParser:
         " keep it on loopback or behind a proxy that guards it",
     )
     parser.add_argument(
+        "--ui-listen",
+        metavar="HOST:PORT",
+        type=_listen,
+        help="serve the web dashboard at http://HOST:PORT/ (off by default; port 0 picks a"
+        ' free one, reported in the JSON line as "ui"). Plain HTTP: it asks for the'
+        " bearer token when one is set; keep it on loopback or behind a TLS proxy",
+    )
+    parser.add_argument(
+        "--ui-read-only",
+        action="store_true",
+        help="the dashboard shows, never changes: no retry, cancel or purge",
+    )
+    parser.add_argument(
         "--loop",
         choices=("auto", "uvloop", "asyncio"),
         default="auto",
@@ -642,6 +655,8 @@ def ready_info(daemon: Daemon, *, storage: StorageChoice, loop_name: str) -> dic
         info["generation"] = daemon.config.generation
     if daemon.config.metrics_listen is not None:
         info["metrics"] = format_endpoint(daemon.config.metrics_listen[0], daemon.metrics_port or 0)
+    if daemon.config.ui_listen is not None:
+        info["ui"] = "http://" + format_endpoint(daemon.config.ui_listen[0], daemon.ui_port or 0)
     return info
 
 
@@ -685,6 +700,8 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
             auth_failure_delay=args.auth_failure_delay,
             tls=args.ssl,
             metrics_listen=args.metrics_listen,
+            ui_listen=args.ui_listen,
+            ui_read_only=args.ui_read_only,
             connections=ConnectionLimits(
                 idle_timeout=args.idle_timeout,
                 keepalive_interval=args.keepalive_interval,

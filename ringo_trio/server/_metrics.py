@@ -33,10 +33,9 @@ daemons, the tests do) and is fed from four places:
 **Bounded memory.** Queue names come from clients, so labelled children are
 made for at most `limits.MAX_METRIC_QUEUES` queues; later queues share the
 label ``queue=""``. Methods and storage operations are fixed sets. The
-HTTP responder (`serve_metrics`) takes at most `_MAX_CONNECTIONS` scrapes at
-once, reads a request head of at most `_MAX_HEAD_BYTES` within
-`_READ_TIMEOUT` seconds, answers ``GET /metrics`` (404 for any other path,
-405 for any other method) and closes the connection.
+HTTP responder (`serve_metrics`, on the daemon's `_http` server with
+`METRICS_HTTP` limits) answers ``GET /metrics`` (404 for any other path,
+405 for any other method).
 
 The exposition is prometheus_client's (`generate_latest`,
 `CONTENT_TYPE_LATEST`); nothing here formats the text format by hand.
@@ -44,8 +43,6 @@ The exposition is prometheus_client's (`generate_latest`,
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import contextvars
 import functools
 import logging
@@ -72,6 +69,7 @@ from prometheus_client.registry import Collector
 
 from ringo_trio import _limits as limits
 
+from ._http import HttpLimits, Request, Response, serve_http
 from .storage._base import EnqueueOutcome, Storage, StorageUnavailable
 
 __all__ = [
@@ -615,11 +613,8 @@ def _timed(
 
 # -- the HTTP responder --------------------------------------------------------
 
-_MAX_CONNECTIONS = 4
-_MAX_HEAD_BYTES = 8 * 1024
-_READ_TIMEOUT = 5.0
-_WRITE_TIMEOUT = 10.0
-_ACCEPT_BACKOFF = 0.1
+# Scrapes are small and rare: a few connections, short heads, no bodies.
+METRICS_HTTP = HttpLimits(max_connections=4, max_head_bytes=8 * 1024, max_body_bytes=0)
 _METRICS_PATH = "/metrics"
 
 
@@ -630,105 +625,15 @@ async def serve_metrics(
 ) -> None:
     """Answer scrapes on the listening `sock` until cancelled; closes it.
 
-    `refresh` reads storage before each exposition. Every connection is a
-    task of this call's TaskGroup, so none outlives it.
+    `refresh` reads storage before each exposition.
     """
-    loop = asyncio.get_running_loop()
-    busy = 0
 
-    async def answer(conn: socket.socket) -> None:
-        nonlocal busy
-        try:
-            await _answer(loop, conn, metrics, refresh)
-        except (OSError, TimeoutError) as exc:
-            log.debug("metrics: scrape connection failed: %r", exc)
-        except Exception:
-            # A bug costs one scrape, never the daemon's task group.
-            log.exception("metrics: answering a scrape failed")
-        finally:
-            busy -= 1
-            conn.close()
+    async def answer(request: Request) -> Response:
+        if request.path != _METRICS_PATH:
+            return Response(404, b"not found; metrics are at /metrics\n")
+        if request.method != "GET":
+            return Response(405, b"only GET\n", headers=[("Allow", "GET")])
+        await refresh()
+        return Response(200, metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
 
-    with sock:
-        async with asyncio.TaskGroup() as connections:
-            while True:
-                try:
-                    conn, _ = await loop.sock_accept(sock)
-                except OSError as exc:
-                    # Out of file descriptors, or a connection aborted before
-                    # it was accepted: the daemon goes on, scrapes resume.
-                    log.warning("metrics: accepting a scrape failed: %r", exc)
-                    await asyncio.sleep(_ACCEPT_BACKOFF)
-                    continue
-                if busy >= _MAX_CONNECTIONS:
-                    conn.close()
-                    continue
-                conn.setblocking(False)
-                busy += 1
-                connections.create_task(answer(conn), name="ringod metrics scrape")
-
-
-async def _answer(
-    loop: asyncio.AbstractEventLoop,
-    conn: socket.socket,
-    metrics: PrometheusMetrics,
-    refresh: Callable[[], Awaitable[None]],
-) -> None:
-    head = bytearray()
-    try:
-        async with asyncio.timeout(_READ_TIMEOUT):
-            while b"\r\n\r\n" not in head and b"\n\n" not in head:
-                if len(head) > _MAX_HEAD_BYTES:
-                    await _send(loop, conn, 431, b"request head too large\n")
-                    return
-                chunk = await loop.sock_recv(conn, 4096)
-                if not chunk:
-                    return
-                head += chunk
-    except TimeoutError:
-        with contextlib.suppress(OSError, TimeoutError):
-            await _send(loop, conn, 408, b"request timeout\n")
-        return
-    request_line = bytes(head).split(b"\n", 1)[0].strip()
-    parts = request_line.split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
-        await _send(loop, conn, 400, b"bad request\n")
-        return
-    method, target = parts[0], parts[1].split(b"?", 1)[0]
-    if target != _METRICS_PATH.encode():
-        await _send(loop, conn, 404, b"not found; metrics are at /metrics\n")
-        return
-    if method != b"GET":
-        await _send(loop, conn, 405, b"only GET\n", extra=b"Allow: GET\r\n")
-        return
-    await refresh()
-    await _send(loop, conn, 200, metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
-
-
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    431: "Request Header Fields Too Large",
-}
-
-
-async def _send(
-    loop: asyncio.AbstractEventLoop,
-    conn: socket.socket,
-    status: int,
-    body: bytes,
-    *,
-    content_type: str = "text/plain; charset=utf-8",
-    extra: bytes = b"",
-) -> None:
-    head = (
-        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-        f"Content-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n"
-    ).encode() + extra
-    async with asyncio.timeout(_WRITE_TIMEOUT):
-        await loop.sock_sendall(conn, head + b"\r\n" + body)
+    await serve_http(sock, answer, METRICS_HTTP, name="metrics")

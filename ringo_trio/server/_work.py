@@ -302,6 +302,16 @@ class WorkStreams:
         for work in list(self._live):
             work.shutdown()
 
+    def snapshot(self) -> list[tuple[str, str, int, int, int]]:
+        """(worker id, queue, concurrency, unspent credit, leases held) of
+        every registered stream, read without changing anything (the
+        dashboard's /workers)."""
+        return [
+            (w._worker_id, w._queue, w._capacity, max(w._credit, 0), len(w._outstanding))
+            for w in self._live
+            if w._queue
+        ]
+
 
 class _WorkStream:
     """One Work call (see the module docstring)."""

@@ -157,7 +157,7 @@ async def test_a_scrape_reports_what_the_workload_did(engine: str, tmp_path: Pat
 
 async def test_only_get_metrics_is_served_and_bad_requests_harm_nothing(tmp_path: Path) -> None:
     """Property: another path is 404, another method 405, a malformed request
-    line 400, a request head over the cap 431 and a client that sends
+    line or a missing Host 400, a request head over the cap 431 and a client that sends
     nothing is dropped; afterwards the daemon still serves gRPC and
     /metrics."""
     with anyio.fail_after(60), metrics_daemon("sqlite", tmp_path) as process:
@@ -177,9 +177,13 @@ async def test_only_get_metrics_is_served_and_bad_requests_harm_nothing(tmp_path
         def status_of(data: bytes) -> int:
             return int(raw(data).split(b" ", 2)[1])
 
-        assert await anyio.to_thread.run_sync(status_of, b"POST /metrics HTTP/1.1\r\n\r\n") == 405
+        post = b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        assert await anyio.to_thread.run_sync(status_of, post) == 405
         assert await anyio.to_thread.run_sync(status_of, b"GARBAGE\r\n\r\n") == 400
-        huge = b"GET /metrics HTTP/1.1\r\nX-Fill: " + b"a" * 100_000 + b"\r\n\r\n"
+        # HTTP/1.1 without Host is malformed (RFC 9112 section 3.2): 400.
+        no_host = b"GET /metrics HTTP/1.1\r\n\r\n"
+        assert await anyio.to_thread.run_sync(status_of, no_host) == 400
+        huge = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Fill: " + b"a" * 100_000 + b"\r\n\r\n"
         # Closed while we may still be sending: refused all the same.
         with contextlib.suppress(ConnectionResetError):
             assert await anyio.to_thread.run_sync(status_of, huge) == 431

@@ -1,0 +1,82 @@
+"""What the templates show, computed: payload previews, sparklines, ages.
+
+Everything returned here is plain text or numbers; the templates escape it
+(Jinja2 autoescape), so nothing here needs to know about HTML.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+__all__ = ["PREVIEW_BYTES", "HEX_BYTES", "age", "preview", "sparkline"]
+
+# A payload (or result) is up to 1 MiB; a page shows its start only.
+PREVIEW_BYTES = 64 * 1024
+HEX_BYTES = 4 * 1024
+_SPARK_WIDTH = 120
+_SPARK_HEIGHT = 24
+
+
+def preview(data: bytes, view: str) -> tuple[str, str]:
+    """(text, note) showing `data` as text, pretty JSON or a hex dump."""
+    size = len(data)
+    if view == "hex":
+        shown = data[:HEX_BYTES]
+        lines = [
+            f"{offset:08x}  {shown[offset : offset + 16].hex(' '):<47}  "
+            + "".join(chr(b) if 32 <= b < 127 else "." for b in shown[offset : offset + 16])
+            for offset in range(0, len(shown), 16)
+        ]
+        return "\n".join(lines), _cut_note(size, HEX_BYTES)
+    shown = data[:PREVIEW_BYTES]
+    text = shown.decode("utf-8", "replace")
+    if view == "json":
+        if size > PREVIEW_BYTES:
+            return text, f"{size} bytes: too large to parse as JSON here; the first bytes as text"
+        try:
+            return json.dumps(json.loads(data), indent=2, ensure_ascii=False), ""
+        except (ValueError, RecursionError):
+            return text, "not valid JSON; shown as text"
+    return text, _cut_note(size, PREVIEW_BYTES)
+
+
+def _cut_note(size: int, shown: int) -> str:
+    return f"the first {shown} of {size} bytes" if size > shown else ""
+
+
+def sparkline(succeeded: list[int], failed: list[int]) -> dict[str, object]:
+    """Polyline points of both series on one scale, for an inline SVG."""
+    top = max([*succeeded, *failed, 1])
+    step = _SPARK_WIDTH / max(len(succeeded) - 1, 1)
+
+    def points(values: list[int]) -> str:
+        return " ".join(
+            f"{i * step:.1f},{_SPARK_HEIGHT - 1 - (v / top) * (_SPARK_HEIGHT - 2):.1f}"
+            for i, v in enumerate(values)
+        )
+
+    return {
+        "width": _SPARK_WIDTH,
+        "height": _SPARK_HEIGHT,
+        "succeeded": points(succeeded),
+        "failed": points(failed),
+        "total_succeeded": sum(succeeded),
+        "total_failed": sum(failed),
+    }
+
+
+def age(since: datetime | None, now: datetime) -> str:
+    """'3m 20s' since `since` (empty for None)."""
+    if since is None:
+        return ""
+    seconds = max(int((now - since).total_seconds()), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes}m"
+    return f"{hours // 24}d {hours % 24}h"

@@ -1,0 +1,600 @@
+"""``ringod --ui-listen``: the dashboard over real HTTP (docs/dashboard.md).
+
+The daemon runs in-process on the test's loop with a real engine (SQLite, and
+PostgreSQL where storage is involved); a plain stdlib HTTP client talks to it
+from a worker thread, one connection per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import http.client
+import re
+import socket
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from ringo_trio._proto.ringo.v1 import AckRequest, CreditUpdate, TaskSpec, TaskState
+from ringo_trio.server._daemon import Daemon, DaemonConfig
+from ringo_trio.server._ui import Activity
+from ringo_trio.server._ui._app import TASKS_PAGE, UI_HTTP
+from ringo_trio.server.storage._base import Storage
+from ringo_trio.server.storage.postgres import PostgresEngine
+from ringo_trio.server.storage.sqlite import SQLiteEngine
+from tests._postgres import fresh_database
+
+from ._client import connect, new_queue, open_work, ref
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "s3cret-token"
+XSS = "<img src=x onerror=alert(1)>"
+SCRIPT = b"<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def pg_database() -> Iterator[str]:
+    with fresh_database("ringo_ui") as dsn:
+        yield dsn
+
+
+@contextmanager
+def make_engine(kind: str, tmp_path: Path, dsn: str | None) -> Iterator[Storage]:
+    if kind == "sqlite":
+        yield SQLiteEngine(tmp_path / "ringo.db")
+    else:
+        assert dsn is not None
+        yield PostgresEngine(dsn, schema="ui_" + tmp_path.name.lower()[-40:].replace("-", "_"))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
+    dsn = request.getfixturevalue("pg_database") if request.param == "postgres" else None
+    with make_engine(request.param, tmp_path, dsn) as storage:
+        yield storage
+
+
+@pytest.fixture
+def sqlite(tmp_path: Path) -> Storage:
+    return SQLiteEngine(tmp_path / "ringo.db")
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: str
+    cookies: list[str] = field(default_factory=list)
+
+
+class UI:
+    """The dashboard of a serving daemon, seen by an HTTP client."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.host = f"127.0.0.1:{daemon.ui_port}"
+        self.cookie = ""
+
+    def _fetch(self, method: str, path: str, headers: dict[str, str], body: bytes | None) -> Reply:
+        conn = http.client.HTTPConnection(self.host, timeout=10)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            response = conn.getresponse()
+            return Reply(
+                response.status,
+                {k.lower(): v for k, v in response.getheaders()},
+                response.read().decode(),
+                response.headers.get_all("Set-Cookie") or [],
+            )
+        finally:
+            conn.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        form: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        bearer: str | None = None,
+        cookie: bool = True,
+    ) -> Reply:
+        sent = dict(headers or {})
+        if bearer is not None:
+            sent["Authorization"] = f"Bearer {bearer}"
+        if cookie and self.cookie:
+            sent["Cookie"] = f"ringo_session={self.cookie}"
+        body = None
+        if form is not None:
+            body = urllib.parse.urlencode(form, doseq=True).encode()
+            sent["Content-Type"] = "application/x-www-form-urlencoded"
+        reply = await anyio.to_thread.run_sync(self._fetch, method, path, sent, body)
+        for set_cookie in reply.cookies:
+            name, _, rest = set_cookie.partition("=")
+            if name == "ringo_session":
+                self.cookie = rest.split(";", 1)[0]
+        return reply
+
+    async def get(self, path: str, **kw: Any) -> Reply:
+        return await self.request("GET", path, **kw)
+
+    async def post(self, path: str, form: dict[str, Any], **kw: Any) -> Reply:
+        return await self.request("POST", path, form=form, **kw)
+
+    async def login(self) -> None:
+        reply = await self.post("/login", {"token": TOKEN})
+        assert reply.status == 303, reply
+        assert self.cookie
+
+    async def csrf(self, path: str) -> str:
+        page = await self.get(path)
+        assert page.status == 200, page
+        [value] = set(re.findall(r'name="_csrf" value="([^"]*)"', page.body))
+        return value
+
+
+@asynccontextmanager
+async def dashboard(storage: Storage, **config: Any) -> AsyncIterator[UI]:
+    config.setdefault("ui_listen", ("127.0.0.1", 0))
+    daemon = Daemon(DaemonConfig(host="127.0.0.1", port=0, **config), storage)
+    stop = asyncio.Event()
+    ready = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(daemon.serve, stop, lambda _daemon: ready.set())
+        await ready.wait()
+        try:
+            yield UI(daemon)
+        finally:
+            stop.set()
+
+
+class Elements(HTMLParser):
+    """Every start tag with its attributes, and the text inside each element id'd."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str]]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, {k: v or "" for k, v in attrs}))
+
+    def find(self, tag: str, **attrs: str) -> list[dict[str, str]]:
+        wanted = {k.rstrip("_").replace("_", "-"): v for k, v in attrs.items()}
+        return [
+            a
+            for t, a in self.tags
+            if t == tag and all(a.get(k) == v or (v == "*" and k in a) for k, v in wanted.items())
+        ]
+
+
+def text_of(body: str, element_id: str) -> str:
+    match = re.search(rf'id="{element_id}"[^>]*>(.*?)</', body, re.S)
+    assert match is not None, f"no #{element_id}"
+    return html.unescape(match.group(1))
+
+
+async def seed(storage: Storage, queue: str, count: int, **spec: Any) -> list[str]:
+    spec.setdefault("task_type", "t")
+    outcomes = await storage.enqueue(queue, [TaskSpec(**spec)] * count, datetime.now(UTC))
+    return [o.task.id for o in outcomes]
+
+
+async def dead(storage: Storage, queue: str) -> str:
+    """A DEAD task of `queue` (rejected on its first attempt)."""
+    [task_id] = await seed(storage, queue, 1, max_attempts=1)
+    now = datetime.now(UTC)
+    [leased] = await storage.claim(queue, [], 1, "w", timedelta(minutes=1), now)
+    await storage.reject(ref(leased), "it broke", now)
+    return task_id
+
+
+# -- pages ---------------------------------------------------------------------
+
+
+async def test_every_page_renders_the_selectors_the_browser_tests_use(engine: Storage) -> None:
+    """Property: every route answers 200 with the contract's selectors (nav,
+    main h1, tables with data-* rows, forms, fragments) and the security
+    headers."""
+    with anyio.fail_after(60):
+        async with dashboard(engine) as ui:
+            queue = new_queue("ui")
+            dead_id = await dead(engine, queue)
+            ids = await seed(engine, queue, 3, payload=b'{"a": [1, 2]}')
+            assert (await ui.get("/")).headers["location"] == "/queues"
+            for path in ("/queues", f"/queues/{queue}", f"/queues/{queue}/tasks/{ids[0]}"):
+                page = await ui.get(path)
+                assert page.status == 200, page
+                found = Elements(page.body)
+                assert found.find("a", href="/queues")
+                assert found.find("a", href="/workers")
+                assert "<main>" in page.body
+                assert "<h1>" in page.body
+                assert "script-src 'self'" in page.headers["content-security-policy"]
+                assert page.headers["x-content-type-options"] == "nosniff"
+                assert page.headers["referrer-policy"] == "same-origin"
+            found = Elements((await ui.get("/queues")).body)
+            [_row] = found.find("tr", data_queue=queue)
+            assert found.find("table", id="queues")
+            assert found.find("svg", class_="sparkline")
+            body = (await ui.get("/queues")).body
+            row_html = body[body.index(f'data-queue="{queue}"') :].split("</tr>", 1)[0]
+            assert '<td data-state="PENDING" class="count">3</td>' in row_html
+            assert '<td data-state="DEAD" class="count">1</td>' in row_html
+            assert 'class="oldest-pending"' in row_html
+            page = (await ui.get(f"/queues/{queue}")).body
+            found = Elements(page)
+            assert found.find("form", id="filters")
+            assert found.find("select", name="state")
+            assert found.find("input", name="type")
+            assert found.find("input", name="key_prefix")
+            assert {r["data-task-id"] for r in found.find("tr", data_task_id="*")} == {
+                *ids,
+                dead_id,
+            }
+            assert found.find("form", id="purge")
+            assert found.find("input", name="_csrf")
+            assert text_of(page, "queue-name") == queue
+            detail = (await ui.get(f"/queues/{queue}/tasks/{ids[0]}?view=json")).body
+            assert text_of(detail, "task-state") == "PENDING"
+            assert '"a": [\n    1,' in text_of(detail, "payload")
+            found = Elements(detail)
+            assert {a["data-view"] for a in found.find("a", data_view="*")} == {
+                "text",
+                "json",
+                "hex",
+            }
+            assert found.find("progress", id="progress")
+            assert found.find("form", id="cancel")
+            assert not found.find("form", id="retry")
+            hexed = (await ui.get(f"/queues/{queue}/tasks/{ids[0]}?view=hex")).body
+            assert text_of(hexed, "payload").startswith("00000000  7b 22 61 22")
+            dead_page = (await ui.get(f"/queues/{queue}/tasks/{dead_id}")).body
+            assert text_of(dead_page, "last-error") == "it broke"
+            assert Elements(dead_page).find("form", id="retry")
+            workers = await ui.get("/workers")
+            assert workers.status == 200
+            assert Elements(workers.body).find("table", id="workers")
+            for path, name in (
+                ("/queues", "queues"),
+                (f"/queues/{queue}", "counts"),
+                (f"/queues/{queue}/tasks/{ids[0]}", "task"),
+                ("/workers", "workers"),
+            ):
+                fragment = await ui.get(f"{path}?fragment={name}")
+                assert fragment.status == 200, (path, name)
+                assert "<html" not in fragment.body, (path, name)
+            assert (
+                'data-count-state="PENDING">3<'
+                in (await ui.get(f"/queues/{queue}?fragment=counts")).body
+            )
+            assert (await ui.get("/queues?fragment=nope")).status == 404
+            for name in ("ui.js", "ui.css"):
+                static = await ui.get(f"/static/{name}")
+                assert static.status == 200
+                assert static.body
+            assert (await ui.get("/nowhere")).status == 404
+            assert (await ui.get(f"/queues/{queue}/tasks/nope")).status == 404
+
+
+async def test_workers_page_lists_live_work_streams(sqlite: Storage) -> None:
+    """Property: /workers shows each registered Work stream with its queue,
+    concurrency, credit and leases held, and forgets it when it ends."""
+    with anyio.fail_after(30):
+        async with dashboard(sqlite) as ui, connect(f"127.0.0.1:{ui.daemon.port}") as client:
+            queue = new_queue("ui")
+            await seed(sqlite, queue, 2)
+            async with open_work(client) as work:
+                await work.register(queue, worker_id=f"w-{XSS}", max_concurrency=7)
+                await work.call(credit=CreditUpdate(available=5))
+                leased = await work.wait_tasks(2)
+                assert (await work.call(ack=AckRequest(lease=ref(leased[0])))).error is None
+                page = (await ui.get("/workers")).body
+                [_row] = Elements(page).find("tr", data_worker_id=f"w-{XSS}")
+                cells = page[page.index("data-worker-id") :].split("</tr>", 1)[0]
+                assert '<td class="concurrency">7</td>' in cells
+                assert '<td class="credit">3</td>' in cells
+                assert '<td class="leases">1</td>' in cells
+                assert XSS not in page
+            page = (await ui.get("/workers")).body
+            assert not Elements(page).find("tr", data_worker_id="*")
+            # The ack shows in the queue's sparkline.
+            queues = (await ui.get("/queues")).body
+            assert "1 succeeded, 0 failed in the last hour" in queues
+
+
+# -- authentication and CSRF ---------------------------------------------------
+
+
+async def test_a_token_guards_every_page_and_the_cookie_is_a_signed_session(
+    sqlite: Storage,
+) -> None:
+    """Property: with a token, a page without credentials redirects to the
+    login form (a fragment or POST is 401), a wrong bearer is 401, the right
+    bearer or the login cookie opens it; the cookie is HttpOnly,
+    SameSite=Strict and never contains the token; a tampered cookie opens
+    nothing; a wrong login is 401 and throttled by the gate's throttle."""
+    with anyio.fail_after(60):
+        async with dashboard(sqlite, token=TOKEN, auth_failure_delay=0.0) as ui:
+            reply = await ui.get("/queues")
+            assert (reply.status, reply.headers["location"]) == (303, "/login")
+            assert (await ui.get("/queues?fragment=queues")).status == 401
+            assert (await ui.get("/workers", bearer="wrong")).status == 401
+            assert (await ui.get("/workers", bearer=TOKEN)).status == 200
+            assert (await ui.post("/queues/q/purge", {})).status == 401
+            assert (await ui.get("/login")).status == 200
+            wrong = await ui.post("/login", {"token": "nope"})
+            assert wrong.status == 401
+            assert "wrong token" in wrong.body
+            assert not ui.cookie
+            reply = await ui.post("/login", {"token": TOKEN})
+            [set_cookie] = reply.cookies
+            assert "HttpOnly" in set_cookie
+            assert "SameSite=Strict" in set_cookie
+            assert TOKEN not in set_cookie
+            assert (await ui.get("/queues")).status == 200
+            good = ui.cookie
+            ui.cookie = good[:-2] + ("AA" if not good.endswith("AA") else "BB")
+            assert (await ui.get("/queues")).status == 303
+            ui.cookie = good
+            logout = await ui.post("/logout", {})
+            assert "Max-Age=0" in logout.cookies[0]
+
+
+async def test_wrong_tokens_wait_in_the_gates_throttle(sqlite: Storage) -> None:
+    """Property: a wrong login is not answered before the throttle's delay:
+    while it waits, the gate's throttle counts it for the address."""
+    with anyio.fail_after(30):
+        async with dashboard(sqlite, token=TOKEN, auth_failure_delay=20.0) as ui:
+            throttle = ui.daemon.gate.throttle
+            result: list[Reply] = []
+
+            async def guess() -> None:
+                result.append(await ui.post("/login", {"token": "guess"}))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(guess)
+                # The throttle has no event to wait on; the guess is in a thread.
+                while throttle.waiting("127.0.0.1") == 0:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+                assert not result
+            assert result[0].status == 401
+            assert throttle.waiting("127.0.0.1") == 0
+
+
+async def test_actions_need_the_sessions_csrf_token_and_same_origin(engine: Storage) -> None:
+    """Property: a cookie-authenticated POST without the session's CSRF token,
+    with another session's token, or from another Origin is 403 and changes
+    nothing; with the right token it acts."""
+    with anyio.fail_after(60):
+        async with dashboard(engine, token=TOKEN) as ui:
+            queue = new_queue("ui")
+            task_id = await dead(engine, queue)
+            path = f"/queues/{queue}/tasks/{task_id}"
+            await ui.login()
+            csrf = await ui.csrf(path)
+            other = UI(ui.daemon)
+            await other.login()
+            foreign = await other.csrf(path)
+            assert foreign != csrf
+            for form, headers in (
+                ({}, {}),
+                ({"_csrf": "x" * len(csrf)}, {}),
+                ({"_csrf": foreign}, {}),
+                ({"_csrf": csrf}, {"Origin": "http://evil.example"}),
+            ):
+                reply = await ui.post(f"{path}/retry", form, headers=headers)
+                assert reply.status == 403, (form, headers)
+                assert (await engine.get(queue, task_id=task_id)).state == TaskState.DEAD
+            reply = await ui.post(f"{path}/retry", {"_csrf": csrf}, headers={"Origin": ""})
+            assert reply.status == 403
+            reply = await ui.post(
+                f"{path}/retry", {"_csrf": csrf}, headers={"Origin": f"http://{ui.host}"}
+            )
+            assert (reply.status, reply.headers["location"]) == (303, path)
+            assert (await engine.get(queue, task_id=task_id)).state == TaskState.PENDING
+
+
+async def test_read_only_renders_no_action_and_refuses_every_post(sqlite: Storage) -> None:
+    """Property: --ui-read-only renders no action form and answers every
+    action POST 403 (even with a valid CSRF token) without changing storage."""
+    with anyio.fail_after(30):
+        async with dashboard(sqlite, ui_read_only=True) as ui:
+            queue = new_queue("ui")
+            task_id = await dead(sqlite, queue)
+            path = f"/queues/{queue}/tasks/{task_id}"
+            page = await ui.get(path)
+            assert not Elements(page.body).find("form", id="retry")
+            assert not Elements((await ui.get(f"/queues/{queue}")).body).find("form", id="purge")
+            csrf = ui.daemon.dashboard.sessions.csrf(  # type: ignore[union-attr]
+                ui.daemon.dashboard.sessions.session(ui.cookie)  # type: ignore[union-attr,arg-type]
+            )
+            for action in (f"{path}/retry", f"{path}/cancel", f"/queues/{queue}/purge"):
+                assert (await ui.post(action, {"_csrf": csrf})).status == 403
+            assert (await sqlite.get(queue, task_id=task_id)).state == TaskState.DEAD
+
+
+# -- escaping ------------------------------------------------------------------
+
+
+async def test_user_supplied_text_is_rendered_escaped(engine: Storage) -> None:
+    """Property: a payload of <script>, a task type, unique key, error and
+    queue name holding an <img onerror> appear only escaped, on every page."""
+    with anyio.fail_after(60):
+        async with dashboard(engine) as ui:
+            queue = f"q{XSS}"
+            [task_id] = await seed(engine, queue, 1, payload=SCRIPT, task_type=XSS, unique_key=XSS)
+            now = datetime.now(UTC)
+            [leased] = await engine.claim(queue, [], 1, "w", timedelta(minutes=1), now)
+            await engine.nack(ref(leased), XSS, timedelta(hours=1), now)
+            q = urllib.parse.quote(queue, safe="")
+            for path in (
+                "/queues",
+                f"/queues/{q}",
+                f"/queues/{q}/tasks/{task_id}",
+                f"/queues/{q}/tasks/{task_id}?view=json",
+                f"/queues/{q}/tasks/{task_id}?view=hex",
+                f"/queues/{q}?type={urllib.parse.quote(XSS)}&key_prefix=%3Cimg",
+            ):
+                page = await ui.get(path)
+                assert page.status == 200, (path, page.body)
+                assert XSS not in page.body, path
+                assert "<script>alert" not in page.body, path
+                assert "&lt;img" in page.body, path
+            detail = (await ui.get(f"/queues/{q}/tasks/{task_id}")).body
+            assert text_of(detail, "payload") == SCRIPT.decode()
+            assert text_of(detail, "task-type") == XSS
+            assert text_of(detail, "last-error") == XSS
+            page = await ui.get(f"/queues/{q}")
+            assert Elements(page.body).find("tr", data_task_id=task_id)
+
+
+# -- actions and paging --------------------------------------------------------
+
+
+async def test_actions_change_storage(engine: Storage) -> None:
+    """Property: retry makes a DEAD task PENDING, cancel makes a PENDING task
+    CANCELLED with the reason, purge deletes the finished tasks older than
+    asked; actions that do not apply answer 409 and change nothing."""
+    with anyio.fail_after(60):
+        async with dashboard(engine) as ui:
+            queue = new_queue("ui")
+            dead_id = await dead(engine, queue)
+            [pending_id] = await seed(engine, queue, 1)
+            base = f"/queues/{queue}/tasks"
+            csrf = await ui.csrf(f"{base}/{dead_id}")
+            assert (await ui.post(f"{base}/{dead_id}/retry", {"_csrf": csrf})).status == 303
+            assert (await engine.get(queue, task_id=dead_id)).state == TaskState.PENDING
+            assert (await ui.post(f"{base}/{dead_id}/retry", {"_csrf": csrf})).status == 409
+            cancel = {"_csrf": csrf, "reason": "not needed"}
+            assert (await ui.post(f"{base}/{pending_id}/cancel", cancel)).status == 303
+            task = await engine.get(queue, task_id=pending_id)
+            assert task.state == TaskState.CANCELLED
+            assert "not needed" in task.last_error
+            purge = {"_csrf": csrf, "state": ["CANCELLED"], "older_than": "1h"}
+            reply = await ui.post(f"/queues/{queue}/purge", purge)
+            assert reply.headers["location"].endswith("purged=0")
+            purge["older_than"] = ""
+            reply = await ui.post(f"/queues/{queue}/purge", purge)
+            assert reply.headers["location"].endswith("purged=1")
+            assert (await ui.get(reply.headers["location"])).status == 200
+            assert (await ui.get(f"{base}/{pending_id}")).status == 404
+            bad = await ui.post(f"/queues/{queue}/purge", {"_csrf": csrf, "state": "PENDING"})
+            assert bad.status == 400
+
+
+async def test_paging_walks_every_task_once_with_filters(engine: Storage) -> None:
+    """Property: following a#next-page from the first page lists every task of
+    the queue exactly once; filters (state, type, key prefix) narrow the
+    list and survive paging."""
+    with anyio.fail_after(60):
+        async with dashboard(engine) as ui:
+            queue = new_queue("ui")
+            ids = set(await seed(engine, queue, TASKS_PAGE * 2 + 5))
+            typed = set()
+            for i in range(TASKS_PAGE + 3):
+                typed |= set(await seed(engine, queue, 1, task_type="other", unique_key=f"k{i}"))
+            seen: list[str] = []
+            path: str | None = f"/queues/{queue}"
+            while path is not None:
+                found = Elements((await ui.get(path)).body)
+                seen += [r["data-task-id"] for r in found.find("tr", data_task_id="*")]
+                links = found.find("a", id="next-page")
+                path = html.unescape(links[0]["href"]) if links else None
+            assert len(seen) == len(set(seen)) == len(ids | typed)
+            assert set(seen) == ids | typed
+            seen = []
+            path = f"/queues/{queue}?type=other&state=PENDING"
+            while path is not None:
+                found = Elements((await ui.get(path)).body)
+                seen += [r["data-task-id"] for r in found.find("tr", data_task_id="*")]
+                links = found.find("a", id="next-page")
+                path = html.unescape(links[0]["href"]) if links else None
+                assert path is None or "type=other" in path
+            assert set(seen) == typed
+            found = Elements((await ui.get(f"/queues/{queue}?key_prefix=k1")).body)
+            assert len(found.find("tr", data_task_id="*")) == 1 + 10
+            assert (await ui.get(f"/queues/{queue}?state=NOPE")).status == 400
+            assert (await ui.get(f"/queues/{queue}?page_token=garbage")).status == 400
+
+
+# -- limits --------------------------------------------------------------------
+
+
+async def test_oversized_requests_and_too_many_connections_are_refused(sqlite: Storage) -> None:
+    """Property: a request head over the cap is 431, a body over the cap 413,
+    a connection past max_connections is 503 and closed; the dashboard
+    serves normally afterwards."""
+    with anyio.fail_after(60):
+        async with dashboard(sqlite) as ui:
+            host, port = "127.0.0.1", ui.daemon.ui_port
+            assert port is not None
+
+            def raw(data: bytes) -> bytes:
+                with socket.create_connection((host, port), timeout=10) as sock:
+                    with suppress(ConnectionResetError):
+                        sock.sendall(data)
+                    chunks = []
+                    while chunk := sock.recv(65536):
+                        chunks.append(chunk)
+                    return b"".join(chunks)
+
+            head = b"GET /queues HTTP/1.1\r\nHost: x\r\nX-Fill: " + b"a" * 20_000 + b"\r\n\r\n"
+            assert (await anyio.to_thread.run_sync(raw, head)).startswith(b"HTTP/1.1 431")
+            body = b"a" * (UI_HTTP.max_body_bytes + 1)
+            post = (
+                b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+            )
+            assert (await anyio.to_thread.run_sync(raw, post)).startswith(b"HTTP/1.1 413")
+            held = [
+                await anyio.to_thread.run_sync(socket.create_connection, (host, port))
+                for _ in range(UI_HTTP.max_connections)
+            ]
+            try:
+                # The server accepts in order: once a held one is being
+                # served, the next is over the cap.
+                extra = await anyio.to_thread.run_sync(raw, b"")
+                assert extra.startswith(b"HTTP/1.1 503"), extra
+            finally:
+                for sock in held:
+                    sock.close()
+            for _ in range(50):
+                reply = await ui.get("/queues")
+                if reply.status == 200:
+                    break
+            assert reply.status == 200
+
+
+# -- sparkline data ------------------------------------------------------------
+
+
+def test_activity_keeps_one_hour_per_minute_and_a_bounded_number_of_queues() -> None:
+    """Property: the series hold per-minute counts of the last 60 minutes,
+    oldest first; older minutes fall off; queues past the cap are not kept."""
+    activity = Activity(max_queues=2)
+    t0 = 1_000_000 * 60.0
+    activity.record("a", succeeded=True, now=t0)
+    activity.record("a", succeeded=True, now=t0 + 1)
+    activity.record("a", succeeded=False, now=t0 + 61)
+    ok, failed = activity.series("a", now=t0 + 61)
+    assert ok[-2:] == [2, 0]
+    assert failed[-2:] == [0, 1]
+    assert sum(ok) == 2
+    assert len(ok) == 60
+    ok, failed = activity.series("a", now=t0 + 60 * 60)
+    assert (ok[0], sum(ok), sum(failed)) == (0, 0, 1)
+    ok, failed = activity.series("a", now=t0 + 60 * 200)
+    assert sum(ok) + sum(failed) == 0
+    activity.record("b", succeeded=True, now=t0)
+    activity.record("c", succeeded=True, now=t0)
+    assert sum(activity.series("c", now=t0)[0]) == 0
