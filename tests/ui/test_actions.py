@@ -92,7 +92,10 @@ def test_paging(page: Page, ops: Ops, queue: str) -> None:
     pages = 0
     while True:
         expect(page.locator("table#tasks")).to_be_visible()
-        seen += shown_ids(page)
+        shown = shown_ids(page)
+        # Also what ends the loop if the pages went round in a circle.
+        assert not set(shown) & set(seen), f"page {pages + 1} repeats tasks"
+        seen += shown
         pages += 1
         if page.locator("a#next-page").count() == 0:
             break
