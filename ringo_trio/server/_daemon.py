@@ -214,7 +214,7 @@ class Daemon:
             instrument_activity(storage, activity)
             self.dashboard = Dashboard(
                 service=self.queue_service,
-                sessions=self.sessions,
+                rpc_sessions=self.sessions,
                 clock=self.clock,
                 activity=activity,
                 # The gate's: one address guessing over gRPC and HTTP waits in one line.

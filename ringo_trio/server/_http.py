@@ -163,6 +163,9 @@ class _Connection:
         self._handler = handler
         self._limits = limits
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
+        # Whether any byte of the current request arrived (a timeout then
+        # deserves a 408; an idle keep-alive connection is closed silently).
+        self._started = False
 
     async def serve(self) -> None:
         conn = self._h11
@@ -257,8 +260,6 @@ class _Connection:
             return
         with contextlib.suppress(OSError, TimeoutError, h11.LocalProtocolError):
             await self._respond(Response(status, message.encode(), close=True))
-
-    _started = False
 
 
 _REASONS = {int(s): s.phrase.encode() for s in http.HTTPStatus}

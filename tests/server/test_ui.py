@@ -12,6 +12,8 @@ import html
 import http.client
 import re
 import socket
+import subprocess
+import sys
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -26,11 +28,13 @@ import pytest
 
 from ringo_trio._proto.ringo.v1 import AckRequest, CreditUpdate, TaskSpec, TaskState
 from ringo_trio.server._daemon import Daemon, DaemonConfig
+from ringo_trio.server._main import EXIT_FAILURE
 from ringo_trio.server._ui import Activity
 from ringo_trio.server._ui._app import TASKS_PAGE, UI_HTTP
 from ringo_trio.server.storage._base import Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
+from ringo_trio.testing import spawn_daemon
 from tests._postgres import fresh_database
 
 from ._client import connect, new_queue, open_work, ref
@@ -493,6 +497,25 @@ async def test_actions_change_storage(engine: Storage) -> None:
             assert bad.status == 400
 
 
+async def test_a_retry_from_the_dashboard_wakes_an_idle_worker(engine: Storage) -> None:
+    """Property: retry goes through the RPC's code path, wake-up included: an
+    idle Work stream of the queue is pushed the retried task at once (it has
+    nothing scheduled to wake it otherwise)."""
+    with anyio.fail_after(30):
+        async with dashboard(engine) as ui, connect(f"127.0.0.1:{ui.daemon.port}") as client:
+            queue = new_queue("ui")
+            task_id = await dead(engine, queue)
+            csrf = await ui.csrf(f"/queues/{queue}/tasks/{task_id}")
+            async with open_work(client) as work:
+                await work.register(queue)
+                await work.call(credit=CreditUpdate(available=1))
+                retry = f"/queues/{queue}/tasks/{task_id}/retry"
+                assert (await ui.post(retry, {"_csrf": csrf})).status == 303
+                [pushed] = await work.wait_tasks(1)
+                assert pushed.task is not None
+                assert pushed.task.id == task_id
+
+
 async def test_paging_walks_every_task_once_with_filters(engine: Storage) -> None:
     """Property: following a#next-page from the first page lists every task of
     the queue exactly once; filters (state, type, key prefix) narrow the
@@ -506,7 +529,7 @@ async def test_paging_walks_every_task_once_with_filters(engine: Storage) -> Non
                 typed |= set(await seed(engine, queue, 1, task_type="other", unique_key=f"k{i}"))
             seen: list[str] = []
             path: str | None = f"/queues/{queue}"
-            while path is not None:
+            while path is not None and len(seen) <= 2 * len(ids | typed):
                 found = Elements((await ui.get(path)).body)
                 seen += [r["data-task-id"] for r in found.find("tr", data_task_id="*")]
                 links = found.find("a", id="next-page")
@@ -515,7 +538,7 @@ async def test_paging_walks_every_task_once_with_filters(engine: Storage) -> Non
             assert set(seen) == ids | typed
             seen = []
             path = f"/queues/{queue}?type=other&state=PENDING"
-            while path is not None:
+            while path is not None and len(seen) <= 2 * len(typed):
                 found = Elements((await ui.get(path)).body)
                 seen += [r["data-task-id"] for r in found.find("tr", data_task_id="*")]
                 links = found.find("a", id="next-page")
@@ -573,6 +596,71 @@ async def test_oversized_requests_and_too_many_connections_are_refused(sqlite: S
                 if reply.status == 200:
                     break
             assert reply.status == 200
+
+
+async def test_keep_alive_serves_requests_one_after_another(sqlite: Storage) -> None:
+    """Property: one connection serves several requests in turn (HTTP/1.1
+    keep-alive), and an error answer closes it."""
+    with anyio.fail_after(30):
+        async with dashboard(sqlite) as ui:
+
+            def session() -> list[tuple[int, bool]]:
+                conn = http.client.HTTPConnection(ui.host, timeout=10)
+                try:
+                    conn.connect()
+                    sock = conn.sock
+                    out = []
+                    for path in ("/queues", "/workers", "/static/ui.css", "/nowhere"):
+                        conn.request("GET", path)
+                        response = conn.getresponse()
+                        response.read()
+                        # http.client drops its socket when the server closes.
+                        out.append((response.status, conn.sock is sock))
+                    return out
+                finally:
+                    conn.close()
+
+            answers = await anyio.to_thread.run_sync(session)
+            assert answers == [(200, True), (200, True), (200, True), (404, False)]
+
+
+def test_ringod_serves_the_dashboard_and_reports_its_url(tmp_path: Path) -> None:
+    """Property: ``ringod --ui-listen HOST:0`` reports the bound URL as "ui" in
+    its ready line and serves it (read-only refuses actions); an address
+    that cannot be bound is a startup failure naming it."""
+    args = ["--ui-listen", "127.0.0.1:0", "--ui-read-only"]
+    with spawn_daemon(tmp_path / "d", token=TOKEN, extra_args=args) as process:
+        url = process.info["ui"]
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url), url
+        host = url.removeprefix("http://")
+        conn = http.client.HTTPConnection(host, timeout=10)
+        try:
+            conn.request("GET", "/queues", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert conn.getresponse().status == 200
+        finally:
+            conn.close()
+        conn = http.client.HTTPConnection(host, timeout=10)
+        try:
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            conn.request("POST", "/queues/q/purge", body=b"", headers=headers)
+            assert conn.getresponse().status == 403
+        finally:
+            conn.close()
+        taken = int(url.rpartition(":")[2])
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "ringo_trio.server"),
+                *("--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "other")),
+                *("--ui-listen", f"127.0.0.1:{taken}"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+        assert result.returncode == EXIT_FAILURE
+        assert f"cannot serve the dashboard on 127.0.0.1:{taken}" in result.stderr
+    assert process.process.returncode == 0, process.stderr_text()
 
 
 # -- sparkline data ------------------------------------------------------------

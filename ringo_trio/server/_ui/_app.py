@@ -121,7 +121,7 @@ class Dashboard:
         self,
         *,
         service: QueueService,
-        sessions: SessionTable,
+        rpc_sessions: SessionTable,
         clock: Clock,
         activity: Activity,
         throttle: AuthThrottle,
@@ -129,19 +129,19 @@ class Dashboard:
         read_only: bool = False,
     ) -> None:
         self._service = service
-        self._rpc_sessions = sessions
+        self._rpc_sessions = rpc_sessions
         self._rpc_token = ""
         self._clock = clock
         self._activity = activity
         self._throttle = throttle
         self.sessions = Sessions(token)
         self.read_only = read_only
-        self._env = jinja2.Environment(
+        self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self._env.filters["q"] = _quote
+        self.templates.filters["q"] = _quote
         self._static = {
             path.name: path.read_bytes()
             for path in (_HERE / "static").iterdir()
@@ -498,7 +498,7 @@ class _View:
         self.csrf = app.sessions.csrf(sid) if sid is not None else ""
 
     def render(self, name: str, *, status: int = 200, **values: Any) -> Response:
-        template = self.app._env.get_template(name)
+        template = self.app.templates.get_template(name)
         values.setdefault("fragment", None)
         fragment = self.request.arg("fragment") or values["fragment"]
         values.update(

@@ -47,13 +47,29 @@ def _cut_note(size: int, shown: int) -> str:
 
 def sparkline(succeeded: list[int], failed: list[int]) -> dict[str, object]:
     """Polyline points of both series on one scale, for an inline SVG."""
+    key = (tuple(succeeded), tuple(failed))
+    cached = _SPARKS.get(key)
+    if cached is None:
+        if len(_SPARKS) >= _MAX_SPARKS:
+            _SPARKS.clear()
+        cached = _SPARKS[key] = _sparkline(succeeded, failed)
+    return cached
+
+
+# Most queues of an overview draw the same (often flat) lines: formatting 120
+# points per queue is most of the page's cost, so drawn lines are kept.
+_SPARKS: dict[tuple[tuple[int, ...], tuple[int, ...]], dict[str, object]] = {}
+_MAX_SPARKS = 1024
+
+
+def _sparkline(succeeded: list[int], failed: list[int]) -> dict[str, object]:
     top = max([*succeeded, *failed, 1])
     step = _SPARK_WIDTH / max(len(succeeded) - 1, 1)
+    scale = (_SPARK_HEIGHT - 2) / top
 
     def points(values: list[int]) -> str:
         return " ".join(
-            f"{i * step:.1f},{_SPARK_HEIGHT - 1 - (v / top) * (_SPARK_HEIGHT - 2):.1f}"
-            for i, v in enumerate(values)
+            f"{i * step:.1f},{_SPARK_HEIGHT - 1 - v * scale:.1f}" for i, v in enumerate(values)
         )
 
     return {
