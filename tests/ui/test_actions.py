@@ -122,6 +122,23 @@ def test_cancel_a_pending_task(page: Page, ops: Ops, queue: str) -> None:
     assert ops.get(queue, task_id).state is TaskState.CANCELLED
 
 
+def test_dismissed_confirm_sends_nothing(page: Page, ops: Ops, queue: str) -> None:
+    """Property: dismissing the confirm dialog sends no action."""
+    task_id = ops.enqueue(queue, task_type="keep-me")
+    page.goto(f"/queues/{queue}/tasks/{task_id}")
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    answers = iter([False, True])
+    page.on("dialog", lambda d: d.accept() if next(answers) else d.dismiss())
+    button = page.locator("form#cancel button, form#cancel [type=submit]").first
+    button.click()  # dismissed
+    # Had the first click submitted, the page would be gone, and this second
+    # (accepted) submission would never happen.
+    submit(page, "form#cancel")
+    assert len(posts) == 1
+    expect(page.locator("#task-state")).to_have_text("CANCELLED")
+
+
 def test_retry_a_dead_task(page: Page, ops: Ops, queue: str) -> None:
     """Property: retry (after the confirm) makes a DEAD task PENDING again."""
     task_id = ops.enqueue(queue, task_type="retry-me", max_attempts=1)
@@ -136,8 +153,8 @@ def test_retry_a_dead_task(page: Page, ops: Ops, queue: str) -> None:
 
 
 def test_purge(page: Page, ops: Ops, queue: str, shot: Shot) -> None:
-    """Property: purge deletes the queue's finished tasks and leaves the
-    active ones."""
+    """Property: purge deletes the queue's finished tasks (those older than
+    `older_than` when given) and leaves the active ones."""
     done = ops.enqueue(queue, task_type="purge-me", max_attempts=1)
     ops.settle(queue, "ack")
     dead = ops.enqueue(queue, task_type="purge-me", max_attempts=1)
@@ -146,6 +163,10 @@ def test_purge(page: Page, ops: Ops, queue: str, shot: Shot) -> None:
     page.goto(f"/queues/{queue}")
     expect(page.locator("table#tasks tr[data-task-id]")).to_have_count(3)
     accept_confirms(page)
+    # Finished a moment ago: not older than a day, so kept.
+    page.locator("form#purge input[name=older_than]").fill("1d")
+    submit(page, "form#purge")
+    expect(page.locator("table#tasks tr[data-task-id]")).to_have_count(3)
     submit(page, "form#purge")
     page.goto(f"/queues/{queue}")
     expect(page.locator("table#tasks tr[data-task-id]")).to_have_count(1)
@@ -157,7 +178,8 @@ def test_purge(page: Page, ops: Ops, queue: str, shot: Shot) -> None:
 
 
 def test_counts_change_live(page: Page, ops: Ops, queue: str) -> None:
-    """Property: the overview's counts follow the daemon without a reload."""
+    """Property: the overview's counts and a task's state follow the daemon
+    without a reload."""
     ops.enqueue(queue, task_type="live")
     page.goto("/queues")
     pending = page.locator(f'tr[data-queue="{queue}"] td[data-state="PENDING"]')
@@ -167,4 +189,12 @@ def test_counts_change_live(page: Page, ops: Ops, queue: str) -> None:
     ops.enqueue(queue, task_type="live")
     ops.enqueue(queue, task_type="live")
     expect(pending).to_have_text("3")
+    assert page.evaluate("window.__still_here") is True
+
+    task_id = ops.enqueue(queue, task_type="live")
+    page.goto(f"/queues/{queue}/tasks/{task_id}")
+    expect(page.locator("#task-state")).to_have_text("PENDING")
+    page.evaluate("window.__still_here = true")
+    ops.on_queue(queue, lambda q: q.cancel_by_id(task_id))
+    expect(page.locator("#task-state")).to_have_text("CANCELLED")
     assert page.evaluate("window.__still_here") is True
