@@ -77,18 +77,24 @@ def test_csp_blocks_inline_scripts(page: Page) -> None:
 
 
 def attack(page: Page, action: str, fields: dict[str, str]) -> int:
-    """Open a page of another origin (same site: 127.0.0.1 on another port,
-    so the SameSite=Strict cookie IS sent) whose script posts a form to
-    `action`; the dashboard's status."""
-    evil = "http://127.0.0.1:9/evil.html"
+    """Open a page of another origin whose script posts a form to `action`;
+    the dashboard's status. The other origin is 127.0.0.1 on another port:
+    the same site, so the SameSite=Strict cookie IS sent and only the
+    dashboard's own checks stand in the way."""
+    evil = "http://127.0.0.1:65000"
     inputs = "".join(f'<input name="{k}" value="{v}">' for k, v in fields.items())
     html = (
         f'<form id="f" method="POST" action="{action}">{inputs}</form>'
         "<script>document.getElementById('f').submit()</script>"
     )
-    page.route(evil, lambda route: route.fulfill(content_type="text/html", body=html))
+    page.route(
+        f"{evil}/evil.html", lambda route: route.fulfill(content_type="text/html", body=html)
+    )
     with page.expect_response(lambda r: r.url == action) as answer:
-        page.goto(evil)
+        page.goto(f"{evil}/evil.html")
+    sent = answer.value.request.all_headers()
+    assert sent.get("origin") == evil
+    assert "ringo_session=" in sent.get("cookie", "")
     return answer.value.status
 
 
