@@ -3,12 +3,17 @@ settings, and the steps every test may take (a context, a login)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize
 
 from ringo_trio.testing import DaemonProcess, spawn_daemon
+from tests.ui._ringo import Ops
 
 TOKEN = "ui-test-token-0123456789"
 WAIT_MS = 10_000
@@ -34,12 +39,28 @@ INSTALL_HINT = (
 )
 
 
-def start_dashboard(data_dir: Path, *extra: str) -> DaemonProcess:
-    daemon = spawn_daemon(data_dir, token=TOKEN, extra_args=["--ui-listen", "127.0.0.1:0", *extra])
+def start_dashboard(data_dir: Path, *extra: str, token: str | None = TOKEN) -> DaemonProcess:
+    daemon = spawn_daemon(data_dir, token=token, extra_args=["--ui-listen", "127.0.0.1:0", *extra])
     if "ui" not in daemon.info:
         daemon.stop()
         raise AssertionError(f"ringod announced no 'ui' address: {daemon.info}")
     return daemon
+
+
+@dataclass
+class Dashboard:
+    url: str
+    ops: Ops
+
+
+@contextlib.contextmanager
+def serve_dashboard(data_dir: Path, *extra: str, token: str | None = TOKEN) -> Iterator[Dashboard]:
+    """A daemon of its own (for other flags than the session's)."""
+    with (
+        start_dashboard(data_dir, *extra, token=token) as daemon,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
+        yield Dashboard(str(daemon.info["ui"]), Ops(daemon.endpoint, token, pool))
 
 
 def new_context(browser: Browser, base_url: str, **options: Any) -> BrowserContext:

@@ -41,7 +41,7 @@ class LiveWorker:
 
 
 class Ops:
-    def __init__(self, endpoint: str, token: str, pool: concurrent.futures.Executor) -> None:
+    def __init__(self, endpoint: str, token: str | None, pool: concurrent.futures.Executor) -> None:
         self.endpoint = endpoint
         self.token = token
         self._pool = pool

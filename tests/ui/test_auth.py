@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from playwright.sync_api import BrowserContext, Page, expect
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, expect
 
-from tests.ui._browser import TOKEN, log_in
+from tests.ui._browser import TOKEN, Dashboard, log_in, new_context, serve_dashboard
 
 
 def test_pages_need_a_login(anonymous_context: BrowserContext) -> None:
@@ -60,3 +61,39 @@ def test_logout_ends_the_session(anonymous_context: BrowserContext) -> None:
         page.locator("form[action='/logout'] button, form[action='/logout'] [type=submit]").click()
     page.goto("/queues")
     expect(page.locator("table#queues")).to_have_count(0)
+
+
+def test_a_lost_session_leads_to_the_login_form(page: Page) -> None:
+    """Property: when the session stops working, a live page turns into the
+    login form by itself instead of showing stale data."""
+    page.goto("/queues")
+    expect(page.locator("table#queues")).to_be_visible()
+    page.context.clear_cookies()
+    # The next poll of a live part is refused (401) and the page reloads.
+    expect(page.locator("input[name=token]")).to_be_visible()
+    expect(page.locator("table#queues")).to_have_count(0)
+
+
+@pytest.fixture(scope="module")
+def open_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
+    with serve_dashboard(tmp_path_factory.mktemp("ui-open") / "data", token=None) as ui:
+        yield ui
+
+
+def test_without_a_token_the_dashboard_is_open(
+    browser: Browser, open_dashboard: Dashboard, queue: str
+) -> None:
+    """Property: a daemon without a token serves the dashboard without a
+    login, and its actions work (the CSRF session comes by itself)."""
+    task_id = open_dashboard.ops.enqueue(queue, task_type="open")
+    context = new_context(browser, open_dashboard.url)
+    try:
+        page = context.new_page()
+        page.goto(f"/queues/{queue}/tasks/{task_id}")
+        expect(page.locator("#task-state")).to_have_text("PENDING")
+        page.on("dialog", lambda dialog: dialog.accept())
+        with page.expect_navigation():
+            page.locator("form#cancel button, form#cancel [type=submit]").first.click()
+        expect(page.locator("#task-state")).to_have_text("CANCELLED")
+    finally:
+        context.close()

@@ -3,16 +3,14 @@ another origin cannot drive the actions; read-only mode has none."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from ringo_trio import TaskState
-from tests.ui._browser import TOKEN, log_in, new_context, start_dashboard
+from tests.ui._browser import TOKEN, Dashboard, log_in, new_context, serve_dashboard
 from tests.ui._ringo import Ops
 
 SCRIPT = "<script>window.__xss=1</script>"
@@ -132,20 +130,10 @@ def test_csrf_token_required(page: Page, ops: Ops, queue: str, token: str) -> No
     assert ops.get(queue, task_id).state is TaskState.PENDING
 
 
-@dataclass
-class Dashboard:
-    url: str
-    ops: Ops
-
-
 @pytest.fixture(scope="module")
 def read_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
-    data = tmp_path_factory.mktemp("ui-read-only") / "data"
-    with (
-        start_dashboard(data, "--ui-read-only") as daemon,
-        concurrent.futures.ThreadPoolExecutor(2) as pool,
-    ):
-        yield Dashboard(str(daemon.info["ui"]), Ops(daemon.endpoint, TOKEN, pool))
+    with serve_dashboard(tmp_path_factory.mktemp("ui-read-only") / "data", "--ui-read-only") as ui:
+        yield ui
 
 
 @pytest.fixture
