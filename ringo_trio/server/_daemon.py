@@ -221,6 +221,7 @@ class Daemon:
                 throttle=self.gate.throttle,
                 token=config.token,
                 read_only=config.ui_read_only,
+                listen_host=config.ui_listen[0],
             )
         self.port: int | None = None
         self.metrics_port: int | None = None

@@ -77,9 +77,10 @@ class Request:
         """An ``application/x-www-form-urlencoded`` body, parsed."""
         try:
             text = self.body.decode("utf-8")
-        except UnicodeDecodeError:
+            return urllib.parse.parse_qs(text, keep_blank_values=True, max_num_fields=100)
+        except ValueError:
+            # Not UTF-8, or too many fields: no form the dashboard made.
             return {}
-        return urllib.parse.parse_qs(text, keep_blank_values=True, max_num_fields=100)
 
 
 @dataclass(slots=True)
@@ -189,7 +190,9 @@ class _Connection:
             except DropConnection:
                 return
             await self._respond(response)
-            if response.close or response.status >= 400 or conn.our_state is h11.MUST_CLOSE:
+            # An answer that said `Connection: close` (see _respond) leaves h11
+            # in MUST_CLOSE, as does a client that asked for it.
+            if conn.our_state is h11.MUST_CLOSE:
                 return
             try:
                 conn.start_next_cycle()

@@ -409,6 +409,19 @@ async def test_actions_need_the_sessions_csrf_token_and_same_origin(engine: Stor
             assert (await engine.get(queue, task_id=task_id)).state == TaskState.PENDING
 
 
+async def test_on_loopback_only_loopback_host_names_are_answered(sqlite: Storage) -> None:
+    """Property: a dashboard listening on loopback answers 421 to a request
+    naming another host (a DNS-rebinding page's), whatever its credentials,
+    and serves 127.0.0.1, localhost and [::1] names."""
+    with anyio.fail_after(30):
+        async with dashboard(sqlite) as ui:
+            for host in ("evil.example", f"evil.example:{ui.daemon.ui_port}", "10.0.0.1"):
+                reply = await ui.get("/queues", headers={"Host": host})
+                assert reply.status == 421, host
+            for host in (ui.host, f"localhost:{ui.daemon.ui_port}", "[::1]:1", "127.0.0.1"):
+                assert (await ui.get("/queues", headers={"Host": host})).status == 200, host
+
+
 async def test_read_only_renders_no_action_and_refuses_every_post(sqlite: Storage) -> None:
     """Property: --ui-read-only renders no action form and answers every
     action POST 403 (even with a valid CSRF token) without changing storage."""

@@ -29,6 +29,7 @@ autoescape on; a page's live part is the template block named by
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 import urllib.parse
@@ -127,6 +128,7 @@ class Dashboard:
         throttle: AuthThrottle,
         token: str | None,
         read_only: bool = False,
+        listen_host: str = "",
     ) -> None:
         self._service = service
         self._rpc_sessions = rpc_sessions
@@ -136,6 +138,10 @@ class Dashboard:
         self._throttle = throttle
         self.sessions = Sessions(token)
         self.read_only = read_only
+        # Served on loopback, the dashboard answers only requests naming a
+        # loopback host: a web page whose own name an attacker re-points at
+        # 127.0.0.1 (DNS rebinding) would otherwise be same-origin with it.
+        self._loopback = _loopback_name(listen_host)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
             autoescape=True,
@@ -151,11 +157,20 @@ class Dashboard:
     # -- the pipeline ----------------------------------------------------------
 
     async def handle(self, request: Request) -> Response:
-        response = await self._handle(request)
+        try:
+            response = await self._handle(request)
+        except DropConnection:
+            raise
+        except Exception:
+            # A bug costs its request a 500, never the connection unanswered.
+            log.exception("dashboard: %s %s failed", request.method, request.path)
+            response = Response(500, b"internal error; see the daemon log\n")
         response.headers.extend(SECURITY_HEADERS)
         return response
 
     async def _handle(self, request: Request) -> Response:
+        if self._loopback and not _loopback_host(request.headers.get("host", "")):
+            return Response(421, b"this dashboard answers to a loopback address only\n")
         parts = [urllib.parse.unquote(p) for p in request.raw_path.split("/")[1:]]
         if parts[:1] == ["static"] and request.method == "GET":
             return self._static_file(parts[1:])
@@ -524,6 +539,22 @@ class _View:
         if self.request.arg("fragment"):
             return Response(status, message.encode() + b"\n")
         return self.render("error.html", status=status, status_code=status, message=message)
+
+
+def _loopback_host(host: str) -> bool:
+    """Whether a Host header (name, optional port) names a loopback host."""
+    if host.startswith("["):
+        return _loopback_name(host[1:].partition("]")[0])
+    return _loopback_name(host.partition(":")[0])
+
+
+def _loopback_name(name: str) -> bool:
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _redirect(location: str) -> Response:
