@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ TEST_TIMEOUT = 90.0
 # Screenshots for the docs stay small at this size.
 VIEWPORT = ViewportSize(width=1280, height=800)
 
+REBOUND_HOST = "rebound.test"
+
 # Chrome features that phone home or prompt: none of them belong in a test run.
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -30,6 +33,8 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # A name of an attacker's web page, re-pointed at the dashboard (DNS rebinding).
+    f"--host-resolver-rules=MAP {REBOUND_HOST} 127.0.0.1",
 ]
 
 INSTALL_HINT = (
@@ -61,6 +66,21 @@ def serve_dashboard(data_dir: Path, *extra: str, token: str | None = TOKEN) -> I
         concurrent.futures.ThreadPoolExecutor(2) as pool,
     ):
         yield Dashboard(str(daemon.info["ui"]), Ops(daemon.endpoint, token, pool))
+
+
+class EvilSite:
+    """Another origin on 127.0.0.1 (a real loopback server: Chromium lets a
+    page reach the dashboard's loopback address only from a local page):
+    ``site.serve(html)`` publishes a page and returns its URL."""
+
+    def __init__(self, origin: str, pages: dict[str, bytes]) -> None:
+        self.origin = origin
+        self._pages = pages
+
+    def serve(self, html: str) -> str:
+        path = f"/{uuid.uuid4().hex}.html"
+        self._pages[path] = html.encode()
+        return self.origin + path
 
 
 def new_context(browser: Browser, base_url: str, **options: Any) -> BrowserContext:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import faulthandler
+import http.server
 import os
 import re
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,8 +38,11 @@ from tests.ui._browser import (
     TEST_TIMEOUT,
     TOKEN,
     WAIT_MS,
+    Dashboard,
+    EvilSite,
     log_in,
     new_context,
+    serve_dashboard,
     start_dashboard,
 )
 from tests.ui._ringo import Ops
@@ -68,6 +73,38 @@ def ui_url(daemon: DaemonProcess) -> str:
 def ops(daemon: DaemonProcess) -> Iterator[Ops]:
     with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ringo-ops") as pool:
         yield Ops(daemon.endpoint, TOKEN, pool)
+
+
+@pytest.fixture(scope="session")
+def open_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
+    """A daemon without a token: its dashboard needs no login."""
+    with serve_dashboard(tmp_path_factory.mktemp("ui-open") / "data", token=None) as ui:
+        yield ui
+
+
+@pytest.fixture(scope="session")
+def evil_site() -> Iterator[EvilSite]:
+    pages: dict[str, bytes] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        thread = threading.Thread(target=server.serve_forever, name="evil-site")
+        thread.start()
+        try:
+            yield EvilSite(f"http://127.0.0.1:{server.server_port}", pages)
+        finally:
+            server.shutdown()
+            thread.join()
 
 
 @pytest.fixture(scope="session")

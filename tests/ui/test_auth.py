@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
-from tests.ui._browser import TOKEN, Dashboard, log_in, new_context, serve_dashboard
+from tests.ui._browser import TOKEN, Dashboard, log_in, new_context
 
 
 def test_pages_need_a_login(anonymous_context: BrowserContext) -> None:
@@ -72,12 +71,6 @@ def test_a_lost_session_leads_to_the_login_form(page: Page) -> None:
     # The next poll of a live part is refused (401) and the page reloads.
     expect(page.locator("input[name=token]")).to_be_visible()
     expect(page.locator("table#queues")).to_have_count(0)
-
-
-@pytest.fixture(scope="module")
-def open_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
-    with serve_dashboard(tmp_path_factory.mktemp("ui-open") / "data", token=None) as ui:
-        yield ui
 
 
 def test_without_a_token_the_dashboard_is_open(

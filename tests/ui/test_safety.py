@@ -4,13 +4,22 @@ another origin cannot drive the actions; read-only mode has none."""
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from ringo_trio import TaskState
-from tests.ui._browser import TOKEN, Dashboard, log_in, new_context, serve_dashboard
+from tests.ui._browser import (
+    REBOUND_HOST,
+    TOKEN,
+    Dashboard,
+    EvilSite,
+    log_in,
+    new_context,
+    serve_dashboard,
+)
 from tests.ui._ringo import Ops
 
 SCRIPT = "<script>window.__xss=1</script>"
@@ -74,29 +83,27 @@ def test_csp_blocks_inline_scripts(page: Page) -> None:
     assert ran == "undefined"
 
 
-def attack(page: Page, action: str, fields: dict[str, str]) -> int:
+def attack(page: Page, site: EvilSite, action: str, fields: dict[str, str]) -> int:
     """Open a page of another origin whose script posts a form to `action`;
     the dashboard's status. The other origin is 127.0.0.1 on another port:
     the same site, so the SameSite=Strict cookie IS sent and only the
     dashboard's own checks stand in the way."""
-    evil = "http://127.0.0.1:65000"
     inputs = "".join(f'<input name="{k}" value="{v}">' for k, v in fields.items())
-    html = (
+    evil = site.serve(
         f'<form id="f" method="POST" action="{action}">{inputs}</form>'
         "<script>document.getElementById('f').submit()</script>"
     )
-    page.route(
-        f"{evil}/evil.html", lambda route: route.fulfill(content_type="text/html", body=html)
-    )
     with page.expect_response(lambda r: r.url == action) as answer:
-        page.goto(f"{evil}/evil.html")
+        page.goto(evil)
     sent = answer.value.request.all_headers()
-    assert sent.get("origin") == evil
+    assert sent.get("origin") == site.origin
     assert "ringo_session=" in sent.get("cookie", "")
     return answer.value.status
 
 
-def test_csrf_another_origin_cannot_cancel(page: Page, ops: Ops, queue: str, ui_url: str) -> None:
+def test_csrf_another_origin_cannot_cancel(
+    page: Page, ops: Ops, queue: str, ui_url: str, evil_site: EvilSite
+) -> None:
     """Property: a form posted from another origin is refused (403) and the
     task is unchanged, even when it carries the session's CSRF token
     (the Origin check alone refuses it)."""
@@ -106,9 +113,9 @@ def test_csrf_another_origin_cannot_cancel(page: Page, ops: Ops, queue: str, ui_
     csrf = page.locator("form#cancel input[name=_csrf]").get_attribute("value")
     assert csrf
 
-    assert attack(page, f"{detail}/cancel", {"reason": "pwned"}) == 403
+    assert attack(page, evil_site, f"{detail}/cancel", {"reason": "pwned"}) == 403
     assert ops.get(queue, task_id).state is TaskState.PENDING
-    assert attack(page, f"{detail}/cancel", {"reason": "pwned", "_csrf": csrf}) == 403
+    assert attack(page, evil_site, f"{detail}/cancel", {"reason": "pwned", "_csrf": csrf}) == 403
     assert ops.get(queue, task_id).state is TaskState.PENDING
 
 
@@ -128,6 +135,27 @@ def test_csrf_token_required(page: Page, ops: Ops, queue: str, token: str) -> No
         page.locator("form#cancel button, form#cancel [type=submit]").first.click()
     assert answer.value.status == 403
     assert ops.get(queue, task_id).state is TaskState.PENDING
+
+
+def test_dns_rebinding_is_refused(page: Page, open_dashboard: Dashboard) -> None:
+    """Property: a page whose own name was re-pointed at 127.0.0.1 gets no
+    answer from a loopback dashboard (421), even an open one."""
+    port = urllib.parse.urlsplit(open_dashboard.url).port
+    answer = page.goto(f"http://{REBOUND_HOST}:{port}/queues")
+    assert answer is not None
+    assert answer.status == 421
+    expect(page.locator("table#queues")).to_have_count(0)
+
+
+def test_no_framing_by_another_origin(page: Page, ui_url: str, evil_site: EvilSite) -> None:
+    """Property: another origin cannot show the dashboard in a frame
+    (clickjacking): the frame stays empty."""
+    page.goto(evil_site.serve(f'<iframe src="{ui_url}/queues" width="800" height="600"></iframe>'))
+    # goto waited for the frame's load too.
+    (frame,) = page.main_frame.child_frames
+    expect(frame.locator("table#queues")).to_have_count(0)
+    # Chromium puts its error page in a frame it refused.
+    assert not frame.url.startswith(ui_url), frame.url
 
 
 @pytest.fixture(scope="module")
