@@ -3,6 +3,7 @@ another origin cannot drive the actions; read-only mode has none."""
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.parse
 from collections.abc import Iterator
@@ -37,8 +38,9 @@ def assert_inert(page: Page) -> None:
 def test_user_data_is_shown_as_text(page: Page, ops: Ops, queue: str) -> None:
     """Property: a payload, task type, key and error holding markup show as
     that text on the list and detail pages, and no script of theirs runs."""
+    payload = json.dumps({"html": SCRIPT})
     task_id = ops.enqueue(
-        queue, task_type=IMG, unique_key=IMG + "-key", payload=SCRIPT, max_attempts=1
+        queue, task_type=IMG, unique_key=IMG + "-key", payload=payload, max_attempts=1
     )
     ops.settle(queue, "reject", error=IMG)
 
@@ -51,6 +53,9 @@ def test_user_data_is_shown_as_text(page: Page, ops: Ops, queue: str) -> None:
     expect(page.locator("#payload")).to_contain_text(SCRIPT)
     expect(page.locator("#last-error")).to_contain_text(IMG)
     expect(page.locator("main")).to_contain_text(IMG + "-key")
+    assert_inert(page)
+    page.goto(f"/queues/{queue}/tasks/{task_id}?view=json")
+    expect(page.locator("#payload")).to_contain_text(SCRIPT)
     assert_inert(page)
 
 
