@@ -8,6 +8,7 @@ from a worker thread, one connection per request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import html
 import http.client
 import re
@@ -15,7 +16,7 @@ import socket
 import subprocess
 import sys
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -28,10 +29,11 @@ import pytest
 
 from ringo_trio._proto.ringo.v1 import AckRequest, CreditUpdate, TaskSpec, TaskState
 from ringo_trio.server._daemon import Daemon, DaemonConfig
+from ringo_trio.server._http import HttpLimits, Request, Response, serve_http
 from ringo_trio.server._main import EXIT_FAILURE
-from ringo_trio.server._ui import Activity
+from ringo_trio.server._ui import Activity, instrument_activity
 from ringo_trio.server._ui._app import TASKS_PAGE, UI_HTTP
-from ringo_trio.server.storage._base import Storage
+from ringo_trio.server.storage._base import Ack, LeaseLost, Nack, Reject, Settlement, Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import spawn_daemon
@@ -611,6 +613,26 @@ async def test_oversized_requests_and_too_many_connections_are_refused(sqlite: S
             assert reply.status == 200
 
 
+async def test_a_bug_in_a_page_is_a_500_and_the_dashboard_goes_on(
+    sqlite: Storage, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: an unexpected exception in a page answers that request 500
+    (with the security headers) and is logged; other requests are served."""
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("template on fire")
+
+    with anyio.fail_after(30):
+        async with dashboard(sqlite) as ui:
+            assert ui.daemon.dashboard is not None
+            monkeypatch.setattr(ui.daemon.dashboard, "_workers", broken)
+            reply = await ui.get("/workers")
+            assert reply.status == 500
+            assert "frame-ancestors 'none'" in reply.headers["content-security-policy"]
+            assert (await ui.get("/queues")).status == 200
+    assert any("template on fire" in str(r.exc_info) for r in caplog.records if r.exc_info)
+
+
 async def test_keep_alive_serves_requests_one_after_another(sqlite: Storage) -> None:
     """Property: one connection serves several requests in turn (HTTP/1.1
     keep-alive), and an error answer closes it."""
@@ -676,7 +698,92 @@ def test_ringod_serves_the_dashboard_and_reports_its_url(tmp_path: Path) -> None
     assert process.process.returncode == 0, process.stderr_text()
 
 
+async def test_slow_clients_get_408_and_idle_connections_are_closed() -> None:
+    """Property: a request not whole within read_timeout of its first byte is
+    answered 408 and closed; a keep-alive connection idle that long is
+    closed without an answer."""
+    limits = HttpLimits(read_timeout=0.3)
+
+    async def ok(request: Request) -> Response:
+        return Response(200, b"ok")
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+
+    def slow() -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+            return sock.recv(65536)
+
+    def idle() -> tuple[bytes, bytes]:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = sock.recv(65536)
+            return first, sock.recv(65536)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(serve_http, listener, ok, limits, name="test"))
+            assert (await anyio.to_thread.run_sync(slow)).startswith(b"HTTP/1.1 408")
+            first, then = await anyio.to_thread.run_sync(idle)
+            assert first.startswith(b"HTTP/1.1 200")
+            assert then == b""
+            tg.cancel_scope.cancel()
+
+
 # -- sparkline data ------------------------------------------------------------
+
+
+class GroupCommitEngine(SQLiteEngine):
+    """settle_many as an engine's own group commit: not through the
+    instance's ack/nack/reject (which the dashboard wraps)."""
+
+    async def settle_many(
+        self, settlements: Sequence[Settlement], now: datetime
+    ) -> list[LeaseLost | None]:
+        out: list[LeaseLost | None] = []
+        for item in settlements:
+            try:
+                if isinstance(item, Ack):
+                    await SQLiteEngine.ack(self, item.ref, now, item.result)
+                elif isinstance(item, Nack):
+                    await SQLiteEngine.nack(self, item.ref, item.error, item.retry_delay, now)
+                else:
+                    await SQLiteEngine.reject(self, item.ref, item.error, now)
+            except LeaseLost as lost:
+                out.append(lost)
+            else:
+                out.append(None)
+        return out
+
+
+@pytest.mark.parametrize("kind", [SQLiteEngine, GroupCommitEngine])
+async def test_the_sparkline_counts_each_settlement_once(
+    kind: type[SQLiteEngine], tmp_path: Path
+) -> None:
+    """Property: acks count as succeeded and nacks/rejects as failed, each
+    exactly once, whether they come one by one or in a group commit (the
+    engine's own or the one-by-one default); a lost lease counts nothing."""
+    engine = kind(tmp_path / "ringo.db")
+    activity = Activity()
+    instrument_activity(engine, activity)
+    await engine.open()
+    try:
+        now = datetime.now(UTC)
+        await engine.enqueue("q", [TaskSpec(task_type="t")] * 5, now)
+        leased = await engine.claim("q", [], 5, "w", timedelta(minutes=1), now)
+        refs = [ref(item) for item in leased]
+        await engine.ack(refs[0], now)
+        outcomes = await engine.settle_many(
+            [Ack(refs[1]), Nack(refs[2], "x"), Reject(refs[3], "y"), Ack(refs[0])], now
+        )
+        assert [o is None for o in outcomes] == [True, True, True, False]
+        await engine.nack(refs[4], "z", None, now)
+        ok, failed = activity.series("q")
+        assert (sum(ok), sum(failed)) == (2, 3)
+    finally:
+        await engine.close()
 
 
 def test_activity_keeps_one_hour_per_minute_and_a_bounded_number_of_queues() -> None:
