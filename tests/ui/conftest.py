@@ -1,12 +1,17 @@
 """Browser tests of the dashboard (``ringod --ui-listen``): real daemon, real Chromium.
 
 One ``ringod`` (SQLite in a temporary directory, a bearer token, the UI on a
-free port) and one headless Chromium serve the whole session; each test gets
-a fresh browser context (its own cookies), logged in by reusing the storage
-state of a single login, and its own queue names, so tests never see each
-other's tasks. The browser is the distribution's Chromium driven by
+free port) and one headless Chromium serve all the tests of this package;
+each test gets a fresh browser context (its own cookies), logged in by
+reusing the storage state of a single login, and its own queue names, so
+tests never see each other's tasks. The browser is the distribution's Chromium driven by
 Playwright (``playwright install`` is never needed): the tests fail, not
 skip, when it is missing.
+
+The shared fixtures are package-scoped, not session-scoped: Playwright's
+sync API leaves its asyncio loop marked as running on the main thread for as
+long as it is started, where it would break any asyncio test (``asyncio.run``
+refuses to start) that ran after these in the same pytest process.
 
 Bounds: every Playwright wait has a timeout (`WAIT_MS`), and every test is
 ended by ``faulthandler`` (traceback of every thread, then exit) if it runs
@@ -57,32 +62,32 @@ def _bounded() -> Iterator[None]:
     faulthandler.cancel_dump_traceback_later()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     with start_dashboard(tmp_path_factory.mktemp("ui") / "data") as process:
         yield process
     assert process.process.returncode == 0, process.stderr_text()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ui_url(daemon: DaemonProcess) -> str:
     return str(daemon.info["ui"])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ops(daemon: DaemonProcess) -> Iterator[Ops]:
     with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ringo-ops") as pool:
         yield Ops(daemon.endpoint, TOKEN, pool)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def open_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     """A daemon without a token: its dashboard needs no login."""
     with serve_dashboard(tmp_path_factory.mktemp("ui-open") / "data", token=None) as ui:
         yield ui
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def evil_site() -> Iterator[EvilSite]:
     pages: dict[str, bytes] = {}
 
@@ -107,14 +112,14 @@ def evil_site() -> Iterator[EvilSite]:
             thread.join()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as pw:
         expect.set_options(timeout=WAIT_MS)
         yield pw
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     executable = shutil.which("chromium")
     if executable is None:
@@ -128,7 +133,7 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
     browser.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def auth_state(browser: Browser, ui_url: str) -> dict[str, Any]:
     """The cookies of one login, reused by every test's context."""
     context = new_context(browser, ui_url)
