@@ -312,6 +312,10 @@ async def test_workers_page_lists_live_work_streams(sqlite: Storage) -> None:
                 assert '<td class="credit">3</td>' in cells
                 assert '<td class="leases">1</td>' in cells
                 assert XSS not in page
+                # Half-close and read the status: the daemon has forgotten
+                # the stream before it sends its status.
+                await work.stream.end()
+                await work.end_status()
             page = (await ui.get("/workers")).body
             assert not Elements(page).find("tr", data_worker_id="*")
             # The ack shows in the queue's sparkline.
