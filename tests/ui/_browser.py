@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,9 @@ from tests.ui._ringo import Ops
 TOKEN = "ui-test-token-0123456789"
 WAIT_MS = 10_000
 TEST_TIMEOUT = 90.0
+# ``shot(page, name)``: the conftest's screenshot fixture.
+Shot = Callable[[Page, str], None]
+
 # Screenshots for the docs stay small at this size.
 VIEWPORT = ViewportSize(width=1280, height=800)
 

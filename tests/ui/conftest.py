@@ -29,7 +29,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from tests.ui._browser import (
     WAIT_MS,
     Dashboard,
     EvilSite,
+    Shot,
     log_in,
     new_context,
     serve_dashboard,
@@ -169,7 +170,7 @@ def queue(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def shot(tmp_path: Path) -> Callable[[Page, str], None]:
+def shot(tmp_path: Path) -> Shot:
     """``shot(page, name)``: a screenshot into the test's tmp_path and, when
     ``RINGO_UI_SCREENSHOTS=DIR`` is set, into DIR (docs/img for the docs)."""
     extra = os.environ.get("RINGO_UI_SCREENSHOTS")

@@ -4,15 +4,12 @@ and watch counts change live."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 import pytest
 from playwright.sync_api import Dialog, Page, expect
 
 from ringo_trio import NotFoundError, TaskQueue, TaskSpec, TaskState
 from tests.ui._ringo import Ops
-
-Shot = Callable[[Page, str], None]
 
 
 def accept_confirms(page: Page) -> list[str]:
@@ -34,7 +31,8 @@ def submit(page: Page, form: str) -> None:
 
 def shown_ids(page: Page) -> list[str]:
     rows = page.locator("table#tasks tr[data-task-id]")
-    return [str(rows.nth(i).get_attribute("data-task-id")) for i in range(rows.count())]
+    ids: list[str] = rows.evaluate_all("rows => rows.map(row => row.dataset.taskId)")
+    return ids
 
 
 def test_filters(page: Page, ops: Ops, queue: str) -> None:
@@ -152,7 +150,7 @@ def test_retry_a_dead_task(page: Page, ops: Ops, queue: str) -> None:
     assert ops.get(queue, task_id).state is TaskState.PENDING
 
 
-def test_purge(page: Page, ops: Ops, queue: str, shot: Shot) -> None:
+def test_purge(page: Page, ops: Ops, queue: str) -> None:
     """Property: purge deletes the queue's finished tasks (those older than
     `older_than` when given) and leaves the active ones."""
     done = ops.enqueue(queue, task_type="purge-me", max_attempts=1)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
-from tests.ui._browser import TOKEN, Dashboard, log_in, new_context
+from tests.ui._browser import TOKEN, Dashboard, Shot, log_in, new_context
 
 
 def test_pages_need_a_login(anonymous_context: BrowserContext) -> None:
@@ -18,9 +17,7 @@ def test_pages_need_a_login(anonymous_context: BrowserContext) -> None:
     expect(page.locator("input[name=token]")).to_be_visible()
 
 
-def test_login_with_the_token(
-    anonymous_context: BrowserContext, shot: Callable[[Page, str], None]
-) -> None:
+def test_login_with_the_token(anonymous_context: BrowserContext, shot: Shot) -> None:
     """Property: the login form's cookie is a signed session (HttpOnly,
     SameSite=Strict), never the token itself; it opens /queues."""
     page = anonymous_context.new_page()

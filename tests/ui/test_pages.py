@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from datetime import timedelta
 
 from playwright.sync_api import Page, expect
 
 from ringo_trio import RetryBackoff, TaskQueue, TaskSpec
+from tests.ui._browser import Shot
 from tests.ui._ringo import CALL_TIMEOUT, Ops
-
-Shot = Callable[[Page, str], None]
 
 # Distinct counts, so a count shown in the wrong state's cell is caught.
 COUNTS = {"PENDING": 4, "LEASED": 1, "SUCCEEDED": 2, "DEAD": 3, "CANCELLED": 5}
