@@ -3,7 +3,6 @@ settings, and the steps every test may take (a context, a login)."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator
@@ -64,11 +63,8 @@ class Dashboard:
 @contextlib.contextmanager
 def serve_dashboard(data_dir: Path, *extra: str, token: str | None = TOKEN) -> Iterator[Dashboard]:
     """A daemon of its own (for other flags than the session's)."""
-    with (
-        start_dashboard(data_dir, *extra, token=token) as daemon,
-        concurrent.futures.ThreadPoolExecutor(2) as pool,
-    ):
-        yield Dashboard(str(daemon.info["ui"]), Ops(daemon.endpoint, token, pool))
+    with start_dashboard(data_dir, *extra, token=token) as daemon:
+        yield Dashboard(str(daemon.info["ui"]), Ops(daemon.endpoint, token))
 
 
 class EvilSite:

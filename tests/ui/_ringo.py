@@ -1,14 +1,13 @@
 """Blocking access to a running daemon for the browser tests.
 
 The browser tests are plain sync tests (Playwright's sync API), so they reach
-the daemon through `Ops`: each call runs ``trio.run`` with a fresh client in
-a worker thread. A thread, not this one: Playwright's sync API keeps its
-asyncio loop marked as running on the test's thread between calls, and the
-client must not see that loop.
+the daemon through `Ops`: each call is one ``trio.run`` with a fresh client
+(a loopback connection costs little), on the test's own thread.
 
 `Ops.live_worker` keeps a real `Worker` attached (a Work stream the
-``/workers`` page must show) for the length of a ``with`` block: its
-``trio.run`` owns the worker in a nursery and waits for the block to end.
+``/workers`` page must show) for the length of a ``with`` block, which is
+why it needs a thread of its own: there, a ``trio.run`` owns the worker in a
+nursery and waits for the block to end.
 """
 
 from __future__ import annotations
@@ -41,10 +40,9 @@ class LiveWorker:
 
 
 class Ops:
-    def __init__(self, endpoint: str, token: str | None, pool: concurrent.futures.Executor) -> None:
+    def __init__(self, endpoint: str, token: str | None) -> None:
         self.endpoint = endpoint
         self.token = token
-        self._pool = pool
 
     def run(self, fn: Callable[[RingoClient], Awaitable[T]]) -> T:
         """``await fn(client)`` on a fresh client; its result."""
@@ -54,7 +52,7 @@ class Ops:
                 async with Ringo.connect(self.endpoint, token=self.token) as client:
                     return await fn(client)
 
-        return self._pool.submit(trio.run, main).result()
+        return trio.run(main)
 
     def on_queue(self, queue: str, fn: Callable[[TaskQueue], Awaitable[T]]) -> T:
         async def call(client: RingoClient) -> T:
@@ -116,18 +114,19 @@ class Ops:
                     with trio.fail_after(CALL_TIMEOUT):
                         await worker.close()
 
-        running: concurrent.futures.Future[None] = self._pool.submit(trio.run, main)
-        either: list[concurrent.futures.Future[Any]] = [ready, running]
-        done, _ = concurrent.futures.wait(
-            either, timeout=CALL_TIMEOUT, return_when=concurrent.futures.FIRST_COMPLETED
-        )
-        if running in done:
-            running.result()  # raises: the worker never started
-        if ready not in done:
-            raise TimeoutError(f"the worker of {queue!r} did not start in {CALL_TIMEOUT:g}s")
-        token, stop, worker_id = ready.result()
-        try:
-            yield LiveWorker(worker_id, queue, concurrency, handling)
-        finally:
-            trio.from_thread.run_sync(stop.set, trio_token=token)
-            running.result(timeout=CALL_TIMEOUT)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="live-worker") as pool:
+            running: concurrent.futures.Future[None] = pool.submit(trio.run, main)
+            either: list[concurrent.futures.Future[Any]] = [ready, running]
+            done, _ = concurrent.futures.wait(
+                either, timeout=CALL_TIMEOUT, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            if running in done:
+                running.result()  # raises: the worker never started
+            if ready not in done:
+                raise TimeoutError(f"the worker of {queue!r} did not start in {CALL_TIMEOUT:g}s")
+            token, stop, worker_id = ready.result()
+            try:
+                yield LiveWorker(worker_id, queue, concurrency, handling)
+            finally:
+                trio.from_thread.run_sync(stop.set, trio_token=token)
+                running.result(timeout=CALL_TIMEOUT)

@@ -21,7 +21,6 @@ selectors or on the daemon's answers.
 
 from __future__ import annotations
 
-import concurrent.futures
 import faulthandler
 import http.server
 import os
@@ -76,9 +75,8 @@ def ui_url(daemon: DaemonProcess) -> str:
 
 
 @pytest.fixture(scope="package")
-def ops(daemon: DaemonProcess) -> Iterator[Ops]:
-    with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ringo-ops") as pool:
-        yield Ops(daemon.endpoint, TOKEN, pool)
+def ops(daemon: DaemonProcess) -> Ops:
+    return Ops(daemon.endpoint, TOKEN)
 
 
 @pytest.fixture(scope="package")
