@@ -26,7 +26,8 @@ VIEWPORT = ViewportSize(width=1280, height=800)
 
 REBOUND_HOST = "rebound.test"
 
-# Chrome features that phone home or prompt: none of them belong in a test run.
+# A quiet, self-contained browser: no sandbox (containers rarely allow the
+# namespaces it needs), no GPU, nothing that phones home or prompts.
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
