@@ -32,9 +32,9 @@ from ringo_trio.server.storage._base import (
     StorageFull,
 )
 from ringo_trio.server.storage.postgres import PostgresEngine
-from ringo_trio.server.storage.sqlite import SQLiteEngine
 
 from .conftest import SyncEngine, open_engine, postgres_kind, ref_of, spec
+from .test_full import make_full, make_room
 from .test_inspect import brute, counts_of, expected_counts
 
 _queues = itertools.count()
@@ -194,27 +194,8 @@ def test_settle_many_answers_the_queue_of_what_took_effect(
 def _fail_on(engine: SyncEngine, task_id: str) -> None:
     """Make the store run out of room when the group reaches task `task_id`:
     SQLite for real (its ack carries a result larger than the pages left),
-    PostgreSQL by a trigger raising disk_full for that row (test_full.py)."""
-    raw = engine.raw
-    if isinstance(raw, SQLiteEngine):
-        db = raw._conn()
-        pages = db.execute("PRAGMA page_count").fetchone()[0]
-        db.execute(f"PRAGMA max_page_count = {pages + 2}")
-        return
-    assert isinstance(raw, PostgresEngine)
-    schema = raw._sql.tasks.rpartition(".")[0]
-    engine.run(
-        raw._live_pool().execute(
-            f"""
-            CREATE FUNCTION {schema}.disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'
-                USING ERRCODE = 'disk_full'; END $$;
-            CREATE TRIGGER disk_full BEFORE UPDATE ON {raw._sql.tasks}
-                FOR EACH ROW WHEN (NEW.id = '{task_id}')
-                EXECUTE FUNCTION {schema}.disk_full();
-            """
-        )
-    )
+    PostgreSQL by a trigger raising disk_full for that row."""
+    make_full(engine, pages_left=2, on_task=task_id)
 
 
 def test_a_group_that_fails_midway_leaves_nothing_applied(
@@ -243,12 +224,7 @@ def test_a_group_that_fails_midway_leaves_nothing_applied(
     assert counts_of(engine, "q", now) == counts
     assert all(t.state == TaskState.LEASED for t in before)
 
-    raw = engine.raw
-    if isinstance(raw, SQLiteEngine):
-        raw._conn().execute("PRAGMA max_page_count = 1073741823")
-    else:
-        assert isinstance(raw, PostgresEngine)
-        engine.run(raw._live_pool().execute(f"DROP TRIGGER disk_full ON {raw._sql.tasks}"))
+    make_room(engine)
     assert engine.settle_many(group, now) == ["q"] * 4
     assert [t.state for t in brute(engine, "q")] == [
         TaskState.SUCCEEDED,
