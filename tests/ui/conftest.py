@@ -21,6 +21,7 @@ selectors or on the daemon's answers.
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import http.server
 import os
@@ -113,9 +114,16 @@ def evil_site() -> Iterator[EvilSite]:
 
 @pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as pw:
-        expect.set_options(timeout=WAIT_MS)
-        yield pw
+    # Once trio_asyncio is imported (the SDK's transport), asyncio.new_event_loop()
+    # builds its trio-driven loop unless a policy was set explicitly; Playwright's
+    # sync API needs a plain asyncio loop of its own. `None` restores the default.
+    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+    try:
+        with sync_playwright() as pw:
+            expect.set_options(timeout=WAIT_MS)
+            yield pw
+    finally:
+        asyncio.set_event_loop_policy(None)
 
 
 @pytest.fixture(scope="package")
