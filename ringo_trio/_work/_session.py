@@ -111,6 +111,7 @@ from .._wire.protocol import (
     BATCH_MINOR,
     CANCELLED_REASON,
     CREDIT_CAPACITY_REASON,
+    CREDIT_GRANT_MINOR,
     OPERATE_MINOR,
     ORDERED_REQUEST_IDS_MINOR,
     RELEASE_MINOR,
@@ -154,6 +155,9 @@ CANCELLED_BY_OPERATOR = "the task was cancelled by an operator"
 # to disagree with us for good (each retry is resampled, so a correct daemon
 # refuses at most as often as pushes race a resize).
 MAX_CREDIT_REFUSALS = 20
+# Minor >= 10: a grant goes out once this fraction of the concurrency (at
+# least one slot) is free and not yet granted (measured: bench/run.py noop).
+GRANT_FRACTION = 8
 
 
 class LocalProtocolError(Exception):
@@ -296,9 +300,13 @@ class Register:
 
 @dataclass(frozen=True, slots=True)
 class Credit:
+    """A credit update: absolute (``available`` replaces what is left) or,
+    with ``grant`` set (minor >= 10, ``available`` then 0), additive."""
+
     request_id: int
     available: int
     target_concurrency: int | None
+    grant: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,6 +423,7 @@ class _Pending:
     key: LeaseKey | None = None
     credit: int = 0
     target: int | None = None
+    grant: bool = False  # credit is added to what is left, not replacing it
     extension: float = 0.0
 
 
@@ -489,12 +498,15 @@ class WorkSession:
         self.ordered_request_ids = minor >= ORDERED_REQUEST_IDS_MINOR
         self.can_release = minor >= RELEASE_MINOR
         self.can_store_result = minor >= OPERATE_MINOR
+        self.can_grant = minor >= CREDIT_GRANT_MINOR
+        self.grant_fraction = GRANT_FRACTION
         self.dynamic_target = dynamic_target
         self.command_timeout = command_timeout
         self.lease_duration = 0.0
         self._next_id = 1
         self._pending: dict[int, _Pending] = {}
-        self._credit_pending = 0  # request id of the credit command in flight
+        self._credit_pending = 0  # request id of the absolute credit command in flight
+        self._granted = 0  # sum of the grants in flight (minor >= 10)
         self._credit_mirror = 0  # pushes the daemon may still make
         self._target_sent: int | None = None  # last target the daemon accepted
         self._refusals = 0
@@ -519,12 +531,18 @@ class WorkSession:
     @property
     def committed(self) -> int:
         """Slots the worker is bound to: tasks pushed and not finished, plus
-        every push the daemon may still make — the mirror and, while a credit
-        command is in flight, all of its grant (pushes against the old credit
-        may arrive before the daemon applies it, and the new grant after).
-        A shared concurrency controller never takes these permits back."""
+        every push the daemon may still make — the mirror, every grant in
+        flight and, while an absolute credit command is in flight, all of its
+        credit (pushes against the old credit may arrive before the daemon
+        applies it, and the new credit after). A shared concurrency
+        controller never takes these permits back."""
         pending = self._pending.get(self._credit_pending) if self._credit_pending else None
-        return len(self._slots) + self._credit_mirror + (pending.credit if pending else 0)
+        return (
+            len(self._slots)
+            + self._credit_mirror
+            + self._granted
+            + (pending.credit if pending else 0)
+        )
 
     @property
     def pending_commands(self) -> int:
@@ -841,6 +859,7 @@ class WorkSession:
             if pending.kind in (CommandKind.SETTLE, CommandKind.PROGRESS, CommandKind.DRAIN):
                 out.append(CommandDone(request_id, pending.kind, gone))
         self._pending.clear()
+        self._credit_pending = self._granted = 0
         for key, lease in self._leases.items():
             if lease.state is LeaseState.HELD and key in self._slots:
                 out.append(CancelHandler(key, "the Work stream ended"))
@@ -933,9 +952,17 @@ class WorkSession:
     def _credit_result(
         self, pending: _Pending, error: CommandError | None, now: float
     ) -> list[Output]:
-        self._credit_pending = 0
+        if pending.grant:
+            self._granted -= pending.credit
+        else:
+            self._credit_pending = 0
         if error is None:
             self._refusals = 0
+            if pending.grant:
+                # Additive: pushes consuming it follow this result on the
+                # wire, as for an absolute update.
+                self._credit_mirror += pending.credit
+                return self._maybe_credit(now)
             # Absolute: replaces whatever was left. Pushes consuming it follow
             # this result on the wire, so they are counted from here — even
             # after we sent a drain: the daemon may have pushed against this
@@ -959,13 +986,27 @@ class WorkSession:
         """The credit frame to send now, if any (see the module docstring)."""
         if self.state is not State.ACTIVE or self._credit_pending:
             return []
-        # Credit still out counts as taken: on a resize (the only time we ask
-        # with the mirror above zero) that many pushes may be on their way, and
-        # the daemon's capacity check cannot be relied on to refuse the excess —
-        # it no longer counts a lease whose cancelled handler still holds a slot.
-        free = max(0, self.concurrency - len(self._slots) - self._credit_mirror)
+        # Credit still out counts as taken: on a resize that many pushes may be
+        # on their way, and the daemon's capacity check cannot be relied on to
+        # refuse the excess — it no longer counts a lease whose cancelled
+        # handler still holds a slot. Grants in flight are credit out too.
+        free = max(0, self.concurrency - len(self._slots) - self._credit_mirror - self._granted)
         target = self.concurrency if self.dynamic_target else None
         resize = target is not None and target != self._target_sent
+        if not resize and self.can_grant:
+            # Batched so that each grant is worth a round trip; but with
+            # nothing out (no credit, no grant) a free slot is asked for at
+            # once, as below minor 10, or it would idle.
+            idle = self._credit_mirror == 0 and not self._granted
+            if free < max(1, self.concurrency // self.grant_fraction) and not (idle and free):
+                return []
+            self._step(Input.SEND_CREDIT)
+            request_id = self._take_id()
+            self._granted += free
+            self._pending[request_id] = _Pending(
+                CommandKind.CREDIT, now, credit=free, target=target, grant=True
+            )
+            return [Credit(request_id, 0, target, grant=free)]
         if not (resize or (self._credit_mirror == 0 and free > 0)):
             return []
         self._step(Input.SEND_CREDIT)
