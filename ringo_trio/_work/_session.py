@@ -22,22 +22,39 @@ never be correlated to the wrong command. A command left unanswered for
 ``command_timeout`` breaks the session (`poll` raises `SessionBroken`).
 
 *The credit ledger.* Credit is absolute ("you may push me N more from now
-on"). The session mirrors the daemon's remaining credit exactly: the daemon
-writes the result of a credit command before any push that consumes it, so
-the mirror becomes N when the result arrives and drops by one per push. A
-push the mirror does not cover is a protocol error. The session asks for more
-only when the mirror is zero: then no push can be in transit, so ``free
-slots`` is exactly what the worker can take and the daemon's capacity check
-(``available + unsettled <= concurrency``) cannot refuse it. A resize, which
-cannot wait for the mirror to drain, may race up to ``mirror`` pushes, so it
-counts the credit still out as taken slots (the daemon's check alone would
-not do: it no longer counts a lost lease whose handler still holds a slot).
-Should the daemon refuse with ``credit_capacity`` anyway, the session
-resamples at once — any racing push arrived before the refusal, the stream is
-ordered. One credit command is in flight at a time; a later one supersedes it
-anyway. The drain's result voids the mirror (the daemon pushes nothing after
-answering it). ``committed`` — slots plus the mirror plus the grant of a
-credit command in flight — bounds every slot the session can ever hold
+on") or, from minor 10, additive (a *grant*: "push me N more"). The session
+mirrors the daemon's remaining credit exactly: the daemon writes the result
+of a credit command before any push that consumes it, so the mirror becomes
+N (a grant: grows by N) when the result arrives and drops by one per push. A
+push the mirror does not cover is a protocol error.
+
+From minor 10 the session grants freed slots as they free up, so the daemon
+claims and pushes while handlers run instead of waiting for the worker to
+run dry (the two processes then overlap instead of taking turns): a grant of
+every free slot goes out once ``free = concurrency - slots - mirror -
+granted`` reaches ``concurrency // GRANT_FRACTION`` (at least one; any free
+slot when nothing is out, so no slot idles unasked-for). Counting the mirror
+and every grant in flight as taken is what makes a grant impossible to
+refuse: whatever the daemon holds as credit plus outstanding is at most what
+the session counts, so ``credit + grant + outstanding <= concurrency``.
+Several grants may be in flight; their results arrive in order. A resize
+still goes absolute (it carries the new target), and no grant is sent while
+it is in flight, so grants are always computed against the capacity the
+daemon holds.
+
+Below minor 10 the session asks for more only when the mirror is zero:
+then no push can be in transit, so ``free slots`` is exactly what the worker
+can take and the daemon's capacity check (``available + unsettled <=
+concurrency``) cannot refuse it. A resize, which cannot wait for the mirror
+to drain, may race up to ``mirror`` pushes (and every grant in flight), so
+it counts the credit still out as taken slots (the daemon's check alone
+would not do: it no longer counts a lost lease whose handler still holds a
+slot). Should the daemon refuse with ``credit_capacity`` anyway, the session
+resamples at once — any racing push arrived before the refusal, the stream
+is ordered. One absolute credit command is in flight at a time; a later one
+supersedes it anyway. The drain's result voids the mirror (the daemon pushes nothing after
+answering it). ``committed`` — slots plus the mirror plus the credit of
+every credit command in flight — bounds every slot the session can ever hold
 without sending new credit; a shared concurrency controller keeps at least
 that many permits for the worker.
 
@@ -155,9 +172,11 @@ CANCELLED_BY_OPERATOR = "the task was cancelled by an operator"
 # to disagree with us for good (each retry is resampled, so a correct daemon
 # refuses at most as often as pushes race a resize).
 MAX_CREDIT_REFUSALS = 20
-# Minor >= 10: a grant goes out once this fraction of the concurrency (at
-# least one slot) is free and not yet granted (measured: bench/run.py noop).
-GRANT_FRACTION = 8
+# Minor >= 10: a grant goes out once 1/GRANT_FRACTION of the concurrency (at
+# least one slot) is free and not yet granted. Measured with bench/run.py
+# noop (c=64): halves beat eighths and quarters, whose many small claims cost
+# the daemon more CPU per task than the overlap saves.
+GRANT_FRACTION = 2
 
 
 class LocalProtocolError(Exception):
