@@ -36,7 +36,9 @@ granted`` reaches ``concurrency // GRANT_FRACTION`` (at least one; any free
 slot when nothing is out, so no slot idles unasked-for). Counting the mirror
 and every grant in flight as taken is what makes a grant impossible to
 refuse: whatever the daemon holds as credit plus outstanding is at most what
-the session counts, so ``credit + grant + outstanding <= concurrency``.
+the session counts, so ``credit + grant + outstanding <= concurrency`` (a
+lease lost locally while its renewal was in flight is still counted after its
+handler exits, until the renewal is answered: the daemon counts it until then).
 Several grants may be in flight; their results arrive in order. A resize
 still goes absolute (it carries the new target), and no grant is sent while
 it is in flight, so grants are always computed against the capacity the
@@ -531,6 +533,9 @@ class WorkSession:
         self._refusals = 0
         self._leases: dict[LeaseKey, _Lease] = {}
         self._slots: set[LeaseKey] = set()
+        # Leases whose handler exited after they were lost locally while their
+        # renewal was in flight: the daemon still counts them as outstanding.
+        self._renewals_out: set[LeaseKey] = set()
         # (when, tiebreak, key): renewal or expiry checks; stale entries are
         # skipped when popped (cheaper than removing them).
         self._timers: list[tuple[float, int, LeaseKey]] = []
@@ -789,6 +794,9 @@ class WorkSession:
                 f"task {key.task_id}: a handler with a live lease must settle, not exit"
             )
         self._slots.discard(key)
+        if lease is not None and lease.renewing:
+            # Lost here, but the daemon counts it until its renewal is answered.
+            self._renewals_out.add(key)
         if lease is not None and not lease.renewing and lease.state is LeaseState.LOST:
             del self._leases[key]
         return self._maybe_credit(now)
@@ -879,6 +887,7 @@ class WorkSession:
                 out.append(CommandDone(request_id, pending.kind, gone))
         self._pending.clear()
         self._credit_pending = self._granted = 0
+        self._renewals_out.clear()
         for key, lease in self._leases.items():
             if lease.state is LeaseState.HELD and key in self._slots:
                 out.append(CancelHandler(key, "the Work stream ended"))
@@ -921,11 +930,16 @@ class WorkSession:
         if lease is None or lease.renewing != request_id:
             raise RemoteProtocolError(f"renewal result {request_id} matches no renewal")
         lease.renewing = 0
+        # Answered LEASE_LOST (the daemon dropped it) or renewed, and then the
+        # nack handing it back goes out before the grant of its slot.
+        freed = key in self._renewals_out
+        self._renewals_out.discard(key)
         if error is None:
             if lease.state is LeaseState.LOST:
                 # Renewed after we gave up on it: hand it back at once so the
                 # daemon does not count (and keep) a lease nobody works on.
-                return self._release_renewed(key, lease, now)
+                out = self._release_renewed(key, lease, now)
+                return out + self._maybe_credit(now) if freed else out
             # Send time, not receipt time: the daemon extended from when it
             # received the command, which is no earlier than this.
             lease.deadline = pending.sent_at + pending.extension
@@ -937,7 +951,7 @@ class WorkSession:
             out = told + self._lose(key, why)
             if key not in self._slots:
                 self._leases.pop(key, None)
-            return out
+            return out + self._maybe_credit(now) if freed else out
         raise SessionBroken(f"renewing task {key.task_id} failed: {error.code} {error.message}")
 
     @staticmethod
@@ -1013,6 +1027,10 @@ class WorkSession:
         target = self.concurrency if self.dynamic_target else None
         resize = target is not None and target != self._target_sent
         if not resize and self.can_grant:
+            # A grant cannot be resampled into something the daemon accepts
+            # without losing its point, so it counts what the daemon counts
+            # (below minor 10 the refusal's resampling covers this race).
+            free = max(0, free - len(self._renewals_out))
             # Batched so that each grant is worth a round trip; but with
             # nothing out (no credit, no grant) a free slot is asked for at
             # once, as below minor 10, or it would idle.

@@ -381,7 +381,7 @@ class SessionMachine(RuleBasedStateMachine):
         lease=st.sampled_from([3.0, 6.0, 9.0]),
         timeout_leases=st.sampled_from([2.0, 5.0, 1000.0]),
         backlog=st.integers(0, 8),
-        grant_fraction=st.sampled_from([1, 2, GRANT_FRACTION]),
+        grant_fraction=st.sampled_from([1, 3, GRANT_FRACTION]),
     )
     def start(
         self,
@@ -940,10 +940,22 @@ class SessionMachine(RuleBasedStateMachine):
             return
         if any(s.kind is CommandKind.CREDIT for s in self.unanswered.values()):
             return
+        # From minor 10 a lease lost while its renewal was out keeps its slot
+        # reserved after its handler exits, until the daemon answers.
+        reserved = {
+            s.key
+            for s in self.unanswered.values()
+            if s.kind is CommandKind.EXTEND
+            and s.key not in self.handlers
+            and not self.leases[s.key].settled
+        }
+        if self.session.minor < BATCH_MINOR:
+            reserved = set()
         if self.session.credit_mirror == 0:
-            assert self.session.in_flight >= self.session.concurrency, (
+            assert self.session.in_flight + len(reserved) >= self.session.concurrency, (
                 self.session.in_flight,
                 self.session.concurrency,
+                reserved,
             )
 
     @invariant()
@@ -1249,6 +1261,36 @@ def test_renewal_granted_after_the_lease_was_given_up_is_nacked() -> None:
     (credit,) = session.handler_exited(A, 10.0)
     assert credit == Credit(credit.request_id, 1, None)
     assert session.in_flight == 0
+
+
+@pytest.mark.parametrize("answer", [None, LEASE_LOST], ids=["renewed", "lost"])
+def test_a_grant_waits_for_the_renewal_of_a_lease_lost_meanwhile(
+    answer: CommandError | None,
+) -> None:
+    """Property: the daemon never refuses a grant the session sends (minor 10).
+    A lease lost locally while its renewal is out is still outstanding on the
+    daemon after its handler exits, so its slot is granted only once the
+    renewal is answered — after the nack handing it back, if it was renewed."""
+    session = WorkSession(concurrency=1, minor=BATCH_MINOR)
+    session.register()
+    (grant,) = session.registered(
+        lease_duration=9.0, max_concurrency=1, ordered_request_ids=True, now=0.0
+    )
+    assert grant == Credit(grant.request_id, 0, None, grant=1)
+    assert session.result(grant.request_id, None, 0.0) == []
+    session.task_pushed(A, "tok", 9.0, 0.0)
+    (extend,) = session.poll(6.0)
+    assert session.poll(9.0) == [CancelHandler(A, "lease expired before it could be renewed")]
+    assert session.handler_exited(A, 9.5) == []  # the daemon still counts A
+    assert session.committed == 0
+    outputs = session.result(extend.request_id, answer, 10.0)
+    if answer is None:
+        nack, grant = outputs
+        assert isinstance(nack, Settle)
+        assert nack.outcome is Outcome.NACK
+    else:
+        (grant,) = outputs
+    assert grant == Credit(grant.request_id, 0, None, grant=1)
 
 
 def test_renewal_moves_the_deadline_to_send_time_plus_extension() -> None:
