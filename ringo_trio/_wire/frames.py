@@ -109,9 +109,11 @@ def encode_work_request_batch(elements: Sequence[bytes]) -> bytes:
     return _batch(_REQUEST_BATCH, elements)
 
 
-def encode_credit(request_id: int, available: int, target: int | None) -> bytes:
-    """``WorkRequest(request_id, credit=build(CreditUpdate, available, target))``."""
-    credit = build(CreditUpdate, available=available, target_concurrency=target)
+def encode_credit(
+    request_id: int, available: int, target: int | None, grant: int | None = None
+) -> bytes:
+    """``WorkRequest(request_id, credit=build(CreditUpdate, available, target, grant))``."""
+    credit = build(CreditUpdate, available=available, target_concurrency=target, grant=grant)
     return encode(build(WorkRequest, request_id=request_id, credit=credit))
 
 

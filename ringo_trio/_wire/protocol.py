@@ -24,6 +24,8 @@ DUE_ONLY_ACTIVITY_MINOR: Final = 8
 OPERATE_MINOR: Final = 9
 #: Batch frames on the Work stream: ``WorkRequest.batch`` and ``WorkResponse.batch``.
 BATCH_MINOR: Final = 10
+#: ``CreditUpdate.grant``: additive credit ("push me this many more").
+CREDIT_GRANT_MINOR: Final = 10
 
 #: ``ErrorDetail.metadata["reason"]`` of a credit update the stream cannot hold.
 CREDIT_CAPACITY_REASON: Final = "credit_capacity"

@@ -248,8 +248,13 @@ class StreamDriver:
                     send(settle_frame(out))
                 case StartHandler(key=key):
                     self.owner._start_handler(self, key, self.arrived.pop(key))
-                case Credit(request_id=request_id, available=available, target_concurrency=target):
-                    send(Frame(encode_credit(request_id, available, target)))
+                case Credit(
+                    request_id=request_id,
+                    available=available,
+                    target_concurrency=target,
+                    grant=grant,
+                ):
+                    send(Frame(encode_credit(request_id, available, target, grant)))
                 case CommandDone(request_id=request_id, error=error):
                     waiter = self.waiters.pop(request_id, None)
                     if waiter is not None:

@@ -22,22 +22,41 @@ never be correlated to the wrong command. A command left unanswered for
 ``command_timeout`` breaks the session (`poll` raises `SessionBroken`).
 
 *The credit ledger.* Credit is absolute ("you may push me N more from now
-on"). The session mirrors the daemon's remaining credit exactly: the daemon
-writes the result of a credit command before any push that consumes it, so
-the mirror becomes N when the result arrives and drops by one per push. A
-push the mirror does not cover is a protocol error. The session asks for more
-only when the mirror is zero: then no push can be in transit, so ``free
-slots`` is exactly what the worker can take and the daemon's capacity check
-(``available + unsettled <= concurrency``) cannot refuse it. A resize, which
-cannot wait for the mirror to drain, may race up to ``mirror`` pushes, so it
-counts the credit still out as taken slots (the daemon's check alone would
-not do: it no longer counts a lost lease whose handler still holds a slot).
-Should the daemon refuse with ``credit_capacity`` anyway, the session
-resamples at once — any racing push arrived before the refusal, the stream is
-ordered. One credit command is in flight at a time; a later one supersedes it
-anyway. The drain's result voids the mirror (the daemon pushes nothing after
-answering it). ``committed`` — slots plus the mirror plus the grant of a
-credit command in flight — bounds every slot the session can ever hold
+on") or, from minor 10, additive (a *grant*: "push me N more"). The session
+mirrors the daemon's remaining credit exactly: the daemon writes the result
+of a credit command before any push that consumes it, so the mirror becomes
+N (a grant: grows by N) when the result arrives and drops by one per push. A
+push the mirror does not cover is a protocol error.
+
+From minor 10 the session grants freed slots as they free up, so the daemon
+claims and pushes while handlers run instead of waiting for the worker to
+run dry (the two processes then overlap instead of taking turns): a grant of
+every free slot goes out once ``free = concurrency - slots - mirror -
+granted`` reaches ``concurrency // GRANT_FRACTION`` (at least one; any free
+slot when nothing is out, so no slot idles unasked-for). Counting the mirror
+and every grant in flight as taken is what makes a grant impossible to
+refuse: whatever the daemon holds as credit plus outstanding is at most what
+the session counts, so ``credit + grant + outstanding <= concurrency`` (a
+lease lost locally while its renewal was in flight is still counted after its
+handler exits, until the renewal is answered: the daemon counts it until then).
+Several grants may be in flight; their results arrive in order. A resize
+still goes absolute (it carries the new target), and no grant is sent while
+it is in flight, so grants are always computed against the capacity the
+daemon holds.
+
+Below minor 10 the session asks for more only when the mirror is zero:
+then no push can be in transit, so ``free slots`` is exactly what the worker
+can take and the daemon's capacity check (``available + unsettled <=
+concurrency``) cannot refuse it. A resize, which cannot wait for the mirror
+to drain, may race up to ``mirror`` pushes (and every grant in flight), so
+it counts the credit still out as taken slots (the daemon's check alone
+would not do: it no longer counts a lost lease whose handler still holds a
+slot). Should the daemon refuse with ``credit_capacity`` anyway, the session
+resamples at once — any racing push arrived before the refusal, the stream
+is ordered. One absolute credit command is in flight at a time; a later one
+supersedes it anyway. The drain's result voids the mirror (the daemon pushes nothing after
+answering it). ``committed`` — slots plus the mirror plus the credit of
+every credit command in flight — bounds every slot the session can ever hold
 without sending new credit; a shared concurrency controller keeps at least
 that many permits for the worker.
 
@@ -111,6 +130,7 @@ from .._wire.protocol import (
     BATCH_MINOR,
     CANCELLED_REASON,
     CREDIT_CAPACITY_REASON,
+    CREDIT_GRANT_MINOR,
     OPERATE_MINOR,
     ORDERED_REQUEST_IDS_MINOR,
     RELEASE_MINOR,
@@ -154,6 +174,11 @@ CANCELLED_BY_OPERATOR = "the task was cancelled by an operator"
 # to disagree with us for good (each retry is resampled, so a correct daemon
 # refuses at most as often as pushes race a resize).
 MAX_CREDIT_REFUSALS = 20
+# Minor >= 10: a grant goes out once 1/GRANT_FRACTION of the concurrency (at
+# least one slot) is free and not yet granted. Measured with bench/run.py
+# noop (c=64): halves beat eighths and quarters, whose many small claims cost
+# the daemon more CPU per task than the overlap saves.
+GRANT_FRACTION = 2
 
 
 class LocalProtocolError(Exception):
@@ -296,9 +321,13 @@ class Register:
 
 @dataclass(frozen=True, slots=True)
 class Credit:
+    """A credit update: absolute (``available`` replaces what is left) or,
+    with ``grant`` set (minor >= 10, ``available`` then 0), additive."""
+
     request_id: int
     available: int
     target_concurrency: int | None
+    grant: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,6 +444,7 @@ class _Pending:
     key: LeaseKey | None = None
     credit: int = 0
     target: int | None = None
+    grant: bool = False  # credit is added to what is left, not replacing it
     extension: float = 0.0
 
 
@@ -489,17 +519,23 @@ class WorkSession:
         self.ordered_request_ids = minor >= ORDERED_REQUEST_IDS_MINOR
         self.can_release = minor >= RELEASE_MINOR
         self.can_store_result = minor >= OPERATE_MINOR
+        self.can_grant = minor >= CREDIT_GRANT_MINOR
+        self.grant_fraction = GRANT_FRACTION
         self.dynamic_target = dynamic_target
         self.command_timeout = command_timeout
         self.lease_duration = 0.0
         self._next_id = 1
         self._pending: dict[int, _Pending] = {}
-        self._credit_pending = 0  # request id of the credit command in flight
+        self._credit_pending = 0  # request id of the absolute credit command in flight
+        self._granted = 0  # sum of the grants in flight (minor >= 10)
         self._credit_mirror = 0  # pushes the daemon may still make
         self._target_sent: int | None = None  # last target the daemon accepted
         self._refusals = 0
         self._leases: dict[LeaseKey, _Lease] = {}
         self._slots: set[LeaseKey] = set()
+        # Leases whose handler exited after they were lost locally while their
+        # renewal was in flight: the daemon still counts them as outstanding.
+        self._renewals_out: set[LeaseKey] = set()
         # (when, tiebreak, key): renewal or expiry checks; stale entries are
         # skipped when popped (cheaper than removing them).
         self._timers: list[tuple[float, int, LeaseKey]] = []
@@ -519,12 +555,18 @@ class WorkSession:
     @property
     def committed(self) -> int:
         """Slots the worker is bound to: tasks pushed and not finished, plus
-        every push the daemon may still make — the mirror and, while a credit
-        command is in flight, all of its grant (pushes against the old credit
-        may arrive before the daemon applies it, and the new grant after).
-        A shared concurrency controller never takes these permits back."""
+        every push the daemon may still make — the mirror, every grant in
+        flight and, while an absolute credit command is in flight, all of its
+        credit (pushes against the old credit may arrive before the daemon
+        applies it, and the new credit after). A shared concurrency
+        controller never takes these permits back."""
         pending = self._pending.get(self._credit_pending) if self._credit_pending else None
-        return len(self._slots) + self._credit_mirror + (pending.credit if pending else 0)
+        return (
+            len(self._slots)
+            + self._credit_mirror
+            + self._granted
+            + (pending.credit if pending else 0)
+        )
 
     @property
     def pending_commands(self) -> int:
@@ -752,6 +794,9 @@ class WorkSession:
                 f"task {key.task_id}: a handler with a live lease must settle, not exit"
             )
         self._slots.discard(key)
+        if lease is not None and lease.renewing:
+            # Lost here, but the daemon counts it until its renewal is answered.
+            self._renewals_out.add(key)
         if lease is not None and not lease.renewing and lease.state is LeaseState.LOST:
             del self._leases[key]
         return self._maybe_credit(now)
@@ -841,6 +886,8 @@ class WorkSession:
             if pending.kind in (CommandKind.SETTLE, CommandKind.PROGRESS, CommandKind.DRAIN):
                 out.append(CommandDone(request_id, pending.kind, gone))
         self._pending.clear()
+        self._credit_pending = self._granted = 0
+        self._renewals_out.clear()
         for key, lease in self._leases.items():
             if lease.state is LeaseState.HELD and key in self._slots:
                 out.append(CancelHandler(key, "the Work stream ended"))
@@ -883,11 +930,16 @@ class WorkSession:
         if lease is None or lease.renewing != request_id:
             raise RemoteProtocolError(f"renewal result {request_id} matches no renewal")
         lease.renewing = 0
+        # Answered LEASE_LOST (the daemon dropped it) or renewed, and then the
+        # nack handing it back goes out before the grant of its slot.
+        freed = key in self._renewals_out
+        self._renewals_out.discard(key)
         if error is None:
             if lease.state is LeaseState.LOST:
                 # Renewed after we gave up on it: hand it back at once so the
                 # daemon does not count (and keep) a lease nobody works on.
-                return self._release_renewed(key, lease, now)
+                out = self._release_renewed(key, lease, now)
+                return out + self._maybe_credit(now) if freed else out
             # Send time, not receipt time: the daemon extended from when it
             # received the command, which is no earlier than this.
             lease.deadline = pending.sent_at + pending.extension
@@ -899,7 +951,7 @@ class WorkSession:
             out = told + self._lose(key, why)
             if key not in self._slots:
                 self._leases.pop(key, None)
-            return out
+            return out + self._maybe_credit(now) if freed else out
         raise SessionBroken(f"renewing task {key.task_id} failed: {error.code} {error.message}")
 
     @staticmethod
@@ -933,9 +985,17 @@ class WorkSession:
     def _credit_result(
         self, pending: _Pending, error: CommandError | None, now: float
     ) -> list[Output]:
-        self._credit_pending = 0
+        if pending.grant:
+            self._granted -= pending.credit
+        else:
+            self._credit_pending = 0
         if error is None:
             self._refusals = 0
+            if pending.grant:
+                # Additive: pushes consuming it follow this result on the
+                # wire, as for an absolute update.
+                self._credit_mirror += pending.credit
+                return self._maybe_credit(now)
             # Absolute: replaces whatever was left. Pushes consuming it follow
             # this result on the wire, so they are counted from here — even
             # after we sent a drain: the daemon may have pushed against this
@@ -959,13 +1019,31 @@ class WorkSession:
         """The credit frame to send now, if any (see the module docstring)."""
         if self.state is not State.ACTIVE or self._credit_pending:
             return []
-        # Credit still out counts as taken: on a resize (the only time we ask
-        # with the mirror above zero) that many pushes may be on their way, and
-        # the daemon's capacity check cannot be relied on to refuse the excess —
-        # it no longer counts a lease whose cancelled handler still holds a slot.
-        free = max(0, self.concurrency - len(self._slots) - self._credit_mirror)
+        # Credit still out counts as taken: on a resize that many pushes may be
+        # on their way, and the daemon's capacity check cannot be relied on to
+        # refuse the excess — it no longer counts a lease whose cancelled
+        # handler still holds a slot. Grants in flight are credit out too.
+        free = max(0, self.concurrency - len(self._slots) - self._credit_mirror - self._granted)
         target = self.concurrency if self.dynamic_target else None
         resize = target is not None and target != self._target_sent
+        if not resize and self.can_grant:
+            # A grant cannot be resampled into something the daemon accepts
+            # without losing its point, so it counts what the daemon counts
+            # (below minor 10 the refusal's resampling covers this race).
+            free = max(0, free - len(self._renewals_out))
+            # Batched so that each grant is worth a round trip; but with
+            # nothing out (no credit, no grant) a free slot is asked for at
+            # once, as below minor 10, or it would idle.
+            idle = self._credit_mirror == 0 and not self._granted
+            if free < max(1, self.concurrency // self.grant_fraction) and not (idle and free):
+                return []
+            self._step(Input.SEND_CREDIT)
+            request_id = self._take_id()
+            self._granted += free
+            self._pending[request_id] = _Pending(
+                CommandKind.CREDIT, now, credit=free, target=target, grant=True
+            )
+            return [Credit(request_id, 0, target, grant=free)]
         if not (resize or (self._credit_mirror == 0 and free > 0)):
             return []
         self._step(Input.SEND_CREDIT)

@@ -52,8 +52,10 @@ is a body the stream does not know.
 **Credit.** Three numbers per stream: *credit* (pushes still allowed),
 *outstanding* (leases pushed on this stream that the worker has not settled
 on it) and *capacity* (the latest ``target_concurrency``, else
-``max_concurrency``). Credit is absolute: an update replaces it. An update
-with ``available > 0`` and ``available + outstanding > capacity`` is refused
+``max_concurrency``). An update is absolute (``available`` replaces the
+credit) or, with ``grant`` set (minor >= 10), additive (credit += grant).
+An update that adds something (``available > 0`` or ``grant > 0``) and
+leaves ``credit + outstanding > capacity`` is refused
 (``RESOURCE_EXHAUSTED``, ``reason=credit_capacity``) and changes nothing, not
 even the capacity; ``available == 0`` is always accepted. A push moves one
 unit from credit to outstanding, so whenever the daemon pushes, pushed and
@@ -173,6 +175,7 @@ from ringo_trio._wire.protocol import (
     BATCH_MINOR,
     CANCELLED_REASON,
     CREDIT_CAPACITY_REASON,
+    CREDIT_GRANT_MINOR,
     OPERATE_MINOR,
     ORDERED_REQUEST_IDS_MINOR,
     RELEASE_MINOR,
@@ -815,24 +818,37 @@ class _WorkStream:
                 )
             if target > MAX_CONCURRENCY:
                 raise v.FieldError("target_concurrency", f"{target} exceeds {MAX_CONCURRENCY}")
+        grant = body.grant
+        if grant is not None:
+            if self._minor < CREDIT_GRANT_MINOR:
+                raise _Refused(
+                    ErrorCode.INCOMPATIBLE_VERSION,
+                    f"credit grant needs protocol minor {CREDIT_GRANT_MINOR};"
+                    f" this stream runs at minor {self._minor}",
+                )
+            if body.available:
+                raise v.FieldError("available", "must be 0 when a grant is given")
         if self._drained or self._stopping:
             return
         capacity = self._capacity if target is None else target
-        available = body.available
+        # Absolute replaces what is left; a grant adds to it. Either way the
+        # credit after the update is what the capacity check weighs.
+        credit = body.available if grant is None else self._credit + grant
         outstanding = len(self._outstanding)
-        if available and available + outstanding > capacity:
+        adds = credit if grant is None else grant
+        if adds and credit + outstanding > capacity:
             # Not clamped: the worker's view is stale (a push crossed this
             # update), so it resamples and sends a fresh snapshot.
             raise _Refused(
                 ErrorCode.RESOURCE_EXHAUSTED,
-                f"credit {available} with {outstanding} task(s) outstanding exceeds the"
+                f"credit {credit} with {outstanding} task(s) outstanding exceeds the"
                 f" stream's capacity of {capacity}; resample and retry",
                 reason=CREDIT_CAPACITY_REASON,
             )
-        self._tap.credit(available)
+        self._tap.credit(credit)
         self._capacity = capacity
-        self._credit = available
-        if available:
+        self._credit = credit
+        if credit:
             self._credit_changed.set()
 
     async def _drain(self, body: WorkerDrain) -> None:

@@ -45,6 +45,7 @@ from ringo_trio._work._session import (
     _TRANSITIONS,
     CANCELLED_BY_OPERATOR,
     CREDIT_CAPACITY_REASON,
+    GRANT_FRACTION,
     MAX_CREDIT_REFUSALS,
     Answered,
     CancelHandler,
@@ -149,11 +150,14 @@ class FakeDaemon:
 
     * Every command is answered by exactly one `Result`, in order, queued in
       `outbox` the moment the command arrives.
-    * Credit is absolute. A credit with ``available > 0`` and ``available +
-      len(unsettled) > capacity`` is refused with ``credit_capacity``;
-      capacity is the command's target, else the last accepted target, else
-      the registered ``max_concurrency``. The result of an accepted credit is
-      queued before any push that consumes it.
+    * Credit is absolute (``available`` replaces it) or, from minor 10, a
+      ``grant`` added to it. An update that adds something and leaves
+      ``credit + len(unsettled) > capacity`` is refused with
+      ``credit_capacity`` and changes nothing; capacity is the command's
+      target, else the last accepted target, else the registered
+      ``max_concurrency``. The result of an accepted credit is queued before
+      any push that consumes it. A refused grant is recorded as a violation:
+      a correct session never sends one the daemon cannot hold.
     * It pushes while it has credit and tasks and has not seen a drain; a
       drain voids its credit.
     * A lease is live until its ``until`` passes or `expire` ends it early;
@@ -269,9 +273,19 @@ class FakeDaemon:
         capacity = frame.target_concurrency
         if capacity is None:
             capacity = self.capacity
-        if frame.available > 0 and frame.available + len(self.unsettled) > capacity:
+        credit, adds = frame.available, frame.available
+        if frame.grant is not None:
+            if self.minor < BATCH_MINOR or frame.available:
+                self.violations.append(f"a grant on a minor {self.minor} stream: {frame}")
+            credit, adds = self.credit + frame.grant, frame.grant
+        if adds > 0 and credit + len(self.unsettled) > capacity:
+            if frame.grant is not None:
+                self.violations.append(
+                    f"grant refused: {frame} with credit {self.credit} and"
+                    f" {len(self.unsettled)} unsettled, capacity {capacity}"
+                )
             return CAPACITY
-        self.credit = frame.available
+        self.credit = credit
         if frame.target_concurrency is not None:
             self.capacity = frame.target_concurrency
         return None
@@ -367,6 +381,7 @@ class SessionMachine(RuleBasedStateMachine):
         lease=st.sampled_from([3.0, 6.0, 9.0]),
         timeout_leases=st.sampled_from([2.0, 5.0, 1000.0]),
         backlog=st.integers(0, 8),
+        grant_fraction=st.sampled_from([1, 3, GRANT_FRACTION]),
     )
     def start(
         self,
@@ -377,8 +392,12 @@ class SessionMachine(RuleBasedStateMachine):
         lease: float,
         timeout_leases: float,
         backlog: int,
+        grant_fraction: int,
     ) -> None:
         self.now = 0.0
+        # Concurrency here is at most 5: small fractions give grant thresholds
+        # above one slot.
+        self.grant_fraction = grant_fraction
         self.lease = lease
         self.backlog = backlog
         self.params = (concurrency, max_concurrency, dynamic, minor, lease * timeout_leases)
@@ -393,6 +412,7 @@ class SessionMachine(RuleBasedStateMachine):
             dynamic_target=dynamic,
             command_timeout=timeout,
         )
+        self.session.grant_fraction = self.grant_fraction
         self.daemon = FakeDaemon(
             lease_duration=self.lease,
             max_concurrency=max_concurrency,
@@ -837,11 +857,15 @@ class SessionMachine(RuleBasedStateMachine):
             # Every grant made before a cut is used up or superseded: from
             # here on, credit is computed against the current concurrency.
             self.ceiling = self.session.concurrency
-        # Slots in use plus the pushes the daemon may still make: what the
-        # worker has committed to (a push only moves one from credit to slot).
-        committed = self.session.in_flight + self.session.credit_mirror
+        # Slots in use plus the pushes the daemon may still make, and every
+        # credit command in flight: what the worker has committed to (a push
+        # only moves one from credit to slot).
         bound = max(self.ceiling, self.session.concurrency)
-        assert committed <= bound, (self.session.in_flight, self.session.credit_mirror)
+        assert self.session.committed <= bound, (
+            self.session.in_flight,
+            self.session.credit_mirror,
+            self.session.committed,
+        )
 
     @invariant()
     def every_command_gets_exactly_one_result(self) -> None:
@@ -916,10 +940,22 @@ class SessionMachine(RuleBasedStateMachine):
             return
         if any(s.kind is CommandKind.CREDIT for s in self.unanswered.values()):
             return
+        # From minor 10 a lease lost while its renewal was out keeps its slot
+        # reserved after its handler exits, until the daemon answers.
+        reserved = {
+            s.key
+            for s in self.unanswered.values()
+            if s.kind is CommandKind.EXTEND
+            and s.key not in self.handlers
+            and not self.leases[s.key].settled
+        }
+        if self.session.minor < BATCH_MINOR:
+            reserved = set()
         if self.session.credit_mirror == 0:
-            assert self.session.in_flight >= self.session.concurrency, (
+            assert self.session.in_flight + len(reserved) >= self.session.concurrency, (
                 self.session.in_flight,
                 self.session.concurrency,
+                reserved,
             )
 
     @invariant()
@@ -1225,6 +1261,36 @@ def test_renewal_granted_after_the_lease_was_given_up_is_nacked() -> None:
     (credit,) = session.handler_exited(A, 10.0)
     assert credit == Credit(credit.request_id, 1, None)
     assert session.in_flight == 0
+
+
+@pytest.mark.parametrize("answer", [None, LEASE_LOST], ids=["renewed", "lost"])
+def test_a_grant_waits_for_the_renewal_of_a_lease_lost_meanwhile(
+    answer: CommandError | None,
+) -> None:
+    """Property: the daemon never refuses a grant the session sends (minor 10).
+    A lease lost locally while its renewal is out is still outstanding on the
+    daemon after its handler exits, so its slot is granted only once the
+    renewal is answered — after the nack handing it back, if it was renewed."""
+    session = WorkSession(concurrency=1, minor=BATCH_MINOR)
+    session.register()
+    (grant,) = session.registered(
+        lease_duration=9.0, max_concurrency=1, ordered_request_ids=True, now=0.0
+    )
+    assert grant == Credit(grant.request_id, 0, None, grant=1)
+    assert session.result(grant.request_id, None, 0.0) == []
+    session.task_pushed(A, "tok", 9.0, 0.0)
+    (extend,) = session.poll(6.0)
+    assert session.poll(9.0) == [CancelHandler(A, "lease expired before it could be renewed")]
+    assert session.handler_exited(A, 9.5) == []  # the daemon still counts A
+    assert session.committed == 0
+    outputs = session.result(extend.request_id, answer, 10.0)
+    if answer is None:
+        nack, grant = outputs
+        assert isinstance(nack, Settle)
+        assert nack.outcome is Outcome.NACK
+    else:
+        (grant,) = outputs
+    assert grant == Credit(grant.request_id, 0, None, grant=1)
 
 
 def test_renewal_moves_the_deadline_to_send_time_plus_extension() -> None:

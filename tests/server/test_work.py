@@ -382,6 +382,56 @@ async def test_credit_beyond_capacity_is_refused_until_leases_are_settled(
             ok(await work.call(credit=CreditUpdate(available=2)))
 
 
+async def test_a_grant_adds_to_the_credit_under_the_capacity_rule(
+    daemon: DaemonProcess, work_minor: int
+) -> None:
+    """Property (minor ≥ 10): a grant adds to what is left ("push me this many
+    MORE") and is refused, changing nothing, exactly when credit + grant +
+    outstanding would exceed the capacity; below minor 10 it is
+    INCOMPATIBLE_VERSION and changes nothing; with ``available`` it is
+    INVALID_ARGUMENT naming ``available``."""
+    queue = new_queue()
+    with anyio.fail_after(15):
+        async with (
+            connect(daemon, minor=work_minor) as client,
+            worker(client, queue, max_concurrency=3) as work,
+        ):
+            if work_minor < 10:
+                refused(
+                    await work.call(credit=CreditUpdate(grant=1)), ErrorCode.INCOMPATIBLE_VERSION
+                )
+                await enqueue_n(client, queue, 1)
+                await anyio.sleep(SETTLE)
+                assert work.tasks == []
+                return
+            refused(
+                await work.call(credit=CreditUpdate(available=1, grant=1)),
+                ErrorCode.INVALID_ARGUMENT,
+                field="credit.available",
+            )
+            ok(await work.call(credit=CreditUpdate(grant=2)))
+            ok(await work.call(credit=CreditUpdate(grant=1)))  # 2 + 1: added, not replaced
+            refused(
+                await work.call(credit=CreditUpdate(grant=1)),
+                ErrorCode.RESOURCE_EXHAUSTED,
+                reason="credit_capacity",
+            )
+            await enqueue_n(client, queue, 5)
+            leases = await work.wait_tasks(3)
+            await anyio.sleep(SETTLE)
+            assert len(work.tasks) == 3  # the refused grant added nothing
+            refused(
+                await work.call(credit=CreditUpdate(grant=1)),
+                ErrorCode.RESOURCE_EXHAUSTED,
+                reason="credit_capacity",
+            )
+            ok(await work.call(ack=AckRequest(lease=ref(leases[0]))))
+            ok(await work.call(credit=CreditUpdate(grant=1)))
+            await work.wait_tasks(4)
+            await anyio.sleep(SETTLE)
+            assert len(work.tasks) == 4
+
+
 async def test_target_concurrency_is_the_capacity_from_then_on(
     daemon: DaemonProcess, work_minor: int
 ) -> None:

@@ -369,7 +369,8 @@ default_message_pool.register_message("ringo.v1", "ClaimResponse", ClaimResponse
 @dataclass(eq=False, repr=False)
 class CreditUpdate(betterproto2.Message):
     """
-    Absolute credit: "you may push me `available` more tasks".
+    Absolute credit: "you may push me `available` more tasks" (replaces what
+    was left), or, with `grant` set, additive credit.
     """
 
     available: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
@@ -379,6 +380,13 @@ class CreditUpdate(betterproto2.Message):
     )
     """
     Minor >= 2: the worker's current concurrency target.
+    """
+
+    grant: "int | None" = betterproto2.field(3, betterproto2.TYPE_UINT32, optional=True)
+    """
+    Minor >= 10: "push me `grant` MORE" (added to what is left; `available`
+    must then be 0). Refused like an absolute update when credit + grant +
+    outstanding would exceed the stream's capacity.
     """
 
 
