@@ -176,11 +176,12 @@ _ACTIVE = f"state IN ({_PENDING}, {_LEASED})"
 # retry), spelled alike in their queries. A range, not `state IN (...)`:
 # SQLite evaluates a partial index's term for the old and the new row of
 # every write, and an IN list of three builds a lookup table per statement
-# execution (an ack: 16 -> 7 us). The finished states are the highest ones
-# (tests/storage/test_sqlite.py checks it). The unary `+` keeps the term out
-# of the planner's index constraints, where a range on `state` would win
-# over a query's own `state = ?` and sort what it finds; the index's own
-# term carries it too, as SQLite matches the two terms by their spelling.
+# execution (settling: about 9 us CPU less per task, docs/operations.md).
+# The finished states are the highest ones (tests/storage/test_sqlite.py
+# checks it). The unary `+` keeps the term out of the planner's index
+# constraints, where a range on `state` would win over a query's own
+# `state = ?` and sort what it finds; the index's own term carries it too,
+# as SQLite matches the two terms by their spelling.
 _FINISHED_TERM = f"+state >= {_SUCCEEDED}"
 # The term migrations 4 and 5 created the indexes with, until migration 6.
 _FINISHED_IN = f"state IN ({_SUCCEEDED}, {_DEAD}, {_CANCELLED})"
