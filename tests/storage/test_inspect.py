@@ -338,9 +338,13 @@ def test_migration_backfills_the_stats_of_stored_tasks(
     ]
 
 
+_SQLITE_BEFORE_INSPECTION = 3
+_SQLITE_IN_LIST_INDEXES = 5
+
+
 def _downgrade(engine: SyncEngine) -> None:
-    """Undo the inspection migration and the purge one after it (the last two),
-    as an older daemon left the store."""
+    """Undo the inspection migration and the ones after it, as an older daemon
+    left the store."""
     if engine.kind.name == "sqlite":
         db = engine.raw._db  # type: ignore[attr-defined]
         for trigger in ("task_counts_insert", "task_counts_delete", "task_counts_update"):
@@ -352,7 +356,7 @@ def _downgrade(engine: SyncEngine) -> None:
             "DROP INDEX tasks_finished_queue",
         ):
             db.execute(statement)
-        db.execute(f"PRAGMA user_version = {sqlite_engine.SCHEMA_VERSION - 2}")
+        db.execute(f"PRAGMA user_version = {_SQLITE_BEFORE_INSPECTION}")
         return
     from ringo_trio.server.storage import postgres
 
@@ -377,6 +381,50 @@ def _downgrade(engine: SyncEngine) -> None:
             )
 
     engine.run(down())
+
+
+def test_sqlite_finished_indexes_are_rebuilt_on_upgrade(tmp_path: pathlib.Path) -> None:
+    """Property: a database left by schema 5 (the finished-task indexes on
+    `state IN (...)`) opens with the same tasks and counts, its finished-task
+    indexes rebuilt on the range term the queries spell, so listing, purge and
+    bulk retry still seek them (no scan, no temporary sort)."""
+    with open_engine(_kind_sqlite(), tmp_path) as engine:
+        now = ManualClock().now()
+        engine.enqueue("q", [spec(f"t{i % 2}") for i in range(8)], now)
+        leased = engine.claim("q", [], 5, "w", LEASE, now)
+        engine.ack(ref_of(leased[0]), now)
+        for lt in leased[1:3]:
+            engine.reject(ref_of(lt), "x", now)
+        before = brute(engine)
+        db = engine.raw._db  # type: ignore[attr-defined]
+        for name, columns in sqlite_engine._FINISHED_INDEXES:
+            db.execute(f"DROP INDEX {name}")
+            db.execute(
+                f"CREATE INDEX {name} ON tasks ({columns}) WHERE {sqlite_engine._FINISHED_IN}"
+            )
+        db.execute(f"PRAGMA user_version = {_SQLITE_IN_LIST_INDEXES}")
+        engine.reopen()
+        db = engine.raw._db  # type: ignore[attr-defined]
+        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_engine.SCHEMA_VERSION
+        assert brute(engine) == before
+        assert counts_of(engine, "q", now) == expected_counts(before)
+        dead = walk(engine, where=TaskFilter(states=(DEAD,)))
+        assert [t.id for t in dead] == [t.id for t in before if t.state == DEAD]
+
+        arms, _ = _listing.arms(db.execute(sqlite_engine._PRESENT, ("q",)), TaskFilter())
+        listing = sqlite_engine._list_sql(sqlite_engine._LIST_COLS, arms, False)
+        params = {"queue": "q", "after": 0, "limit": 10, **sqlite_engine._arm_params(arms)}
+        _assert_indexed(_sqlite_plan(engine, listing, params), "tasks_finished")
+        purge = {"queue": "q", "state": DEAD, "before": 0, "limit": 1}
+        for sql, index in [
+            (sqlite_engine._OLDEST_FINISHED, "tasks_finished_age"),
+            (sqlite_engine._OLDEST_FINISHED_QUEUE, "tasks_finished_queue"),
+        ]:
+            _assert_indexed(_sqlite_plan(engine, sql, purge), index)
+        retry = {"queue": "q", "now": 0, "before": 0, "limit": 1}
+        plan = _sqlite_plan(engine, sqlite_engine._retry_dead_sql(""), retry)
+        _assert_indexed(plan, "tasks_finished_queue")
+        assert engine.retry_dead("q", [], None, 10, now) == 2
 
 
 # -- plans -----------------------------------------------------------------------

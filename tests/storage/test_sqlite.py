@@ -18,6 +18,7 @@ from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server.storage import sqlite as sqlite_engine
 from ringo_trio.server.storage._base import SchemaTooNew
+from ringo_trio.server.storage._rows import FINISHED
 from ringo_trio.server.storage.sqlite import SCHEMA_VERSION, SQLiteEngine
 
 from .conftest import ENGINE_KINDS, LEASE, SyncEngine, claim_one, open_engine, ref_of, spec
@@ -342,3 +343,14 @@ def test_activity_does_not_walk_the_backlog(sqlite: SyncEngine) -> None:
     assert other_steps < 5, other_steps
     assert typed_steps < 5, typed_steps
     assert deep_steps < 200, deep_steps
+
+
+def test_the_finished_term_admits_exactly_the_finished_states() -> None:
+    """Property: the finished-task indexes' range term holds SUCCEEDED, DEAD and
+    CANCELLED and no other state (a state added above them would break it)."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE tasks (state INTEGER)")
+    db.executemany("INSERT INTO tasks VALUES (?)", [(int(s),) for s in TaskState])
+    admitted = db.execute(f"SELECT state FROM tasks WHERE {sqlite_engine._FINISHED_TERM}")
+    assert {s for (s,) in admitted} == set(FINISHED)
+    db.close()

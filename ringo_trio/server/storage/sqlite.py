@@ -32,7 +32,7 @@ Rows: one table `tasks`; times are integer microseconds since the Unix epoch
   activity: counting stops at `MAX_ACTIVITY_COUNT`, and a task-type filter
   is a seek per type, so the count never walks a backlog of other types.
 * `tasks_finished_age (state, finished_at)` and `tasks_finished_queue (queue,
-  state, finished_at)` `WHERE state IN (SUCCEEDED, DEAD, CANCELLED)` --
+  state, finished_at)` `WHERE +state >= SUCCEEDED` (the finished states) --
   purge and retention: a batch walks one state's oldest finished tasks (of
   every queue, or of one) and stops at its limit; several states are merged
   in Python rather than sorted by SQLite.
@@ -44,8 +44,10 @@ transaction, so every write path is counted, also ones written later (cancel,
 purge); its migration counts the rows already stored. Listing merges
 seq-ordered streams, one per (task type, state) pair the counts hold:
 PENDING/LEASED on `tasks_active_type`, finished states on
-`tasks_finished (queue, task_type, state) WHERE state IN (SUCCEEDED, DEAD,
-CANCELLED)`; the claim path touches neither, an ack adds one entry.
+`tasks_finished (queue, task_type, state) WHERE +state >= SUCCEEDED`; the
+claim path touches neither, an ack adds one entry. (A range term, not an IN
+list, which SQLite rebuilds a lookup table for at every statement: see
+`_FINISHED_TERM`.)
 Measured cost (engine CPU per task, shared 2-core machine): claim + ack
 66.0 -> 88.0 us (index +11, triggers +11: each B-tree a commit touches is a
 page more in the WAL), enqueue in 1000s 12.3 -> 16.7 us; through the daemon
@@ -170,9 +172,19 @@ _COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
 # Spelled exactly so in the index and in its queries: SQLite uses a partial
 # index only for a query whose WHERE contains the index's own term.
 _ACTIVE = f"state IN ({_PENDING}, {_LEASED})"
-# The term of the finished-task indexes (purge and retention); bulk retry
-# walks the same index, so its query spells the term alike.
-_FINISHED_TERM = f"state IN ({_SUCCEEDED}, {_DEAD}, {_CANCELLED})"
+# The term of the finished-task indexes (listing, purge, retention, bulk
+# retry), spelled alike in their queries. A range, not `state IN (...)`:
+# SQLite evaluates a partial index's term for the old and the new row of
+# every write, and an IN list of three builds a lookup table per statement
+# execution (settling: about 9 us CPU less per task, docs/operations.md).
+# The finished states are the highest ones (tests/storage/test_sqlite.py
+# checks it). The unary `+` keeps the term out of the planner's index
+# constraints, where a range on `state` would win over a query's own
+# `state = ?` and sort what it finds; the index's own term carries it too,
+# as SQLite matches the two terms by their spelling.
+_FINISHED_TERM = f"+state >= {_SUCCEEDED}"
+# The term migrations 4 and 5 created the indexes with, until migration 6.
+_FINISHED_IN = f"state IN ({_SUCCEEDED}, {_DEAD}, {_CANCELLED})"
 
 # The counts' trigger steps; a row of zeros stays (the next task of that
 # type and state reuses it) and is left out of every answer.
@@ -184,6 +196,12 @@ _COUNT_UP = (
 _COUNT_DOWN = (
     "UPDATE task_counts SET n = n - 1"
     " WHERE queue = {row}.queue AND task_type = {row}.task_type AND state = {row}.state"
+)
+
+_FINISHED_INDEXES = (
+    ("tasks_finished", "queue, task_type, state"),
+    ("tasks_finished_age", "state, finished_at"),
+    ("tasks_finished_queue", "queue, state, finished_at"),
 )
 
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -231,7 +249,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # reads, kept exact by triggers in the writing transaction and
     # backfilled here from the tasks already stored.
     (
-        f"CREATE INDEX tasks_finished ON tasks (queue, task_type, state) WHERE {_FINISHED_TERM}",
+        f"CREATE INDEX tasks_finished ON tasks (queue, task_type, state) WHERE {_FINISHED_IN}",
         """
         CREATE TABLE task_counts (
             queue       TEXT    NOT NULL,
@@ -266,9 +284,20 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # Purge and retention: the oldest finished tasks of one state, of one
     # queue (DeleteTasks) or of every queue (retention), by index seek.
     (
-        f"CREATE INDEX tasks_finished_age ON tasks (state, finished_at) WHERE {_FINISHED_TERM}",
+        f"CREATE INDEX tasks_finished_age ON tasks (state, finished_at) WHERE {_FINISHED_IN}",
         "CREATE INDEX tasks_finished_queue ON tasks (queue, state, finished_at)"
-        f" WHERE {_FINISHED_TERM}",
+        f" WHERE {_FINISHED_IN}",
+    ),
+    # The finished-task indexes again, with the cheaper term (see
+    # `_FINISHED_TERM`); the queries spell the new term, so an index left in
+    # the old form would no longer be used.
+    tuple(
+        statement
+        for name, columns in _FINISHED_INDEXES
+        for statement in (
+            f"DROP INDEX {name}",
+            f"CREATE INDEX {name} ON tasks ({columns}) WHERE {_FINISHED_TERM}",
+        )
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -288,9 +317,10 @@ _INSERT = _INSERT_HEAD + _INSERT_ROW
 # Rows per multi-row INSERT, largest first: a batch is cut into these so
 # that only four statements (each prepared once, in the statement cache)
 # insert any batch. One statement per row (`executemany`) cost twice as much:
-# SQLite evaluates each partial index's `state IN (...)` term with a table it
+# SQLite evaluated each partial index's `state IN (...)` term with a table it
 # builds once per statement execution, i.e. once per row (measured: 9.9 ->
-# 4.4 ms per 1,000 rows, engine alone).
+# 4.4 ms per 1,000 rows, engine alone, before schema 6 put the finished-task
+# indexes on a range term).
 _INSERT_CHUNKS = (512, 64, 8, 1)  # 512 rows x 16 parameters, far below 32766
 
 
@@ -413,19 +443,23 @@ _CANCEL = f"""
 _CANCELLED_AT = (
     f"SELECT 1 FROM tasks WHERE id = :id AND state = {_CANCELLED} AND attempt = :attempt"
 )
-# The oldest DEAD tasks of a queue (finished_at < :before) back to PENDING,
-# as `_RETRY` does for one; the walk follows the finished-task index.
-_RETRY_DEAD = """
-    UPDATE tasks SET state = {pending}, available_at = :now, finished_at = NULL,
-        max_attempts = min(attempt + base_max_attempts, {uint32_max}), worker_id = '',
+
+
+def _retry_dead_sql(types_clause: str) -> str:
+    """The oldest DEAD tasks of a queue (finished_at < :before) back to
+    PENDING, as `_RETRY` does for one; the walk follows the finished-task
+    index."""
+    return f"""
+    UPDATE tasks SET state = {_PENDING}, available_at = :now, finished_at = NULL,
+        max_attempts = min(attempt + base_max_attempts, {_UINT32_MAX}), worker_id = '',
         lease_token = '', lease_until = NULL, updated_at = :now, result = NULL
     WHERE seq IN (
         SELECT seq FROM tasks
-        WHERE {finished} AND queue = :queue AND state = {dead} AND finished_at < :before{types}
+        WHERE {_FINISHED_TERM} AND queue = :queue AND state = {_DEAD}
+            AND finished_at < :before{types_clause}
         ORDER BY finished_at, seq LIMIT :limit)
 """
-# finished_before unset: later than any time the daemon stores.
-_NO_CUTOFF = 2**63 - 1
+
 
 # -- inspection ------------------------------------------------------------
 
@@ -1072,13 +1106,7 @@ class SQLiteEngine(Storage):
         if limit <= 0:
             return 0
         types_clause, params = _types_clause(task_types)
-        sql = _RETRY_DEAD.format(
-            pending=_PENDING,
-            uint32_max=_UINT32_MAX,
-            finished=_FINISHED_TERM,
-            dead=_DEAD,
-            types=types_clause,
-        )
+        sql = _retry_dead_sql(types_clause)
         args: dict[str, Any] = {
             **params,
             "queue": queue,
