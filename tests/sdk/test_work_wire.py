@@ -26,7 +26,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResult,
 )
 from ringo_trio._wire import frames as generic
-from ringo_trio._wire.codec import encode
+from ringo_trio._wire.codec import encode, tag_len, varint
 from tests.test_codec import BETTERPROTO_DURATIONS, DURATIONS, messages
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -114,6 +114,45 @@ def test_corrupted_frames_fail_or_decode_as_the_generic_decoder(
         assert _outcome(_work_wire.decode_work_response, attempt) == _outcome(
             generic_decode, attempt
         )
+
+
+@PROPERTY
+@given(st.one_of(ANY_FRAME, HOT_FRAME), st.one_of(ANY_FRAME, HOT_FRAME))
+def test_concatenated_frames_decode_as_the_generic_decoder(
+    first: WorkResponse, second: WorkResponse
+) -> None:
+    """Property (same answer): two frames' bytes back to back (protobuf's
+    merge: two members of the oneof, which the generic decoder refuses, or
+    one member twice, where the last wins) give the generic decoder's result
+    or error."""
+    data = encode(first) + encode(second)
+    assert _outcome(_work_wire.decode_work_response, data) == _outcome(generic_decode, data)
+
+
+def _field(number: int, body: bytes) -> bytes:
+    return tag_len(number) + varint(len(body)) + body
+
+
+@PROPERTY
+@given(PUSH, PUSH, st.sampled_from(["leased task", "task", "lease"]))
+def test_merged_pushes_decode_as_the_generic_decoder(
+    first: WorkResponse, second: WorkResponse, level: str
+) -> None:
+    """Property (same answer): a push whose leased task, task or lease is two
+    encodings back to back (every field twice: the last one wins) gives the
+    generic decoder's result."""
+    a, b = first.task, second.task
+    assert a is not None and b is not None
+    assert a.task is not None and b.task is not None
+    assert a.lease is not None and b.lease is not None
+    if level == "leased task":
+        body = encode(a) + encode(b)
+    elif level == "task":
+        body = _field(1, encode(a.task) + encode(b.task)) + _field(2, encode(a.lease))
+    else:
+        body = _field(1, encode(a.task)) + _field(2, encode(a.lease) + encode(b.lease))
+    data = _field(2, body)
+    assert _outcome(_work_wire.decode_work_response, data) == _outcome(generic_decode, data)
 
 
 # -- the commands ----------------------------------------------------------------------
