@@ -51,14 +51,14 @@ _UNSPECIFIED: Final = TaskState.UNSPECIFIED
 _BACKOFFS: dict[bytes, RetryBackoff | None] = {}
 _BACKOFF_MEMO_SIZE: Final = 256
 
-Frame = PushedTask | WorkResultFrame | WorkResponse | list[PushedTask | WorkResultFrame]
+_Decoded = PushedTask | WorkResultFrame | WorkResponse | list[PushedTask | WorkResultFrame]
 
 
 class _Generic(Exception):
     """Not a frame this decoder reads: the generic decoder takes it."""
 
 
-def decode_work_response(buffer: bytes | bytearray | memoryview) -> Frame:
+def decode_work_response(buffer: bytes | bytearray | memoryview) -> _Decoded:
     """`ringo_trio._frames.decode_work_response`, unrolled for pushes and
     results: the same value, or the same error, for any input."""
     buf = buffer if type(buffer) is bytes else bytes(buffer)

@@ -142,9 +142,12 @@ def test_merged_pushes_decode_as_the_generic_decoder(
     encodings back to back (every field twice: the last one wins) gives the
     generic decoder's result."""
     a, b = first.task, second.task
-    assert a is not None and b is not None
-    assert a.task is not None and b.task is not None
-    assert a.lease is not None and b.lease is not None
+    assert a is not None
+    assert b is not None
+    assert a.task is not None
+    assert b.task is not None
+    assert a.lease is not None
+    assert b.lease is not None
     if level == "leased task":
         body = encode(a) + encode(b)
     elif level == "task":
