@@ -129,21 +129,41 @@ def _push(buf: bytes, pos: int, end: int) -> PushedTask:
     return PushedTask(task, task_id, attempt, token, worker_id, until)
 
 
+# `_lease` and `_task` read a one-byte length inline (`_read_len` otherwise):
+# ~10 % of a push. A length byte past `end` leaves `pos` past `end`, which
+# every later field check and the final ``pos != end`` refuse.
+
+
 def _lease(buf: bytes, pos: int, end: int) -> tuple[str, int, str, str, datetime | None]:
     task_id = token = worker_id = ""
     attempt = 0
     until = None
     if pos < end and buf[pos] == 0x0A:
-        start, pos = _read_len(buf, pos + 1, end)
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
         task_id = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x10:
         attempt, pos = _read_varint(buf, pos + 1, end)
         attempt &= _M32
     if pos < end and buf[pos] == 0x1A:
-        start, pos = _read_len(buf, pos + 1, end)
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
         token = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x22:
-        start, pos = _read_len(buf, pos + 1, end)
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
         worker_id = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x2A:
         until, pos = _r_timestamp(buf, pos + 1, end, None)
@@ -161,19 +181,44 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
     backoff = None
     created = updated = available = finished = lease_until = None
     if pos < end and buf[pos] == 0x0A:
-        start, pos = _read_len(buf, pos + 1, end)
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
         task_id = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x12:
-        start, pos = _read_len(buf, pos + 1, end)
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
         queue = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x1A:
-        start, pos = _read_len(buf, pos + 1, end)
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
         task_type = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x22:
-        start, pos = _read_len(buf, pos + 1, end)
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
         payload = buf[start:pos]
     if pos < end and buf[pos] == 0x2A:
-        start, pos = _read_len(buf, pos + 1, end)
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
         unique_key = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x30:
         state, pos = _read_varint(buf, pos + 1, end)
@@ -189,7 +234,12 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
         if priority >> 31:
             priority -= 1 << 32
     if pos < end and buf[pos] == 0x52:
-        start, pos = _read_len(buf, pos + 1, end)
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
         raw = buf[start:pos]
         if raw in _BACKOFFS:
             backoff = _BACKOFFS[raw]
@@ -207,7 +257,12 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
     if pos < end and buf[pos] == 0x72:
         finished, pos = _r_timestamp(buf, pos + 1, end, None)
     if pos < end and buf[pos] == 0x7A:
-        start, pos = _read_len(buf, pos + 1, end)
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
         last_error = buf[start:pos].decode()
     # Two-byte keys: a lone 0x8A/0x92 would be a truncated key, which
     # `_read_len` then refuses (the bytes after it are past `end`).
