@@ -10,6 +10,8 @@ Three columns per row:
 * **generic**: what the tree does now — `ringo_trio._wire.codec` through the
   named hot frames (`ringo_trio._wire.frames`, `ringo_trio._frames`),
   including the SDK's model conversion where the SDK applies one;
+* **tree unrolled**: this tree's hand-unrolled twin of the generic path,
+  where it has one (`ringo_trio._work_wire`, `ringo_trio._batch_wire`);
 * **unrolled**: the hand-unrolled codec this replaced, ``_fastwire.py`` as
   of git revision ``--unrolled`` (default ``cf773c5``, the last tree with it;
   loaded with ``git show``,
@@ -40,6 +42,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ringo_trio import _batch_wire, _work_wire
 from ringo_trio import _frames as sdk
 from ringo_trio import _models as models
 from ringo_trio._proto.ringo.v1 import (
@@ -158,6 +161,10 @@ def main() -> None:
 
     pushes = [_leased(i) for i in range(DISTINCT)]
     push_bytes = [bytes(WorkResponse(task=leased)) for leased in pushes]
+    push_batches = [
+        frames.encode_work_response_batch(push_bytes[start : start + 32])
+        for start in range(0, DISTINCT, 32)
+    ]
     ok_bytes = bytes(WorkResponse(result=WorkResult(request_id=77)))
     pending = [(_task(i, leased=False), True) for i in range(batch)]
     for task, _ in pending:  # one daemon call stamps a batch with one clock reading
@@ -187,21 +194,30 @@ def main() -> None:
     def bp_ack() -> object:
         return WorkRequest.parse(ack)
 
-    rows: list[
-        tuple[str, Callable[[], object], Callable[[], object] | None, Callable[[], object], int]
-    ]
+    Bench = Callable[[], object]
+    rows: list[tuple[str, Bench, Bench | None, Bench | None, Bench, int]]
     rows = [
-        # name, generic, unrolled, betterproto2, items per call
+        # name, generic, tree unrolled, unrolled, betterproto2, items per call
         (
             "push decode (SDK: bytes -> PushedTask)",
             _cycling(push_bytes, sdk.decode_work_response),
+            _cycling(push_bytes, _work_wire.decode_work_response),
             fw and _cycling(push_bytes, fw.decode_work_response),
             _cycling(push_bytes, bp_push),
             1,
         ),
         (
+            "push batch decode (SDK: 32 pushes in one minor-10 frame)",
+            _cycling(push_batches, sdk.decode_work_response),
+            _cycling(push_batches, _work_wire.decode_work_response),
+            None,
+            _cycling(push_batches, WorkResponse.parse),
+            32,
+        ),
+        (
             "push encode (daemon: LeasedTask -> bytes)",
             _cycling(pushes, frames.encode_work_push),
+            None,
             fw and _cycling(pushes, fw.encode_work_push),
             _cycling(pushes, lambda leased: bytes(WorkResponse(task=leased))),
             1,
@@ -209,6 +225,7 @@ def main() -> None:
         (
             "result encode (daemon: OK result)",
             lambda: frames.encode_work_result(77, None, None),
+            None,
             fw and (lambda: fw.encode_work_result(77, None, None)),
             lambda: bytes(WorkResponse(result=WorkResult(request_id=77))),
             1,
@@ -216,6 +233,7 @@ def main() -> None:
         (
             "result decode (SDK: OK result)",
             lambda: sdk.decode_work_response(ok_bytes),
+            lambda: _work_wire.decode_work_response(ok_bytes),
             fw and (lambda: fw.decode_work_response(ok_bytes)),
             lambda: WorkResponse.parse(ok_bytes),
             1,
@@ -223,6 +241,7 @@ def main() -> None:
         (
             "ack encode (SDK)",
             lambda: frames.encode_ack(1234, "01JE0000000000000000000001", 1, TOKEN),
+            lambda: _work_wire.encode_ack(1234, "01JE0000000000000000000001", 1, TOKEN),
             fw and (lambda: fw.encode_ack(1234, "01JE0000000000000000000001", 1, TOKEN)),
             lambda: bytes(
                 WorkRequest(
@@ -240,12 +259,14 @@ def main() -> None:
             "ack decode (daemon, strict)",
             lambda: decode(ack, WorkRequest),
             None,
+            None,
             bp_ack,
             1,
         ),
         (
             f"EnqueueMany request encode (SDK specs, {batch})",
             lambda: sdk.encode_enqueue_many_request_from_specs(CONTEXT, "emails", specs),
+            lambda: _batch_wire.encode_batch_request(CONTEXT, "emails", specs),
             fw and (lambda: fw.encode_enqueue_many_request_from_specs(CONTEXT, "emails", specs)),
             lambda: bytes(
                 EnqueueManyRequest(
@@ -257,6 +278,7 @@ def main() -> None:
         (
             f"EnqueueMany response encode (daemon, {batch})",
             lambda: frames.encode_enqueue_many_response(pending, batch, 0),
+            None,
             fw and (lambda: fw.encode_enqueue_many_response(pending, batch, 0)),
             lambda: bytes(
                 EnqueueManyResponse(
@@ -269,6 +291,7 @@ def main() -> None:
         (
             f"EnqueueMany response decode (SDK: BatchResult, {batch})",
             lambda: sdk.decode_enqueue_many_response(many),
+            lambda: _batch_wire.decode_batch_reply(many),
             fw and (lambda: fw.decode_enqueue_many_response(many)),
             bp_many,
             batch,
@@ -281,15 +304,16 @@ def main() -> None:
         + ("" if fw else " (not found)")
     )
     print()
-    print("| operation | generic | unrolled | betterproto2 | generic µs/item |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for name, generic, unrolled, reference, items in rows:
-        funcs = [generic, reference] if unrolled is None else [generic, reference, unrolled]
-        generic_us, reference_us, *rest = best_us(funcs, repeat)
-        unrolled_cell = f"{rest[0]:,.1f}" if rest else "—"
+    print("| operation | generic | tree unrolled | unrolled | betterproto2 | generic µs/item |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, generic, ours, unrolled, reference, items in rows:
+        optional = [func for func in (ours, unrolled) if func is not None]
+        generic_us, reference_us, *rest = best_us([generic, reference, *optional], repeat)
+        cells = [f"{rest.pop(0):,.1f}" if func is not None else "—" for func in (ours, unrolled)]
         per_item = f"{generic_us / items:,.2f}" if items > 1 else ""
         print(
-            f"| {name} | {generic_us:,.1f} | {unrolled_cell} | {reference_us:,.1f} | {per_item} |"
+            f"| {name} | {generic_us:,.1f} | {' | '.join(cells)} | {reference_us:,.1f} "
+            f"| {per_item} |"
         )
         sys.stdout.flush()
 

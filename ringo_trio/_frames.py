@@ -3,7 +3,8 @@
 The bytes are decoded and encoded by `ringo_trio._wire.codec` (strict: a
 malformed frame is a `ValueError` naming the field); this module only turns
 a pushed task or a command result into what the worker's reader consumes,
-and an EnqueueMany reply into a `BatchResult`.
+and an EnqueueMany reply into a `BatchResult`. Both are the references (and
+the fallbacks) of their unrolled twins, `_work_wire` and `_batch_wire`.
 """
 
 from __future__ import annotations

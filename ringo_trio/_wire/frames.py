@@ -3,9 +3,12 @@
 Each function is the encoding of one betterproto2 message built from its
 arguments (the docstring names it; `.codec.build` makes it without the
 dataclass ``__init__``), by the generic codec (`.codec`). The
-callers keep their flat arguments so that a frame can be hand-unrolled here,
-and only here, if the end-to-end benchmark ever says the generic path costs
-5 % or more (docs/architecture.md, "Codec", has the figures).
+callers keep their flat arguments so that a frame can be hand-unrolled where
+the end-to-end benchmark says the generic path costs 5 % or more; these
+functions are then the unrolled twin's reference, held byte-equal by property
+tests: the worker's ack, nack, reject and extend (`ringo_trio._work_wire`),
+the EnqueueMany request (`ringo_trio._batch_wire`). docs/architecture.md,
+"Codec", has the figures.
 """
 
 from __future__ import annotations

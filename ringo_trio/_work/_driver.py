@@ -31,7 +31,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._errors import RingoError, UnavailableError, error_for_code
-from .._frames import PushedTask, WorkResultFrame, decode_work_response
+from .._frames import PushedTask, WorkResultFrame
 from .._limits import MAX_WORK_BATCH
 from .._models import Task
 from .._proto.ringo.v1 import (
@@ -42,13 +42,13 @@ from .._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
-from .._wire.frames import (
+from .._wire.frames import encode_credit, encode_work_request_batch
+from .._work_wire import (
+    decode_work_response,
     encode_ack,
-    encode_credit,
     encode_extend,
     encode_nack,
     encode_reject,
-    encode_work_request_batch,
 )
 from ._session import (
     Answered,

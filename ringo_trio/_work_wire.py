@@ -1,0 +1,378 @@
+"""The worker's hot frames, unrolled: pushes and results decoded straight into
+what the worker's reader takes, settle and extend commands encoded inline.
+
+Theory of operation
+-------------------
+Per task a worker decodes one push and one command result and encodes one
+settle command (ack, nack or reject); the generic path (`ringo_trio._frames`
+over `ringo_trio._wire.codec`, and `ringo_trio._wire.frames`) builds a
+betterproto2 message per level on the way and was ~23 % of a no-op worker's
+CPU (bench/results.md, "Where the time goes").
+
+*Decoding.* A frame whose body is one push (``WorkResponse.task``), one
+result (``WorkResponse.result``) or a batch of those (minor >= 10) is read
+field by field, each field at most once and in field-number order — the
+order every encoder writes — straight into `PushedTask` / `WorkResultFrame`.
+Anything else goes to the generic decoder, which decides: another body
+(registered, heartbeat), a push without its task or lease, a result carrying
+an error, a task with progress or a result, an unknown field, a repeated or
+out-of-order field, a wrong wire type, a malformed byte. So the result, or
+the error, is always exactly the generic decoder's.
+
+*Encoding.* Ack, nack, reject and extend are written inline: byte for byte
+the generic encoding of the same message (`ringo_trio._wire.frames`).
+
+Property tests hold both to the generic path on arbitrary and corrupted
+input (tests/sdk/test_work_wire.py).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Final
+
+from ._frames import PushedTask, WorkResultFrame
+from ._frames import decode_work_response as _generic_decode
+from ._models import RetryBackoff, Task, TaskState
+from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
+from ._proto.ringo.v1 import TaskState as _WireTaskState
+from ._proto.ringo.v1 import WorkResponse
+from ._wire.codec import _SMALL, _r_timestamp, _read_len, _read_varint, _varint, _w_duration, decode
+
+__all__ = ["decode_work_response", "encode_ack", "encode_extend", "encode_nack", "encode_reject"]
+
+_M32: Final = 0xFFFF_FFFF
+_M64: Final = (1 << 64) - 1
+_STATES: Final = {int(member): TaskState.from_wire(int(member)) for member in _WireTaskState}
+_UNSPECIFIED: Final = TaskState.UNSPECIFIED
+
+# Decoded retry policies by their bytes: a worker sees a handful, and the
+# models are frozen, so sharing one never changes a result. Bounded by clearing.
+_BACKOFFS: dict[bytes, RetryBackoff | None] = {}
+_BACKOFF_MEMO_SIZE: Final = 256
+
+_Decoded = PushedTask | WorkResultFrame | WorkResponse | list[PushedTask | WorkResultFrame]
+
+
+class _Generic(Exception):
+    """Not a frame this decoder reads: the generic decoder takes it."""
+
+
+def decode_work_response(buffer: bytes | bytearray | memoryview) -> _Decoded:
+    """`ringo_trio._frames.decode_work_response`, unrolled for pushes and
+    results: the same value, or the same error, for any input."""
+    buf = buffer if type(buffer) is bytes else bytes(buffer)
+    try:
+        return _decode(buf)
+    except (_Generic, ValueError, IndexError):
+        return _generic_decode(buf)
+
+
+def _decode(buf: bytes) -> PushedTask | WorkResultFrame | list[PushedTask | WorkResultFrame]:
+    end = len(buf)
+    if end and buf[0] == 0x2A:  # WorkResponse.batch
+        start, pos = _read_len(buf, 1, end)
+        if pos != end:
+            raise _Generic
+        frames: list[PushedTask | WorkResultFrame] = []
+        while start < end:
+            if buf[start] != 0x0A:  # WorkResponseBatch.responses
+                raise _Generic
+            element, start = _read_len(buf, start + 1, end)
+            frames.append(_frame(buf, element, start))
+        return frames
+    return _frame(buf, 0, end)
+
+
+def _frame(buf: bytes, pos: int, end: int) -> PushedTask | WorkResultFrame:
+    """The WorkResponse in buf[pos:end], if its body is a push or a result."""
+    if pos == end:
+        raise _Generic
+    key = buf[pos]
+    start, stop = _read_len(buf, pos + 1, end)
+    if stop != end:
+        raise _Generic  # a second field: a oneof set twice, or unknown
+    if key == 0x12:
+        return _push(buf, start, stop)
+    if key == 0x1A:
+        return _result(buf, start, stop)
+    raise _Generic
+
+
+def _result(buf: bytes, pos: int, end: int) -> WorkResultFrame:
+    """A WorkResult without an error: its request id and the lease's until."""
+    request_id = 0
+    until = None
+    if pos < end and buf[pos] == 0x08:
+        request_id, pos = _read_varint(buf, pos + 1, end)
+        request_id &= _M64
+    if pos < end and buf[pos] == 0x1A:
+        start, pos = _read_len(buf, pos + 1, end)
+        until = _lease(buf, start, pos)[4]
+    if pos != end:
+        raise _Generic  # an error detail (rare: the generic path reads it), or else
+    return WorkResultFrame(request_id, "", "", "", until)
+
+
+def _push(buf: bytes, pos: int, end: int) -> PushedTask:
+    """A LeasedTask: its task (field 1), then its lease (field 2)."""
+    if pos >= end or buf[pos] != 0x0A:
+        raise _Generic
+    start, pos = _read_len(buf, pos + 1, end)
+    task = _task(buf, start, pos)
+    if pos >= end or buf[pos] != 0x12:
+        raise _Generic
+    start, pos = _read_len(buf, pos + 1, end)
+    if pos != end:
+        raise _Generic
+    task_id, attempt, token, worker_id, until = _lease(buf, start, pos)
+    return PushedTask(task, task_id, attempt, token, worker_id, until)
+
+
+# `_lease` and `_task` read a one-byte length inline (`_read_len` otherwise):
+# ~10 % of a push. A length byte past `end` leaves `pos` past `end`, which
+# every later field check and the final ``pos != end`` refuse.
+
+
+def _lease(buf: bytes, pos: int, end: int) -> tuple[str, int, str, str, datetime | None]:
+    task_id = token = worker_id = ""
+    attempt = 0
+    until = None
+    if pos < end and buf[pos] == 0x0A:
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        task_id = buf[start:pos].decode()
+    if pos < end and buf[pos] == 0x10:
+        attempt, pos = _read_varint(buf, pos + 1, end)
+        attempt &= _M32
+    if pos < end and buf[pos] == 0x1A:
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        token = buf[start:pos].decode()
+    if pos < end and buf[pos] == 0x22:
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        worker_id = buf[start:pos].decode()
+    if pos < end and buf[pos] == 0x2A:
+        until, pos = _r_timestamp(buf, pos + 1, end, None)
+    if pos != end:
+        raise _Generic
+    return task_id, attempt, token, worker_id, until
+
+
+def _task(buf: bytes, pos: int, end: int) -> Task:
+    """Fields 1-15, 17 and 18 of a Task, each optional, in that order;
+    progress (16) or a result (19) sends the frame to the generic path."""
+    task_id = queue = task_type = unique_key = last_error = worker_id = ""
+    payload = b""
+    state = attempt = max_attempts = priority = 0
+    backoff = None
+    created = updated = available = finished = lease_until = None
+    if pos < end and buf[pos] == 0x0A:
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        task_id = buf[start:pos].decode()
+    if pos < end and buf[pos] == 0x12:
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        queue = buf[start:pos].decode()
+    if pos < end and buf[pos] == 0x1A:
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        task_type = buf[start:pos].decode()
+    if pos < end and buf[pos] == 0x22:
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        payload = buf[start:pos]
+    if pos < end and buf[pos] == 0x2A:
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        unique_key = buf[start:pos].decode()
+    if pos < end and buf[pos] == 0x30:
+        state, pos = _read_varint(buf, pos + 1, end)
+    if pos < end and buf[pos] == 0x38:
+        attempt, pos = _read_varint(buf, pos + 1, end)
+        attempt &= _M32
+    if pos < end and buf[pos] == 0x40:
+        max_attempts, pos = _read_varint(buf, pos + 1, end)
+        max_attempts &= _M32
+    if pos < end and buf[pos] == 0x48:
+        priority, pos = _read_varint(buf, pos + 1, end)
+        priority &= _M32
+        if priority >> 31:
+            priority -= 1 << 32
+    if pos < end and buf[pos] == 0x52:
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        raw = buf[start:pos]
+        if raw in _BACKOFFS:
+            backoff = _BACKOFFS[raw]
+        else:
+            backoff = RetryBackoff.from_wire(decode(raw, _WireRetryBackoff))
+            if len(_BACKOFFS) >= _BACKOFF_MEMO_SIZE:
+                _BACKOFFS.clear()
+            _BACKOFFS[raw] = backoff
+    if pos < end and buf[pos] == 0x5A:
+        created, pos = _r_timestamp(buf, pos + 1, end, None)
+    if pos < end and buf[pos] == 0x62:
+        updated, pos = _r_timestamp(buf, pos + 1, end, None)
+    if pos < end and buf[pos] == 0x6A:
+        available, pos = _r_timestamp(buf, pos + 1, end, None)
+    if pos < end and buf[pos] == 0x72:
+        finished, pos = _r_timestamp(buf, pos + 1, end, None)
+    if pos < end and buf[pos] == 0x7A:
+        size = buf[pos + 1]
+        if size < 0x80:
+            start = pos + 2
+            pos = start + size
+        else:
+            start, pos = _read_len(buf, pos + 1, end)
+        last_error = buf[start:pos].decode()
+    # Two-byte keys: a lone 0x8A/0x92 would be a truncated key, which
+    # `_read_len` then refuses (the bytes after it are past `end`).
+    if pos + 1 < end and buf[pos] == 0x8A and buf[pos + 1] == 0x01:
+        start, pos = _read_len(buf, pos + 2, end)
+        worker_id = buf[start:pos].decode()
+    if pos + 1 < end and buf[pos] == 0x92 and buf[pos + 1] == 0x01:
+        lease_until, pos = _r_timestamp(buf, pos + 2, end, None)
+    if pos != end:
+        raise _Generic
+    # Positional, in the dataclass's field order (the property test checks it).
+    # A state this SDK does not know (a newer daemon) is UNSPECIFIED, as in
+    # `TaskState.from_wire`.
+    return Task(
+        task_id,
+        queue,
+        task_type,
+        payload,
+        _STATES.get(state & _M32, _UNSPECIFIED),
+        attempt,
+        max_attempts,
+        priority,
+        unique_key or None,
+        backoff,
+        created,
+        updated,
+        available,
+        finished,
+        last_error or None,
+        None,
+        worker_id or None,
+        lease_until,
+        None,
+    )
+
+
+# -- the commands ----------------------------------------------------------------------
+
+
+def _len(data: bytes) -> bytes:
+    size = len(data)
+    return _SMALL[size] if size < 0x80 else _varint(size)
+
+
+def _command(request_id: int, tag: bytes, body: bytes) -> bytes:
+    """``WorkRequest(request_id, <tag>=body)``."""
+    head = b"\x08" + _varint(request_id) if request_id else b""
+    return head + tag + _len(body) + body
+
+
+def _ref(task_id: str, attempt: int, token: str) -> bytes:
+    """The command's ``lease`` field (2): ``LeaseRef(task_id, attempt, token)``."""
+    body = b""
+    if task_id:
+        data = task_id.encode()
+        body = b"\x0a" + _len(data) + data
+    if attempt:
+        body += b"\x10" + _varint(attempt)
+    if token:
+        data = token.encode()
+        body += b"\x1a" + _len(data) + data
+    return b"\x12" + _len(body) + body
+
+
+def _error(error: str) -> bytes:
+    if not error:
+        return b""
+    data = error.encode()
+    return b"\x1a" + _len(data) + data
+
+
+def _duration(tag: bytes, delta: timedelta | None) -> bytes:
+    if delta is None:
+        return b""
+    out = bytearray(tag)
+    _w_duration(out, delta, None)
+    return bytes(out)
+
+
+def encode_ack(
+    request_id: int, task_id: str, attempt: int, token: str, result: bytes | None = None
+) -> bytes:
+    """`ringo_trio._wire.frames.encode_ack`, byte for byte."""
+    body = _ref(task_id, attempt, token)
+    if result is not None:
+        body += b"\x1a" + _len(result) + result
+    return _command(request_id, b"\x22", body)
+
+
+def encode_nack(
+    request_id: int,
+    task_id: str,
+    attempt: int,
+    token: str,
+    error: str,
+    retry_delay: timedelta | None,
+) -> bytes:
+    """`ringo_trio._wire.frames.encode_nack`, byte for byte."""
+    body = _ref(task_id, attempt, token) + _error(error) + _duration(b"\x22", retry_delay)
+    return _command(request_id, b"\x2a", body)
+
+
+def encode_reject(request_id: int, task_id: str, attempt: int, token: str, error: str) -> bytes:
+    """`ringo_trio._wire.frames.encode_reject`, byte for byte."""
+    return _command(request_id, b"\x32", _ref(task_id, attempt, token) + _error(error))
+
+
+def encode_extend(
+    request_id: int, task_id: str, attempt: int, token: str, extension: timedelta
+) -> bytes:
+    """`ringo_trio._wire.frames.encode_extend`, byte for byte."""
+    body = _ref(task_id, attempt, token) + _duration(b"\x1a", extension)
+    return _command(request_id, b"\x3a", body)
