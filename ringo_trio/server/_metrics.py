@@ -49,7 +49,7 @@ import functools
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -589,32 +589,44 @@ def instrument_storage(storage: Storage, metrics: PrometheusMetrics) -> None:
             getattr(storage, operation),
             metrics.storage_seconds.labels(operation).observe,
             metrics.storage_errors.labels(operation).inc,
-            _counter(operation, metrics),
         )
         setattr(storage, operation, wrapped)
+    watch_results(
+        storage,
+        {operation: functools.partial(count, metrics) for operation, count in _COUNTERS.items()},
+        "metrics",
+    )
     storage._ringo_metrics = metrics  # type: ignore[attr-defined]
 
 
-def _counter(operation: str, metrics: PrometheusMetrics) -> Callable[..., None] | None:
-    count = _COUNTERS.get(operation)
-    if count is None:
-        return None
+def watch_results(storage: Storage, hooks: Mapping[str, Callable[..., None]], who: str) -> None:
+    """After each successful call of ``storage.<operation>``, call
+    ``hooks[operation](result, *args)`` (the metrics' counters, the
+    dashboard's sparklines), by wrapping the instance's method. A hook that
+    raises is logged: a miscount never fails the call that was counted."""
+    for operation, hook in hooks.items():
+        setattr(storage, operation, _after(getattr(storage, operation), hook, operation, who))
 
-    def counted(result: Any, *args: Any) -> None:
+
+def _after(
+    method: Callable[..., Awaitable[Any]], hook: Callable[..., None], operation: str, who: str
+) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(method)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        result = await method(*args, **kwargs)
         try:
-            count(metrics, result, *args)
+            hook(result, *args)
         except Exception:
-            # A miscount must never fail the call that was counted.
-            log.exception("metrics: counting %s failed", operation)
+            log.exception("%s: recording %s failed", who, operation)
+        return result
 
-    return counted
+    return call
 
 
 def _timed(
     method: Callable[..., Awaitable[Any]],
     observe: Callable[[float], None],
     failed: Callable[[], None],
-    count: Callable[..., None] | None,
 ) -> Callable[..., Awaitable[Any]]:
     perf_counter = time.perf_counter
 
@@ -622,15 +634,12 @@ def _timed(
     async def call(*args: Any, **kwargs: Any) -> Any:
         started = perf_counter()
         try:
-            result = await method(*args, **kwargs)
+            return await method(*args, **kwargs)
         except StorageUnavailable:
             failed()
             raise
         finally:
             observe(perf_counter() - started)
-        if count is not None:
-            count(result, *args)
-        return result
 
     return call
 

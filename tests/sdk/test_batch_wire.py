@@ -31,6 +31,8 @@ from ringo_trio._wire.codec import encode
 from ringo_trio.testing.strategies import names, retry_backoffs
 from tests.test_codec import BETTERPROTO_DURATIONS, messages
 
+from .test_work_wire import hot_task
+
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Any reply: every field of every level, unknown fields included (most of
@@ -41,13 +43,10 @@ ANY_REPLY = messages(EnqueueManyResponse, BETTERPROTO_DURATIONS, nan=False)
 
 
 def _fresh(task: Task) -> Task:
-    task.progress = None
+    """What an EnqueueMany reply carries: a pushed task's fields, never leased."""
+    task = hot_task(task)
     task.worker_id = ""
     task.lease_until = None
-    task.result = None
-    task._unknown_fields = b""
-    if task.retry_backoff is not None:
-        task.retry_backoff._unknown_fields = b""
     return task
 
 

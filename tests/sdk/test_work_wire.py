@@ -36,7 +36,7 @@ PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 ANY_FRAME = messages(WorkResponse, BETTERPROTO_DURATIONS, nan=False)
 
 
-def _hot_task(task: Task) -> Task:
+def hot_task(task: Task) -> Task:
     """What a push carries: no progress, no result, no unknown fields."""
     task.progress = None
     task.result = None
@@ -52,7 +52,7 @@ def _plain(lease: Lease) -> Lease:
 
 
 PUSH = st.builds(
-    lambda task, lease: WorkResponse(task=LeasedTask(task=_hot_task(task), lease=_plain(lease))),
+    lambda task, lease: WorkResponse(task=LeasedTask(task=hot_task(task), lease=_plain(lease))),
     messages(Task, BETTERPROTO_DURATIONS, nan=False),
     messages(Lease).map(_plain),
 )

@@ -16,19 +16,16 @@ queue, which is what is counted.
 
 from __future__ import annotations
 
-import functools
-import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ringo_trio import _limits as limits
 
+from .._metrics import watch_results
 from ..storage._base import Ack, Settlement, Storage
 
 __all__ = ["MINUTES", "Activity", "instrument_activity"]
-
-log = logging.getLogger("ringo_trio.server.ui")
 
 MINUTES = 60
 
@@ -94,27 +91,13 @@ def instrument_activity(storage: Storage, activity: Activity) -> None:
             if isinstance(answer, str):
                 activity.record(answer, succeeded=isinstance(item, Ack))
 
-    hooks: dict[str, Callable[..., None]] = {
-        "ack": lambda task, *_: activity.record(task.queue, succeeded=True),
-        "nack": lambda task, *_: activity.record(task.queue, succeeded=False),
-        "reject": lambda task, *_: activity.record(task.queue, succeeded=False),
-        "settle_many": grouped,
-    }
-    for operation, hook in hooks.items():
-        setattr(storage, operation, _after(getattr(storage, operation), hook, operation))
-
-
-def _after(
-    method: Callable[..., Awaitable[Any]], hook: Callable[..., None], operation: str
-) -> Callable[..., Awaitable[Any]]:
-    @functools.wraps(method)
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        result = await method(*args, **kwargs)
-        try:
-            hook(result, *args)
-        except Exception:
-            # A miscount must never fail the call that was counted.
-            log.exception("ui: recording %s failed", operation)
-        return result
-
-    return call
+    watch_results(
+        storage,
+        {
+            "ack": lambda task, *_: activity.record(task.queue, succeeded=True),
+            "nack": lambda task, *_: activity.record(task.queue, succeeded=False),
+            "reject": lambda task, *_: activity.record(task.queue, succeeded=False),
+            "settle_many": grouped,
+        },
+        "ui",
+    )
