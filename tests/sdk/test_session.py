@@ -45,6 +45,7 @@ from ringo_trio._work._session import (
     _TRANSITIONS,
     CANCELLED_BY_OPERATOR,
     CREDIT_CAPACITY_REASON,
+    GRANT_CAP,
     GRANT_FRACTION,
     MAX_CREDIT_REFUSALS,
     Answered,
@@ -382,6 +383,7 @@ class SessionMachine(RuleBasedStateMachine):
         timeout_leases=st.sampled_from([2.0, 5.0, 1000.0]),
         backlog=st.integers(0, 8),
         grant_fraction=st.sampled_from([1, 3, GRANT_FRACTION]),
+        grant_cap=st.sampled_from([1, 2, GRANT_CAP]),
     )
     def start(
         self,
@@ -393,11 +395,13 @@ class SessionMachine(RuleBasedStateMachine):
         timeout_leases: float,
         backlog: int,
         grant_fraction: int,
+        grant_cap: int,
     ) -> None:
         self.now = 0.0
         # Concurrency here is at most 5: small fractions give grant thresholds
         # above one slot.
         self.grant_fraction = grant_fraction
+        self.grant_cap = grant_cap
         self.lease = lease
         self.backlog = backlog
         self.params = (concurrency, max_concurrency, dynamic, minor, lease * timeout_leases)
@@ -413,6 +417,7 @@ class SessionMachine(RuleBasedStateMachine):
             command_timeout=timeout,
         )
         self.session.grant_fraction = self.grant_fraction
+        self.session.grant_cap = self.grant_cap
         self.daemon = FakeDaemon(
             lease_duration=self.lease,
             max_concurrency=max_concurrency,
@@ -1291,6 +1296,31 @@ def test_a_grant_waits_for_the_renewal_of_a_lease_lost_meanwhile(
     else:
         (grant,) = outputs
     assert grant == Credit(grant.request_id, 0, None, grant=1)
+
+
+def test_freed_slots_are_granted_in_batches_of_at_most_the_cap() -> None:
+    """Property (minor 10): at a large concurrency, with a grant already out,
+    freed slots are asked for once GRANT_CAP of them are free, not once half
+    the concurrency is, so a freed slot does not idle while a hundred others
+    finish; below the cap nothing more goes out."""
+    concurrency = 8 * GRANT_CAP
+    session = WorkSession(concurrency=concurrency, minor=BATCH_MINOR)
+    session.register()
+    (first,) = session.registered(
+        lease_duration=60.0, max_concurrency=concurrency, ordered_request_ids=True, now=0.0
+    )
+    assert first.grant == concurrency
+    assert session.result(first.request_id, None, 0.0) == []
+    keys = [LeaseKey(f"t{n}", 1) for n in range(concurrency)]
+    for key in keys:
+        session.task_pushed(key, "tok", 60.0, 0.0)
+    # Nothing out at all: the first freed slot is asked for at once.
+    (grant,) = of_type(session.settle(keys[0], Outcome.ACK, 1.0), Credit)
+    assert grant.grant == 1
+    for key in keys[1:GRANT_CAP]:
+        assert of_type(session.settle(key, Outcome.ACK, 1.0), Credit) == []
+    (grant,) = of_type(session.settle(keys[GRANT_CAP], Outcome.ACK, 1.0), Credit)
+    assert grant == Credit(grant.request_id, 0, None, grant=GRANT_CAP)
 
 
 def test_renewal_moves_the_deadline_to_send_time_plus_extension() -> None:
