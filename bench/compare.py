@@ -475,9 +475,11 @@ PEER_NOTES = [
     " a time (unary `enqueue` from trio) with a gap. huey: the consumer (16 threads, its"
     " default polling: 0.1 s, backing off x1.15 per empty poll to 10 s) started and left"
     " idle for 1 s, then the same trickle.",
-    "* **Enqueue, 40 concurrent** is held against the baseline tree (`--unary-baseline"
-    " REV`, run in the same rounds), **enqueue_many** and **worker peak RSS** (`VmHWM` of"
-    " the worker process; huey's consumer beside it) against their absolute targets.",
+    "* **Enqueue, 40 concurrent** is held against the start tree (`--start-tree REV`,"
+    " the tree the issue was filed against, run in the same rounds; so are the Worker"
+    " runs, for throughput and CPU per task before and after), **enqueue_many** and"
+    " **worker peak RSS** (`VmHWM` of the worker process; huey's consumer beside it)"
+    " against their absolute targets.",
     "",
 ]
 

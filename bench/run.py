@@ -43,9 +43,13 @@ A full run writes two sections of bench/results.md, in this order:
      enqueued one at a time, ``--latency-gap`` (5 ms) apart, p50 and p99;
      then the same for huey (an idle consumer, 16 threads);
    * ``enqueue_many`` alone (target 40,000 tasks/s);
-   * ``unary``: the unary rows, also on the ``--unary-baseline REV`` tree
-     (default: the tree when "no lower than today" was set; ``none`` to skip)
-     in the same rounds, for the "Enqueue, 40 concurrent" ratio.
+   * ``unary``: the unary rows.
+
+   ``unary``, ``noop`` and ``sleep`` also run on the ``--start-tree REV``
+   tree (default: the tree the issue was filed against, when "no lower than
+   today" was set; ``none`` to skip) in the same rounds: the "Enqueue, 40
+   concurrent" ratio, and the Worker runs' throughput and CPU per 1,000
+   tasks of each process before and after.
 
    Naming a peer runs the rows it is compared with too (huey: noop, sleep;
    procrastinate: postgres). ``--only`` runs just those rounds and replaces
@@ -127,8 +131,9 @@ TARGET_ENQUEUE = 40_000.0  # tasks/s, enqueue_many in calls of 1000
 TARGET_RSS_MB = 60.0  # worker process peak RSS
 TARGET_PEER_RATIO = 2.0  # ours / huey's throughput ("twice the fastest embedded peer")
 TARGET_POSTGRES_RATIO = 3.0  # one daemon on PostgreSQL / procrastinate (issue 15)
-# "No lower than today" for unary Enqueue: the tree when that target was set.
-UNARY_BASELINE = "cf773c5"
+# The tree issue 15 was filed against: "no lower than today" for unary
+# Enqueue, and the "before" of the Worker runs' CPU per task.
+START_TREE = "cf773c5"
 IDLE = 1.0  # seconds a latency run's worker (ours or huey's) idles before the trickle
 
 
@@ -791,6 +796,10 @@ def _tree_child(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     raise SystemExit(f"unknown benchmark {name!r}")
 
 
+# What runs on the --start-tree too: held against it in the targets table.
+_ON_START_TREE = ("unary", "noop", "sleep")
+
+
 def _targets(args: argparse.Namespace) -> list[compare.Target]:
     """The issue's targets, each with what it is held against in the same run."""
     Target = compare.Target
@@ -835,11 +844,20 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
             at_least=TARGET_ENQUEUE,
         ),
         Target(
-            "unary Enqueue from trio, 40 concurrent / the baseline tree",
+            "unary Enqueue from trio, 40 concurrent / the start tree",
             f"Enqueue, 40 concurrent (n={args.n})",
             "calls/s",
             baseline=True,
             ratio_at_least=1.0,
+        ),
+        *(
+            Target(f"{what}, {label} / the start tree", f"{run}: {metric}", unit, baseline=True)
+            for what, run in (("no-op c=64", noop), ("10 ms c=256", sleep))
+            for label, metric, unit in (
+                ("steady rate", _STEADY, "tasks/s"),
+                ("worker CPU per 1,000 tasks", "worker CPU per 1,000 tasks", "s"),
+                ("daemon CPU per 1,000 tasks", "daemon CPU per 1,000 tasks", "s"),
+            )
         ),
         Target(
             "worker peak RSS, no-op c=64 / huey consumer (16 threads)",
@@ -1004,10 +1022,11 @@ def main() -> None:
         help="also measure git revision REV, side by side, and report current / baseline",
     )
     parser.add_argument(
-        "--unary-baseline",
+        "--start-tree",
         metavar="REV",
-        default=UNARY_BASELINE,
-        help=f"the tree unary Enqueue is held against (default {UNARY_BASELINE}; 'none': skip)",
+        default=START_TREE,
+        help=f"the tree unary Enqueue and the Worker runs are held against"
+        f" (default {START_TREE}; 'none': skip)",
     )
     parser.add_argument(
         "--only",
@@ -1083,15 +1102,15 @@ def main() -> None:
         return
     if args.only is None:
         write(None, _sqlite_rows(args, repeat))
-    unary_baseline = None if args.unary_baseline == "none" else args.unary_baseline
+    on_start_tree = [name for name in _ON_START_TREE if name in names]
     section = compare.compare(
-        unary_baseline if "unary" in names else None,
+        None if args.start_tree == "none" or not on_start_tree else args.start_tree,
         names,
         rounds,
         options,
         sizes,
         targets=_targets(args),
-        baseline_names=["unary"],
+        baseline_names=on_start_tree,
     )
     write(compare.PEER_HEADING, section, first=True)
 
