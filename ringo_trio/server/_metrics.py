@@ -122,6 +122,7 @@ TIMED_OPERATIONS = (
     "get",
     "retry",
     "claim",
+    "claim_pushes",
     "ack",
     "nack",
     "reject",

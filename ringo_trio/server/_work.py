@@ -165,7 +165,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponseBatch,
     WorkResult,
 )
-from ringo_trio._wire.codec import build, encode
+from ringo_trio._wire.codec import build, decode, encode
 from ringo_trio._wire.frames import (
     encode_work_push,
     encode_work_response_batch,
@@ -191,6 +191,7 @@ from .storage._base import (
     FailedPrecondition,
     LeaseLost,
     NotFound,
+    Push,
     Settlement,
     Storage,
     StorageUnavailable,
@@ -885,7 +886,7 @@ class _WorkStream:
                     return
                 now = clock.now()
                 fits = PUSH_BUDGET_BYTES // max(self._payload_hint, 1)
-                batch = await storage.claim(
+                batch = await storage.claim_pushes(
                     queue,
                     task_types,
                     min(self._credit, PUSH_BATCH, max(fits, 1)),
@@ -910,13 +911,12 @@ class _WorkStream:
                     delay = max(delay, 0.0) + _SCHEDULE_SLACK
                 await watch.wait(armed, delay)
 
-    async def _push(self, batch: list[LeasedTask]) -> None:
+    async def _push(self, batch: list[Push]) -> None:
         sent = 0
         try:
             note = self._owner.reaper.note
             for item in batch:
-                if item.lease is not None:
-                    note(item.lease.until)
+                note(item.until)
             keep = self._within_budget(batch)
             if keep < len(batch):
                 await self._release(batch[keep:])
@@ -932,11 +932,7 @@ class _WorkStream:
             # worker stopped reading. Leases that merely aged are caught by
             # the check per item first, and returned without a reset.
             hard = loop.time() + STALL_TIMEOUT
-            untils = [
-                lease.until
-                for lease in (item.lease for item in batch)
-                if lease is not None and lease.until is not None
-            ]
+            untils = [item.until for item in batch if item.until is not None]
             if untils:
                 fresh_for = (min(untils) - margin - clock.now()).total_seconds()
                 hard = min(hard, loop.time() + fresh_for)
@@ -960,16 +956,21 @@ class _WorkStream:
                                 break
                             self._pushing = True
                             await send_message(
-                                frames[0] if len(frames) == 1 else batch_frame(frames)
+                                _encoded(
+                                    frames[0]
+                                    if len(frames) == 1
+                                    else encode_work_response_batch(frames)
+                                )
                             )
                             # No await between the send and the bookkeeping: a
                             # lease on the wire is always counted.
                             self._pushing = False
                             self._credit -= len(frames)
                             for item in batch[sent : sent + len(frames)]:
-                                if item.lease is not None:
-                                    outstanding.add(item.lease.lease_token)
-                                    self._tap.pushed(item.lease.lease_token)
+                                token = item.lease_token
+                                if token is not None:
+                                    outstanding.add(token)
+                                    self._tap.pushed(token)
                             sent += len(frames)
                         if stale:
                             # Too stale to hand out: returned below, claimed afresh.
@@ -988,32 +989,32 @@ class _WorkStream:
             self._end_if_quiet()
 
     def _next_pushes(
-        self, batch: Sequence[LeasedTask], start: int, most: int, margin: timedelta
-    ) -> tuple[list[WorkResponse], bool]:
-        """The task frames of the next message: up to `most` of `batch` from
-        `start`, within PUSH_MESSAGE_BYTES (at least one), ending before the
-        first lease too stale to push (then True)."""
+        self, batch: Sequence[Push], start: int, most: int, margin: timedelta
+    ) -> tuple[list[bytes], bool]:
+        """The encoded task frames of the next message: up to `most` of
+        `batch` from `start`, within PUSH_MESSAGE_BYTES (at least one),
+        ending before the first lease too stale to push (then True)."""
         now = self._owner.clock.now()
-        frames: list[WorkResponse] = []
+        frames: list[bytes] = []
         size = 0
         for item in batch[start : start + max(most, 0)]:
-            until = item.lease.until if item.lease is not None else None
+            until = item.until
             if until is not None and until - margin <= now:
                 return frames, True
-            frame = task_frame(item)
-            size += len(frame._wire)
+            frame = item.frame
+            size += len(frame)
             if frames and size > PUSH_MESSAGE_BYTES:
                 break
             frames.append(frame)
         return frames, False
 
-    def _within_budget(self, batch: Sequence[LeasedTask]) -> int:
+    def _within_budget(self, batch: Sequence[Push]) -> int:
         """How many of `batch` fit `PUSH_BUDGET_BYTES` (at least one)."""
         total = 0
         largest = 0
         keep = len(batch)
         for index, item in enumerate(batch):
-            size = len(item.task.payload) if item.task is not None else 0
+            size = item.size
             largest = max(largest, size)
             total += size
             if total > PUSH_BUDGET_BYTES and keep == len(batch):
@@ -1024,11 +1025,11 @@ class _WorkStream:
     def _lease_margin(self) -> timedelta:
         return min(LEASE_MARGIN, self._lease_duration / 2)
 
-    async def _release(self, unsent: Sequence[LeasedTask]) -> None:
+    async def _release(self, unsent: Sequence[Push]) -> None:
         refs = [
-            LeaseRef(task_id=lease.task_id, attempt=lease.attempt, lease_token=lease.lease_token)
-            for lease in (item.lease for item in unsent)
-            if lease is not None
+            LeaseRef(task_id=item.task_id, attempt=item.attempt, lease_token=item.lease_token)
+            for item in unsent
+            if item.lease_token is not None
         ]
         owner = self._owner
         try:
@@ -1073,10 +1074,31 @@ class _Wire(Preencoded, WorkResponse):
     """A `WorkResponse` that carries its own encoding."""
 
 
+_new = object.__new__
+
+
 def task_frame(leased: LeasedTask) -> _Wire:
     """`WorkResponse(task=leased)`, encoded once, here."""
     frame = _Wire(task=leased)
     frame._wire = encode_work_push(leased)
+    return frame
+
+
+class _Encoded(_Wire):
+    """A `WorkResponse` known by its encoding alone (the pushes, encoded by
+    storage): its fields are decoded when first read, which only tests do."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        decoded = decode(self._wire, WorkResponse)
+        self.__dict__.update(decoded.__dict__)
+        return getattr(decoded, name)
+
+
+def _encoded(data: bytes) -> _Encoded:
+    frame: _Encoded = _new(_Encoded)
+    frame._wire = data
     return frame
 
 

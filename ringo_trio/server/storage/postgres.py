@@ -136,6 +136,7 @@ from ._base import (
     LeaseLost,
     Nack,
     NotFound,
+    Push,
     Reject,
     SchemaTooNew,
     Settlement,
@@ -145,6 +146,7 @@ from ._base import (
     TaskFilter,
     TaskPage,
 )
+from ._push import push_rows
 from ._rows import (
     C_AVAILABLE,
     C_PRIORITY,
@@ -167,7 +169,7 @@ from ._rows import (
     finished_states,
     from_us,
     lease,
-    leased,
+    leased_rows,
     row_task,
     stuck,
     to_us,
@@ -1199,6 +1201,31 @@ class PostgresEngine(Storage):
         lease_duration: timedelta,
         now: datetime,
     ) -> list[LeasedTask]:
+        rows = await self._claim(queue, task_types, limit, worker_id, lease_duration, now)
+        return leased_rows(rows)
+
+    async def claim_pushes(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease_duration: timedelta,
+        now: datetime,
+    ) -> list[Push]:
+        rows = await self._claim(queue, task_types, limit, worker_id, lease_duration, now)
+        return push_rows(rows)
+
+    async def _claim(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease_duration: timedelta,
+        now: datetime,
+    ) -> list[Any]:
+        """The claimed rows, in claim order."""
         if limit <= 0:
             return []
         now_us = to_us(now)
@@ -1212,7 +1239,7 @@ class PostgresEngine(Storage):
         rows = [r for r in rows if r[C_SEQ] is not None]
         # RETURNING yields rows in no promised order.
         rows.sort(key=lambda r: (-r[C_PRIORITY], r[C_AVAILABLE], r[C_SEQ]))
-        return [leased(r) for r in rows]
+        return rows
 
     async def _settle(
         self, sql: str, build: Callable[[Any], _T], ref: LeaseRef, now: datetime, *extra: Any

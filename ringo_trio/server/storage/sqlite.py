@@ -120,6 +120,7 @@ from ._base import (
     LeaseLost,
     Nack,
     NotFound,
+    Push,
     Reject,
     SchemaTooNew,
     Settlement,
@@ -128,6 +129,7 @@ from ._base import (
     TaskFilter,
     TaskPage,
 )
+from ._push import push_rows as _push_rows
 from ._rows import C_AVAILABLE as _C_AVAILABLE
 from ._rows import C_PRIORITY as _C_PRIORITY
 from ._rows import C_SEQ as _C_SEQ
@@ -148,7 +150,7 @@ from ._rows import describe as _describe
 from ._rows import finished_states as _finished_states
 from ._rows import from_us as _from_us
 from ._rows import lease as _lease
-from ._rows import leased as _leased
+from ._rows import leased_rows as _leased_rows
 from ._rows import row_task as _row_task
 from ._rows import stuck as _stuck
 from ._rows import to_us as _to_us
@@ -802,6 +804,29 @@ class SQLiteEngine(Storage):
         lease_duration: timedelta,
         now: datetime,
     ) -> list[LeasedTask]:
+        return self._claim(_leased_rows, queue, task_types, limit, worker_id, lease_duration, now)
+
+    async def claim_pushes(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease_duration: timedelta,
+        now: datetime,
+    ) -> list[Push]:
+        return self._claim(_push_rows, queue, task_types, limit, worker_id, lease_duration, now)
+
+    def _claim(
+        self,
+        build: Callable[[list[Any]], list[_T]],
+        queue: str,
+        task_types: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease_duration: timedelta,
+        now: datetime,
+    ) -> list[_T]:
         if limit <= 0:
             return []
         now_us = _to_us(now)
@@ -827,7 +852,7 @@ class SQLiteEngine(Storage):
             # RETURNING yields rows in no promised order.
             rows.sort(key=lambda r: (-r[_C_PRIORITY], r[_C_AVAILABLE], r[_C_SEQ]))
             # Built inside the transaction: a failure here must undo the leases.
-            return [_leased(r) for r in rows]
+            return build(rows)
 
     def _settle(
         self,
