@@ -9,6 +9,7 @@ tasks.
 from __future__ import annotations
 
 import itertools
+import pathlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,16 +18,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, RetryBackoff, WorkResponse
+from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, RetryBackoff, TaskState, WorkResponse
 from ringo_trio._wire.codec import decode
 from ringo_trio._wire.frames import encode_work_push
+from ringo_trio.server.storage import sqlite as sqlite_engine
 from ringo_trio.server.storage._base import Push, Storage
 from ringo_trio.server.storage._push import push_rows
 from ringo_trio.server.storage._rows import COLS, MAX_DURATION_US, MAX_US, MIN_US, leased, to_us
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
-from .conftest import LEASE, SyncEngine, spec
+from .conftest import ENGINE_KINDS, LEASE, SyncEngine, open_engine, spec
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 # Instants where seconds/nanos go wrong first: the epoch and just before it
@@ -330,3 +332,27 @@ def test_claim_pushes_leases_what_claim_leases(engine: SyncEngine, limit: int) -
     ]
     assert engine.release(rest, later) == len(rest)
     assert engine.claim_pushes(queues[0], [], 0, "w1", LEASE, later) == []
+
+
+def test_a_failed_sqlite_claim_pushes_leases_nothing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property (one transaction, as `claim`): SQLite encodes the pushes
+    inside the claim's transaction, so when encoding fails the tasks stay
+    PENDING with their attempt unspent, and the next claim gets them."""
+    now = datetime(2026, 12, 3, 12, tzinfo=UTC)
+    with open_engine(ENGINE_KINDS["sqlite"], tmp_path) as sqlite:
+        outcomes = sqlite.enqueue("q", [spec(), spec()], now)
+        with monkeypatch.context() as m:
+            m.setattr(sqlite_engine, "_push_rows", _explode)
+            with pytest.raises(RuntimeError, match="injected"):
+                sqlite.claim_pushes("q", [], 5, "w", LEASE, now)
+        for outcome in outcomes:
+            task = sqlite.get("q", task_id=outcome.task.id)
+            assert (task.state, task.attempt) == (TaskState.PENDING, 0)
+        pushes = sqlite.claim_pushes("q", [], 5, "w", LEASE, now)
+        assert [p.task_id for p in pushes] == [o.task.id for o in outcomes]
+
+
+def _explode(*args: Any) -> Any:
+    raise RuntimeError("injected failure after the write")

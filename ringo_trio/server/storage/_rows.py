@@ -155,10 +155,6 @@ def leased(row: Sequence[Any]) -> LeasedTask:
     )
 
 
-def leased_rows(rows: Sequence[Sequence[Any]]) -> list[LeasedTask]:
-    return [leased(row) for row in rows]
-
-
 def lease(row: Sequence[Any]) -> Lease:
     """From `_EXTEND`'s RETURNING row."""
     return Lease(

@@ -169,7 +169,7 @@ from ._rows import (
     finished_states,
     from_us,
     lease,
-    leased_rows,
+    leased,
     row_task,
     stuck,
     to_us,
@@ -1202,7 +1202,7 @@ class PostgresEngine(Storage):
         now: datetime,
     ) -> list[LeasedTask]:
         rows = await self._claim(queue, task_types, limit, worker_id, lease_duration, now)
-        return leased_rows(rows)
+        return [leased(r) for r in rows]
 
     async def claim_pushes(
         self,

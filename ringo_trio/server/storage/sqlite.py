@@ -150,7 +150,7 @@ from ._rows import describe as _describe
 from ._rows import finished_states as _finished_states
 from ._rows import from_us as _from_us
 from ._rows import lease as _lease
-from ._rows import leased_rows as _leased_rows
+from ._rows import leased as _leased
 from ._rows import row_task as _row_task
 from ._rows import stuck as _stuck
 from ._rows import to_us as _to_us
@@ -552,6 +552,10 @@ def _claim_sql(types_clause: str, rest: bool) -> str:
             ORDER BY {order} LIMIT :limit)
         RETURNING {_COLS}
     """
+
+
+def _leased_rows(rows: list[Any]) -> list[LeasedTask]:
+    return [_leased(r) for r in rows]
 
 
 def _priority_steps(db: sqlite3.Connection, queue: str) -> Iterator[tuple[int, bool]]:
