@@ -120,10 +120,13 @@ every frame before it.
 **Heartbeats**: a stream that has sent nothing for ``heartbeat_interval``
 seconds sends ``heartbeat{server_time}``.
 
-**Cost.** Task frames and plain OK results, the hot path, are encoded where
-they are made (`task_frame`, `ok_frame`) by the shared codec
-(`ringo_trio._wire`), like every other frame at a fraction of betterproto2's
-cost; a batch frame (`batch_frame`) joins its elements' encodings. From
+**Cost.** Task frames, the hot path, come encoded from storage:
+`Storage.claim_pushes` writes each push straight from its row, with the
+lease and payload size the stream keeps (`Push`), and the stream sends those
+bytes (`_encoded`) without building a message. Plain OK results are encoded
+where they are made (`ok_frame`) by the shared codec (`ringo_trio._wire`),
+like every other frame at a fraction of betterproto2's cost; a batch frame
+joins its elements' encodings (`batch_frame`, or the pushes' bytes). From
 minor 10 a claim is pushed in as few messages as its credit allows (split
 at ``PUSH_MESSAGE_BYTES``): per task, the message, its h2 frame and its
 socket write were most of the daemon's CPU.
