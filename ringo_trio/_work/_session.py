@@ -207,6 +207,8 @@ class FeatureUnavailable(Exception):
 
 
 class State(enum.Enum):
+    __hash__ = object.__hash__  # see `_TRANSITIONS`
+
     IDLE = "idle"
     REGISTERING = "registering"
     ACTIVE = "active"
@@ -216,6 +218,8 @@ class State(enum.Enum):
 
 
 class Input(enum.Enum):
+    __hash__ = object.__hash__  # see `_TRANSITIONS`
+
     SEND_REGISTER = "send register"
     RECV_REGISTERED = "receive registered"
     SEND_CREDIT = "send credit"
@@ -239,6 +243,9 @@ _LIVE = (
     _I.RECV_RESULT,
     _I.RECV_BATCH,
 )
+# Looked up on every input: the enums of both tables hash by identity (their
+# members are singletons, equal only to themselves), in C, instead of
+# through Enum.__hash__, a Python call per member per lookup.
 _TRANSITIONS: dict[tuple[State, Input], State] = {
     (_S.IDLE, _I.SEND_REGISTER): _S.REGISTERING,
     (_S.REGISTERING, _I.RECV_REGISTERED): _S.ACTIVE,
@@ -274,12 +281,16 @@ class Outcome(enum.Enum):
 
 
 class LeaseState(enum.Enum):
+    __hash__ = object.__hash__  # see `_TRANSITIONS`
+
     HELD = "held"
     LOST = "lost"
     SETTLING = "settling"
 
 
 class _LeaseInput(enum.Enum):
+    __hash__ = object.__hash__  # see `_TRANSITIONS`
+
     SETTLE = "settle"
     GIVE_UP = "give up"
 
@@ -666,6 +677,14 @@ class WorkSession:
     ) -> list[Output]:
         """A ``task`` frame arrived; ``lease_remaining`` is how long the daemon's
         lease still runs (its ``until`` minus the current wall-clock time)."""
+        return self._task_pushed(key, lease_token, lease_remaining, now)
+
+    # `batch` takes its elements through these two directly: it is an input
+    # itself, so the guard of each element's own input would be redundant.
+
+    def _task_pushed(
+        self, key: LeaseKey, lease_token: str, lease_remaining: float, now: float
+    ) -> list[Output]:
         self._step(Input.RECV_TASK)
         if self._credit_mirror <= 0:
             raise RemoteProtocolError(f"task {key.task_id} was pushed without credit")
@@ -696,12 +715,13 @@ class WorkSession:
             )
         if not items:
             raise RemoteProtocolError("an empty batch frame")
+        task_pushed, result = self._task_pushed, self._result
         for item in items:
             if type(item) is Pushed:
-                out += self.task_pushed(item.key, item.lease_token, item.lease_remaining, now)
+                out += task_pushed(item.key, item.lease_token, item.lease_remaining, now)
             else:
                 assert type(item) is Answered
-                out += self.result(item.request_id, item.error, now)
+                out += result(item.request_id, item.error, now)
 
     @_input
     def heartbeat(self) -> None:
@@ -709,6 +729,9 @@ class WorkSession:
 
     @_input
     def result(self, request_id: int, error: CommandError | None, now: float) -> list[Output]:
+        return self._result(request_id, error, now)
+
+    def _result(self, request_id: int, error: CommandError | None, now: float) -> list[Output]:
         self._step(Input.RECV_RESULT)
         pending = self._pending.pop(request_id, None)
         if pending is None:
