@@ -19,7 +19,7 @@ an error, a task with progress or a result, an unknown field, a repeated or
 out-of-order field, a wrong wire type, a malformed byte. So the result, or
 the error, is always exactly the generic decoder's.
 
-*Encoding.* Ack, nack, reject and extend are written inline: byte for byte
+*Encoding.* Ack, nack, reject, extend and credit are written inline: byte for byte
 the generic encoding of the same message (`ringo_trio._wire.frames`).
 
 Property tests hold both to the generic path on arbitrary and corrupted
@@ -41,7 +41,14 @@ from ._proto.ringo.v1 import TaskState as _WireTaskState
 from ._proto.ringo.v1 import WorkResponse
 from ._wire.codec import _SMALL, _r_timestamp, _read_len, _read_varint, _varint, _w_duration, decode
 
-__all__ = ["decode_work_response", "encode_ack", "encode_extend", "encode_nack", "encode_reject"]
+__all__ = [
+    "decode_work_response",
+    "encode_ack",
+    "encode_credit",
+    "encode_extend",
+    "encode_nack",
+    "encode_reject",
+]
 
 _M32: Final = 0xFFFF_FFFF
 _M64: Final = (1 << 64) - 1
@@ -388,6 +395,18 @@ def encode_nack(
 def encode_reject(request_id: int, task_id: str, attempt: int, token: str, error: str) -> bytes:
     """`ringo_trio._wire.frames.encode_reject`, byte for byte."""
     return _command(request_id, b"\x32", _ref(task_id, attempt, token) + _error(error))
+
+
+def encode_credit(
+    request_id: int, available: int, target: int | None, grant: int | None = None
+) -> bytes:
+    """`ringo_trio._wire.frames.encode_credit`, byte for byte."""
+    body = b"\x08" + _varint(available) if available else b""
+    if target is not None:
+        body += b"\x10" + _varint(target)
+    if grant is not None:
+        body += b"\x18" + _varint(grant)
+    return _command(request_id, b"\x1a", body)
 
 
 def encode_extend(

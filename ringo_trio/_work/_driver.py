@@ -11,8 +11,8 @@ the send channel (unbounded, so carrying out outputs never awaits and no
 cancellation can cut a settlement in half), handlers are started and
 cancelled through the owner, waiters of commands are woken. `finish` ends
 the stream in order: answers awaited (bounded), session ended, send side
-closed. Encoding lives here too: the hot commands by the shared codec
-(`ringo_trio._wire.frames`), the rare ones by betterproto2.
+closed. Encoding lives here too: the hot commands written inline
+(`ringo_trio._work_wire`), the rare ones by betterproto2.
 
 At minor >= 10 the transport's writer hands every frame queued when it wakes
 to `batch_frames`, which joins them into batch frames: handlers that finish
@@ -44,10 +44,11 @@ from .._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
-from .._wire.frames import encode_credit, encode_work_request_batch
+from .._wire.frames import encode_work_request_batch
 from .._work_wire import (
     decode_work_response,
     encode_ack,
+    encode_credit,
     encode_extend,
     encode_nack,
     encode_reject,
@@ -127,8 +128,8 @@ class Waiter:
 class Frame:
     """A WorkRequest already encoded (grpclib's codec calls ``SerializeToString``).
 
-    The hot commands are encoded by the shared codec (`ringo_trio._wire.frames`)
-    at a fraction of betterproto2's cost.
+    The hot commands are written inline (`ringo_trio._work_wire`) at a
+    fraction of betterproto2's cost.
     """
 
     __slots__ = ("alone", "data")
