@@ -24,11 +24,12 @@ Inside `_work`, two task groups live as long as the worker:
 * the **run group**, holding the on_idle monitor, the fencing watch and a
   shared controller's driver (when configured), and
 * the **handler group** inside it, holding every handler: one task per
-  delivered task, under its own `anyio.CancelScope`, stored by lease key, so
+  delivered task, under its own cancel scope, stored by lease key, so
   a lost lease cancels exactly that handler. Under trio the group is trio's
-  own nursery (`_handler_group`): anyio's task group wraps every child in a
-  task handle, measured at ~8 % of a no-op task's worker CPU, which a
-  handler (it catches all but its cancellation) does not need. Long-lived
+  own nursery and the scope trio's own (`_Backend`): anyio's task group
+  wraps every child in a task handle, measured at ~8 % of a no-op task's
+  worker CPU, and anyio's cancel scope wraps trio's (~4 µs a handler),
+  which a handler (it catches all but its cancellation) does not need. Long-lived
   runner tasks per slot were measured twice: a channel hand-off costs about
   what the nursery's spawn does (~3 µs less per task in isolation), and
   with trio's own cancel scope per call instead of anyio's they saved 2 % of
