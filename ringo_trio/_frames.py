@@ -31,7 +31,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+# The worker builds one of these per push or result: plain slotted dataclasses,
+# since a frozen one's __init__ costs three times as much (`_work._session`).
+@dataclass(slots=True)
 class PushedTask:
     """A ``WorkResponse.task`` frame: the SDK task and the lease it came with."""
 
@@ -43,7 +45,7 @@ class PushedTask:
     until: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WorkResultFrame:
     """A ``WorkResponse.result`` frame.
 

@@ -11,8 +11,8 @@ the send channel (unbounded, so carrying out outputs never awaits and no
 cancellation can cut a settlement in half), handlers are started and
 cancelled through the owner, waiters of commands are woken. `finish` ends
 the stream in order: answers awaited (bounded), session ended, send side
-closed. Encoding lives here too: the hot commands by the shared codec
-(`ringo_trio._wire.frames`), the rare ones by betterproto2.
+closed. Encoding lives here too: the hot commands written inline
+(`ringo_trio._work_wire`), the rare ones by betterproto2.
 
 At minor >= 10 the transport's writer hands every frame queued when it wakes
 to `batch_frames`, which joins them into batch frames: handlers that finish
@@ -23,11 +23,13 @@ for carried out in one `act`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import anyio
+import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._errors import RingoError, UnavailableError, error_for_code
@@ -42,10 +44,11 @@ from .._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
-from .._wire.frames import encode_credit, encode_work_request_batch
+from .._wire.frames import encode_work_request_batch
 from .._work_wire import (
     decode_work_response,
     encode_ack,
+    encode_credit,
     encode_extend,
     encode_nack,
     encode_reject,
@@ -125,8 +128,8 @@ class Waiter:
 class Frame:
     """A WorkRequest already encoded (grpclib's codec calls ``SerializeToString``).
 
-    The hot commands are encoded by the shared codec (`ringo_trio._wire.frames`)
-    at a fraction of betterproto2's cost.
+    The hot commands are written inline (`ringo_trio._work_wire`) at a
+    fraction of betterproto2's cost.
     """
 
     __slots__ = ("alone", "data")
@@ -238,6 +241,13 @@ class StreamDriver:
         self.arrived: dict[LeaseKey, Task] = {}
         self.settled = anyio.Event()  # set when close waits and nothing is pending
         self.timer: anyio.CancelScope | None = None
+        # The event loop's own clock: under trio, anyio's wrapper costs
+        # twice trio's call, and the reader reads it on every frame.
+        self.clock: Callable[[], float] = anyio.current_time
+        if sniffio.current_async_library() == "trio":
+            import trio  # here: an asyncio program never imports trio
+
+            self.clock = trio.current_time
 
     def act(self, outputs: list[Output]) -> None:
         """Carry out a session's outputs: write frames, start/cancel handlers, wake waiters."""
@@ -328,7 +338,7 @@ class StreamDriver:
         live = self
         session = live.session
         act = live.act
-        current_time = anyio.current_time
+        current_time = live.clock
         async for frame in receive:
             kind = type(frame)
             if kind is WorkResultFrame:
@@ -379,7 +389,7 @@ class StreamDriver:
         ]
         outputs: list[Output] = []
         try:
-            self.session.batch(items, anyio.current_time(), outputs)
+            self.session.batch(items, self.clock(), outputs)
         finally:
             # What the elements before a broken one asked for is carried out,
             # as it would have been had they come one by one.

@@ -24,11 +24,12 @@ Inside `_work`, two task groups live as long as the worker:
 * the **run group**, holding the on_idle monitor, the fencing watch and a
   shared controller's driver (when configured), and
 * the **handler group** inside it, holding every handler: one task per
-  delivered task, under its own `anyio.CancelScope`, stored by lease key, so
+  delivered task, under its own cancel scope, stored by lease key, so
   a lost lease cancels exactly that handler. Under trio the group is trio's
-  own nursery (`_handler_group`): anyio's task group wraps every child in a
-  task handle, measured at ~8 % of a no-op task's worker CPU, which a
-  handler (it catches all but its cancellation) does not need. Long-lived
+  own nursery and the scope trio's own (`_Backend`): anyio's task group
+  wraps every child in a task handle, measured at ~8 % of a no-op task's
+  worker CPU, and anyio's cancel scope wraps trio's (~4 µs a handler),
+  which a handler (it catches all but its cancellation) does not need. Long-lived
   runner tasks per slot were measured twice: a channel hand-off costs about
   what the nursery's spawn does (~3 µs less per task in isolation), and
   with trio's own cancel scope per call instead of anyio's they saved 2 % of
@@ -106,7 +107,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
@@ -297,28 +299,58 @@ class TaskContext:
             self._waiter.set()
 
 
-@asynccontextmanager
-async def _handler_group() -> AsyncIterator[Callable[..., object]]:
-    """The handler group, as its ``start_soon``: on trio, trio's own nursery.
+class _Scope(Protocol):
+    """A handler's cancel scope: anyio's, or under trio trio's own."""
 
-    anyio's task group on trio wraps every child in a task handle, which
-    costs about as much again as the nursery's own spawn (~15 µs of a no-op
-    handler's ~230 µs of worker CPU); a handler needs none of it — it
-    catches everything but the cancellation itself.
+    deadline: float
+
+    def cancel(self) -> None: ...
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Backend:
+    """What runs handlers, picked once per worker run for the event loop.
+
+    Under trio, trio's own nursery, cancel scope and clock: anyio's task
+    group wraps every child in a task handle, which costs about as much again
+    as the nursery's own spawn (~15 µs of a no-op handler's ~230 µs of worker
+    CPU), and anyio's cancel scope and ``current_time`` wrap trio's (~4 µs
+    and ~0.5 µs per call); a handler needs none of it — it catches
+    everything but the cancellation itself, which anyio code inside it sees
+    as trio's either way.
     """
+
+    spawn: Callable[..., object]
+    scope: Callable[[], _Scope]
+    clock: Callable[[], float]
+
+
+@asynccontextmanager
+async def _handler_group() -> AsyncIterator[_Backend]:
+    """The handler group (see `_Backend`)."""
     if sniffio.current_async_library() == "trio":
         import trio  # here: an asyncio program never imports trio
 
         async with trio.open_nursery() as nursery:
-            yield nursery.start_soon
+            yield _Backend(nursery.start_soon, trio.CancelScope, trio.current_time)
     else:
         async with anyio.create_task_group() as group:
-            yield group.start_soon
+            yield _Backend(group.start_soon, anyio.CancelScope, anyio.current_time)
 
 
 @dataclass(eq=False)
 class _Running:
-    scope: anyio.CancelScope
+    scope: _Scope
     context: TaskContext
     arrived: float = 0.0  # when the push was read (no_start counts from here)
     ticket: int = 0  # its admission, for a shared controller's control law
@@ -497,8 +529,8 @@ class Worker(Fencing):
         # `run` re-raises it, bare, once everything is handed back.
         self._interrupt: BaseException | None = None
         self._live: StreamDriver | None = None
-        # The handler group's start_soon (see `_handler_group`).
-        self._spawn: Callable[..., object] | None = None
+        # What runs handlers while the handler group is open (`_handler_group`).
+        self._backend: _Backend | None = None
         self._running: dict[LeaseKey, _Running] = {}
         # Handlers of ended sessions that have not exited yet.
         self._orphans: set[_Running] = set()
@@ -656,8 +688,8 @@ class Worker(Fencing):
                     run_group.start_soon(self._idle_monitor, run_group.cancel_scope)
                 if self._watchdog is not None:
                     run_group.start_soon(self._watch, self._watchdog)
-                async with _handler_group() as spawn:
-                    self._spawn = spawn
+                async with _handler_group() as backend:
+                    self._backend = backend
                     try:
                         await self._serve()
                     except (RingoError, RemoteProtocolError, SessionBroken) as exc:
@@ -667,7 +699,7 @@ class Worker(Fencing):
                         self._cancel_all_handlers("the worker stopped")
                 run_group.cancel_scope.cancel()
         finally:
-            self._spawn = None
+            self._backend = None
             if self._controller is not None and self._member is not None:
                 # No handler is left (the handler group has exited): every
                 # permit goes back and the other workers' shares grow.
@@ -865,16 +897,16 @@ class Worker(Fencing):
     # -- handlers -----------------------------------------------------------------
 
     def _start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None:
-        spawn = self._spawn
-        assert spawn is not None
+        backend = self._backend
+        assert backend is not None
         context = TaskContext(task, key, self._worker_id, live)
-        arrived = 0.0 if self._watchdog is None else anyio.current_time()
-        running = _Running(anyio.CancelScope(), context, arrived)
+        arrived = 0.0 if self._watchdog is None else backend.clock()
+        running = _Running(backend.scope(), context, arrived)
         if self._controller is not None:
             running.ticket = self._controller._admit()
         self._running[key] = running
         self._idle_since = None
-        spawn(self._handle, live, key, task, running)
+        backend.spawn(self._handle, live, key, task, running)
 
     async def _handle(
         self, live: StreamDriver, key: LeaseKey, task: Task, running: _Running
@@ -981,7 +1013,7 @@ class Worker(Fencing):
         finished: bool,
         result: bytes | None = None,
     ) -> None:
-        now = anyio.current_time()
+        now = live.clock()
         if self._running.get(key) is running:
             del self._running[key]
         elif running in self._orphans:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -1208,6 +1208,32 @@ def test_duplicate_push_is_a_remote_error() -> None:
     session.task_pushed(A, "tok", LEASE, 0.0)
     with pytest.raises(RemoteProtocolError):
         session.task_pushed(A, "tok", LEASE, 0.0)
+
+
+@given(
+    st.tuples(st.sampled_from(["a", "b", "a\x00"]), st.integers(1, 3)),
+    st.tuples(st.sampled_from(["a", "b", "a\x00"]), st.integers(1, 3)),
+)
+def test_a_lease_key_names_one_attempt_and_cannot_change(
+    first: tuple[str, int], second: tuple[str, int]
+) -> None:
+    """Lease keys are lease-table keys: keys of different tasks or attempts
+    never collide (two table entries, not one answering for the other),
+    equal keys find each other's entry, and a key cannot be changed once it
+    keys a table."""
+    a, b = LeaseKey(*first), LeaseKey(*second)
+    table = {a: "first", b: "second"}
+    if first == second:
+        assert a == b
+        assert hash(a) == hash(b)
+        assert table == {a: "second"}
+    else:
+        assert a != b
+        assert table[a] == "first"
+        assert table[b] == "second"
+    with pytest.raises(AttributeError):
+        a.attempt = 9  # type: ignore[misc]
+    assert a == LeaseKey(*first)
 
 
 def test_capacity_refusal_is_resampled_at_once_and_twenty_break_the_session() -> None:

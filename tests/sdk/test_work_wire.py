@@ -209,3 +209,18 @@ def test_extend_encodes_byte_equal_to_the_generic_encoder(
     assert _work_wire.encode_extend(request_id, *lease, extension) == generic.encode_extend(
         request_id, *lease, extension
     )
+
+
+COUNTS = st.integers(0, 2**32 - 1)
+
+
+@PROPERTY
+@given(REQUEST_IDS, COUNTS, st.none() | COUNTS, st.none() | COUNTS)
+def test_credit_encodes_byte_equal_to_the_generic_encoder(
+    request_id: int, available: int, target: int | None, grant: int | None
+) -> None:
+    """Property (same bytes): credit, absolute or a grant, with and without a
+    target (a zero target or grant is still sent: both fields are optional)."""
+    assert _work_wire.encode_credit(request_id, available, target, grant) == generic.encode_credit(
+        request_id, available, target, grant
+    )
