@@ -332,11 +332,6 @@ class CommandError:
 
 # -- frames out -------------------------------------------------------------
 
-# What a session takes and gives once per task (`Settle`, `Pushed`,
-# `Answered`, `StartHandler`, `CommandDone`) is a plain slotted dataclass:
-# a frozen one sets each field through ``object.__setattr__``, three times
-# the cost of its construction; nothing keeps or changes them once carried out.
-
 
 @dataclass(frozen=True, slots=True)
 class Register:
@@ -354,7 +349,7 @@ class Credit:
     grant: int | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Settle:
     request_id: int
     key: LeaseKey
@@ -395,7 +390,7 @@ Frame = Register | Credit | Settle | Extend | Progress | Drain
 # -- the elements of a batch frame (minor >= 10) ------------------------------
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Pushed:
     """A pushed task in a batch: `WorkSession.task_pushed`'s arguments."""
 
@@ -404,7 +399,7 @@ class Pushed:
     lease_remaining: float
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Answered:
     """A command result in a batch: `WorkSession.result`'s arguments."""
 
@@ -415,7 +410,7 @@ class Answered:
 # -- events out ---------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class StartHandler:
     key: LeaseKey
 
@@ -437,7 +432,7 @@ class TaskCancelled:
     key: LeaseKey
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class CommandDone:
     """The result of a command the driver may be waiting for (settle,
     progress, drain); ``error`` None means success."""
