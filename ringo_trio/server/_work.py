@@ -153,7 +153,6 @@ from ringo_trio._proto.ringo.v1 import (
     ExtendLeaseRequest,
     Heartbeat,
     Lease,
-    LeasedTask,
     LeaseRef,
     ReleaseRequest,
     ReportProgressRequest,
@@ -170,7 +169,6 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio._wire.codec import build, decode, encode
 from ringo_trio._wire.frames import (
-    encode_work_push,
     encode_work_response_batch,
     encode_work_result,
 )
@@ -213,7 +211,6 @@ __all__ = [
     "WorkStreams",
     "batch_frame",
     "ok_frame",
-    "task_frame",
 ]
 
 log = logging.getLogger("ringo_trio.server")
@@ -1078,13 +1075,6 @@ class _Wire(Preencoded, WorkResponse):
 
 
 _new = object.__new__
-
-
-def task_frame(leased: LeasedTask) -> _Wire:
-    """`WorkResponse(task=leased)`, encoded once, here."""
-    frame = _Wire(task=leased)
-    frame._wire = encode_work_push(leased)
-    return frame
 
 
 class _Encoded(_Wire):

@@ -56,6 +56,7 @@ from ringo_trio.server._clock import Clock
 from ringo_trio.server._service import QueueService
 from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
+from ringo_trio.server.storage._base import Push
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
@@ -1312,13 +1313,14 @@ _leases = st.builds(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(task=st.none() | _tasks, lease=st.none() | _leases)
 def test_a_task_frame_parses_as_its_work_response(task: Task | None, lease: Lease | None) -> None:
-    """Property: the daemon's task frame is an encoding of WorkResponse(task=...)
+    """Property: the daemon's task frame (the reference push, `Push.of`, as
+    the stream sends it) is an encoding of WorkResponse(task=...)
     (betterproto2 parses it back equal; its bytes are not pinned), and is a
     complete WorkResponse."""
     leased = LeasedTask(task=task, lease=lease)
-    frame = _work.task_frame(leased)
+    frame = _work._encoded(Push.of(leased).frame)
     assert WorkResponse.parse(bytes(frame)) == WorkResponse(task=leased)
-    assert frame.task is leased
+    assert frame.task == leased
 
 
 @given(request_id=st.integers(0, 2**64 - 1))
