@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ringo_trio._limits import MAX_LIST_ERROR_BYTES
@@ -20,7 +20,7 @@ from ringo_trio._proto.ringo.v1 import Task, TaskState
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server.storage import _listing
 from ringo_trio.server.storage import sqlite as sqlite_engine
-from ringo_trio.server.storage._base import LeaseLost, TaskFilter
+from ringo_trio.server.storage._base import Ack, LeaseLost, Nack, Push, Reject, TaskFilter
 
 from .conftest import (
     ENGINE_KINDS,
@@ -247,6 +247,13 @@ def test_stats_count_by_state_and_type_with_oldest_due_task(
     assert page[0].pending == 3
 
 
+class _PushedLease:
+    """A `Push` where the ops expect a LeasedTask (`ref_of` reads `.lease`)."""
+
+    def __init__(self, push: Push) -> None:
+        self.lease = push
+
+
 def _apply(engine: SyncEngine, clock: ManualClock, ops: list[tuple[str, int]]) -> None:
     """Run a random operation sequence on queue "q" (every lifecycle path)."""
     leases: list[Any] = []
@@ -258,6 +265,32 @@ def _apply(engine: SyncEngine, clock: ManualClock, ops: list[tuple[str, int]]) -
             )
         elif op == "claim":
             leases += engine.claim("q", [], n % 3 + 1, "w", LEASE, now)
+        elif op == "claim_pushes":
+            leases += [
+                _PushedLease(p) for p in engine.claim_pushes("q", [], n % 3 + 1, "w", LEASE, now)
+            ]
+        elif op == "settle_many" and leases:
+            # A group as the Work stream sends it: acks, nacks and rejects of
+            # several leases; n picks a mix, sometimes a lease twice.
+            group = [leases.pop(i % len(leases)) for i in range(min(n % 5 + 1, len(leases)))]
+            if n % 3 == 0:
+                group.append(group[0])
+            kinds = (Ack, Ack, Nack, Reject)
+            engine.settle_many(
+                [
+                    Ack(ref_of(lt))
+                    if kinds[(n + i) % 4] is Ack
+                    else Nack(ref_of(lt), "e", timedelta(0))
+                    if kinds[(n + i) % 4] is Nack
+                    else Reject(ref_of(lt), "e")
+                    for i, lt in enumerate(group)
+                ],
+                now,
+            )
+        elif op == "cancel":
+            active = [t for t in brute(engine) if t.state in (PENDING, LEASED)]
+            if active:
+                engine.cancel("q", "op", now, task_id=active[n % len(active)].id)
         elif op in ("ack", "nack", "reject", "release") and leases:
             lt = leases.pop(n % len(leases))
             # A lease the expiry took back is LeaseLost and changes nothing.
@@ -283,7 +316,19 @@ def _apply(engine: SyncEngine, clock: ManualClock, ops: list[tuple[str, int]]) -
 _OPS = st.lists(
     st.tuples(
         st.sampled_from(
-            ["enqueue", "claim", "ack", "nack", "reject", "release", "expire", "retry"]
+            [
+                "enqueue",
+                "claim",
+                "claim_pushes",
+                "ack",
+                "nack",
+                "reject",
+                "release",
+                "settle_many",
+                "expire",
+                "retry",
+                "cancel",
+            ]
         ),
         st.integers(0, 20),
     ),
@@ -294,12 +339,19 @@ _OPS = st.lists(
 @pytest.mark.parametrize("kind_name", ["sqlite", "postgres"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=_OPS)
+# Group settlements down both paths: acks of different tasks together, and
+# in order when a lease comes twice.
+@example(ops=[("enqueue", 3), ("claim", 2), ("settle_many", 4)])
+@example(ops=[("enqueue", 3), ("claim_pushes", 2), ("settle_many", 0)])
 def test_stats_equal_a_brute_force_count(
     kind_name: str, ops: list[tuple[str, int]], request: pytest.FixtureRequest
 ) -> None:
-    """Property: after any sequence of enqueue, claim, ack, nack, reject,
-    release, lease expiry and retry, the stats by state and type equal a
-    count of the tasks themselves, and still do after a restart."""
+    """Property: after any sequence of enqueue, claim (both forms), ack,
+    nack, reject, release, group settlements (mixed, a lease sometimes
+    twice), cancel, lease expiry and retry, the stats by state and type
+    equal a count of the tasks themselves, and still do after a restart.
+    (SQLite: the claim and the acks count their own transitions, which the
+    trigger skips: this is what holds them to it.)"""
     kind = _kind(kind_name, request)
     with tempfile.TemporaryDirectory() as scratch, open_engine(kind, pathlib.Path(scratch)) as e:
         clock = ManualClock()

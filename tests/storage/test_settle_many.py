@@ -140,9 +140,14 @@ def _tasks(engine: SyncEngine, queue: str) -> list[Task]:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(data=st.data(), scene=_scenes(), settle_after=st.sampled_from([SHORT, SHORT * 2]))
+@given(
+    data=st.data(),
+    scene=_scenes(),
+    settle_after=st.sampled_from([SHORT, SHORT * 2]),
+    distinct=st.booleans(),
+)
 def test_settle_many_equals_settling_one_by_one(
-    engine: SyncEngine, data: st.DataObject, scene: Scene, settle_after: timedelta
+    engine: SyncEngine, data: st.DataObject, scene: Scene, settle_after: timedelta, distinct: bool
 ) -> None:
     """Property (group = sequence): a group of acks, nacks and rejects
     (live, stale-token, wrong-attempt, expired and cancelled refs, one lease
@@ -150,8 +155,12 @@ def test_settle_many_equals_settling_one_by_one(
     answers exactly what settling its items one by one answers (LeaseLost
     where one call would raise it, with `cancelled` alike; the task's queue
     where it took effect), leaves the same tasks behind, and the queue stats
-    equal a count of the tasks."""
+    equal a count of the tasks. Half the groups name each task at most once,
+    as a Work stream's do (SQLite then acks them in one statement)."""
     items = data.draw(_items(len(scene.max_attempts)))
+    if distinct:
+        named: set[int] = set()
+        items = [i for i in items if not (i.task in named or named.add(i.task))]
     n = next(_queues)
     native_q, reference_q = f"native{n}", f"reference{n}"
     clock = ManualClock()
@@ -170,6 +179,53 @@ def test_settle_many_equals_settling_one_by_one(
     assert _tasks(engine, native_q) == _tasks(engine, reference_q)
     for queue in (native_q, reference_q):
         assert counts_of(engine, queue, later) == expected_counts(brute(engine, queue))
+
+
+def test_acks_of_different_tasks_are_each_guarded_by_their_own_lease(
+    engine: SyncEngine,
+) -> None:
+    """Property: in a group naming each task once (the Work stream's case,
+    on SQLite one statement for all its acks), every ack is still checked
+    against its own lease -- a wrong token, a wrong attempt, an expired or a
+    cancelled lease is LeaseLost and changes nothing, the live ones succeed
+    with their results -- exactly as settling them one by one."""
+    scene = Scene((2,) * 8, expired=frozenset({3}), cancelled=frozenset({4}))
+    items = [
+        Item(0, "live", "ack", b"zero", None),
+        Item(1, "token", "ack", None, None),
+        Item(2, "attempt", "ack", None, None),
+        Item(3, "live", "ack", None, None),
+        Item(4, "live", "ack", None, None),
+        Item(5, "live", "nack", None, None),
+        Item(6, "live", "ack", None, None),
+        Item(7, "live", "reject", None, None),
+    ]
+    n = next(_queues)
+    native_q, reference_q = f"native{n}", f"reference{n}"
+    now = ManualClock().now()
+    native_leases = _setup(engine, native_q, scene, now)
+    reference_leases = _setup(engine, reference_q, scene, now)
+    later = now + SHORT
+
+    native = engine.settle_many([_realize(i, native_leases) for i in items], later)
+    reference = engine.run(
+        Storage.settle_many(engine.raw, [_realize(i, reference_leases) for i in items], later)
+    )
+    assert [_answer(a) for a in native] == [
+        ("ok", native_q),
+        ("lost", False),
+        ("lost", False),
+        ("lost", False),
+        ("lost", True),
+        ("ok", native_q),
+        ("ok", native_q),
+        ("ok", native_q),
+    ]
+    assert [_answer(native_q if a == reference_q else a) for a in reference] == [
+        _answer(a) for a in native
+    ]
+    assert _tasks(engine, native_q) == _tasks(engine, reference_q)
+    assert counts_of(engine, native_q, later) == expected_counts(brute(engine, native_q))
 
 
 def test_settle_many_answers_the_queue_of_what_took_effect(

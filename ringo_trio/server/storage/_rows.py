@@ -62,7 +62,7 @@ COLS = (
     " progress_message, progress_at, worker_id, lease_until, lease_token, result"
 )
 # Positions in COLS that the engines read by name.
-C_SEQ, C_ID, C_ATTEMPT, C_PRIORITY, C_AVAILABLE = 0, 1, 7, 9, 15
+C_SEQ, C_ID, C_QUEUE, C_TASK_TYPE, C_ATTEMPT, C_PRIORITY, C_AVAILABLE = 0, 1, 2, 3, 7, 9, 15
 C_WORKER, C_LEASE_UNTIL, C_TOKEN = 22, 23, 24
 
 

@@ -68,10 +68,22 @@ set them and are kept across attempts and retries; `worker_id` and
 `lease_until` exist only while LEASED; `result` only while SUCCEEDED.
 
 Group commit (`settle_many`): one `BEGIN IMMEDIATE ... COMMIT` for a
-whole group of acks, nacks and rejects, an `UPDATE ... RETURNING queue` per
-item in order (so a lease listed twice misses the second time, as in
-sequence); the count rows and index pages the group shares go to the WAL
-once, and no `Task` is built.
+whole group of acks, nacks and rejects; the count rows and index pages the
+group shares go to the WAL once, and no `Task` is built. When every item
+names a different task (the Work stream's case), the order of the items
+cannot change what they do, and the acks go as one `UPDATE ... FROM (the
+group's refs) RETURNING id` (`_ack_many_sql`): one statement instead of one
+per ack, 14.7 -> 8.1 us of engine CPU per ack. Otherwise each item is its
+own lease-guarded UPDATE, in order, so a lease listed twice misses the
+second time, as in sequence.
+
+The two hot transitions count themselves. The count trigger fires per row
+and its two statements cost ~3.5 us per claimed and acked task; it skips
+PENDING -> LEASED (only a claim leases) and LEASED -> SUCCEEDED (only an ack
+succeeds a task), and the claim and the acks move those counts with one
+statement per (queue, task type) of the transaction (`_move_counts`). Every
+other write is still counted by the triggers, so a path added later is
+counted unless it makes one of those two transitions.
 
 Cancel: a PENDING or LEASED task becomes CANCELLED in one UPDATE that also
 clears its lease, so the worker's next command on that lease matches no row.
@@ -89,6 +101,7 @@ newer version of this code.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import heapq
@@ -100,7 +113,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ringo_trio._limits import MAX_ACTIVITY_COUNT, MAX_LIST_ERROR_BYTES
 from ringo_trio._proto.ringo.v1 import (
@@ -132,7 +145,9 @@ from ._base import (
 from ._push import push_rows as _push_rows
 from ._rows import C_AVAILABLE as _C_AVAILABLE
 from ._rows import C_PRIORITY as _C_PRIORITY
+from ._rows import C_QUEUE as _C_QUEUE
 from ._rows import C_SEQ as _C_SEQ
+from ._rows import C_TASK_TYPE as _C_TASK_TYPE
 from ._rows import CANCELLED as _CANCELLED
 from ._rows import COLS as _COLS
 from ._rows import DEAD as _DEAD
@@ -187,6 +202,18 @@ _ACTIVE = f"state IN ({_PENDING}, {_LEASED})"
 _FINISHED_TERM = f"+state >= {_SUCCEEDED}"
 # The term migrations 4 and 5 created the indexes with, until migration 6.
 _FINISHED_IN = f"state IN ({_SUCCEEDED}, {_DEAD}, {_CANCELLED})"
+
+# The transitions the claim and the acks count themselves (`_move_counts`);
+# the state-change trigger skips them.
+_SELF_COUNTED = (
+    f"NOT (old.state = {_PENDING} AND new.state = {_LEASED})"
+    f" AND NOT (old.state = {_LEASED} AND new.state = {_SUCCEEDED})"
+)
+_COUNTS_DOWN = "UPDATE task_counts SET n = n - ? WHERE queue = ? AND task_type = ? AND state = ?"
+_COUNTS_UP = (
+    "INSERT INTO task_counts (queue, task_type, state, n) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT DO UPDATE SET n = n + excluded.n"
+)
 
 # The counts' trigger steps; a row of zeros stays (the next task of that
 # type and state reuses it) and is left out of every answer.
@@ -301,6 +328,18 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             f"CREATE INDEX {name} ON tasks ({columns}) WHERE {_FINISHED_TERM}",
         )
     ),
+    # The claim and the acks count their own transitions, a statement per
+    # (queue, task type) instead of two per row (see the module docstring).
+    (
+        "DROP TRIGGER task_counts_update",
+        f"""
+        CREATE TRIGGER task_counts_update AFTER UPDATE OF state ON tasks
+        WHEN old.state != new.state AND {_SELF_COUNTED} BEGIN
+            {_COUNT_DOWN.format(row="old")};
+            {_COUNT_UP.format(row="new")};
+        END
+        """,
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -375,8 +414,9 @@ def _lease_update(assignments: str, returning: str) -> str:
 _ACK = _lease_update(_ACK_SET, _COLS)
 _NACK = _lease_update(_RELEASE, _COLS)
 _REJECT = _lease_update(_REJECT_SET, _COLS)
-# Group commit: the queue is all a settled item answers (no Task is built).
-_ACK_QUEUE = _lease_update(_ACK_SET, "queue")
+# Group commit: the queue is all a settled item answers (no Task is built);
+# an ack also returns the task type, for its counts.
+_ACK_QUEUE = _lease_update(_ACK_SET, "queue, task_type")
 _NACK_QUEUE = _lease_update(_RELEASE, "queue")
 _REJECT_QUEUE = _lease_update(_REJECT_SET, "queue")
 _EXTEND = f"""
@@ -552,6 +592,40 @@ def _claim_sql(types_clause: str, rest: bool) -> str:
             ORDER BY {order} LIMIT :limit)
         RETURNING {_COLS}
     """
+
+
+@functools.lru_cache(maxsize=16)
+def _ack_many_sql(count: int) -> str:
+    """`count` acks of different tasks as one lease-guarded UPDATE: ?1 is
+    the time, then (id, attempt, token, result) per ack. INDEXED BY: each
+    ref is a seek of `tasks_id`, whatever the planner guesses."""
+    refs = ", ".join(f"(?{i}, ?{i + 1}, ?{i + 2}, ?{i + 3})" for i in range(2, 4 * count, 4))
+    assignments = _ACK_SET.replace(":now", "?1").replace(":result", "refs.result")
+    return f"""
+        WITH refs (id, attempt, token, result) AS (VALUES {refs})
+        UPDATE tasks INDEXED BY tasks_id SET {assignments}
+        FROM refs
+        WHERE tasks.id = refs.id AND state = {_LEASED} AND tasks.attempt = refs.attempt
+            AND lease_token = refs.token AND lease_until > ?1
+        RETURNING tasks.id, queue, task_type
+    """
+
+
+# Acks per `_ack_many_sql` statement, largest first: a group is cut into
+# these, so a handful of statements stay prepared in the statement cache.
+_ACK_CHUNKS = (256, 64, 32, 16, 8, 4, 2, 1)
+
+
+def _move_counts(
+    db: sqlite3.Connection, moved: Sequence[tuple[str, str]], old: int, new: int
+) -> None:
+    """Move `task_counts` for tasks that went from state `old` to `new`, one
+    (queue, task type) pair per task: the transitions the trigger skips."""
+    if not moved:
+        return
+    by_kind = collections.Counter(moved)
+    db.executemany(_COUNTS_DOWN, [(n, q, t, old) for (q, t), n in by_kind.items()])
+    db.executemany(_COUNTS_UP, [(q, t, new, n) for (q, t), n in by_kind.items()])
 
 
 def _leased_rows(rows: list[Any]) -> list[LeasedTask]:
@@ -853,6 +927,7 @@ class SQLiteEngine(Storage):
                 rows += db.execute(_claim_sql(types_clause, rest), args).fetchall()
                 if len(rows) >= limit:
                     break
+            _move_counts(db, [(queue, r[_C_TASK_TYPE]) for r in rows], _PENDING, _LEASED)
             # RETURNING yields rows in no promised order.
             rows.sort(key=lambda r: (-r[_C_PRIORITY], r[_C_AVAILABLE], r[_C_SEQ]))
             # Built inside the transaction: a failure here must undo the leases.
@@ -864,11 +939,14 @@ class SQLiteEngine(Storage):
         build: Callable[[Any], _T],
         ref: LeaseRef,
         now: datetime,
+        *,
+        succeeds: bool = False,
         **extra: Any,
     ) -> _T:
         """Run one lease-guarded UPDATE ... RETURNING and build the reply
         from its row, both in one transaction; LeaseLost when the ref is not
-        the task's live lease (the UPDATE then matched nothing)."""
+        the task's live lease (the UPDATE then matched nothing). `succeeds`:
+        the UPDATE is an ack, whose counts the trigger leaves to us."""
         args = {
             "id": ref.task_id,
             "attempt": ref.attempt,
@@ -880,10 +958,12 @@ class SQLiteEngine(Storage):
             row = db.execute(sql, args).fetchone()
             if row is None:
                 raise _lost(db, ref)
+            if succeeds:
+                _move_counts(db, [(row[_C_QUEUE], row[_C_TASK_TYPE])], _LEASED, _SUCCEEDED)
             return build(row)
 
     async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
-        return self._settle(_ACK, _row_task, ref, now, result=result)
+        return self._settle(_ACK, _row_task, ref, now, succeeds=True, result=result)
 
     async def nack(
         self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
@@ -896,33 +976,24 @@ class SQLiteEngine(Storage):
     async def settle_many(
         self, settlements: Sequence[Settlement], now: datetime
     ) -> list[str | LeaseLost]:
-        """One `BEGIN IMMEDIATE ... COMMIT` for the group: one lease-guarded
-        UPDATE per item returning only the queue, in order, so a second
-        settlement of a lease misses as it would in sequence."""
+        """One `BEGIN IMMEDIATE ... COMMIT` for the group, answering each item
+        with its queue or its LeaseLost, as if settled one by one in order."""
         if not settlements:
             return []
         now_us = _to_us(now)
-        answers: list[str | LeaseLost] = []
+        answers: list[str | LeaseLost | None] = [None] * len(settlements)
+        succeeded: list[tuple[str, str]] = []
         with self._write() as db:
-            for item in settlements:
-                ref = item.ref
-                args: dict[str, Any] = {
-                    "id": ref.task_id,
-                    "attempt": ref.attempt,
-                    "token": ref.lease_token,
-                    "now": now_us,
-                }
-                match item:
-                    case Ack(_, result):
-                        sql, args["result"] = _ACK_QUEUE, result
-                    case Nack(_, error, retry_delay):
-                        sql, args["error"] = _NACK_QUEUE, error
-                        args["delay"] = _delay_us(retry_delay)
-                    case Reject(_, error):
-                        sql, args["error"] = _REJECT_QUEUE, error
-                row = db.execute(sql, args).fetchone()
-                answers.append(_lost(db, ref) if row is None else row[0])
-        return answers
+            if len({item.ref.task_id for item in settlements}) == len(settlements):
+                # Different tasks: no item can change what another does, so
+                # the acks go first, together.
+                acks = [(i, item) for i, item in enumerate(settlements) if type(item) is Ack]
+                _ack_together(db, acks, now_us, answers, succeeded)
+            for i, item in enumerate(settlements):
+                if answers[i] is None:
+                    answers[i] = _settle_one(db, item, now_us, succeeded)
+            _move_counts(db, succeeded, _LEASED, _SUCCEEDED)
+        return cast(list[str | LeaseLost], answers)
 
     async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
         until = _to_us(now) + extension // _MICRO
@@ -1173,6 +1244,64 @@ class SQLiteEngine(Storage):
             doomed = [(seq,) for _, seq in itertools.islice(oldest, limit)]
             db.executemany("DELETE FROM tasks WHERE seq = ?", doomed)
         return len(doomed)
+
+
+def _ack_together(
+    db: sqlite3.Connection,
+    acks: Sequence[tuple[int, Ack]],
+    now_us: int,
+    answers: list[str | LeaseLost | None],
+    succeeded: list[tuple[str, str]],
+) -> None:
+    """Acks of different tasks by `_ack_many_sql`: each answer is its
+    task's queue, or LeaseLost (the statement matched no row for it)."""
+    done = 0
+    for size in _ACK_CHUNKS:
+        sql = _ack_many_sql(size)
+        while len(acks) - done >= size:
+            chunk = acks[done : done + size]
+            done += size
+            args: list[Any] = [now_us]
+            for _, item in chunk:
+                ref = item.ref
+                args += (ref.task_id, ref.attempt, ref.lease_token, item.result)
+            acked = {
+                task_id: (queue, task_type) for task_id, queue, task_type in db.execute(sql, args)
+            }
+            for i, item in chunk:
+                found = acked.get(item.ref.task_id)
+                if found is None:
+                    answers[i] = _lost(db, item.ref)
+                else:
+                    answers[i] = found[0]
+                    succeeded.append(found)
+
+
+def _settle_one(
+    db: sqlite3.Connection, item: Settlement, now_us: int, succeeded: list[tuple[str, str]]
+) -> str | LeaseLost:
+    """One lease-guarded UPDATE for `item`: its task's queue, or LeaseLost."""
+    ref = item.ref
+    args: dict[str, Any] = {
+        "id": ref.task_id,
+        "attempt": ref.attempt,
+        "token": ref.lease_token,
+        "now": now_us,
+    }
+    match item:
+        case Ack(_, result):
+            args["result"] = result
+            row = db.execute(_ACK_QUEUE, args).fetchone()
+            if row is not None:
+                succeeded.append((row[0], row[1]))
+        case Nack(_, error, retry_delay):
+            args["error"] = error
+            args["delay"] = _delay_us(retry_delay)
+            row = db.execute(_NACK_QUEUE, args).fetchone()
+        case Reject(_, error):
+            args["error"] = error
+            row = db.execute(_REJECT_QUEUE, args).fetchone()
+    return _lost(db, ref) if row is None else str(row[0])
 
 
 @contextlib.contextmanager
