@@ -164,14 +164,10 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequest,
     WorkRequestBatch,
     WorkResponse,
-    WorkResponseBatch,
     WorkResult,
 )
-from ringo_trio._wire.codec import build, decode, encode
-from ringo_trio._wire.frames import (
-    encode_work_response_batch,
-    encode_work_result,
-)
+from ringo_trio._wire.codec import decode, encode, tag_len, varint
+from ringo_trio._wire.frames import encode_work_response_batch
 from ringo_trio._wire.protocol import (
     BATCH_MINOR,
     CANCELLED_REASON,
@@ -1098,18 +1094,28 @@ def _encoded(data: bytes) -> _Encoded:
 def batch_frame(frames: Sequence[WorkResponse]) -> WorkResponse:
     """`WorkResponse(batch=WorkResponseBatch(responses=frames))`, encoded from
     the frames' own encodings."""
-    frame = _Wire(batch=build(WorkResponseBatch, responses=list(frames)))
-    frame._wire = encode_work_response_batch(
-        [item._wire if isinstance(item, Preencoded) else encode(item) for item in frames]
+    return _encoded(
+        encode_work_response_batch(
+            [item._wire if isinstance(item, Preencoded) else encode(item) for item in frames]
+        )
     )
-    return frame
+
+
+# WorkResponse.result, and WorkResult.request_id (a varint: its body is at
+# most 11 bytes, so its length is one byte).
+_RESULT = tag_len(3)
+_REQUEST_ID = b"\x08"
+_OK_ZERO = _RESULT + b"\x00"
 
 
 def ok_frame(request_id: int) -> WorkResponse:
-    """`WorkResponse(result=WorkResult(request_id=request_id))`, encoded."""
-    frame = _Wire(result=WorkResult(request_id=request_id))
-    frame._wire = encode_work_result(request_id, None, None)
-    return frame
+    """`WorkResponse(result=WorkResult(request_id=request_id))`, written
+    inline: one per settled task (`encode_work_result` is the reference,
+    byte-equal by test)."""
+    if not request_id:
+        return _encoded(_OK_ZERO)
+    body = _REQUEST_ID + varint(request_id)
+    return _encoded(_RESULT + bytes((len(body),)) + body)
 
 
 def _error_frame(request_id: int, code: ErrorCode, message: str, **metadata: str) -> WorkResponse:

@@ -51,6 +51,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
+from ringo_trio._wire.frames import encode_work_result
 from ringo_trio.server import _work
 from ringo_trio.server._clock import Clock
 from ringo_trio.server._service import QueueService
@@ -1325,8 +1326,11 @@ def test_a_task_frame_parses_as_its_work_response(task: Task | None, lease: Leas
 
 @given(request_id=st.integers(0, 2**64 - 1))
 def test_an_ok_result_frame_parses_as_its_work_response(request_id: int) -> None:
-    """Property: as above, for WorkResponse(result=WorkResult(request_id))."""
+    """Property: as above, for WorkResponse(result=WorkResult(request_id)),
+    and byte-equal to the shared codec's encoding (the inline writer's
+    reference)."""
     frame = _work.ok_frame(request_id)
+    assert bytes(frame) == encode_work_result(request_id, None, None)
     expected = WorkResponse(result=WorkResult(request_id=request_id))
     assert WorkResponse.parse(bytes(frame)) == expected
     assert frame.result is not None
