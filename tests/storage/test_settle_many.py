@@ -228,6 +228,24 @@ def test_acks_of_different_tasks_are_each_guarded_by_their_own_lease(
     assert counts_of(engine, native_q, later) == expected_counts(brute(engine, native_q))
 
 
+def test_a_large_group_settles_every_item(engine: SyncEngine, clock: ManualClock) -> None:
+    """Property: a group larger than any one statement takes (SQLite cuts
+    its acks into statements of 256, 64, ... 1) settles every item once:
+    300 acks, each answered with the queue, every task SUCCEEDED with its
+    own result, and the stats equal a count of the tasks."""
+    now = clock.now()
+    engine.enqueue("q", [spec() for _ in range(301)], now)
+    leases = engine.claim("q", [], 301, "w", LONG, now)
+    items = [Ack(ref_of(lt), str(i).encode()) for i, lt in enumerate(leases[:300])]
+    assert engine.settle_many(items, now) == ["q"] * 300
+    results = {t.id: (t.state, t.result) for t in brute(engine, "q")}
+    for i, lt in enumerate(leases[:300]):
+        assert lt.task is not None
+        assert results[lt.task.id] == (TaskState.SUCCEEDED, str(i).encode())
+    assert sum(state == TaskState.LEASED for state, _ in results.values()) == 1
+    assert counts_of(engine, "q", now) == expected_counts(brute(engine, "q"))
+
+
 def test_settle_many_answers_the_queue_of_what_took_effect(
     engine: SyncEngine, clock: ManualClock
 ) -> None:
