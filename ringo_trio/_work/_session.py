@@ -687,9 +687,11 @@ class WorkSession:
             raise RemoteProtocolError(f"task {key.task_id} attempt {key.attempt} was pushed twice")
         self._credit_mirror -= 1
         deadline = now + min(max(lease_remaining, 0.0), self.lease_duration)
-        self._leases[key] = _Lease(token=lease_token, deadline=deadline)
+        self._leases[key] = lease = _Lease(lease_token, deadline)
         self._slots.add(key)
-        self._arm(key, deadline - self.lease_duration / 3)
+        # `_arm`, inline: once per push.
+        lease.timer_at = when = deadline - self.lease_duration / 3
+        heapq.heappush(self._timers, (when, next(self._tiebreak), key))
         if self._credit_mirror:
             return [StartHandler(key)]
         # The last covered push: slots freed while the previous grant was out
@@ -748,7 +750,8 @@ class WorkSession:
                 # The settlement may or may not have committed; the only safe
                 # continuation is a new stream (leases left to expire).
                 raise SessionBroken(f"settling task {key.task_id} failed: {error.message}")
-            out += self._told_cancelled(key, lease, error)
+            if error is not None:
+                out += self._told_cancelled(key, lease, error)
         elif (
             kind is CommandKind.PROGRESS
             and key is not None
@@ -777,13 +780,10 @@ class WorkSession:
         lease = self._leases.get(key)
         if lease is None or lease.state is not LeaseState.HELD:
             raise LocalProtocolError(f"task {key.task_id} attempt {key.attempt} is not held")
-        out: list[Output] = [
-            self._send_settle(
-                key, lease, outcome, now, error=error, retry_delay=retry_delay, result=result
-            )
-        ]
+        settle = self._send_settle(key, lease, outcome, now, error, retry_delay, result)
         self._slots.discard(key)
-        return out + self._maybe_credit(now)
+        credit = self._maybe_credit(now)
+        return [settle, *credit] if credit else [settle]
 
     def _send_settle(
         self,
@@ -791,7 +791,6 @@ class WorkSession:
         lease: _Lease,
         outcome: Outcome,
         now: float,
-        *,
         error: str,
         retry_delay: float | None = None,
         result: bytes | None = None,
@@ -804,16 +803,8 @@ class WorkSession:
         if outcome is not Outcome.ACK or not self.can_store_result:
             result = None
         request_id = self._take_id()
-        self._pending[request_id] = _Pending(CommandKind.SETTLE, now, key=key)
-        return Settle(
-            request_id,
-            key,
-            lease.token,
-            outcome,
-            error=error,
-            retry_delay=retry_delay,
-            result=result,
-        )
+        self._pending[request_id] = _Pending(CommandKind.SETTLE, now, key)
+        return Settle(request_id, key, lease.token, outcome, error, retry_delay, result)
 
     @_input
     def handler_exited(self, key: LeaseKey, now: float) -> list[Output]:
@@ -1012,7 +1003,7 @@ class WorkSession:
     ) -> list[Output]:
         if self.state not in (State.ACTIVE, State.DRAINING):
             return []
-        return [self._send_settle(key, lease, Outcome.NACK, now, error=why)]
+        return [self._send_settle(key, lease, Outcome.NACK, now, why)]
 
     def _credit_result(
         self, pending: _Pending, error: CommandError | None, now: float
