@@ -119,13 +119,14 @@ and only `end` is accepted, so a broken stream can never emit another frame.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from .._wire.protocol import (
     BATCH_MINOR,
@@ -183,6 +184,36 @@ MAX_CREDIT_REFUSALS = 20
 # slot waited for 127 others before it was asked for).
 GRANT_FRACTION = 2
 GRANT_CAP = 32
+
+
+_E = TypeVar("_E")
+
+
+def _fast_init(cls: type[_E]) -> type[_E]:
+    """A frozen dataclass built per task, with an ``__init__`` that fills
+    each slot through its own descriptor: the generated one goes through
+    ``object.__setattr__`` per field, about twice the cost (0.8 µs for a
+    `Settle`, 0.5 µs this way). Same signature and defaults; the class
+    stays what it was — frozen, compared and hashed by its fields (the
+    tests hold both to the generated ``__init__``)."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    scope: dict[str, Any] = {}
+    params = []
+    for field in fields:
+        if field.default is not dataclasses.MISSING:
+            scope[f"default_{field.name}"] = field.default
+            params.append(f"{field.name}=default_{field.name}")
+        else:
+            params.append(field.name)
+        scope[f"set_{field.name}"] = getattr(cls, field.name).__set__
+    body = "".join(f"    set_{field.name}(self, {field.name})\n" for field in fields)
+    exec(f"def __init__(self, {', '.join(params)}):\n{body}", scope)
+    init = scope["__init__"]
+    init.generated = cls.__init__  # the reference (tests)
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
 
 
 class LocalProtocolError(Exception):
@@ -349,6 +380,7 @@ class Credit:
     grant: int | None = None
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Settle:
     request_id: int
@@ -390,6 +422,7 @@ Frame = Register | Credit | Settle | Extend | Progress | Drain
 # -- the elements of a batch frame (minor >= 10) ------------------------------
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Pushed:
     """A pushed task in a batch: `WorkSession.task_pushed`'s arguments."""
@@ -399,6 +432,7 @@ class Pushed:
     lease_remaining: float
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Answered:
     """A command result in a batch: `WorkSession.result`'s arguments."""
@@ -410,6 +444,7 @@ class Answered:
 # -- events out ---------------------------------------------------------------
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class StartHandler:
     key: LeaseKey
@@ -432,6 +467,7 @@ class TaskCancelled:
     key: LeaseKey
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class CommandDone:
     """The result of a command the driver may be waiting for (settle,
