@@ -373,6 +373,22 @@ def encode_ack(
     request_id: int, task_id: str, attempt: int, token: str, result: bytes | None = None
 ) -> bytes:
     """`ringo_trio._wire.frames.encode_ack`, byte for byte."""
+    tid = task_id.encode()
+    tok = token.encode()
+    size = len(tid) + len(tok)
+    if result is None and request_id and tid and tok and 0 < attempt < 0x80 and size < 0x78:
+        # Every ack of a no-op handler: each length fits one byte, so the
+        # frame is one formatting instead of a dozen concatenations (~0.4 µs).
+        return b"\x08%b\x22%c\x12%c\x0a%c%b\x10%c\x1a%c%b" % (
+            _varint(request_id),
+            size + 8,
+            size + 6,
+            len(tid),
+            tid,
+            attempt,
+            len(tok),
+            tok,
+        )
     body = _ref(task_id, attempt, token)
     if result is not None:
         body += b"\x1a" + _len(result) + result

@@ -253,44 +253,52 @@ class StreamDriver:
         """Carry out a session's outputs: write frames, start/cancel handlers, wake waiters."""
         send = self.send.send_nowait
         for out in outputs:
-            match out:
-                case Settle():
-                    send(settle_frame(out))
-                case StartHandler(key=key):
-                    self.owner._start_handler(self, key, self.arrived.pop(key))
-                case Credit(
-                    request_id=request_id,
-                    available=available,
-                    target_concurrency=target,
-                    grant=grant,
-                ):
-                    send(Frame(encode_credit(request_id, available, target, grant)))
-                case CommandDone(request_id=request_id, error=error):
-                    waiter = self.waiters.pop(request_id, None)
-                    if waiter is not None:
-                        waiter.error = error
-                        waiter.event.set()
-                case CancelHandler(key=key, reason=reason):
-                    self.owner._cancel_handler(key, reason)
-                case TaskCancelled(key=key):
-                    self.owner._task_cancelled(key)
-                case Extend(request_id=request_id, key=key, lease_token=token, extension=extension):
-                    send(
-                        Frame(
-                            encode_extend(
-                                request_id,
-                                key.task_id,
-                                key.attempt,
-                                token,
-                                timedelta(seconds=extension),
-                            )
-                        )
-                    )
-                case _:  # pragma: no cover - Register/Progress/Drain are sent by their callers
-                    raise LocalProtocolError(f"unexpected session output {out!r}")
+            # The per-task outputs first, by exact type: a class pattern is an
+            # isinstance check per case tried (the outputs are final classes).
+            if type(out) is Settle:
+                send(settle_frame(out))
+            elif type(out) is StartHandler:
+                key = out.key
+                self.owner._start_handler(self, key, self.arrived.pop(key))
+            elif type(out) is CommandDone:
+                waiter = self.waiters.pop(out.request_id, None)
+                if waiter is not None:
+                    waiter.error = out.error
+                    waiter.event.set()
+            else:
+                self._act_rare(out)
         if not self.session.pending_commands and self.owner._quiet():
             self.settled.set()
         self.owner._after_act()
+
+    def _act_rare(self, out: Output) -> None:
+        send = self.send.send_nowait
+        match out:
+            case Credit(
+                request_id=request_id,
+                available=available,
+                target_concurrency=target,
+                grant=grant,
+            ):
+                send(Frame(encode_credit(request_id, available, target, grant)))
+            case CancelHandler(key=key, reason=reason):
+                self.owner._cancel_handler(key, reason)
+            case TaskCancelled(key=key):
+                self.owner._task_cancelled(key)
+            case Extend(request_id=request_id, key=key, lease_token=token, extension=extension):
+                send(
+                    Frame(
+                        encode_extend(
+                            request_id,
+                            key.task_id,
+                            key.attempt,
+                            token,
+                            timedelta(seconds=extension),
+                        )
+                    )
+                )
+            case _:  # pragma: no cover - Register/Progress/Drain are sent by their callers
+                raise LocalProtocolError(f"unexpected session output {out!r}")
 
     async def command(self, frame: Progress | Drain) -> CommandError | None:
         """Send a command and wait for its result."""

@@ -119,13 +119,14 @@ and only `end` is accepted, so a broken stream can never emit another frame.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from .._wire.protocol import (
     BATCH_MINOR,
@@ -183,6 +184,36 @@ MAX_CREDIT_REFUSALS = 20
 # slot waited for 127 others before it was asked for).
 GRANT_FRACTION = 2
 GRANT_CAP = 32
+
+
+_E = TypeVar("_E")
+
+
+def _fast_init(cls: type[_E]) -> type[_E]:
+    """A frozen dataclass built per task, with an ``__init__`` that fills
+    each slot through its own descriptor: the generated one goes through
+    ``object.__setattr__`` per field, about twice the cost (0.8 µs for a
+    `Settle`, 0.5 µs this way). Same signature and defaults; the class
+    stays what it was — frozen, compared and hashed by its fields (the
+    tests hold both to the generated ``__init__``)."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    scope: dict[str, Any] = {}
+    params = []
+    for field in fields:
+        if field.default is not dataclasses.MISSING:
+            scope[f"default_{field.name}"] = field.default
+            params.append(f"{field.name}=default_{field.name}")
+        else:
+            params.append(field.name)
+        scope[f"set_{field.name}"] = getattr(cls, field.name).__set__
+    body = "".join(f"    set_{field.name}(self, {field.name})\n" for field in fields)
+    exec(f"def __init__(self, {', '.join(params)}):\n{body}", scope)
+    init = scope["__init__"]
+    init.generated = cls.__init__  # the reference (tests)
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
 
 
 class LocalProtocolError(Exception):
@@ -349,6 +380,7 @@ class Credit:
     grant: int | None = None
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Settle:
     request_id: int
@@ -390,6 +422,7 @@ Frame = Register | Credit | Settle | Extend | Progress | Drain
 # -- the elements of a batch frame (minor >= 10) ------------------------------
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Pushed:
     """A pushed task in a batch: `WorkSession.task_pushed`'s arguments."""
@@ -399,6 +432,7 @@ class Pushed:
     lease_remaining: float
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Answered:
     """A command result in a batch: `WorkSession.result`'s arguments."""
@@ -410,6 +444,7 @@ class Answered:
 # -- events out ---------------------------------------------------------------
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class StartHandler:
     key: LeaseKey
@@ -432,6 +467,7 @@ class TaskCancelled:
     key: LeaseKey
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class CommandDone:
     """The result of a command the driver may be waiting for (settle,
@@ -687,9 +723,11 @@ class WorkSession:
             raise RemoteProtocolError(f"task {key.task_id} attempt {key.attempt} was pushed twice")
         self._credit_mirror -= 1
         deadline = now + min(max(lease_remaining, 0.0), self.lease_duration)
-        self._leases[key] = _Lease(token=lease_token, deadline=deadline)
+        self._leases[key] = lease = _Lease(lease_token, deadline)
         self._slots.add(key)
-        self._arm(key, deadline - self.lease_duration / 3)
+        # `_arm`, inline: once per push.
+        lease.timer_at = when = deadline - self.lease_duration / 3
+        heapq.heappush(self._timers, (when, next(self._tiebreak), key))
         if self._credit_mirror:
             return [StartHandler(key)]
         # The last covered push: slots freed while the previous grant was out
@@ -748,7 +786,8 @@ class WorkSession:
                 # The settlement may or may not have committed; the only safe
                 # continuation is a new stream (leases left to expire).
                 raise SessionBroken(f"settling task {key.task_id} failed: {error.message}")
-            out += self._told_cancelled(key, lease, error)
+            if error is not None:
+                out += self._told_cancelled(key, lease, error)
         elif (
             kind is CommandKind.PROGRESS
             and key is not None
@@ -777,13 +816,10 @@ class WorkSession:
         lease = self._leases.get(key)
         if lease is None or lease.state is not LeaseState.HELD:
             raise LocalProtocolError(f"task {key.task_id} attempt {key.attempt} is not held")
-        out: list[Output] = [
-            self._send_settle(
-                key, lease, outcome, now, error=error, retry_delay=retry_delay, result=result
-            )
-        ]
+        settle = self._send_settle(key, lease, outcome, now, error, retry_delay, result)
         self._slots.discard(key)
-        return out + self._maybe_credit(now)
+        credit = self._maybe_credit(now)
+        return [settle, *credit] if credit else [settle]
 
     def _send_settle(
         self,
@@ -791,7 +827,6 @@ class WorkSession:
         lease: _Lease,
         outcome: Outcome,
         now: float,
-        *,
         error: str,
         retry_delay: float | None = None,
         result: bytes | None = None,
@@ -804,16 +839,8 @@ class WorkSession:
         if outcome is not Outcome.ACK or not self.can_store_result:
             result = None
         request_id = self._take_id()
-        self._pending[request_id] = _Pending(CommandKind.SETTLE, now, key=key)
-        return Settle(
-            request_id,
-            key,
-            lease.token,
-            outcome,
-            error=error,
-            retry_delay=retry_delay,
-            result=result,
-        )
+        self._pending[request_id] = _Pending(CommandKind.SETTLE, now, key)
+        return Settle(request_id, key, lease.token, outcome, error, retry_delay, result)
 
     @_input
     def handler_exited(self, key: LeaseKey, now: float) -> list[Output]:
@@ -1012,7 +1039,7 @@ class WorkSession:
     ) -> list[Output]:
         if self.state not in (State.ACTIVE, State.DRAINING):
             return []
-        return [self._send_settle(key, lease, Outcome.NACK, now, error=why)]
+        return [self._send_settle(key, lease, Outcome.NACK, now, why)]
 
     def _credit_result(
         self, pending: _Pending, error: CommandError | None, now: float

@@ -107,7 +107,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from types import TracebackType
+from types import CoroutineType, TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -348,7 +348,7 @@ async def _handler_group() -> AsyncIterator[_Backend]:
             yield _Backend(group.start_soon, anyio.CancelScope, anyio.current_time)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Running:
     scope: _Scope
     context: TaskContext
@@ -932,9 +932,12 @@ class Worker(Fencing):
             with running.scope:
                 try:
                     returned = self._handler(task, running.context)
-                    if inspect.isawaitable(returned):
+                    # A coroutine, nearly always: its exact type is checked
+                    # before the general (Python-level) test.
+                    if type(returned) is CoroutineType or inspect.isawaitable(returned):
                         returned = await returned
-                    result = self._result_value(live, returned)
+                    if returned is not None:
+                        result = self._result_value(live, returned)
                     outcome, error = Outcome.ACK, ""
                 except _ResultRefused as exc:
                     outcome, error = Outcome.NACK, str(exc)

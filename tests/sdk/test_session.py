@@ -23,6 +23,8 @@ No trio, no sockets, no clock: time is a number the tests pass in.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -1543,3 +1545,58 @@ def test_a_batch_broken_part_way_keeps_what_its_first_elements_asked_for() -> No
     assert out == [StartHandler(A)]
     assert session.state is State.ERROR
     assert session.in_flight == 1
+
+
+# -- the per-task events' fast __init__ ------------------------------------------------
+
+_KEYS = st.builds(LeaseKey, st.text(max_size=8), st.integers(0, 2**32 - 1))
+_ERRORS = st.none() | st.builds(CommandError, st.text(max_size=8), st.text(max_size=8))
+_FAST_EVENTS = {
+    Settle: st.tuples(
+        st.integers(1, 2**64 - 1),
+        _KEYS,
+        st.text(max_size=8),
+        st.sampled_from(Outcome),
+        st.text(max_size=8),
+        st.none() | st.floats(allow_nan=False),
+        st.none() | st.binary(max_size=8),
+    ),
+    Pushed: st.tuples(_KEYS, st.text(max_size=8), st.floats(allow_nan=False)),
+    Answered: st.tuples(st.integers(1, 2**64 - 1), _ERRORS),
+    StartHandler: st.tuples(_KEYS),
+    CommandDone: st.tuples(st.integers(1, 2**64 - 1), st.sampled_from(CommandKind), _ERRORS),
+}
+
+
+@pytest.mark.parametrize("cls", list(_FAST_EVENTS), ids=lambda cls: cls.__name__)
+@given(data=st.data())
+def test_fast_init_builds_what_the_generated_init_builds(cls: type, data: st.DataObject) -> None:
+    """Property (same events): the per-task events' descriptor-filling
+    ``__init__`` (`_fast_init`) builds, from any arguments, positional or by
+    keyword, with or without the defaults, the event the dataclass's own
+    ``__init__`` builds: equal, same hash, every field the same, still frozen;
+    and it takes the same parameters."""
+    generated = cls.__init__.generated  # type: ignore[misc]
+    fast = inspect.signature(cls.__init__).parameters
+    reference = inspect.signature(generated).parameters
+    assert [(p.name, p.kind, p.default) for p in fast.values()] == [
+        (p.name, p.kind, p.default) for p in reference.values()
+    ]
+    args = data.draw(_FAST_EVENTS[cls])
+    names = [field.name for field in dataclasses.fields(cls)]
+    given_count = data.draw(st.integers(1, len(args)))
+    required = sum(p.default is inspect.Parameter.empty for p in reference.values()) - 1
+    given_count = max(given_count, required)
+    positional = data.draw(st.integers(0, given_count))
+    call_args = args[:positional]
+    by_name = zip(names[positional:given_count], args[positional:given_count], strict=True)
+    call_kwargs = dict(by_name)
+    built = cls(*call_args, **call_kwargs)
+    expected = object.__new__(cls)
+    generated(expected, *call_args, **call_kwargs)
+    assert built == expected
+    assert hash(built) == hash(expected)
+    for name in names:
+        assert getattr(built, name) is getattr(expected, name)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(built, names[0], args[0])
