@@ -200,6 +200,8 @@ def _fast_init(cls: type[_E]) -> type[_E]:
     scope: dict[str, Any] = {}
     params = []
     for field in fields:
+        if field.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{field.name}: a default factory is not supported")
         if field.default is not dataclasses.MISSING:
             scope[f"default_{field.name}"] = field.default
             params.append(f"{field.name}=default_{field.name}")
