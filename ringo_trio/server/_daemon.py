@@ -297,6 +297,7 @@ class Daemon:
                     tasks.create_task(self._watch(), name="ringod storage watch"),
                     tasks.create_task(self._room_probe(), name="ringod room probe"),
                     tasks.create_task(self.retention.run(), name="ringod retention"),
+                    tasks.create_task(self.storage.maintain(), name="ringod storage upkeep"),
                 ]
                 if metrics_sock is not None:
                     assert self._prometheus is not None

@@ -4,9 +4,11 @@ and query plans."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import re
 import sqlite3
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -354,3 +356,51 @@ def test_the_finished_term_admits_exactly_the_finished_states() -> None:
     admitted = db.execute(f"SELECT state FROM tasks WHERE {sqlite_engine._FINISHED_TERM}")
     assert {s for (s,) in admitted} == set(FINISHED)
     db.close()
+
+
+def test_upkeep_checkpoints_the_wal_in_a_thread(sqlite: SyncEngine) -> None:
+    """Property: while upkeep (`maintain`) runs, the WAL is copied back by
+    its own connection in a worker thread -- the event loop's automatic
+    checkpoint is moved out to a distant backstop -- so what was committed
+    gets checkpointed without a COMMIT on the loop doing it; cancelled,
+    upkeep hands the automatic checkpoint back at SQLite's default."""
+    engine = sqlite.raw
+    assert isinstance(engine, SQLiteEngine)
+    db = _conn(sqlite)
+    now = ManualClock().now()
+
+    async def scenario() -> tuple[int, int, tuple[int, int]]:
+        upkeep = asyncio.create_task(engine.maintain(interval=0.0))
+        await asyncio.sleep(0)
+        backstop = db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        # Each task's 16 KiB payload takes several pages of the WAL.
+        for _ in range(40):
+            await engine.enqueue("q", [spec(payload=bytes(16 * 1024))], now)
+        # The writes stop; upkeep's next pass catches up (bounded wait). The
+        # -shm header is the only witness, written by SQLite: polled.
+        async with asyncio.timeout(10.0):
+            while not _checkpointed(sqlite.scratch):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        upkeep.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await upkeep
+        after = db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        return backstop, after, _wal_header(sqlite.scratch)
+
+    backstop, after, (logged, backfilled) = sqlite.run(scenario())
+    assert backstop == sqlite_engine._BACKSTOP_PAGES
+    assert after == 1000
+    assert logged > 40  # the writes went to the WAL, short of the backstop...
+    assert backfilled == logged  # ...and upkeep copied every frame back
+
+
+def _wal_header(scratch: pathlib.Path) -> tuple[int, int]:
+    """(mxFrame, nBackfill) of the WAL-index header in the -shm file, read
+    without a connection (asking through one could checkpoint)."""
+    raw = (scratch / "ringo.db-shm").read_bytes()[:100]
+    return int.from_bytes(raw[16:20], sys.byteorder), int.from_bytes(raw[96:100], sys.byteorder)
+
+
+def _checkpointed(scratch: pathlib.Path) -> bool:
+    logged, backfilled = _wal_header(scratch)
+    return logged > 0 and backfilled == logged

@@ -250,6 +250,12 @@ class Storage(abc.ABC):
         return at once (this default)."""
         return
 
+    async def maintain(self) -> None:
+        """Run until cancelled: the engine's own upkeep that must not run on
+        the daemon's event loop (the daemon runs it in its task group while
+        it serves). Engines with none return at once (this default)."""
+        return
+
     @abc.abstractmethod
     async def probe(self, now: datetime) -> None:
         """Commit a write that takes new space and leaves no trace (a task
