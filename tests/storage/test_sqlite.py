@@ -394,6 +394,49 @@ def test_upkeep_checkpoints_the_wal_in_a_thread(sqlite: SyncEngine) -> None:
     assert backfilled == logged  # ...and upkeep copied every frame back
 
 
+def test_a_failed_checkpoint_is_logged_and_retried(
+    sqlite: SyncEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: a checkpoint that fails (a full disk, an I/O error) does
+    not end upkeep -- which would end the daemon's task group -- it is
+    logged once, and the next pass checkpoints what was committed."""
+    engine = sqlite.raw
+    assert isinstance(engine, SQLiteEngine)
+    real = sqlite_engine._off_loop
+    failures = 0
+
+    async def fail_twice(db: sqlite3.Connection, sql: str) -> None:
+        nonlocal failures
+        if failures < 2:
+            failures += 1
+            raise sqlite3.OperationalError("database or disk is full")
+        await real(db, sql)
+
+    monkeypatch.setattr(sqlite_engine, "_off_loop", fail_twice)
+    now = ManualClock().now()
+
+    async def scenario() -> bool:
+        upkeep = asyncio.create_task(engine.maintain(interval=0.0))
+        for _ in range(3):
+            await engine.enqueue("q", [spec(payload=bytes(16 * 1024))], now)
+            await asyncio.sleep(0.01)
+        async with asyncio.timeout(10.0):
+            while not _checkpointed(sqlite.scratch):  # noqa: ASYNC110 (see above)
+                await asyncio.sleep(0.01)
+        alive = not upkeep.done()
+        upkeep.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await upkeep
+        return alive
+
+    with caplog.at_level("WARNING", logger=sqlite_engine.__name__):
+        assert sqlite.run(scenario())
+    assert failures == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "WAL checkpoint failed (will retry): database or disk is full"
+    ]
+
+
 def _wal_header(scratch: pathlib.Path) -> tuple[int, int]:
     """(mxFrame, nBackfill) of the WAL-index header in the -shm file, read
     without a connection (asking through one could checkpoint)."""

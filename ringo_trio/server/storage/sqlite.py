@@ -121,6 +121,7 @@ import contextlib
 import functools
 import heapq
 import itertools
+import logging
 import math
 import os
 import secrets
@@ -188,6 +189,8 @@ from ._rows import to_us as _to_us
 __all__ = ["SCHEMA_VERSION", "SQLiteEngine"]
 
 _T = TypeVar("_T")
+
+log = logging.getLogger(__name__)
 
 _BUSY_TIMEOUT_MS = 5000
 # WAL checkpoints (see the module docstring): how often upkeep runs one,
@@ -810,12 +813,26 @@ class SQLiteEngine(Storage):
         checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             db.execute(f"PRAGMA wal_autocheckpoint = {_BACKSTOP_PAGES}")
-            seen = self._commits
+            # The commits the last successful checkpoint covers.
+            covered = self._commits
+            failing = False
             while True:
                 await asyncio.sleep(interval)
-                if self._commits != seen:
-                    seen = self._commits
+                if self._commits == covered:
+                    continue
+                commits = self._commits
+                try:
                     await _off_loop(checkpointer, "PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as exc:
+                    # A full disk or an I/O error: the writes report it
+                    # (StorageFull), the backstop still checkpoints, and
+                    # the next pass tries again.
+                    if not failing:
+                        log.warning("WAL checkpoint failed (will retry): %s", exc)
+                    failing = True
+                else:
+                    covered = commits
+                    failing = False
         finally:
             if self._db is db:
                 db.execute(f"PRAGMA wal_autocheckpoint = {_AUTO_CHECKPOINT_PAGES}")
