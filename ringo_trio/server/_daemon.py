@@ -118,6 +118,11 @@ class DaemonConfig:
     # TLS (None: plaintext); built and checked by the command line.
     tls: ssl.SSLContext | None = None
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    # Storage upkeep off the event loop (SQLite: WAL checkpoints in a worker
+    # thread, `Storage.maintain`). Off for an in-process daemon on a virtual
+    # clock, where waiting for a real thread would let virtual time run ahead;
+    # the loop's own automatic checkpoint then does the work.
+    storage_upkeep: bool = True
     # Finished tasks older than this are deleted in the background (_retention);
     # the default keeps them all (ringod's flags default to 7d/30d/7d).
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
@@ -297,8 +302,11 @@ class Daemon:
                     tasks.create_task(self._watch(), name="ringod storage watch"),
                     tasks.create_task(self._room_probe(), name="ringod room probe"),
                     tasks.create_task(self.retention.run(), name="ringod retention"),
-                    tasks.create_task(self.storage.maintain(), name="ringod storage upkeep"),
                 ]
+                if self.config.storage_upkeep:
+                    background.append(
+                        tasks.create_task(self.storage.maintain(), name="ringod storage upkeep")
+                    )
                 if metrics_sock is not None:
                     assert self._prometheus is not None
                     background.append(

@@ -28,6 +28,7 @@ in a temporary directory removed last.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -87,9 +88,10 @@ class RingoTestEnv:
             if data_dir is None:
                 data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="ringo-env-"))
             database = Path(data_dir) / "ringo.db"
-            config = DaemonConfig(port=0)
+            # No upkeep thread on a virtual clock (see DaemonConfig).
+            config = DaemonConfig(port=0, storage_upkeep=time == "real")
             if session_ttl is not None:
-                config = DaemonConfig(port=0, session_ttl=session_ttl)
+                config = dataclasses.replace(config, session_ttl=session_ttl)
 
             def make_daemon(loop_time: Callable[[], float]) -> Daemon:
                 clock = Clock() if time == "real" else LoopClock(loop_time, start)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import trio
@@ -11,6 +12,7 @@ import trio.testing
 
 from ringo_trio import RetryBackoff, Task, TaskContext, TaskState
 from ringo_trio.testing import RingoTestEnv
+from tests.storage.test_sqlite import _checkpointed
 
 pytestmark = pytest.mark.trio
 
@@ -108,3 +110,19 @@ async def test_a_hand_driven_clock_moves_only_when_the_test_sleeps(
             assert task.finished_at is not None
             assert HOUR <= task.finished_at - task.created_at < HOUR + timedelta(minutes=2)
             await worker.close()
+
+
+async def test_storage_upkeep_runs_on_a_real_clock_only(tmp_path: Path) -> None:
+    """Property: an in-process daemon on real time checkpoints its WAL in
+    the upkeep thread while it serves, as `ringod` does; one on the event
+    loop's clock (the default, for virtual time) runs no upkeep, since a
+    wait for a real thread would let virtual time run ahead of it."""
+    real_dir, loop_dir = tmp_path / "real", tmp_path / "loop"
+    with trio.fail_after(30):
+        async with RingoTestEnv.start(time="real", data_dir=real_dir) as env:
+            assert env.daemon.config.storage_upkeep
+            await env.client.queue("q").enqueue(task_type="t", payload=bytes(16 * 1024))
+            while not _checkpointed(real_dir):  # noqa: ASYNC110 (SQLite's -shm is the witness)
+                await trio.sleep(0.01)
+        async with RingoTestEnv.start(data_dir=loop_dir) as env:
+            assert not env.daemon.config.storage_upkeep
