@@ -135,6 +135,25 @@ def _tasks(engine: SyncEngine, queue: str) -> list[Task]:
     return [_normal(t, ids) for t in tasks]
 
 
+def _settle_both(
+    engine: SyncEngine, scene: Scene, items: list[Item], settle_after: timedelta
+) -> tuple[str, str, list[str | LeaseLost], list[str | LeaseLost], datetime]:
+    """The scene on two fresh queues, `items` settled `settle_after` later:
+    natively on the first, by the base class's one by one on the second;
+    the queues, both answers and when they were settled."""
+    n = next(_queues)
+    native_q, reference_q = f"native{n}", f"reference{n}"
+    now = ManualClock().now()
+    native_leases = _setup(engine, native_q, scene, now)
+    reference_leases = _setup(engine, reference_q, scene, now)
+    later = now + settle_after
+    native = engine.settle_many([_realize(i, native_leases) for i in items], later)
+    reference = engine.run(
+        Storage.settle_many(engine.raw, [_realize(i, reference_leases) for i in items], later)
+    )
+    return native_q, reference_q, native, reference, later
+
+
 @settings(
     max_examples=40,
     deadline=None,
@@ -161,17 +180,8 @@ def test_settle_many_equals_settling_one_by_one(
     if distinct:
         named: set[int] = set()
         items = [i for i in items if not (i.task in named or named.add(i.task))]
-    n = next(_queues)
-    native_q, reference_q = f"native{n}", f"reference{n}"
-    clock = ManualClock()
-    now = clock.now()
-    native_leases = _setup(engine, native_q, scene, now)
-    reference_leases = _setup(engine, reference_q, scene, now)
-    later = now + settle_after
-
-    native = engine.settle_many([_realize(i, native_leases) for i in items], later)
-    reference = engine.run(
-        Storage.settle_many(engine.raw, [_realize(i, reference_leases) for i in items], later)
+    native_q, reference_q, native, reference, later = _settle_both(
+        engine, scene, items, settle_after
     )
     assert [_answer(a) for a in native] == [
         _answer(native_q if a == reference_q else a) for a in reference
@@ -200,17 +210,7 @@ def test_acks_of_different_tasks_are_each_guarded_by_their_own_lease(
         Item(6, "live", "ack", None, None),
         Item(7, "live", "reject", None, None),
     ]
-    n = next(_queues)
-    native_q, reference_q = f"native{n}", f"reference{n}"
-    now = ManualClock().now()
-    native_leases = _setup(engine, native_q, scene, now)
-    reference_leases = _setup(engine, reference_q, scene, now)
-    later = now + SHORT
-
-    native = engine.settle_many([_realize(i, native_leases) for i in items], later)
-    reference = engine.run(
-        Storage.settle_many(engine.raw, [_realize(i, reference_leases) for i in items], later)
-    )
+    native_q, reference_q, native, reference, later = _settle_both(engine, scene, items, SHORT)
     assert [_answer(a) for a in native] == [
         ("ok", native_q),
         ("lost", False),
