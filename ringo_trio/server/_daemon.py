@@ -3,9 +3,10 @@
 `Daemon.serve` owns everything it starts. The background tasks — the lease
 reaper, the storage watch, the safety poll, retention (`_retention`) and
 the storage's upkeep (`Storage.maintain`: SQLite's WAL checkpoints in a
-worker thread, whose wait it bounds) — run in an `asyncio.TaskGroup` that cannot outlive the call; grpclib's
-per-call tasks are drained and then cancelled by the server; storage is
-closed last, after no call can touch it any more.
+worker thread, whose wait it bounds) — run in an `asyncio.TaskGroup` that
+cannot outlive the call; grpclib's per-call tasks are drained and then
+cancelled by the server; storage is closed last, after no call can touch it
+any more.
 
 **Metrics** (``DaemonConfig.metrics_listen``, `_metrics`): the /metrics
 responder is one more background task of that group; without it, the
