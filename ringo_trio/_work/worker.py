@@ -936,8 +936,7 @@ class Worker(Fencing):
                     # before the general (Python-level) test.
                     if type(returned) is CoroutineType or inspect.isawaitable(returned):
                         returned = await returned
-                    if returned is not None:
-                        result = self._result_value(live, returned)
+                    result = self._result_value(live, returned)
                     outcome, error = Outcome.ACK, ""
                 except _ResultRefused as exc:
                     outcome, error = Outcome.NACK, str(exc)

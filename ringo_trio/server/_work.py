@@ -123,10 +123,11 @@ seconds sends ``heartbeat{server_time}``.
 **Cost.** Task frames, the hot path, come encoded from storage:
 `Storage.claim_pushes` writes each push straight from its row, with the
 lease and payload size the stream keeps (`Push`), and the stream sends those
-bytes (`_encoded`) without building a message. Plain OK results are encoded
-where they are made (`ok_frame`) by the shared codec (`ringo_trio._wire`),
-like every other frame at a fraction of betterproto2's cost; a batch frame
-joins its elements' encodings (`batch_frame`, or the pushes' bytes). From
+bytes (`_encoded`) without building a message. Plain OK results, one per
+settled task, are written inline (`ok_frame`, held byte-equal to the shared
+codec's `encode_work_result`); every other frame is encoded by the shared
+codec (`ringo_trio._wire`) at a fraction of betterproto2's cost; a batch
+frame joins its elements' encodings (`batch_frame`, or the pushes' bytes). From
 minor 10 a claim is pushed in as few messages as its credit allows (split
 at ``PUSH_MESSAGE_BYTES``): per task, the message, its h2 frame and its
 socket write were most of the daemon's CPU.

@@ -393,13 +393,20 @@ def _insert_rows(count: int) -> str:
     return _INSERT_HEAD + ", ".join([_INSERT_ROW] * count)
 
 
-def _insert_all(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
-    start, total = 0, len(rows)
-    for size in _INSERT_CHUNKS:
-        sql = _insert_rows(size)
-        while total - start >= size:
-            db.execute(sql, list(itertools.chain.from_iterable(rows[start : start + size])))
+def _pieces(items: Sequence[_T], sizes: Sequence[int]) -> Iterator[Sequence[_T]]:
+    """`items` in consecutive pieces of `sizes` (largest first, the last 1),
+    so a batch of any length runs as a few statements, each of a size that
+    stays prepared in the statement cache."""
+    start = 0
+    for size in sizes:
+        while len(items) - start >= size:
+            yield items[start : start + size]
             start += size
+
+
+def _insert_all(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    for piece in _pieces(rows, _INSERT_CHUNKS):
+        db.execute(_insert_rows(len(piece)), list(itertools.chain.from_iterable(piece)))
 
 
 # The current lease, alive at :now. Every LeaseRef operation is one UPDATE
@@ -1313,26 +1320,22 @@ def _ack_together(
 ) -> None:
     """Acks of different tasks by `_ack_many_sql`: each answer is its
     task's queue, or LeaseLost (the statement matched no row for it)."""
-    done = 0
-    for size in _ACK_CHUNKS:
-        sql = _ack_many_sql(size)
-        while len(acks) - done >= size:
-            chunk = acks[done : done + size]
-            done += size
-            args: list[Any] = [now_us]
-            for _, item in chunk:
-                ref = item.ref
-                args += (ref.task_id, ref.attempt, ref.lease_token, item.result)
-            acked = {
-                task_id: (queue, task_type) for task_id, queue, task_type in db.execute(sql, args)
-            }
-            for i, item in chunk:
-                found = acked.get(item.ref.task_id)
-                if found is None:
-                    answers[i] = _lost(db, item.ref)
-                else:
-                    answers[i] = found[0]
-                    succeeded.append(found)
+    for piece in _pieces(acks, _ACK_CHUNKS):
+        args: list[Any] = [now_us]
+        for _, item in piece:
+            ref = item.ref
+            args += (ref.task_id, ref.attempt, ref.lease_token, item.result)
+        acked = {
+            task_id: (queue, task_type)
+            for task_id, queue, task_type in db.execute(_ack_many_sql(len(piece)), args)
+        }
+        for i, item in piece:
+            found = acked.get(item.ref.task_id)
+            if found is None:
+                answers[i] = _lost(db, item.ref)
+            else:
+                answers[i] = found[0]
+                succeeded.append(found)
 
 
 def _settle_one(
