@@ -17,7 +17,8 @@ from datetime import timedelta
 
 from grpclib.client import Channel
 
-from ringo_trio._limits import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from ringo_trio._contract.versions import MAJOR as PROTOCOL_MAJOR
+from ringo_trio._contract.versions import MINOR as PROTOCOL_MINOR
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     ClaimRequest,

@@ -40,7 +40,7 @@ import h2.errors
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ringo_trio._limits import MAX_PAYLOAD_BYTES
+from ringo_trio._contract.limits import MAX_PAYLOAD_BYTES
 from ringo_trio._proto.ringo.v1 import (
     CreditUpdate,
     EnqueueManyRequest,

@@ -18,9 +18,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ._client import Ringo, RingoClient
+from ._contract.limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
 from ._durations import parse_duration
 from ._errors import InvalidArgumentError
-from ._limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
 from ._models import QueueStats, Task, TaskSpec, TaskState
 from ._supervise import TOKEN_ENV
 

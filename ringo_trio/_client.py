@@ -33,21 +33,21 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 import anyio.abc
 
-from . import _limits
 from ._connection import Connection
+from ._contract import limits as _limits
+from ._contract.versions import Feature
 from ._daemon import LocalDaemon
 from ._endpoint import Endpoint, parse_endpoint
 from ._errors import (
     InvalidArgumentError,
     RingoError,
-    require_minor,
+    require,
 )
 from ._models import PostgresStorage, QueueStats, SQLiteStorage, _check_name
 from ._proto.ringo.v1 import ListQueuesRequest, ListQueuesResponse
 from ._queue import TaskQueue
 from ._transport import client_tls_context
 from ._transport_api import ClientTransport
-from ._wire.protocol import OPERATE_MINOR
 
 if TYPE_CHECKING:
     from ._shared import SharedLocalDaemon
@@ -278,7 +278,7 @@ class RingoClient:
 
         Pages through ListQueues (1,000 queues a call); a queue created or
         emptied meanwhile may or may not be in the answer."""
-        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "RingoClient.queues")
+        require(self._connection.protocol_minor, Feature.OPERATE, "RingoClient.queues")
         found: list[QueueStats] = []
         token = ""
         while True:

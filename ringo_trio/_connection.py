@@ -14,7 +14,7 @@ group. `Connection.close` is the graceful part of shutdown: close the channel,
 stop the daemon through its lifecycle pipe — each step shielded and bounded.
 
 *Sessions.* After connecting, the connection negotiates: it offers protocol
-major `PROTOCOL_MAJOR` and its newest minor, and keeps the minor the daemon
+major `versions.MAJOR` and its newest minor, and keeps the minor the daemon
 agreed to together with the short-lived session token (`NegotiatedSession`).
 Every request carries them in its ``RequestContext``.
 
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 
-from . import _limits
+from ._contract import versions as _versions
 from ._daemon import LocalDaemon
 from ._endpoint import Endpoint, parse_endpoint
 from ._errors import (
@@ -100,14 +100,14 @@ class NegotiatedSession:
 
     def __post_init__(self) -> None:
         context = RequestContext(
-            protocol_major=_limits.PROTOCOL_MAJOR,
+            protocol_major=_versions.MAJOR,
             protocol_minor=self.minor,
             session_token=self.token,
         )
         object.__setattr__(self, "context", context)
 
 
-NO_SESSION = NegotiatedSession(minor=_limits.PROTOCOL_MINOR, token="")
+NO_SESSION = NegotiatedSession(minor=_versions.MINOR, token="")
 
 
 class Connection:
@@ -442,17 +442,17 @@ class Connection:
             NegotiateRequest(
                 sdk_name=SDK_NAME,
                 sdk_version=SDK_VERSION,
-                protocol_major=_limits.PROTOCOL_MAJOR,
-                protocol_minor=_limits.PROTOCOL_MINOR,
+                protocol_major=_versions.MAJOR,
+                protocol_minor=_versions.MINOR,
             ),
             NegotiateResponse,
             rpc_timeout=DEFAULT_RPC_TIMEOUT,
         )
-        if reply.protocol_major != _limits.PROTOCOL_MAJOR:
+        if reply.protocol_major != _versions.MAJOR:
             raise IncompatibleVersionError(
                 f"the daemon speaks protocol major {reply.protocol_major}, this SDK"
-                f" speaks {_limits.PROTOCOL_MAJOR}; upgrade one side"
+                f" speaks {_versions.MAJOR}; upgrade one side"
             )
         self._session = NegotiatedSession(
-            minor=min(reply.protocol_minor, _limits.PROTOCOL_MINOR), token=reply.session_token
+            minor=min(reply.protocol_minor, _versions.MINOR), token=reply.session_token
         )

@@ -16,8 +16,8 @@ import ipaddress
 import ssl
 from dataclasses import dataclass, field
 
+from ._contract.limits import DEFAULT_PORT
 from ._errors import InvalidArgumentError
-from ._limits import DEFAULT_PORT
 
 _SCHEMES = {"grpc": False, "http": False, "grpcs": True, "https": True}
 # RFC 3986 reg-name characters we accept in a host: DNS names and IPv4.

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from ._limits import MAX_DELAY
+from ._contract.limits import MAX_DELAY
+from ._contract.versions import Feature, FeatureMissing, Features
 
 __all__ = [
     "FailedPreconditionError",
@@ -144,9 +145,10 @@ def error_for_code(code: str, message: str) -> RingoError:
     return _BY_CODE.get(code, RingoError)(message or code.lower().replace("_", " "))
 
 
-def require_minor(minor: int, needed: int, feature: str) -> None:
-    """`IncompatibleVersionError` when the negotiated ``minor`` lacks ``feature``."""
-    if minor < needed:
-        raise IncompatibleVersionError(
-            f"{feature} needs protocol minor >= {needed}; negotiated minor is {minor}"
-        )
+def require(minor: int, feature: Feature, what: str | None = None) -> None:
+    """`IncompatibleVersionError` when the negotiated ``minor`` lacks ``feature``
+    (the feature table decides; ``what`` names the call in the message)."""
+    try:
+        Features(minor).require(feature, what)
+    except FeatureMissing as exc:
+        raise IncompatibleVersionError(str(exc)) from None

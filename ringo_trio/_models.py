@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from . import _limits
+from ._contract import limits as _limits
 from ._errors import InvalidArgumentError
 from ._proto.ringo.v1 import EnqueueResult as _WireEnqueueResult
 from ._proto.ringo.v1 import Progress as _WireProgress

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from . import _limits
 from ._batch_wire import decode_batch_reply, encode_batch_request
+from ._contract import limits as _limits
+from ._contract.versions import Feature
 from ._durations import MAX_RETENTION
-from ._errors import InvalidArgumentError, RingoError, require_minor
+from ._errors import InvalidArgumentError, RingoError, require
 from ._models import (
     BatchResult,
     EnqueueResult,
@@ -69,7 +70,6 @@ from ._proto.ringo.v1 import (
     RetryTasksResponse,
 )
 from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
-from ._wire.protocol import DUE_ONLY_ACTIVITY_MINOR, OPERATE_MINOR
 from ._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._work._timeouts import TaskTimeouts
 from ._work.worker import (
@@ -359,8 +359,8 @@ class TaskQueue:
         1,000"). Needs protocol minor >= 1, and >= 8 with ``due_only``
         (`IncompatibleVersionError` before anything is sent)."""
         if due_only:
-            require_minor(
-                self._connection.protocol_minor, DUE_ONLY_ACTIVITY_MINOR, "active_count(due_only)"
+            require(
+                self._connection.protocol_minor, Feature.DUE_ONLY_ACTIVITY, "active_count(due_only)"
             )
         reply = await self._connection.call(
             "GetQueueActivity",
@@ -464,7 +464,7 @@ class TaskQueue:
         page_size: int,
         page_token: str | None,
     ) -> ListTasksRequest:
-        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "TaskQueue.list")
+        require(self._connection.protocol_minor, Feature.OPERATE, "TaskQueue.list")
         wire_states = []
         for state in states or ():
             if not isinstance(state, TaskState):
@@ -493,7 +493,7 @@ class TaskQueue:
         """Counts by state and by task type, and the oldest due task's age.
         Exact, and cheap however many tasks the queue holds. A queue without
         tasks answers zeros."""
-        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "TaskQueue.stats")
+        require(self._connection.protocol_minor, Feature.OPERATE, "TaskQueue.stats")
         reply = await self._connection.call(
             "GetQueueStats",
             GetQueueStatsRequest(queue=self.name),
@@ -524,7 +524,7 @@ class TaskQueue:
     async def _cancel(
         self, reason: str, *, task_id: str | None = None, unique_key: str | None = None
     ) -> Task:
-        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "cancel")
+        require(self._connection.protocol_minor, Feature.OPERATE, "cancel")
         if not isinstance(reason, str):
             raise InvalidArgumentError(f"reason must be a string, got {type(reason).__name__}")
         if len(reason.encode("utf-8", "surrogatepass")) > _limits.MAX_ERROR_BYTES:
@@ -569,7 +569,7 @@ class TaskQueue:
         Like every mutation it is never re-sent after `UnavailableError`;
         the batches before it stay applied. Protocol minor >= 9.
         """
-        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "retry_many")
+        require(self._connection.protocol_minor, Feature.OPERATE, "retry_many")
         types = _task_types(task_types)
         _check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
         if finished_before is None:
@@ -611,7 +611,7 @@ class TaskQueue:
         error the batches already done stay done: call it again. Needs
         protocol minor >= 9 (`IncompatibleVersionError` before anything is
         sent)."""
-        require_minor(self._connection.protocol_minor, OPERATE_MINOR, "purge")
+        require(self._connection.protocol_minor, Feature.OPERATE, "purge")
         if isinstance(states, TaskState | str):
             raise InvalidArgumentError("states must be a collection of TaskState")
         wanted: builtins.list[TaskState] = []

@@ -51,7 +51,7 @@ from datetime import timedelta
 import anyio
 import anyio.abc
 
-from . import _limits
+from ._contract import limits as _limits
 from ._errors import InvalidArgumentError, RingoError
 from ._supervision import ENV_FD, EXIT_FENCED, stall_threshold
 from ._work._timeouts import TaskTimeouts

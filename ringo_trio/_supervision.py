@@ -56,7 +56,7 @@ from datetime import timedelta
 
 import anyio
 
-from . import _limits
+from ._contract import limits as _limits
 from ._work._timeouts import TaskTimeouts
 
 __all__ = [

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from ringo_trio import PermanentTaskError, Ringo, Task, TaskContext
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
 from ringo_trio.testing import DaemonProcess, run_worker
 
 from ._ringo_cli import daemon as daemon  # the fixture, found by name

@@ -32,28 +32,8 @@ import anyio
 import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .._errors import RingoError, UnavailableError, error_for_code
-from .._frames import PushedTask, WorkResultFrame
-from .._limits import MAX_WORK_BATCH
-from .._models import Task
-from .._proto.ringo.v1 import (
-    LeaseRef,
-    ReleaseRequest,
-    ReportProgressRequest,
-    WorkerDrain,
-    WorkRequest,
-    WorkResponse,
-)
-from .._wire.frames import encode_work_request_batch
-from .._work_wire import (
-    decode_work_response,
-    encode_ack,
-    encode_credit,
-    encode_extend,
-    encode_nack,
-    encode_reject,
-)
-from ._session import (
+from .._contract.limits import MAX_WORK_BATCH
+from .._contract.work.client import (
     Answered,
     CancelHandler,
     CommandDone,
@@ -73,6 +53,26 @@ from ._session import (
     State,
     TaskCancelled,
     WorkSession,
+)
+from .._errors import RingoError, UnavailableError, error_for_code
+from .._frames import PushedTask, WorkResultFrame
+from .._models import Task
+from .._proto.ringo.v1 import (
+    LeaseRef,
+    ReleaseRequest,
+    ReportProgressRequest,
+    WorkerDrain,
+    WorkRequest,
+    WorkResponse,
+)
+from .._wire.frames import encode_work_request_batch
+from .._work_wire import (
+    decode_work_response,
+    encode_ack,
+    encode_credit,
+    encode_extend,
+    encode_nack,
+    encode_reject,
 )
 
 __all__ = [

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .. import _supervision
+from .._contract.work.client import State
 from .._errors import WorkerFencedError
-from ._session import State
 from ._timeouts import Stuck, Watchdog
 
 if TYPE_CHECKING:

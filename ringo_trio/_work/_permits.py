@@ -14,8 +14,8 @@ import enum
 import itertools
 from typing import Protocol
 
+from .._contract.work.client import Output, State, WorkSession
 from .._errors import InvalidArgumentError
-from ._session import Output, State, WorkSession
 
 __all__ = [
     "AimdLaw",

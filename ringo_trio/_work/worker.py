@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-All protocol decisions live in `ringo_trio._work._session.WorkSession`; one
+All protocol decisions live in `ringo_trio._contract.work.client.WorkSession`; one
 stream's frames are moved by `ringo_trio._work._driver.StreamDriver`; this
 module runs handlers and decides when to stop. The shape is the one DESIGN.md
 §2 asks for — scopes instead of epochs and done-callbacks:
@@ -114,7 +114,18 @@ import anyio
 import anyio.abc
 import sniffio
 
-from .. import _limits
+from .._contract import limits as _limits
+from .._contract.versions import FEATURES, Feature, Features
+from .._contract.work.client import (
+    FeatureMissing,
+    LeaseKey,
+    Outcome,
+    RemoteProtocolError,
+    SessionBroken,
+    State,
+    VersionMismatch,
+    WorkSession,
+)
 from .._errors import (
     IncompatibleVersionError,
     InvalidArgumentError,
@@ -125,7 +136,7 @@ from .._errors import (
     RingoError,
     UnavailableError,
     WorkerAlreadyRunError,
-    require_minor,
+    require,
 )
 from .._models import Task, truncate_utf8
 from .._proto.ringo.v1 import (
@@ -135,27 +146,10 @@ from .._proto.ringo.v1 import (
     WorkRequest,
 )
 from .._transport_api import SessionRejectedError
-from .._wire.protocol import (
-    ACTIVITY_MINOR,
-    BATCH_MINOR,
-    DUE_ONLY_ACTIVITY_MINOR,
-    OPERATE_MINOR,
-    TARGET_CONCURRENCY_MINOR,
-)
 from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._driver import Frame, Inbound, StreamDriver, batch_frames, command_exception
 from ._fencing import Fence, Fencing
 from ._permits import Member, Signal, balance
-from ._session import (
-    FeatureUnavailable,
-    LeaseKey,
-    Outcome,
-    RemoteProtocolError,
-    SessionBroken,
-    State,
-    VersionMismatch,
-    WorkSession,
-)
 from ._timeouts import TaskTimeouts, Watchdog
 
 if TYPE_CHECKING:
@@ -442,7 +436,7 @@ def results_stored(minor: int) -> bool:
     result is dropped — the ack itself goes ahead, never failed by it — with
     one warning per process."""
     global _dropped_result_warned
-    if minor >= OPERATE_MINOR:
+    if Features(minor).has(Feature.RESULT_VALUES):
         return True
     if not _dropped_result_warned:
         _dropped_result_warned = True
@@ -450,7 +444,7 @@ def results_stored(minor: int) -> bool:
             "the daemon speaks protocol minor %d: result values (minor %d) are not stored;"
             " tasks are acked without them",
             minor,
-            OPERATE_MINOR,
+            FEATURES[Feature.RESULT_VALUES],
         )
     return False
 
@@ -587,10 +581,11 @@ class Worker(Fencing):
                 "this worker's concurrency comes from a shared controller; it cannot be set"
             )
         concurrency = check_concurrency(concurrency, low=0)
-        if self._run_started and self._connection.protocol_minor < TARGET_CONCURRENCY_MINOR:
-            raise IncompatibleVersionError(
-                "changing concurrency at runtime needs protocol minor >= 2; negotiated minor"
-                f" is {self._connection.protocol_minor}"
+        if self._run_started:
+            require(
+                self._connection.protocol_minor,
+                Feature.TARGET_CONCURRENCY,
+                "changing concurrency at runtime",
             )
         self._concurrency = concurrency
         self._dynamic = True
@@ -745,9 +740,9 @@ class Worker(Fencing):
         """A Work session for ``minor``, or `IncompatibleVersionError` when the
         minor lacks a feature this worker needs (the session knows which)."""
         if self._on_idle is not None:
-            require_minor(minor, ACTIVITY_MINOR, "on_idle")
+            require(minor, Feature.ACTIVITY, "on_idle")
             if not self._idle_counts_scheduled:
-                require_minor(minor, DUE_ONLY_ACTIVITY_MINOR, "idle_counts_scheduled=False")
+                require(minor, Feature.DUE_ONLY_ACTIVITY, "idle_counts_scheduled=False")
         try:
             return WorkSession(
                 concurrency=concurrency,
@@ -755,7 +750,7 @@ class Worker(Fencing):
                 dynamic_target=self._dynamic,
                 command_timeout=_COMMAND_TIMEOUT,
             )
-        except FeatureUnavailable as exc:
+        except FeatureMissing as exc:
             raise IncompatibleVersionError(str(exc)) from None
 
     async def _serve(self) -> None:
@@ -813,7 +808,7 @@ class Worker(Fencing):
             Inbound,
             send_buffer=math.inf,
             receive_buffer=256,
-            coalesce=batch_frames if sent.minor >= BATCH_MINOR else None,
+            coalesce=batch_frames if Features(sent.minor).has(Feature.BATCH_FRAMES) else None,
         ) as channels:
             assert channels.send is not None
             live = StreamDriver(session, channels.send, self)
@@ -1051,7 +1046,7 @@ class Worker(Fencing):
             self._controller is not None  # `_rebalance` sizes the session
             or current is None
             or current.session.state is not State.ACTIVE
-            or self._connection.protocol_minor < TARGET_CONCURRENCY_MINOR
+            or not Features(self._connection.protocol_minor).has(Feature.TARGET_CONCURRENCY)
         ):
             return
         wanted = max(0, self._concurrency - len(self._orphans))

@@ -67,7 +67,7 @@ from h2.errors import ErrorCodes
 from h2.events import RequestReceived, StreamReset
 from h2.settings import SettingCodes
 
-from ringo_trio._limits import MAX_MESSAGE_BYTES
+from ringo_trio._contract.limits import MAX_MESSAGE_BYTES
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",

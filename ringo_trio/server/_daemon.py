@@ -66,7 +66,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits, versions
 
 from ._clock import Clock
 from ._commit import GroupCommit
@@ -97,7 +97,7 @@ _ROOM_PROBE_INTERVAL = 1.0
 class DaemonConfig:
     host: str = "127.0.0.1"
     port: int = limits.DEFAULT_PORT
-    protocol_minor: int = limits.PROTOCOL_MINOR
+    protocol_minor: int = versions.MINOR
     session_ttl: timedelta = limits.DEFAULT_SESSION_TTL
     token: str | None = None
     shutdown_timeout: float = 5.0

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits, versions
 from ringo_trio._durations import FOREVER, format_retention, parse_retention
 from ringo_trio._version import SDK_VERSION
 
@@ -153,10 +153,8 @@ def _minor(value: str) -> int:
         minor = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if not 0 <= minor <= limits.PROTOCOL_MINOR:
-        raise argparse.ArgumentTypeError(
-            f"{minor} is outside the served range 0..{limits.PROTOCOL_MINOR}"
-        )
+    if not 0 <= minor <= versions.MINOR:
+        raise argparse.ArgumentTypeError(f"{minor} is outside the served range 0..{versions.MINOR}")
     return minor
 
 
@@ -358,9 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--protocol-minor",
         metavar="N",
         type=_minor,
-        default=limits.PROTOCOL_MINOR,
-        help=f"serve an older protocol minor 0..{limits.PROTOCOL_MINOR}"
-        f" (default {limits.PROTOCOL_MINOR}, the newest)",
+        default=versions.MINOR,
+        help=f"serve an older protocol minor 0..{versions.MINOR}"
+        f" (default {versions.MINOR}, the newest)",
     )
     parser.add_argument(
         "--session-ttl",
@@ -636,7 +634,7 @@ def ready_info(daemon: Daemon, *, storage: StorageChoice, loop_name: str) -> dic
         "port": daemon.port,
         "pid": os.getpid(),
         "version": SDK_VERSION,
-        "protocol_major": limits.PROTOCOL_MAJOR,
+        "protocol_major": versions.MAJOR,
         "protocol_minor": daemon.config.protocol_minor,
         "session_ttl": daemon.config.session_ttl.total_seconds(),
         "auth": daemon.config.token is not None,

@@ -68,7 +68,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
 
 from ._http import HttpLimits, Request, Response, serve_http
 from .storage._base import (

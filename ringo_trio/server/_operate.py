@@ -16,7 +16,7 @@ import logging
 import struct
 from datetime import datetime
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
 from ringo_trio._proto.ringo.v1 import (
     CancelTaskRequest,
     CancelTaskResponse,

@@ -84,7 +84,8 @@ import grpclib.const
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits, reasons, versions
+from ringo_trio._contract.versions import Feature, FeatureMissing, Features
 from ringo_trio._proto.grpc.health.v1 import (
     HealthBase,
     HealthCheckRequest,
@@ -142,12 +143,6 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
 )
 from ringo_trio._version import SDK_VERSION
-from ringo_trio._wire.protocol import (
-    ACTIVITY_MINOR,
-    CANCELLED_REASON,
-    DUE_ONLY_ACTIVITY_MINOR,
-    OPERATE_MINOR,
-)
 
 from . import _validate as v
 from ._clock import Clock
@@ -204,9 +199,17 @@ def _as_seen_at(minor: int, task: Task) -> Task:
     """`task` as a call at `minor` may see it: a session below minor 9 has no
     CANCELLED state, so it is shown such a task as DEAD (terminal too, and
     retry brings it back just the same)."""
-    if minor < OPERATE_MINOR and task.state == TaskState.CANCELLED:
+    if task.state == TaskState.CANCELLED and not Features(minor).has(Feature.CANCELLED_STATE):
         return dataclasses.replace(task, state=TaskState.DEAD)
     return task
+
+
+def _require(minor: int, feature: Feature, what: str) -> None:
+    """UNIMPLEMENTED unless a session of `minor` has `feature`."""
+    try:
+        Features(minor).require(feature, what)
+    except FeatureMissing as exc:
+        raise GRPCError(Status.UNIMPLEMENTED, str(exc)) from None
 
 
 class _ContextRejected(Exception):
@@ -214,10 +217,10 @@ class _ContextRejected(Exception):
 
 
 def _check_major(major: int, detail: str = "") -> None:
-    if major != limits.PROTOCOL_MAJOR:
+    if major != versions.MAJOR:
         raise _ContextRejected(
             f"protocol major {major} is not served;"
-            f" this daemon speaks major {limits.PROTOCOL_MAJOR}{detail}"
+            f" this daemon speaks major {versions.MAJOR}{detail}"
         )
 
 
@@ -274,7 +277,7 @@ def _rpc(method: _Method[_Service, _Req, _Resp]) -> _Method[_Service, _Req, _Res
             if exc.cancelled:
                 # The SDK tells the lease's holder why: the detail names the reason.
                 raise GRPCError(
-                    Status.ABORTED, f"{exc or 'the lease is gone'} (reason: {CANCELLED_REASON})"
+                    Status.ABORTED, f"{exc or 'the lease is gone'} (reason: {reasons.CANCELLED})"
                 ) from None
             raise GRPCError(
                 Status.ABORTED, str(exc) or "the lease is not the task's current lease"
@@ -324,8 +327,8 @@ class QueueService(QueueServiceBase):
         members: Members | None = None,
         commit: GroupCommit | None = None,
     ) -> None:
-        if not 0 <= served_minor <= limits.PROTOCOL_MINOR:
-            raise ValueError(f"served minor must be within 0..{limits.PROTOCOL_MINOR}")
+        if not 0 <= served_minor <= versions.MINOR:
+            raise ValueError(f"served minor must be within 0..{versions.MINOR}")
         self._storage = storage
         self._clock = clock
         self._sessions = sessions
@@ -412,7 +415,7 @@ class QueueService(QueueServiceBase):
             "negotiated minor %d with %s %s", minor, message.sdk_name or "?", message.sdk_version
         )
         return NegotiateResponse(
-            protocol_major=limits.PROTOCOL_MAJOR,
+            protocol_major=versions.MAJOR,
             protocol_minor=minor,
             session_token=token,
             server_version=SDK_VERSION,
@@ -453,7 +456,7 @@ class QueueService(QueueServiceBase):
             self._wakeups.notify(queue)
         return _EncodedEnqueueMany(
             [(o.task, o.created) for o in outcomes]
-            if minor >= OPERATE_MINOR  # `_as_seen_at` changes nothing then
+            if Features(minor).has(Feature.CANCELLED_STATE)  # `_as_seen_at` changes nothing then
             else [(_as_seen_at(minor, o.task), o.created) for o in outcomes],
             created,
             len(outcomes) - created,
@@ -547,12 +550,8 @@ class QueueService(QueueServiceBase):
     @_rpc
     async def ack(self, message: AckRequest) -> AckResponse:
         now, minor = self._admit_at(message.context)
-        if message.result is not None and minor < OPERATE_MINOR:
-            raise GRPCError(
-                Status.UNIMPLEMENTED,
-                f"Ack result needs protocol minor {OPERATE_MINOR};"
-                f" this session runs at minor {minor}",
-            )
+        if message.result is not None:
+            _require(minor, Feature.RESULT_VALUES, "Ack result")
         await self.apply_ack(message, now)
         return AckResponse()
 
@@ -640,18 +639,9 @@ class QueueService(QueueServiceBase):
     ) -> GetQueueActivityResponse:
         now = self._clock.now()
         minor = self._session_minor(message.context, now)
-        if minor < ACTIVITY_MINOR:
-            raise GRPCError(
-                Status.UNIMPLEMENTED,
-                f"GetQueueActivity needs protocol minor {ACTIVITY_MINOR};"
-                f" this session runs at minor {minor}",
-            )
-        if message.due_only and minor < DUE_ONLY_ACTIVITY_MINOR:
-            raise GRPCError(
-                Status.UNIMPLEMENTED,
-                f"GetQueueActivity due_only needs protocol minor {DUE_ONLY_ACTIVITY_MINOR};"
-                f" this session runs at minor {minor}",
-            )
+        _require(minor, Feature.ACTIVITY, "GetQueueActivity")
+        if message.due_only:
+            _require(minor, Feature.DUE_ONLY_ACTIVITY, "GetQueueActivity due_only")
         queue = v.name(message.queue, "queue")
         types = v.task_types(message.task_types)
         count = await self._storage.activity(queue, types, due_by=now if message.due_only else None)
@@ -662,11 +652,7 @@ class QueueService(QueueServiceBase):
     def _operate_now(self, context: RequestContext | None, rpc: str) -> datetime:
         now = self._clock.now()
         minor = self._session_minor(context, now)
-        if minor < OPERATE_MINOR:
-            raise GRPCError(
-                Status.UNIMPLEMENTED,
-                f"{rpc} needs protocol minor {OPERATE_MINOR}; this session runs at minor {minor}",
-            )
+        _require(minor, Feature.OPERATE, rpc)
         return now
 
     @_rpc

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     ClaimRequest,

@@ -19,7 +19,7 @@ from grpclib.const import Status
 from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError
 
-from ringo_trio._limits import MAX_MESSAGE_BYTES
+from ringo_trio._contract.limits import MAX_MESSAGE_BYTES
 from ringo_trio._wire.codec import WireError, decode, encode
 
 __all__ = ["Preencoded", "StrictCodec", "WireError"]

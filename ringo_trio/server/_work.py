@@ -146,7 +146,8 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from h2.exceptions import H2Error
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits, reasons
+from ringo_trio._contract.versions import Feature, FeatureMissing, Features
 from ringo_trio._proto.ringo.v1 import (
     CreditUpdate,
     ErrorCode,
@@ -169,16 +170,6 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio._wire.codec import decode, encode, tag_len, varint
 from ringo_trio._wire.frames import encode_work_response_batch
-from ringo_trio._wire.protocol import (
-    BATCH_MINOR,
-    CANCELLED_REASON,
-    CREDIT_CAPACITY_REASON,
-    CREDIT_GRANT_MINOR,
-    OPERATE_MINOR,
-    ORDERED_REQUEST_IDS_MINOR,
-    RELEASE_MINOR,
-    TARGET_CONCURRENCY_MINOR,
-)
 
 from . import _validate as v
 from ._clock import Clock
@@ -197,10 +188,8 @@ from .storage._base import (
 
 __all__ = [
     "MAX_CONCURRENCY",
-    "ORDERED_REQUEST_IDS_MINOR",
     "PUSH_BATCH",
     "PUSH_BUDGET_BYTES",
-    "TARGET_CONCURRENCY_MINOR",
     "LeaseOps",
     "PUSH_MESSAGE_BYTES",
     "StreamStalled",
@@ -276,6 +265,13 @@ class _Refused(Exception):
     def __init__(self, code: ErrorCode, message: str, **metadata: str) -> None:
         super().__init__(message)
         self.detail = ErrorDetail(code=code, message=message, metadata=metadata)
+
+
+def _require(features: Features, feature: Feature, what: str) -> None:
+    try:
+        features.require(feature, what)
+    except FeatureMissing as exc:
+        raise _Refused(ErrorCode.INCOMPATIBLE_VERSION, str(exc)) from None
 
 
 class WorkStreams:
@@ -360,12 +356,12 @@ class _WorkStream:
         "_down",
         "_drained",
         "_ended",
+        "_features",
         "_handlers",
         "_last_request_id",
         "_last_sent",
         "_lease_duration",
         "_loop",
-        "_minor",
         "_ordered",
         "_outcome",
         "_outstanding",
@@ -409,7 +405,7 @@ class _WorkStream:
         # Lease tokens pushed here and not yet settled here.
         self._outstanding: set[str] = set()
         self._last_request_id: int | None = None
-        self._minor = 0
+        self._features = Features(0)
         self._ordered = False
         self._queue = ""
         self._worker_id = ""
@@ -528,7 +524,7 @@ class _WorkStream:
                 return
             self._busy = True
             batch = request.batch
-            if batch is not None and self._minor >= BATCH_MINOR:
+            if batch is not None and self._features.has(Feature.BATCH_FRAMES):
                 await answer(_batch_requests(batch), batched=True)
             else:
                 await answer((request,), batched=False)
@@ -552,8 +548,10 @@ class _WorkStream:
             queue, worker_id, task_types, lease = _registration_fields(registration)
         except v.FieldError as exc:
             raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
-        self._minor = minor
-        self._ordered = registration.ordered_request_ids and minor >= ORDERED_REQUEST_IDS_MINOR
+        self._features = features = Features(minor)
+        self._ordered = registration.ordered_request_ids and features.has(
+            Feature.ORDERED_REQUEST_IDS
+        )
         self._queue = queue
         self._worker_id = worker_id
         self._task_types = task_types
@@ -613,7 +611,7 @@ class _WorkStream:
                 continue
             name, body = betterproto2.which_one_of(request, "body")
             if name == "batch":
-                # Below BATCH_MINOR: refused as an older daemon refuses a
+                # Without batch frames: refused as an older daemon refuses a
                 # body it does not know (it sees none).
                 name, body = "", None
             if name in _SETTLEMENTS:
@@ -670,12 +668,8 @@ class _WorkStream:
 
     def _settlement(self, name: str, body: Any) -> Settlement:
         if name == "ack":
-            if body.result is not None and self._minor < OPERATE_MINOR:
-                raise _Refused(
-                    ErrorCode.INCOMPATIBLE_VERSION,
-                    f"ack result needs protocol minor {OPERATE_MINOR}; this stream runs at minor"
-                    f" {self._minor}",
-                )
+            if body.result is not None:
+                _require(self._features, Feature.RESULT_VALUES, "ack result")
             return v.ack_settlement(body)
         if name == "nack":
             return v.nack_settlement(body)
@@ -728,7 +722,7 @@ class _WorkStream:
                     request_id,
                     ErrorCode.LEASE_LOST,
                     str(exc) or "the task was cancelled",
-                    reason=CANCELLED_REASON,
+                    reason=reasons.CANCELLED,
                 )
             return _error_frame(
                 request_id,
@@ -769,12 +763,7 @@ class _WorkStream:
     # -- commands: each returns the Lease a result carries, if any ------------
 
     async def _release_command(self, body: ReleaseRequest) -> None:
-        if self._minor < RELEASE_MINOR:
-            raise _Refused(
-                ErrorCode.INCOMPATIBLE_VERSION,
-                f"release needs protocol minor {RELEASE_MINOR}; this stream runs at minor"
-                f" {self._minor}",
-            )
+        _require(self._features, Feature.RELEASE, "release")
         ref = body.lease
         if ref is None:
             raise v.FieldError("lease", "is required")
@@ -808,22 +797,12 @@ class _WorkStream:
     async def _credit_update(self, body: CreditUpdate) -> None:
         target = body.target_concurrency
         if target is not None:
-            if self._minor < TARGET_CONCURRENCY_MINOR:
-                raise _Refused(
-                    ErrorCode.INCOMPATIBLE_VERSION,
-                    f"target_concurrency needs protocol minor {TARGET_CONCURRENCY_MINOR};"
-                    f" this stream runs at minor {self._minor}",
-                )
+            _require(self._features, Feature.TARGET_CONCURRENCY, "target_concurrency")
             if target > MAX_CONCURRENCY:
                 raise v.FieldError("target_concurrency", f"{target} exceeds {MAX_CONCURRENCY}")
         grant = body.grant
         if grant is not None:
-            if self._minor < CREDIT_GRANT_MINOR:
-                raise _Refused(
-                    ErrorCode.INCOMPATIBLE_VERSION,
-                    f"credit grant needs protocol minor {CREDIT_GRANT_MINOR};"
-                    f" this stream runs at minor {self._minor}",
-                )
+            _require(self._features, Feature.CREDIT_GRANT, "credit grant")
             if body.available:
                 raise v.FieldError("available", "must be 0 when a grant is given")
         if self._drained or self._stopping:
@@ -841,7 +820,7 @@ class _WorkStream:
                 ErrorCode.RESOURCE_EXHAUSTED,
                 f"credit {credit} with {outstanding} task(s) outstanding exceeds the"
                 f" stream's capacity of {capacity}; resample and retry",
-                reason=CREDIT_CAPACITY_REASON,
+                reason=reasons.CREDIT_CAPACITY,
             )
         self._tap.credit(credit)
         self._capacity = capacity
@@ -935,7 +914,7 @@ class _WorkStream:
                 hard = min(hard, loop.time() + fresh_for)
             # One frame per push below minor 10; from it on, one frame for as
             # many pushes as the credit covers (split at PUSH_MESSAGE_BYTES).
-            most = len(batch) if self._minor >= BATCH_MINOR else 1
+            most = len(batch) if self._features.has(Feature.BATCH_FRAMES) else 1
             try:
                 async with asyncio.timeout_at(hard):
                     while sent < len(batch):

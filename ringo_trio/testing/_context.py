@@ -17,10 +17,10 @@ from typing import Any, cast
 
 import anyio.lowlevel
 
+from .._contract.work.client import LeaseKey
 from .._errors import LeaseLostError
 from .._models import Progress, Task, TaskState
 from .._work._driver import StreamDriver
-from .._work._session import LeaseKey
 from .._work.worker import TaskContext
 
 __all__ = ["TestTaskContext", "task_context"]

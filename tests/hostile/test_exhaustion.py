@@ -11,7 +11,7 @@ import anyio
 import h2.errors
 import pytest
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits, versions
 from ringo_trio._proto.ringo.v1 import (
     CreditUpdate,
     NegotiateRequest,
@@ -61,8 +61,8 @@ async def still_serves(daemon: DaemonProcess) -> None:
             NegotiateRequest(
                 sdk_name="tests",
                 sdk_version="0",
-                protocol_major=limits.PROTOCOL_MAJOR,
-                protocol_minor=limits.PROTOCOL_MINOR,
+                protocol_major=versions.MAJOR,
+                protocol_minor=versions.MINOR,
             )
         )
 

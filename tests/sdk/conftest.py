@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 import anyio
 import pytest
 
-from ringo_trio import Ringo, RingoClient, _limits
+from ringo_trio import Ringo, RingoClient
+from ringo_trio._contract import versions
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 
@@ -30,12 +31,12 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-@pytest.fixture(params=[9, 10], ids=["minor9", "minor10"])
+@pytest.fixture(params=[9, 11], ids=["minor9", "minor11"])
 def sdk_minor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """The Work-stream tests that matter run at both frame forms: the SDK
     negotiates minor 9 (a frame per command and per push) or 10 (batch
     frames both ways)."""
-    monkeypatch.setattr(_limits, "PROTOCOL_MINOR", request.param)
+    monkeypatch.setattr(versions, "MINOR", request.param)
     return int(request.param)
 
 

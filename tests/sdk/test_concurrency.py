@@ -41,17 +41,7 @@ from hypothesis.stateful import (
 )
 
 from ringo_trio import InvalidArgumentError, RingoError
-from ringo_trio._work._concurrency import AdaptiveConcurrency, ResourceConcurrency, ResourceSample
-from ringo_trio._work._permits import (
-    AimdLaw,
-    Member,
-    PermitPool,
-    PoolError,
-    ResourceLaw,
-    Signal,
-    balance,
-)
-from ringo_trio._work._session import (
+from ringo_trio._contract.work.client import (
     CancelHandler,
     CommandError,
     Credit,
@@ -62,6 +52,16 @@ from ringo_trio._work._session import (
     StartHandler,
     State,
     WorkSession,
+)
+from ringo_trio._work._concurrency import AdaptiveConcurrency, ResourceConcurrency, ResourceSample
+from ringo_trio._work._permits import (
+    AimdLaw,
+    Member,
+    PermitPool,
+    PoolError,
+    ResourceLaw,
+    Signal,
+    balance,
 )
 
 CAPACITY_REFUSAL = CommandError("RESOURCE_EXHAUSTED", "over capacity", "credit_capacity")

@@ -17,7 +17,7 @@ from ringo_trio import (
     TaskSpec,
     TaskState,
 )
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
 from ringo_trio.testing import RingoTestEnv
 
 pytestmark = pytest.mark.trio

@@ -19,7 +19,7 @@ from ringo_trio import (
     TaskSpec,
     TaskState,
 )
-from ringo_trio import _limits as limits
+from ringo_trio._contract import versions
 
 pytestmark = pytest.mark.trio
 
@@ -241,7 +241,7 @@ async def test_client_lifecycle(make_client: MakeClient) -> None:
     with trio.fail_after(20):
         client = make_client()
         async with client:
-            assert client.protocol_minor == limits.PROTOCOL_MINOR
+            assert client.protocol_minor == versions.MINOR
             assert client.endpoint is not None
             queue = client.queue("q")
             async with trio.open_nursery() as nursery:

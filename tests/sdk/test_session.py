@@ -1,4 +1,4 @@
-"""Property tests of the sans-IO Work-stream session (`ringo_trio._work._session`).
+"""Property tests of the sans-IO Work-stream session (`ringo_trio._contract.work.client`).
 
 No trio, no sockets, no clock: time is a number the tests pass in.
 
@@ -42,11 +42,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ringo_trio._wire.protocol import BATCH_MINOR, CANCELLED_REASON, OPERATE_MINOR
-from ringo_trio._work._session import (
+from ringo_trio._contract.reasons import CANCELLED as CANCELLED_REASON
+from ringo_trio._contract.reasons import CREDIT_CAPACITY as CREDIT_CAPACITY_REASON
+from ringo_trio._contract.versions import FEATURES, Feature
+from ringo_trio._contract.work.client import (
     _TRANSITIONS,
     CANCELLED_BY_OPERATOR,
-    CREDIT_CAPACITY_REASON,
     GRANT_CAP,
     GRANT_FRACTION,
     MAX_CREDIT_REFUSALS,
@@ -74,6 +75,9 @@ from ringo_trio._work._session import (
     TaskCancelled,
     WorkSession,
 )
+
+BATCH_MINOR = FEATURES[Feature.BATCH_FRAMES]
+OPERATE_MINOR = FEATURES[Feature.OPERATE]
 
 
 def frames(outputs: list[Output]) -> list[Output]:

@@ -20,8 +20,8 @@ from ringo_trio import (
     TaskSpec,
     TaskState,
 )
+from ringo_trio._contract.limits import MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES
 from ringo_trio._endpoint import Endpoint, parse_endpoint
-from ringo_trio._limits import MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES
 from ringo_trio._models import truncate_utf8
 
 GOOD_ENDPOINTS = [

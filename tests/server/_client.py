@@ -15,7 +15,8 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 from grpclib.metadata import decode_grpc_message
 
-from ringo_trio._limits import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from ringo_trio._contract.versions import MAJOR as PROTOCOL_MAJOR
+from ringo_trio._contract.versions import MINOR as PROTOCOL_MINOR
 from ringo_trio._proto.grpc.health.v1 import HealthStub
 from ringo_trio._proto.ringo.v1 import (
     ClaimRequest,

@@ -14,7 +14,9 @@ import anyio
 import pytest
 from grpclib.const import Status
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
+from ringo_trio._contract.reasons import CANCELLED as CANCELLED_REASON
+from ringo_trio._contract.versions import FEATURES, Feature
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     CancelTaskRequest,
@@ -31,10 +33,11 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     TaskState,
 )
-from ringo_trio._wire.protocol import CANCELLED_REASON, OPERATE_MINOR
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 from ._client import Client, connect, expect_status, new_queue, open_work, ref
+
+OPERATE_MINOR = FEATURES[Feature.OPERATE]
 
 pytestmark = pytest.mark.anyio
 

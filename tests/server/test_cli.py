@@ -18,7 +18,7 @@ import anyio
 import pytest
 from grpclib.const import Status
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import versions
 from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckRequest,
     HealthCheckResponseServingStatus,
@@ -191,7 +191,7 @@ def test_storage_usage_errors_exit_2_with_nothing_on_stdout(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--protocol-minor", str(limits.PROTOCOL_MINOR + 1)], "outside the served range"),
+        (["--protocol-minor", str(versions.MINOR + 1)], "outside the served range"),
         (["--protocol-minor", "-1"], "outside the served range"),
         (["--session-ttl", "0"], "positive number of seconds"),
         (["--session-ttl", "nan"], "positive number of seconds"),
@@ -229,8 +229,8 @@ def test_ready_line_is_the_only_stdout_and_names_the_real_endpoint(tmp_path: Pat
         host, port = info["endpoint"].rsplit(":", 1)
         assert (host, int(port)) == ("127.0.0.1", info["port"])
         assert info["port"] != 0
-        assert info["protocol_major"] == limits.PROTOCOL_MAJOR
-        assert info["protocol_minor"] == limits.PROTOCOL_MINOR
+        assert info["protocol_major"] == versions.MAJOR
+        assert info["protocol_minor"] == versions.MINOR
         assert info["data_dir"] == str(data_dir)
         assert _serving_sync(info["endpoint"])
         assert (data_dir / "ringo.db").exists()

@@ -9,7 +9,7 @@ import anyio
 import pytest
 from grpclib.const import Status
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
 from ringo_trio._proto.ringo.v1 import (
     GetQueueStatsRequest,
     ListOrder,

@@ -21,7 +21,7 @@ import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     CreditUpdate,

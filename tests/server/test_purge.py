@@ -14,7 +14,7 @@ import anyio
 import pytest
 from grpclib.const import Status
 
-from ringo_trio._limits import MAX_DELETE_BATCH
+from ringo_trio._contract.limits import MAX_DELETE_BATCH
 from ringo_trio._proto.grpc.health.v1 import HealthCheckRequest, HealthCheckResponseServingStatus
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,

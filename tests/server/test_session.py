@@ -11,7 +11,7 @@ import anyio
 import pytest
 from grpclib.const import Status
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits, versions
 from ringo_trio._proto.grpc.health.v1 import HealthCheckRequest, HealthCheckResponseServingStatus
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
@@ -71,7 +71,7 @@ def token_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonPro
         yield process
 
 
-def _negotiate(major: int = limits.PROTOCOL_MAJOR, minor: int = limits.PROTOCOL_MINOR) -> Any:
+def _negotiate(major: int = versions.MAJOR, minor: int = versions.MINOR) -> Any:
     return NegotiateRequest(
         sdk_name="tests", sdk_version="0", protocol_major=major, protocol_minor=minor
     )
@@ -84,10 +84,10 @@ async def test_negotiate_answers_the_lower_minor_and_a_fresh_token(
     token is random per negotiation, and the TTL is reported."""
     with anyio.fail_after(10):
         async with connect(daemon, negotiate=False) as client:
-            newer = await client.stub.negotiate(_negotiate(minor=limits.PROTOCOL_MINOR + 5))
+            newer = await client.stub.negotiate(_negotiate(minor=versions.MINOR + 5))
             older = await client.stub.negotiate(_negotiate(minor=1))
-            assert newer.protocol_major == limits.PROTOCOL_MAJOR
-            assert newer.protocol_minor == limits.PROTOCOL_MINOR
+            assert newer.protocol_major == versions.MAJOR
+            assert newer.protocol_minor == versions.MINOR
             assert older.protocol_minor == 1
             assert newer.session_token
             assert older.session_token
@@ -106,7 +106,7 @@ async def test_negotiate_refuses_another_major(daemon: DaemonProcess) -> None:
                     client.stub.negotiate(_negotiate(major=major)),
                     Status.OUT_OF_RANGE,
                     f"protocol major {major}",
-                    f"major {limits.PROTOCOL_MAJOR}",
+                    f"major {versions.MAJOR}",
                 )
 
 

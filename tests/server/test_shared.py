@@ -25,7 +25,8 @@ from grpclib.client import Stream as ClientStream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
-from ringo_trio._limits import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from ringo_trio._contract.versions import MAJOR as PROTOCOL_MAJOR
+from ringo_trio._contract.versions import MINOR as PROTOCOL_MINOR
 from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckRequest,
     HealthCheckResponseServingStatus,

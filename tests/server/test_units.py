@@ -17,7 +17,7 @@ from grpclib.exceptions import GRPCError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits, versions
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     ClaimRequest,
@@ -464,7 +464,7 @@ def _service(storage: Storage) -> QueueService:
         storage,
         clock=clock,
         sessions=SessionTable(timedelta(hours=1)),
-        served_minor=limits.PROTOCOL_MINOR,
+        served_minor=versions.MINOR,
         wakeups=wakeups,
         reaper=LeaseReaper(storage, clock, wakeups),
     )
@@ -503,8 +503,8 @@ async def test_enqueue_many_refuses_a_batch_whose_echo_cannot_be_sent() -> None:
     anything is stored, instead of committing and then failing to answer."""
     storage = _CountingStorage()  # any storage call would raise
     service = _service(storage)
-    token = service._sessions.open(limits.PROTOCOL_MINOR, NOW)
-    ctx = RequestContext(limits.PROTOCOL_MAJOR, limits.PROTOCOL_MINOR, token)
+    token = service._sessions.open(versions.MINOR, NOW)
+    ctx = RequestContext(versions.MAJOR, versions.MINOR, token)
     payload = b"x" * limits.MAX_PAYLOAD_BYTES
     count = limits.MAX_MESSAGE_BYTES // limits.MAX_PAYLOAD_BYTES  # 64: request just fits
     request = EnqueueManyRequest(

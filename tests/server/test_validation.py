@@ -17,7 +17,7 @@ import pytest
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     AckResponse,

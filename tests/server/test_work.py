@@ -25,7 +25,7 @@ from grpclib.exceptions import GRPCError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits, versions
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     CreditUpdate,
@@ -1073,7 +1073,7 @@ def push_minor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 @asynccontextmanager
 async def in_process(
-    tmp_path: Path, clock: Clock | None = None, minor: int = limits.PROTOCOL_MINOR
+    tmp_path: Path, clock: Clock | None = None, minor: int = versions.MINOR
 ) -> AsyncIterator[tuple[QueueService, SQLiteEngine, Any]]:
     engine = SQLiteEngine(tmp_path / "ringo.db")
     await engine.open()
@@ -1083,7 +1083,7 @@ async def in_process(
         engine,
         clock=clock,
         sessions=SessionTable(timedelta(hours=1)),
-        served_minor=limits.PROTOCOL_MINOR,
+        served_minor=versions.MINOR,
         wakeups=wakeups,
         reaper=LeaseReaper(engine, clock, wakeups),
     )

@@ -17,7 +17,8 @@ from grpclib.exceptions import GRPCError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
+from ringo_trio._contract.versions import FEATURES, Feature
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     CreditUpdate,
@@ -36,12 +37,14 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequestBatch,
     WorkResult,
 )
-from ringo_trio._wire.protocol import BATCH_MINOR, OPERATE_MINOR
 from ringo_trio.server.storage._base import StorageUnavailable
 from ringo_trio.testing import DaemonProcess
 
 from ._client import connect, elements, new_queue, ref
 from .test_work import FakeStream, enqueue_n, in_process, ok, refused, worker
+
+BATCH_MINOR = FEATURES[Feature.BATCH_FRAMES]
+OPERATE_MINOR = FEATURES[Feature.OPERATE]
 
 pytestmark = pytest.mark.anyio
 

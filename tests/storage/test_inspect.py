@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio._limits import MAX_LIST_ERROR_BYTES
+from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
 from ringo_trio._proto.ringo.v1 import Task, TaskState
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server.storage import _listing

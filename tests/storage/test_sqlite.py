@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ringo_trio._limits import MAX_ACTIVITY_COUNT
+from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server.storage import sqlite as sqlite_engine

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits
 
 from .._metrics import watch_results
 from ..storage._base import Ack, Settlement, Storage

@@ -41,7 +41,7 @@ import jinja2
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from ringo_trio import _limits as limits
+from ringo_trio._contract import limits, versions
 from ringo_trio._durations import parse_duration
 from ringo_trio._proto.ringo.v1 import (
     CancelTaskRequest,
@@ -289,10 +289,10 @@ class Dashboard:
         """The dashboard's own session with the service (renewed as it expires)."""
         now = self._clock.now()
         if self._rpc_sessions.lookup(self._rpc_token, now) is None:
-            self._rpc_token = self._rpc_sessions.open(limits.PROTOCOL_MINOR, now)
+            self._rpc_token = self._rpc_sessions.open(versions.MINOR, now)
         return RequestContext(
-            protocol_major=limits.PROTOCOL_MAJOR,
-            protocol_minor=limits.PROTOCOL_MINOR,
+            protocol_major=versions.MAJOR,
+            protocol_minor=versions.MINOR,
             session_token=self._rpc_token,
         )
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ringo_trio._limits import MAX_LIST_ERROR_BYTES, MAX_LIST_SCAN
+from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES, MAX_LIST_SCAN
 from ringo_trio._proto.ringo.v1 import QueueStats, TaskTypeStats
 
 from ._base import TaskFilter

@@ -125,7 +125,7 @@ from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 
-from ringo_trio._limits import MAX_ACTIVITY_COUNT, MAX_LIST_ERROR_BYTES
+from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT, MAX_LIST_ERROR_BYTES
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
 
 from . import _listing

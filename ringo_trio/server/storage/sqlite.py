@@ -131,7 +131,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from ringo_trio._limits import MAX_ACTIVITY_COUNT, MAX_LIST_ERROR_BYTES
+from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT, MAX_LIST_ERROR_BYTES
 from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,

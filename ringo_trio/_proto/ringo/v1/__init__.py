@@ -668,6 +668,19 @@ class Lease(betterproto2.Message):
     until: "datetime.datetime | None" = betterproto2.field(
         5, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
+    """
+    The daemon's wall clock: for display only. No side compares another
+    host's wall clock with its own (clocks drift); `ttl` is the lease's time.
+    """
+
+    ttl: "datetime.timedelta | None" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
+    )
+    """
+    Minor >= 11: how long the lease runs from the moment the daemon sent this
+    message. The receiver arms its deadline on its own monotonic clock at
+    receipt (below minor 11: the registered or requested lease duration).
+    """
 
 
 default_message_pool.register_message("ringo.v1", "Lease", Lease)

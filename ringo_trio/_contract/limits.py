@@ -7,10 +7,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-PROTOCOL_MAJOR = 1
-#: Newest minor this package speaks (client) and serves (daemon).
-PROTOCOL_MINOR = 10
-
 MAX_BATCH = 1000
 """Tasks per EnqueueMany call and tasks per Claim."""
 MAX_WORK_BATCH = 1000

@@ -97,7 +97,7 @@ does not.
 
 *Version gating.* The session is built for the negotiated minor and owns
 what it implies: ordered request ids (minor >= 6), a target concurrency
-(minor >= 2; `FeatureUnavailable` otherwise), ``release`` (minor >= 7), an
+(minor >= 2; `FeatureMissing` otherwise), ``release`` (minor >= 7), an
 ack's result value (minor >= 9; dropped below, `can_store_result`) and batch
 frames (minor >= 10).
 
@@ -128,16 +128,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
-from .._wire.protocol import (
-    BATCH_MINOR,
-    CANCELLED_REASON,
-    CREDIT_CAPACITY_REASON,
-    CREDIT_GRANT_MINOR,
-    OPERATE_MINOR,
-    ORDERED_REQUEST_IDS_MINOR,
-    RELEASE_MINOR,
-    TARGET_CONCURRENCY_MINOR,
-)
+from .. import reasons
+from ..versions import Feature, FeatureMissing, Features
 
 __all__ = [
     "Answered",
@@ -148,7 +140,7 @@ __all__ = [
     "Credit",
     "Drain",
     "Extend",
-    "FeatureUnavailable",
+    "FeatureMissing",
     "Frame",
     "Input",
     "LeaseKey",
@@ -233,10 +225,6 @@ class VersionMismatch(RemoteProtocolError):
 class SessionBroken(Exception):
     """The session cannot go on (a command unanswered in time, a settlement
     with an unknown outcome); the driver ends the stream and reconnects."""
-
-
-class FeatureUnavailable(Exception):
-    """The negotiated minor lacks a feature the worker asked for."""
 
 
 class State(enum.Enum):
@@ -564,19 +552,21 @@ class WorkSession:
     ) -> None:
         if concurrency < 0:
             raise LocalProtocolError("concurrency must not be negative")
-        if dynamic_target and minor < TARGET_CONCURRENCY_MINOR:
-            raise FeatureUnavailable(
-                "dynamic concurrency (set_concurrency, or a shared concurrency controller)"
-                f" needs protocol minor >= {TARGET_CONCURRENCY_MINOR}; negotiated minor is {minor}"
+        features = Features(minor)
+        if dynamic_target:
+            features.require(
+                Feature.TARGET_CONCURRENCY,
+                "dynamic concurrency (set_concurrency, or a shared concurrency controller)",
             )
         self.state = State.IDLE
         self.error: BaseException | None = None  # what moved the session to ERROR
         self.minor = minor
+        self.features = features
         self.concurrency = concurrency
-        self.ordered_request_ids = minor >= ORDERED_REQUEST_IDS_MINOR
-        self.can_release = minor >= RELEASE_MINOR
-        self.can_store_result = minor >= OPERATE_MINOR
-        self.can_grant = minor >= CREDIT_GRANT_MINOR
+        self.ordered_request_ids = features.has(Feature.ORDERED_REQUEST_IDS)
+        self.can_release = features.has(Feature.RELEASE)
+        self.can_store_result = features.has(Feature.RESULT_VALUES)
+        self.can_grant = features.has(Feature.CREDIT_GRANT)
         self.grant_fraction = GRANT_FRACTION
         self.grant_cap = GRANT_CAP
         self.dynamic_target = dynamic_target
@@ -744,10 +734,8 @@ class WorkSession:
         element breaks the session, `out` holds what the ones before it
         asked for, as it would have been carried out one by one."""
         self._step(Input.RECV_BATCH)
-        if self.minor < BATCH_MINOR:
-            raise RemoteProtocolError(
-                f"a batch frame on a stream of minor {self.minor} (batches need {BATCH_MINOR})"
-            )
+        if not self.features.has(Feature.BATCH_FRAMES):
+            raise RemoteProtocolError(f"a batch frame on a stream of minor {self.minor}")
         if not items:
             raise RemoteProtocolError("an empty batch frame")
         task_pushed, result = self._task_pushed, self._result
@@ -878,11 +866,7 @@ class WorkSession:
     def set_concurrency(self, concurrency: int, now: float) -> list[Output]:
         if concurrency < 0:
             raise LocalProtocolError("concurrency must not be negative")
-        if self.minor < TARGET_CONCURRENCY_MINOR:
-            raise FeatureUnavailable(
-                "changing concurrency at runtime needs protocol minor >="
-                f" {TARGET_CONCURRENCY_MINOR}; negotiated minor is {self.minor}"
-            )
+        self.features.require(Feature.TARGET_CONCURRENCY, "changing concurrency at runtime")
         self.concurrency = concurrency
         self.dynamic_target = True
         if self.state is not State.ACTIVE:
@@ -1026,7 +1010,7 @@ class WorkSession:
             or lease.told_cancelled
             or error is None
             or error.code != "LEASE_LOST"
-            or error.reason != CANCELLED_REASON
+            or error.reason != reasons.CANCELLED
         ):
             return []
         lease.told_cancelled = True
@@ -1065,7 +1049,7 @@ class WorkSession:
             self._credit_mirror = pending.credit
             self._target_sent = pending.target
             return self._maybe_credit(now)
-        if error.reason == CREDIT_CAPACITY_REASON:
+        if error.reason == reasons.CREDIT_CAPACITY:
             # The push that raced this update has already arrived (the stream
             # is ordered): resampling now gives the daemon a value it can hold.
             self._refusals += 1
