@@ -194,3 +194,28 @@ def test_queues_and_workers_depend_on_the_connection_not_the_client() -> None:
         assert not {name for name in imported if name.lstrip(".") == "_client"}, module
     assert ".._connection" in _imports("_work/worker.py")
     assert "._connection" in _imports("_queue.py")
+
+
+def test_contract_package_is_sans_io_and_shared() -> None:
+    """`ringo_trio._contract` is what both roles share: it imports no I/O
+    library, reads no clock, and imports nothing of the SDK, the daemon or
+    the generated wire code — only the standard library's pure modules and
+    its own modules (so the daemon imports it without the SDK, and the two
+    Work machines run together in one simulation)."""
+    forbidden = {"trio", "anyio", "asyncio", "grpclib", "time", "datetime", "sniffio", "socket"}
+    pure = {"__future__", "enum", "dataclasses", "collections.abc", "typing", "types"}
+    for module in sorted((ROOT / "ringo_trio" / "_contract").rglob("*.py")):
+        relative = str(module.relative_to(ROOT / "ringo_trio"))
+        imported = _imports(relative)
+        if relative == "_contract/limits.py":
+            # Its limits are durations and one date, constants; nothing reads the clock.
+            imported -= {"datetime"}
+        assert not {name.split(".")[0] for name in imported} & forbidden, (relative, imported)
+        assert not {name for name in imported if name.startswith("ringo_trio")}, relative
+        for name in imported:
+            if name.startswith("."):
+                # Only within the package: `.x` and `..x` from work/, `.x` from the top.
+                depth = len(name) - len(name.lstrip("."))
+                assert depth <= relative.count("/"), (relative, name)
+            elif name.split(".")[0] not in {"functools", "heapq", "itertools"}:
+                assert name in pure, (relative, name)

@@ -79,7 +79,7 @@ class FeatureMissing(Exception):
         self.minor = minor
         self.needed = FEATURES[feature]
         super().__init__(
-            f"{what or feature.value} needs protocol minor >= {self.needed};"
+            f"{what or feature.value} needs protocol minor {self.needed} or newer;"
             f" negotiated minor is {minor}"
         )
 

@@ -157,9 +157,8 @@ class StreamTap:
     def lost(self, body: Any) -> None:
         """A command about ``body.lease`` was answered LEASE_LOST."""
 
-    def credit(self, available: int) -> None:
-        """A credit update replaces the stream's credit with `available`
-        (called before the stream applies it)."""
+    def credit(self, granted: int) -> None:
+        """A credit update added `granted` to the stream's unspent credit."""
 
     def close(self) -> None:
         """The stream ended."""
@@ -255,10 +254,7 @@ class _Tap(StreamTap):
         if started is not None:
             self._queue.settle[outcome].observe(time.perf_counter() - started)
 
-    def credit(self, available: int) -> None:
-        # Credit is absolute: what the update adds to the unspent credit is
-        # what it grants.
-        granted = available - self._credit()
+    def credit(self, granted: int) -> None:
         if granted > 0:
             self._metrics.credit_granted.inc(granted)
 

@@ -137,6 +137,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -146,8 +147,16 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from h2.exceptions import H2Error
 
-from ringo_trio._contract import limits, reasons
-from ringo_trio._contract.versions import Feature, FeatureMissing, Features
+from ringo_trio._contract import limits
+from ringo_trio._contract.versions import Feature
+from ringo_trio._contract.work.server import (
+    STALL_TIMEOUT,
+    Answer,
+    Ending,
+    ServerSession,
+    State,
+    StreamEnd,
+)
 from ringo_trio._proto.ringo.v1 import (
     CreditUpdate,
     ErrorCode,
@@ -187,11 +196,7 @@ from .storage._base import (
 )
 
 __all__ = [
-    "MAX_CONCURRENCY",
-    "PUSH_BATCH",
-    "PUSH_BUDGET_BYTES",
     "LeaseOps",
-    "PUSH_MESSAGE_BYTES",
     "StreamStalled",
     "WorkStreamIO",
     "WorkStreams",
@@ -200,19 +205,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("ringo_trio.server")
-
-# Tasks claimed per storage call (and per fair-share round).
-PUSH_BATCH = 64
-# Payload bytes one stream may hold claimed but not yet written (see Budget).
-PUSH_BUDGET_BYTES = 4 * 1024 * 1024
-# Encoded bytes of the pushes one batch frame carries (at least one push):
-# a small message reaches the worker's handlers sooner than one big one.
-PUSH_MESSAGE_BYTES = 1024 * 1024
-# A lease is pushed only with this much of it left (at most half the lease).
-LEASE_MARGIN = timedelta(seconds=5)
-# Seconds a batch may take to be written, whatever its leases (see Stalls).
-STALL_TIMEOUT = 30.0
-MAX_CONCURRENCY = 2**31 - 1
 
 # As in the long-poll Claim: sleep a little past a scheduled moment so the
 # claim does not find the task a microsecond early, and back off briefly when
@@ -257,21 +249,6 @@ class LeaseOps(Protocol):
 
 class StreamStalled(Exception):
     """The worker stopped reading: the stream is to be reset, not answered."""
-
-
-class _Refused(Exception):
-    """A command refused with a code that has no storage exception."""
-
-    def __init__(self, code: ErrorCode, message: str, **metadata: str) -> None:
-        super().__init__(message)
-        self.detail = ErrorDetail(code=code, message=message, metadata=metadata)
-
-
-def _require(features: Features, feature: Feature, what: str) -> None:
-    try:
-        features.require(feature, what)
-    except FeatureMissing as exc:
-        raise _Refused(ErrorCode.INCOMPATIBLE_VERSION, str(exc)) from None
 
 
 class WorkStreams:
@@ -338,39 +315,28 @@ class WorkStreams:
         every registered stream, read without changing anything (the
         dashboard's /workers)."""
         return [
-            (w._worker_id, w._queue, w._capacity, max(w._credit, 0), len(w._outstanding))
+            (w._worker_id, w._queue, w._session.capacity, w._session.credit, w._session.outstanding)
             for w in self._live
             if w._queue
         ]
 
 
 class _WorkStream:
-    """One Work call (see the module docstring)."""
+    """One Work call: the driver of its `ServerSession` (see the module docstring)."""
 
     __slots__ = (
-        "_busy",
-        "_capacity",
         "_children",
-        "_credit",
         "_credit_changed",
-        "_down",
-        "_drained",
         "_ended",
-        "_features",
         "_handlers",
-        "_last_request_id",
         "_last_sent",
-        "_lease_duration",
+        "_lease",
         "_loop",
-        "_ordered",
         "_outcome",
-        "_outstanding",
         "_owner",
-        "_payload_hint",
-        "_pushing",
         "_queue",
         "_send_lock",
-        "_stopping",
+        "_session",
         "_stream",
         "_tap",
         "_task_types",
@@ -388,42 +354,22 @@ class _WorkStream:
         self._outcome: BaseException | None = None
         self._tasks: asyncio.TaskGroup | None = None
         self._children: list[asyncio.Task[None]] = []
-        # True while the reader is between receiving a frame and having sent
-        # its answer: shutdown must not cut a command off mid-way.
-        self._busy = False
-        # True while a task frame is being sent: once it is out, that lease
-        # is outstanding, so shutdown must wait for the send to end.
-        self._pushing = False
-        self._stopping = False
-        self._drained = False
-        # Set once storage was found unavailable: the stream is ending, and
-        # commands still queued behind that one are answered, not executed.
-        self._down: StorageUnavailable | None = None
-        self._credit = 0
+        self._session = ServerSession()
+        if owner.closing:
+            self._session.shutdown()
         self._credit_changed = asyncio.Event()
-        self._capacity = 0
-        # Lease tokens pushed here and not yet settled here.
-        self._outstanding: set[str] = set()
-        self._last_request_id: int | None = None
-        self._features = Features(0)
-        self._ordered = False
         self._queue = ""
         self._worker_id = ""
         self._task_types: list[str] = []
-        self._lease_duration = limits.DEFAULT_LEASE
-        # The largest payload of the last batch: how many tasks fit the budget.
-        # Until a batch has been seen, assume the worst, so that the first
-        # claims of many streams at once cannot load a full batch each.
-        self._payload_hint = limits.MAX_PAYLOAD_BYTES
+        self._lease = limits.DEFAULT_LEASE
         self._tap: StreamTap = NO_TAP
-        # Every command but the settlements (`_SETTLEMENTS`), which go to
-        # storage in groups.
-        self._handlers: dict[str, Callable[[Any], Awaitable[Lease | None]]] = {
+        # The commands that are neither settlements (`_SETTLEMENTS`, which go
+        # to storage in groups) nor decided by the session alone.
+        self._handlers: dict[str, Callable[[int, Any], Awaitable[WorkResponse]]] = {
             "credit": self._credit_update,
             "extend_lease": self._extend,
             "progress": self._progress,
             "drain": self._drain,
-            "register": self._register_again,
             "release": self._release_command,
         }
 
@@ -443,6 +389,11 @@ class _WorkStream:
         finally:
             self._tasks = None
             self._tap.close()
+            # The dispatcher returned whatever it had claimed and not sent
+            # (its `finally`); whatever is left is on the wire, left to expire.
+            unsent = self._session.end()
+            if unsent:
+                log.error("a Work stream ended holding %d unsent lease(s)", len(unsent))
         outcome = self._outcome
         if outcome is None:
             return
@@ -491,12 +442,13 @@ class _WorkStream:
             self._ended.set()
 
     def shutdown(self) -> None:
-        self._stopping = True
-        self._credit = 0
+        self._session.shutdown()
+        # A dispatcher waiting for credit learns there will be none.
+        self._credit_changed.set()
         self._end_if_quiet()
 
     def _end_if_quiet(self) -> None:
-        if self._stopping and not (self._outstanding or self._busy or self._pushing):
+        if self._session.quiet:
             self._end(GRPCError(Status.UNAVAILABLE, _SHUTTING_DOWN))
 
     async def _send(self, message: WorkResponse) -> None:
@@ -508,29 +460,29 @@ class _WorkStream:
 
     async def _read(self) -> None:
         stream = self._stream
+        session = self._session
         first = await stream.recv_message()
         if first is None:
             return
-        self._busy = True
+        session.begin_frame()
         await self._send(self._register(first))
         self._spawn(self._dispatch(), final=False)
         self._spawn(self._heartbeat(), final=False)
-        self._busy = False
+        session.end_frame()
         self._end_if_quiet()
         answer = self._answer
         while True:
             request = await stream.recv_message()
             if request is None:
                 return
-            self._busy = True
+            session.begin_frame()
             batch = request.batch
-            if batch is not None and self._features.has(Feature.BATCH_FRAMES):
+            if batch is not None and session.features.has(Feature.BATCH_FRAMES):
                 await answer(_batch_requests(batch), batched=True)
             else:
                 await answer((request,), batched=False)
-            self._busy = False
-            if self._stopping:
-                self._end_if_quiet()
+            session.end_frame()
+            self._end_if_quiet()
 
     def _register(self, request: WorkRequest) -> WorkResponse:
         registration = request.register
@@ -541,28 +493,32 @@ class _WorkStream:
                 "the first message of a Work stream must be `register`, not"
                 f" {f'`{name}`' if name else 'an empty request'}",
             )
-        if self._owner.closing:
+        session = self._session
+        if session.state is State.STOPPING:
             raise GRPCError(Status.UNAVAILABLE, _SHUTTING_DOWN)
         minor = self._owner.ops.stream_minor(registration.context, self._owner.clock.now())
         try:
             queue, worker_id, task_types, lease = _registration_fields(registration)
+            registered = session.register(
+                minor=minor,
+                ordered_request_ids=registration.ordered_request_ids,
+                max_concurrency=registration.max_concurrency,
+                lease_duration=lease.total_seconds(),
+            )
         except v.FieldError as exc:
             raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
-        self._features = features = Features(minor)
-        self._ordered = registration.ordered_request_ids and features.has(
-            Feature.ORDERED_REQUEST_IDS
-        )
+        except StreamEnd as exc:
+            raise GRPCError(Status[exc.status], exc.message) from None
         self._queue = queue
         self._worker_id = worker_id
         self._task_types = task_types
-        self._lease_duration = lease
-        self._capacity = registration.max_concurrency
-        self._tap = self._owner.metrics.work_stream(queue, lambda: self._credit)
+        self._lease = lease
+        self._tap = self._owner.metrics.work_stream(queue, lambda: session.credit)
         return WorkResponse(
             registered=WorkerRegistered(
                 lease_duration=lease,
-                max_concurrency=registration.max_concurrency,
-                ordered_request_ids=self._ordered,
+                max_concurrency=registered.max_concurrency,
+                ordered_request_ids=registered.ordered_request_ids,
                 worker_id=worker_id,
             )
         )
@@ -595,85 +551,44 @@ class _WorkStream:
     async def _run(self, requests: Sequence[WorkRequest]) -> list[WorkResponse]:
         """The result of each command, in order, each executed as if alone,
         except that consecutive settlements go to storage in one call."""
+        session = self._session
         answers: list[WorkResponse] = []
         # (position in answers, command name, body, settlement)
         group: list[tuple[int, str, Any, Settlement]] = []
         for request in requests:
             request_id = request.request_id
+            name, body = betterproto2.which_one_of(request, "body")
+            settles = name in _SETTLEMENTS
+            if group and not settles:
+                # Each command sees the effects of the settlements before it.
+                await self._settle_together(group, requests, answers)
+                group = []
             index = len(answers)
             answers.append(_NOT_RUN)
-            if self._down is not None:
-                answers[index] = self._not_run(request_id)
-                continue
-            refusal = self._out_of_order(request_id)
+            refusal = session.admit(
+                request_id, name, has_result=getattr(body, "result", None) is not None
+            )
             if refusal is not None:
-                answers[index] = refusal
+                answers[index] = _answer_frame(refusal)
                 continue
-            name, body = betterproto2.which_one_of(request, "body")
-            if name == "batch":
-                # Without batch frames: refused as an older daemon refuses a
-                # body it does not know (it sees none).
-                name, body = "", None
-            if name in _SETTLEMENTS:
+            if settles:
                 try:
-                    group.append((index, name, body, self._settlement(name, body)))
+                    group.append((index, name, body, _settlement(name, body)))
                 except Exception as exc:
                     answers[index] = self._failure(request_id, name, body, exc)
                 continue
-            if group:
-                await self._settle_together(group, requests, answers)
-                group = []
-                if self._down is not None:
-                    answers[index] = self._not_run(request_id)
-                    continue
             answers[index] = await self._command(request_id, name, body)
         if group:
             await self._settle_together(group, requests, answers)
         return answers
 
-    def _not_run(self, request_id: int) -> WorkResponse:
-        return _error_frame(
-            request_id,
-            ErrorCode.UNAVAILABLE,
-            f"{_STORAGE_UNAVAILABLE} (not executed): {self._down}",
-        )
-
-    def _out_of_order(self, request_id: int) -> WorkResponse | None:
-        if not self._ordered:
-            return None
-        last = self._last_request_id
-        if last is not None and request_id <= last:
-            return _error_frame(
-                request_id,
-                ErrorCode.INVALID_ARGUMENT,
-                f"request_id: {request_id} is not above the previous id {last};"
-                " this stream registered ordered_request_ids",
-                field="request_id",
-            )
-        self._last_request_id = request_id
-        return None
-
     async def _command(self, request_id: int, name: str, body: Any) -> WorkResponse:
         try:
-            handler = self._handlers.get(name)
-            if handler is None:
-                raise v.FieldError("body", "the request names no command")
-            lease = await handler(body)
-            self._tap.done(name, body)
+            answer = await self._handlers[name](request_id, body)
         except Exception as exc:
             return self._failure(request_id, name, body, exc)
-        if lease is None:
-            return ok_frame(request_id)
-        return WorkResponse(result=WorkResult(request_id=request_id, lease=lease))
-
-    def _settlement(self, name: str, body: Any) -> Settlement:
-        if name == "ack":
-            if body.result is not None:
-                _require(self._features, Feature.RESULT_VALUES, "ack result")
-            return v.ack_settlement(body)
-        if name == "nack":
-            return v.nack_settlement(body)
-        return v.reject_settlement(body)
+        self._tap.done(name, body)
+        return answer
 
     async def _settle_together(
         self,
@@ -683,21 +598,24 @@ class _WorkStream:
     ) -> None:
         """One storage call for consecutive settlements; each answered as alone."""
         owner = self._owner
+        session = self._session
+        for _, _, _, item in group:
+            session.settling(item.ref.lease_token)
         try:
             outcomes = await owner.ops.apply_settlements(
                 [item for _, _, _, item in group], owner.clock.now()
             )
         except Exception as exc:
             # The whole group failed (and, by the contract, none of it happened).
-            for index, name, body, _ in group:
+            for index, name, body, item in group:
+                session.settled(item.ref.lease_token, None)
                 answers[index] = self._failure(requests[index].request_id, name, body, exc)
             return
         tap = self._tap
-        outstanding = self._outstanding
         for (index, name, body, item), outcome in zip(group, outcomes, strict=True):
             request_id = requests[index].request_id
             if not isinstance(outcome, LeaseLost):
-                outstanding.discard(item.ref.lease_token)
+                session.settled(item.ref.lease_token, Ending.SETTLED)
                 tap.done(name, body)
                 answers[index] = ok_frame(request_id)
             else:
@@ -712,22 +630,14 @@ class _WorkStream:
             )
         if isinstance(exc, LeaseLost):
             self._tap.lost(body)
-            # The worker learns here that the lease is gone; it no longer
-            # occupies one of its slots.
-            self._settle(getattr(body, "lease", None))
-            if exc.cancelled:
-                # An operator cancelled the task: the worker cancels the
-                # handler and says why, rather than reporting a lost lease.
-                return _error_frame(
+            ref = getattr(body, "lease", None)
+            return _answer_frame(
+                self._session.lost(
                     request_id,
-                    ErrorCode.LEASE_LOST,
-                    str(exc) or "the task was cancelled",
-                    reason=reasons.CANCELLED,
+                    None if ref is None else ref.lease_token,
+                    cancelled=exc.cancelled,
+                    message=str(exc),
                 )
-            return _error_frame(
-                request_id,
-                ErrorCode.LEASE_LOST,
-                str(exc) or "the lease is not the task's current lease",
             )
         if isinstance(exc, NotFound):
             return _error_frame(request_id, ErrorCode.NOT_FOUND, str(exc) or "not found")
@@ -735,15 +645,12 @@ class _WorkStream:
             return _error_frame(
                 request_id, ErrorCode.FAILED_PRECONDITION, str(exc) or "not allowed in this state"
             )
-        if isinstance(exc, _Refused):
-            return WorkResponse(result=WorkResult(request_id=request_id, error=exc.detail))
         if isinstance(exc, StorageUnavailable):
             # The command's outcome is unknown and the next one would fail
-            # alike: answer it, then end the stream so the worker reconnects
-            # (here once the database is back, or to another daemon).
-            self._down = exc
+            # alike: the session answers it and ends the stream.
+            answer = self._session.storage_down(request_id, str(exc))
             self._end(exc)
-            return _error_frame(request_id, ErrorCode.UNAVAILABLE, f"{_STORAGE_UNAVAILABLE}: {exc}")
+            return _answer_frame(answer)
         log.error(
             "Work command %s of worker %r failed unexpectedly",
             name,
@@ -756,23 +663,26 @@ class _WorkStream:
             f"internal error in {name} ({type(exc).__name__}); see the daemon log",
         )
 
-    def _settle(self, lease: LeaseRef | None) -> None:
-        if lease is not None:
-            self._outstanding.discard(lease.lease_token)
+    # -- commands: each returns its result frame -------------------------------
 
-    # -- commands: each returns the Lease a result carries, if any ------------
-
-    async def _release_command(self, body: ReleaseRequest) -> None:
-        _require(self._features, Feature.RELEASE, "release")
+    async def _release_command(self, request_id: int, body: ReleaseRequest) -> WorkResponse:
         ref = body.lease
         if ref is None:
             raise v.FieldError("lease", "is required")
         v.lease_ref(ref, "lease")
         owner = self._owner
-        if not await owner.storage.release([ref], owner.clock.now()):
+        session = self._session
+        session.settling(ref.lease_token)
+        try:
+            released = await owner.storage.release([ref], owner.clock.now())
+        except BaseException:
+            session.settled(ref.lease_token, None)
+            raise
+        if not released:
             raise await self._lost(ref)
-        self._settle(ref)
+        session.settled(ref.lease_token, Ending.SETTLED)
         owner.wakeups.notify(self._queue)
+        return ok_frame(request_id)
 
     async def _lost(self, ref: LeaseRef) -> LeaseLost:
         """Why a release matched no lease (the bulk `Storage.release` does
@@ -788,54 +698,34 @@ class _WorkStream:
             )
         return LeaseLost("the lease is not the task's current lease")
 
-    async def _extend(self, body: ExtendLeaseRequest) -> Lease:
-        return await self._owner.ops.apply_extend(body, self._owner.clock.now())
+    async def _extend(self, request_id: int, body: ExtendLeaseRequest) -> WorkResponse:
+        lease = await self._owner.ops.apply_extend(body, self._owner.clock.now())
+        return WorkResponse(result=WorkResult(request_id=request_id, lease=lease))
 
-    async def _progress(self, body: ReportProgressRequest) -> None:
+    async def _progress(self, request_id: int, body: ReportProgressRequest) -> WorkResponse:
         await self._owner.ops.apply_progress(body, self._owner.clock.now())
+        return ok_frame(request_id)
 
-    async def _credit_update(self, body: CreditUpdate) -> None:
-        target = body.target_concurrency
-        if target is not None:
-            _require(self._features, Feature.TARGET_CONCURRENCY, "target_concurrency")
-            if target > MAX_CONCURRENCY:
-                raise v.FieldError("target_concurrency", f"{target} exceeds {MAX_CONCURRENCY}")
-        grant = body.grant
-        if grant is not None:
-            _require(self._features, Feature.CREDIT_GRANT, "credit grant")
-            if body.available:
-                raise v.FieldError("available", "must be 0 when a grant is given")
-        if self._drained or self._stopping:
-            return
-        capacity = self._capacity if target is None else target
-        # Absolute replaces what is left; a grant adds to it. Either way the
-        # credit after the update is what the capacity check weighs.
-        credit = body.available if grant is None else self._credit + grant
-        outstanding = len(self._outstanding)
-        adds = credit if grant is None else grant
-        if adds and credit + outstanding > capacity:
-            # Not clamped: the worker's view is stale (a push crossed this
-            # update), so it resamples and sends a fresh snapshot.
-            raise _Refused(
-                ErrorCode.RESOURCE_EXHAUSTED,
-                f"credit {credit} with {outstanding} task(s) outstanding exceeds the"
-                f" stream's capacity of {capacity}; resample and retry",
-                reason=reasons.CREDIT_CAPACITY,
-            )
-        self._tap.credit(credit)
-        self._capacity = capacity
-        self._credit = credit
-        if credit:
-            self._credit_changed.set()
+    async def _credit_update(self, request_id: int, body: CreditUpdate) -> WorkResponse:
+        session = self._session
+        before = session.credit
+        answer = session.credit_update(
+            request_id,
+            available=body.available,
+            target=body.target_concurrency,
+            grant=body.grant,
+        )
+        if answer.error is None:
+            self._tap.credit(session.credit - before)
+            if session.credit:
+                self._credit_changed.set()
+        return _answer_frame(answer)
 
-    async def _drain(self, body: WorkerDrain) -> None:
-        if not body.begin:
-            raise v.FieldError("begin", "must be true; a drain cannot be undone")
-        self._drained = True
-        self._credit = 0
-
-    async def _register_again(self, body: WorkerRegistration) -> None:
-        raise FailedPrecondition("this stream is already registered; open a new stream")
+    async def _drain(self, request_id: int, body: WorkerDrain) -> WorkResponse:
+        answer = self._session.drain(request_id, begin=body.begin)
+        # A dispatcher waiting for credit learns there will be none.
+        self._credit_changed.set()
+        return _answer_frame(answer)
 
     # -- dispatcher ----------------------------------------------------------
 
@@ -843,15 +733,17 @@ class _WorkStream:
         owner = self._owner
         storage = owner.storage
         clock = owner.clock
+        session = self._session
         queue = self._queue
         task_types = self._task_types
         worker_id = self._worker_id
-        lease_duration = self._lease_duration
+        lease_duration = self._lease
         with owner.wakeups.watch(queue) as watch:
             while True:
-                if self._credit <= 0:
-                    if self._stopping:
-                        return
+                limit = session.claim_size()
+                if not limit:
+                    if session.state is not State.OPEN:
+                        return  # drained or stopping: nothing is pushed any more
                     self._credit_changed.clear()
                     await self._credit_changed.wait()
                     continue
@@ -861,14 +753,8 @@ class _WorkStream:
                 if watch.closed:
                     return
                 now = clock.now()
-                fits = PUSH_BUDGET_BYTES // max(self._payload_hint, 1)
                 batch = await storage.claim_pushes(
-                    queue,
-                    task_types,
-                    min(self._credit, PUSH_BATCH, max(fits, 1)),
-                    worker_id,
-                    lease_duration,
-                    now,
+                    queue, task_types, limit, worker_id, lease_duration, now
                 )
                 if batch:
                     await self._push(batch)
@@ -888,69 +774,68 @@ class _WorkStream:
                 await watch.wait(armed, delay)
 
     async def _push(self, batch: list[Push]) -> None:
+        """Write a claim's pushes as the session sizes them; whatever is not
+        on the wire when this returns or fails goes back to storage."""
+        session = self._session
         sent = 0
         try:
             note = self._owner.reaper.note
             for item in batch:
                 note(item.until)
-            keep = self._within_budget(batch)
-            if keep < len(batch):
+            back = session.claimed(
+                [(_token(item), _seconds(item.until), item.size) for item in batch]
+            )
+            if back:
+                keep = len(batch) - len(back)
                 await self._release(batch[keep:])
                 del batch[keep:]
             lock = self._send_lock
             send_message = self._stream.send_message
-            outstanding = self._outstanding
             clock = self._owner.clock
             loop = self._loop
-            margin = self._lease_margin()
+            tap = self._tap
+            sizes = [len(item.frame) for item in batch]
             # One deadline for the batch (a timeout per frame cost the daemon
             # ~4 µs a task): the frame being written when it passes means the
             # worker stopped reading. Leases that merely aged are caught by
-            # the check per item first, and returned without a reset.
+            # the session's check per push first, and returned without a reset.
             hard = loop.time() + STALL_TIMEOUT
             untils = [item.until for item in batch if item.until is not None]
             if untils:
-                fresh_for = (min(untils) - margin - clock.now()).total_seconds()
+                fresh_for = (min(untils) - clock.now()).total_seconds() - session.lease_margin()
                 hard = min(hard, loop.time() + fresh_for)
-            # One frame per push below minor 10; from it on, one frame for as
-            # many pushes as the credit covers (split at PUSH_MESSAGE_BYTES).
-            most = len(batch) if self._features.has(Feature.BATCH_FRAMES) else 1
+            stale = False
             try:
                 async with asyncio.timeout_at(hard):
-                    while sent < len(batch):
+                    while sent < len(batch) and not stale:
                         async with lock:
-                            # Checked and spent under the send lock, the same
-                            # lock a credit update holds while it changes the
-                            # credit and answers: a push spends the credit whose
-                            # result precedes it on the wire. A drain, shutdown
-                            # or smaller credit may have landed while this batch
-                            # was being pushed.
-                            frames, stale = self._next_pushes(
-                                batch, sent, min(most, self._credit), margin
+                            # Sized and spent under the send lock, the lock a
+                            # credit update holds while it changes the credit
+                            # and answers: a push spends the credit whose
+                            # result precedes it on the wire.
+                            count, stale = session.next_pushes(
+                                clock.now().timestamp(), sizes[sent:]
                             )
-                            if not frames:
+                            if not count:
                                 break
-                            self._pushing = True
-                            await send_message(
-                                _encoded(
-                                    frames[0]
-                                    if len(frames) == 1
-                                    else encode_work_response_batch(frames)
+                            frames = [item.frame for item in batch[sent : sent + count]]
+                            try:
+                                await send_message(
+                                    _encoded(
+                                        frames[0]
+                                        if count == 1
+                                        else encode_work_response_batch(frames)
+                                    )
                                 )
-                            )
+                            except BaseException:
+                                session.push_failed()
+                                raise
                             # No await between the send and the bookkeeping: a
                             # lease on the wire is always counted.
-                            self._pushing = False
-                            self._credit -= len(frames)
-                            for item in batch[sent : sent + len(frames)]:
-                                token = item.lease_token
-                                if token is not None:
-                                    outstanding.add(token)
-                                    self._tap.pushed(token)
-                            sent += len(frames)
-                        if stale:
-                            # Too stale to hand out: returned below, claimed afresh.
-                            break
+                            session.pushed(count)
+                            for item in batch[sent : sent + count]:
+                                tap.pushed(_token(item))
+                            sent += count
             except TimeoutError:
                 raise StreamStalled(
                     f"a task frame could not be written by its batch's deadline;"
@@ -958,48 +843,9 @@ class _WorkStream:
                 ) from None
             self._last_sent = self._loop.time()
         finally:
-            self._pushing = False
-            if sent < len(batch):
+            if session.unsent():
                 await self._release(batch[sent:])
-        if self._stopping:
-            self._end_if_quiet()
-
-    def _next_pushes(
-        self, batch: Sequence[Push], start: int, most: int, margin: timedelta
-    ) -> tuple[list[bytes], bool]:
-        """The encoded task frames of the next message: up to `most` of
-        `batch` from `start`, within PUSH_MESSAGE_BYTES (at least one),
-        ending before the first lease too stale to push (then True)."""
-        now = self._owner.clock.now()
-        frames: list[bytes] = []
-        size = 0
-        for item in batch[start : start + max(most, 0)]:
-            until = item.until
-            if until is not None and until - margin <= now:
-                return frames, True
-            frame = item.frame
-            size += len(frame)
-            if frames and size > PUSH_MESSAGE_BYTES:
-                break
-            frames.append(frame)
-        return frames, False
-
-    def _within_budget(self, batch: Sequence[Push]) -> int:
-        """How many of `batch` fit `PUSH_BUDGET_BYTES` (at least one)."""
-        total = 0
-        largest = 0
-        keep = len(batch)
-        for index, item in enumerate(batch):
-            size = item.size
-            largest = max(largest, size)
-            total += size
-            if total > PUSH_BUDGET_BYTES and keep == len(batch):
-                keep = max(index, 1)
-        self._payload_hint = largest
-        return keep
-
-    def _lease_margin(self) -> timedelta:
-        return min(LEASE_MARGIN, self._lease_duration / 2)
+        self._end_if_quiet()
 
     async def _release(self, unsent: Sequence[Push]) -> None:
         refs = [
@@ -1098,6 +944,35 @@ def ok_frame(request_id: int) -> WorkResponse:
     return _encoded(_RESULT + bytes((len(body),)) + body)
 
 
+def _answer_frame(answer: Answer) -> WorkResponse:
+    """The ``result`` frame of the session's `Answer`."""
+    error = answer.error
+    if error is None:
+        return ok_frame(answer.request_id)
+    return _error_frame(answer.request_id, ErrorCode[error.code], error.message, **error.metadata)
+
+
+def _settlement(name: str, body: Any) -> Settlement:
+    if name == "ack":
+        return v.ack_settlement(body)
+    if name == "nack":
+        return v.nack_settlement(body)
+    return v.reject_settlement(body)
+
+
+def _token(push: Push) -> str:
+    # Every claimed task is leased; a LeasedTask without a lease is storage's bug.
+    token = push.lease_token
+    if token is None:
+        raise RuntimeError(f"storage claimed task {push.task_id!r} without a lease")
+    return token
+
+
+def _seconds(when: datetime | None) -> float:
+    """A daemon-clock time as the session's seconds (no lease: never stale)."""
+    return math.inf if when is None else when.timestamp()
+
+
 def _error_frame(request_id: int, code: ErrorCode, message: str, **metadata: str) -> WorkResponse:
     detail = ErrorDetail(code=code, message=message, metadata=metadata)
     return WorkResponse(result=WorkResult(request_id=request_id, error=detail))
@@ -1169,11 +1044,6 @@ def _registration_fields(
     queue = v.name(registration.queue, "register.queue")
     worker_id = v.name(registration.worker_id, "register.worker_id")
     task_types = v.task_types(registration.task_types, "register.task_types")
-    if not 1 <= registration.max_concurrency <= MAX_CONCURRENCY:
-        raise v.FieldError(
-            "register.max_concurrency",
-            f"{registration.max_concurrency} is outside 1..{MAX_CONCURRENCY}",
-        )
     lease = v.duration(
         registration.lease_duration, "register.lease_duration", maximum=limits.MAX_LEASE
     )

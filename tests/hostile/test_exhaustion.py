@@ -12,6 +12,7 @@ import h2.errors
 import pytest
 
 from ringo_trio._contract import limits, versions
+from ringo_trio._contract.work.server import PUSH_BUDGET_BYTES
 from ringo_trio._proto.ringo.v1 import (
     CreditUpdate,
     NegotiateRequest,
@@ -21,7 +22,6 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
-from ringo_trio.server._work import PUSH_BUDGET_BYTES
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests.server._client import Client, connect, new_queue, split_endpoint
 

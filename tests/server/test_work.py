@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringo_trio._contract import limits, versions
+from ringo_trio._contract.work import server as machine
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     CreditUpdate,
@@ -1067,7 +1068,7 @@ def push_minor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     push; at minor 10 every message is cut down to one push, so a message's
     fate is again one lease's (`test_a_batch_*` cover whole batches)."""
     if request.param >= 10:
-        monkeypatch.setattr(_work, "PUSH_MESSAGE_BYTES", 1)
+        monkeypatch.setattr(machine, "PUSH_MESSAGE_BYTES", 1)
     return int(request.param)
 
 

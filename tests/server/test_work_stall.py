@@ -10,6 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from ringo_trio._contract.work import server as machine
 from ringo_trio._proto.ringo.v1 import (
     CreditUpdate,
     TaskSpec,
@@ -18,9 +19,10 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequest,
 )
 from ringo_trio.server._clock import ManualClock
-from ringo_trio.server._work import LEASE_MARGIN
 
 from .test_work import FakeStream, in_process, push_minor
+
+LEASE_MARGIN = timedelta(seconds=machine.LEASE_MARGIN)
 
 __all__ = ["push_minor"]  # a fixture of this module too
 
