@@ -2,6 +2,14 @@
 
 Theory of operation
 -------------------
+Every protocol decision of a stream — registration, request-id order, the
+credit rule, the lease table, how many tasks to claim and push, what to
+return, drain and the shutdown rule — is taken by its `ServerSession`
+(`ringo_trio._contract.work.server`, sans-IO, property-tested with the
+client's half). This module is its driver: it reads and decodes frames,
+awaits storage, holds the send lock and writes bytes. The sections below say
+what the pair does; the rules themselves live in the session.
+
 One call is one `_WorkStream`. Everything it starts lives in an
 `asyncio.TaskGroup` owned by the call: a **reader** that registers the worker
 and then executes its commands, a **dispatcher** that claims and pushes
