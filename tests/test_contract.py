@@ -219,3 +219,31 @@ def test_contract_package_is_sans_io_and_shared() -> None:
                 assert depth <= relative.count("/"), (relative, name)
             elif name.split(".")[0] not in {"functools", "heapq", "itertools"}:
                 assert name in pure, (relative, name)
+
+
+def test_minors_are_compared_only_in_the_feature_table() -> None:
+    """Every "does this minor have X" goes through `Features.has/require`:
+    no module compares a protocol minor with a number or a minor constant
+    (range checks against `versions.MINOR` itself are allowed). Red when a
+    scattered comparison like ``minor >= 9`` comes back."""
+    import ast
+
+    offenders = []
+    for module in sorted((ROOT / "ringo_trio").rglob("*.py")):
+        relative = module.relative_to(ROOT / "ringo_trio")
+        if relative.parts[0] == "_proto" or relative == pathlib.Path("_contract/versions.py"):
+            continue
+        for node in ast.walk(ast.parse(module.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            texts = [ast.unparse(operand) for operand in operands]
+            if not any("minor" in text.lower() for text in texts):
+                continue
+            numbers = [
+                op for op in operands if isinstance(op, ast.Constant) and type(op.value) is int
+            ]
+            constants = [text for text in texts if text.endswith("_MINOR")]
+            if any(op.value != 0 for op in numbers) or constants:
+                offenders.append(f"{relative}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, offenders
