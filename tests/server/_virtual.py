@@ -24,6 +24,10 @@ What the tests rely on:
 Guards: the body runs under a virtual ``fail_after`` (a deadlock jumps
 straight to it and fails at once) and a real-time watchdog (a livelock,
 where virtual time cannot move, fails instead of hanging the run).
+
+Write bodies with asyncio's own tasks and timeouts (``asyncio.create_task``,
+``asyncio.timeout``): anyio's task groups and cancel scopes fail on
+trio-asyncio's loop once they cancel ("no running event loop").
 """
 
 from __future__ import annotations
