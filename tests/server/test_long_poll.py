@@ -333,3 +333,23 @@ async def test_long_poll_answers_before_the_client_deadline() -> None:
         )
         assert response.tasks == []
         assert 0.5 <= now() - started < 1.0
+
+
+@on_virtual_time
+async def test_shutdown_lets_an_in_flight_long_poll_finish() -> None:
+    """Property: shutdown (what ringod's SIGTERM starts; test_cli checks the
+    signals) wakes a long-polling Claim, which completes normally — an empty
+    answer, not an error or a dropped call — at the shutdown's instant, and
+    the daemon stops then too, not at the claim's wait_timeout."""
+    results: list[tuple[float, list[LeasedTask]]] = []
+    async with virtual_daemon() as served, connect(served.daemon) as client:
+        claim = _claim_in_background(client, new_queue(), results)
+        await quiet()  # the claim is waiting
+        stopped_at = now()
+        served.stop.set()
+        await claim
+        await served.serving  # stopped, without an error
+        assert now() - stopped_at < PROMPT
+    [(returned_at, got)] = results
+    assert got == []
+    assert returned_at - stopped_at < PROMPT
