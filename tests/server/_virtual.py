@@ -117,17 +117,21 @@ class Served:
 
 
 @asynccontextmanager
-async def virtual_daemon(data_dir: Path | None = None, **config: Any) -> AsyncIterator[Served]:
-    """Serve a `Daemon` (SQLite in ``data_dir``, else a temporary directory;
-    `DaemonConfig` fields in ``config``) in memory on the running loop, on its
-    clock. On exit it is stopped gracefully and waited for."""
+async def virtual_daemon(
+    data_dir: Path | None = None, *, engine: SQLiteEngine | None = None, **config: Any
+) -> AsyncIterator[Served]:
+    """Serve a `Daemon` (on ``engine``, else SQLite in ``data_dir``, else in a
+    temporary directory; `DaemonConfig` fields in ``config``) in memory on the
+    running loop, on its clock. On exit it is stopped gracefully and waited
+    for."""
     with tempfile.TemporaryDirectory(prefix="ringo-virtual-") as scratch:
-        database = Path(data_dir or scratch) / "ringo.db"
+        if engine is None:
+            engine = SQLiteEngine(Path(data_dir or scratch) / "ringo.db")
         loop = asyncio.get_running_loop()
         # No upkeep thread: waiting for a real thread would let virtual time run ahead.
         daemon = Daemon(
             DaemonConfig(port=0, storage_upkeep=False, **config),
-            SQLiteEngine(database),
+            engine,
             clock=LoopClock(loop.time),
         )
         stop = asyncio.Event()
