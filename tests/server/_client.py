@@ -38,6 +38,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
+from ringo_trio.server._daemon import Daemon
 from ringo_trio.testing import DaemonProcess
 
 
@@ -138,15 +139,19 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
 
 @asynccontextmanager
 async def connect(
-    daemon: DaemonProcess | str,
+    daemon: DaemonProcess | Daemon | str,
     *,
     token: str | None = None,
     minor: int = PROTOCOL_MINOR,
     negotiate: bool = True,
 ) -> AsyncIterator[Client]:
-    endpoint = daemon if isinstance(daemon, str) else daemon.endpoint
-    host, port = split_endpoint(endpoint)
-    channel = Channel(host, port)
+    """A negotiated client of a ``ringod`` process or endpoint, or of an
+    in-process `Daemon` serving in memory (`_virtual.virtual_daemon`)."""
+    if isinstance(daemon, Daemon):
+        channel: Channel = daemon.in_memory_channel()
+    else:
+        endpoint = daemon if isinstance(daemon, str) else daemon.endpoint
+        channel = Channel(*split_endpoint(endpoint))
     metadata = {"authorization": f"Bearer {token}"} if token is not None else None
     try:
         stub = QueueServiceStub(channel, metadata=metadata)

@@ -1,9 +1,8 @@
-"""grpc.health.v1.Health of a real daemon."""
+"""grpc.health.v1.Health of a real daemon (and, for shutdown, of one on virtual time)."""
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+import asyncio
 
 import anyio
 import pytest
@@ -13,9 +12,10 @@ from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckRequest,
     HealthCheckResponseServingStatus,
 )
-from ringo_trio.testing import DaemonProcess, spawn_daemon
+from ringo_trio.testing import DaemonProcess
 
 from ._client import connect, expect_status
+from ._virtual import PROMPT, now, on_virtual_time, virtual_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -39,35 +39,35 @@ async def test_check_reports_serving_for_the_server_and_the_queue_service(
             )
 
 
-async def test_watch_streams_serving_then_not_serving_on_shutdown(tmp_path: Path) -> None:
+@on_virtual_time
+async def test_watch_streams_serving_then_not_serving_on_shutdown() -> None:
     """Property: Watch sends the current status at once, then NOT_SERVING when
-    the daemon starts shutting down, and then ends so shutdown is not held up
-    (the daemon still exits 0)."""
-    with anyio.fail_after(20), spawn_daemon(tmp_path / "data") as process:
-        async with connect(process, negotiate=False) as client:
-            seen: list[HealthCheckResponseServingStatus] = []
-            unknown: list[HealthCheckResponseServingStatus] = []
+    the daemon starts shutting down, and then ends so shutdown is not held
+    up: the daemon stops at the shutdown's (virtual) instant, not after its
+    drain timeout (5 s). (ringod's exit status on a signal: test_cli.)"""
+    async with virtual_daemon() as served, connect(served.daemon, negotiate=False) as client:
+        seen: list[HealthCheckResponseServingStatus] = []
+        unknown: list[HealthCheckResponseServingStatus] = []
 
-            async def watch(
-                service: str,
-                into: list[HealthCheckResponseServingStatus],
-                *,
-                task_status: anyio.abc.TaskStatus[None],
-            ) -> None:
-                async for response in client.health.watch(HealthCheckRequest(service=service)):
-                    into.append(response.status)
-                    if len(into) == 1:
-                        task_status.started()
+        async def watch(
+            service: str, into: list[HealthCheckResponseServingStatus], first: asyncio.Event
+        ) -> None:
+            async for response in client.health.watch(HealthCheckRequest(service=service)):
+                into.append(response.status)
+                first.set()
 
-            async with anyio.create_task_group() as tg:
-                await tg.start(watch, "", seen)
-                await tg.start(watch, "no.such.Service", unknown)
-                assert seen == [SERVING]
-                assert unknown == [HealthCheckResponseServingStatus.SERVICE_UNKNOWN]
-                started = time.monotonic()
-                returncode = await anyio.to_thread.run_sync(process.terminate)
-                elapsed = time.monotonic() - started
-            assert seen == [SERVING, NOT_SERVING]
-            assert returncode == 0
-            # Open watches must not hold shutdown up to the drain timeout (5 s).
-            assert elapsed < 3
+        firsts = [asyncio.Event(), asyncio.Event()]
+        watches = [
+            asyncio.create_task(watch("", seen, firsts[0])),
+            asyncio.create_task(watch("no.such.Service", unknown, firsts[1])),
+        ]
+        for first in firsts:
+            await first.wait()
+        assert seen == [SERVING]
+        assert unknown == [HealthCheckResponseServingStatus.SERVICE_UNKNOWN]
+        stopped_at = now()
+        served.stop.set()
+        await asyncio.gather(*watches)
+        assert seen == [SERVING, NOT_SERVING]
+        await served.serving  # stopped, without an error
+        assert now() - stopped_at < PROMPT

@@ -1,5 +1,6 @@
 """The daemon in-process (same event loop as the test), for faults and shutdown
-races a child process cannot be made to show on cue."""
+races a child process cannot be made to show on cue; the shutdown timeout on
+virtual time (`_virtual`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ringo_trio.server.storage._base import EnqueueOutcome
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
 from ._client import connect, expect_status, new_queue, ref
+from ._virtual import PROMPT, now, on_virtual_time, virtual_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -142,36 +144,37 @@ async def test_shutdown_drains_in_flight_calls_then_closes_storage(tmp_path: Pat
         await reopened.close()
 
 
+@on_virtual_time
 async def test_shutdown_timeout_bounds_a_call_that_never_finishes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Property: a call still running after --shutdown-timeout is cancelled
-    and answered UNAVAILABLE (logged), so shutdown always ends and the client
+    and answered UNAVAILABLE (logged), so shutdown always ends — exactly at
+    the timeout on virtual time, not before and not later — and the client
     is not left hanging; storage is still closed."""
     engine = FaultyEngine(tmp_path / "ringo.db")
     queue = new_queue()
-    with anyio.fail_after(15), caplog.at_level(logging.WARNING, logger="ringo_trio.server"):
+    timeout = 0.3
+    with caplog.at_level(logging.WARNING, logger="ringo_trio.server"):
         async with (
-            serving(engine, shutdown_timeout=0.3) as (daemon, stop),
-            connect(daemon.endpoint) as client,
+            virtual_daemon(engine=engine, shutdown_timeout=timeout) as served,
+            connect(served.daemon) as client,
         ):
             await client.enqueue(queue)
             [leased] = await client.claim(queue)
             engine.hold_acks = asyncio.Event()  # never set
-            async with anyio.create_task_group() as tg:
-
-                async def ack() -> None:
-                    await expect_status(
-                        client.stub.ack(AckRequest(context=client.context, lease=ref(leased))),
-                        Status.UNAVAILABLE,
-                        "shut down before this call finished",
-                    )
-
-                tg.start_soon(ack)
-                await engine.ack_entered.wait()
-                started = anyio.current_time()
-                stop.set()
-        elapsed = anyio.current_time() - started
-        assert engine.closed
-        assert elapsed < 3
-        assert any("still running" in r.getMessage() for r in caplog.records)
+            ack = asyncio.create_task(
+                expect_status(
+                    client.stub.ack(AckRequest(context=client.context, lease=ref(leased))),
+                    Status.UNAVAILABLE,
+                    "shut down before this call finished",
+                )
+            )
+            await engine.ack_entered.wait()
+            started = now()
+            served.stop.set()
+            await ack
+            await served.serving  # stopped, without an error
+            assert timeout <= now() - started < timeout + PROMPT
+    assert engine.closed
+    assert any("still running" in r.getMessage() for r in caplog.records)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -42,6 +42,7 @@ from ._client import (
     ref,
     snapshot,
 )
+from ._virtual import PROMPT, now, on_virtual_time, virtual_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -174,22 +175,38 @@ async def test_rejected_context_refuses_every_rpc_before_it_runs(
             assert before[1].state is TaskState.LEASED
 
 
-async def test_expired_session_is_refused_until_renegotiated(
+@on_virtual_time
+async def test_expired_session_is_refused_until_renegotiated() -> None:
+    """Property: a session token works until its TTL and stops working at it
+    (OUT_OF_RANGE, nothing enqueued); a fresh negotiation works again. On
+    virtual time: still valid just before the TTL, refused just after."""
+    queue = new_queue()
+    ttl = 0.5
+    async with (
+        virtual_daemon(session_ttl=timedelta(seconds=ttl)) as served,
+        connect(served.daemon) as client,
+    ):
+        negotiated = now()
+        await client.enqueue(queue)
+        await asyncio.sleep(negotiated + ttl - 0.05 - now())
+        await client.enqueue(queue)
+        await asyncio.sleep(0.05 + PROMPT)
+        await expect_status(client.enqueue(queue), Status.OUT_OF_RANGE, "expired")
+        async with connect(served.daemon) as fresh:
+            assert await fresh.activity(queue) == 2
+            await fresh.enqueue(queue)
+            assert await fresh.activity(queue) == 3
+
+
+async def test_the_session_ttl_flag_is_the_negotiated_ttl(
     short_session_daemon: DaemonProcess,
 ) -> None:
-    """Property: a session token stops working at its TTL (OUT_OF_RANGE, nothing
-    enqueued); a fresh negotiation works again."""
-    queue = new_queue()
+    """Property: ringod's --session-ttl is the TTL its Negotiate announces (and
+    enforces: timed on virtual time above)."""
     with anyio.fail_after(10):
-        async with connect(short_session_daemon) as client:
-            await client.enqueue(queue)
-            expires = time.monotonic() + 0.5
-            await anyio.sleep(max(expires - time.monotonic(), 0) + 0.15)
-            await expect_status(client.enqueue(queue), Status.OUT_OF_RANGE, "expired")
-            async with connect(short_session_daemon) as fresh:
-                assert await fresh.activity(queue) == 1
-                await fresh.enqueue(queue)
-                assert await fresh.activity(queue) == 2
+        async with connect(short_session_daemon, negotiate=False) as client:
+            response = await client.stub.negotiate(_negotiate())
+            assert response.session_ttl == timedelta(seconds=0.5)
 
 
 async def test_older_minor_daemon_negotiates_down_and_refuses_newer_rpcs(

@@ -1,19 +1,21 @@
 """A shared daemon (``--local-token-file``/``--generation``): the local token on
 every call, AttachLocal membership, and stopping by itself when nobody uses it.
 
-Real ``ringod`` processes, raw grpclib clients. Times are kept small (linger
-0.5 s); every test runs under a `fail_after` guard.
+Raw grpclib clients: of real ``ringod`` processes (the flags, the token on the
+command line, process exits), every test under a `fail_after` guard; and, for
+membership and lingering, of in-process daemons on virtual time (`_virtual`),
+where a linger or attach timeout is timed exactly and costs no real time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,9 +44,11 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
 )
 from ringo_trio.server import _main
+from ringo_trio.server._daemon import Daemon
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 from ._client import expect_status, new_queue, split_endpoint
+from ._virtual import PROMPT, Served, now, on_virtual_time, quiet, virtual_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -91,11 +95,14 @@ class Conn:
 
 @asynccontextmanager
 async def connect(
-    daemon: DaemonProcess, *local_tokens: str, bearer: str | None = None
+    daemon: DaemonProcess | Daemon, *local_tokens: str, bearer: str | None = None
 ) -> AsyncIterator[Conn]:
-    """A channel sending each of `local_tokens` as an x-ringo-local-token value."""
-    host, port = split_endpoint(daemon.endpoint)
-    channel = Channel(host, port)
+    """A channel sending each of `local_tokens` as an x-ringo-local-token value
+    (to an in-process `Daemon`: in memory)."""
+    if isinstance(daemon, Daemon):
+        channel: Channel = daemon.in_memory_channel()
+    else:
+        channel = Channel(*split_endpoint(daemon.endpoint))
     metadata = [(HEADER, token) for token in local_tokens]
     if bearer is not None:
         metadata.append(("authorization", f"Bearer {bearer}"))
@@ -291,118 +298,142 @@ async def test_a_daemon_that_is_not_shared_refuses_attach(daemon: DaemonProcess)
 # -- membership and lingering ---------------------------------------------------
 
 
+def _virtual_shared(**config: Any) -> AbstractAsyncContextManager[Served]:
+    """An in-process shared daemon on virtual time (`_virtual`)."""
+    return virtual_daemon(local_token=SECRET, generation=GENERATION, **config)
+
+
+@on_virtual_time
 async def test_the_daemon_stays_while_a_member_remains_and_lingers_out_after_the_last(
-    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Property: members are counted exactly: with two members, detaching one
     keeps the daemon serving well past the linger; detaching the last stops
-    it after about `--linger` seconds, gracefully (exit 0)."""
-    with (
-        anyio.fail_after(TEST_TIMEOUT),
-        _shared_daemon(tmp_path, "--linger", str(LINGER)) as daemon,
-    ):
-        async with connect(daemon, SECRET) as conn:
+    it gracefully exactly `linger` seconds later (virtual time: not before)."""
+    with caplog.at_level(logging.INFO, logger="ringo_trio.server"):
+        async with (
+            _virtual_shared(linger=LINGER) as served,
+            connect(served.daemon, SECRET) as conn,
+        ):
             async with member(conn) as first, member(conn):
                 await first.detach()
-                await anyio.sleep(3 * LINGER)
+                await quiet(3 * LINGER)
                 assert await _serving(conn)
-                assert daemon.running
-                detached = time.monotonic()
+                assert not served.serving.done()
+                detached = now()
             # The second member detached on leaving the block.
-            status = await _exit_status(daemon, within=5)
-            lingered = time.monotonic() - detached
-        assert status == 0, daemon.stderr_text()
-        assert LINGER * 0.8 <= lingered < LINGER + 2.5, lingered
-        assert "no member for 0.5s (--linger): shutting down" in daemon.stderr_text()
+            await served.serving  # stopped by itself, without an error
+            lingered = now() - detached
+    assert LINGER <= lingered < LINGER + PROMPT, lingered
+    assert "no member for 0.5s (--linger): shutting down" in caplog.text
 
 
-async def test_a_new_member_cancels_the_linger_and_every_drop_to_zero_restarts_it(
-    tmp_path: Path,
-) -> None:
+@on_virtual_time
+async def test_a_new_member_cancels_the_linger_and_every_drop_to_zero_restarts_it() -> None:
     """Property: an attach during the linger cancels it (the daemon keeps
     serving long after the linger would have ended), and the next drop to
-    zero starts a fresh full linger."""
+    zero starts a fresh full linger (the daemon stops exactly `linger` after
+    it, not before)."""
     linger = 1.0
-    with (
-        anyio.fail_after(TEST_TIMEOUT),
-        _shared_daemon(tmp_path, "--linger", str(linger)) as daemon,
-    ):
-        async with connect(daemon, SECRET) as conn:
+    async with _virtual_shared(linger=linger) as served:
+        async with connect(served.daemon, SECRET) as conn:
             async with member(conn):
                 pass
-            await anyio.sleep(linger * 0.6)
+            await quiet(linger * 0.6)
             async with member(conn):
-                await anyio.sleep(linger * 1.2)
+                await quiet(linger * 1.2)
                 assert await _serving(conn)
-            detached = time.monotonic()
-            await anyio.sleep(linger * 0.6)
-            assert daemon.running, "the second linger did not start afresh"
-            status = await _exit_status(daemon, within=5)
-        assert status == 0, daemon.stderr_text()
-        assert time.monotonic() - detached >= linger * 0.8
+            detached = now()
+            await quiet(linger * 0.6)
+            assert not served.serving.done(), "the second linger did not start afresh"
+            await served.serving  # stopped by itself, without an error
+        assert linger <= now() - detached < linger + PROMPT
 
 
-async def test_a_member_whose_connection_drops_counts_as_detached(tmp_path: Path) -> None:
-    """Property: a member whose TCP connection is cut (no RST_STREAM, no
-    GOAWAY: its process died) is detached, so the daemon lingers out; another
-    member's detach is not needed."""
-    with (
-        anyio.fail_after(TEST_TIMEOUT),
-        _shared_daemon(tmp_path, "--linger", str(LINGER)) as daemon,
+@on_virtual_time
+async def test_a_member_whose_connection_drops_counts_as_detached() -> None:
+    """Property: a member whose connection is cut (no RST_STREAM, no GOAWAY:
+    its process died) is detached, so the daemon lingers out; another
+    member's detach is not needed. (In memory the cut is the transport's
+    abort, which reaches the daemon as the same connection_lost a TCP reset
+    does.)"""
+    async with (
+        _virtual_shared(linger=LINGER) as served,
+        connect(served.daemon, SECRET) as conn,
+        member(conn),
     ):
-        async with connect(daemon, SECRET) as conn, member(conn):
-            await anyio.sleep(2 * LINGER)
-            assert daemon.running
-            protocol: Any = conn.channel._protocol
-            protocol.connection._transport.abort()
-            status = await _exit_status(daemon, within=5)
-        assert status == 0, daemon.stderr_text()
+        await quiet(2 * LINGER)
+        assert not served.serving.done()
+        protocol: Any = conn.channel._protocol
+        protocol.connection._transport.abort()
+        cut = now()
+        await served.serving  # stopped by itself, without an error
+        assert LINGER <= now() - cut < LINGER + PROMPT
 
 
+@on_virtual_time
 async def test_without_any_member_the_daemon_stops_after_the_attach_timeout(
-    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Property: a shared daemon nobody attaches to (its starter died) stops
-    gracefully, exit 0, about --attach-timeout after its ready line — not
-    before, and unary calls do not count as membership."""
+    gracefully exactly --attach-timeout after it is ready — not before, and
+    unary calls do not count as membership."""
     attach_timeout = 1.0
-    with (
-        anyio.fail_after(TEST_TIMEOUT),
-        _shared_daemon(tmp_path, "--attach-timeout", str(attach_timeout)) as daemon,
+    with caplog.at_level(logging.INFO, logger="ringo_trio.server"):
+        async with _virtual_shared(attach_timeout=attach_timeout) as served:
+            ready = now()
+            async with connect(served.daemon, SECRET) as conn:
+                assert await _serving(conn)
+            await served.serving  # stopped by itself, without an error
+            assert attach_timeout <= now() - ready < attach_timeout + PROMPT
+    assert "no member attached within 1s (--attach-timeout)" in caplog.text
+
+
+@on_virtual_time
+async def test_shutdown_with_members_is_prompt_and_ends_their_streams_unavailable() -> None:
+    """Property: a shutdown (what SIGTERM starts) with members attached stops
+    the daemon at once, without waiting for the members (nowhere near
+    --shutdown-timeout 10), and every member stream ends with status
+    UNAVAILABLE (the members learn it at once, and re-elect)."""
+    async with (
+        _virtual_shared(shutdown_timeout=10.0) as served,
+        connect(served.daemon, SECRET) as conn,
+        member(conn) as first,
+        member(conn) as second,
     ):
-        ready = time.monotonic()
-        async with connect(daemon, SECRET) as conn:
-            assert await _serving(conn)
-        status = await _exit_status(daemon, within=5)
-        assert status == 0, daemon.stderr_text()
-        assert time.monotonic() - ready >= attach_timeout * 0.8
-        assert "no member attached within 1s (--attach-timeout)" in daemon.stderr_text()
+        started = now()
+        served.stop.set()
+        ends = [await first.end_status(), await second.end_status()]
+        await served.serving  # stopped, without an error
+        assert now() - started < PROMPT
+    for code, message in ends:
+        assert code is Status.UNAVAILABLE, (code, message)
+        assert "shutting down" in message
 
 
-async def test_sigterm_with_members_exits_promptly_and_ends_their_streams_unavailable(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("flag", "detach", "reason"),
+    [
+        ("--linger", True, "no member for 0.2s (--linger): shutting down"),
+        ("--attach-timeout", False, "no member attached within 0.2s (--attach-timeout)"),
+    ],
+    ids=["linger", "attach-timeout"],
+)
+async def test_a_shared_ringod_stops_by_itself_after_its_flags_time_exit_0(
+    tmp_path: Path, flag: str, detach: bool, reason: str
 ) -> None:
-    """Property: SIGTERM with members attached exits 0 without waiting for the
-    members (well inside --shutdown-timeout 10), and every member stream ends
-    with status UNAVAILABLE (the members learn it at once, and re-elect)."""
-    with (
-        anyio.fail_after(TEST_TIMEOUT),
-        _shared_daemon(tmp_path, "--shutdown-timeout", "10") as daemon,
-    ):
-        async with (
-            connect(daemon, SECRET) as conn,
-            member(conn) as first,
-            member(conn) as second,
-        ):
-            started = time.monotonic()
-            daemon.process.terminate()
-            ends = [await first.end_status(), await second.end_status()]
-            status = await _exit_status(daemon, within=5)
-        assert time.monotonic() - started < 3.0
+    """Property: ringod's --linger and --attach-timeout are the timers its
+    membership runs (timed exactly on virtual time above), and a shared
+    process that stops by itself exits 0: a member that attaches and leaves
+    (or none at all) stops it with that flag's reason."""
+    timers = ["--linger", "600", "--attach-timeout", "600", flag, "0.2"]  # the last one counts
+    with anyio.fail_after(TEST_TIMEOUT), _shared_daemon(tmp_path, *timers) as daemon:
+        if detach:
+            async with connect(daemon, SECRET) as conn, member(conn):
+                pass
+        status = await _exit_status(daemon, within=TEST_TIMEOUT - 5)
         assert status == 0, daemon.stderr_text()
-        for code, message in ends:
-            assert code is Status.UNAVAILABLE, (code, message)
-            assert "shutting down" in message
+        assert reason in daemon.stderr_text()
 
 
 # -- flags ------------------------------------------------------------------------

@@ -3,6 +3,8 @@ reaper and claim batching (no sockets)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -37,13 +39,15 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio._wire.codec import decode
 from ringo_trio.server import _validate as v
-from ringo_trio.server._clock import Clock, ManualClock
+from ringo_trio.server._clock import LoopClock, ManualClock
 from ringo_trio.server._service import QueueService
 from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server._wire import StrictCodec, WireError
 from ringo_trio.server.storage._base import Storage
 from ringo_trio.server.storage.sqlite import SQLiteEngine
+
+from ._virtual import PROMPT, on_virtual_time, quiet
 
 pytestmark = pytest.mark.anyio
 
@@ -366,59 +370,69 @@ class _CountingStorage(SQLiteEngine):
 
 
 async def _run_reaper(reaper: LeaseReaper, seconds: float) -> None:
-    with anyio.move_on_after(seconds):
-        await reaper.run()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await reaper.run()
 
 
+def _loop_clock() -> LoopClock:
+    return LoopClock(asyncio.get_running_loop().time)
+
+
+@on_virtual_time
 async def test_reaper_sweeps_at_the_noted_deadline_not_before() -> None:
     """Property: after the startup sweep, the reaper sweeps when a noted lease
-    deadline arrives (not at the backstop), and wakes waiters when something
-    expired."""
+    deadline arrives (not before, and not only at the backstop), and wakes
+    waiters when something expired. On virtual time: no sweep just before
+    the deadline, one at it."""
     storage = _CountingStorage()
     storage.expired = 1
     wakeups = QueueWakeups()
-    clock = Clock()
+    clock = _loop_clock()
     reaper = LeaseReaper(storage, clock, wakeups, backstop=60)
     with wakeups.watch("q") as watch:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_run_reaper, reaper, 1.0)
-            await anyio.sleep(0.05)
-            assert len(storage.expire_calls) == 1  # startup sweep
-            armed = watch.arm()
-            deadline = clock.now() + timedelta(milliseconds=300)
-            reaper.note(deadline)
-            await anyio.sleep(0.2)
-            assert len(storage.expire_calls) == 1, "swept before the deadline"
-            await anyio.sleep(0.25)
-            assert len(storage.expire_calls) == 2
-            assert storage.expire_calls[1] >= deadline
-            assert armed.is_set()
-            tg.cancel_scope.cancel()
+        running = asyncio.create_task(_run_reaper(reaper, 1.0))
+        await quiet(0.05)
+        assert len(storage.expire_calls) == 1  # startup sweep
+        armed = watch.arm()
+        deadline = clock.now() + timedelta(milliseconds=300)
+        reaper.note(deadline)
+        await asyncio.sleep(0.29)
+        assert len(storage.expire_calls) == 1, "swept before the deadline"
+        await asyncio.sleep(0.01 + PROMPT)
+        assert len(storage.expire_calls) == 2
+        assert deadline <= storage.expire_calls[1] < deadline + timedelta(seconds=PROMPT)
+        assert armed.is_set()
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
 
 
+@on_virtual_time
 async def test_reaper_coalesces_a_burst_of_deadlines() -> None:
     """Property: many distinct deadlines close together cost a few sweeps, not
     one write transaction each."""
     storage = _CountingStorage()
-    clock = Clock()
+    clock = _loop_clock()
     reaper = LeaseReaper(storage, clock, QueueWakeups(), backstop=60, min_interval=0.05)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_run_reaper, reaper, 0.6)
-        await anyio.sleep(0.02)
-        start = clock.now()
-        for i in range(200):
-            reaper.note(start + timedelta(milliseconds=100 + i))  # 100..300 ms
+    running = asyncio.create_task(_run_reaper(reaper, 0.6))
+    await quiet(0.02)
+    start = clock.now()
+    for i in range(200):
+        reaper.note(start + timedelta(milliseconds=100 + i))  # 100..300 ms
+    await running
     sweeps_for_burst = len(storage.expire_calls) - 1
     assert 1 <= sweeps_for_burst <= 8
 
 
+@on_virtual_time
 async def test_reaper_backstop_and_engine_errors(caplog: pytest.LogCaptureFixture) -> None:
     """Property: with no deadline known the reaper still sweeps every
     `backstop` seconds (leases from a previous process), and an engine error
     is logged without ending the reaper."""
     storage = _CountingStorage()
     storage.fail = True
-    reaper = LeaseReaper(storage, Clock(), QueueWakeups(), backstop=0.1)
+    reaper = LeaseReaper(storage, _loop_clock(), QueueWakeups(), backstop=0.1)
     with caplog.at_level(logging.ERROR, logger="ringo_trio.server"):
         await _run_reaper(reaper, 0.55)
     assert 4 <= len(storage.expire_calls) <= 7

@@ -1,15 +1,19 @@
-"""The Work stream, against real daemons (and, for faults a socket cannot be made
-to show on cue, in-process against a fake stream).
+"""The Work stream over gRPC: against real daemons, against in-process daemons
+on virtual time (`_virtual`), and, for faults a socket cannot be made to show
+on cue, in-process against a fake stream.
 
 Pushes are observed in stream order: a task pushed before a command was
 executed reaches the worker before that command's result. "Nothing more was
-pushed" is therefore checked by a command sent after a short settle, whose
-result closes the window.
+pushed" is therefore checked on virtual time: after `quiet` (which returns
+only once the daemon has done all it would do by itself) a command is sent,
+and its result closes the window. Wake-ups are timed on the virtual clock:
+a push woken by an event arrives at that event's instant.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -54,7 +58,7 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio._wire.frames import encode_work_result
 from ringo_trio.server import _work
-from ringo_trio.server._clock import Clock
+from ringo_trio.server._clock import Clock, LoopClock
 from ringo_trio.server._service import QueueService
 from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
@@ -63,23 +67,15 @@ from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 from ._client import Client, WorkStream, connect, elements, new_queue, open_work, ref
+from ._virtual import PROMPT, QUIET, now, on_virtual_time, quiet, virtual_daemon
 
 pytestmark = pytest.mark.anyio
-
-# Long enough for a loaded 2-core box to push what it was going to push.
-SETTLE = 0.3
-
-
-@pytest.fixture(scope="module")
-def minor1_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    with spawn_daemon(tmp_path_factory.mktemp("minor1") / "data", protocol_minor=1) as process:
-        yield process
 
 
 @pytest.fixture(scope="module")
 def heartbeat_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     with spawn_daemon(
-        tmp_path_factory.mktemp("heartbeat") / "data", extra_args=["--heartbeat-interval", "0.2"]
+        tmp_path_factory.mktemp("heartbeat") / "data", extra_args=["--heartbeat-interval", "0.05"]
     ) as process:
         yield process
 
@@ -259,44 +255,44 @@ async def test_a_refusal_reaches_a_grpclib_client_as_its_status(daemon: DaemonPr
 # -- credit --------------------------------------------------------------------
 
 
-async def test_credit_is_absolute_and_bounds_every_push(
-    daemon: DaemonProcess, work_minor: int
-) -> None:
+@on_virtual_time
+async def test_credit_is_absolute_and_bounds_every_push(work_minor: int) -> None:
     """Property: credit is absolute ("`available` more from now on"): the
     daemon pushes exactly that many, a later update replaces (never adds to)
-    it, and credit 0 stops pushes."""
+    it, and credit 0 stops pushes. ("Nothing more" is checked after `quiet`:
+    on virtual time the daemon has pushed all it would by then.)"""
     queue = new_queue()
-    with anyio.fail_after(15):
-        async with (
-            connect(daemon, minor=work_minor) as client,
-            worker(client, queue, max_concurrency=20) as work,
-        ):
-            await enqueue_n(client, queue, 5)
-            ok(await work.call(credit=CreditUpdate(available=2)))
-            await work.wait_tasks(2)
-            await anyio.sleep(SETTLE)
-            ok(await work.call(credit=CreditUpdate(available=0)))
-            assert len(work.tasks) == 2
-            leased = [await client.get(queue, t.task.id) for t in work.tasks if t.task]
-            assert {t.state for t in leased} == {TaskState.LEASED}
-            assert await client.activity(queue) == 5
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon, minor=work_minor) as client,
+        worker(client, queue, max_concurrency=20) as work,
+    ):
+        await enqueue_n(client, queue, 5)
+        ok(await work.call(credit=CreditUpdate(available=2)))
+        await work.wait_tasks(2)
+        await quiet()
+        ok(await work.call(credit=CreditUpdate(available=0)))
+        assert len(work.tasks) == 2
+        leased = [await client.get(queue, t.task.id) for t in work.tasks if t.task]
+        assert {t.state for t in leased} == {TaskState.LEASED}
+        assert await client.activity(queue) == 5
 
-            # 3 then 1 with nothing claimable: the second replaces the first.
-            empty = new_queue()
-            async with worker(client, empty, max_concurrency=20) as other:
-                ok(await other.call(credit=CreditUpdate(available=3)))
-                ok(await other.call(credit=CreditUpdate(available=1)))
-                await enqueue_n(client, empty, 5)
-                await other.wait_tasks(1)
-                await anyio.sleep(SETTLE)
-                ok(await other.call(credit=CreditUpdate(available=0)))
-                assert len(other.tasks) == 1
+        # 3 then 1 with nothing claimable: the second replaces the first.
+        empty = new_queue()
+        async with worker(client, empty, max_concurrency=20) as other:
+            ok(await other.call(credit=CreditUpdate(available=3)))
+            ok(await other.call(credit=CreditUpdate(available=1)))
+            await enqueue_n(client, empty, 5)
+            await other.wait_tasks(1)
+            await quiet()
+            ok(await other.call(credit=CreditUpdate(available=0)))
+            assert len(other.tasks) == 1
 
-            # Credit 0 stays 0: new work is not pushed.
-            await enqueue_n(client, queue, 2)
-            await anyio.sleep(SETTLE)
-            ok(await work.call(credit=CreditUpdate(available=0)))
-            assert len(work.tasks) == 2
+        # Credit 0 stays 0: new work is not pushed.
+        await enqueue_n(client, queue, 2)
+        await quiet()
+        ok(await work.call(credit=CreditUpdate(available=0)))
+        assert len(work.tasks) == 2
 
 
 async def test_every_push_is_covered_by_the_credit_answered_before_it(
@@ -305,9 +301,13 @@ async def test_every_push_is_covered_by_the_credit_answered_before_it(
     """Property (what lets a worker mirror its credit exactly): on the wire,
     every push spends the credit whose result came before it — a credit
     change and its result are one step, never split by a push. Checked with
-    a burst of credit updates racing a busy dispatcher: a mirror that becomes
-    N at each OK result and drops by one per push never goes below zero, and
-    ends equal to what the daemon still owes."""
+    a burst of credit updates racing a busy dispatcher (on a real daemon, so
+    each run races differently): a mirror that becomes N at each OK result
+    and drops by one per push never goes below zero, and ends equal to what
+    the daemon still owes — the result of a last credit{0} comes with no push
+    before it, so none was pushed beyond the credit. (That no push comes
+    later either is checked on virtual time, where a quiet period is free:
+    test_credit_is_absolute_and_bounds_every_push.)"""
     queue = new_queue()
     values = [3, 0, 7, 2, 5, 1, 0, 9, 4, 6, 2, 8, 0, 3, 5] * 3
     with anyio.fail_after(20):
@@ -336,103 +336,101 @@ async def test_every_push_is_covered_by_the_credit_answered_before_it(
                 for frame in elements(await work.frame()):
                     if frame.task is not None:
                         mirror -= 1
-            await anyio.sleep(SETTLE)
+            pushed = len(work.tasks)
             ok(await work.call(credit=CreditUpdate(available=0)))
-            assert mirror == 0
+            assert len(work.tasks) == pushed, "a push beyond the credit"
 
 
-async def test_credit_beyond_capacity_is_refused_until_leases_are_settled(
-    daemon: DaemonProcess, work_minor: int
-) -> None:
+@on_virtual_time
+async def test_credit_beyond_capacity_is_refused_until_leases_are_settled(work_minor: int) -> None:
     """Property: pushed-and-unsettled ≤ capacity is enforced by the daemon. A
     credit with available + outstanding > capacity is RESOURCE_EXHAUSTED
     (reason=credit_capacity) and changes nothing; available 0 is always
     accepted; a lease stops counting once the worker acks/nacks/rejects it on
     the stream."""
     queue = new_queue()
-    with anyio.fail_after(15):
-        async with (
-            connect(daemon, minor=work_minor) as client,
-            worker(client, queue, max_concurrency=2) as work,
-        ):
-            refused(
-                await work.call(credit=CreditUpdate(available=3)),
-                ErrorCode.RESOURCE_EXHAUSTED,
-                reason="credit_capacity",
-            )
-            await enqueue_n(client, queue, 4)
-            ok(await work.call(credit=CreditUpdate(available=1)))
-            [first] = await work.wait_tasks(1)
-            refused(
-                await work.call(credit=CreditUpdate(available=2)),
-                ErrorCode.RESOURCE_EXHAUSTED,
-                reason="credit_capacity",
-            )
-            # The refused update granted nothing (the old credit, now 0, stands).
-            await anyio.sleep(SETTLE)
-            ok(await work.call(credit=CreditUpdate(available=0)))
-            assert len(work.tasks) == 1
-            ok(await work.call(ack=AckRequest(lease=ref(first))))
-            ok(await work.call(credit=CreditUpdate(available=2)))
-            second, third = (await work.wait_tasks(3))[1:]
-            refused(
-                await work.call(credit=CreditUpdate(available=1)),
-                ErrorCode.RESOURCE_EXHAUSTED,
-                reason="credit_capacity",
-            )
-            ok(await work.call(nack=NackRequest(lease=ref(second), retry_delay_override=None)))
-            ok(await work.call(reject=RejectRequest(lease=ref(third), error="no")))
-            ok(await work.call(credit=CreditUpdate(available=2)))
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon, minor=work_minor) as client,
+        worker(client, queue, max_concurrency=2) as work,
+    ):
+        refused(
+            await work.call(credit=CreditUpdate(available=3)),
+            ErrorCode.RESOURCE_EXHAUSTED,
+            reason="credit_capacity",
+        )
+        await enqueue_n(client, queue, 4)
+        ok(await work.call(credit=CreditUpdate(available=1)))
+        [first] = await work.wait_tasks(1)
+        refused(
+            await work.call(credit=CreditUpdate(available=2)),
+            ErrorCode.RESOURCE_EXHAUSTED,
+            reason="credit_capacity",
+        )
+        # The refused update granted nothing (the old credit, now 0, stands).
+        await quiet()
+        ok(await work.call(credit=CreditUpdate(available=0)))
+        assert len(work.tasks) == 1
+        ok(await work.call(ack=AckRequest(lease=ref(first))))
+        ok(await work.call(credit=CreditUpdate(available=2)))
+        second, third = (await work.wait_tasks(3))[1:]
+        refused(
+            await work.call(credit=CreditUpdate(available=1)),
+            ErrorCode.RESOURCE_EXHAUSTED,
+            reason="credit_capacity",
+        )
+        ok(await work.call(nack=NackRequest(lease=ref(second), retry_delay_override=None)))
+        ok(await work.call(reject=RejectRequest(lease=ref(third), error="no")))
+        ok(await work.call(credit=CreditUpdate(available=2)))
 
 
-async def test_a_grant_adds_to_the_credit_under_the_capacity_rule(
-    daemon: DaemonProcess, work_minor: int
-) -> None:
+@on_virtual_time
+async def test_a_grant_adds_to_the_credit_under_the_capacity_rule(work_minor: int) -> None:
     """Property (minor ≥ 10): a grant adds to what is left ("push me this many
     MORE") and is refused, changing nothing, exactly when credit + grant +
     outstanding would exceed the capacity; below minor 10 it is
     INCOMPATIBLE_VERSION and changes nothing; with ``available`` it is
     INVALID_ARGUMENT naming ``available``."""
     queue = new_queue()
-    with anyio.fail_after(15):
-        async with (
-            connect(daemon, minor=work_minor) as client,
-            worker(client, queue, max_concurrency=3) as work,
-        ):
-            if work_minor < 10:
-                refused(
-                    await work.call(credit=CreditUpdate(grant=1)), ErrorCode.INCOMPATIBLE_VERSION
-                )
-                await enqueue_n(client, queue, 1)
-                await anyio.sleep(SETTLE)
-                assert work.tasks == []
-                return
-            refused(
-                await work.call(credit=CreditUpdate(available=1, grant=1)),
-                ErrorCode.INVALID_ARGUMENT,
-                field="credit.available",
-            )
-            ok(await work.call(credit=CreditUpdate(grant=2)))
-            ok(await work.call(credit=CreditUpdate(grant=1)))  # 2 + 1: added, not replaced
-            refused(
-                await work.call(credit=CreditUpdate(grant=1)),
-                ErrorCode.RESOURCE_EXHAUSTED,
-                reason="credit_capacity",
-            )
-            await enqueue_n(client, queue, 5)
-            leases = await work.wait_tasks(3)
-            await anyio.sleep(SETTLE)
-            assert len(work.tasks) == 3  # the refused grant added nothing
-            refused(
-                await work.call(credit=CreditUpdate(grant=1)),
-                ErrorCode.RESOURCE_EXHAUSTED,
-                reason="credit_capacity",
-            )
-            ok(await work.call(ack=AckRequest(lease=ref(leases[0]))))
-            ok(await work.call(credit=CreditUpdate(grant=1)))
-            await work.wait_tasks(4)
-            await anyio.sleep(SETTLE)
-            assert len(work.tasks) == 4
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon, minor=work_minor) as client,
+        worker(client, queue, max_concurrency=3) as work,
+    ):
+        if work_minor < 10:
+            refused(await work.call(credit=CreditUpdate(grant=1)), ErrorCode.INCOMPATIBLE_VERSION)
+            await enqueue_n(client, queue, 1)
+            await quiet()
+            ok(await work.call(credit=CreditUpdate(available=0)))
+            assert work.tasks == []
+            return
+        refused(
+            await work.call(credit=CreditUpdate(available=1, grant=1)),
+            ErrorCode.INVALID_ARGUMENT,
+            field="credit.available",
+        )
+        ok(await work.call(credit=CreditUpdate(grant=2)))
+        ok(await work.call(credit=CreditUpdate(grant=1)))  # 2 + 1: added, not replaced
+        refused(
+            await work.call(credit=CreditUpdate(grant=1)),
+            ErrorCode.RESOURCE_EXHAUSTED,
+            reason="credit_capacity",
+        )
+        await enqueue_n(client, queue, 5)
+        leases = await work.wait_tasks(3)
+        await quiet()
+        refused(
+            await work.call(credit=CreditUpdate(grant=1)),
+            ErrorCode.RESOURCE_EXHAUSTED,
+            reason="credit_capacity",
+        )
+        assert len(work.tasks) == 3  # the refused grant added nothing
+        ok(await work.call(ack=AckRequest(lease=ref(leases[0]))))
+        ok(await work.call(credit=CreditUpdate(grant=1)))
+        await work.wait_tasks(4)
+        await quiet()
+        ok(await work.call(credit=CreditUpdate(available=0)))
+        assert len(work.tasks) == 4
 
 
 async def test_target_concurrency_is_the_capacity_from_then_on(
@@ -473,29 +471,31 @@ async def test_target_concurrency_is_the_capacity_from_then_on(
             await work.wait_tasks(4)
 
 
-async def test_minor_1_refuses_target_concurrency_and_ignores_ordered_ids(
-    minor1_daemon: DaemonProcess,
-) -> None:
+@on_virtual_time
+async def test_minor_1_refuses_target_concurrency_and_ignores_ordered_ids() -> None:
     """Property: on a daemon serving minor 1, target_concurrency (minor 2) is
     INCOMPATIBLE_VERSION and changes nothing, and ordered_request_ids
     (minor 6) is reported off and not enforced."""
     queue = new_queue()
-    with anyio.fail_after(15):
-        async with connect(minor1_daemon) as client, open_work(client) as work:
-            assert client.context.protocol_minor == 1
-            got = await work.register(queue, ordered_request_ids=True)
-            assert got.ordered_request_ids is False
-            refused(
-                await work.call(5, credit=CreditUpdate(available=1, target_concurrency=4)),
-                ErrorCode.INCOMPATIBLE_VERSION,
-            )
-            await enqueue_n(client, queue, 1)
-            await anyio.sleep(SETTLE)
-            # Decreasing ids are executed: the stream did not turn ordering on.
-            ok(await work.call(4, credit=CreditUpdate(available=0)))
-            assert work.tasks == []
-            ok(await work.call(3, credit=CreditUpdate(available=1)))
-            await work.wait_tasks(1)
+    async with (
+        virtual_daemon(protocol_minor=1) as served,
+        connect(served.daemon) as client,
+        open_work(client) as work,
+    ):
+        assert client.context.protocol_minor == 1
+        got = await work.register(queue, ordered_request_ids=True)
+        assert got.ordered_request_ids is False
+        refused(
+            await work.call(5, credit=CreditUpdate(available=1, target_concurrency=4)),
+            ErrorCode.INCOMPATIBLE_VERSION,
+        )
+        await enqueue_n(client, queue, 1)
+        await quiet()
+        # Decreasing ids are executed: the stream did not turn ordering on.
+        ok(await work.call(4, credit=CreditUpdate(available=0)))
+        assert work.tasks == []
+        ok(await work.call(3, credit=CreditUpdate(available=1)))
+        await work.wait_tasks(1)
 
 
 async def test_ordered_ids_refuse_a_non_increasing_id_without_executing_it(
@@ -670,111 +670,115 @@ async def test_lease_commands_on_the_stream_mirror_the_unary_rpcs(
             assert task.state is TaskState.LEASED
 
 
-async def test_a_nack_on_the_stream_wakes_an_idle_stream(
-    daemon: DaemonProcess, work_minor: int
-) -> None:
+@on_virtual_time
+async def test_a_nack_on_the_stream_wakes_an_idle_stream(work_minor: int) -> None:
     """Property: a nack on the stream notifies the queue like the unary Nack:
-    another stream idling on the queue receives the next attempt at once
-    (not when the old lease would have expired)."""
+    another stream idling on the queue receives the next attempt at once, at
+    the nack's own (virtual) instant — not when the old lease would have
+    expired."""
     queue = new_queue()
-    with anyio.fail_after(10):
-        async with (
-            connect(daemon, minor=work_minor) as client,
-            worker(client, queue, worker_id="a") as first,
-            worker(client, queue, worker_id="b") as second,
-        ):
-            await enqueue_n(client, queue, 1)
-            ok(await first.call(credit=CreditUpdate(available=1)))
-            [held] = await first.wait_tasks(1)
-            ok(await second.call(credit=CreditUpdate(available=1)))
-            await anyio.sleep(SETTLE)  # the second stream is now asleep
-            nack = NackRequest(lease=ref(held), retry_delay_override=timedelta(0))
-            ok(await first.call(nack=nack))
-            [again] = await second.wait_tasks(1)
-            assert again.lease is not None
-            assert again.lease.attempt == 2
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon, minor=work_minor) as client,
+        worker(client, queue, worker_id="a") as first,
+        worker(client, queue, worker_id="b") as second,
+    ):
+        await enqueue_n(client, queue, 1)
+        ok(await first.call(credit=CreditUpdate(available=1)))
+        [held] = await first.wait_tasks(1)
+        ok(await second.call(credit=CreditUpdate(available=1)))
+        await quiet()  # the second stream is now asleep
+        nacked_at = now()
+        nack = NackRequest(lease=ref(held), retry_delay_override=timedelta(0))
+        ok(await first.call(nack=nack))
+        [again] = await second.wait_tasks(1)
+        assert now() - nacked_at < PROMPT
+        assert again.lease is not None
+        assert again.lease.attempt == 2
 
 
-async def test_a_stale_lease_is_lease_lost_and_frees_its_slot(
-    daemon: DaemonProcess, work_minor: int
-) -> None:
+@on_virtual_time
+async def test_a_stale_lease_is_lease_lost_and_frees_its_slot(work_minor: int) -> None:
     """Property: a command about a lease that is no longer live is answered
     LEASE_LOST (and changes nothing), and that lease stops counting against
     the stream's capacity."""
     queue = new_queue()
-    with anyio.fail_after(15):
-        async with (
-            connect(daemon, minor=work_minor) as client,
-            worker(client, queue, max_concurrency=1, lease_duration=timedelta(seconds=0.4)) as work,
-        ):
-            await enqueue_n(client, queue, 1)
-            ok(await work.call(credit=CreditUpdate(available=1)))
-            [held] = await work.wait_tasks(1)
-            assert held.task is not None
-            await anyio.sleep(0.8)  # the lease expires; the reaper returns the task
-            refused(
-                await work.call(credit=CreditUpdate(available=1)),
-                ErrorCode.RESOURCE_EXHAUSTED,
-                reason="credit_capacity",
-            )
-            refused(
-                await work.call(progress=ReportProgressRequest(lease=ref(held), message="late")),
-                ErrorCode.LEASE_LOST,
-            )
-            assert (await client.get(queue, held.task.id)).progress is None
-            ok(await work.call(credit=CreditUpdate(available=1)))
-            [_, again] = await work.wait_tasks(2)
-            assert again.lease is not None
-            assert again.lease.attempt == 2
-            refused(
-                await work.call(
-                    extend_lease=ExtendLeaseRequest(lease=ref(held), extension=timedelta(seconds=5))
-                ),
-                ErrorCode.LEASE_LOST,
-            )
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon, minor=work_minor) as client,
+        worker(client, queue, max_concurrency=1, lease_duration=timedelta(seconds=0.4)) as work,
+    ):
+        await enqueue_n(client, queue, 1)
+        ok(await work.call(credit=CreditUpdate(available=1)))
+        [held] = await work.wait_tasks(1)
+        assert held.task is not None
+        await quiet(0.8)  # the lease expires; the reaper returns the task
+        refused(
+            await work.call(credit=CreditUpdate(available=1)),
+            ErrorCode.RESOURCE_EXHAUSTED,
+            reason="credit_capacity",
+        )
+        refused(
+            await work.call(progress=ReportProgressRequest(lease=ref(held), message="late")),
+            ErrorCode.LEASE_LOST,
+        )
+        assert (await client.get(queue, held.task.id)).progress is None
+        ok(await work.call(credit=CreditUpdate(available=1)))
+        [_, again] = await work.wait_tasks(2)
+        assert again.lease is not None
+        assert again.lease.attempt == 2
+        refused(
+            await work.call(
+                extend_lease=ExtendLeaseRequest(lease=ref(held), extension=timedelta(seconds=5))
+            ),
+            ErrorCode.LEASE_LOST,
+        )
 
 
+@on_virtual_time
 async def test_a_release_returns_the_task_at_once_without_spending_its_attempt(
-    daemon: DaemonProcess, work_minor: int
+    work_minor: int,
 ) -> None:
     """Property (minor 7): a released lease makes its task PENDING and claimable
     at once with its attempt count as before the lease — even with
     max_attempts=1, where a nack would make it DEAD — frees the stream's slot,
-    wakes a stream idling on the queue, and the released ref is powerless
-    afterwards (LEASE_LOST)."""
+    wakes a stream idling on the queue (at the release's own virtual instant),
+    and the released ref is powerless afterwards (LEASE_LOST)."""
     queue = new_queue()
-    with anyio.fail_after(15):
-        async with (
-            connect(daemon, minor=work_minor) as client,
-            worker(client, queue, worker_id="a", max_concurrency=1) as first,
-            worker(client, queue, worker_id="b") as second,
-        ):
-            reply = await client.stub.enqueue_many(
-                EnqueueManyRequest(
-                    context=client.context,
-                    queue=queue,
-                    tasks=[TaskSpec(task_type="t", max_attempts=1)],
-                )
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon, minor=work_minor) as client,
+        worker(client, queue, worker_id="a", max_concurrency=1) as first,
+        worker(client, queue, worker_id="b") as second,
+    ):
+        reply = await client.stub.enqueue_many(
+            EnqueueManyRequest(
+                context=client.context,
+                queue=queue,
+                tasks=[TaskSpec(task_type="t", max_attempts=1)],
             )
-            [task_id] = [r.task.id for r in reply.results if r.task is not None]
-            ok(await first.call(credit=CreditUpdate(available=1)))
-            [held] = await first.wait_tasks(1)
-            assert held.lease is not None
-            assert held.lease.attempt == 1
-            ok(await second.call(credit=CreditUpdate(available=1)))
-            await anyio.sleep(SETTLE)  # the second stream is now asleep
-            ok(await first.call(release=ReleaseRequest(lease=ref(held), reason="stopping")))
-            [again] = await second.wait_tasks(1)
-            assert again.lease is not None
-            assert again.lease.attempt == 1  # the released attempt was not spent
-            assert again.lease.lease_token != held.lease.lease_token
-            task = await client.get(queue, task_id)
-            assert (task.state, task.attempt) == (TaskState.LEASED, 1)
-            # The released lease no longer counts against the first stream's capacity.
-            ok(await first.call(credit=CreditUpdate(available=1)))
-            refused(await first.call(release=ReleaseRequest(lease=ref(held))), ErrorCode.LEASE_LOST)
-            ok(await second.call(ack=AckRequest(lease=ref(again))))
-            assert (await client.get(queue, task_id)).state is TaskState.SUCCEEDED
+        )
+        [task_id] = [r.task.id for r in reply.results if r.task is not None]
+        ok(await first.call(credit=CreditUpdate(available=1)))
+        [held] = await first.wait_tasks(1)
+        assert held.lease is not None
+        assert held.lease.attempt == 1
+        ok(await second.call(credit=CreditUpdate(available=1)))
+        await quiet()  # the second stream is now asleep
+        released_at = now()
+        ok(await first.call(release=ReleaseRequest(lease=ref(held), reason="stopping")))
+        [again] = await second.wait_tasks(1)
+        assert now() - released_at < PROMPT
+        assert again.lease is not None
+        assert again.lease.attempt == 1  # the released attempt was not spent
+        assert again.lease.lease_token != held.lease.lease_token
+        task = await client.get(queue, task_id)
+        assert (task.state, task.attempt) == (TaskState.LEASED, 1)
+        # The released lease no longer counts against the first stream's capacity.
+        ok(await first.call(credit=CreditUpdate(available=1)))
+        refused(await first.call(release=ReleaseRequest(lease=ref(held))), ErrorCode.LEASE_LOST)
+        ok(await second.call(ack=AckRequest(lease=ref(again))))
+        assert (await client.get(queue, task_id)).state is TaskState.SUCCEEDED
 
 
 async def test_minor_6_refuses_release(daemon: DaemonProcess) -> None:
@@ -798,126 +802,164 @@ async def test_minor_6_refuses_release(daemon: DaemonProcess) -> None:
 # -- pushing -------------------------------------------------------------------
 
 
-async def test_an_enqueue_reaches_an_idle_stream(daemon: DaemonProcess, work_minor: int) -> None:
+@on_virtual_time
+async def test_an_enqueue_reaches_an_idle_stream(work_minor: int) -> None:
     """Property: a registered stream with credit and nothing to claim sleeps
-    on the queue's wake-up, so an enqueue is pushed at once — with no other
-    work and no scheduled moment, nothing but the wake-up could deliver it."""
+    on the queue's wake-up, so an enqueue is pushed at once (at the
+    enqueue's own virtual instant) — with no other work and no scheduled
+    moment, nothing but the wake-up could deliver it."""
     queue = new_queue()
-    with anyio.fail_after(10):
-        async with connect(daemon, minor=work_minor) as client, worker(client, queue) as work:
-            ok(await work.call(credit=CreditUpdate(available=1)))
-            await anyio.sleep(SETTLE)
-            [task_id] = await enqueue_n(client, queue, 1)
-            [pushed] = await work.wait_tasks(1)
-            assert pushed.task is not None
-            assert pushed.task.id == task_id
-            assert pushed.lease is not None
-            assert pushed.lease.worker_id == "w1"
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon, minor=work_minor) as client,
+        worker(client, queue) as work,
+    ):
+        ok(await work.call(credit=CreditUpdate(available=1)))
+        await quiet()
+        enqueued_at = now()
+        [task_id] = await enqueue_n(client, queue, 1)
+        [pushed] = await work.wait_tasks(1)
+        assert now() - enqueued_at < PROMPT
+        assert pushed.task is not None
+        assert pushed.task.id == task_id
+        assert pushed.lease is not None
+        assert pushed.lease.worker_id == "w1"
 
 
-async def test_drain_stops_pushes_for_good_and_commands_still_work(
-    daemon: DaemonProcess, work_minor: int
-) -> None:
+@on_virtual_time
+async def test_drain_stops_pushes_for_good_and_commands_still_work(work_minor: int) -> None:
     """Property: after drain{begin} nothing more is pushed on the stream,
     later credit is OK but grants nothing, and results of running tasks are
     still accepted on it."""
     queue = new_queue()
-    with anyio.fail_after(15):
-        async with connect(daemon, minor=work_minor) as client, worker(client, queue) as work:
-            await enqueue_n(client, queue, 1)
-            ok(await work.call(credit=CreditUpdate(available=3)))
-            [held] = await work.wait_tasks(1)
-            ok(await work.call(drain=WorkerDrain(begin=True)))
-            [later] = await enqueue_n(client, queue, 1)
-            ok(await work.call(credit=CreditUpdate(available=3)))
-            await anyio.sleep(SETTLE)
-            ok(await work.call(ack=AckRequest(lease=ref(held))))
-            assert len(work.tasks) == 1
-            assert (await client.get(queue, later)).state is TaskState.PENDING
-            assert held.task is not None
-            assert (await client.get(queue, held.task.id)).state is TaskState.SUCCEEDED
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon, minor=work_minor) as client,
+        worker(client, queue) as work,
+    ):
+        await enqueue_n(client, queue, 1)
+        ok(await work.call(credit=CreditUpdate(available=3)))
+        [held] = await work.wait_tasks(1)
+        ok(await work.call(drain=WorkerDrain(begin=True)))
+        [later] = await enqueue_n(client, queue, 1)
+        ok(await work.call(credit=CreditUpdate(available=3)))
+        await quiet()
+        ok(await work.call(ack=AckRequest(lease=ref(held))))
+        assert len(work.tasks) == 1
+        assert (await client.get(queue, later)).state is TaskState.PENDING
+        assert held.task is not None
+        assert (await client.get(queue, held.task.id)).state is TaskState.SUCCEEDED
 
 
-async def test_two_streams_on_one_queue_both_receive_tasks(
-    daemon: DaemonProcess, work_minor: int
-) -> None:
+@on_virtual_time
+async def test_two_streams_on_one_queue_both_receive_tasks(work_minor: int) -> None:
     """Property: dispatchers of one queue share it fairly — with ample credit
     on both, a burst is not swallowed by whichever stream woke first."""
     queue = new_queue()
     total = 200
-    with anyio.fail_after(15):
-        async with (
-            connect(daemon, minor=work_minor) as one,
-            connect(daemon, minor=work_minor) as two,
-            worker(one, queue, worker_id="one", max_concurrency=total) as first,
-            worker(two, queue, worker_id="two", max_concurrency=total) as second,
-        ):
-            ok(await first.call(credit=CreditUpdate(available=total)))
-            ok(await second.call(credit=CreditUpdate(available=total)))
-            await anyio.sleep(SETTLE)
-            await enqueue_n(one, queue, total)
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon, minor=work_minor) as one,
+        connect(served.daemon, minor=work_minor) as two,
+        worker(one, queue, worker_id="one", max_concurrency=total) as first,
+        worker(two, queue, worker_id="two", max_concurrency=total) as second,
+    ):
+        ok(await first.call(credit=CreditUpdate(available=total)))
+        ok(await second.call(credit=CreditUpdate(available=total)))
+        await quiet()  # both streams are asleep on the queue
+        await enqueue_n(one, queue, total)
 
-            async with anyio.create_task_group() as tg:
+        async def read(work: WorkStream) -> None:
+            while len(first.tasks) + len(second.tasks) < total:
+                await work.frame()
 
-                async def read(work: WorkStream) -> None:
-                    while len(first.tasks) + len(second.tasks) < total:
-                        await work.frame()
-                    tg.cancel_scope.cancel()
+        readers = {asyncio.create_task(read(first)), asyncio.create_task(read(second))}
+        done, waiting = await asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED)
+        for reader in waiting:  # blocked on a frame that will not come
+            reader.cancel()
+        await asyncio.wait(waiting)
+        for reader in done:
+            reader.result()
+        assert len(first.tasks) + len(second.tasks) == total
+        assert first.tasks
+        assert second.tasks
+        ids = [t.task.id for t in first.tasks + second.tasks if t.task]
+        assert len(set(ids)) == total
 
-                tg.start_soon(read, first)
-                tg.start_soon(read, second)
-            assert len(first.tasks) + len(second.tasks) == total
-            assert first.tasks
-            assert second.tasks
-            ids = [t.task.id for t in first.tasks + second.tasks if t.task]
-            assert len(set(ids)) == total
 
-
-async def test_a_dropped_stream_keeps_its_leases_until_they_expire(
-    daemon: DaemonProcess, work_minor: int
-) -> None:
+@on_virtual_time
+async def test_a_dropped_stream_keeps_its_leases_until_they_expire(work_minor: int) -> None:
     """Property: when a worker's connection drops, its delivered leases stay
     LEASED (its handlers may still run); the task is handed out again only
     after the lease expired, as a new attempt — never the same attempt early."""
     queue = new_queue()
     lease = timedelta(seconds=1.5)
-    with anyio.fail_after(15):
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon, minor=work_minor) as client,
+        worker(client, queue, worker_id="b") as other,
+    ):
+        [task_id] = await enqueue_n(client, queue, 1)
         async with (
-            connect(daemon, minor=work_minor) as client,
-            worker(client, queue, worker_id="b") as other,
+            connect(served.daemon, minor=work_minor) as doomed,
+            worker(doomed, queue, worker_id="a", lease_duration=lease) as work,
         ):
-            [task_id] = await enqueue_n(client, queue, 1)
-            async with (
-                connect(daemon, minor=work_minor) as doomed,
-                worker(doomed, queue, worker_id="a", lease_duration=lease) as work,
-            ):
-                ok(await work.call(credit=CreditUpdate(available=1)))
-                [held] = await work.wait_tasks(1)
-                ok(await other.call(credit=CreditUpdate(available=1)))
-                doomed.channel.close()
-            await anyio.sleep(SETTLE)
-            task = await client.get(queue, task_id)
-            assert (task.state, task.attempt, task.worker_id) == (TaskState.LEASED, 1, "a")
-            [again] = await other.wait_tasks(1)
-            assert again.lease is not None
-            assert held.lease is not None
-            assert again.lease.attempt == 2
-            claimed_at = again.lease.until - limits.DEFAULT_LEASE
-            assert claimed_at >= held.lease.until
+            ok(await work.call(credit=CreditUpdate(available=1)))
+            [held] = await work.wait_tasks(1)
+            ok(await other.call(credit=CreditUpdate(available=1)))
+            doomed.channel.close()
+        await quiet(1.0)  # the drop has been seen; the lease has 0.5 s left
+        task = await client.get(queue, task_id)
+        assert (task.state, task.attempt, task.worker_id) == (TaskState.LEASED, 1, "a")
+        [again] = await other.wait_tasks(1)
+        assert again.lease is not None
+        assert held.lease is not None
+        assert again.lease.attempt == 2
+        claimed_at = again.lease.until - limits.DEFAULT_LEASE
+        assert claimed_at >= held.lease.until
 
 
-async def test_an_idle_stream_gets_heartbeats(heartbeat_daemon: DaemonProcess) -> None:
-    """Property: a stream that has sent nothing for --heartbeat-interval gets
-    heartbeat{server_time}."""
-    with anyio.fail_after(10):
+@on_virtual_time
+async def test_an_idle_stream_gets_heartbeats() -> None:
+    """Property: a stream on which the daemon has sent nothing for the
+    heartbeat interval gets heartbeat{server_time}: one interval after its
+    last frame (virtual time) — not before — and again every interval while
+    it stays quiet; server_time is the daemon's clock, and the stream still
+    answers commands."""
+    interval = 10.0
+    async with (
+        virtual_daemon(heartbeat_interval=interval) as served,
+        connect(served.daemon) as client,
+        worker(client, new_queue()) as work,
+    ):
+        beats = [now()]  # the registration was the last frame sent
+        while len(work.heartbeats) < 2:
+            await work.frame()
+            if len(work.heartbeats) == len(beats):
+                beats.append(now())
+                beat = work.heartbeats[-1].heartbeat
+                assert beat is not None
+                assert beat.server_time is not None
+                assert abs(beat.server_time - served.daemon.clock.now()) < timedelta(seconds=PROMPT)
+        for before, after in itertools.pairwise(beats):
+            assert interval <= after - before < interval + PROMPT
+        ok(await work.call(credit=CreditUpdate(available=0)))
+
+
+async def test_the_heartbeat_interval_flag_reaches_the_stream(
+    heartbeat_daemon: DaemonProcess,
+) -> None:
+    """Property: ringod's --heartbeat-interval is the interval its streams use
+    (the heartbeat itself is timed on virtual time above): at 0.05 s an idle
+    stream gets a heartbeat within the guard, where the 10 s default would not."""
+    with anyio.fail_after(5):
         async with connect(heartbeat_daemon) as client, worker(client, new_queue()) as work:
-            while len(work.heartbeats) < 2:
+            while not work.heartbeats:
                 await work.frame()
             beat = work.heartbeats[-1].heartbeat
             assert beat is not None
             assert beat.server_time is not None
             assert abs(beat.server_time - datetime.now(UTC)) < timedelta(minutes=1)
-            ok(await work.call(credit=CreditUpdate(available=0)))
 
 
 # -- shutdown ------------------------------------------------------------------
@@ -954,35 +996,34 @@ async def test_sigterm_with_an_idle_worker_exits_promptly(tmp_path: Path) -> Non
             assert anyio.current_time() - started < 10
 
 
-async def test_sigterm_waits_for_a_worker_holding_a_lease_to_ack(tmp_path: Path) -> None:
-    """Property: on shutdown a stream stops pushing at once — even with credit
-    left and a task falling due — but stays open while its worker holds
-    leases, so a handler finishing within the timeout still acks; then the
-    stream ends UNAVAILABLE and the daemon exits 0."""
+@on_virtual_time
+async def test_shutdown_waits_for_a_worker_holding_a_lease_to_ack(tmp_path: Path) -> None:
+    """Property: on shutdown (what ringod's SIGTERM starts; see
+    test_sigterm_with_an_idle_worker_exits_promptly) a stream stops pushing at
+    once — even with credit left and a task falling due — but stays open while
+    its worker holds leases, so a handler finishing within the timeout still
+    acks; then the stream ends UNAVAILABLE and the daemon stops cleanly."""
     queue = new_queue()
-    with (
-        anyio.fail_after(20),
-        spawn_daemon(tmp_path / "data", extra_args=["--shutdown-timeout", "30"]) as process,
-    ):
-        async with connect(process) as client, worker(client, queue) as work:
+    async with virtual_daemon(tmp_path, shutdown_timeout=30.0) as served:
+        async with connect(served.daemon) as client, worker(client, queue) as work:
             [first] = await enqueue_n(client, queue, 1)
             due_soon = await client.enqueue(queue, delay=timedelta(seconds=0.6))
             ok(await work.call(credit=CreditUpdate(available=2)))
             [held] = await work.wait_tasks(1)
-            process.process.send_signal(signal.SIGTERM)
+            served.stop.set()
             await _draining(client, queue)
             ok(await work.call(credit=CreditUpdate(available=2)))
-            await anyio.sleep(0.6 + SETTLE)  # the delayed task is due by now
+            await quiet(0.6 + QUIET)  # the delayed task is due by now
             ok(await work.call(progress=ReportProgressRequest(lease=ref(held))))
             assert len(work.tasks) == 1
-            assert process.process.poll() is None
+            assert not served.serving.done()
             ok(await work.call(ack=AckRequest(lease=ref(held))))
             status, message = await work.end_status()
             assert status is Status.UNAVAILABLE
             assert "shutting down" in message
             assert len(work.tasks) == 1
-            assert await anyio.to_thread.run_sync(process.process.wait) == 0
-    engine = SQLiteEngine(tmp_path / "data" / "ringo.db")
+        await served.serving  # stopped, without an error
+    engine = SQLiteEngine(tmp_path / "ringo.db")
     await engine.open()
     try:
         assert (await engine.get(queue, task_id=first)).state is TaskState.SUCCEEDED
@@ -992,26 +1033,28 @@ async def test_sigterm_waits_for_a_worker_holding_a_lease_to_ack(tmp_path: Path)
         await engine.close()
 
 
+@on_virtual_time
 async def test_shutdown_timeout_ends_a_stream_whose_worker_never_settles(
     tmp_path: Path,
 ) -> None:
-    """Property: a worker that never settles holds shutdown only for
-    --shutdown-timeout; its stream ends UNAVAILABLE and its lease is left
-    LEASED (to expire), not returned."""
+    """Property: a worker that never settles holds shutdown for exactly
+    --shutdown-timeout (virtual time: not less, and not much more); its
+    stream ends UNAVAILABLE and its lease is left LEASED (to expire), not
+    returned."""
     queue = new_queue()
-    with (
-        anyio.fail_after(15),
-        spawn_daemon(tmp_path / "data", extra_args=["--shutdown-timeout", "0.5"]) as process,
-    ):
-        async with connect(process) as client, worker(client, queue) as work:
+    timeout = 0.5
+    async with virtual_daemon(tmp_path, shutdown_timeout=timeout) as served:
+        async with connect(served.daemon) as client, worker(client, queue) as work:
             [task_id] = await enqueue_n(client, queue, 1)
             ok(await work.call(credit=CreditUpdate(available=1)))
             await work.wait_tasks(1)
-            process.process.send_signal(signal.SIGTERM)
+            stopped_at = now()
+            served.stop.set()
             status, _ = await work.end_status()
             assert status is Status.UNAVAILABLE
-            assert await anyio.to_thread.run_sync(process.process.wait) == 0
-    engine = SQLiteEngine(tmp_path / "data" / "ringo.db")
+            assert timeout <= now() - stopped_at < timeout + PROMPT
+        await served.serving  # stopped, without an error
+    engine = SQLiteEngine(tmp_path / "ringo.db")
     await engine.open()
     try:
         task = await engine.get(queue, task_id=task_id)
@@ -1217,13 +1260,14 @@ async def test_a_drain_that_overtakes_a_batch_returns_its_rest(
             await _assert_returned(engine, rest, [])
 
 
+@on_virtual_time
 async def test_shutdown_waits_for_a_push_in_flight_to_be_settled(
     tmp_path: Path, push_minor: int
 ) -> None:
     """Property: a shutdown that lands while a task frame is on its way does
     not end the stream under the worker: once sent, that lease is
-    outstanding, so the stream stays until the worker settles it (and its
-    ack is answered), then ends UNAVAILABLE."""
+    outstanding, so the stream stays (through a `quiet` pause) until the
+    worker settles it (and its ack is answered), then ends UNAVAILABLE."""
     gate = asyncio.Event()
     blocked = asyncio.Event()
 
@@ -1231,28 +1275,28 @@ async def test_shutdown_waits_for_a_push_in_flight_to_be_settled(
         blocked.set()
         await gate.wait()
 
-    with anyio.fail_after(10):
-        async with in_process(tmp_path, minor=push_minor) as (service, engine, context):
-            stream = FakeStream(hold_first)
-            _, serving = await _start(service, engine, context, stream, credit=1)
-            await blocked.wait()
-            service.work_streams.shutdown()
-            gate.set()
-            await stream.until(lambda: len(stream.tasks) == 1)
-            await asyncio.sleep(0.05)
-            assert not serving.done()
-            [delivered] = stream.tasks
-            stream.inbox.put_nowait(WorkRequest(request_id=2, ack=AckRequest(lease=ref(delivered))))
-            with pytest.raises(GRPCError) as ended:
-                await serving
-            assert ended.value.status is Status.UNAVAILABLE
-            last = stream.sent[-1].result
-            assert last is not None
-            assert last.request_id == 2
-            assert last.error is None
-            assert delivered.task is not None
-            task = await engine.get("q", task_id=delivered.task.id)
-            assert task.state is TaskState.SUCCEEDED
+    clock = LoopClock(asyncio.get_running_loop().time)
+    async with in_process(tmp_path, clock, minor=push_minor) as (service, engine, context):
+        stream = FakeStream(hold_first)
+        _, serving = await _start(service, engine, context, stream, credit=1)
+        await blocked.wait()
+        service.work_streams.shutdown()
+        gate.set()
+        await stream.until(lambda: len(stream.tasks) == 1)
+        await quiet()
+        assert not serving.done()
+        [delivered] = stream.tasks
+        stream.inbox.put_nowait(WorkRequest(request_id=2, ack=AckRequest(lease=ref(delivered))))
+        with pytest.raises(GRPCError) as ended:
+            await serving
+        assert ended.value.status is Status.UNAVAILABLE
+        last = stream.sent[-1].result
+        assert last is not None
+        assert last.request_id == 2
+        assert last.error is None
+        assert delivered.task is not None
+        task = await engine.get("q", task_id=delivered.task.id)
+        assert task.state is TaskState.SUCCEEDED
 
 
 def betterproto_kind(message: WorkResponse) -> str:
