@@ -1054,16 +1054,18 @@ class SessionMachine(RuleBasedStateMachine):
     @invariant()
     def committed_bounds_every_slot_to_come(self) -> None:
         """``committed`` — what a shared concurrency controller must keep as
-        permits for the worker — is never less than the slots taken plus every
-        push the daemon can still make (its credit and the pushes on their
-        way), whatever credit or drain is in flight."""
+        permits for the worker — is never less than the slots taken, the
+        orphans' included, plus every push the daemon can still make (its
+        credit and the pushes on their way), whatever credit or drain is in
+        flight."""
         if self.ended:
             return
         pushes = len(self.daemon.in_transit(Push))
         can_arrive = self.daemon.credit + pushes
-        assert self.session.committed >= self.session.in_flight + can_arrive, (
+        taken = len(self.handlers) + len(self.orphans)
+        assert self.session.committed >= taken + can_arrive, (
             self.session.committed,
-            self.session.in_flight,
+            taken,
             can_arrive,
         )
 
@@ -1680,3 +1682,88 @@ def test_fast_init_builds_what_the_generated_init_builds(cls: type, data: st.Dat
         assert getattr(built, name) is getattr(expected, name)
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(built, names[0], args[0])
+
+
+# -- outside slots (handlers of ended streams) -----------------------------------
+
+
+def test_a_worker_with_every_slot_outside_registers_one_and_asks_for_nothing() -> None:
+    """Property: no credit for a slot held outside, whatever the echo. One slot,
+    held by a handler of an ended stream: the stream registers 1 (the wire's
+    minimum), and neither that echo nor a larger one buys credit; the slot is
+    granted once the handler exits."""
+    for echo in (1, 5):
+        session = WorkSession(concurrency=1, minor=7, outside=1)
+        assert session.register() == Register(ordered_request_ids=True, max_concurrency=1)
+        assert (
+            session.registered(
+                lease_duration=LEASE, max_concurrency=echo, ordered_request_ids=True, now=NOW
+            )
+            == []
+        )
+        assert (session.concurrency, session.capacity, session.committed) == (1, 0, 1)
+        (credit,) = session.outside_slot_freed(NOW)
+        assert isinstance(credit, Credit)
+        assert (credit.available, credit.target_concurrency) == (1, None)
+        assert session.committed == 1  # the credit in flight now
+
+
+def test_an_echo_below_the_request_lowers_the_concurrency() -> None:
+    """The daemon may hold the stream to less than it asked for: that much, and
+    the outside slots, are the worker's concurrency on this stream."""
+    session = WorkSession(concurrency=4, minor=7, outside=1)
+    assert session.register().max_concurrency == 3
+    (credit,) = session.registered(
+        lease_duration=LEASE, max_concurrency=2, ordered_request_ids=True, now=NOW
+    )
+    assert isinstance(credit, Credit)
+    assert (session.concurrency, credit.available) == (3, 2)
+
+
+@pytest.mark.parametrize(("minor", "reclaimed"), [(1, False), (2, True), (BATCH_MINOR, True)])
+def test_a_slot_freed_outside_beyond_the_registration_needs_a_target(
+    minor: int, reclaimed: bool
+) -> None:
+    """Three slots, one outside: the stream registers two. When the outside
+    handler exits, its slot goes beyond what the daemon holds: from minor 2 a
+    target asks for it (and the daemon's capacity check then uses it); below,
+    it waits for the next stream (a credit beyond the registration would be
+    refused)."""
+    session = WorkSession(concurrency=3, minor=minor, outside=1)
+    assert session.register().max_concurrency == 2
+    (credit,) = session.registered(
+        lease_duration=LEASE, max_concurrency=2, ordered_request_ids=minor >= 6, now=NOW
+    )
+    assert isinstance(credit, Credit)
+    assert credit.target_concurrency is None
+    session.result(credit.request_id, None, NOW)
+    for n in range(2):
+        session.task_pushed(LeaseKey(f"t{n}", 1), "tok", LEASE, NOW)
+    out = session.outside_slot_freed(NOW)
+    assert session.capacity == (3 if reclaimed else 2)
+    if not reclaimed:
+        assert out == []
+        return
+    (resize,) = out
+    assert isinstance(resize, Credit)
+    assert (resize.available, resize.target_concurrency, resize.grant) == (1, 3, None)
+    assert session.result(resize.request_id, None, NOW) == []
+    # The target stands: later credit, with no target of its own, is checked against it.
+    session.task_pushed(LeaseKey("t2", 1), "tok", LEASE, NOW)
+    (again,) = session.settle(LeaseKey("t0", 1), Outcome.ACK, NOW)[1:]
+    assert isinstance(again, Credit)
+    assert again.target_concurrency is None
+    assert session.capacity == 3
+
+
+def test_freeing_an_outside_slot_that_is_not_held_is_our_bug() -> None:
+    """More exits than outside slots, or one reported to an ended session (the
+    next session counts what is left), is refused as ours."""
+    session = WorkSession(concurrency=2, minor=7, outside=1)
+    session.outside_slot_freed(NOW)
+    with pytest.raises(LocalProtocolError):
+        session.outside_slot_freed(NOW)
+    ended = WorkSession(concurrency=2, minor=7, outside=1)
+    ended.end()
+    with pytest.raises(LocalProtocolError):
+        ended.outside_slot_freed(NOW)
