@@ -38,9 +38,10 @@ admitted under the old one — credit in flight cannot be recalled; it never
 exceeds the capacity that was in force when its permit was granted.)
 
 *The worker's side* (``ringo_trio._worker``) keeps its Work session's
-concurrency equal to its permits (minus handlers of an ended stream, which
-hold permits but no slot on the new stream), reports ``committed`` from the
-session's exact credit mirror after every session event, and marks itself
+concurrency equal to its permits (the session itself leaves out the slots
+that handlers of an ended stream still hold: its outside slots), reports
+``committed`` from the session — its exact credit mirror plus every slot,
+outside ones included — after every session event, and marks itself
 inactive while it has no stream or is draining: then its target is 0 and
 every uncommitted permit returns at once (stream loss returns the unused
 credit; handlers still running keep theirs until they exit). Detaching (the

@@ -193,7 +193,7 @@ def balance(
     sync: Sync,
     session: WorkSession | None,
     *,
-    outside: int,
+    handlers: int,
     closing: bool,
     now: float,
 ) -> list[Output]:
@@ -201,27 +201,29 @@ def balance(
     back permits (``sync``, bound to its member, returns the permits it may
     use: held, but no more than its target), and size its session to them.
 
-    ``outside`` counts its handlers that hold a permit but no slot of
-    ``session`` (handlers of ended streams; all of them when there is no
-    live session). Sizing the session below what it has committed makes it withdraw unused
-    credit (a resize); the permits follow once the daemon has answered.
-    Returns the session's outputs.
+    ``handlers`` counts the worker's running handlers, each holding a permit;
+    it is read only when there is no live session: a live one counts its own
+    slots and, as its outside slots, the handlers of ended streams. Sizing
+    the session below what it has committed makes it withdraw unused credit
+    (a resize); the permits follow once the daemon has answered. Returns the
+    session's outputs.
     """
     if session is None or session.state is State.ENDED:
-        sync(running=outside, committed=outside, active=False)
+        sync(running=handlers, committed=handlers, active=False)
         return []
     state = session.state
     usable = sync(
-        running=session.in_flight + outside,
-        committed=session.committed + outside,
+        running=session.in_flight + session.outside,
+        committed=session.committed,
         active=not closing and state in (State.REGISTERING, State.ACTIVE),
     )
     if state is State.ERROR:
         return []  # it takes no input but its end; its handlers keep their permits until then
-    wanted = max(0, usable - outside)
-    if wanted == session.concurrency:
+    # The session's concurrency is all of the worker's permits: it leaves out
+    # the outside slots itself.
+    if usable == session.concurrency:
         return []
-    return session.set_concurrency(wanted, now)
+    return session.set_concurrency(usable, now)
 
 
 def _check_bounds(minimum: object, maximum: object) -> tuple[int, int]:

@@ -49,8 +49,12 @@ ended). A replacement session is a new block. No epoch counter exists.
 
 *Slots and zombies.* A handler that swallows cancellation keeps running after
 its session ended; it does not block reconnecting, but it keeps its slot: the
-next session registers with the concurrency minus such handlers, so the
-worker never runs more handlers than it was given.
+next session is told how many such handlers run (its *outside slots*) and
+never grants their slots — whatever the daemon echoes at registration —
+until each exits (`_orphan_exited`). The session owns that arithmetic; the
+worker only counts its orphans and reports their exits to the newest
+session, from its creation on (`_current`), so that one exiting while the
+stream registers is not missed.
 
 *Shared controllers* (``concurrency=AdaptiveConcurrency(...)`` or
 ``ResourceConcurrency(...)``; `ringo_trio._work._concurrency`). The worker
@@ -523,6 +527,9 @@ class Worker(Fencing):
         # `run` re-raises it, bare, once everything is handed back.
         self._interrupt: BaseException | None = None
         self._live: StreamDriver | None = None
+        # The newest session, from its creation (before its stream registers)
+        # to its end: the one told when a handler of an ended stream exits.
+        self._current: WorkSession | None = None
         # What runs handlers while the handler group is open (`_handler_group`).
         self._backend: _Backend | None = None
         self._running: dict[LeaseKey, _Running] = {}
@@ -736,7 +743,7 @@ class Worker(Fencing):
 
     # -- sessions ---------------------------------------------------------------
 
-    def _new_session(self, minor: int, concurrency: int) -> WorkSession:
+    def _new_session(self, minor: int, concurrency: int, outside: int = 0) -> WorkSession:
         """A Work session for ``minor``, or `IncompatibleVersionError` when the
         minor lacks a feature this worker needs (the session knows which)."""
         if self._on_idle is not None:
@@ -749,6 +756,7 @@ class Worker(Fencing):
                 minor=minor,
                 dynamic_target=self._dynamic,
                 command_timeout=_COMMAND_TIMEOUT,
+                outside=outside,
             )
         except FeatureMissing as exc:
             raise IncompatibleVersionError(str(exc)) from None
@@ -790,15 +798,24 @@ class Worker(Fencing):
 
     async def _session(self, sent: NegotiatedSession, on_registered: Callable[[], None]) -> None:
         """One Work stream, from registration to its end."""
-        concurrency = max(0, self._concurrency - len(self._orphans))
-        session = self._new_session(sent.minor, concurrency)
+        session = self._new_session(sent.minor, self._concurrency, outside=len(self._orphans))
+        self._current = session
+        try:
+            await self._run_session(sent, session, on_registered)
+        finally:
+            self._current = None
+
+    async def _run_session(
+        self, sent: NegotiatedSession, session: WorkSession, on_registered: Callable[[], None]
+    ) -> None:
+        register = session.register()
         registration = WorkerRegistration(
             context=sent.context,
             queue=self._queue_name,
             worker_id=self._worker_id,
             task_types=self._task_types,
-            max_concurrency=max(1, concurrency),
-            ordered_request_ids=session.ordered_request_ids,
+            max_concurrency=register.max_concurrency,
+            ordered_request_ids=register.ordered_request_ids,
         )
         if self._lease_duration > timedelta(0):
             registration.lease_duration = self._lease_duration
@@ -812,7 +829,6 @@ class Worker(Fencing):
         ) as channels:
             assert channels.send is not None
             live = StreamDriver(session, channels.send, self)
-            session.register()
             channels.send.send_nowait(Frame(bytes(WorkRequest(register=registration)), alone=True))
             first = await live.first_response(channels.receive)
             granted = first.registered
@@ -1015,7 +1031,7 @@ class Worker(Fencing):
             del self._running[key]
         elif running in self._orphans:
             self._orphans.discard(running)
-            self._return_orphan_slot(now)
+            self._orphan_exited(now)
         controller = self._controller
         if controller is not None:
             if finished and outcome is Outcome.ACK:
@@ -1037,21 +1053,19 @@ class Worker(Fencing):
         if not self._running and self._all_idle is not None:
             self._all_idle.set()
 
-    def _return_orphan_slot(self, now: float) -> None:
-        """A handler of an ended stream finally exited: the current stream,
-        registered without its slot, gets it back — at minor >= 2, where the
-        capacity can change mid-stream; otherwise with the next stream."""
-        current = self._live
-        if (
-            self._controller is not None  # `_rebalance` sizes the session
-            or current is None
-            or current.session.state is not State.ACTIVE
-            or not Features(self._connection.protocol_minor).has(Feature.TARGET_CONCURRENCY)
-        ):
-            return
-        wanted = max(0, self._concurrency - len(self._orphans))
-        if wanted != current.session.concurrency:
-            current.act(current.session.set_concurrency(wanted, now))
+    def _orphan_exited(self, now: float) -> None:
+        """A handler of an ended stream finally exited: its slot is the newest
+        session's (none: the next one counts the orphans left)."""
+        session = self._current
+        if session is None or session.state in (State.ENDED, State.ERROR):
+            return  # the next session counts the orphans left
+        outputs = session.outside_slot_freed(now)
+        if outputs:
+            # Credit goes out only once registered, and by then it is live.
+            live = self._live
+            assert live is not None
+            assert live.session is session
+            live.act(outputs)
 
     # -- shared concurrency controllers ------------------------------------------
 
@@ -1066,8 +1080,7 @@ class Worker(Fencing):
         outputs = balance(
             functools.partial(controller._sync, member),
             None if live is None else live.session,
-            # Handlers holding a permit but no slot of the live session.
-            outside=len(self._orphans) + (len(self._running) if live is None else 0),
+            handlers=len(self._running) + len(self._orphans),
             closing=self._close_requested.is_set(),
             now=anyio.current_time(),
         )

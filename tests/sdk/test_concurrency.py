@@ -149,9 +149,11 @@ class PoolMachine(RuleBasedStateMachine):
     def rebalance(self, worker: SimWorker) -> None:
         """What the worker does after every session event and on every pool change."""
         session = worker.session
-        outside = len(worker.orphans) + (len(worker.running) if session is None else 0)
         sync = functools.partial(self.sync, worker)
-        self.act(worker, balance(sync, session, outside=outside, closing=worker.closing, now=0))
+        self.act(
+            worker,
+            balance(sync, session, handlers=worker.handlers, closing=worker.closing, now=0),
+        )
 
     def act(self, worker: SimWorker, outputs: list[Output]) -> None:
         for out in outputs:
@@ -168,9 +170,8 @@ class PoolMachine(RuleBasedStateMachine):
         if worker.session is not None and worker.session.state is not State.ENDED:
             # The worker's `_Live.act` ends with a rebalance.
             session = worker.session
-            outside = len(worker.orphans)
             sync = functools.partial(self.sync, worker)
-            more = balance(sync, session, outside=outside, closing=worker.closing, now=0)
+            more = balance(sync, session, handlers=worker.handlers, closing=worker.closing, now=0)
             if more:
                 self.act(worker, more)
 
@@ -183,7 +184,9 @@ class PoolMachine(RuleBasedStateMachine):
         worker.running[key] = self.law.admit()
 
     def connect(self, worker: SimWorker) -> None:
-        session = WorkSession(concurrency=0, minor=7, dynamic_target=True)
+        session = WorkSession(
+            concurrency=0, minor=7, dynamic_target=True, outside=len(worker.orphans)
+        )
         worker.session = session
         worker.daemon_credit = 0
         worker.unsettled = set()
@@ -295,6 +298,10 @@ class PoolMachine(RuleBasedStateMachine):
             self.apply_law(Signal.FAILURE, ticket)
             old = worker.old_sessions.pop(key)
             old.handler_exited(key, 0)
+            session = worker.session
+            if session is not None and session.state is not State.ENDED:
+                # Its slot is the current stream's (the worker's `_orphan_exited`).
+                self.act(worker, session.outside_slot_freed(0))
             self.rebalance(worker)
             return
         ticket = worker.running.pop(key)
@@ -356,9 +363,9 @@ class PoolMachine(RuleBasedStateMachine):
         permits, and each member holds at least what it has committed."""
         assert self.pool.held == sum(w.member.held for w in self.workers)
         for worker in self.workers:
-            committed = len(worker.orphans) + (
-                worker.session.committed if worker.session is not None else len(worker.running)
-            )
+            session = worker.session
+            # A live session counts the orphans as its outside slots.
+            committed = session.committed if session is not None else worker.handlers
             assert worker.member.held >= committed, worker.member
 
     @invariant()
@@ -412,6 +419,9 @@ class PoolMachine(RuleBasedStateMachine):
                 for key in list(worker.orphans):
                     del worker.orphans[key]
                     worker.old_sessions.pop(key).handler_exited(key, 0)
+                    session = worker.session
+                    if session is not None and session.state is not State.ENDED:
+                        self.act(worker, session.outside_slot_freed(0))
                 self.rebalance(worker)
         for worker in self.workers:
             # Drained and idle: a closing worker keeps nothing.

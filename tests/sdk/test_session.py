@@ -14,6 +14,10 @@ No trio, no sockets, no clock: time is a number the tests pass in.
   says (results, pushes, heartbeats) waits in one ordered queue that a rule
   delivers, so results and pushes interleave in the daemon's order while the
   application settles, reports progress, resizes, drains and lets time pass.
+  Streams end and reconnect; handlers of an ended stream may ignore their
+  cancellation and run on as *orphans*, holding their slots, and exit at any
+  later step. The daemon echoes at registration what the session asked for
+  (as ``ringod`` does) or any other value.
   The invariants are the `@invariant` methods of `SessionMachine`, each named
   after the property it witnesses.
 * **Sharp edges** — unit tests for the protocol errors, the credit
@@ -162,7 +166,7 @@ class FakeDaemon:
       ``credit + len(unsettled) > capacity`` is refused with
       ``credit_capacity`` and changes nothing; capacity is the command's
       target, else the last accepted target, else the registered
-      ``max_concurrency``. The result of an accepted credit is queued before
+      ``max_concurrency`` (what it echoed). The result of an accepted credit is queued before
       any push that consumes it. A refused grant is recorded as a violation:
       a correct session never sends one the daemon cannot hold.
     * It pushes while it has credit and tasks and has not seen a drain; a
@@ -179,15 +183,21 @@ class FakeDaemon:
     """
 
     def __init__(
-        self, *, lease_duration: float, max_concurrency: int, ordered: bool, minor: int = 7
+        self,
+        *,
+        lease_duration: float,
+        max_concurrency: int | None,
+        ordered: bool,
+        minor: int = 7,
     ) -> None:
         self.now = 0.0
         self.minor = minor
         self.lease_duration = lease_duration
+        # What `registered` echoes: None echoes what was asked, as ringod does.
         self.max_concurrency = max_concurrency
         self.ordered = ordered
         self.registered = False
-        self.capacity = max_concurrency
+        self.capacity = max_concurrency or 0
         self.credit = 0
         self.draining = False
         self.available: deque[str] = deque()
@@ -241,9 +251,12 @@ class FakeDaemon:
         if isinstance(frame, Register):
             if self.registered:
                 self.violations.append("register sent twice")
+            if frame.max_concurrency < 1:
+                self.violations.append(f"the wire refuses {frame}")
             self.registered = True
+            self.capacity = self.max_concurrency or frame.max_concurrency
             self.outbox.append(
-                Registered(self.lease_duration, self.max_concurrency, frame.ordered_request_ids)
+                Registered(self.lease_duration, self.capacity, frame.ordered_request_ids)
             )
             return
         if not self.registered:
@@ -372,6 +385,7 @@ class Sent:
     kind: CommandKind
     at: float
     key: LeaseKey | None = None
+    credit: int = 0  # a credit command's grant, or its absolute credit
 
 
 RARELY = st.integers(0, 5)
@@ -382,7 +396,7 @@ class SessionMachine(RuleBasedStateMachine):
 
     @initialize(
         concurrency=st.integers(0, 4),
-        max_concurrency=st.integers(1, 4),
+        max_concurrency=st.one_of(st.none(), st.integers(1, 4)),
         dynamic=st.booleans(),
         minor=st.sampled_from([2, 5, 6, 7, OPERATE_MINOR, BATCH_MINOR]),
         lease=st.sampled_from([3.0, 6.0, 9.0]),
@@ -394,7 +408,7 @@ class SessionMachine(RuleBasedStateMachine):
     def start(
         self,
         concurrency: int,
-        max_concurrency: int,
+        max_concurrency: int | None,
         dynamic: bool,
         minor: int,
         lease: float,
@@ -404,23 +418,37 @@ class SessionMachine(RuleBasedStateMachine):
         grant_cap: int,
     ) -> None:
         self.now = 0.0
+        # The worker's concurrency (a resize changes it, and makes it dynamic).
+        self.limit = concurrency
+        self.dynamic = dynamic
+        # The largest concurrency credit still out, or handlers still running,
+        # may have been admitted under (it only exceeds `limit` after a cut).
+        self.ceiling = 0
+        # Handlers of ended streams still running (they ignored their
+        # cancellation), with the session each ran under.
+        self.orphans: list[tuple[WorkSession, LeaseKey]] = []
+        self.handlers: set[LeaseKey] = set()
         # Concurrency here is at most 5: small fractions give grant thresholds
         # above one slot.
         self.grant_fraction = grant_fraction
         self.grant_cap = grant_cap
         self.lease = lease
         self.backlog = backlog
-        self.params = (concurrency, max_concurrency, dynamic, minor, lease * timeout_leases)
+        self.params = (max_concurrency, minor, lease * timeout_leases)
         self._connect()
 
     def _connect(self) -> None:
-        """A new Work stream: a fresh session against a fresh daemon."""
-        concurrency, max_concurrency, dynamic, minor, timeout = self.params
+        """A new Work stream: a fresh session against a fresh daemon. The
+        handlers of the previous stream still running are its orphans now."""
+        max_concurrency, minor, timeout = self.params
+        if hasattr(self, "session"):
+            self.orphans += [(self.session, key) for key in sort_keys(self.handlers)]
         self.session = WorkSession(
-            concurrency=concurrency,
+            concurrency=self.limit,
             minor=minor,
-            dynamic_target=dynamic,
+            dynamic_target=self.dynamic,
             command_timeout=timeout,
+            outside=len(self.orphans),
         )
         self.session.grant_fraction = self.grant_fraction
         self.session.grant_cap = self.grant_cap
@@ -433,8 +461,6 @@ class SessionMachine(RuleBasedStateMachine):
         self.daemon.now = self.now
         self.daemon.enqueue(self.backlog)
         self.ended = False
-        # The largest concurrency a grant still out may have been computed with.
-        self.ceiling = 0
         self.leases: dict[LeaseKey, Tracked] = {}
         self.handlers: set[LeaseKey] = set()  # handlers that have not returned
         self.sent: dict[int, Sent] = {}
@@ -452,6 +478,8 @@ class SessionMachine(RuleBasedStateMachine):
             if rid in self.sent:
                 self.violations.append(f"request id {rid} used twice")
             sent = Sent(kind_of(frame), self.now, getattr(frame, "key", None))
+            if isinstance(frame, Credit):
+                sent.credit = frame.available if frame.grant is None else frame.grant
             self.sent[rid] = self.unanswered[rid] = sent
         if isinstance(frame, Extend):
             tracked = self.leases[frame.key]
@@ -640,7 +668,7 @@ class SessionMachine(RuleBasedStateMachine):
         return (
             not self.ended
             and self.session.credit_mirror == 0
-            and self.session.in_flight <= self.session.concurrency
+            and self.session.in_flight + len(self.orphans) <= self.limit
             and not self.daemon.in_transit(Push)
             and not any(s.kind is CommandKind.CREDIT for s in self.unanswered.values())
         )
@@ -743,6 +771,19 @@ class SessionMachine(RuleBasedStateMachine):
         self.handlers.discard(key)
         self._apply(outputs, source="exit")
 
+    @precondition(lambda self: bool(self.orphans))
+    @rule(data=st.data())
+    def orphan_exits(self, data: st.DataObject) -> None:
+        """A handler of an ended stream exits at last (the worker's
+        `_orphan_exited`): its own session has nothing left to send, and the
+        current one, unless it has ended too, gets its slot."""
+        index = data.draw(st.integers(0, len(self.orphans) - 1), label="orphan")
+        old, key = self.orphans.pop(index)
+        if old.handler_exited(key, self.now) != []:
+            self.violations.append(f"an ended session acted on the exit of {key}")
+        if not self.ended:
+            self._apply(self.session.outside_slot_freed(self.now), source="orphan")
+
     @precondition(lambda self: not self.ended and bool(self._held()))
     @rule(data=st.data(), current=st.integers(0, 10))
     def handler_reports_progress(self, data: st.DataObject, current: int) -> None:
@@ -793,7 +834,8 @@ class SessionMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.ended)
     @rule(concurrency=st.integers(0, 5))
     def resize(self, concurrency: int) -> None:
-        self.ceiling = max(self.ceiling, self.session.concurrency, concurrency)
+        self.ceiling = max(self.ceiling, self.limit, concurrency)
+        self.limit, self.dynamic = concurrency, True
         self._apply(self.session.set_concurrency(concurrency, self.now), source="resize")
 
     # Draining and ending close most doors, so they fire on one draw in
@@ -867,15 +909,39 @@ class SessionMachine(RuleBasedStateMachine):
         if self._settled_down():
             # Every grant made before a cut is used up or superseded: from
             # here on, credit is computed against the current concurrency.
-            self.ceiling = self.session.concurrency
-        # Slots in use plus the pushes the daemon may still make, and every
-        # credit command in flight: what the worker has committed to (a push
-        # only moves one from credit to slot).
-        bound = max(self.ceiling, self.session.concurrency)
+            self.ceiling = self.limit
+        # Slots in use (outside ones too) plus the pushes the daemon may
+        # still make, and every credit command in flight: what the worker
+        # has committed to (a push only moves one from credit to slot).
+        bound = max(self.ceiling, self.limit)
         assert self.session.committed <= bound, (
             self.session.in_flight,
             self.session.credit_mirror,
             self.session.committed,
+        )
+
+    @invariant()
+    def credit_never_exceeds_free_local_slots(self) -> None:
+        """Credit never exceeds free local slots: the credit mirror + the credit
+        of every credit command in flight (grants and absolute) + the slots of
+        running handlers + the slots orphans of ended streams still hold <=
+        the worker's concurrency (before a cut: the one the credit was sent
+        under), whatever the daemon echoed at registration. Counted from what
+        the machine sent and runs, not from the session's own sums; and the
+        session's concurrency never rises above the worker's, and it takes
+        exactly the running orphans as its outside slots."""
+        assert self.session.concurrency <= self.limit, (self.session.concurrency, self.limit)
+        if not self.ended:
+            assert self.session.outside == len(self.orphans)
+        in_flight = sum(s.credit for s in self.unanswered.values() if s.kind is CommandKind.CREDIT)
+        taken = self.session.credit_mirror + in_flight + len(self.handlers) + len(self.orphans)
+        assert taken <= max(self.ceiling, self.limit), (
+            self.session.credit_mirror,
+            in_flight,
+            len(self.handlers),
+            len(self.orphans),
+            self.limit,
+            self.ceiling,
         )
 
     @invariant()
@@ -945,8 +1011,9 @@ class SessionMachine(RuleBasedStateMachine):
     def no_slot_idles_without_a_request_for_work(self) -> None:
         """Liveness: a free slot never idles unasked-for. Whenever the session
         is active, its credit is used up and no credit command is in flight,
-        every slot is taken — otherwise the worker would wait for work it
-        never asked for (until some unrelated handler happened to settle)."""
+        every slot no orphan holds is taken — otherwise the worker would wait
+        for work it never asked for (until some unrelated handler happened to
+        settle); a slot an orphan gives back included."""
         if self.ended or self.session.state is not State.ACTIVE:
             return
         if any(s.kind is CommandKind.CREDIT for s in self.unanswered.values()):
@@ -962,10 +1029,13 @@ class SessionMachine(RuleBasedStateMachine):
         }
         if self.session.minor < BATCH_MINOR:
             reserved = set()
+        # Every slot no orphan holds; a freed one included (at minor >= 2 a
+        # stream registered without it asks for it with a target).
+        free_locally = max(0, self.session.concurrency - len(self.orphans))
         if self.session.credit_mirror == 0:
-            assert self.session.in_flight + len(reserved) >= self.session.concurrency, (
+            assert self.session.in_flight + len(reserved) >= free_locally, (
                 self.session.in_flight,
-                self.session.concurrency,
+                free_locally,
                 reserved,
             )
 
@@ -984,16 +1054,18 @@ class SessionMachine(RuleBasedStateMachine):
     @invariant()
     def committed_bounds_every_slot_to_come(self) -> None:
         """``committed`` — what a shared concurrency controller must keep as
-        permits for the worker — is never less than the slots taken plus every
-        push the daemon can still make (its credit and the pushes on their
-        way), whatever credit or drain is in flight."""
+        permits for the worker — is never less than the slots taken, the
+        orphans' included, plus every push the daemon can still make (its
+        credit and the pushes on their way), whatever credit or drain is in
+        flight."""
         if self.ended:
             return
         pushes = len(self.daemon.in_transit(Push))
         can_arrive = self.daemon.credit + pushes
-        assert self.session.committed >= self.session.in_flight + can_arrive, (
+        taken = len(self.handlers) + len(self.orphans)
+        assert self.session.committed >= taken + can_arrive, (
             self.session.committed,
-            self.session.in_flight,
+            taken,
             can_arrive,
         )
 
@@ -1016,9 +1088,10 @@ B = LeaseKey("b", 1)
 
 
 def session_in(state: State) -> WorkSession:
-    """A fresh session brought into ``state`` through the public methods; from
-    ACTIVE on it holds lease A, has credit left and a progress report pending."""
-    session = WorkSession(concurrency=3, minor=BATCH_MINOR)
+    """A fresh session brought into ``state`` through the public methods, with
+    one of its four slots held outside it; from ACTIVE on it holds lease A,
+    has credit left and a progress report pending."""
+    session = WorkSession(concurrency=4, minor=BATCH_MINOR, outside=1)
     if state is State.IDLE:
         return session
     session.register()
@@ -1067,8 +1140,11 @@ APPLY: dict[Input, Callable[[WorkSession], object]] = {
     Input.RECV_RESULT: lambda s: s.result(_pending_id(s), None, NOW),
     Input.RECV_HEARTBEAT: lambda s: s.heartbeat(),
     Input.RECV_BATCH: lambda s: s.batch([Answered(_pending_id(s), None)], NOW, []),
+    Input.FREE_OUTSIDE: lambda s: s.outside_slot_freed(NOW),
     Input.END: lambda s: s.end(),
 }
+# Inputs from our own side: refusing one is our bug (LocalProtocolError).
+LOCAL_INPUTS = {i for i in Input if i.name.startswith("SEND_")} | {Input.FREE_OUTSIDE}
 
 
 def snapshot(session: WorkSession) -> tuple[object, ...]:
@@ -1078,6 +1154,7 @@ def snapshot(session: WorkSession) -> tuple[object, ...]:
         session.credit_mirror,
         session.in_flight,
         session.concurrency,
+        session.outside,
         session._next_id,
         session.holds(A),
         session.holds(B),
@@ -1095,7 +1172,8 @@ def test_totality(state: State, what: Input) -> None:
     """Each State x Input either follows `_TRANSITIONS` or is refused with the
     error of whoever broke the protocol, changing nothing but the state: a
     refusal leaves the session in ERROR for good, where every input but END is
-    refused as our own mistake (h11's sticky error state)."""
+    refused as our own mistake (h11's sticky error state). Our own inputs are
+    the sends and an outside slot freed."""
     session = session_in(state)
     before = snapshot(session)
     after = _TRANSITIONS.get((state, what))
@@ -1104,7 +1182,7 @@ def test_totality(state: State, what: Input) -> None:
         assert session.state is after
         return
     expected: type[Exception] = RemoteProtocolError
-    if what.name.startswith("SEND_") or state is State.ERROR:
+    if what in LOCAL_INPUTS or state is State.ERROR:
         expected = LocalProtocolError
     with pytest.raises(Exception) as caught:  # noqa: PT011 - the exact type is checked below
         APPLY[what](session)
@@ -1604,3 +1682,88 @@ def test_fast_init_builds_what_the_generated_init_builds(cls: type, data: st.Dat
         assert getattr(built, name) is getattr(expected, name)
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(built, names[0], args[0])
+
+
+# -- outside slots (handlers of ended streams) -----------------------------------
+
+
+def test_a_worker_with_every_slot_outside_registers_one_and_asks_for_nothing() -> None:
+    """Property: no credit for a slot held outside, whatever the echo. One slot,
+    held by a handler of an ended stream: the stream registers 1 (the wire's
+    minimum), and neither that echo nor a larger one buys credit; the slot is
+    granted once the handler exits."""
+    for echo in (1, 5):
+        session = WorkSession(concurrency=1, minor=7, outside=1)
+        assert session.register() == Register(ordered_request_ids=True, max_concurrency=1)
+        assert (
+            session.registered(
+                lease_duration=LEASE, max_concurrency=echo, ordered_request_ids=True, now=NOW
+            )
+            == []
+        )
+        assert (session.concurrency, session.capacity, session.committed) == (1, 0, 1)
+        (credit,) = session.outside_slot_freed(NOW)
+        assert isinstance(credit, Credit)
+        assert (credit.available, credit.target_concurrency) == (1, None)
+        assert session.committed == 1  # the credit in flight now
+
+
+def test_an_echo_below_the_request_lowers_the_concurrency() -> None:
+    """The daemon may hold the stream to less than it asked for: that much, and
+    the outside slots, are the worker's concurrency on this stream."""
+    session = WorkSession(concurrency=4, minor=7, outside=1)
+    assert session.register().max_concurrency == 3
+    (credit,) = session.registered(
+        lease_duration=LEASE, max_concurrency=2, ordered_request_ids=True, now=NOW
+    )
+    assert isinstance(credit, Credit)
+    assert (session.concurrency, credit.available) == (3, 2)
+
+
+@pytest.mark.parametrize(("minor", "reclaimed"), [(1, False), (2, True), (BATCH_MINOR, True)])
+def test_a_slot_freed_outside_beyond_the_registration_needs_a_target(
+    minor: int, reclaimed: bool
+) -> None:
+    """Three slots, one outside: the stream registers two. When the outside
+    handler exits, its slot goes beyond what the daemon holds: from minor 2 a
+    target asks for it (and the daemon's capacity check then uses it); below,
+    it waits for the next stream (a credit beyond the registration would be
+    refused)."""
+    session = WorkSession(concurrency=3, minor=minor, outside=1)
+    assert session.register().max_concurrency == 2
+    (credit,) = session.registered(
+        lease_duration=LEASE, max_concurrency=2, ordered_request_ids=minor >= 6, now=NOW
+    )
+    assert isinstance(credit, Credit)
+    assert credit.target_concurrency is None
+    session.result(credit.request_id, None, NOW)
+    for n in range(2):
+        session.task_pushed(LeaseKey(f"t{n}", 1), "tok", LEASE, NOW)
+    out = session.outside_slot_freed(NOW)
+    assert session.capacity == (3 if reclaimed else 2)
+    if not reclaimed:
+        assert out == []
+        return
+    (resize,) = out
+    assert isinstance(resize, Credit)
+    assert (resize.available, resize.target_concurrency, resize.grant) == (1, 3, None)
+    assert session.result(resize.request_id, None, NOW) == []
+    # The target stands: later credit, with no target of its own, is checked against it.
+    session.task_pushed(LeaseKey("t2", 1), "tok", LEASE, NOW)
+    (again,) = session.settle(LeaseKey("t0", 1), Outcome.ACK, NOW)[1:]
+    assert isinstance(again, Credit)
+    assert again.target_concurrency is None
+    assert session.capacity == 3
+
+
+def test_freeing_an_outside_slot_that_is_not_held_is_our_bug() -> None:
+    """More exits than outside slots, or one reported to an ended session (the
+    next session counts what is left), is refused as ours."""
+    session = WorkSession(concurrency=2, minor=7, outside=1)
+    session.outside_slot_freed(NOW)
+    with pytest.raises(LocalProtocolError):
+        session.outside_slot_freed(NOW)
+    ended = WorkSession(concurrency=2, minor=7, outside=1)
+    ended.end()
+    with pytest.raises(LocalProtocolError):
+        ended.outside_slot_freed(NOW)

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
 
 from ringo_trio import Task, TaskContext, TaskState
 from ringo_trio.testing import RingoTestEnv
@@ -169,3 +171,69 @@ async def test_on_idle_fires_once_after_the_queue_drains(
                 assert all(t.state is TaskState.SUCCEEDED for t in tasks)
                 await env.sleep(1.5)
             assert len(fired) == 1
+
+
+async def _drop_work_streams(env: RingoTestEnv) -> None:
+    """The daemon ends every open Work stream UNAVAILABLE, as a storage outage
+    or a dropped connection would: its leases stay with the worker (until
+    they expire), whose handlers are cancelled; the worker reconnects."""
+
+    async def drop() -> None:
+        for work in list(env.daemon.queue_service.work_streams._live):
+            work._end(GRPCError(Status.UNAVAILABLE, "the test dropped the stream"))
+
+    await env._run_aio(drop())
+
+
+async def test_a_slot_held_by_a_zombie_is_never_offered_to_the_next_stream(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """At most ``concurrency`` handlers run, zombies included. concurrency=1,
+    and the one handler ignores its cancellation after its stream drops: the
+    next stream gets no work while it runs — not even once its lease has
+    expired and its own task is claimable again, nor with more tasks waiting —
+    however long that takes. Once it exits, its slot is granted and every
+    task is worked, one at a time."""
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("zombie")
+            [stubborn] = await enqueue(queue, 1)
+            started = trio.Event()
+            may_end = trio.Event()
+            now_running = peak = 0
+            seen: list[tuple[str, int]] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                nonlocal now_running, peak
+                now_running += 1
+                peak = max(peak, now_running)
+                seen.append((task.id, ctx.attempt))
+                try:
+                    if task.id == stubborn and ctx.attempt == 1:
+                        started.set()
+                        with trio.CancelScope(shield=True):
+                            await may_end.wait()
+                        return
+                    await trio.sleep(0.01)
+                finally:
+                    now_running -= 1
+
+            worker = queue.worker(handle, concurrency=1, lease_duration=timedelta(seconds=2))
+            async with running(worker):
+                await started.wait()
+                try:
+                    await _drop_work_streams(env)
+                    others = await enqueue(queue, 3)
+                    # Long enough to reconnect, for the zombie's lease to expire
+                    # (its task claimable again) and for many claims on the new stream.
+                    await env.sleep(30)
+                    assert peak == 1
+                    assert seen == [(stubborn, 1)]
+                    assert worker.running == 1  # the zombie, still holding the one slot
+                    for task_id in others:
+                        assert (await queue.get_by_id(task_id)).state is TaskState.PENDING
+                finally:
+                    may_end.set()  # a failing test must not leave it running
+                await wait_states(queue, [stubborn, *others], {TaskState.SUCCEEDED}, within=30)
+            assert peak == 1
+            assert (stubborn, 2) in seen  # its expired lease was worked again

@@ -31,10 +31,10 @@ push the mirror does not cover is a protocol error.
 From minor 10 the session grants freed slots as they free up, so the daemon
 claims and pushes while handlers run instead of waiting for the worker to
 run dry (the two processes then overlap instead of taking turns): a grant of
-every free slot goes out once ``free = concurrency - slots - mirror -
-granted`` reaches ``concurrency // GRANT_FRACTION``, at most ``GRANT_CAP``
+every free slot goes out once ``free = capacity - slots - mirror -
+granted`` reaches ``capacity // GRANT_FRACTION``, at most ``GRANT_CAP``
 (at least one; any free slot when nothing is out, so no slot idles
-unasked-for). Counting the mirror
+unasked-for; *capacity* is below). Counting the mirror
 and every grant in flight as taken is what makes a grant impossible to
 refuse: whatever the daemon holds as credit plus outstanding is at most what
 the session counts, so ``credit + grant + outstanding <= concurrency`` (a
@@ -56,15 +56,33 @@ slot). Should the daemon refuse with ``credit_capacity`` anyway, the session
 resamples at once — any racing push arrived before the refusal, the stream
 is ordered. One absolute credit command is in flight at a time; a later one
 supersedes it anyway. The drain's result voids the mirror (the daemon pushes nothing after
-answering it). ``committed`` — slots plus the mirror plus the credit of
-every credit command in flight — bounds every slot the session can ever hold
-without sending new credit; a shared concurrency controller keeps at least
-that many permits for the worker.
+answering it). ``committed`` — slots, outside slots, the mirror and the credit
+of every credit command in flight — bounds every slot the worker can ever
+hold without sending new credit; a shared concurrency controller keeps at
+least that many permits for the worker.
 
 *Slots.* A slot is taken by every push and given back when the driver settles
 the task (`settle`) or, after a lost lease, when the cancelled handler has
 really exited (`handler_exited`): a handler that ignores cancellation keeps
 its slot, so it can never be replaced by new work.
+
+*Outside slots.* Such a handler outlives its stream too: when a stream ends,
+its handlers still running keep their slots of the worker's concurrency, and
+the next session is built knowing how many (``outside``). They are taken
+like its own slots in everything it sends, so the invariant is one sum:
+``slots + outside + mirror + grants and credit in flight <= concurrency``
+(``committed``; before a cut, the concurrency the credit was sent under).
+The stream's *capacity* — what credit may fill — is ``concurrency -
+outside``, and without a target no more than the daemon holds as the
+stream's capacity: the registration's echo, then the last target accepted.
+Registration asks for ``max(1, concurrency - outside)``, the wire's minimum
+even while every slot is outside; the echo may lower the concurrency
+(``min(concurrency, echo + outside)``), never raise it, so the 1 asked for a
+worker with no free slot grants nothing. `outside_slot_freed` (the handler
+finally exited) makes its slot this stream's: granted at once, and from
+minor 2 a stream whose capacity outgrew the daemon's asks for it with a
+target (below, the slot waits for the next stream). The input is refused in
+``ENDED``: the next session counts what is still outside.
 
 *The lease table.* Each held lease has a local deadline: receipt time plus
 the remaining lease (never more than the registered lease duration). A
@@ -110,11 +128,12 @@ groups the frames it sends is not the session's business.
 
 *States.* ``IDLE → REGISTERING → ACTIVE → DRAINING → ENDED`` with one
 transition table (`_TRANSITIONS`); an input the table does not list for the
-current state raises `LocalProtocolError` (our bug) or `RemoteProtocolError`
-(the daemon's), never silently passes. Any error — those two and
-`SessionBroken` — moves the session to ``ERROR`` for good (h11's
-discipline): from then on every input is refused with `LocalProtocolError`
-and only `end` is accepted, so a broken stream can never emit another frame.
+current state raises `LocalProtocolError` (our bug: a send, or an outside
+slot freed) or `RemoteProtocolError` (the daemon's), never silently passes.
+Any error — those two and `SessionBroken` — moves the session to ``ERROR``
+for good (h11's discipline): from then on every input is refused with
+`LocalProtocolError` and only `end` is accepted, so a broken stream can never
+emit another frame.
 """
 
 from __future__ import annotations
@@ -252,6 +271,7 @@ class Input(enum.Enum):
     RECV_RESULT = "receive result"
     RECV_HEARTBEAT = "receive heartbeat"
     RECV_BATCH = "receive batch"
+    FREE_OUTSIDE = "free an outside slot"
     END = "end"
 
 
@@ -279,9 +299,13 @@ _TRANSITIONS: dict[tuple[State, Input], State] = {
     # credit mirror keeps checking them.
     **{(_S.DRAINING, i): _S.DRAINING for i in _LIVE},
     (_S.DRAINING, _I.RECV_HEARTBEAT): _S.DRAINING,
+    # A handler of an earlier stream exits whenever it does; once the session
+    # has ended the next one counts what is left, so telling it is our bug.
+    **{(s, _I.FREE_OUTSIDE): s for s in (_S.IDLE, _S.REGISTERING, _S.ACTIVE, _S.DRAINING)},
     **{(s, _I.END): _S.ENDED for s in State},
 }
-_SENDS = frozenset(i for i in Input if i.name.startswith("SEND_"))
+# Inputs that come from our side: refusing one is our bug, not the daemon's.
+_LOCAL = frozenset(i for i in Input if i.name.startswith("SEND_")) | {_I.FREE_OUTSIDE}
 
 
 class CommandKind(enum.Enum):
@@ -357,6 +381,9 @@ class CommandError:
 @dataclass(frozen=True, slots=True)
 class Register:
     ordered_request_ids: bool
+    #: What the stream asks for: its free share of the concurrency, at least
+    #: 1 (the wire refuses 0) — credit, not this, is what lets work in.
+    max_concurrency: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -549,9 +576,12 @@ class WorkSession:
         minor: int,
         dynamic_target: bool = False,
         command_timeout: float = 30.0,
+        outside: int = 0,
     ) -> None:
         if concurrency < 0:
             raise LocalProtocolError("concurrency must not be negative")
+        if outside < 0:
+            raise LocalProtocolError("outside slots must not be negative")
         features = Features(minor)
         if dynamic_target:
             features.require(
@@ -578,6 +608,12 @@ class WorkSession:
         self._granted = 0  # sum of the grants in flight (minor >= 10)
         self._credit_mirror = 0  # pushes the daemon may still make
         self._target_sent: int | None = None  # last target the daemon accepted
+        # Slots of this worker held by handlers of earlier streams (they
+        # ignore their cancellation); taken for every credit this one sends.
+        self._outside = outside
+        # The stream's capacity on the daemon until a target replaces it: the
+        # registration's echo (None before it arrives).
+        self._registered_capacity: int | None = None
         self._refusals = 0
         self._leases: dict[LeaseKey, _Lease] = {}
         self._slots: set[LeaseKey] = set()
@@ -601,16 +637,30 @@ class WorkSession:
         return self._credit_mirror
 
     @property
+    def outside(self) -> int:
+        """Slots held by handlers of earlier streams that have not exited."""
+        return self._outside
+
+    @property
+    def capacity(self) -> int:
+        """Slots this stream may fill: the concurrency less the outside
+        slots, and — when no target goes with its credit — no more than the
+        daemon holds as the stream's capacity."""
+        return self._limit()[0]
+
+    @property
     def committed(self) -> int:
-        """Slots the worker is bound to: tasks pushed and not finished, plus
-        every push the daemon may still make — the mirror, every grant in
-        flight and, while an absolute credit command is in flight, all of its
-        credit (pushes against the old credit may arrive before the daemon
-        applies it, and the new credit after). A shared concurrency
-        controller never takes these permits back."""
+        """Slots the worker is bound to: tasks pushed and not finished, the
+        outside slots, plus every push the daemon may still make — the
+        mirror, every grant in flight and, while an absolute credit command
+        is in flight, all of its credit (pushes against the old credit may
+        arrive before the daemon applies it, and the new credit after). Never
+        more than the concurrency (before a cut: the one the credit was sent
+        under). A shared concurrency controller never takes these permits back."""
         pending = self._pending.get(self._credit_pending) if self._credit_pending else None
         return (
             len(self._slots)
+            + self._outside
             + self._credit_mirror
             + self._granted
             + (pending.credit if pending else 0)
@@ -648,7 +698,7 @@ class WorkSession:
     def _step(self, what: Input) -> None:
         new = _TRANSITIONS.get((self.state, what))
         if new is None:
-            remote = what not in _SENDS and self.state is not State.ERROR
+            remote = what not in _LOCAL and self.state is not State.ERROR
             error = RemoteProtocolError if remote else LocalProtocolError
             exc = error(f"{what.value} is not allowed in state {self.state.value}")
             if self.state is not State.ERROR:
@@ -668,7 +718,7 @@ class WorkSession:
     @_input
     def register(self) -> Register:
         self._step(Input.SEND_REGISTER)
-        return Register(ordered_request_ids=self.ordered_request_ids)
+        return Register(self.ordered_request_ids, max(1, self._own()))
 
     @_input
     def registered(
@@ -691,7 +741,11 @@ class WorkSession:
         self._step(Input.RECV_REGISTERED)
         self.lease_duration = lease_duration
         if not self.dynamic_target and max_concurrency:
-            self.concurrency = max_concurrency
+            # The daemon's word on the stream can lower the concurrency, never
+            # raise it: an echo above what was asked (at least the 1 the wire
+            # demands while every slot is outside) is no free slot.
+            self._registered_capacity = max_concurrency
+            self.concurrency = min(self.concurrency, max_concurrency + self._outside)
         return self._maybe_credit(now)
 
     @_input
@@ -848,6 +902,16 @@ class WorkSession:
             self._renewals_out.add(key)
         if lease is not None and not lease.renewing and lease.state is LeaseState.LOST:
             del self._leases[key]
+        return self._maybe_credit(now)
+
+    @_input
+    def outside_slot_freed(self, now: float) -> list[Output]:
+        """A handler of an earlier stream has really exited: its slot is this
+        stream's to grant."""
+        self._step(Input.FREE_OUTSIDE)
+        if not self._outside:
+            raise LocalProtocolError("no outside slot is held")
+        self._outside -= 1
         return self._maybe_credit(now)
 
     @_input
@@ -1047,7 +1111,8 @@ class WorkSession:
             # credit before it saw the drain (results only arrive in ACTIVE or
             # DRAINING, so the grant is never stale).
             self._credit_mirror = pending.credit
-            self._target_sent = pending.target
+            if pending.target is not None:
+                self._target_sent = pending.target
             return self._maybe_credit(now)
         if error.reason == reasons.CREDIT_CAPACITY:
             # The push that raced this update has already arrived (the stream
@@ -1060,16 +1125,34 @@ class WorkSession:
             return self._maybe_credit(now)
         raise SessionBroken(f"credit update refused: {error.code} {error.message}")
 
+    def _own(self) -> int:
+        return max(0, self.concurrency - self._outside)
+
+    def _limit(self) -> tuple[int, int | None]:
+        """The slots this stream may fill, and the target its credit carries
+        (None: none, the daemon's capacity stands)."""
+        own = self._own()
+        if self.dynamic_target:
+            return own, own
+        held = self._target_sent
+        if held is None:
+            held = own if self._registered_capacity is None else self._registered_capacity
+        if own > held and self.features.has(Feature.TARGET_CONCURRENCY):
+            # Outside slots freed since registering: reclaimed with a target,
+            # which the daemon's capacity check then uses.
+            return own, own
+        return min(own, held), None
+
     def _maybe_credit(self, now: float) -> list[Output]:
         """The credit frame to send now, if any (see the module docstring)."""
         if self.state is not State.ACTIVE or self._credit_pending:
             return []
+        limit, target = self._limit()
         # Credit still out counts as taken: on a resize that many pushes may be
         # on their way, and the daemon's capacity check cannot be relied on to
         # refuse the excess — it no longer counts a lease whose cancelled
         # handler still holds a slot. Grants in flight are credit out too.
-        free = max(0, self.concurrency - len(self._slots) - self._credit_mirror - self._granted)
-        target = self.concurrency if self.dynamic_target else None
+        free = max(0, limit - len(self._slots) - self._credit_mirror - self._granted)
         resize = target is not None and target != self._target_sent
         if not resize and self.can_grant:
             # A grant cannot be resampled into something the daemon accepts
@@ -1080,7 +1163,7 @@ class WorkSession:
             # nothing out (no credit, no grant) a free slot is asked for at
             # once, as below minor 10, or it would idle.
             idle = self._credit_mirror == 0 and not self._granted
-            batch = min(self.concurrency // self.grant_fraction, self.grant_cap)
+            batch = min(limit // self.grant_fraction, self.grant_cap)
             if free < max(1, batch) and not (idle and free):
                 return []
             self._step(Input.SEND_CREDIT)
