@@ -507,3 +507,27 @@ async def test_a_claim_whose_later_round_fails_answers_with_the_earlier_rounds(
             got = {t.task.id for t in stream.reply.tasks if t.task is not None}
             assert 0 < len(got) < _ROUNDS_TASKS
             assert_leased_only(await tasks_of(engine, queue), got)
+
+
+async def test_leases_an_engine_hands_back_wake_the_queue_claimers() -> None:
+    """Property: tasks the engine itself handed back (a PostgreSQL claim whose
+    caller was cancelled in flight) wake the queue's claimers, as any
+    release does — the engine's own `watch` never hears its own writes, so
+    without that wake-up they would sit PENDING until something else
+    stirred the queue."""
+    queue = new_queue()
+    with fresh_database("ringo_cut") as dsn, anyio.fail_after(20):
+        async with service_on(lambda: PostgresEngine(dsn)) as (service, engine, context, wakeups):
+            await put(service, context, queue, 2)
+            claims = _Claims(engine)
+            with wakeups.watch(queue) as watch:
+                armed = watch.arm()
+                claiming = asyncio.ensure_future(
+                    engine.claim_pushes(queue, [], 2, "w", timedelta(seconds=30), Clock().now())
+                )
+                await claims.event("w").wait()
+                claiming.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await claiming
+                assert armed.is_set()
+            assert_leased_only(await tasks_of(engine, queue), set())
