@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -267,7 +268,15 @@ def test_a_cancelled_claim_that_never_finishes_is_given_up_after_a_bound(
         # The abandoned claim is cancelled in turn.
         await storage.claim_cancelled.wait()
 
+    # On a thread of its own: a canceller that never gives up swallows every
+    # cancellation, so a timeout inside its loop could not end the test.
+    finished: list[bool] = []
+    runner = threading.Thread(
+        target=lambda: finished.append(asyncio.run(scenario()) is None), daemon=True
+    )
     with caplog.at_level(logging.WARNING, logger="ringo_trio.server"):
-        asyncio.run(asyncio.wait_for(scenario(), 10))
+        runner.start()
+        runner.join(10)
+    assert finished == [True], "the canceller of a stuck claim never came back"
     assert storage.released == []
     assert any("given up" in r.getMessage() for r in caplog.records)
