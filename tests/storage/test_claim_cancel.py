@@ -28,6 +28,7 @@ from .conftest import LEASE, SyncEngine, ref_of, spec
 
 # Past this many suspensions a claim is assumed to be looping, not claiming.
 _MOST_SUSPENSIONS = 200
+_GUARD = 60  # seconds: the PostgreSQL runs use sockets
 
 
 class _Stepping:
@@ -120,7 +121,8 @@ async def _run_claim(
         if cancel_at == 0:
             task.cancel()
         try:
-            answer = await task
+            async with asyncio.timeout(_GUARD):
+                answer = await task
         except asyncio.CancelledError:
             return _Outcome(True, [], counter.count)
         return _Outcome(False, _ids(answer), counter.count)
@@ -214,8 +216,9 @@ def test_a_claim_whose_answer_cannot_be_built_leaves_no_lease(engine: SyncEngine
         return [ref_of(item) for item in leased]
 
     raw = engine.raw
+    claim = raw.claim("q", [], 2, "w", LEASE, now)
     with pytest.raises(RuntimeError, match="encoder"):
-        engine.run(guard_claim(raw, raw.claim("q", [], 2, "w", LEASE, now), refs, build, "q", now))
+        engine.run(asyncio.wait_for(guard_claim(raw, claim, refs, build, "q", now), _GUARD))
     _assert_untouched(_tasks(engine, "q"))
 
 
