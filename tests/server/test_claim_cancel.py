@@ -247,7 +247,8 @@ async def test_400_work_streams_cut_mid_claim_on_postgres_leave_no_lease_unsent(
     (before the claim was guarded: 220-300 streams, ~4 tasks each)."""
     with fresh_database("ringo_cut") as dsn, anyio.fail_after(300):
         unsent, leaky, pushed = await cut_streams(lambda: PostgresEngine(dsn), CUT_STREAMS)
-    print(f"\n{CUT_STREAMS} cut streams: {leaky} left {unsent} task(s) LEASED unsent;", pushed)
+    print(f"\n{CUT_STREAMS} cut streams: {leaky} left {unsent} task(s) LEASED unsent", end="")
+    print(f" ({pushed} pushed)")
     assert unsent == 0, f"{leaky} stream(s) left {unsent} task(s) LEASED, never pushed"
 
 
