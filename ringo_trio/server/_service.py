@@ -54,6 +54,13 @@ Responses are bounded by ``MAX_MESSAGE_BYTES``: a large Claim is taken from
 storage in rounds sized for the worst-case task, so it never leases tasks it
 then could not send.
 
+A lease reaches its client only with the reply, so a Claim that ends any
+other way hands its leases back (`Storage.release`: PENDING, the attempt
+unspent) and wakes the queue: a caller cancelled while a round is in flight
+(that round the engine returns, see `storage._base.guard_claim`; the rounds
+before it, `_claim_now`), and a reply that cannot be delivered
+(`_serve_claim`). A later round that fails answers with the earlier ones.
+
 The Work stream
 ---------------
 ``Work`` is served by `_work.WorkStreams` on grpclib's raw stream (see
@@ -118,6 +125,7 @@ from ringo_trio._proto.ringo.v1 import (
     GetTaskResponse,
     Lease,
     LeasedTask,
+    LeaseRef,
     ListQueuesRequest,
     ListQueuesResponse,
     ListTasksRequest,
@@ -164,6 +172,7 @@ from .storage._base import (
     Storage,
     StorageFull,
     StorageUnavailable,
+    hand_back,
 )
 
 __all__ = ["HealthService", "QUEUE_SERVICE_NAME", "QueueService"]
@@ -172,6 +181,7 @@ log = logging.getLogger("ringo_trio.server")
 
 QUEUE_SERVICE_NAME = "ringo.v1.QueueService"
 _WORK_METHOD = f"/{QUEUE_SERVICE_NAME}/Work"
+_CLAIM_METHOD = f"/{QUEUE_SERVICE_NAME}/Claim"
 
 # Minor that introduced each RPC newer than minor 0.
 
@@ -341,6 +351,10 @@ class QueueService(QueueServiceBase):
         self._commit = commit
         self.members = members if members is not None else Members(None)
         self._operations = Operations(storage, wakeups)
+        # Leases of a claim nobody received, handed back by the engine itself:
+        # their tasks are claimable again, so the queue's claimers are woken
+        # as after any release.
+        storage.released_listener = wakeups.notify
         self.work_streams = WorkStreams(
             storage=storage,
             clock=clock,
@@ -357,6 +371,11 @@ class QueueService(QueueServiceBase):
         # takes grpclib's raw stream (the Gate still wraps and counts it).
         mapping[_WORK_METHOD] = grpclib.const.Handler(
             self.work_streams.serve_call, Cardinality.STREAM_STREAM, WorkRequest, WorkResponse
+        )
+        # Claim sends its own reply, so that one never delivered is handed
+        # back (`_serve_claim`).
+        mapping[_CLAIM_METHOD] = grpclib.const.Handler(
+            self._serve_claim, Cardinality.UNARY_UNARY, ClaimRequest, ClaimResponse
         )
         # A member's stream stays open with nothing to send; `Members` counts
         # it from the raw stream so every end (cancel, lost connection,
@@ -487,6 +506,33 @@ class QueueService(QueueServiceBase):
         args = v.claim_args(message)
         return ClaimResponse(tasks=await self._long_poll(args))
 
+    async def _serve_claim(self, stream: Any) -> None:
+        """grpclib's handler for Claim: `claim`, then its reply and the OK
+        trailers, sent here. grpclib's client drops a reply whose trailers
+        never come, so until they are handed to the connection, a reply that
+        fails or is cancelled (the client went away, its deadline passed)
+        gives every lease in it back."""
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.claim(request)
+        try:
+            await stream.send_message(response)
+            await stream.send_trailing_metadata()
+        except BaseException:
+            await self._hand_back(response.tasks)
+            raise
+
+    async def _hand_back(self, leased: Sequence[LeasedTask]) -> None:
+        refs = [
+            LeaseRef(task_id=lease.task_id, attempt=lease.attempt, lease_token=lease.lease_token)
+            for lease in (item.lease for item in leased)
+            if lease is not None
+        ]
+        queues = {item.task.queue for item in leased if item.task is not None}
+        if await hand_back(self._storage, refs, self._clock.now()):
+            for queue in queues:
+                self._wakeups.notify(queue)
+
     async def _long_poll(self, args: v.ClaimArgs) -> list[LeasedTask]:
         loop = asyncio.get_running_loop()
         wait = args.wait_timeout.total_seconds()
@@ -532,9 +578,31 @@ class QueueService(QueueServiceBase):
             batch_limit = min(wanted, budget // _WORST_TASK_BYTES)
             if batch_limit <= 0:
                 break
-            batch = await self._storage.claim(
-                args.queue, args.task_types, batch_limit, args.worker_id, args.lease_duration, now
-            )
+            try:
+                batch = await self._storage.claim(
+                    args.queue,
+                    args.task_types,
+                    batch_limit,
+                    args.worker_id,
+                    args.lease_duration,
+                    now,
+                )
+            except asyncio.CancelledError:
+                # The round in flight is the engine's to hand back; the
+                # rounds before it are only here.
+                await self._hand_back(leased)
+                raise
+            except Exception:
+                if not leased:
+                    raise
+                # The earlier rounds are leased to this caller, and the reply
+                # is the only way it learns of them.
+                log.warning(
+                    "Claim: a later round failed; answering with the %d task(s) before it",
+                    len(leased),
+                    exc_info=True,
+                )
+                break
             for item in batch:
                 # Noted per batch, before the next await; `note` skips a repeat
                 # of the deadline it just saw (every lease of a batch shares one).

@@ -145,12 +145,16 @@ from ._base import (
     StorageUnavailable,
     TaskFilter,
     TaskPage,
+    guard_claim,
 )
 from ._push import push_rows
 from ._rows import (
+    C_ATTEMPT,
     C_AVAILABLE,
+    C_ID,
     C_PRIORITY,
     C_SEQ,
+    C_TOKEN,
     CANCELLED,
     COLS,
     DEAD,
@@ -1201,8 +1205,14 @@ class PostgresEngine(Storage):
         lease_duration: timedelta,
         now: datetime,
     ) -> list[LeasedTask]:
-        rows = await self._claim(queue, task_types, limit, worker_id, lease_duration, now)
-        return [leased(r) for r in rows]
+        return await guard_claim(
+            self,
+            self._claim(queue, task_types, limit, worker_id, lease_duration, now),
+            _claimed_refs,
+            _leased_rows,
+            queue,
+            now,
+        )
 
     async def claim_pushes(
         self,
@@ -1213,8 +1223,14 @@ class PostgresEngine(Storage):
         lease_duration: timedelta,
         now: datetime,
     ) -> list[Push]:
-        rows = await self._claim(queue, task_types, limit, worker_id, lease_duration, now)
-        return push_rows(rows)
+        return await guard_claim(
+            self,
+            self._claim(queue, task_types, limit, worker_id, lease_duration, now),
+            _claimed_refs,
+            push_rows,
+            queue,
+            now,
+        )
 
     async def _claim(
         self,
@@ -1225,7 +1241,9 @@ class PostgresEngine(Storage):
         lease_duration: timedelta,
         now: datetime,
     ) -> list[Any]:
-        """The claimed rows, in claim order."""
+        """The claimed rows, in claim order. Committed before they are read,
+        so only through `guard_claim`: a caller cancelled while the statement
+        is in flight must not take the answer with it."""
         if limit <= 0:
             return []
         now_us = to_us(now)
@@ -1584,6 +1602,14 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     on every release (a round trip per call) to undo session state this
     engine never creates. An open transaction is still rolled back by asyncpg
     before this runs."""
+
+
+def _claimed_refs(rows: Sequence[Any]) -> list[LeaseRef]:
+    return [LeaseRef(task_id=r[C_ID], attempt=r[C_ATTEMPT], lease_token=r[C_TOKEN]) for r in rows]
+
+
+def _leased_rows(rows: Sequence[Any]) -> list[LeasedTask]:
+    return [leased(r) for r in rows]
 
 
 def _delay_us(retry_delay: timedelta | None) -> int | None:

@@ -970,6 +970,10 @@ class SQLiteEngine(Storage):
         lease_duration: timedelta,
         now: datetime,
     ) -> list[_T]:
+        # Never awaits: commit and return are one step of the event loop, so a
+        # caller cancelled meanwhile is cancelled at its next await, answer in
+        # hand, and no lease can outlive it (the rule `guard_claim` keeps for
+        # engines that do suspend). Do not add an await here without it.
         if limit <= 0:
             return []
         now_us = _to_us(now)
