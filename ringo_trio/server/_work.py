@@ -122,7 +122,9 @@ seconds sends ``heartbeat{server_time}``.
 
 **Cost.** Task frames, the hot path, come encoded from storage:
 `Storage.claim_pushes` writes each push straight from its row, with the
-lease and payload size the stream keeps (`Push`), and the stream sends those
+lease and payload size the stream keeps (`Push`), and the stream joins
+their parts when it sends them (from minor 11 with the lease's ttl, which
+counts from then) and sends those
 bytes (`_encoded`) without building a message. Plain OK results, one per
 settled task, are written inline (`ok_frame`, held byte-equal to the shared
 codec's `encode_work_result`); every other frame is encoded by the shared
@@ -184,6 +186,8 @@ from .storage._base import (
     Settlement,
     Storage,
     StorageUnavailable,
+    stamp_ttl,
+    ttl_field,
 )
 
 __all__ = [
@@ -789,7 +793,13 @@ class _WorkStream:
         return LeaseLost("the lease is not the task's current lease")
 
     async def _extend(self, body: ExtendLeaseRequest) -> Lease:
-        return await self._owner.ops.apply_extend(body, self._owner.clock.now())
+        clock = self._owner.clock
+        lease = await self._owner.ops.apply_extend(body, clock.now())
+        if self._features.has(Feature.LEASE_TTL):
+            # Read after storage, as late as the result is built; the worker
+            # times its renewals from their send, never by this ttl.
+            stamp_ttl(lease, clock.now())
+        return lease
 
     async def _progress(self, body: ReportProgressRequest) -> None:
         await self._owner.ops.apply_progress(body, self._owner.clock.now())
@@ -973,11 +983,23 @@ class _WorkStream:
         now = self._owner.clock.now()
         frames: list[bytes] = []
         size = 0
+        # Minor >= 11: each lease says how long it runs from now, the moment
+        # of sending (the worker arms its deadline at receipt on its own
+        # clock). A claim's leases share one until, so one ttl per message.
+        stamp = self._features.has(Feature.LEASE_TTL)
+        ttl_until: datetime | None = None
+        ttl = b""
         for item in batch[start : start + max(most, 0)]:
             until = item.until
             if until is not None and until - margin <= now:
                 return frames, True
-            frame = item.frame
+            if not stamp:
+                frame = item.frame
+            else:
+                if until != ttl_until:
+                    ttl_until = until
+                    ttl = b"" if until is None else ttl_field(until, now)
+                frame = item.frame_with(ttl)
             size += len(frame)
             if frames and size > PUSH_MESSAGE_BYTES:
                 break
