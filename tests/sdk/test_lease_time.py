@@ -129,8 +129,8 @@ async def _run(
     pushes: list[Push], lease: float, daemon_lease: float, minor: int
 ) -> list[tuple[float, str, str]]:
     """Drive one stream through `pushes` (no renewal is ever answered) until
-    every lease has run out; what happened when: handlers started and
-    cancelled, renewals sent."""
+    every lease has run out; what happened when (handlers started and
+    cancelled, renewals sent), in order of time."""
     trace: list[tuple[float, str, str]] = []
     session = WorkSession(concurrency=len(pushes), minor=minor, command_timeout=1e9)
     out_send, out_receive = anyio.create_memory_object_stream[Frame](float("inf"))
@@ -175,7 +175,8 @@ async def _run(
             # Past the last deadline: every lease has run out.
             await trio.sleep(sum(p.gap for p in pushes) + 2 * max(lease, daemon_lease) + 1)
             nursery.cancel_scope.cancel()
-    return trace
+    # Sorted: trio runs the tasks ready at one instant in no fixed order.
+    return sorted(trace)
 
 
 def run(
