@@ -35,7 +35,12 @@ __all__ = [
 # since a frozen one's __init__ costs three times as much (`_work._session`).
 @dataclass(slots=True)
 class PushedTask:
-    """A ``WorkResponse.task`` frame: the SDK task and the lease it came with."""
+    """A ``WorkResponse.task`` frame: the SDK task and the lease it came with.
+
+    ``until`` is the daemon's wall clock, for display only; ``ttl`` (minor >=
+    11) is the lease's time: seconds it runs from the moment the daemon sent
+    the frame (``Lease.ttl.total_seconds()``), None when the daemon sent none.
+    """
 
     task: Task
     task_id: str
@@ -43,6 +48,7 @@ class PushedTask:
     lease_token: str
     worker_id: str
     until: datetime | None
+    ttl: float | None
 
 
 @dataclass(slots=True)
@@ -112,6 +118,7 @@ def _work_frame(response: WorkResponse) -> PushedTask | WorkResultFrame | WorkRe
             lease.lease_token,
             lease.worker_id,
             lease.until,
+            None if lease.ttl is None else lease.ttl.total_seconds(),
         )
     return response
 

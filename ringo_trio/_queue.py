@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
+
 from ._batch_wire import decode_batch_reply, encode_batch_request
 from ._contract import limits as _limits
 from ._contract.versions import Feature
@@ -684,7 +686,11 @@ class TaskQueue:
         reply = await self._connection.call(
             "Claim", request, ClaimResponse, extra_timeout=extra_timeout
         )
-        return [LeasedTask(self, leased) for leased in reply.tasks]
+        received = anyio.current_time()
+        return [
+            LeasedTask(self, leased, received=received, lease_duration=lease_duration)
+            for leased in reply.tasks
+        ]
 
 
 class LeasedTask:
@@ -693,25 +699,53 @@ class LeasedTask:
     The lease is identified by (task id, attempt, lease token): once it has
     expired or been settled, every operation on it raises `LeaseLostError`
     and changes nothing.
+
+    Its time is kept on this process's monotonic clock (`lease_deadline`),
+    never by comparing the daemon's ``until`` with the local wall clock:
+    hosts' clocks drift (docs/protocol.md, "Lease time").
     """
 
-    def __init__(self, queue: TaskQueue, wire: _WireLeasedTask) -> None:
-        if wire.lease is None:
+    def __init__(
+        self,
+        queue: TaskQueue,
+        wire: _WireLeasedTask,
+        *,
+        received: float,
+        lease_duration: timedelta | None = None,
+    ) -> None:
+        lease = wire.lease
+        if lease is None:
             raise InvalidArgumentError("daemon reply carried a task without a lease")
         self._queue = queue
         self.task = Task.from_wire(wire.task)
-        self.attempt: int = wire.lease.attempt
-        self.worker_id: str = wire.lease.worker_id
-        self._token = wire.lease.lease_token
-        self._lease_until = wire.lease.until
+        self.attempt: int = lease.attempt
+        self.worker_id: str = lease.worker_id
+        self._token = lease.lease_token
+        self._lease_until = lease.until
+        # The ttl counts from the reply's send; below minor 11, the duration
+        # asked for (the daemon's default is not known here).
+        runs = lease.ttl if lease.ttl is not None else lease_duration
+        self._deadline = None if runs is None else received + runs.total_seconds()
 
     def __repr__(self) -> str:
         return f"<LeasedTask {self.task.id} attempt={self.attempt} until={self._lease_until}>"
 
     @property
     def lease_until(self) -> datetime | None:
-        """When the lease ends unless extended (daemon clock)."""
+        """When the lease ends unless extended, by the daemon's wall clock:
+        for display. To time work against the lease, use `lease_deadline`."""
         return self._lease_until
+
+    @property
+    def lease_deadline(self) -> float | None:
+        """The `anyio.current_time()` at which the lease ends unless extended,
+        on this process's monotonic clock: the reply's arrival plus the
+        lease's ttl (protocol minor >= 11; below it, plus the
+        ``lease_duration`` the claim asked for). After `extend_lease`: its
+        send time plus the extension (the daemon extended from when it
+        received it, no earlier). None when unknown (a daemon below minor 11
+        and its default lease duration)."""
+        return self._deadline
 
     def _ref(self) -> LeaseRef:
         return LeaseRef(task_id=self.task.id, attempt=self.attempt, lease_token=self._token)
@@ -753,11 +787,16 @@ class LeasedTask:
         extension = _check_duration(
             "extension", extension, maximum=_limits.MAX_LEASE, positive=True
         )
+        sent = anyio.current_time()
         reply = await self._queue._connection.call(
             "ExtendLease",
             ExtendLeaseRequest(lease=self._ref(), extension=extension),
             ExtendLeaseResponse,
         )
+        # From the send, as the worker's renewals: the daemon extended from
+        # its receipt, no earlier, while the reply's ttl would count the
+        # reply's own transit in the lease's favour.
+        self._deadline = sent + extension.total_seconds()
         if reply.lease is not None:
             self._lease_until = reply.lease.until
 

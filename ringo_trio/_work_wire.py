@@ -39,7 +39,17 @@ from ._models import RetryBackoff, Task, TaskState
 from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
 from ._proto.ringo.v1 import TaskState as _WireTaskState
 from ._proto.ringo.v1 import WorkResponse
-from ._wire.codec import _SMALL, _r_timestamp, _read_len, _read_varint, _varint, _w_duration, decode
+from ._wire.codec import (
+    _SMALL,
+    _r_duration,
+    _r_timestamp,
+    _read_len,
+    _read_varint,
+    _seconds_nanos,
+    _varint,
+    _w_duration,
+    decode,
+)
 
 __all__ = [
     "decode_work_response",
@@ -152,8 +162,8 @@ def _push(buf: bytes, pos: int, end: int) -> PushedTask:
     start, pos = _read_len(buf, pos + 1, end)
     if pos != end:
         raise _Generic
-    task_id, attempt, token, worker_id, until = _lease(buf, start, pos)
-    return PushedTask(task, task_id, attempt, token, worker_id, until)
+    task_id, attempt, token, worker_id, until, ttl = _lease(buf, start, pos)
+    return PushedTask(task, task_id, attempt, token, worker_id, until, ttl)
 
 
 # `_lease` and `_task` read a one-byte length inline (`_read_len` otherwise):
@@ -161,10 +171,12 @@ def _push(buf: bytes, pos: int, end: int) -> PushedTask:
 # every later field check and the final ``pos != end`` refuse.
 
 
-def _lease(buf: bytes, pos: int, end: int) -> tuple[str, int, str, str, datetime | None]:
+def _lease(
+    buf: bytes, pos: int, end: int
+) -> tuple[str, int, str, str, datetime | None, float | None]:
     task_id = token = worker_id = ""
     attempt = 0
-    until = None
+    until = ttl = None
     if pos < end and buf[pos] == 0x0A:
         size = buf[pos + 1]
         if size < 0x80:
@@ -194,9 +206,30 @@ def _lease(buf: bytes, pos: int, end: int) -> tuple[str, int, str, str, datetime
         worker_id = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x2A:
         until, pos = _r_timestamp(buf, pos + 1, end, None)
+    if pos < end and buf[pos] == 0x32:
+        ttl, pos = _seconds(buf, pos + 1, end)
     if pos != end:
         raise _Generic
-    return task_id, attempt, token, worker_id, until
+    return task_id, attempt, token, worker_id, until, ttl
+
+
+# Seconds a timedelta holds, within which `_seconds` counts microseconds
+# itself (a day short of `timedelta`'s range: no rounding, no overflow).
+_SECONDS_SPAN: Final = 999_999_998 * 86_400
+
+
+def _seconds(buf: bytes, pos: int, end: int) -> tuple[float, int]:
+    """A Duration as ``total_seconds()`` of the generic decoder's timedelta.
+
+    Every ttl is one, and few repeat, so the codec's memo of timedeltas
+    (`_r_duration`) would mostly miss; whole microseconds, what the daemon
+    sends, are counted here, anything else is the codec's."""
+    start, stop = _read_len(buf, pos, end)
+    seconds, nanos = _seconds_nanos(buf, start, stop)
+    if nanos % 1000 or not -_SECONDS_SPAN <= seconds <= _SECONDS_SPAN:
+        return _r_duration(buf, pos, end, None)[0].total_seconds(), stop
+    # timedelta.total_seconds() is this very division of its microseconds.
+    return (seconds * 1_000_000 + nanos // 1000) / 1_000_000, stop
 
 
 def _task(buf: bytes, pos: int, end: int) -> Task:

@@ -527,7 +527,7 @@ TASKS = messages(Task, BETTERPROTO_DURATIONS, nan=False)
 @given(messages(LeasedTask, BETTERPROTO_DURATIONS, nan=False))
 def test_push_frames(leased: LeasedTask) -> None:
     """Property: the daemon's push parses back as WorkResponse(task=leased), and the
-    SDK reads it as the task model plus the lease's fields."""
+    SDK reads it as the task model plus the lease's fields (its ttl as seconds)."""
     data = frames.encode_work_push(leased)
     assert WorkResponse.parse(data) == WorkResponse(task=leased)
     frame = _frames.decode_work_response(data)
@@ -543,6 +543,7 @@ def test_push_frames(leased: LeasedTask) -> None:
         lease.lease_token,
         lease.worker_id,
         lease.until,
+        None if lease.ttl is None else lease.ttl.total_seconds(),
     )
     assert frame == expected
 

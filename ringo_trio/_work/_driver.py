@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any, Protocol
 
 import anyio
@@ -352,7 +352,7 @@ class StreamDriver:
             if kind is WorkResultFrame:
                 act(session.result(frame.request_id, _error(frame), current_time()))
             elif kind is PushedTask:
-                pushed = live._arrived(frame, datetime.now(UTC))
+                pushed = live._arrived(frame)
                 act(
                     session.task_pushed(
                         pushed.key, pushed.lease_token, pushed.lease_remaining, current_time()
@@ -366,15 +366,18 @@ class StreamDriver:
             else:
                 raise RemoteProtocolError(f"unexpected Work frame {frame!r}")
 
-    def _arrived(self, frame: PushedTask, wall: datetime) -> Pushed:
-        """Keep a pushed task for its handler; the push as the session takes it."""
+    def _arrived(self, frame: PushedTask) -> Pushed:
+        """Keep a pushed task for its handler; the push as the session takes it.
+
+        The lease's time is a duration counted from now, the receipt, on the
+        loop's monotonic clock: its ttl (minor >= 11), else the registered
+        lease duration. Never ``until``: that is the daemon's wall clock, and
+        set against this host's it would move every deadline by the skew
+        between the two (docs/protocol.md, "Lease time")."""
         key = LeaseKey(frame.task_id, frame.attempt)
-        until = frame.until
-        remaining = (
-            (until - wall).total_seconds() if until is not None else self.session.lease_duration
-        )
+        ttl = frame.ttl
         self.arrived[key] = frame.task
-        return Pushed(key, frame.lease_token, remaining)
+        return Pushed(key, frame.lease_token, self.session.lease_duration if ttl is None else ttl)
 
     def _pull_in_timer(self) -> None:
         # A push may bring an earlier renewal than the timer sleeps towards;
@@ -388,9 +391,8 @@ class StreamDriver:
     def _batch(self, frames: list[PushedTask | WorkResultFrame]) -> None:
         """A batch frame: its elements into the session at once, and what
         they ask for carried out once."""
-        wall = datetime.now(UTC)
         items = [
-            self._arrived(frame, wall)
+            self._arrived(frame)
             if isinstance(frame, PushedTask)
             else Answered(frame.request_id, _error(frame))
             for frame in frames

@@ -173,6 +173,7 @@ from .storage._base import (
     StorageFull,
     StorageUnavailable,
     hand_back,
+    stamp_ttl,
 )
 
 __all__ = ["HealthService", "QUEUE_SERVICE_NAME", "QueueService"]
@@ -502,9 +503,14 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def claim(self, message: ClaimRequest) -> ClaimResponse:
-        self._admit(message.context)
+        _, minor = self._admit_at(message.context)
         args = v.claim_args(message)
-        return ClaimResponse(tasks=await self._long_poll(args))
+        tasks = await self._long_poll(args)
+        if Features(minor).has(Feature.LEASE_TTL):
+            now = self._clock.now()
+            for item in tasks:
+                stamp_ttl(item.lease, now)
+        return ClaimResponse(tasks=tasks)
 
     async def _serve_claim(self, stream: Any) -> None:
         """grpclib's handler for Claim: `claim`, then its reply and the OK
@@ -635,7 +641,10 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def extend_lease(self, message: ExtendLeaseRequest) -> ExtendLeaseResponse:
-        lease = await self.apply_extend(message, self._admit(message.context))
+        now, minor = self._admit_at(message.context)
+        lease = await self.apply_extend(message, now)
+        if Features(minor).has(Feature.LEASE_TTL):
+            stamp_ttl(lease, self._clock.now())
         return ExtendLeaseResponse(lease=lease)
 
     @_rpc

@@ -130,7 +130,9 @@ seconds sends ``heartbeat{server_time}``.
 
 **Cost.** Task frames, the hot path, come encoded from storage:
 `Storage.claim_pushes` writes each push straight from its row, with the
-lease and payload size the stream keeps (`Push`), and the stream sends those
+lease and payload size the stream keeps (`Push`), and the stream joins
+their parts when it sends them (from minor 11 with the lease's ttl, which
+counts from then) and sends those
 bytes (`_encoded`) without building a message. Plain OK results, one per
 settled task, are written inline (`ok_frame`, held byte-equal to the shared
 codec's `encode_work_result`); every other frame is encoded by the shared
@@ -201,6 +203,8 @@ from .storage._base import (
     Settlement,
     Storage,
     StorageUnavailable,
+    stamp_ttl,
+    ttl_field,
 )
 
 __all__ = [
@@ -707,7 +711,12 @@ class _WorkStream:
         return LeaseLost("the lease is not the task's current lease")
 
     async def _extend(self, request_id: int, body: ExtendLeaseRequest) -> WorkResponse:
-        lease = await self._owner.ops.apply_extend(body, self._owner.clock.now())
+        clock = self._owner.clock
+        lease = await self._owner.ops.apply_extend(body, clock.now())
+        if self._session.features.has(Feature.LEASE_TTL):
+            # Read after storage, as late as the result is built; the worker
+            # times its renewals from their send, never by this ttl.
+            stamp_ttl(lease, clock.now())
         return WorkResponse(result=WorkResult(request_id=request_id, lease=lease))
 
     async def _progress(self, request_id: int, body: ReportProgressRequest) -> WorkResponse:
@@ -802,7 +811,10 @@ class _WorkStream:
             clock = self._owner.clock
             loop = self._loop
             tap = self._tap
-            sizes = [len(item.frame) for item in batch]
+            # What each push weighs in a message (within a few bytes of its
+            # frame: the message cap is a size, not a count, to keep to).
+            sizes = [len(item.task or b"") + len(item.lease or b"") + 16 for item in batch]
+            stamp = session.features.has(Feature.LEASE_TTL)
             # One deadline for the batch (a timeout per frame cost the daemon
             # ~4 µs a task): the frame being written when it passes means the
             # worker stopped reading. Leases that merely aged are caught by
@@ -821,12 +833,11 @@ class _WorkStream:
                             # credit update holds while it changes the credit
                             # and answers: a push spends the credit whose
                             # result precedes it on the wire.
-                            count, stale = session.next_pushes(
-                                clock.now().timestamp(), sizes[sent:]
-                            )
+                            now = clock.now()
+                            count, stale = session.next_pushes(now.timestamp(), sizes[sent:])
                             if not count:
                                 break
-                            frames = [item.frame for item in batch[sent : sent + count]]
+                            frames = _frames(batch[sent : sent + count], now if stamp else None)
                             try:
                                 await send_message(
                                     _encoded(
@@ -966,6 +977,24 @@ def _settlement(name: str, body: Any) -> Settlement:
     if name == "nack":
         return v.nack_settlement(body)
     return v.reject_settlement(body)
+
+
+def _frames(pushes: Sequence[Push], now: datetime | None) -> list[bytes]:
+    """The encoded task frames of `pushes`; with `now` (minor >= 11), each
+    lease says how long it runs from now, the moment of sending (the worker
+    arms its deadline at receipt on its own clock). A claim's leases share
+    one until, so the ttl is encoded once per until."""
+    if now is None:
+        return [item.frame for item in pushes]
+    frames = []
+    until: datetime | None = None
+    ttl = b""
+    for item in pushes:
+        if item.until != until:
+            until = item.until
+            ttl = b"" if until is None else ttl_field(until, now)
+        frames.append(item.frame_with(ttl))
+    return frames
 
 
 def _token(push: Push) -> str:

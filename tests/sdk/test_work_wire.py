@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringo_trio import _work_wire
+from ringo_trio._frames import PushedTask
 from ringo_trio._frames import decode_work_response as generic_decode
 from ringo_trio._proto.ringo.v1 import (
     Lease,
@@ -156,6 +157,62 @@ def test_merged_pushes_decode_as_the_generic_decoder(
         body = _field(1, encode(a.task)) + _field(2, encode(a.lease) + encode(b.lease))
     data = _field(2, body)
     assert _outcome(_work_wire.decode_work_response, data) == _outcome(generic_decode, data)
+
+
+# Any Duration a ttl's bytes can hold: whole microseconds (what a daemon
+# sends) or not, near the ends of timedelta's range and past them, int64
+# and int32 extremes, nanos of the opposite sign.
+TTL_SECONDS = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(10**6), 10**6),
+    st.sampled_from(
+        [0, 59, 86_399_999_913_600, 86_399_999_999_999, 86_400_000_000_000, -86_399_999_913_600]
+    ).flatmap(lambda s: st.sampled_from([s - 86_400, s - 1, s, s + 1, -s])),
+)
+TTL_NANOS = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(-999_999, 999_999).map(lambda us: us * 1000),
+    st.sampled_from([0, 1, 500, 999_999_999, -1000, 999_999_500]),
+)
+
+
+@PROPERTY
+@given(PUSH, TTL_SECONDS, TTL_NANOS, st.booleans())
+def test_a_pushed_lease_s_ttl_reads_as_the_generic_decoder_reads_it(
+    frame: WorkResponse, seconds: int, nanos: int, last: bool
+) -> None:
+    """Property (same answer): a push whose lease carries any ttl — any
+    seconds and nanos, whole microseconds or not, inside timedelta's range
+    or past it — gives the generic decoder's value (the ttl as
+    ``total_seconds()``) or its error; the ttl as the lease's last field
+    (how encoders write it) takes the fast path whenever the generic
+    decoder accepts it."""
+    leased = frame.task
+    assert leased is not None
+    assert leased.lease is not None
+    leased.lease.ttl = None
+    ttl = _field(6, b"\x08" + varint(seconds) + b"\x10" + varint(nanos))
+    lease = encode(leased.lease) + ttl if last else ttl + encode(leased.lease)
+    data = _field(2, _field(1, encode(leased.task)) + _field(2, lease))
+    generic_outcome = _outcome(generic_decode, data)
+    assert _outcome(_work_wire.decode_work_response, data) == generic_outcome
+    if last and not isinstance(generic_outcome, tuple):
+        assert _work_wire._decode(data) == generic_outcome
+
+
+def test_a_daemon_s_ttl_is_read_to_the_microsecond() -> None:
+    """Example: the ttl a daemon sends (whole microseconds) is its seconds,
+    exactly, and absent without one."""
+    lease = Lease(task_id="t", attempt=1, lease_token="k", ttl=timedelta(seconds=59.999874))
+    data = encode(WorkResponse(task=LeasedTask(task=Task(id="t"), lease=lease)))
+    pushed = _work_wire._decode(data)
+    assert isinstance(pushed, PushedTask)
+    assert pushed.ttl == 59.999874
+    lease.ttl = None
+    data = encode(WorkResponse(task=LeasedTask(task=Task(id="t"), lease=lease)))
+    pushed = _work_wire._decode(data)
+    assert isinstance(pushed, PushedTask)
+    assert pushed.ttl is None
 
 
 # -- the commands ----------------------------------------------------------------------

@@ -22,9 +22,17 @@ from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, RetryBackoff, TaskS
 from ringo_trio._wire.codec import decode
 from ringo_trio._wire.frames import encode_work_push
 from ringo_trio.server.storage import sqlite as sqlite_engine
-from ringo_trio.server.storage._base import Push, Storage
+from ringo_trio.server.storage._base import Push, Storage, lease_ttl, ttl_field
 from ringo_trio.server.storage._push import push_rows
-from ringo_trio.server.storage._rows import COLS, MAX_DURATION_US, MAX_US, MIN_US, leased, to_us
+from ringo_trio.server.storage._rows import (
+    COLS,
+    MAX_DURATION_US,
+    MAX_US,
+    MIN_US,
+    from_us,
+    leased,
+    to_us,
+)
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
@@ -154,6 +162,33 @@ def test_a_row_pushes_the_bytes_and_lease_of_the_generic_encoder(
             push_rows(claimed)
         return
     assert [_fields(p) for p in push_rows(claimed)] == expected
+
+
+@PROPERTY
+@given(rows(), INSTANTS)
+def test_a_push_sent_with_its_ttl_is_the_generic_encoding_of_the_lease_with_it(
+    row: tuple[Any, ...], sent_us: int
+) -> None:
+    """Property (same bytes, minor 11): a push joined with its ttl as of any
+    send time (`Push.frame_with(ttl_field(until, now))`) is the generic
+    encoder's frame of the same LeasedTask whose lease carries ``ttl =
+    max(until - now, 0)`` (`lease_ttl`); the frame without it
+    (`Push.frame`) is the one below minor 11, unchanged."""
+    try:
+        claimed = leased(row)
+        before = encode_work_push(claimed)
+    except Exception:
+        return  # refused alike: the test above
+    [push] = push_rows([row])
+    assert claimed.lease is not None
+    until = claimed.lease.until
+    if until is None:
+        return
+    now = from_us(sent_us)
+    assert push.frame == before
+    claimed.lease.ttl = lease_ttl(until, now)
+    assert claimed.lease.ttl >= timedelta(0)
+    assert push.frame_with(ttl_field(until, now)) == encode_work_push(claimed)
 
 
 # -- on the engines -----------------------------------------------------------------

@@ -752,8 +752,9 @@ class WorkSession:
     def task_pushed(
         self, key: LeaseKey, lease_token: str, lease_remaining: float, now: float
     ) -> list[Output]:
-        """A ``task`` frame arrived; ``lease_remaining`` is how long the daemon's
-        lease still runs (its ``until`` minus the current wall-clock time)."""
+        """A ``task`` frame arrived; ``lease_remaining`` is how long the lease
+        runs from ``now``: its ttl, or the lease duration from a daemon below
+        minor 11 — never worked out from ``until`` and a wall clock."""
         return self._task_pushed(key, lease_token, lease_remaining, now)
 
     # `batch` takes its elements through these two directly: it is an input

@@ -70,7 +70,7 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
-from ringo_trio._wire.frames import encode_work_push
+from ringo_trio._wire.codec import _SMALL, _seconds_nanos_body, _varint, encode
 
 __all__ = [
     "Ack",
@@ -85,6 +85,9 @@ __all__ = [
     "SchemaTooNew",
     "TaskFilter",
     "TaskPage",
+    "lease_ttl",
+    "stamp_ttl",
+    "ttl_field",
     "Storage",
     "StorageError",
     "StorageFull",
@@ -203,39 +206,132 @@ class TaskPage:
 
 
 class Push:
-    """One claimed task as the Work stream pushes it: ``frame`` is the
-    encoded ``WorkResponse(task=LeasedTask)``, the rest is what the stream
-    keeps of it (the lease to count, return or note for the reaper, and the
-    payload size its budget counts). ``lease_token`` is None only for a
-    LeasedTask without a lease (then nothing is counted or returned)."""
+    """One claimed task as the Work stream pushes it: ``task`` is the encoded
+    Task and ``lease`` the encoded Lease without its ``ttl``, kept apart so
+    that the ttl, which counts from the moment of sending, is joined in only
+    then (`frame_with`); the rest is what the stream keeps of it (the lease
+    to count, return or note for the reaper, and the payload size its budget
+    counts). ``lease`` and ``lease_token`` are None only for a LeasedTask
+    without a lease (then nothing is counted or returned), ``task`` only for
+    one without a task."""
 
-    __slots__ = ("attempt", "frame", "lease_token", "size", "task_id", "until")
+    __slots__ = ("attempt", "lease", "lease_token", "size", "task", "task_id", "until")
 
     def __init__(
         self,
-        frame: bytes,
+        task: bytes | None,
+        lease: bytes | None,
         task_id: str,
         attempt: int,
         lease_token: str | None,
         until: datetime | None,
         size: int,
     ) -> None:
-        self.frame = frame
+        self.task = task
+        self.lease = lease
         self.task_id = task_id
         self.attempt = attempt
         self.lease_token = lease_token
         self.until = until
         self.size = size
 
+    @property
+    def frame(self) -> bytes:
+        """The encoded ``WorkResponse(task=LeasedTask)`` without a ttl (what
+        a stream below minor 11 sends)."""
+        return self.frame_with(b"")
+
+    def frame_with(self, ttl: bytes) -> bytes:
+        """The encoded ``WorkResponse(task=LeasedTask)`` whose lease ends with
+        `ttl`, an encoded ``Lease.ttl`` field (`ttl_field`), or b"" for none.
+
+        One join per frame, at send time: what the claim used to join (the
+        LeasedTask, then the WorkResponse around it) is joined here instead,
+        so the payload is copied as often as before."""
+        task = self.task
+        lease = self.lease
+        if task is None or lease is None:
+            return self._partial(ttl)
+        size = len(task)
+        task_head = _SMALL[size] if size < 0x80 else _varint(size)
+        lease_size = len(lease) + len(ttl)
+        lease_head = _SMALL[lease_size] if lease_size < 0x80 else _varint(lease_size)
+        size += 2 + len(task_head) + len(lease_head) + lease_size
+        return b"".join(
+            (
+                b"\x12",
+                _SMALL[size] if size < 0x80 else _varint(size),
+                b"\x0a",
+                task_head,
+                task,
+                b"\x12",
+                lease_head,
+                lease,
+                ttl,
+            )
+        )
+
+    def _partial(self, ttl: bytes) -> bytes:
+        body = b""
+        if self.task is not None:
+            body = b"\x0a" + _varint(len(self.task)) + self.task
+        if self.lease is not None:
+            lease = self.lease + ttl
+            body += b"\x12" + _varint(len(lease)) + lease
+        return b"\x12" + _varint(len(body)) + body
+
     @classmethod
     def of(cls, leased: LeasedTask) -> Push:
-        """The push of `leased`, encoded by the generic codec."""
+        """The push of `leased` (a lease without a ttl), each part encoded by
+        the generic codec."""
         lease = leased.lease
-        size = len(leased.task.payload) if leased.task is not None else 0
-        frame = encode_work_push(leased)
+        task = leased.task
+        size = 0
+        body = None
+        if task is not None:
+            size = len(task.payload)
+            body = encode(task)
         if lease is None:
-            return cls(frame, "", 0, None, None, size)
-        return cls(frame, lease.task_id, lease.attempt, lease.lease_token, lease.until, size)
+            return cls(body, None, "", 0, None, None, size)
+        return cls(
+            body,
+            encode(lease),
+            lease.task_id,
+            lease.attempt,
+            lease.lease_token,
+            lease.until,
+            size,
+        )
+
+
+def lease_ttl(until: datetime, now: datetime) -> timedelta:
+    """How long a lease that ends at `until` still runs at `now`, the moment
+    the daemon sends it: ``Lease.ttl`` (minor >= 11; docs/protocol.md,
+    "Lease time"). Never negative."""
+    return max(until - now, _NO_TIME)
+
+
+def stamp_ttl(lease: Lease | None, now: datetime) -> None:
+    """Set `lease`'s ``ttl`` as of `now` (`lease_ttl`), for a reply of
+    minor >= 11 sent at `now`; no lease, or one without ``until``, is left
+    as it is."""
+    if lease is not None and lease.until is not None:
+        lease.ttl = lease_ttl(lease.until, now)
+
+
+def ttl_field(until: datetime, now: datetime) -> bytes:
+    """The encoded ``Lease.ttl`` (field 6) of `lease_ttl`, byte for byte the
+    generic codec's encoding of that Duration (a push's lease is bytes)."""
+    delta = until - now
+    us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    if us <= 0:
+        return _ZERO_TTL
+    seconds, micros = divmod(us, 1_000_000)
+    return b"\x32" + _seconds_nanos_body(seconds, micros * 1000)
+
+
+_NO_TIME = timedelta(0)
+_ZERO_TTL = b"\x32\x00"
 
 
 class Storage(abc.ABC):
@@ -349,7 +445,7 @@ class Storage(abc.ABC):
         """`claim`, each leased task as the Work stream pushes it (`Push`):
         the same tasks, in the same order, with the same leases.
 
-        This default, `claim` then `encode_work_push` per task, is the
+        This default, `claim` then `Push.of` (the generic codec) per task, is the
         reference the engines' native versions (frames encoded straight from
         their rows) are held byte-equal to by the storage tests (call it as
         ``Storage.claim_pushes(engine, ...)``)."""

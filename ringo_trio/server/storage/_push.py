@@ -12,7 +12,10 @@ straight to seconds/nanos, clamped as `_rows.from_us` and
 out when the generic encoder leaves it out (an empty string or payload, a
 zero number, an unset time). What repeats across a claim (queue and task
 type; state, counters, priority and backoff; worker and lease deadline;
-instants) is encoded once per call, keyed by its values.
+instants) is encoded once per call, keyed by its values. A push is kept as
+its two parts (`Push`: the LeasedTask's task field and its Lease), which the
+stream joins into the frame when it sends it, with the lease's ttl from
+minor 11 on: the ttl counts from that moment, not from the claim.
 
 A row with anything unusual — progress, a result, a time or counter that is
 not an integer (SQLite may hold a REAL), a state not in `TaskState` — goes
@@ -165,7 +168,5 @@ def push_rows(rows: Sequence[Sequence[Any]]) -> list[Push]:
                 shared[1],
             )
         )
-        body = b"".join((b"\x0a", _length(len(task)), task, b"\x12", _length(len(lease)), lease))
-        frame = b"\x12" + _length(len(body)) + body
-        append(Push(frame, r[1], attempt, token, shared[2], len(payload) if payload else 0))
+        append(Push(task, lease, r[1], attempt, token, shared[2], len(payload) if payload else 0))
     return pushes
