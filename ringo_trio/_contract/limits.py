@@ -22,6 +22,14 @@ MAX_ERROR_BYTES = 256 * 1024
 MAX_PROGRESS_MESSAGE_BYTES = 4 * 1024
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """gRPC message size both sides accept (a full EnqueueMany batch of large payloads)."""
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+"""Largest message the daemon sends: gRPC's default receive limit (grpcio,
+grpc-go, grpc-java and most others refuse a bigger one with
+RESOURCE_EXHAUSTED unless configured otherwise). A client refuses a reply
+only after the daemon acted on the call, so a reply too big to receive
+would be an enqueue the caller retries into duplicates, or leases nobody
+holds: every reply is cut to fit instead (docs/protocol.md, Limits), and
+a client with default settings needs no configuration."""
 MAX_ATTEMPTS_LIMIT = 10_000
 MAX_TASK_TYPES = 100
 

@@ -1,0 +1,281 @@
+"""`ringo_trio.server._reply_bounds`: the size bounds, the Claim helper, and
+each bounded reply built by the daemon's own code (no sockets; the grpcio
+client's view is tests/server/test_reply_bounds.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from ringo_trio._contract import limits
+from ringo_trio._proto.ringo.v1 import (
+    ClaimResponse,
+    GetTaskResponse,
+    Lease,
+    LeasedTask,
+    Progress,
+    RetryBackoff,
+    Task,
+    TaskState,
+)
+from ringo_trio._wire.codec import encode
+from ringo_trio.server import _reply_bounds as rb
+from tests.test_codec import messages
+
+from ._client import deadline
+
+
+@pytest.fixture(autouse=True)
+def _deadline() -> Iterator[None]:
+    """No test here runs longer than a minute (asyncio.run never hangs the run)."""
+    with deadline(60):
+        yield
+
+
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+MiB = 1024 * 1024
+
+# -- the bounds ------------------------------------------------------------------
+
+# Texts of every width: ASCII, 2-, 3- and 4-byte UTF-8.
+_TEXT = st.text(st.sampled_from("a\u00e9\u20ac\U0001f600"), max_size=300)
+
+
+def _texts(task: Task, data: st.DataObject) -> Task:
+    """`task` with long texts and bytes drawn in."""
+    task.queue = data.draw(_TEXT)
+    task.unique_key = data.draw(_TEXT)
+    task.last_error = data.draw(_TEXT)
+    task.worker_id = data.draw(_TEXT)
+    task.payload = data.draw(st.binary(max_size=300))
+    if task.progress is not None:
+        task.progress.message = data.draw(_TEXT)
+    return task
+
+
+@PROPERTY
+@given(messages(Task), st.data())
+def test_task_bound_is_at_least_the_encoding(task: Task, data: st.DataObject) -> None:
+    """Property: `task_bound` never undercounts a task's encoding: any field
+    values (negative numbers, extreme times, unknown enum values and
+    fields), texts of any UTF-8 width."""
+    assert len(encode(task)) <= rb.task_bound(task)
+    assert len(encode(_texts(task, data))) <= rb.task_bound(task)
+
+
+@PROPERTY
+@given(messages(LeasedTask))
+def test_leased_bound_is_at_least_the_encoding(item: LeasedTask) -> None:
+    """Property: `leased_bound` never undercounts a LeasedTask's encoding."""
+    assert len(encode(item)) <= rb.leased_bound(item)
+
+
+@PROPERTY
+@given(st.lists(st.integers(0, 2 * MiB), max_size=40), st.integers(0, 8 * MiB))
+def test_fitting_keeps_the_longest_prefix_within_the_budget(bounds: list[int], budget: int) -> None:
+    """Property: `fitting` keeps the longest prefix whose elements, framed,
+    fit the budget — but always the first element."""
+    keep = rb.fitting(bounds, budget)
+    framed = [b + rb.ELEMENT_BYTES for b in bounds]
+    if not bounds:
+        assert keep == 0
+        return
+    assert 1 <= keep <= len(bounds)
+    assert keep == 1 or sum(framed[:keep]) <= budget
+    assert keep == len(bounds) or sum(framed[: keep + 1]) > budget
+
+
+@functools.cache
+def _worst_text(size: int, char: str = "\U0001f600") -> str:
+    """`size` bytes of 4-byte characters (and ASCII to fill up); one object
+    per size, so a thousand worst tasks share their texts."""
+    return char * (size // 4) + "x" * (size % 4)
+
+
+_PAYLOAD = b"p" * limits.MAX_PAYLOAD_BYTES
+_RESULT = b"r" * limits.MAX_RESULT_BYTES
+_CANCELLED = "cancelled: " + _worst_text(limits.MAX_ERROR_BYTES)
+
+
+def _worst_task(index: int = 0, **fields: object) -> Task:
+    """A task with every field at its limit (`fields` overrides)."""
+    task = Task(
+        id=f"{index:032x}",
+        queue=_worst_text(limits.MAX_NAME_BYTES),
+        task_type=_worst_text(limits.MAX_NAME_BYTES),
+        payload=_PAYLOAD,
+        unique_key=_worst_text(limits.MAX_UNIQUE_KEY_BYTES),
+        state=TaskState.LEASED,
+        attempt=2**32 - 1,
+        max_attempts=2**32 - 1,
+        priority=-(2**31),
+        retry_backoff=RetryBackoff(
+            initial=timedelta(days=365), maximum=timedelta(days=365), multiplier=1e300
+        ),
+        created_at=NOW,
+        updated_at=NOW,
+        available_at=NOW,
+        finished_at=NOW,
+        last_error=_CANCELLED,
+        progress=Progress(
+            current=1e300,
+            total=1e300,
+            message=_worst_text(limits.MAX_PROGRESS_MESSAGE_BYTES),
+            updated_at=NOW,
+        ),
+        worker_id=_worst_text(limits.MAX_NAME_BYTES),
+        lease_until=NOW,
+        result=_RESULT,
+    )
+    return dataclasses.replace(task, **fields)
+
+
+def test_a_reply_of_one_task_fits_whatever_it_holds() -> None:
+    """Property: one task with every field at its limit — what GetTask,
+    RetryTask, CancelTask and Enqueue answer — is within MAX_REPLY_BYTES,
+    and within ONE_TASK_BYTES."""
+    task = _worst_task()
+    assert rb.task_bound(task) <= rb.ONE_TASK_BYTES
+    assert len(encode(GetTaskResponse(task=task))) <= limits.MAX_REPLY_BYTES
+
+
+def test_compact_tasks_leave_out_payload_and_result_and_cut_long_texts() -> None:
+    """Example: `compact` empties payload and result and cuts last_error and
+    the progress message to MAX_LIST_ERROR_BYTES (UTF-8 safe); the rest stays."""
+    task = _worst_task()
+    small = rb.compact(task)
+    assert (small.payload, small.result) == (b"", None)
+    assert small.last_error == task.last_error.encode()[: limits.MAX_LIST_ERROR_BYTES].decode(
+        errors="ignore"
+    )
+    assert small.progress is not None
+    assert task.progress is not None
+    assert len(small.progress.message.encode()) <= limits.MAX_LIST_ERROR_BYTES
+    assert task.progress.message.startswith(small.progress.message)
+    assert (small.id, small.unique_key, small.worker_id) == (
+        task.id,
+        task.unique_key,
+        task.worker_id,
+    )
+    assert task.payload, "compact must not change its argument"
+
+
+# -- claim_within against a model of storage -----------------------------------------
+
+
+@dataclasses.dataclass
+class _Row:
+    task: Task
+    state: TaskState = TaskState.PENDING
+    attempt: int = 0
+    token: str = ""
+
+
+class _Queue:
+    """Tasks in claim order: `claim` leases the first PENDING ones (a fresh
+    token, attempt + 1), `release` hands leases back (PENDING, attempt - 1)."""
+
+    def __init__(self, tasks: Sequence[Task]) -> None:
+        self.rows = [_Row(task) for task in tasks]
+        self.rounds: list[int] = []
+        self._tokens = 0
+
+    async def claim(self, limit: int) -> list[LeasedTask]:
+        self.rounds.append(limit)
+        out = []
+        for row in self.rows:
+            if len(out) == limit:
+                break
+            if row.state is TaskState.PENDING:
+                self._tokens += 1
+                row.state, row.attempt, row.token = (
+                    TaskState.LEASED,
+                    row.attempt + 1,
+                    str(self._tokens),
+                )
+                task = dataclasses.replace(row.task, state=row.state, attempt=row.attempt)
+                lease = Lease(task_id=task.id, attempt=row.attempt, lease_token=row.token)
+                out.append(LeasedTask(task=task, lease=lease))
+        return out
+
+    async def release(self, unsent: list[LeasedTask]) -> None:
+        for item in unsent:
+            assert item.lease is not None
+            [row] = [r for r in self.rows if r.task.id == item.lease.task_id]
+            assert (row.state, row.token) == (TaskState.LEASED, item.lease.lease_token)
+            row.state, row.attempt, row.token = TaskState.PENDING, row.attempt - 1, ""
+
+
+_SIZES = st.sampled_from([0, 1, 100, 4096, 256 * 1024, 1024 * 1024 - 1, limits.MAX_PAYLOAD_BYTES])
+
+
+@st.composite
+def _tasks(draw: st.DrawFn) -> list[Task]:
+    tasks = []
+    for index in range(draw(st.integers(0, 12))):
+        payload = draw(st.one_of(_SIZES, st.integers(0, limits.MAX_PAYLOAD_BYTES)))
+        error = draw(st.sampled_from([0, 1024, limits.MAX_ERROR_BYTES]))
+        message = draw(st.sampled_from([0, limits.MAX_PROGRESS_MESSAGE_BYTES]))
+        tasks.append(
+            Task(
+                id=f"{index:032x}",
+                queue="q",
+                task_type="t",
+                payload=b"x" * payload,
+                unique_key=draw(st.sampled_from(["", "k" * limits.MAX_UNIQUE_KEY_BYTES])),
+                last_error="e" * error,
+                progress=Progress(message="m" * message) if message else None,
+            )
+        )
+    # Many small tasks after big ones and the other way round.
+    if draw(st.booleans()):
+        tasks += [Task(id=f"s{i:031x}", queue="q", task_type="t") for i in range(200)]
+    return tasks
+
+
+@PROPERTY
+@given(_tasks(), st.integers(1, limits.MAX_BATCH))
+@example([Task(id=str(i), payload=b"x" * limits.MAX_PAYLOAD_BYTES) for i in range(8)], 1000)
+@example([Task(id=str(i), payload=b"x" * limits.MAX_PAYLOAD_BYTES) for i in range(6)], 6)
+def test_claim_answers_within_the_reply_limit_and_hands_back_the_rest(
+    tasks: list[Task], limit: int
+) -> None:
+    """Property: whatever the tasks hold, `claim_within` answers a
+    ClaimResponse within MAX_REPLY_BYTES, of at most `limit` tasks, at
+    least one when any is claimable, the first ones in claim order; every
+    task it leased but did not answer is PENDING again with its attempt
+    unspent, so the only LEASED tasks are the answered ones. No storage
+    round asks for more than CLAIM_ROUND tasks."""
+    queue = _Queue(tasks)
+    answered = asyncio.run(rb.claim_within(queue.claim, queue.release, limit))
+    assert len(encode(ClaimResponse(tasks=answered))) <= limits.MAX_REPLY_BYTES
+    assert len(answered) <= limit
+    assert bool(answered) == bool(tasks)
+    ids = [item.task.id for item in answered if item.task]
+    assert ids == [t.id for t in tasks[: len(ids)]]
+    for row in queue.rows:
+        if row.task.id in ids:
+            assert (row.state, row.attempt) == (TaskState.LEASED, 1)
+        else:
+            assert (row.state, row.attempt) == (TaskState.PENDING, 0)
+    assert max(queue.rounds, default=0) <= rb.CLAIM_ROUND
+
+
+def test_claim_answers_one_task_even_beyond_the_budget() -> None:
+    """Example: a claim always answers its first task (one task always fits
+    a real reply: ONE_TASK_BYTES), and hands back the rest."""
+    queue = _Queue([Task(id=str(i), payload=b"x" * 100) for i in range(3)])
+    answered = asyncio.run(rb.claim_within(queue.claim, queue.release, 3, budget=10))
+    assert [item.task.id for item in answered if item.task] == ["0"]
+    assert [row.state for row in queue.rows] == [TaskState.LEASED] + [TaskState.PENDING] * 2
+
+
+# -- the daemon's replies, built by the service over a real SQLite engine ----------------
