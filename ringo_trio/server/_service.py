@@ -50,9 +50,10 @@ Every lease handed out is noted with the `LeaseReaper`, which expires leases
 at their deadline even when nobody is claiming, so activity counts and task
 states stay true.
 
-Responses are bounded by ``MAX_MESSAGE_BYTES``: a large Claim is taken from
-storage in rounds sized for the worst-case task, so it never leases tasks it
-then could not send.
+Replies are bounded by ``MAX_REPLY_BYTES`` (`_reply_bounds`): a Claim answers
+fewer tasks rather than a bigger message, and hands back what it leased
+beyond the reply's room before it answers, so it never holds a lease it
+does not send.
 
 The Work stream
 ---------------
@@ -118,6 +119,7 @@ from ringo_trio._proto.ringo.v1 import (
     GetTaskResponse,
     Lease,
     LeasedTask,
+    LeaseRef,
     ListQueuesRequest,
     ListQueuesResponse,
     ListTasksRequest,
@@ -151,6 +153,7 @@ from ._enqueue_reply import encode_enqueue_many_reply
 from ._gate import time_remaining
 from ._members import ATTACH_LOCAL_METHOD, Members
 from ._operate import Operations
+from ._reply_bounds import claim_within
 from ._sessions import SessionTable
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
@@ -174,18 +177,6 @@ QUEUE_SERVICE_NAME = "ringo.v1.QueueService"
 _WORK_METHOD = f"/{QUEUE_SERVICE_NAME}/Work"
 
 # Minor that introduced each RPC newer than minor 0.
-
-# Worst-case wire size of one LeasedTask: every variable field at its limit,
-# plus generous room for ids, timestamps and framing.
-_WORST_TASK_BYTES = (
-    limits.MAX_PAYLOAD_BYTES
-    + limits.MAX_ERROR_BYTES
-    + limits.MAX_PROGRESS_MESSAGE_BYTES
-    + limits.MAX_UNIQUE_KEY_BYTES
-    + 3 * limits.MAX_NAME_BYTES
-    + 1024
-)
-_CLAIM_BYTES_BUDGET = limits.MAX_MESSAGE_BYTES - 1024 * 1024
 
 # A scheduled wake-up sleeps this much past the due moment so the retry does
 # not race the deadline and find the task still a microsecond early.
@@ -222,16 +213,6 @@ def _check_major(major: int, detail: str = "") -> None:
             f"protocol major {major} is not served;"
             f" this daemon speaks major {versions.MAJOR}{detail}"
         )
-
-
-def _size_bound(leased: LeasedTask) -> int:
-    task = leased.task
-    if task is None:
-        return 1024
-    # str lengths are code points; 4 bytes each is the UTF-8 worst case.
-    text = len(task.last_error) + len(task.unique_key) + len(task.queue) + len(task.task_type)
-    progress = len(task.progress.message) if task.progress is not None else 0
-    return len(task.payload) + 4 * (text + progress + len(task.worker_id)) + 1024
 
 
 def _echo_size_bound(queue: str, spec: TaskSpec) -> int:
@@ -525,27 +506,40 @@ class QueueService(QueueServiceBase):
                 await watch.wait(armed, remaining)
 
     async def _claim_now(self, args: v.ClaimArgs, now: datetime) -> list[LeasedTask]:
-        leased: list[LeasedTask] = []
-        budget = _CLAIM_BYTES_BUDGET
-        wanted = args.limit
-        while wanted > 0:
-            batch_limit = min(wanted, budget // _WORST_TASK_BYTES)
-            if batch_limit <= 0:
-                break
+        async def claim(limit: int) -> list[LeasedTask]:
             batch = await self._storage.claim(
-                args.queue, args.task_types, batch_limit, args.worker_id, args.lease_duration, now
+                args.queue, args.task_types, limit, args.worker_id, args.lease_duration, now
             )
             for item in batch:
                 # Noted per batch, before the next await; `note` skips a repeat
                 # of the deadline it just saw (every lease of a batch shares one).
                 if item.lease is not None:
                     self._reaper.note(item.lease.until)
-            leased.extend(batch)
-            if len(batch) < batch_limit:
-                break
-            wanted -= len(batch)
-            budget -= sum(_size_bound(item) for item in batch)
-        return leased
+            return batch
+
+        release = functools.partial(self._release_unsent, args.queue)
+        return await claim_within(claim, release, args.limit)
+
+    async def _release_unsent(self, queue: str, unsent: Sequence[LeasedTask]) -> None:
+        """Hand back leases a reply has no room for: PENDING, attempt unspent."""
+        refs = [
+            LeaseRef(
+                task_id=item.lease.task_id,
+                attempt=item.lease.attempt,
+                lease_token=item.lease.lease_token,
+            )
+            for item in unsent
+            if item.lease is not None
+        ]
+        try:
+            released = await self._storage.release(refs, self._clock.now())
+        except Exception:
+            # The tasks already answered are the caller's: failing the call
+            # over the rest would lose those too. The rest expire.
+            log.exception("returning %d lease(s) a Claim reply had no room for failed", len(refs))
+            return
+        if released:
+            self._wakeups.notify(queue)
 
     @_rpc
     async def ack(self, message: AckRequest) -> AckResponse:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import pathlib
+import tempfile
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -14,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio._contract import limits
+from ringo_trio._contract import limits, versions
 from ringo_trio._proto.ringo.v1 import (
+    ClaimRequest,
     ClaimResponse,
     GetTaskResponse,
     Lease,
@@ -23,10 +26,18 @@ from ringo_trio._proto.ringo.v1 import (
     Progress,
     RetryBackoff,
     Task,
+    TaskSpec,
     TaskState,
 )
 from ringo_trio._wire.codec import encode
 from ringo_trio.server import _reply_bounds as rb
+from ringo_trio.server import _validate as v
+from ringo_trio.server._clock import ManualClock
+from ringo_trio.server._service import QueueService
+from ringo_trio.server._sessions import SessionTable
+from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
+from ringo_trio.server.storage._base import Storage
+from ringo_trio.server.storage.sqlite import SQLiteEngine
 from tests.test_codec import messages
 
 from ._client import deadline
@@ -279,3 +290,55 @@ def test_claim_answers_one_task_even_beyond_the_budget() -> None:
 
 
 # -- the daemon's replies, built by the service over a real SQLite engine ----------------
+
+
+async def _opened(path: pathlib.Path) -> tuple[QueueService, Storage]:
+    storage = SQLiteEngine(path)
+    await storage.open()
+    clock = ManualClock(NOW)
+    wakeups = QueueWakeups()
+    service = QueueService(
+        storage,
+        clock=clock,
+        sessions=SessionTable(timedelta(hours=1)),
+        served_minor=versions.MINOR,
+        wakeups=wakeups,
+        reaper=LeaseReaper(storage, clock, wakeups),
+    )
+    return service, storage
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.one_of(_SIZES, st.integers(0, limits.MAX_PAYLOAD_BYTES)), min_size=1, max_size=10),
+    st.integers(1, limits.MAX_BATCH),
+)
+@example([limits.MAX_PAYLOAD_BYTES] * 8, 1000)
+def test_claim_over_sqlite_leaves_every_unanswered_task_pending_and_unspent(
+    sizes: list[int], limit: int
+) -> None:
+    """Property: a Claim served over SQLite answers within MAX_REPLY_BYTES,
+    and every task it did not answer is PENDING with attempt 0 (its lease
+    was released before the reply, the attempt not spent)."""
+
+    async def run(path: pathlib.Path) -> None:
+        service, storage = await _opened(path)
+        try:
+            specs = [TaskSpec(task_type="t", payload=b"x" * size) for size in sizes]
+            outcomes = await storage.enqueue("q", [v.task_spec(s, "t", NOW) for s in specs], NOW)
+            args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=limit))
+            answered = await service._claim_now(args, NOW)
+            assert answered
+            assert len(encode(ClaimResponse(tasks=answered))) <= limits.MAX_REPLY_BYTES
+            ids = {item.task.id for item in answered if item.task}
+            for outcome in outcomes:
+                task = await storage.get("q", task_id=outcome.task.id)
+                if task.id in ids:
+                    assert (task.state, task.attempt) == (TaskState.LEASED, 1)
+                else:
+                    assert (task.state, task.attempt) == (TaskState.PENDING, 0)
+        finally:
+            await storage.close()
+
+    with tempfile.TemporaryDirectory() as scratch:
+        asyncio.run(run(pathlib.Path(scratch) / "ringo.db"))
