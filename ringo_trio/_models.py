@@ -372,7 +372,10 @@ class QueueStats:
 
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
-    """``created`` is False when the unique key existed; ``task`` is then the existing task."""
+    """``created`` is False when the unique key existed; ``task`` is then the
+    existing task — from `TaskQueue.enqueue_many`, without its payload and
+    result, ``last_error`` and progress message cut to 1,024 bytes
+    (`TaskQueue.get_by_id` reads it whole)."""
 
     task: Task
     created: bool
