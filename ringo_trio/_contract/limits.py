@@ -58,7 +58,9 @@ MAX_LIST_PAGE = 1000
 """Tasks per ListTasks page and queues per ListQueues page."""
 DEFAULT_LIST_PAGE = 100
 MAX_LIST_ERROR_BYTES = 1024
-"""A listed task's last_error is cut to this many bytes (GetTask has it whole)."""
+"""A listed task's last_error is cut to this many bytes (GetTask has it whole);
+so are last_error and the progress message of the tasks of a compact
+EnqueueMany reply."""
 MAX_LIST_SCAN = 2_000
 """Index entries one ListTasks page walks when its filter cannot be answered
 by index streams alone (a unique-key prefix, for one; docs/operations.md

@@ -139,7 +139,6 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTasksRequest,
     RetryTasksResponse,
     Task,
-    TaskSpec,
     TaskState,
     WorkRequest,
     WorkResponse,
@@ -153,7 +152,7 @@ from ._enqueue_reply import encode_enqueue_many_reply
 from ._gate import time_remaining
 from ._members import ATTACH_LOCAL_METHOD, Members
 from ._operate import Operations
-from ._reply_bounds import claim_within
+from ._reply_bounds import claim_within, enqueue_results_fit
 from ._sessions import SessionTable
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
@@ -215,21 +214,16 @@ def _check_major(major: int, detail: str = "") -> None:
         )
 
 
-def _echo_size_bound(queue: str, spec: TaskSpec) -> int:
-    # Upper bound of the EnqueueResult for a newly created task: what the
-    # request carried plus ids, timestamps and framing.
-    text = len(queue) + len(spec.task_type) + len(spec.unique_key)
-    return len(spec.payload) + 4 * text + 256
-
-
 class _EncodedEnqueueMany(Preencoded, EnqueueManyResponse):
     """An `EnqueueManyResponse` encoded by `_enqueue_reply` from the
     (task, created) pairs, without building an `EnqueueResult` per task here.
     Its fields stay empty: it exists to be sent."""
 
-    def __init__(self, results: list[tuple[Task, bool]], created: int, duplicates: int) -> None:
+    def __init__(
+        self, results: list[tuple[Task, bool]], created: int, duplicates: int, *, compact: bool
+    ) -> None:
         super().__init__(created_count=created, duplicate_count=duplicates)
-        self._wire = encode_enqueue_many_reply(results, created, duplicates)
+        self._wire = encode_enqueue_many_reply(results, created, duplicates, compact=compact)
 
 
 _Service = TypeVar("_Service", bound="QueueService")
@@ -422,26 +416,23 @@ class QueueService(QueueServiceBase):
         now, minor = self._admit_at(message.context)
         queue = v.name(message.queue, "queue")
         specs = v.task_specs(message.tasks, "tasks", now)
-        echo = sum(_echo_size_bound(queue, spec) for spec in specs)
-        if echo > limits.MAX_MESSAGE_BYTES:
-            # The response echoes every task; one too large to send would
-            # report a failure for a batch that was in fact committed.
-            raise v.FieldError(
-                "tasks",
-                f"the response would echo about {echo} bytes, over the"
-                f" {limits.MAX_MESSAGE_BYTES}-byte message limit; split the batch",
-            )
         outcomes = await self._storage.enqueue(queue, specs, now)
         created = sum(1 for outcome in outcomes if outcome.created)
         if created:
             self._wakeups.notify(queue)
-        return _EncodedEnqueueMany(
+        features = Features(minor)
+        results = (
             [(o.task, o.created) for o in outcomes]
-            if Features(minor).has(Feature.CANCELLED_STATE)  # `_as_seen_at` changes nothing then
-            else [(_as_seen_at(minor, o.task), o.created) for o in outcomes],
-            created,
-            len(outcomes) - created,
+            if features.has(Feature.CANCELLED_STATE)  # `_as_seen_at` changes nothing then
+            else [(_as_seen_at(minor, o.task), o.created) for o in outcomes]
         )
+        # The batch is committed: the reply must reach the client whatever
+        # the tasks hold, so an echo too big for one reply goes compact at
+        # any minor.
+        compact = features.has(Feature.COMPACT_ENQUEUE_REPLY) or not enqueue_results_fit(
+            [task for task, _ in results]
+        )
+        return _EncodedEnqueueMany(results, created, len(outcomes) - created, compact=compact)
 
     @_rpc
     async def get_task(self, message: GetTaskRequest) -> GetTaskResponse:

@@ -20,19 +20,24 @@ from ringo_trio._contract import limits, versions
 from ringo_trio._proto.ringo.v1 import (
     ClaimRequest,
     ClaimResponse,
+    EnqueueManyRequest,
+    EnqueueManyResponse,
     GetTaskResponse,
     Lease,
     LeasedTask,
     Progress,
+    RequestContext,
     RetryBackoff,
     Task,
     TaskSpec,
     TaskState,
 )
-from ringo_trio._wire.codec import encode
+from ringo_trio._wire.codec import decode, encode
+from ringo_trio._wire.frames import encode_enqueue_many_response
 from ringo_trio.server import _reply_bounds as rb
 from ringo_trio.server import _validate as v
 from ringo_trio.server._clock import ManualClock
+from ringo_trio.server._enqueue_reply import encode_enqueue_many_reply
 from ringo_trio.server._service import QueueService
 from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
@@ -156,6 +161,22 @@ def test_a_reply_of_one_task_fits_whatever_it_holds() -> None:
     task = _worst_task()
     assert rb.task_bound(task) <= rb.ONE_TASK_BYTES
     assert len(encode(GetTaskResponse(task=task))) <= limits.MAX_REPLY_BYTES
+
+
+def test_a_compact_reply_of_a_full_batch_of_worst_tasks_fits() -> None:
+    """Property: an EnqueueMany reply of 1000 compact duplicates, each with
+    every field at its limit, is within MAX_REPLY_BYTES; so is a full
+    echo of 1000 created tasks of 200-byte names and 512-byte keys."""
+    worst = [(_worst_task(i), False) for i in range(limits.MAX_BATCH)]
+    data = encode_enqueue_many_reply(worst, 0, limits.MAX_BATCH, compact=True)
+    assert len(data) <= limits.MAX_REPLY_BYTES
+    assert all(rb.task_bound(rb.compact(t)) <= rb.COMPACT_TASK_BYTES for t, _ in worst[:3])
+    created = [
+        (_worst_task(i, payload=b"", result=None, progress=None, last_error="", worker_id=""), True)
+        for i in range(limits.MAX_BATCH)
+    ]
+    assert rb.enqueue_results_fit([t for t, _ in created])
+    assert len(encode_enqueue_many_reply(created, limits.MAX_BATCH, 0)) <= limits.MAX_REPLY_BYTES
 
 
 def test_compact_tasks_leave_out_payload_and_result_and_cut_long_texts() -> None:
@@ -308,6 +329,11 @@ async def _opened(path: pathlib.Path) -> tuple[QueueService, Storage]:
     return service, storage
 
 
+def _context(service: QueueService, minor: int) -> RequestContext:
+    token = service._sessions.open(minor, NOW)
+    return RequestContext(versions.MAJOR, minor, token)
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.one_of(_SIZES, st.integers(0, limits.MAX_PAYLOAD_BYTES)), min_size=1, max_size=10),
@@ -342,3 +368,64 @@ def test_claim_over_sqlite_leaves_every_unanswered_task_pending_and_unspent(
 
     with tempfile.TemporaryDirectory() as scratch:
         asyncio.run(run(pathlib.Path(scratch) / "ringo.db"))
+
+
+@pytest.mark.parametrize("minor", [versions.MINOR, 10])
+def test_enqueue_many_commits_and_answers_a_batch_of_any_echo(
+    tmp_path: pathlib.Path, minor: int
+) -> None:
+    """Property: EnqueueMany of 64 tasks of 1 MiB (an echo of 64 MiB) is
+    stored whole and answered within MAX_REPLY_BYTES, compact — at minor 11
+    as always, at minor 10 because the echo would not fit — and a small
+    batch at minor 10 still gets its full echo."""
+
+    async def run() -> None:
+        service, storage = await _opened(tmp_path / "ringo.db")
+        try:
+            context = _context(service, minor)
+            payload = b"x" * limits.MAX_PAYLOAD_BYTES
+            count = limits.MAX_MESSAGE_BYTES // limits.MAX_PAYLOAD_BYTES - 1
+            reply = await service.enqueue_many(
+                EnqueueManyRequest(
+                    context=context,
+                    queue="q",
+                    tasks=[TaskSpec(task_type="t", payload=payload)] * count,
+                )
+            )
+            data = bytes(reply)
+            assert len(data) <= limits.MAX_REPLY_BYTES
+            results = decode(data, EnqueueManyResponse).results
+            assert len(results) == count
+            assert all(r.created and r.task and r.task.payload == b"" for r in results)
+            first = results[0].task
+            assert first is not None
+            assert (await storage.get("q", task_id=first.id)).payload == payload
+            small = decode(
+                bytes(
+                    await service.enqueue_many(
+                        EnqueueManyRequest(
+                            context=context,
+                            queue="q",
+                            tasks=[TaskSpec(task_type="t", payload=b"s")],
+                        )
+                    )
+                ),
+                EnqueueManyResponse,
+            ).results[0]
+            assert small.task is not None
+            assert small.task.payload == (b"" if minor >= 11 else b"s")
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+
+
+@PROPERTY
+@given(st.lists(st.tuples(messages(Task), st.booleans()), max_size=6))
+def test_compact_replies_encode_as_the_generic_encoder_of_compact_tasks(
+    results: list[tuple[Task, bool]],
+) -> None:
+    """Property (same bytes): a compact reply is the generic encoding of
+    each task made `compact`, whatever the tasks hold."""
+    expected = encode_enqueue_many_response([(rb.compact(t), c) for t, c in results], 3, 4)
+    assert encode_enqueue_many_reply(results, 3, 4, compact=True) == expected

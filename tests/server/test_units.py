@@ -524,22 +524,3 @@ async def test_a_claim_that_fits_takes_one_round() -> None:
     args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=32))
     assert len(await _service(storage)._claim_now(args, NOW)) == 32
     assert storage.limits == [32]
-
-
-async def test_enqueue_many_refuses_a_batch_whose_echo_cannot_be_sent() -> None:
-    """Property: a batch that fits in a request but whose response (which
-    echoes every task) would exceed MAX_MESSAGE_BYTES is refused before
-    anything is stored, instead of committing and then failing to answer."""
-    storage = _CountingStorage()  # any storage call would raise
-    service = _service(storage)
-    token = service._sessions.open(versions.MINOR, NOW)
-    ctx = RequestContext(versions.MAJOR, versions.MINOR, token)
-    payload = b"x" * limits.MAX_PAYLOAD_BYTES
-    count = limits.MAX_MESSAGE_BYTES // limits.MAX_PAYLOAD_BYTES  # 64: request just fits
-    request = EnqueueManyRequest(
-        context=ctx, queue="q", tasks=[TaskSpec(task_type="t", payload=payload)] * count
-    )
-    with pytest.raises(GRPCError) as refused:
-        await service.enqueue_many(request)
-    assert refused.value.status is Status.INVALID_ARGUMENT
-    assert "tasks: the response would echo" in (refused.value.message or "")
