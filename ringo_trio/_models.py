@@ -343,7 +343,8 @@ class QueueStats:
     """available_at of the oldest PENDING task that is due; None when none is."""
     as_of: datetime | None = None
     by_type: tuple[TaskTypeStats, ...] = ()
-    """`TaskQueue.stats` only (`RingoClient.queues` leaves it empty)."""
+    """`TaskQueue.stats` only (`RingoClient.queues` leaves it empty); at most
+    10,000 task types, the first by name (the counts above cover every type)."""
 
     @classmethod
     def from_wire(cls, wire: _WireQueueStats | None) -> QueueStats:

@@ -462,7 +462,9 @@ class TaskQueue:
 
         A page may hold fewer than ``page_size`` tasks, even none, and still
         have a ``next_page_token``: a unique-key-prefix filter (or a very
-        wide type filter) walks a bounded number of tasks per page."""
+        wide type filter) walks a bounded number of tasks per page, and a
+        page whose tasks would not fit one 4 MiB reply (long progress
+        messages) ends early."""
         request = self._list_request(
             states, task_types, unique_key_prefix, newest_first, page_size, page_token
         )
@@ -505,7 +507,8 @@ class TaskQueue:
     async def stats(self) -> QueueStats:
         """Counts by state and by task type, and the oldest due task's age.
         Exact, and cheap however many tasks the queue holds. A queue without
-        tasks answers zeros."""
+        tasks answers zeros. ``by_type`` lists at most 10,000 task types
+        (the first by name); the totals count every type."""
         require(self._connection.protocol_minor, Feature.OPERATE, "TaskQueue.stats")
         reply = await self._connection.call(
             "GetQueueStats",

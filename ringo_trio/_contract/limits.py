@@ -61,6 +61,10 @@ MAX_LIST_ERROR_BYTES = 1024
 """A listed task's last_error is cut to this many bytes (GetTask has it whole);
 so are last_error and the progress message of the tasks of a compact
 EnqueueMany reply."""
+MAX_STATS_TASK_TYPES = 10_000
+"""Task types one GetQueueStats reply counts one by one (the first by name;
+the totals count every type): a queue may hold any number of task types,
+and 10,000 of 200 bytes are 2.6 MB, within `MAX_REPLY_BYTES`."""
 MAX_LIST_SCAN = 2_000
 """Index entries one ListTasks page walks when its filter cannot be answered
 by index streams alone (a unique-key prefix, for one; docs/operations.md

@@ -22,15 +22,21 @@ from ringo_trio._proto.ringo.v1 import (
     ClaimResponse,
     EnqueueManyRequest,
     EnqueueManyResponse,
+    GetQueueStatsRequest,
     GetTaskResponse,
     Lease,
     LeasedTask,
+    LeaseRef,
+    ListQueuesResponse,
+    ListTasksRequest,
     Progress,
+    QueueStats,
     RequestContext,
     RetryBackoff,
     Task,
     TaskSpec,
     TaskState,
+    TaskTypeStats,
 )
 from ringo_trio._wire.codec import decode, encode
 from ringo_trio._wire.frames import encode_enqueue_many_response
@@ -177,6 +183,23 @@ def test_a_compact_reply_of_a_full_batch_of_worst_tasks_fits() -> None:
     ]
     assert rb.enqueue_results_fit([t for t, _ in created])
     assert len(encode_enqueue_many_reply(created, limits.MAX_BATCH, 0)) <= limits.MAX_REPLY_BYTES
+
+
+def test_queue_pages_and_stats_fit_at_their_limits() -> None:
+    """Property: a ListQueues page of 1000 queues with 200-byte names and
+    maximal counts, and GetQueueStats with MAX_STATS_TASK_TYPES types of
+    200 bytes, are within MAX_REPLY_BYTES."""
+    big = 2**64 - 1
+    counts = {"pending": big, "leased": big, "succeeded": big, "dead": big, "cancelled": big}
+    stats = QueueStats(
+        queue=_worst_text(limits.MAX_NAME_BYTES), oldest_pending_at=NOW, as_of=NOW, **counts
+    )
+    page = ListQueuesResponse(queues=[stats] * limits.MAX_LIST_PAGE, next_page_token="t" * 406)
+    assert len(encode(page)) <= limits.MAX_REPLY_BYTES
+    stats.by_type = [
+        TaskTypeStats(task_type=_worst_text(limits.MAX_NAME_BYTES), **counts)
+    ] * limits.MAX_STATS_TASK_TYPES
+    assert len(encode(stats)) <= limits.MAX_REPLY_BYTES
 
 
 def test_compact_tasks_leave_out_payload_and_result_and_cut_long_texts() -> None:
@@ -429,3 +452,99 @@ def test_compact_replies_encode_as_the_generic_encoder_of_compact_tasks(
     each task made `compact`, whatever the tasks hold."""
     expected = encode_enqueue_many_response([(rb.compact(t), c) for t, c in results], 3, 4)
     assert encode_enqueue_many_reply(results, 3, 4, compact=True) == expected
+
+
+def test_list_tasks_pages_fit_and_cover_every_task_once(tmp_path: pathlib.Path) -> None:
+    """Property: ListTasks at page_size 1000 over tasks with 4 KiB progress
+    messages and maximal keys and names answers pages within
+    MAX_REPLY_BYTES; a page cut short carries a token, and the pages list
+    every matching task once, in order, oldest or newest first, with or
+    without a unique-key prefix (a walked filter)."""
+
+    async def run() -> None:
+        service, storage = await _opened(tmp_path / "ringo.db")
+        try:
+            context = _context(service, versions.MINOR)
+            queue = "q" * limits.MAX_NAME_BYTES
+            specs = [
+                v.task_spec(
+                    TaskSpec(
+                        task_type="t" * limits.MAX_NAME_BYTES,
+                        unique_key=f"{'ab'[i % 2]}{i:05d}".ljust(limits.MAX_UNIQUE_KEY_BYTES, "k"),
+                    ),
+                    "t",
+                    NOW,
+                )
+                for i in range(limits.MAX_LIST_PAGE)
+            ]
+            await storage.enqueue(queue, specs, NOW)
+            for item in await storage.claim(
+                queue,
+                [],
+                limits.MAX_LIST_PAGE,
+                "w" * limits.MAX_NAME_BYTES,
+                timedelta(hours=1),
+                NOW,
+            ):
+                assert item.lease is not None
+                ref = LeaseRef(item.lease.task_id, item.lease.attempt, item.lease.lease_token)
+                await storage.report_progress(
+                    ref, 1, 2, "m" * limits.MAX_PROGRESS_MESSAGE_BYTES, NOW
+                )
+            everything = [s.unique_key for s in specs]
+            for prefix in ("", "a"):
+                for order in (1, 2):
+                    keys: list[str] = []
+                    token = ""
+                    pages = 0
+                    while True:
+                        reply = await service.list_tasks(
+                            ListTasksRequest(
+                                context=context,
+                                queue=queue,
+                                page_size=limits.MAX_LIST_PAGE,
+                                unique_key_prefix=prefix,
+                                order=order,
+                                page_token=token,
+                            )
+                        )
+                        assert len(encode(reply)) <= limits.MAX_REPLY_BYTES
+                        keys += [t.unique_key for t in reply.tasks]
+                        pages += 1
+                        token = reply.next_page_token
+                        if not token:
+                            break
+                    want = [k for k in everything if k.startswith(prefix)]
+                    assert keys == (want if order == 1 else want[::-1])
+                    assert pages >= 2 or prefix
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+
+
+def test_queue_stats_count_every_type_but_list_at_most_the_limit(tmp_path: pathlib.Path) -> None:
+    """Example: GetQueueStats of a queue of more task types than
+    MAX_STATS_TASK_TYPES lists the first of them by name and counts every task."""
+
+    async def run() -> None:
+        service, storage = await _opened(tmp_path / "ringo.db")
+        try:
+            count = limits.MAX_STATS_TASK_TYPES + 5
+            for start in range(0, count, limits.MAX_BATCH):
+                stop = min(start + limits.MAX_BATCH, count)
+                specs = [TaskSpec(task_type=f"t{i:06d}") for i in range(start, stop)]
+                await storage.enqueue("q", [v.task_spec(s, "t", NOW) for s in specs], NOW)
+            reply = await service.get_queue_stats(
+                GetQueueStatsRequest(context=_context(service, versions.MINOR), queue="q")
+            )
+            stats = reply.stats
+            assert stats is not None
+            assert stats.pending == count
+            assert [t.task_type for t in stats.by_type] == [
+                f"t{i:06d}" for i in range(limits.MAX_STATS_TASK_TYPES)
+            ]
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
