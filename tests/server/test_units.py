@@ -27,6 +27,7 @@ from ringo_trio._proto.ringo.v1 import (
     ErrorDetail,
     ExtendLeaseRequest,
     GetTaskRequest,
+    GetTaskResponse,
     Lease,
     LeasedTask,
     LeaseRef,
@@ -238,8 +239,9 @@ def _encode_varint(value: int) -> bytes:
 
 def test_codec_enforces_the_message_size_limit_both_ways() -> None:
     """Property: frames over the limit are RESOURCE_EXHAUSTED in both
-    directions; a frame exactly at the limit passes."""
-    codec = StrictCodec(max_message_bytes=20)
+    directions (requests over the message limit, replies over the reply
+    limit); a frame exactly at the limit passes."""
+    codec = StrictCodec(max_message_bytes=20, max_reply_bytes=20)
     at_limit = EnqueueRequest(queue="q" * 18)
     assert len(bytes(at_limit)) == 20
     assert codec.decode(bytes(at_limit), EnqueueRequest) == at_limit
@@ -252,6 +254,23 @@ def test_codec_enforces_the_message_size_limit_both_ways() -> None:
         with pytest.raises(GRPCError) as refused:
             call()
         assert refused.value.status is Status.RESOURCE_EXHAUSTED
+
+
+def test_codec_sends_no_reply_over_the_reply_limit(caplog: pytest.LogCaptureFixture) -> None:
+    """Property: by default a reply over MAX_REPLY_BYTES (gRPC's default
+    receive limit) is not sent but answered RESOURCE_EXHAUSTED and logged as
+    a daemon bug, while requests up to MAX_MESSAGE_BYTES are read."""
+    codec = StrictCodec()
+    task = Task(payload=b"x" * limits.MAX_REPLY_BYTES)
+    with (
+        caplog.at_level(logging.ERROR, logger="ringo_trio.server"),
+        pytest.raises(GRPCError) as refused,
+    ):
+        codec.encode(GetTaskResponse(task=task), GetTaskResponse)
+    assert refused.value.status is Status.RESOURCE_EXHAUSTED
+    assert "reply bound" in caplog.text
+    request = EnqueueRequest(task=TaskSpec(payload=b"x" * limits.MAX_REPLY_BYTES))
+    assert codec.decode(bytes(request), EnqueueRequest) == request
 
 
 # -- validation ------------------------------------------------------------------
