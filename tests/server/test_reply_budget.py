@@ -49,7 +49,7 @@ from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server.storage._base import Storage
 from ringo_trio.server.storage.sqlite import SQLiteEngine
-from tests.test_codec import messages
+from tests.test_codec import BETTERPROTO_DURATIONS, messages
 
 from ._client import deadline
 
@@ -102,6 +102,8 @@ def test_leased_bound_is_at_least_the_encoding(item: LeasedTask) -> None:
 
 @PROPERTY
 @given(st.lists(st.integers(0, 2 * MiB), max_size=40), st.integers(0, 8 * MiB))
+@example([10, 10], 2 * (10 + rb.ELEMENT_BYTES) - 1)  # the framing decides
+@example([10, 10], 20)
 def test_fitting_keeps_the_longest_prefix_within_the_budget(bounds: list[int], budget: int) -> None:
     """Property: `fitting` keeps the longest prefix whose elements, framed,
     fit the budget — but always the first element."""
@@ -452,6 +454,51 @@ def test_compact_replies_encode_as_the_generic_encoder_of_compact_tasks(
     each task made `compact`, whatever the tasks hold."""
     expected = encode_enqueue_many_response([(rb.compact(t), c) for t, c in results], 3, 4)
     assert encode_enqueue_many_reply(results, 3, 4, compact=True) == expected
+
+
+def _pending_duplicate(task: Task, error: str) -> Task:
+    """`task` as a PENDING duplicate after a nack: fields 1-15 only (the
+    encoder's fast path), a long last_error."""
+    task.progress = None
+    task.worker_id = ""
+    task.lease_until = None
+    task.result = None
+    task._unknown_fields = b""
+    if task.retry_backoff is not None:
+        task.retry_backoff._unknown_fields = b""
+    task.last_error = error
+    return task
+
+
+@PROPERTY
+@given(
+    st.lists(
+        st.tuples(
+            st.builds(
+                _pending_duplicate,
+                messages(Task, BETTERPROTO_DURATIONS),
+                st.text(st.sampled_from("e\u00e9\u20ac\U0001f600"), min_size=200, max_size=3000),
+            ),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_compact_replies_cut_the_errors_of_tasks_on_the_fast_path(
+    results: list[tuple[Task, bool]],
+) -> None:
+    """Property: the encoder's own path (tasks of fields 1-15, as a nacked
+    duplicate is) cuts last_error to MAX_LIST_ERROR_BYTES in a compact
+    reply, byte-equal to the generic encoding of the compact task."""
+    data = encode_enqueue_many_reply(results, 0, len(results), compact=True)
+    expected = encode_enqueue_many_response(
+        [(rb.compact(t), c) for t, c in results], 0, len(results)
+    )
+    assert data == expected
+    for result in decode(data, EnqueueManyResponse).results:
+        assert result.task is not None
+        assert len(result.task.last_error.encode()) <= limits.MAX_LIST_ERROR_BYTES
 
 
 def test_list_tasks_pages_fit_and_cover_every_task_once(tmp_path: pathlib.Path) -> None:
