@@ -24,12 +24,20 @@ exactly what the generic decoder gives.
 (attempts, policy, schedule, priority) encoded once per distinct value by
 the generic encoder: byte for byte the generic request.
 
+*Payloads of created tasks.* A compact reply (protocol minor >= 11, and
+any reply whose full echo would not fit in one gRPC message) carries no
+payloads. A created task is exactly what was sent, so a created task whose
+reply carries no payload gets the payload of the spec it was made from
+(`payloads`); a duplicate's task keeps what the reply says (no payload when
+compact: `TaskQueue.get_by_id` has it).
+
 Property tests hold both to the generic path on arbitrary and corrupted
 input (tests/sdk/test_batch_wire.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -51,20 +59,34 @@ class _Generic(Exception):
     """Not a reply this decoder reads: the generic decoder takes it."""
 
 
-def decode_batch_reply(buffer: bytes | bytearray | memoryview) -> BatchResult:
+def decode_batch_reply(
+    buffer: bytes | bytearray | memoryview, payloads: Sequence[bytes] = ()
+) -> BatchResult:
     """The `BatchResult` of an EnqueueMany reply; `ValueError` (or
-    `InvalidArgumentError`) on malformed input, as the generic decoder."""
+    `InvalidArgumentError`) on malformed input, as the generic decoder.
+    ``payloads[i]`` is the payload sent for result i: a created task whose
+    reply carries none gets it."""
     buf = buffer if type(buffer) is bytes else bytes(buffer)
     try:
-        return _decode(buf)
+        return _decode(buf, payloads)
     except (_Generic, ValueError, IndexError):
-        return decode_enqueue_many_response(buf)
+        return _filled(decode_enqueue_many_response(buf), payloads)
+
+
+def _filled(batch: BatchResult, payloads: Sequence[bytes]) -> BatchResult:
+    """`batch` with the payloads of created tasks the reply left out."""
+    results = list(batch.results)
+    for index, (result, payload) in enumerate(zip(results, payloads, strict=False)):
+        if result.created and payload and not result.task.payload:
+            task = dataclasses.replace(result.task, payload=payload)
+            results[index] = EnqueueResult(task, True)
+    return dataclasses.replace(batch, results=tuple(results))
 
 
 _Tail = tuple[Any, ...]  # fields 6-15, in `Task`'s order: see `_tail`
 
 
-def _decode(buf: bytes) -> BatchResult:
+def _decode(buf: bytes, payloads: Sequence[bytes] = ()) -> BatchResult:
     end = len(buf)
     pos = 0
     results: list[EnqueueResult] = []
@@ -75,7 +97,9 @@ def _decode(buf: bytes) -> BatchResult:
         key = buf[pos]
         if key == 0x0A:
             start, pos = _read_len(buf, pos + 1, end)
-            results.append(_result(buf, start, pos, strings, tails))
+            index = len(results)
+            sent = payloads[index] if index < len(payloads) else b""
+            results.append(_result(buf, start, pos, strings, tails, sent))
         elif key == 0x10:
             created_count, pos = _read_varint(buf, pos + 1, end)
             created_count &= _M32
@@ -88,33 +112,43 @@ def _decode(buf: bytes) -> BatchResult:
 
 
 def _result(
-    buf: bytes, pos: int, end: int, strings: dict[bytes, str], tails: dict[bytes, _Tail]
+    buf: bytes,
+    pos: int,
+    end: int,
+    strings: dict[bytes, str],
+    tails: dict[bytes, _Tail],
+    sent: bytes,
 ) -> EnqueueResult:
-    task: Task | None = None
+    span: tuple[int, int] | None = None
     created = False
     while pos < end:
         key = buf[pos]
         if key == 0x0A:
-            start, pos = _read_len(buf, pos + 1, end)
-            task = _task(buf, start, pos, strings, tails)
+            span = _read_len(buf, pos + 1, end)
+            pos = span[1]
         elif key == 0x10:
             value, pos = _read_varint(buf, pos + 1, end)
             created = value != 0
         else:
             raise _Generic
-    if task is None:
+    if span is None:
         raise _Generic  # the generic decoder names the missing task
-    return EnqueueResult(task, created)
+    # `created` follows the task on the wire: the task is read once it is known.
+    return EnqueueResult(_task(buf, *span, strings, tails, sent if created else b""), created)
 
 
 def _task(
-    buf: bytes, pos: int, end: int, strings: dict[bytes, str], tails: dict[bytes, _Tail]
+    buf: bytes,
+    pos: int,
+    end: int,
+    strings: dict[bytes, str],
+    tails: dict[bytes, _Tail],
+    payload: bytes = b"",
 ) -> Task:
     """Fields 1-5 (unique per task) one by one; fields 6-15, which encoders
     write after them and a batch's tasks mostly share, decoded once per
-    distinct run of bytes."""
+    distinct run of bytes. `payload` stands when the reply carries none."""
     task_id = queue = task_type = unique_key = ""
-    payload = b""
     while pos < end:
         key = buf[pos]
         if key > 0x2A or key & 7 != 2:

@@ -343,7 +343,8 @@ class QueueStats:
     """available_at of the oldest PENDING task that is due; None when none is."""
     as_of: datetime | None = None
     by_type: tuple[TaskTypeStats, ...] = ()
-    """`TaskQueue.stats` only (`RingoClient.queues` leaves it empty)."""
+    """`TaskQueue.stats` only (`RingoClient.queues` leaves it empty); at most
+    10,000 task types, the first by name (the counts above cover every type)."""
 
     @classmethod
     def from_wire(cls, wire: _WireQueueStats | None) -> QueueStats:
@@ -372,7 +373,10 @@ class QueueStats:
 
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
-    """``created`` is False when the unique key existed; ``task`` is then the existing task."""
+    """``created`` is False when the unique key existed; ``task`` is then the
+    existing task — from `TaskQueue.enqueue_many`, without its payload and
+    result, ``last_error`` and progress message cut to 1,024 bytes
+    (`TaskQueue.get_by_id` reads it whole)."""
 
     task: Task
     created: bool

@@ -175,12 +175,15 @@ class _EnqueueManyCall:
 
 
 class _EnqueueManyReply:
-    """Decodes an EnqueueMany reply straight into a `BatchResult`."""
+    """Decodes an EnqueueMany reply straight into a `BatchResult`; a created
+    task the reply carries without its payload gets the one sent."""
 
-    @staticmethod
-    def FromString(data: bytes) -> BatchResult:
+    def __init__(self, specs: list[TaskSpec]) -> None:
+        self._payloads = [spec.payload for spec in specs]
+
+    def FromString(self, data: bytes) -> BatchResult:
         try:
-            return decode_batch_reply(data)
+            return decode_batch_reply(data, self._payloads)
         except ValueError as exc:
             raise RingoError(f"malformed EnqueueMany reply from the daemon: {exc}") from None
 
@@ -324,6 +327,14 @@ class TaskQueue:
         Fail-fast: the first failing call raises and later calls are not
         made (earlier ones stay applied; unique keys make a resubmission
         safe). Results keep submission order.
+
+        A created task is the task as sent, payload included. A duplicate's
+        task (``created=False``: the task that already held the unique key)
+        comes without its payload and result, and with ``last_error`` and
+        the progress message cut to 1,024 bytes: the daemon leaves them out
+        so that its reply always fits one gRPC message (protocol minor >=
+        11; below, when the whole reply would not fit).
+        ``get_by_id(result.task.id)`` reads such a task whole.
         """
         specs = list(specs)
         for spec in specs:
@@ -333,10 +344,12 @@ class TaskQueue:
         created = duplicates = 0
         for start in range(0, len(specs), _limits.MAX_BATCH):
             chunk = specs[start : start + _limits.MAX_BATCH]
-            reply = await self._connection.call(
-                "EnqueueMany", _EnqueueManyCall(self.name, chunk), _EnqueueManyReply
+            # grpclib only calls the response type's FromString: the decoder
+            # of this chunk's reply, which knows the payloads sent.
+            decoder = cast("type[BatchResult]", _EnqueueManyReply(chunk))
+            batch = await self._connection.call(
+                "EnqueueMany", _EnqueueManyCall(self.name, chunk), decoder
             )
-            batch = cast(BatchResult, reply)
             results.extend(batch.results)
             created += batch.created_count
             duplicates += batch.duplicate_count
@@ -451,7 +464,9 @@ class TaskQueue:
 
         A page may hold fewer than ``page_size`` tasks, even none, and still
         have a ``next_page_token``: a unique-key-prefix filter (or a very
-        wide type filter) walks a bounded number of tasks per page."""
+        wide type filter) walks a bounded number of tasks per page, and a
+        page whose tasks would not fit one 4 MiB reply (long progress
+        messages) ends early."""
         request = self._list_request(
             states, task_types, unique_key_prefix, newest_first, page_size, page_token
         )
@@ -494,7 +509,8 @@ class TaskQueue:
     async def stats(self) -> QueueStats:
         """Counts by state and by task type, and the oldest due task's age.
         Exact, and cheap however many tasks the queue holds. A queue without
-        tasks answers zeros."""
+        tasks answers zeros. ``by_type`` lists at most 10,000 task types
+        (the first by name); the totals count every type."""
         require(self._connection.protocol_minor, Feature.OPERATE, "TaskQueue.stats")
         reply = await self._connection.call(
             "GetQueueStats",

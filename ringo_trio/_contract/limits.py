@@ -22,6 +22,14 @@ MAX_ERROR_BYTES = 256 * 1024
 MAX_PROGRESS_MESSAGE_BYTES = 4 * 1024
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """gRPC message size both sides accept (a full EnqueueMany batch of large payloads)."""
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+"""Largest message the daemon sends: gRPC's default receive limit (grpcio,
+grpc-go, grpc-java and most others refuse a bigger one with
+RESOURCE_EXHAUSTED unless configured otherwise). A client refuses a reply
+only after the daemon acted on the call, so a reply too big to receive
+would be an enqueue the caller retries into duplicates, or leases nobody
+holds: every reply is cut to fit instead (docs/protocol.md, Limits), and
+a client with default settings needs no configuration."""
 MAX_ATTEMPTS_LIMIT = 10_000
 MAX_TASK_TYPES = 100
 
@@ -50,7 +58,13 @@ MAX_LIST_PAGE = 1000
 """Tasks per ListTasks page and queues per ListQueues page."""
 DEFAULT_LIST_PAGE = 100
 MAX_LIST_ERROR_BYTES = 1024
-"""A listed task's last_error is cut to this many bytes (GetTask has it whole)."""
+"""A listed task's last_error is cut to this many bytes (GetTask has it whole);
+so are last_error and the progress message of the tasks of a compact
+EnqueueMany reply."""
+MAX_STATS_TASK_TYPES = 10_000
+"""Task types one GetQueueStats reply counts one by one (the first by name;
+the totals count every type): a queue may hold any number of task types,
+and 10,000 of 200 bytes are 2.6 MB, within `MAX_REPLY_BYTES`."""
 MAX_LIST_SCAN = 2_000
 """Index entries one ListTasks page walks when its filter cannot be answered
 by index streams alone (a unique-key prefix, for one; docs/operations.md

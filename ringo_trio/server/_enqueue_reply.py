@@ -15,6 +15,11 @@ A task with anything beyond those — progress, worker, lease, result, unknown
 fields: a duplicate's existing task may carry them — is encoded by the
 generic encoder, so every byte is the one the generic encoder writes; a
 property test holds the two byte-equal (tests/server/test_enqueue_reply.py).
+
+A *compact* reply (`_reply_bounds.compact`: minor >= 11, or an echo too big
+for one reply) is the generic encoding of each task made compact: the
+payload is left out and last_error cut, the other tasks go through
+`compact` first.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from typing import Any
 from ringo_trio._proto.ringo.v1 import Task
 from ringo_trio._wire.codec import _SMALL, _varint, _w_timestamp, encode
 
+from ._reply_bounds import compact as _compact
+from .storage._listing import cut_error
+
 __all__ = ["encode_enqueue_many_reply"]
 
 
@@ -34,10 +42,11 @@ def _field(tag: bytes, data: bytes | bytearray) -> bytes:
 
 
 def encode_enqueue_many_reply(
-    results: Sequence[tuple[Task, bool]], created: int, duplicates: int
+    results: Sequence[tuple[Task, bool]], created: int, duplicates: int, *, compact: bool = False
 ) -> bytes:
     """``EnqueueManyResponse(results=[EnqueueResult(task, created), ...],
-    created_count=created, duplicate_count=duplicates)``, encoded."""
+    created_count=created, duplicate_count=duplicates)``, encoded; each
+    task `compact` (`_reply_bounds.compact`) when asked."""
     out = bytearray()
     heads: dict[tuple[str, str], bytes] = {}
     tails: dict[tuple[Any, ...], bytes] = {}
@@ -51,7 +60,7 @@ def encode_enqueue_many_reply(
             or values["result"] is not None
             or values["_unknown_fields"]
         ):
-            body = encode(task)
+            body = encode(_compact(task) if compact else task)
         else:
             # Fields 2-3 and 6-15 repeat across a batch: encoded once each.
             pair = (values["queue"], values["task_type"])
@@ -68,7 +77,7 @@ def encode_enqueue_many_reply(
                 values["updated_at"],
                 values["available_at"],
                 values["finished_at"],
-                values["last_error"],
+                cut_error(values["last_error"]) if compact else values["last_error"],
             )
             backoff = shared[4]
             # Equal values encode alike (equal instants, durations too).
@@ -86,7 +95,7 @@ def encode_enqueue_many_reply(
                 body += _field(b"\x0a", text.encode())
             body += head
             payload = values["payload"]
-            if payload:
+            if payload and not compact:
                 body += _field(b"\x22", payload)
             text = values["unique_key"]
             if text:

@@ -3,7 +3,10 @@ bulk-retry the tasks of a queue (docs/operations.md).
 
 `QueueService` admits each call (session, minor) and hands it here with the
 daemon's `now`; these methods validate the request against the limits in
-`_limits` and call the engine. Errors are the engine's conditions, mapped
+`_limits` and call the engine. Replies stay within ``MAX_REPLY_BYTES``
+(`_reply_bounds`): a ListTasks page too big for one is answered short with a
+page token, GetQueueStats counts at most ``MAX_STATS_TASK_TYPES`` types one
+by one. Errors are the engine's conditions, mapped
 to status codes by the service's `_rpc` wrapper like every unary call.
 """
 
@@ -33,6 +36,7 @@ from ringo_trio._proto.ringo.v1 import (
 )
 
 from . import _validate as v
+from ._reply_bounds import fitting, task_bound
 from ._wakeups import QueueWakeups
 from .storage._base import Storage, TaskFilter
 
@@ -62,16 +66,23 @@ class Operations:
         page = await self._storage.list_tasks(
             queue, where, newest_first=newest_first, after=after, limit=limit
         )
-        token = "" if page.next_after is None else _task_token(page.next_after, filters)
-        return ListTasksResponse(tasks=page.tasks, next_page_token=token)
+        tasks, next_after = page.tasks, page.next_after
+        keep = fitting([task_bound(task) for task in tasks])
+        if keep < len(tasks):
+            # Too big for one reply (long progress messages): a short page,
+            # and the next one starts after its last task.
+            tasks, next_after = tasks[:keep], page.seqs[keep - 1]
+        token = "" if next_after is None else _task_token(next_after, filters)
+        return ListTasksResponse(tasks=tasks, next_page_token=token)
 
     async def get_queue_stats(
         self, message: GetQueueStatsRequest, now: datetime
     ) -> GetQueueStatsResponse:
         queue = v.name(message.queue, "queue")
-        return GetQueueStatsResponse(
-            stats=await self._storage.queue_stats(queue, now, by_type=True)
-        )
+        stats = await self._storage.queue_stats(queue, now, by_type=True)
+        # A queue may hold any number of task types; the reply must fit.
+        del stats.by_type[limits.MAX_STATS_TASK_TYPES :]
+        return GetQueueStatsResponse(stats=stats)
 
     async def list_queues(self, message: ListQueuesRequest, now: datetime) -> ListQueuesResponse:
         limit = v.page_size(message.page_size)

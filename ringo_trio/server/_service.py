@@ -50,9 +50,10 @@ Every lease handed out is noted with the `LeaseReaper`, which expires leases
 at their deadline even when nobody is claiming, so activity counts and task
 states stay true.
 
-Responses are bounded by ``MAX_MESSAGE_BYTES``: a large Claim is taken from
-storage in rounds sized for the worst-case task, so it never leases tasks it
-then could not send.
+Replies are bounded by ``MAX_REPLY_BYTES`` (`_reply_bounds`): a Claim answers
+fewer tasks rather than a bigger message, and hands back what it leased
+beyond the reply's room before it answers, so it never holds a lease it
+does not send.
 
 A lease reaches its client only with the reply, so a Claim that ends any
 other way hands its leases back (`Storage.release`: PENDING, the attempt
@@ -145,7 +146,6 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTasksRequest,
     RetryTasksResponse,
     Task,
-    TaskSpec,
     TaskState,
     WorkRequest,
     WorkResponse,
@@ -159,6 +159,7 @@ from ._enqueue_reply import encode_enqueue_many_reply
 from ._gate import time_remaining
 from ._members import ATTACH_LOCAL_METHOD, Members
 from ._operate import Operations
+from ._reply_bounds import claim_within, enqueue_results_fit
 from ._sessions import SessionTable
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
@@ -185,18 +186,6 @@ _WORK_METHOD = f"/{QUEUE_SERVICE_NAME}/Work"
 _CLAIM_METHOD = f"/{QUEUE_SERVICE_NAME}/Claim"
 
 # Minor that introduced each RPC newer than minor 0.
-
-# Worst-case wire size of one LeasedTask: every variable field at its limit,
-# plus generous room for ids, timestamps and framing.
-_WORST_TASK_BYTES = (
-    limits.MAX_PAYLOAD_BYTES
-    + limits.MAX_ERROR_BYTES
-    + limits.MAX_PROGRESS_MESSAGE_BYTES
-    + limits.MAX_UNIQUE_KEY_BYTES
-    + 3 * limits.MAX_NAME_BYTES
-    + 1024
-)
-_CLAIM_BYTES_BUDGET = limits.MAX_MESSAGE_BYTES - 1024 * 1024
 
 # A scheduled wake-up sleeps this much past the due moment so the retry does
 # not race the deadline and find the task still a microsecond early.
@@ -235,31 +224,16 @@ def _check_major(major: int, detail: str = "") -> None:
         )
 
 
-def _size_bound(leased: LeasedTask) -> int:
-    task = leased.task
-    if task is None:
-        return 1024
-    # str lengths are code points; 4 bytes each is the UTF-8 worst case.
-    text = len(task.last_error) + len(task.unique_key) + len(task.queue) + len(task.task_type)
-    progress = len(task.progress.message) if task.progress is not None else 0
-    return len(task.payload) + 4 * (text + progress + len(task.worker_id)) + 1024
-
-
-def _echo_size_bound(queue: str, spec: TaskSpec) -> int:
-    # Upper bound of the EnqueueResult for a newly created task: what the
-    # request carried plus ids, timestamps and framing.
-    text = len(queue) + len(spec.task_type) + len(spec.unique_key)
-    return len(spec.payload) + 4 * text + 256
-
-
 class _EncodedEnqueueMany(Preencoded, EnqueueManyResponse):
     """An `EnqueueManyResponse` encoded by `_enqueue_reply` from the
     (task, created) pairs, without building an `EnqueueResult` per task here.
     Its fields stay empty: it exists to be sent."""
 
-    def __init__(self, results: list[tuple[Task, bool]], created: int, duplicates: int) -> None:
+    def __init__(
+        self, results: list[tuple[Task, bool]], created: int, duplicates: int, *, compact: bool
+    ) -> None:
         super().__init__(created_count=created, duplicate_count=duplicates)
-        self._wire = encode_enqueue_many_reply(results, created, duplicates)
+        self._wire = encode_enqueue_many_reply(results, created, duplicates, compact=compact)
 
 
 _Service = TypeVar("_Service", bound="QueueService")
@@ -461,26 +435,23 @@ class QueueService(QueueServiceBase):
         now, minor = self._admit_at(message.context)
         queue = v.name(message.queue, "queue")
         specs = v.task_specs(message.tasks, "tasks", now)
-        echo = sum(_echo_size_bound(queue, spec) for spec in specs)
-        if echo > limits.MAX_MESSAGE_BYTES:
-            # The response echoes every task; one too large to send would
-            # report a failure for a batch that was in fact committed.
-            raise v.FieldError(
-                "tasks",
-                f"the response would echo about {echo} bytes, over the"
-                f" {limits.MAX_MESSAGE_BYTES}-byte message limit; split the batch",
-            )
         outcomes = await self._storage.enqueue(queue, specs, now)
         created = sum(1 for outcome in outcomes if outcome.created)
         if created:
             self._wakeups.notify(queue)
-        return _EncodedEnqueueMany(
+        features = Features(minor)
+        results = (
             [(o.task, o.created) for o in outcomes]
-            if Features(minor).has(Feature.CANCELLED_STATE)  # `_as_seen_at` changes nothing then
-            else [(_as_seen_at(minor, o.task), o.created) for o in outcomes],
-            created,
-            len(outcomes) - created,
+            if features.has(Feature.CANCELLED_STATE)  # `_as_seen_at` changes nothing then
+            else [(_as_seen_at(minor, o.task), o.created) for o in outcomes]
         )
+        # The batch is committed: the reply must reach the client whatever
+        # the tasks hold, so an echo too big for one reply goes compact at
+        # any minor.
+        compact = features.has(Feature.COMPACT_ENQUEUE_REPLY) or not enqueue_results_fit(
+            [task for task, _ in results]
+        )
+        return _EncodedEnqueueMany(results, created, len(outcomes) - created, compact=compact)
 
     @_rpc
     async def get_task(self, message: GetTaskRequest) -> GetTaskResponse:
@@ -577,49 +548,42 @@ class QueueService(QueueServiceBase):
                 await watch.wait(armed, remaining)
 
     async def _claim_now(self, args: v.ClaimArgs, now: datetime) -> list[LeasedTask]:
-        leased: list[LeasedTask] = []
-        budget = _CLAIM_BYTES_BUDGET
-        wanted = args.limit
-        while wanted > 0:
-            batch_limit = min(wanted, budget // _WORST_TASK_BYTES)
-            if batch_limit <= 0:
-                break
+        leased: list[LeasedTask] = []  # every round's leases, answered or not
+
+        async def claim(limit: int) -> list[LeasedTask]:
             try:
                 batch = await self._storage.claim(
-                    args.queue,
-                    args.task_types,
-                    batch_limit,
-                    args.worker_id,
-                    args.lease_duration,
-                    now,
+                    args.queue, args.task_types, limit, args.worker_id, args.lease_duration, now
                 )
-            except asyncio.CancelledError:
-                # The round in flight is the engine's to hand back; the
-                # rounds before it are only here.
-                await self._hand_back(leased)
-                raise
             except Exception:
                 if not leased:
                     raise
                 # The earlier rounds are leased to this caller, and the reply
-                # is the only way it learns of them.
+                # is the only way it learns of them: an empty round ends the
+                # claim with them.
                 log.warning(
                     "Claim: a later round failed; answering with the %d task(s) before it",
                     len(leased),
                     exc_info=True,
                 )
-                break
+                return []
             for item in batch:
                 # Noted per batch, before the next await; `note` skips a repeat
                 # of the deadline it just saw (every lease of a batch shares one).
                 if item.lease is not None:
                     self._reaper.note(item.lease.until)
             leased.extend(batch)
-            if len(batch) < batch_limit:
-                break
-            wanted -= len(batch)
-            budget -= sum(_size_bound(item) for item in batch)
-        return leased
+            return batch
+
+        try:
+            # What a round leased beyond the reply's room is handed back
+            # before the reply (`claim_within`).
+            return await claim_within(claim, self._hand_back, args.limit)
+        except asyncio.CancelledError:
+            # The round in flight is the engine's to hand back; the rounds
+            # before it are only here (a ref handed back twice is skipped).
+            await self._hand_back(leased)
+            raise
 
     @_rpc
     async def ack(self, message: AckRequest) -> AckResponse:

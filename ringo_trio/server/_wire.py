@@ -7,22 +7,29 @@ into a list, and the daemon would act on a request nobody sent). A refusal
 is ``INVALID_ARGUMENT`` naming the field path; unknown fields are checked
 only structurally (they are how newer clients stay compatible).
 
-Both directions enforce ``MAX_MESSAGE_BYTES`` with ``RESOURCE_EXHAUSTED``,
-the status gRPC uses for an oversized message.
+A request over ``MAX_MESSAGE_BYTES`` is refused with ``RESOURCE_EXHAUSTED``,
+the status gRPC uses for an oversized message. A reply over
+``MAX_REPLY_BYTES`` (gRPC's default receive limit) is never sent: every
+reply is cut to fit before it is built (`_reply_bounds`), so one that does
+not is a daemon bug, logged and answered ``RESOURCE_EXHAUSTED`` here, alike
+for every client, instead of failing only in clients with default limits.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from grpclib.const import Status
 from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError
 
-from ringo_trio._contract.limits import MAX_MESSAGE_BYTES
+from ringo_trio._contract.limits import MAX_MESSAGE_BYTES, MAX_REPLY_BYTES
 from ringo_trio._wire.codec import WireError, decode, encode
 
 __all__ = ["Preencoded", "StrictCodec", "WireError"]
+
+log = logging.getLogger("ringo_trio.server")
 
 
 class Preencoded:
@@ -40,17 +47,22 @@ class StrictCodec(CodecBase):
 
     __content_subtype__ = "proto"
 
-    def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self, max_message_bytes: int = MAX_MESSAGE_BYTES, max_reply_bytes: int = MAX_REPLY_BYTES
+    ) -> None:
         self._max = max_message_bytes
+        self._max_reply = max_reply_bytes
 
     def encode(self, message: Any, message_type: Any) -> bytes:
         if not isinstance(message, message_type):
             raise TypeError(f"message must be {message_type!r}, not {type(message)!r}")
         data = message._wire if isinstance(message, Preencoded) else encode(message)
-        if len(data) > self._max:
+        if len(data) > self._max_reply:
+            name = getattr(message_type, "__name__", "reply")
+            log.error("a %s of %d bytes was not sent: a reply bound is missing", name, len(data))
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,
-                f"response of {len(data)} bytes exceeds the {self._max}-byte message limit",
+                f"{name} of {len(data)} bytes exceeds the {self._max_reply}-byte reply limit",
             )
         return data
 

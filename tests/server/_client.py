@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from grpclib.client import Channel
@@ -40,6 +42,22 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio.server._daemon import Daemon
 from ringo_trio.testing import DaemonProcess
+
+
+@contextlib.contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """TimeoutError in the main thread once `seconds` have passed."""
+
+    def expired(signum: int, frame: FrameType | None) -> None:
+        raise TimeoutError(f"test ran longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def new_queue(prefix: str = "q") -> str:

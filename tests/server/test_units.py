@@ -23,13 +23,16 @@ from ringo_trio._contract import limits, versions
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     ClaimRequest,
+    ClaimResponse,
     EnqueueManyRequest,
     EnqueueRequest,
     ErrorDetail,
     ExtendLeaseRequest,
     GetTaskRequest,
+    GetTaskResponse,
     Lease,
     LeasedTask,
+    LeaseRef,
     NackRequest,
     RequestContext,
     RetryBackoff,
@@ -37,9 +40,10 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     WorkResult,
 )
-from ringo_trio._wire.codec import decode
+from ringo_trio._wire.codec import decode, encode
 from ringo_trio.server import _validate as v
 from ringo_trio.server._clock import LoopClock, ManualClock
+from ringo_trio.server._reply_bounds import CLAIM_ROUND
 from ringo_trio.server._service import QueueService
 from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
@@ -239,8 +243,9 @@ def _encode_varint(value: int) -> bytes:
 
 def test_codec_enforces_the_message_size_limit_both_ways() -> None:
     """Property: frames over the limit are RESOURCE_EXHAUSTED in both
-    directions; a frame exactly at the limit passes."""
-    codec = StrictCodec(max_message_bytes=20)
+    directions (requests over the message limit, replies over the reply
+    limit); a frame exactly at the limit passes."""
+    codec = StrictCodec(max_message_bytes=20, max_reply_bytes=20)
     at_limit = EnqueueRequest(queue="q" * 18)
     assert len(bytes(at_limit)) == 20
     assert codec.decode(bytes(at_limit), EnqueueRequest) == at_limit
@@ -253,6 +258,23 @@ def test_codec_enforces_the_message_size_limit_both_ways() -> None:
         with pytest.raises(GRPCError) as refused:
             call()
         assert refused.value.status is Status.RESOURCE_EXHAUSTED
+
+
+def test_codec_sends_no_reply_over_the_reply_limit(caplog: pytest.LogCaptureFixture) -> None:
+    """Property: by default a reply over MAX_REPLY_BYTES (gRPC's default
+    receive limit) is not sent but answered RESOURCE_EXHAUSTED and logged as
+    a daemon bug, while requests up to MAX_MESSAGE_BYTES are read."""
+    codec = StrictCodec()
+    task = Task(payload=b"x" * limits.MAX_REPLY_BYTES)
+    with (
+        caplog.at_level(logging.ERROR, logger="ringo_trio.server"),
+        pytest.raises(GRPCError) as refused,
+    ):
+        codec.encode(GetTaskResponse(task=task), GetTaskResponse)
+    assert refused.value.status is Status.RESOURCE_EXHAUSTED
+    assert "reply bound" in caplog.text
+    request = EnqueueRequest(task=TaskSpec(payload=b"x" * limits.MAX_REPLY_BYTES))
+    assert codec.decode(bytes(request), EnqueueRequest) == request
 
 
 # -- validation ------------------------------------------------------------------
@@ -443,11 +465,17 @@ async def test_reaper_backstop_and_engine_errors(caplog: pytest.LogCaptureFixtur
 
 
 class _BigTaskStorage(_CountingStorage):
+    """`available` tasks of one payload size: claim leases them in order
+    (attempt 1), release hands them back."""
+
     def __init__(self, payload_bytes: int, available: int) -> None:
         super().__init__()
         self.payload = b"x" * payload_bytes
         self.available = available
         self.limits: list[int] = []
+        self.leased: set[str] = set()
+        self.released: list[str] = []
+        self._next = 0
 
     async def claim(
         self,
@@ -462,13 +490,23 @@ class _BigTaskStorage(_CountingStorage):
         n = min(limit, self.available)
         self.available -= n
         until = now + lease_duration
+        ids = [str(self._next + i) for i in range(n)]
+        self._next += n
+        self.leased.update(ids)
         return [
             LeasedTask(
-                task=Task(id=str(i), queue=queue, payload=self.payload),
-                lease=Lease(task_id=str(i), attempt=1, lease_token="t", until=until),
+                task=Task(id=i, queue=queue, payload=self.payload),
+                lease=Lease(task_id=i, attempt=1, lease_token="t", until=until),
             )
-            for i in range(n)
+            for i in ids
         ]
+
+    async def release(self, refs: Sequence[LeaseRef], now: datetime) -> int:
+        for ref in refs:
+            self.leased.remove(ref.task_id)
+            self.released.append(ref.task_id)
+        self.available += len(refs)
+        return len(refs)
 
 
 def _service(storage: Storage) -> QueueService:
@@ -484,47 +522,38 @@ def _service(storage: Storage) -> QueueService:
     )
 
 
-async def test_large_claim_never_leases_more_than_one_message_can_carry() -> None:
-    """Property: a Claim of 1000 worst-case (1 MiB) tasks is taken in rounds
-    and stops before the response could exceed MAX_MESSAGE_BYTES, so no task
-    is leased that could not be sent."""
+async def test_large_claim_never_holds_a_lease_it_does_not_answer() -> None:
+    """Property: a Claim of 1000 worst-case (1 MiB) tasks answers within
+    MAX_REPLY_BYTES, and every lease it took beyond that is released before
+    it answers; a storage round leases at most CLAIM_ROUND tasks."""
     storage = _BigTaskStorage(limits.MAX_PAYLOAD_BYTES, available=1000)
     args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=1000))
     leased = await _service(storage)._claim_now(args, NOW)
-    total = sum(len(item.task.payload) for item in leased if item.task)
+    assert len(encode(ClaimResponse(tasks=leased))) <= limits.MAX_REPLY_BYTES
     assert 0 < len(leased) < 1000
-    assert total <= limits.MAX_MESSAGE_BYTES - 1024 * 1024
-    assert 1000 - storage.available == len(leased)
+    assert storage.leased == {item.task.id for item in leased if item.task}
+    assert max(storage.limits) <= CLAIM_ROUND
 
 
 async def test_large_claim_of_small_tasks_gets_them_all() -> None:
-    """Property: the size rounds do not cap a claim of small tasks: all 1000
-    are leased, and a short round ends the claim."""
+    """Property: the bound does not cap a claim of small tasks: all 1000
+    are leased, none released, and a short round ends the claim."""
     storage = _BigTaskStorage(100, available=1000)
     args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=1000))
     leased = await _service(storage)._claim_now(args, NOW)
     assert len(leased) == 1000
-    assert sum(storage.limits) >= 1000
+    assert storage.released == []
+    assert len(storage.limits) == -(-1000 // CLAIM_ROUND)
     storage.available = 5
     storage.limits.clear()
     assert len(await _service(storage)._claim_now(args, NOW)) == 5
     assert len(storage.limits) == 1
 
 
-async def test_enqueue_many_refuses_a_batch_whose_echo_cannot_be_sent() -> None:
-    """Property: a batch that fits in a request but whose response (which
-    echoes every task) would exceed MAX_MESSAGE_BYTES is refused before
-    anything is stored, instead of committing and then failing to answer."""
-    storage = _CountingStorage()  # any storage call would raise
-    service = _service(storage)
-    token = service._sessions.open(versions.MINOR, NOW)
-    ctx = RequestContext(versions.MAJOR, versions.MINOR, token)
-    payload = b"x" * limits.MAX_PAYLOAD_BYTES
-    count = limits.MAX_MESSAGE_BYTES // limits.MAX_PAYLOAD_BYTES  # 64: request just fits
-    request = EnqueueManyRequest(
-        context=ctx, queue="q", tasks=[TaskSpec(task_type="t", payload=payload)] * count
-    )
-    with pytest.raises(GRPCError) as refused:
-        await service.enqueue_many(request)
-    assert refused.value.status is Status.INVALID_ARGUMENT
-    assert "tasks: the response would echo" in (refused.value.message or "")
+async def test_a_claim_that_fits_takes_one_round() -> None:
+    """Property: a claim of up to CLAIM_ROUND small tasks is one storage
+    round (what a manual ``claim(32)`` costs, as before the bound)."""
+    storage = _BigTaskStorage(100, available=1000)
+    args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=32))
+    assert len(await _service(storage)._claim_now(args, NOW)) == 32
+    assert storage.limits == [32]

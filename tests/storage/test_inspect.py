@@ -193,6 +193,23 @@ def test_listed_tasks_leave_out_payload_and_result_and_cut_the_error(
     assert dead == full
 
 
+def test_every_listed_task_carries_its_cursor(engine: SyncEngine, clock: ManualClock) -> None:
+    """Property: `TaskPage.seqs` holds each listed task's cursor, so a page
+    cut after any of its tasks (to fit a reply) goes on with the very next
+    match, whatever the filter (index streams or a walked prefix) and order."""
+    now = clock.now()
+    engine.enqueue("q", [spec(f"t{i % 3}", unique_key=f"{'ab'[i % 2]}{i}") for i in range(24)], now)
+    engine.claim("q", [], 5, "w", LEASE, now)
+    for where in (TaskFilter(), TaskFilter(unique_key_prefix="a"), TaskFilter(states=(PENDING,))):
+        for newest_first in (False, True):
+            page = engine.list_tasks("q", where, newest_first=newest_first, after=None, limit=50)
+            assert len(page.seqs) == len(page.tasks) > 0
+            ids = [t.id for t in page.tasks]
+            for index, seq in enumerate(page.seqs):
+                rest = engine.list_tasks("q", where, newest_first=newest_first, after=seq, limit=50)
+                assert [t.id for t in rest.tasks] == ids[index + 1 :], (where, newest_first)
+
+
 def test_sparse_prefix_pages_walk_a_bounded_stretch_and_go_on(
     engine: SyncEngine, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -203,6 +203,9 @@ class TaskPage:
     next_after: int | None
     """The cursor (enqueue sequence number) to pass as `after` for the next
     page; None on the last page."""
+    seqs: list[int]
+    """Each task's cursor, in `tasks`' order: a page cut short (to fit a
+    reply) goes on after the last task it keeps."""
 
 
 class Push:

@@ -1466,7 +1466,7 @@ class PostgresEngine(Storage):
             arms, residual = _listing.arms(pairs, where)
             types = _listing.arm_types(arms)
             if not arms:
-                return TaskPage([], None)
+                return TaskPage([], None, [])
             if residual is None:
                 sql = _list_sql(self._sql.tasks, _LIST_COLS, arms, newest_first)
                 rows = await conn.fetch(sql, queue, after, limit + 1, *types)
@@ -1482,7 +1482,7 @@ class PostgresEngine(Storage):
                     rows = await conn.fetch(self._sql.listed_by_seq, seqs)
                     if newest_first:
                         rows.reverse()
-        return TaskPage([_listed(r) for r in rows], next_after)
+        return TaskPage([_listed(r) for r in rows], next_after, [r[C_SEQ] for r in rows])
 
     async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
         [stats] = await self._queues_stats([queue], now, by_type=by_type)

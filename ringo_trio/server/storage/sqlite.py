@@ -1183,7 +1183,7 @@ class SQLiteEngine(Storage):
         try:
             arms, residual = _listing.arms(db.execute(_PRESENT, (queue,)), where)
             if not arms:
-                return TaskPage([], None)
+                return TaskPage([], None, [])
             args: dict[str, Any] = {"queue": queue, "after": after}
             args.update(_arm_params(arms))
             if residual is None:
@@ -1206,7 +1206,7 @@ class SQLiteEngine(Storage):
                     ).fetchall()
         finally:
             db.execute("COMMIT")
-        return TaskPage([_listed(r) for r in rows], next_after)
+        return TaskPage([_listed(r) for r in rows], next_after, [r[_C_SEQ] for r in rows])
 
     async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
         db = self._conn()
