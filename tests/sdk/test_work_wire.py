@@ -202,12 +202,14 @@ def test_a_pushed_lease_s_ttl_reads_as_the_generic_decoder_reads_it(
 
 def test_a_daemon_s_ttl_is_read_to_the_microsecond() -> None:
     """Example: the ttl a daemon sends (whole microseconds) is its seconds,
-    exactly, and absent without one."""
-    lease = Lease(task_id="t", attempt=1, lease_token="k", ttl=timedelta(seconds=59.999874))
-    data = encode(WorkResponse(task=LeasedTask(task=Task(id="t"), lease=lease)))
-    pushed = _work_wire._decode(data)
-    assert isinstance(pushed, PushedTask)
-    assert pushed.ttl == 59.999874
+    exactly, whatever was read before it (the last ttl is remembered), and
+    absent without one."""
+    for seconds in (59.999874, 12.5, 59.999874, 59.999874, 0.0):
+        lease = Lease(task_id="t", attempt=1, lease_token="k", ttl=timedelta(seconds=seconds))
+        data = encode(WorkResponse(task=LeasedTask(task=Task(id="t"), lease=lease)))
+        pushed = _work_wire._decode(data)
+        assert isinstance(pushed, PushedTask)
+        assert pushed.ttl == seconds
     lease.ttl = None
     data = encode(WorkResponse(task=LeasedTask(task=Task(id="t"), lease=lease)))
     pushed = _work_wire._decode(data)
