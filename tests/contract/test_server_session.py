@@ -465,3 +465,15 @@ def test_a_lease_answered_lease_lost_frees_its_slot() -> None:
     assert answer.error.metadata == {"reason": reasons.CANCELLED}
     assert session.outstanding == 0
     assert session.credit_update(4, available=1, target=None, grant=None).error is None
+
+
+def test_a_storage_error_repeated_by_every_answer_is_cut() -> None:
+    """Every command behind a storage outage repeats its error text: it is
+    cut, so 1,000 answers stay far within the 4 MiB reply bound."""
+    session = _registered()
+    answer = session.storage_down(1, "x" * 1_000_000)
+    later = session.admit(2, "progress")
+    for refused in (answer, later):
+        assert refused is not None
+        assert refused.error is not None
+        assert len(refused.error.message.encode()) <= 2048

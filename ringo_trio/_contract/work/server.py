@@ -109,6 +109,8 @@ STALL_TIMEOUT = 30.0
 MAX_CONCURRENCY = 2**31 - 1
 
 _SHUTTING_DOWN = "the daemon is shutting down"
+# Characters of a storage error an answer repeats (≤ 4 bytes each in UTF-8).
+_DOWN_TEXT = 400
 
 
 class StreamProtocolError(Exception):
@@ -502,6 +504,10 @@ class ServerSession:
         and the stream ends (`ending`) so the worker reconnects, here once the
         database is back or to another daemon; commands queued behind it are
         answered without running (`admit`)."""
+        # The driver's error text is not ours to bound, yet every command left
+        # in a batch repeats it: cut, so a batch of answers stays far within
+        # the 4 MiB reply bound (1,000 × ≤ 2 KiB).
+        why = why if len(why) <= _DOWN_TEXT else why[: _DOWN_TEXT - 1] + "…"
         if self._down is None:
             self._down = why
             self.ending = StreamEnd("UNAVAILABLE", f"storage unavailable: {why}")
