@@ -506,7 +506,7 @@ class ServerSession:
         answered without running (`admit`)."""
         # The driver's error text is not ours to bound, yet every command left
         # in a batch repeats it: cut, so a batch of answers stays far within
-        # the 4 MiB reply bound (1,000 × ≤ 2 KiB).
+        # the 4 MiB reply bound (1,000 answers of at most 2 KiB).
         why = why if len(why) <= _DOWN_TEXT else why[: _DOWN_TEXT - 1] + "…"
         if self._down is None:
             self._down = why
