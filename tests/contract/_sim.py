@@ -29,6 +29,9 @@ hypothesis when a property fails) and nothing else decides what happens, so
   any moment with each side noticing at its own time; frames of a stream
   are only ever delivered to that stream's endpoints (HTTP/2 keeps streams
   apart), and nothing is delivered to a side after it saw the stream end.
+  A push carries its lease as a duration (``Lease.ttl``: the daemon's
+  remaining lease when it wrote the push); the worker arms it on its own
+  monotonic clock (offset + rate x true time).
 
 The properties are checked as the simulation runs (`Simulation.check_step`
 after every event, and at the moment something happens) and at the end
@@ -84,6 +87,7 @@ from ringo_trio._contract.work.server import State as DState
 NO_TASK_LOST = "no task lost"
 ONE_SUCCESS = "never two successes"
 CREDIT_FITS = "credit never exceeds free slots"
+CREDIT_MIRROR = "the worker's credit mirror is the daemon's credit"
 ENDS_ONCE = "every lease ends exactly once"
 NO_EXPIRED_ACK = "a lease that expired is never acked"
 STOP_SPENDS_NOTHING = "no attempt spent by our own stopping"
@@ -96,6 +100,7 @@ PROPERTIES = (
     NO_TASK_LOST,
     ONE_SUCCESS,
     CREDIT_FITS,
+    CREDIT_MIRROR,
     ENDS_ONCE,
     NO_EXPIRED_ACK,
     STOP_SPENDS_NOTHING,
@@ -447,6 +452,12 @@ class Pipe:
         self.troubled_at = math.inf  # the first fault that touched it
         self.arrived: dict[LeaseKey, str] = {}  # pushed, handler not started yet
         self.settles: Counter[LeaseKey] = Counter()
+        self.to_worker_in_flight: deque[Any] = deque()
+        # What the worker's commands were: credit updates and drains by
+        # request id, and the lease each settle or renewal was about.
+        self.credits: dict[int, Credit | Drain] = {}
+        self.about: dict[int, LeaseKey] = {}
+        self.refused: set[LeaseKey] = set()  # answered LEASE_LOST, and the worker read it
 
     def trouble(self) -> None:
         self.troubled_at = min(self.troubled_at, self.sim.now)
@@ -476,11 +487,38 @@ class Pipe:
             return
         when = max(self._last_to_worker, self.sim.now + self._delay())
         self._last_to_worker = when
+        self.to_worker_in_flight.append(msg)
         self.worker.later(when, self._deliver_to_worker, msg)
 
     def _deliver_to_worker(self, msg: Any) -> None:
+        first = self.to_worker_in_flight.popleft()
+        assert first is msg, "the wire reordered a stream's frames"
         if self.worker_open:
+            for item in msg.items if type(msg) is BatchMsg else (msg,):
+                error = item.error if type(item) is ResultMsg else None
+                if (
+                    error is not None
+                    and error.code == "LEASE_LOST"
+                    and item.request_id in self.about
+                ):
+                    self.refused.add(self.about[item.request_id])
             self.worker.receive(self, msg)
+
+    def mirror_after_flight(self, mirror: int) -> int:
+        """The worker's credit mirror once every frame on its way to it has
+        arrived (pushes spend it, credit and drain results set it)."""
+        for msg in self.to_worker_in_flight:
+            for item in msg.items if type(msg) is BatchMsg else (msg,):
+                if type(item) is PushMsg:
+                    mirror -= 1
+                elif type(item) is ResultMsg and item.error is None:
+                    command = self.credits.get(item.request_id)
+                    if type(command) is Drain:
+                        mirror = 0
+                    elif type(command) is Credit:
+                        grant = command.grant
+                        mirror = command.available if grant is None else mirror + grant
+        return mirror
 
     def cut(self, worker_notices: float, daemon_notices: float) -> None:
         """The connection is gone: frames in flight arrive until each side
@@ -1230,6 +1268,10 @@ class SimWorker:
         stats = self.sim.stats
         for frame in frames:
             kind = type(frame)
+            if kind is Credit or kind is Drain:
+                pipe.credits[frame.request_id] = frame
+            else:
+                pipe.about[frame.request_id] = frame.key
             if kind is Credit:
                 if frame.grant is not None:
                     stats["grant"] += 1
@@ -1249,6 +1291,10 @@ class SimWorker:
         pipe.settles[settle.key] += 1
         if pipe.settles[settle.key] > 1:
             self.sim.violate(ENDS_ONCE, f"{self} settles {settle.key} twice on stream {pipe.id}")
+        if settle.outcome is Outcome.ACK and settle.key in pipe.refused:
+            self.sim.violate(
+                NO_EXPIRED_ACK, f"{self} acks {settle.key} after the daemon answered LEASE_LOST"
+            )
         if settle.outcome is Outcome.ACK:
             # The session still held the lease: the daemon's may have run out
             # only by the push's own transit and the clocks' drift.
@@ -1728,6 +1774,21 @@ class Simulation:
                 for h in worker.handlers.values()
                 if (lease := held.get(h.log.token)) is None or lease.state is LeaseState.CLAIMED
             )
+            client = worker.session
+            if (
+                session.state in (DState.OPEN, DState.DRAINED)
+                and pipe.cut_at is None  # after a cut, answers are lost
+                and client is not None
+                and client.state in (State.ACTIVE, State.DRAINING)
+                and pipe.mirror_after_flight(client.credit_mirror) != session.credit
+            ):
+                self.violate(
+                    CREDIT_MIRROR,
+                    f"stream {pipe.id}: the daemon's credit is {session.credit}, the worker's"
+                    f" mirror {client.credit_mirror}, and"
+                    f" {pipe.mirror_after_flight(client.credit_mirror)} once what is on the"
+                    " wire has arrived",
+                )
             if session.outstanding + session.credit + outside > worker.concurrency:
                 self.violate(
                     CREDIT_FITS,

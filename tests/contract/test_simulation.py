@@ -25,7 +25,16 @@ Faults, each at any point of the run (after a drawn number of events):
 * the daemon crashes (every session gone, storage kept) and restarts; shuts
   down gracefully and restarts;
 * a storage write commits and the daemon crashes before answering it;
-  storage is unavailable for a while.
+  storage is unavailable for a while;
+* a worker's process freezes (a handler blocking the event loop, a GC or VM
+  pause) while its clock runs on: renewals go out late, leases run out under
+  running handlers.
+
+Handlers finish after a drawn time with an ack, a nack or a reject, run long
+enough to need renewals, and some ignore their cancellation for a while
+(they keep their slot; after their stream ends they are orphans the next
+stream must not give away). The workers stop at a drawn moment (or once
+every task is done): drain, grace period, cancel, release, end.
 
 Properties (`_sim.PROPERTIES`; a failure is a `Violation` whose message
 starts with the property's name, in brackets, and ends with the last events):
@@ -39,16 +48,21 @@ starts with the property's name, in brackets, and ends with the last events):
 * **credit never exceeds free slots** — after every event, for each worker's
   live stream: the daemon's outstanding + credit + the worker's handlers the
   daemon does not count (orphans of ended streams, lost leases whose handler
-  ignores its cancellation) <= the worker's concurrency; and no worker ever
-  runs more handlers than its concurrency.
+  ignores its cancellation) <= the worker's concurrency; no worker ever runs
+  more handlers than its concurrency; and a grant is never refused
+  ``credit_capacity`` (the worker grants only slots it has free).
+* **the worker's credit mirror is the daemon's credit** — after every event,
+  on a live, uncut stream: the worker's mirror, once the frames on their way
+  to it have arrived, equals the daemon's credit.
 * **every lease ends exactly once** — in storage (acked, nacked, rejected,
   released, returned or expired, once, and every lease ends), in each
   daemon session (returned, settled, lost or left, once), and at the worker
   (at most one settlement per lease).
 * **a lease that expired is never acked** — storage refuses it (the log
-  shows every ack before its lease's end), and a worker acks only while the
+  shows every ack before its lease's end); a worker acks only while the
   daemon's lease still runs, but for the push's own transit and the clocks'
-  drift (its local deadline never outlives the daemon's by more).
+  drift (its local deadline never outlives the daemon's by more), and never
+  a lease after reading ``LEASE_LOST`` about it.
 * **no attempt spent by our own stopping** — every lease the stop gives back
   is released (or, when a fault kept the release from storage, expired),
   never nacked; a released or returned lease leaves its attempt unspent (the
@@ -63,6 +77,20 @@ starts with the property's name, in brackets, and ends with the last events):
   `RemoteProtocolError` / `LocalProtocolError` in the client machine, no
   `StreamProtocolError` in the daemon's, no frame of one stream delivered to
   another; and `ServerSession.check` holds after every daemon step.
+
+Two things the simulation found are pinned rather than hidden:
+
+* before the client machine took orphans as *outside slots*, a stream
+  registered while orphans held every slot asked for ``max(1, 0)`` = 1 and
+  `registered` adopted the echo: one handler too many
+  (`test_orphans_holding_every_slot_get_no_credit`, a strict xfail on such a
+  machine; the simulation's driver then waits for an orphan to exit before
+  it reconnects, ``Simulation.legacy_workaround``);
+* `WorkSession.settle` trusts the state of the last `poll`: when a handler
+  finishes in the same loop step that ends a freeze, before the timer runs,
+  its ack goes out although the local deadline has passed (storage refuses
+  it if the daemon's lease ran out too; the task is retried). The
+  simulation lets the timer run first after a freeze.
 
 Replaying a failure: hypothesis prints the falsifying ``scenario=Scenario(...)``
 and a ``@reproduce_failure(...)`` line. Paste the scenario into
@@ -120,13 +148,17 @@ def scenarios(
     max_faults: int = 4,
     skew: bool = True,
     stop_early: bool = True,
+    stubborn: bool = False,
 ) -> Scenario:
     lease = draw(st.sampled_from([10.0, 20.0, 60.0]))
     run = st.builds(
         Run,
         duration=st.one_of(_seconds(0, 2), _seconds(lease / 2, lease), _seconds(lease, 3 * lease)),
         outcome=st.sampled_from(["ack", "ack", "ack", "nack", "reject"]),
-        cancel_lag=st.one_of(st.just(0.0), _seconds(0, 2 * lease)),
+        # Stubborn: most handlers ignore their cancellation for a while.
+        cancel_lag=(
+            _seconds(0, 2 * lease) if stubborn else st.one_of(st.just(0.0), _seconds(0, 2 * lease))
+        ),
     )
     task = st.builds(
         TaskSpec,
@@ -222,7 +254,7 @@ def test_late_frames_across_reconnects(scenario: Scenario) -> None:
 
 
 @_FAST
-@given(scenarios(faults=(PAUSE, SLOW)))
+@given(scenarios(faults=(PAUSE, SLOW), max_faults=6, stubborn=True))
 def test_lost_leases(scenario: Scenario) -> None:
     """Workers frozen (a blocked event loop) or renewals late: leases run out
     under running handlers, some of which ignore their cancellation."""
