@@ -117,7 +117,9 @@ async def test_no_mutation_is_replayed(autojump_clock: trio.abc.Clock, method: s
     client, fake = await connected(fail_first(UnavailableError("down")))
     queue = client.queue("q")
     lease = Lease(task_id="1", attempt=1, lease_token="x")
-    leased = LeasedTask(queue, WireLeased(task=Task(id="1"), lease=lease))
+    leased = LeasedTask(
+        queue, WireLeased(task=Task(id="1"), lease=lease), received=trio.current_time()
+    )
     operation = queue.retry("k") if method == "retry" else leased.ack()
     with pytest.raises(UnavailableError):
         await operation
