@@ -155,6 +155,7 @@ class Run:
 class TaskSpec:
     max_attempts: int
     runs: tuple[Run, ...]  # the n-th handler of the task runs runs[n % len]
+    due: float = 0.0  # seconds after the start when it can first be claimed
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,8 @@ class Storage:
     def __init__(self, sim: Simulation, specs: tuple[TaskSpec, ...]) -> None:
         self.sim = sim
         self.tasks = {
-            f"task{i}": Task(f"task{i}", spec.max_attempts, i) for i, spec in enumerate(specs)
+            f"task{i}": Task(f"task{i}", spec.max_attempts, i, available_at=START + spec.due)
+            for i, spec in enumerate(specs)
         }
         self.log: list[LeaseLog] = []
         self.by_token: dict[str, LeaseLog] = {}
@@ -448,7 +450,7 @@ class Pipe:
         self.worker_open = True  # the worker still reads (and writes) it
         self.daemon_open = True
         self.slow_until = -math.inf
-        self.slow_max = 0.0
+        self.slow_max = {True: 0.0, False: 0.0}  # to the daemon?: the longest delay
         self.troubled_at = math.inf  # the first fault that touched it
         self.arrived: dict[LeaseKey, str] = {}  # pushed, handler not started yet
         self.settles: Counter[LeaseKey] = Counter()
@@ -462,10 +464,10 @@ class Pipe:
     def trouble(self) -> None:
         self.troubled_at = min(self.troubled_at, self.sim.now)
 
-    def _delay(self) -> float:
+    def _delay(self, to_daemon: bool) -> float:
         rng = self.sim.rng
         if self.sim.now < self.slow_until:
-            return rng.uniform(0.0, self.slow_max)
+            return rng.uniform(0.0, self.slow_max[to_daemon])
         if rng.random() < 0.3:
             return 0.0
         return rng.uniform(0.0, self.sim.scenario.max_delay)
@@ -473,7 +475,7 @@ class Pipe:
     def to_daemon(self, msg: Any) -> None:
         if self.cut_at is not None or not self.worker_open:
             return
-        when = max(self._last_to_daemon, self.sim.now + self._delay())
+        when = max(self._last_to_daemon, self.sim.now + self._delay(True))
         self._last_to_daemon = when
         self.sim.at(when, self._deliver_to_daemon, msg)
 
@@ -485,7 +487,7 @@ class Pipe:
     def to_worker(self, msg: Any) -> None:
         if self.cut_at is not None or not self.daemon_open:
             return
-        when = max(self._last_to_worker, self.sim.now + self._delay())
+        when = max(self._last_to_worker, self.sim.now + self._delay(False))
         self._last_to_worker = when
         self.to_worker_in_flight.append(msg)
         self.worker.later(when, self._deliver_to_worker, msg)
@@ -1053,6 +1055,8 @@ class SimWorker:
         self._timer: object | None = None
         self._timer_at = math.inf
         self.paused_until = -math.inf
+        self._deferred: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._resuming = False
         self._closer_wait: object | None = None
 
     def __repr__(self) -> str:
@@ -1067,9 +1071,24 @@ class SimWorker:
         self.sim.at(when, self._run, fn, args)
 
     def _run(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        if self.sim.now < self.paused_until:
-            self.sim.at(self.paused_until, self._run, fn, args)
+        if self.sim.now < self.paused_until or self._deferred:
+            # Frozen: what falls due waits, in order, for the loop to run again.
+            self._deferred.append((fn, args))
+            if not self._resuming:
+                self._resuming = True
+                self.sim.at(self.paused_until, self._resume)
             return
+        self._call(fn, args)
+
+    def _resume(self) -> None:
+        while self._deferred:
+            if self.sim.now < self.paused_until:
+                self.sim.at(self.paused_until, self._resume)
+                return
+            self._call(*self._deferred.popleft())
+        self._resuming = False
+
+    def _call(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
         session = self.session
         live = session is not None and session.state not in (State.ENDED, State.ERROR)
         if fn != self._tick and live:
@@ -1622,7 +1641,7 @@ class Simulation:
         """Virtual seconds within which every task must be done once the last
         fault is over: each attempt serially, at its longest."""
         lease = self.scenario.lease
-        total = 600.0
+        total = 600.0 + max(spec.due for spec in self.scenario.tasks)
         for spec in self.scenario.tasks:
             longest = max(run.duration + run.cancel_lag for run in spec.runs)
             total += spec.max_attempts * (longest + 2 * lease + 60.0)
@@ -1731,7 +1750,10 @@ class Simulation:
             if pipe is not None:
                 pipe.trouble()
                 pipe.slow_until = self.now + fault.a * 2 * lease
-                pipe.slow_max = fault.b * lease
+                # Each way its own: a renewal may arrive in time and its
+                # answer too late, or the other way round.
+                for way in (True, False):
+                    pipe.slow_max[way] = fault.b * lease * self.rng.choice([0.1, 0.4, 1.0])
                 end = pipe.slow_until + lease
         elif fault.kind == PAUSE:
             if worker.pipe is not None:
