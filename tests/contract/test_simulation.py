@@ -78,6 +78,33 @@ starts with the property's name, in brackets, and ends with the last events):
   `StreamProtocolError` in the daemon's, no frame of one stream delivered to
   another; and `ServerSession.check` holds after every daemon step.
 
+Mutation witnesses (each break made in the machine, the tests run with
+``RINGO_SIM_NO_SHRINK=1``, reverted; the property that failed first):
+
+* server.py — `pushed` spends no credit, or `drain` keeps the credit:
+  ``ServerSession.check`` (with that check off: the credit mirror); `end`
+  returns pushed leases: a delivered lease is never taken back; `lost` keeps
+  the lease outstanding: credit never exceeds free slots (a grant refused);
+  a grant replaces the credit instead of adding to it: the credit mirror;
+  ended leases not counted: every lease ends exactly once. Dropping the
+  capacity check alone changes nothing a correct worker can see (it never
+  asks beyond it); together with the client's grant accounting:
+  ``ServerSession.check``. Dropping the lease margin changes nothing here (a
+  claim is pushed at once; in the daemon the batch's stall deadline is a
+  second line).
+* client.py — grants in flight not counted, or a renewal in flight forgotten
+  when its handler exits: credit never exceeds free slots; the deadline from
+  a wrong clock, or renewals only at the deadline: a lease on a healthy stream
+  ends as its handler decided; the renewed deadline from receipt time, or a
+  LEASE_LOST renewal that does not cancel: a lease that expired is never
+  acked; release sent as a nack: no attempt spent by our own stopping; a push
+  that does not spend the mirror: the credit mirror; a lost lease's slot
+  freed while its handler runs: no task lost; no push accepted while
+  draining: neither half sees the other break the protocol.
+* the storage model — an ack that leaves the task pending: never two
+  successes; an ack after expiry: a lease that expired is never acked; a
+  release that spends the attempt: no attempt spent by our own stopping.
+
 Two things the simulation found are pinned rather than hidden:
 
 * before the client machine took orphans as *outside slots*, a stream
@@ -314,6 +341,57 @@ _RENEWED_TOO_LATE = Scenario(
     stop_now=False,
     grace=0.0,
 )
+# ... a renewal whose answer took long: the deadline counts from when it was
+# sent, not from when its answer came (else an ack outlives the lease) ...
+_SLOW_RENEWAL = Scenario(
+    seed=102,
+    minor=11,
+    lease=10.0,
+    max_delay=0.01,
+    workers=(WorkerSpec(concurrency=4, clock_offset=0.0, clock_rate=1.0),),
+    tasks=(
+        TaskSpec(max_attempts=1, runs=(Run(duration=0.0, outcome="ack", cancel_lag=0.0),), due=0.0),
+        TaskSpec(
+            max_attempts=1, runs=(Run(duration=0.165, outcome="ack", cancel_lag=0.0),), due=0.0
+        ),
+        TaskSpec(
+            max_attempts=1, runs=(Run(duration=6.66, outcome="ack", cancel_lag=0.0),), due=0.0
+        ),
+        TaskSpec(
+            max_attempts=1, runs=(Run(duration=6.667, outcome="ack", cancel_lag=0.0),), due=0.0
+        ),
+        TaskSpec(max_attempts=1, runs=(Run(duration=0.0, outcome="ack", cancel_lag=0.0),), due=0.0),
+        TaskSpec(
+            max_attempts=1, runs=(Run(duration=6.667, outcome="ack", cancel_lag=0.0),), due=0.0
+        ),
+        TaskSpec(
+            max_attempts=1, runs=(Run(duration=8.477, outcome="ack", cancel_lag=0.0),), due=0.0
+        ),
+        TaskSpec(
+            max_attempts=1, runs=(Run(duration=7.555, outcome="ack", cancel_lag=0.0),), due=0.0
+        ),
+        TaskSpec(
+            max_attempts=1, runs=(Run(duration=17.232, outcome="ack", cancel_lag=0.0),), due=0.0
+        ),
+        TaskSpec(
+            max_attempts=1, runs=(Run(duration=0.0, outcome="ack", cancel_lag=0.0),), due=0.002
+        ),
+        TaskSpec(
+            max_attempts=1, runs=(Run(duration=5.0, outcome="ack", cancel_lag=0.0),), due=0.001
+        ),
+        TaskSpec(
+            max_attempts=2, runs=(Run(duration=0.0, outcome="nack", cancel_lag=0.0),), due=0.0
+        ),
+    ),
+    faults=(
+        Fault(at=0, kind="slow", worker=0, a=0.0, b=0.0),
+        Fault(at=0, kind="pause", worker=0, a=0.0, b=0.0),
+        Fault(at=129, kind="slow", worker=0, a=0.65, b=0.35),
+    ),
+    stop_at=None,
+    stop_now=False,
+    grace=0.0,
+)
 # ... and an ack sent within the lease that reaches storage after it ran out.
 _ACK_TOO_LATE = Scenario(
     seed=0,
@@ -341,6 +419,7 @@ _ACK_TOO_LATE = Scenario(
 @_FAST
 @example(_RENEWAL_REFUSED)
 @example(_RENEWED_TOO_LATE)
+@example(_SLOW_RENEWAL)
 @example(_ACK_TOO_LATE)
 @given(scenarios(faults=(PAUSE, SLOW), max_faults=6, stubborn=True))
 def test_lost_leases(scenario: Scenario) -> None:
