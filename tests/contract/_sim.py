@@ -110,12 +110,6 @@ PROPERTIES = (
     SESSION_CHECK,
 )
 
-#: The client machine takes the slots handlers of ended streams hold as its
-#: ``outside`` slots (`WorkSession(outside=...)`, `outside_slot_freed`); before
-#: that API, the driver registered ``concurrency - orphans`` and resized the
-#: stream as orphans exited (`SimWorker` drives whichever the machine offers).
-OUTSIDE_SLOTS = hasattr(WorkSession, "outside_slot_freed")
-
 #: How long a stopping worker waits for its releases (worker.py's default).
 STOP_TIMEOUT = 5.0
 #: The SDK's command timeout and registration timeout.
@@ -1118,41 +1112,25 @@ class SimWorker:
             self._maybe_done()
             return
         sim = self.sim
-        if not OUTSIDE_SLOTS and self.concurrency <= len(self.orphans) and sim.legacy_workaround:
-            # Before outside slots, registering 0 asked for max(1, 0) = 1 and
-            # `registered` adopted the echo: one handler too many
-            # (test_orphans_holding_every_slot). Wait for an orphan to exit.
-            self.later(sim.now + sim.rng.uniform(0.2, 2.0), self.connect)
-            return
         pipe = sim.new_pipe(self)
         if not sim.daemon.accept(pipe):
             self.later(sim.now + sim.rng.uniform(0.2, 2.0), self.connect)
             return
-        if OUTSIDE_SLOTS:
-            # worker.py: the session counts the orphans' slots as taken.
-            session = WorkSession(
-                concurrency=self.concurrency,
-                minor=sim.scenario.minor,
-                dynamic_target=False,
-                command_timeout=COMMAND_TIMEOUT,
-                **{"outside": len(self.orphans)},
-            )
-            register = session.register()
-            asked = register.max_concurrency  # type: ignore[attr-defined]
-        else:
-            # worker.py before outside slots: register what the orphans leave.
-            concurrency = max(0, self.concurrency - len(self.orphans))
-            session = WorkSession(
-                concurrency=concurrency,
-                minor=sim.scenario.minor,
-                dynamic_target=False,
-                command_timeout=COMMAND_TIMEOUT,
-            )
-            register = session.register()
-            asked = max(1, concurrency)
+        # worker.py: the session counts the orphans' slots as taken (outside
+        # slots) and says what to register.
+        session = WorkSession(
+            concurrency=self.concurrency,
+            minor=sim.scenario.minor,
+            dynamic_target=False,
+            command_timeout=COMMAND_TIMEOUT,
+            outside=len(self.orphans),
+        )
+        register = session.register()
         self.session, self.pipe = session, pipe
         sim.trace_event(f"{self} opens stream {pipe.id}, {len(self.orphans)} orphan(s)")
-        pipe.to_daemon(RegisterMsg(asked, register.ordered_request_ids, sim.scenario.lease))
+        pipe.to_daemon(
+            RegisterMsg(register.max_concurrency, register.ordered_request_ids, sim.scenario.lease)
+        )
         self.later(sim.now + REGISTER_TIMEOUT, self._register_timeout, pipe)
 
     def _register_timeout(self, pipe: Pipe) -> None:
@@ -1411,10 +1389,7 @@ class SimWorker:
         if handler.outcome is not Outcome.RELEASE:
             handler.log.decided = handler.run.outcome
         if orphan:
-            if OUTSIDE_SLOTS:
-                self._orphan_exited(now)
-            else:
-                self._return_orphan_slot(now)
+            self._orphan_exited(now)
         session, pipe = handler.session, handler.pipe
         try:
             if session.holds(handler.key) and session.state in (State.ACTIVE, State.DRAINING):
@@ -1445,23 +1420,10 @@ class SimWorker:
         if session is None or pipe is None or session.state in (State.ENDED, State.ERROR):
             return
         try:
-            outputs = session.outside_slot_freed(now)  # type: ignore[attr-defined]
+            outputs = session.outside_slot_freed(now)
         except (RemoteProtocolError, LocalProtocolError) as exc:
             self.sim.violate(HALVES_AGREE, f"{self} freeing an outside slot: {exc!r}")
         self.act(session, pipe, outputs)
-
-    def _return_orphan_slot(self, now: float) -> None:
-        session = self.session
-        if (
-            session is None
-            or session.state is not State.ACTIVE
-            or not Features(self.sim.scenario.minor).has(Feature.TARGET_CONCURRENCY)
-        ):
-            return
-        wanted = max(0, self.concurrency - len(self.orphans))
-        if wanted != session.concurrency:
-            assert self.pipe is not None
-            self.act(session, self.pipe, session.set_concurrency(wanted, now))
 
     # -- stopping ------------------------------------------------------------------
 
@@ -1607,8 +1569,6 @@ class Simulation:
         self.workers = [SimWorker(self, i, spec) for i, spec in enumerate(scenario.workers)]
         self.stopping = False
         self.recovering = False
-        #: Before outside slots: no stream while orphans hold every slot.
-        self.legacy_workaround = True
         self.quiet_since = START  # when the last fault's effects were over
         self.liveness_bound = self._liveness_bound()
 
@@ -1870,12 +1830,6 @@ class Simulation:
             )
 
 
-def replay(scenario: Scenario, *, legacy_workaround: bool = True) -> Simulation:
-    """Run one scenario (what hypothesis printed) and check every property.
-
-    ``legacy_workaround=False`` drives a client machine without outside slots
-    exactly as worker.py did: a stream registered while orphans hold every
-    slot gets one (test_orphans_holding_every_slot_get_no_credit)."""
-    sim = Simulation(scenario)
-    sim.legacy_workaround = legacy_workaround
-    return sim.run()
+def replay(scenario: Scenario) -> Simulation:
+    """Run one scenario (what hypothesis printed) and check every property."""
+    return Simulation(scenario).run()

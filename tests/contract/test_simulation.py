@@ -110,9 +110,7 @@ Two things the simulation found are pinned rather than hidden:
 * before the client machine took orphans as *outside slots*, a stream
   registered while orphans held every slot asked for ``max(1, 0)`` = 1 and
   `registered` adopted the echo: one handler too many
-  (`test_orphans_holding_every_slot_get_no_credit`, a strict xfail on such a
-  machine; the simulation's driver then waits for an orphan to exit before
-  it reconnects, ``Simulation.legacy_workaround``);
+  (`test_orphans_holding_every_slot_get_no_credit`);
 * `WorkSession.settle` trusts the state of the last `poll`: when a handler
   finishes in the same loop step that ends a freeze, before the timer runs,
   its ack goes out although the local deadline has passed (storage refuses
@@ -144,7 +142,6 @@ from tests.contract._sim import (
     DROP,
     FAULTS,
     OUTAGE,
-    OUTSIDE_SLOTS,
     PAUSE,
     PROPERTIES,
     SHUTDOWN,
@@ -456,13 +453,6 @@ def test_all_faults_soak(scenario: Scenario) -> None:
     _simulate(scenario)
 
 
-@pytest.mark.xfail(
-    not OUTSIDE_SLOTS,
-    raises=Violation,
-    strict=True,
-    reason="before outside slots, a stream registered while orphans hold every slot"
-    " asks for max(1, 0) = 1 and `registered` adopts the echo",
-)
 def test_orphans_holding_every_slot_get_no_credit() -> None:
     """Found by this simulation. Concurrency 1; the stream drops while the
     one handler ignores its cancellation; the worker reconnects at once. The
@@ -480,8 +470,7 @@ def test_orphans_holding_every_slot_get_no_credit() -> None:
             workers=(WorkerSpec(1),),
             tasks=(TaskSpec(1, (Run(30.0, "ack", 20.0),)), TaskSpec(1, (Run(1.0),))),
             faults=(Fault(at=13, kind=DROP, a=0.0, b=0.0),),
-        ),
-        legacy_workaround=False,
+        )
     )
 
 
