@@ -203,6 +203,7 @@ from .storage._base import (
     Settlement,
     Storage,
     StorageUnavailable,
+    hand_back,
     stamp_ttl,
     ttl_field,
 )
@@ -819,11 +820,8 @@ class _WorkStream:
             # ~4 µs a task): the frame being written when it passes means the
             # worker stopped reading. Leases that merely aged are caught by
             # the session's check per push first, and returned without a reset.
-            hard = loop.time() + STALL_TIMEOUT
-            untils = [item.until for item in batch if item.until is not None]
-            if untils:
-                fresh_for = (min(untils) - clock.now()).total_seconds() - session.lease_margin()
-                hard = min(hard, loop.time() + fresh_for)
+            fresh_for = session.fresh_for(clock.now().timestamp())
+            hard = loop.time() + min(STALL_TIMEOUT, fresh_for)
             stale = False
             try:
                 async with asyncio.timeout_at(hard):
@@ -867,20 +865,17 @@ class _WorkStream:
         self._end_if_quiet()
 
     async def _release(self, unsent: Sequence[Push]) -> None:
+        """Hand back leases never written: the storage layer's `hand_back`,
+        which the unary Claim uses too, carries it out through the stream's
+        own cancellation (bounded) and logs a failure instead of raising it
+        over what brought us here; the leases then expire."""
         refs = [
             LeaseRef(task_id=item.task_id, attempt=item.attempt, lease_token=item.lease_token)
             for item in unsent
             if item.lease_token is not None
         ]
         owner = self._owner
-        try:
-            released = await owner.storage.release(refs, owner.clock.now())
-        except Exception:
-            # Not raised over the error that brought us here; the leases then
-            # simply expire.
-            log.exception("returning %d undelivered lease(s) failed", len(refs))
-            return
-        if released:
+        if await hand_back(owner.storage, refs, owner.clock.now()):
             owner.wakeups.notify(self._queue)
 
     # -- heartbeat -----------------------------------------------------------

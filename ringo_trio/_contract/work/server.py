@@ -72,6 +72,7 @@ outstanding, no command being run, no push being written.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -236,10 +237,10 @@ class _Lease:
 class ServerSession:
     """One Work stream's protocol state (daemon side). See the module docstring."""
 
-    def __init__(self, *, served_minor: int = 0) -> None:
+    def __init__(self) -> None:
         self.state = State.AWAIT_REGISTER
         self.error: BaseException | None = None
-        self.features = Features(served_minor)
+        self.features = Features(0)  # until `register` says the stream's minor
         self.ordered = False
         self.lease_duration = limits.DEFAULT_LEASE.total_seconds()
         self.capacity = 0
@@ -548,6 +549,12 @@ class ServerSession:
 
     def lease_margin(self) -> float:
         return min(LEASE_MARGIN, self.lease_duration / 2)
+
+    def fresh_for(self, now: float) -> float:
+        """Seconds until the first claimed lease has only the margin left
+        (infinite when none is claimed): the latest its push may be written."""
+        expiring = min((self.leases[token].expires_at for token in self._claimed), default=math.inf)
+        return expiring - self.lease_margin() - now
 
     def next_pushes(self, now: float, sizes: Sequence[int]) -> tuple[int, bool]:
         """How many of the claimed leases the next message carries, given
