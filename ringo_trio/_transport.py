@@ -68,6 +68,7 @@ from ._errors import (
     UnavailableError,
     error_for_code,
 )
+from ._interrupts import protected
 from ._proto.grpc.health.v1 import (
     HealthCheckRequest,
     HealthCheckResponse,
@@ -115,6 +116,45 @@ def _map_error(exc: Exception, endpoint: Endpoint) -> RingoError | None:
     else:
         return None
     return UnavailableError(f"daemon at {endpoint.authority} is unavailable: {detail}")
+
+
+def protect_island_from_keyboard_interrupt() -> None:
+    """Make the trio-asyncio loop KI-protected: a Ctrl-C that arrives while
+    it runs asyncio code is delivered to the program's main task at its next
+    checkpoint (trio's rule for protected code) instead of being raised in
+    whatever asyncio callback happened to run.
+
+    Why: trio raises KeyboardInterrupt in the interrupted frame unless that
+    frame, or one of its callers up to the task's root, is marked protected.
+    asyncio callbacks are not written to survive an exception at an arbitrary
+    bytecode: raised inside grpclib's ``data_received`` it corrupts the h2
+    connection, inside a future's done-callback it drops the wake-up of the
+    trio task waiting on it, inside the loop's own task it ends the loop.
+    Each left the SDK waiting on an asyncio future nothing would resolve — a
+    hang that a second Ctrl-C could not end — with the worker's leases
+    LEASED until they expired (issue 24: 5 of 25 runs at random moments).
+    Every asyncio callback runs below one of these trio-asyncio frames, and
+    every crossing between the two sides passes through the others, so
+    marking them (trio's own mechanism: ``enable_ki_protection`` records the
+    code object) covers the whole island. Idempotent; process-wide, which is
+    what the marking is (it is also right for any other trio-asyncio loop).
+    """
+    import trio
+    import trio_asyncio._base
+    import trio_asyncio._handles
+    import trio_asyncio._util
+
+    loop = trio_asyncio._base.BaseTrioEventLoop
+    for function in (
+        loop._main_loop,  # asyncio callbacks run below it
+        loop._main_loop_one,
+        loop._main_loop_exit,
+        loop._io_task,  # the loop's readers and writers: grpclib's socket
+        loop.run_aio_coroutine,  # trio → asyncio crossings
+        trio_asyncio._util.run_aio_future,
+        trio_asyncio._handles.AsyncHandle._run,  # asyncio → trio crossings
+    ):
+        trio.lowlevel.enable_ki_protection(function)
 
 
 class Transport:
@@ -166,6 +206,7 @@ class Transport:
         until ``stack`` closes (the testing kit shares its daemon's instead)."""
         import trio_asyncio
 
+        protect_island_from_keyboard_interrupt()
         return await stack.enter_async_context(trio_asyncio.open_loop())
 
     def _use_loop(self, loop: Any) -> None:
@@ -260,6 +301,7 @@ class Transport:
             try:
                 async with anyio.create_task_group() as tg:
 
+                    @protected
                     async def run() -> None:
                         coro = self._aio_stream(
                             method,

@@ -97,6 +97,7 @@ import anyio
 import anyio.lowlevel
 
 from .._errors import InvalidArgumentError, RingoError
+from .._interrupts import protected
 from ._permits import (
     AimdLaw,
     Member,
@@ -251,6 +252,7 @@ class _Controller:
         if self._pool.configure(capacity, probing):
             self._notify()
 
+    @protected
     async def _drive(self) -> None:
         """Run the controller's periodic work while this worker runs (if any)."""
 
@@ -361,6 +363,7 @@ class ResourceConcurrency(_Controller):
         if self._law.update(self._pressure(sample), self._pool.running):
             self._configure(self._law.capacity, False)
 
+    @protected
     async def _drive(self) -> None:
         lock = self._driver_lock
         assert lock is not None

@@ -56,6 +56,7 @@ from .._contract.work.client import (
 )
 from .._errors import RingoError, UnavailableError, error_for_code
 from .._frames import PushedTask, WorkResultFrame
+from .._interrupts import protected
 from .._models import Task
 from .._proto.ringo.v1 import (
     LeaseRef,
@@ -406,6 +407,7 @@ class StreamDriver:
             self.act(outputs)
         self._pull_in_timer()
 
+    @protected
     async def timer_loop(self) -> None:
         """Renewals, local lease deadlines and command timeouts, when due."""
         live = self

@@ -29,6 +29,7 @@ import anyio
 from .. import _supervision
 from .._contract.work.client import State
 from .._errors import WorkerFencedError
+from .._interrupts import protected
 from ._timeouts import Stuck, Watchdog
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ class Fencing:
         if nap is not None and when < nap.deadline:
             nap.deadline = when
 
+    @protected
     async def _watch(self, watchdog: Watchdog[_Running]) -> None:
         """Fence the worker once a cancelled handler outlives ``cancel_grace``."""
         while self._fence is None:

@@ -142,6 +142,7 @@ from .._errors import (
     WorkerAlreadyRunError,
     require,
 )
+from .._interrupts import protected, unprotected
 from .._models import Task, truncate_utf8
 from .._proto.ringo.v1 import (
     GetQueueActivityRequest,
@@ -469,6 +470,18 @@ def check_concurrency(value: object, *, low: int) -> int:
     return value
 
 
+@unprotected
+async def _call_handler(handler: Handler, task: Task, context: TaskContext) -> object:
+    """The user's handler, the one SDK frame a Ctrl-C may land below
+    (`ringo_trio._interrupts`)."""
+    returned: object = handler(task, context)
+    # A coroutine, nearly always: its exact type is checked before the
+    # general (Python-level) test.
+    if type(returned) is CoroutineType or inspect.isawaitable(returned):
+        returned = await returned
+    return returned
+
+
 class Worker(Fencing):
     """A credit-controlled worker of one queue. Create it with `TaskQueue.worker`.
 
@@ -600,6 +613,7 @@ class Worker(Fencing):
         if live is not None and live.session.state is State.ACTIVE:
             live.act(live.session.set_concurrency(concurrency, anyio.current_time()))
 
+    @protected
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
@@ -654,6 +668,7 @@ class Worker(Fencing):
         if not self._registered:
             task_status.started()  # closed before it ever registered
 
+    @protected
     async def _work(self) -> None:
         """Everything ``run`` does, shielded from the caller's cancellation;
         `_stop_now` bounds it by ``stop_timeout`` instead."""
@@ -708,6 +723,7 @@ class Worker(Fencing):
                 self._controller._detach(self._member)
                 self._member = None
 
+    @protected
     def _stop_now(self, why: str) -> None:
         """Stop at once and hand every lease back, within ``stop_timeout``."""
         if self._stop_reason is not None:
@@ -877,6 +893,7 @@ class Worker(Fencing):
                 # The stream's unused credit is void: those permits go back.
                 self._rebalance()
 
+    @protected
     async def _closer(self, live: StreamDriver, session_scope: anyio.CancelScope) -> None:
         await self._close_requested.wait()
         self._closing = True
@@ -919,6 +936,7 @@ class Worker(Fencing):
         self._idle_since = None
         backend.spawn(self._handle, live, key, task, running)
 
+    @protected
     async def _handle(
         self, live: StreamDriver, key: LeaseKey, task: Task, running: _Running
     ) -> None:
@@ -942,11 +960,7 @@ class Worker(Fencing):
                     return
             with running.scope:
                 try:
-                    returned = self._handler(task, running.context)
-                    # A coroutine, nearly always: its exact type is checked
-                    # before the general (Python-level) test.
-                    if type(returned) is CoroutineType or inspect.isawaitable(returned):
-                        returned = await returned
+                    returned = await _call_handler(self._handler, task, running.context)
                     result = self._result_value(live, returned)
                     outcome, error = Outcome.ACK, ""
                 except _ResultRefused as exc:
@@ -1015,6 +1029,7 @@ class Worker(Fencing):
         except InvalidArgumentError as exc:
             raise _ResultRefused(f"the handler's return value cannot be stored: {exc}") from None
 
+    @protected
     def _finish_handler(
         self,
         live: StreamDriver,
@@ -1088,6 +1103,7 @@ class Worker(Fencing):
             assert live is not None
             live.act(outputs)
 
+    @protected
     async def _follow_controller(self) -> None:
         """Rebalance whenever the shared pool changed (another worker gave
         permits back, attached or detached; the capacity moved)."""
@@ -1141,6 +1157,7 @@ class Worker(Fencing):
 
     # -- on_idle ----------------------------------------------------------------
 
+    @protected
     async def _idle_monitor(self, run_scope: anyio.CancelScope) -> None:
         callback = self._on_idle
         assert callback is not None
