@@ -121,6 +121,7 @@ import sniffio
 from .._contract import limits as _limits
 from .._contract.versions import FEATURES, Feature, Features
 from .._contract.work.client import (
+    CANCELLED_BY_OPERATOR,
     FeatureMissing,
     LeaseKey,
     Outcome,
@@ -191,12 +192,14 @@ class TaskContext:
 
     ``cancelled`` becomes true when the lease is lost, the stream drops, an
     operator cancels the task (`TaskQueue.cancel`; the worker learns it at
-    its next renewal or settlement), or the worker is closed past its grace
-    period — the handler is cancelled at the same moment. The lease token
-    stays inside the worker.
+    its next renewal, progress report or settlement), a ``task_timeouts``
+    limit runs out, or the worker is closed past its grace period — the
+    handler is cancelled at the same moment. The lease token stays inside
+    the worker.
     """
 
     __slots__ = (
+        "_by_operator",
         "_cancelled",
         "_deadline",
         "_key",
@@ -204,6 +207,7 @@ class TaskContext:
         "_live",
         "_task",
         "_waiter",
+        "_why",
         "_worker_id",
     )
 
@@ -213,6 +217,10 @@ class TaskContext:
         self._worker_id = worker_id
         self._live = live
         self._cancelled = False
+        self._why = ""  # what cancelled it first
+        # The daemon said an operator cancelled the task: the handler's
+        # LeaseLostError is then that news, not a crash (`Worker._handle`).
+        self._by_operator = False
         self._waiter: anyio.Event | None = None
         self._last_progress: float | None = None
         self._deadline: float | None = None
@@ -278,7 +286,10 @@ class TaskContext:
         if not isinstance(message, str):
             raise InvalidArgumentError("message must be a string")
         if self._cancelled or not self._live.session.holds(self._key):
-            raise LeaseLostError("the task's lease is no longer held by this worker")
+            why = CANCELLED_BY_OPERATOR if self._by_operator else self._why
+            raise LeaseLostError(
+                "the task's lease is no longer held by this worker" + (f": {why}" if why else "")
+            )
         self.mark_progress()
         frame = self._live.session.report_progress(
             self._key,
@@ -291,7 +302,9 @@ class TaskContext:
         if error is not None:
             raise command_exception(error)
 
-    def _cancel(self) -> None:
+    def _cancel(self, why: str = "") -> None:
+        if not self._cancelled:
+            self._why = why
         self._cancelled = True
         if self._waiter is not None:
             self._waiter.set()
@@ -354,8 +367,8 @@ class _Running:
     ticket: int = 0  # its admission, for a shared controller's control law
     congested: bool = False  # it raised RetryTaskError(congestion=True)
 
-    def cancel(self) -> None:
-        self.context._cancel()
+    def cancel(self, why: str = "") -> None:
+        self.context._cancel(why)
         self.scope.cancel()
 
 
@@ -967,7 +980,10 @@ class Worker(Fencing):
                 except Exception as exc:
                     outcome = Outcome.NACK
                     error = f"{type(exc).__name__}: {_error_text(exc)}"
-                    _log_outcome(self, running, logging.ERROR, "crashed", error, exc_info=exc)
+                    if not (isinstance(exc, LeaseLostError) and running.context._by_operator):
+                        _log_outcome(self, running, logging.ERROR, "crashed", error, exc_info=exc)
+                    # else: how the handler learnt of an operator's cancel,
+                    # which `_task_cancelled` logged at INFO; nobody's error.
                 finished = True
         except anyio.get_cancelled_exc_class():
             raise
@@ -1107,6 +1123,7 @@ class Worker(Fencing):
         # Not an error: someone chose to stop this task (CancelTask).
         running = self._running.get(key)
         if running is not None:
+            running.context._by_operator = True
             _log_outcome(
                 self,
                 running,
@@ -1134,7 +1151,7 @@ class Worker(Fencing):
             self._cancel(running, why)
 
     def _cancel(self, running: _Running, why: str) -> None:
-        running.cancel()
+        running.cancel(why)
         watchdog = self._watchdog
         if watchdog is not None:
             self._wake_watch(watchdog.cancelled(running, anyio.current_time(), why))
