@@ -199,6 +199,7 @@ class TaskContext:
     """
 
     __slots__ = (
+        "_beat",
         "_by_operator",
         "_cancelled",
         "_deadline",
@@ -224,6 +225,8 @@ class TaskContext:
         self._waiter: anyio.Event | None = None
         self._last_progress: float | None = None
         self._deadline: float | None = None
+        # With a heartbeat timeout: pushes the handler's deadline forward.
+        self._beat: Callable[[float], None] | None = None
 
     @property
     def task(self) -> Task:
@@ -265,8 +268,14 @@ class TaskContext:
         await self._waiter.wait()
 
     def mark_progress(self) -> None:
-        """Note local progress without any RPC (what a watchdog looks at)."""
-        self._last_progress = anyio.current_time()
+        """Note local progress without any RPC. With
+        ``TaskTimeouts(heartbeat=...)`` this is what keeps the handler from
+        being cancelled: the heartbeat timeout counts from the last call."""
+        now = anyio.current_time()
+        self._last_progress = now
+        beat = self._beat
+        if beat is not None:
+            beat(now)
 
     @property
     def last_progress(self) -> float | None:
@@ -996,11 +1005,11 @@ class Worker(Fencing):
         finally:
             if watchdog is not None:
                 now = anyio.current_time()
-                deadline = running.context._deadline
-                if deadline is not None and now >= deadline:
+                expired = watchdog.expired(running, now)
+                if expired is not None:
                     # Whatever it did past its deadline — returned without
                     # ever yielding, swallowed the cancellation — is no success.
-                    outcome, error, delay = Outcome.NACK, watchdog.timeout_text(), None
+                    outcome, error, delay = Outcome.NACK, expired, None
                 stuck = watchdog.exited(running, now)
                 if stuck is not None:
                     self._fence_stuck(stuck)
