@@ -89,9 +89,13 @@ ignored with one warning per type; a value over ``MAX_RESULT_BYTES`` fails
 the attempt like an exception (nack). An operator's CancelTask reaches the
 worker as a ``LEASE_LOST`` with reason ``cancelled`` on the lease's next
 renewal, progress report or settlement: the handler's scope is cancelled
-as for any lost lease, and the worker logs it at INFO, not as an error.
+as for any lost lease, and the worker logs it at INFO, not as an error —
+once: the `LeaseLostError` a handler then gets from ``report_progress``
+and lets propagate is that news, not a crash (`_handle`).
 
-*Timeouts and fencing*: `ringo_trio._work._fencing`.
+*Timeouts and fencing*: `ringo_trio._work._fencing`. ``TaskTimeouts(heartbeat=...)``
+is fed by `TaskContext.mark_progress` (and ``report_progress``, which calls
+it): each call pushes the handler's scope deadline forward (``_beat``).
 
 *Reconnects are bounded*: a session that fails before registering counts as a
 failed recovery; three in a row end ``run`` with the last cause. A session
