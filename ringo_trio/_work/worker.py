@@ -196,10 +196,10 @@ class TaskContext:
 
     ``cancelled`` becomes true when the lease is lost, the stream drops, an
     operator cancels the task (`TaskQueue.cancel`; the worker learns it at
-    its next renewal, progress report or settlement), a ``task_timeouts``
-    limit runs out, or the worker is closed past its grace period — the
-    handler is cancelled at the same moment. The lease token stays inside
-    the worker.
+    its next renewal, progress report or settlement), or the worker is
+    closed past its grace period — the handler is cancelled at the same
+    moment. (A ``task_timeouts`` deadline cancels the handler's scope
+    without it.) The lease token stays inside the worker.
     """
 
     __slots__ = (
