@@ -189,8 +189,10 @@ async def _watch_signals(
 
 
 def _task_timeouts(args: argparse.Namespace) -> TaskTimeouts | None:
-    """`TaskTimeouts` from --start-to-close / --no-start / --cancel-grace; None if none given."""
-    if args.start_to_close is None and args.no_start is None and args.cancel_grace is None:
+    """`TaskTimeouts` from --start-to-close / --no-start / --cancel-grace /
+    --heartbeat-timeout; None if none given."""
+    names = ("start_to_close", "no_start", "cancel_grace", "heartbeat_timeout")
+    if all(getattr(args, name) is None for name in names):
         return None
     given: dict[str, Any] = {
         name: timedelta(seconds=value)
@@ -198,6 +200,7 @@ def _task_timeouts(args: argparse.Namespace) -> TaskTimeouts | None:
             ("start_to_close", args.start_to_close),
             ("no_start", args.no_start),
             ("cancel_grace", args.cancel_grace),
+            ("heartbeat", args.heartbeat_timeout),
         )
         if value is not None
     }
@@ -286,7 +289,9 @@ def _worker_problems(args: argparse.Namespace) -> list[str]:
     if not args.grace_period >= 0:
         problems.append("--grace-period must be >= 0")
     problems += _positive(args, "stop_timeout") if hasattr(args, "stop_timeout") else []
-    problems += _positive(args, "start_to_close", "no_start", "cancel_grace", "stall_timeout")
+    problems += _positive(
+        args, "start_to_close", "no_start", "cancel_grace", "heartbeat_timeout", "stall_timeout"
+    )
     return problems
 
 
@@ -554,6 +559,13 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="seconds a cancelled handler may take to exit before the worker is fenced (10)",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=None,
+        help="seconds a handler may go without ctx.mark_progress / report_progress before it"
+        " is cancelled (no limit)",
     )
     parser.add_argument(
         "--stall-timeout",

@@ -355,6 +355,8 @@ class Supervisor:
             if timeouts.no_start is not None:
                 argv += ["--no-start", _seconds(timeouts.no_start)]
             argv += ["--cancel-grace", _seconds(timeouts.cancel_grace)]
+            if timeouts.heartbeat is not None:
+                argv += ["--heartbeat-timeout", _seconds(timeouts.heartbeat)]
         argv += ["--stall-timeout", _seconds(self._stall)]
         return argv
 

@@ -404,6 +404,10 @@ def test_worker_needs_exactly_one_daemon(handlers_dir: pathlib.Path) -> None:
         (["--endpoint", "127.0.0.1:1", "--no-start", "-1"], "--no-start must be > 0"),
         (["--endpoint", "127.0.0.1:1", "--cancel-grace", "nan"], "--cancel-grace must be > 0"),
         (["--endpoint", "127.0.0.1:1", "--stall-timeout", "0"], "--stall-timeout must be > 0"),
+        (
+            ["--endpoint", "127.0.0.1:1", "--heartbeat-timeout", "inf"],
+            "--heartbeat-timeout must be > 0",
+        ),
     ],
 )
 def test_worker_refuses_bad_timeouts(
@@ -419,6 +423,22 @@ def test_worker_refuses_bad_timeouts(
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"ringo worker: {message}"
+
+
+def test_timeout_flags_become_task_timeouts() -> None:
+    """Every --…timeout flag of `ringo worker` / `ringo supervise` reaches
+    TaskTimeouts, --heartbeat-timeout as ``heartbeat``; none given, none set."""
+    from datetime import timedelta
+
+    from ringo_trio import TaskTimeouts, _cli
+
+    for command in ("worker", "supervise"):
+        base = [command, "m:f", "--queue", "q"]
+        assert _cli._task_timeouts(_cli._parser().parse_args(base)) is None
+        args = _cli._parser().parse_args([*base, "--heartbeat-timeout", "2", "--no-start", "1"])
+        assert _cli._task_timeouts(args) == TaskTimeouts(
+            heartbeat=timedelta(seconds=2), no_start=timedelta(seconds=1)
+        )
 
 
 def test_worker_fenced_by_a_stubborn_handler_exits_75(

@@ -465,7 +465,9 @@ def test_worker_argv_passes_every_option() -> None:
         lease_duration=timedelta(seconds=7),
         grace_period=timedelta(seconds=3),
         task_timeouts=TaskTimeouts(
-            start_to_close=timedelta(seconds=2), no_start=timedelta(seconds=1)
+            start_to_close=timedelta(seconds=2),
+            no_start=timedelta(seconds=1),
+            heartbeat=timedelta(seconds=1.5),
         ),
     ).worker_argv()
     assert argv[:5] == [sys.executable, "-m", "ringo_trio._cli", "worker", "m:f"]
@@ -480,6 +482,7 @@ def test_worker_argv_passes_every_option() -> None:
     assert flags["--start-to-close"] == "2.0"
     assert flags["--no-start"] == "1.0"
     assert flags["--cancel-grace"] == "10.0"
+    assert flags["--heartbeat-timeout"] == "1.5"
     assert flags["--stall-timeout"] == "7.0"  # min(lease 7, 2 + 10)
 
 

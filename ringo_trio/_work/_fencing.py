@@ -2,8 +2,10 @@
 
 Theory of operation
 -------------------
-A handler's scope carries its ``start_to_close`` deadline, so one scope ties
-lease, timeout and drain together. Whether a cancelled handler really stops
+A handler's scope carries its deadline — the earlier of ``start_to_close``
+and ``heartbeat``, the latter pushed forward by each progress call
+(`_progressed`: the scope's deadline moves; no task polls) — so one scope
+ties lease, timeouts and drain together. Whether a cancelled handler really stops
 is watched by a sans-IO `Watchdog` (`ringo_trio._work._timeouts`) and one
 task of the worker's run group that sleeps in a cancel scope whose deadline
 is the earliest moment some handler becomes overdue (pulled in when a
@@ -20,6 +22,7 @@ process is the only remedy for code that ignores cancellation: that is
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -104,9 +107,20 @@ class Fencing:
         deadline = watchdog.started(running, now)
         if deadline is not None:
             running.scope.deadline = deadline
-            running.context._deadline = deadline
+            running.context._deadline = watchdog.start_to_close_deadline(running)
             self._wake_watch(deadline + watchdog.cancel_grace)
+        if watchdog.heartbeat is not None:
+            running.context._beat = functools.partial(self._progressed, watchdog, running)
         return None
+
+    @staticmethod
+    def _progressed(watchdog: Watchdog[_Running], running: _Running, now: float) -> None:
+        """A progress call pushes the handler's scope deadline forward. Never
+        earlier, so the watch, asleep until the old moment at the latest,
+        needs no waking: it finds nothing due then and sleeps on."""
+        deadline = watchdog.progressed(running, now)
+        if deadline is not None:
+            running.scope.deadline = deadline
 
     def _wake_watch(self, when: float) -> None:
         nap = self._watch_nap

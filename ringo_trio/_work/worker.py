@@ -89,9 +89,13 @@ ignored with one warning per type; a value over ``MAX_RESULT_BYTES`` fails
 the attempt like an exception (nack). An operator's CancelTask reaches the
 worker as a ``LEASE_LOST`` with reason ``cancelled`` on the lease's next
 renewal, progress report or settlement: the handler's scope is cancelled
-as for any lost lease, and the worker logs it at INFO, not as an error.
+as for any lost lease, and the worker logs it at INFO, not as an error —
+once: the `LeaseLostError` a handler then gets from ``report_progress``
+and lets propagate is that news, not a crash (`_handle`).
 
-*Timeouts and fencing*: `ringo_trio._work._fencing`.
+*Timeouts and fencing*: `ringo_trio._work._fencing`. ``TaskTimeouts(heartbeat=...)``
+is fed by `TaskContext.mark_progress` (and ``report_progress``, which calls
+it): each call pushes the handler's scope deadline forward (``_beat``).
 
 *Reconnects are bounded*: a session that fails before registering counts as a
 failed recovery; three in a row end ``run`` with the last cause. A session
@@ -121,6 +125,7 @@ import sniffio
 from .._contract import limits as _limits
 from .._contract.versions import FEATURES, Feature, Features
 from .._contract.work.client import (
+    CANCELLED_BY_OPERATOR,
     FeatureMissing,
     LeaseKey,
     Outcome,
@@ -192,12 +197,15 @@ class TaskContext:
 
     ``cancelled`` becomes true when the lease is lost, the stream drops, an
     operator cancels the task (`TaskQueue.cancel`; the worker learns it at
-    its next renewal or settlement), or the worker is closed past its grace
-    period — the handler is cancelled at the same moment. The lease token
-    stays inside the worker.
+    its next renewal, progress report or settlement), or the worker is
+    closed past its grace period — the handler is cancelled at the same
+    moment. (A ``task_timeouts`` deadline cancels the handler's scope
+    without it.) The lease token stays inside the worker.
     """
 
     __slots__ = (
+        "_beat",
+        "_by_operator",
         "_cancelled",
         "_deadline",
         "_key",
@@ -205,6 +213,7 @@ class TaskContext:
         "_live",
         "_task",
         "_waiter",
+        "_why",
         "_worker_id",
     )
 
@@ -214,9 +223,15 @@ class TaskContext:
         self._worker_id = worker_id
         self._live = live
         self._cancelled = False
+        self._why = ""  # what cancelled it first
+        # The daemon said an operator cancelled the task: the handler's
+        # LeaseLostError is then that news, not a crash (`Worker._handle`).
+        self._by_operator = False
         self._waiter: anyio.Event | None = None
         self._last_progress: float | None = None
         self._deadline: float | None = None
+        # With a heartbeat timeout: pushes the handler's deadline forward.
+        self._beat: Callable[[float], None] | None = None
 
     @property
     def task(self) -> Task:
@@ -258,8 +273,14 @@ class TaskContext:
         await self._waiter.wait()
 
     def mark_progress(self) -> None:
-        """Note local progress without any RPC (what a watchdog looks at)."""
-        self._last_progress = anyio.current_time()
+        """Note local progress without any RPC. With
+        ``TaskTimeouts(heartbeat=...)`` this is what keeps the handler from
+        being cancelled: the heartbeat timeout counts from the last call."""
+        now = anyio.current_time()
+        self._last_progress = now
+        beat = self._beat
+        if beat is not None:
+            beat(now)
 
     @property
     def last_progress(self) -> float | None:
@@ -279,7 +300,10 @@ class TaskContext:
         if not isinstance(message, str):
             raise InvalidArgumentError("message must be a string")
         if self._cancelled or not self._live.session.holds(self._key):
-            raise LeaseLostError("the task's lease is no longer held by this worker")
+            why = CANCELLED_BY_OPERATOR if self._by_operator else self._why
+            raise LeaseLostError(
+                "the task's lease is no longer held by this worker" + (f": {why}" if why else "")
+            )
         self.mark_progress()
         frame = self._live.session.report_progress(
             self._key,
@@ -292,7 +316,9 @@ class TaskContext:
         if error is not None:
             raise command_exception(error)
 
-    def _cancel(self) -> None:
+    def _cancel(self, why: str = "") -> None:
+        if not self._cancelled:
+            self._why = why
         self._cancelled = True
         if self._waiter is not None:
             self._waiter.set()
@@ -355,8 +381,8 @@ class _Running:
     ticket: int = 0  # its admission, for a shared controller's control law
     congested: bool = False  # it raised RetryTaskError(congestion=True)
 
-    def cancel(self) -> None:
-        self.context._cancel()
+    def cancel(self, why: str = "") -> None:
+        self.context._cancel(why)
         self.scope.cancel()
 
 
@@ -981,7 +1007,10 @@ class Worker(Fencing):
                 except Exception as exc:
                     outcome = Outcome.NACK
                     error = f"{type(exc).__name__}: {_error_text(exc)}"
-                    _log_outcome(self, running, logging.ERROR, "crashed", error, exc_info=exc)
+                    if not (isinstance(exc, LeaseLostError) and running.context._by_operator):
+                        _log_outcome(self, running, logging.ERROR, "crashed", error, exc_info=exc)
+                    # else: how the handler learnt of an operator's cancel,
+                    # which `_task_cancelled` logged at INFO; nobody's error.
                 finished = True
         except anyio.get_cancelled_exc_class():
             raise
@@ -994,11 +1023,11 @@ class Worker(Fencing):
         finally:
             if watchdog is not None:
                 now = anyio.current_time()
-                deadline = running.context._deadline
-                if deadline is not None and now >= deadline:
+                expired = watchdog.expired(running, now)
+                if expired is not None:
                     # Whatever it did past its deadline — returned without
                     # ever yielding, swallowed the cancellation — is no success.
-                    outcome, error, delay = Outcome.NACK, watchdog.timeout_text(), None
+                    outcome, error, delay = Outcome.NACK, expired, None
                 stuck = watchdog.exited(running, now)
                 if stuck is not None:
                     self._fence_stuck(stuck)
@@ -1123,6 +1152,7 @@ class Worker(Fencing):
         # Not an error: someone chose to stop this task (CancelTask).
         running = self._running.get(key)
         if running is not None:
+            running.context._by_operator = True
             _log_outcome(
                 self,
                 running,
@@ -1150,7 +1180,7 @@ class Worker(Fencing):
             self._cancel(running, why)
 
     def _cancel(self, running: _Running, why: str) -> None:
-        running.cancel()
+        running.cancel(why)
         watchdog = self._watchdog
         if watchdog is not None:
             self._wake_watch(watchdog.cancelled(running, anyio.current_time(), why))

@@ -21,8 +21,10 @@ from ringo_trio import (
     FailedPreconditionError,
     IncompatibleVersionError,
     InvalidArgumentError,
+    LeaseLostError,
     NotFoundError,
     PermanentTaskError,
+    RetryTaskError,
     Ringo,
     Task,
     TaskContext,
@@ -125,6 +127,166 @@ async def test_an_ack_after_the_cancel_is_dropped_and_logged(
     [record] = _records(caplog, "cancelled by an operator")
     assert record.levelno == logging.INFO
     assert "outcome was not stored" in record.getMessage()
+
+
+def _assert_one_quiet_info(caplog: pytest.LogCaptureFixture, task_id: str) -> None:
+    """One INFO line names the task and the operator; nothing at WARNING or
+    above, and no traceback anywhere."""
+    [record] = _records(caplog, "cancelled by an operator")
+    assert record.levelno == logging.INFO
+    assert task_id in record.getMessage()
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert loud == []
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+
+
+async def test_a_progress_report_after_the_cancel_logs_info_not_a_crash(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: a handler that learns of an operator's cancel from its own
+    progress report — the daemon answers it LEASE_LOST with reason cancelled
+    and ``report_progress`` raises `LeaseLostError`, which the handler lets
+    propagate — is not a crash: the worker logs one INFO line naming the task
+    and "cancelled by an operator", nothing at ERROR and no traceback; the
+    task stays CANCELLED."""
+    caplog.set_level(logging.INFO, logger="ringo_trio")
+    with trio.fail_after(10 * LEASE.total_seconds()):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("cancel-progress")
+            task_id = (await queue.enqueue(task_type="t")).task.id
+            started, go, exited = trio.Event(), trio.Event(), trio.Event()
+            raised: list[BaseException] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                started.set()
+                try:
+                    await go.wait()
+                    await ctx.report_progress(1, 2, "half way")
+                except BaseException as exc:
+                    raised.append(exc)
+                    raise
+                finally:
+                    exited.set()
+
+            worker = queue.worker(handle, lease_duration=LEASE)
+            async with running(worker):
+                await started.wait()
+                await queue.cancel_by_id(task_id)
+                go.set()  # well before the next renewal: progress tells first
+                await exited.wait()
+            stored = await queue.get_by_id(task_id)
+    assert stored.state is TaskState.CANCELLED
+    [error] = raised
+    assert isinstance(error, LeaseLostError)
+    assert "cancelled" in str(error)
+    _assert_one_quiet_info(caplog, task_id)
+
+
+async def test_a_genuine_crash_still_logs_error(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: only the news of an operator's cancel is quiet. A handler
+    raising — even `LeaseLostError`, say from a lease of the manual API —
+    when nobody cancelled its task has crashed: ERROR, with its traceback."""
+    caplog.set_level(logging.INFO, logger="ringo_trio")
+    with trio.fail_after(10 * LEASE.total_seconds()):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("crash")
+            task_id = (await queue.enqueue(task_type="t", max_attempts=1)).task.id
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                raise LeaseLostError("some other lease")
+
+            await env.run_worker(queue, handle, lease_duration=LEASE)
+    [record] = _records(caplog, "crashed")
+    assert record.levelno == logging.ERROR
+    assert task_id in record.getMessage()
+    assert record.exc_info is not None
+
+
+async def test_progress_after_a_renewal_told_of_the_cancel_logs_info_not_a_crash(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: a handler cancelled because a lease renewal was answered
+    "cancelled", whose cleanup then reports progress (``report_progress``
+    raises `LeaseLostError` at once, naming the operator's cancel), is not a
+    crash either: one INFO line, nothing at ERROR, no traceback."""
+    caplog.set_level(logging.INFO, logger="ringo_trio")
+    with trio.fail_after(10 * LEASE.total_seconds()):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("cancel-renewal")
+            task_id = (await queue.enqueue(task_type="t")).task.id
+            started, exited = trio.Event(), trio.Event()
+            raised: list[BaseException] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                started.set()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    try:
+                        with trio.CancelScope(shield=True):
+                            await ctx.report_progress(0, message="stopping")
+                    except BaseException as exc:
+                        raised.append(exc)
+                        raise
+                    finally:
+                        exited.set()
+
+            worker = queue.worker(handle, lease_duration=LEASE)
+            async with running(worker):
+                await started.wait()
+                await queue.cancel_by_id(task_id)
+                await exited.wait()  # at the next renewal
+            stored = await queue.get_by_id(task_id)
+    assert stored.state is TaskState.CANCELLED
+    [error] = raised
+    assert isinstance(error, LeaseLostError)
+    assert "cancelled by an operator" in str(error)
+    _assert_one_quiet_info(caplog, task_id)
+
+
+async def test_a_settlement_refused_as_cancelled_logs_info_not_a_crash(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: a handler that fails (nack) or succeeds (ack) after its task
+    was cancelled, before any renewal or progress report told the worker,
+    learns nothing itself; the settlement answered "cancelled" gives one INFO
+    line per task saying its outcome was not stored, nothing at ERROR, no
+    traceback — the handler's own retry request is INFO as always."""
+    caplog.set_level(logging.INFO, logger="ringo_trio")
+    with trio.fail_after(10 * LEASE.total_seconds()):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("cancel-settle")
+            acked = (await queue.enqueue(task_type="ack")).task.id
+            nacked = (await queue.enqueue(task_type="nack")).task.id
+            both, release = trio.Event(), trio.Event()
+            seen: list[str] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> bytes:
+                seen.append(task.id)
+                if len(seen) == 2:
+                    both.set()
+                await release.wait()
+                if task.task_type == "nack":
+                    raise RetryTaskError("try later")
+                return b"too late"
+
+            worker = queue.worker(handle, concurrency=2, lease_duration=LEASE)
+            async with running(worker):
+                await both.wait()
+                await queue.cancel_by_id(acked)
+                await queue.cancel_by_id(nacked)
+                release.set()
+            stored = [await queue.get_by_id(i) for i in (acked, nacked)]
+    assert [t.state for t in stored] == [TaskState.CANCELLED] * 2
+    records = _records(caplog, "cancelled by an operator")
+    assert sorted(r.levelno for r in records) == [logging.INFO] * 2
+    for task_id in (acked, nacked):
+        [record] = [r for r in records if task_id in r.getMessage()]
+        assert "outcome was not stored" in record.getMessage()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
 
 
 async def test_cancel_from_the_sdk(autojump_clock: trio.testing.MockClock) -> None:

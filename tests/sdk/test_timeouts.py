@@ -55,11 +55,14 @@ class WatchdogMachine(RuleBasedStateMachine):
     """`Watchdog` against a model that scans every handler.
 
     Properties: the next check is the earliest (cancellation moment + grace)
-    over running handlers, where the moment is the start_to_close deadline
-    or the first explicit cancellation, whichever is earlier; `stuck` names
-    such a handler exactly when that moment is due; `exited` reports a
-    handler exactly when it left at or past its moment + grace; finished
-    handlers are forgotten.
+    over running handlers, where the moment is the earliest of the
+    start_to_close deadline, the heartbeat deadline (last progress before it
+    passed + heartbeat; progress after it moves nothing) and the first
+    explicit cancellation; a handler's scope deadline is the earlier of its
+    two deadlines; `expired` names the earliest deadline passed; `stuck`
+    names such a handler exactly when that moment is due; `exited` reports a
+    handler exactly when it left at or past its moment + grace, naming the
+    reason of its moment; finished handlers are forgotten.
     """
 
     def __init__(self) -> None:
@@ -69,26 +72,48 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.watchdog: Watchdog[int] | None = None
         self.grace = 0.0
         self.start_to_close: float | None = None
-        # key -> [deadline or None, first cancel moment or None]
+        self.heartbeat: float | None = None
+        # key -> [deadline, heartbeat deadline, first cancel moment], each or None
         self.model: dict[int, list[float | None]] = {}
 
     @rule(
         start_to_close=st.none() | st.sampled_from([0.5, 1.0, 3.0]),
+        heartbeat=st.none() | st.sampled_from([0.25, 0.5, 2.0]),
         grace=st.sampled_from([0.25, 1.0, 2.0]),
     )
     @precondition(lambda self: self.watchdog is None)
-    def configure(self, start_to_close: float | None, grace: float) -> None:
+    def configure(
+        self, start_to_close: float | None, heartbeat: float | None, grace: float
+    ) -> None:
         self.grace = grace
         self.watchdog = Watchdog(
             TaskTimeouts(
                 start_to_close=None if start_to_close is None else seconds(start_to_close),
+                heartbeat=None if heartbeat is None else seconds(heartbeat),
                 cancel_grace=seconds(grace),
             )
         )
         self.start_to_close = start_to_close
+        self.heartbeat = heartbeat
 
     def moment(self, key: int) -> float | None:
         times = [t for t in self.model[key] if t is not None]
+        return min(times) if times else None
+
+    def reason(self, key: int) -> str:
+        """Why the handler's moment came: on a tie a timeout wins."""
+        assert self.watchdog is not None
+        deadline, beat, cancel = self.model[key]
+        moment = self.moment(key)
+        if deadline == moment:
+            return self.watchdog.timeout_text()
+        if beat == moment:
+            return self.watchdog.heartbeat_text()
+        assert cancel == moment
+        return "lease lost"
+
+    def scope_deadline(self, key: int) -> float | None:
+        times = [t for t in self.model[key][:2] if t is not None]
         return min(times) if times else None
 
     @rule(dt=st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0, 2.5]))
@@ -102,9 +127,25 @@ class WatchdogMachine(RuleBasedStateMachine):
         key = self.next_key
         self.next_key += 1
         deadline = self.watchdog.started(key, self.now)
-        expected = None if self.start_to_close is None else self.now + self.start_to_close
-        assert deadline == expected
-        self.model[key] = [deadline, None]
+        stc = None if self.start_to_close is None else self.now + self.start_to_close
+        beat = None if self.heartbeat is None else self.now + self.heartbeat
+        self.model[key] = [stc, beat, None]
+        assert deadline == self.scope_deadline(key)
+        assert self.watchdog.start_to_close_deadline(key) == stc
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.watchdog is not None and self.model)
+    def progress(self, data: st.DataObject) -> None:
+        assert self.watchdog is not None
+        key = data.draw(st.sampled_from(sorted(self.model)))
+        moved = self.watchdog.progressed(key, self.now)
+        beat = self.model[key][1]
+        if beat is None or self.now >= beat:
+            assert moved is None
+        else:
+            assert self.heartbeat is not None
+            self.model[key][1] = self.now + self.heartbeat
+            assert moved == self.scope_deadline(key)
 
     @rule(data=st.data())
     @precondition(lambda self: self.watchdog is not None and self.model)
@@ -112,9 +153,9 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert self.watchdog is not None
         key = data.draw(st.sampled_from(sorted(self.model)))
         due = self.watchdog.cancelled(key, self.now, "lease lost")
-        if self.model[key][1] is None:
-            self.model[key][1] = self.now
-        assert due == self.model[key][1] + self.grace
+        if self.model[key][2] is None:
+            self.model[key][2] = self.now
+        assert due == self.model[key][2] + self.grace
 
     @rule(data=st.data())
     @precondition(lambda self: self.watchdog is not None and self.model)
@@ -122,6 +163,13 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert self.watchdog is not None
         key = data.draw(st.sampled_from(sorted(self.model)))
         moment = self.moment(key)
+        texts = [self.watchdog.timeout_text, self.watchdog.heartbeat_text]
+        passed = [
+            (t, i) for i, t in enumerate(self.model[key][:2]) if t is not None and self.now >= t
+        ]
+        expected = texts[min(passed)[1]]() if passed else None
+        assert self.watchdog.expired(key, self.now) == expected
+        reason = None if moment is None else self.reason(key)
         found = self.watchdog.exited(key, self.now)
         del self.model[key]
         if moment is None or self.now < moment + self.grace:
@@ -131,6 +179,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             assert found.key == key
             assert found.cancelled_at == moment
             assert found.ignored_for == self.now - moment
+            assert found.why == reason
 
     @invariant()
     def next_check_and_stuck_match_the_model(self) -> None:
@@ -147,7 +196,9 @@ class WatchdogMachine(RuleBasedStateMachine):
             assert stuck is not None
             assert self.moment(stuck.key) == earliest
             assert stuck.ignored_for == self.now - earliest
-        assert len(self.watchdog) == sum(1 for v in self.model.values() if v != [None, None])
+        assert len(self.watchdog) == sum(1 for v in self.model.values() if v != [None] * 3)
+        for key in self.model:
+            assert self.watchdog.deadline(key) == self.scope_deadline(key)
 
 
 TestWatchdog = WatchdogMachine.TestCase
@@ -170,6 +221,10 @@ def test_task_timeouts_are_validated() -> None:
         {"no_start": timedelta(seconds=-1)},
         {"cancel_grace": None},
         {"cancel_grace": timedelta(0)},
+        {"heartbeat": timedelta(0)},
+        {"heartbeat": timedelta(seconds=-1)},
+        {"heartbeat": 1.0},
+        {"heartbeat": float("inf")},
     ):
         with pytest.raises(InvalidArgumentError):
             TaskTimeouts(**bad)  # type: ignore[arg-type]
@@ -475,3 +530,171 @@ async def test_task_timeouts_must_be_task_timeouts(tmp_path: pathlib.Path) -> No
             with pytest.raises(InvalidArgumentError, match="TaskTimeouts"):
                 queue.worker(lambda task, ctx: None, task_timeouts=bad)  # type: ignore[arg-type]
         queue.worker(lambda task, ctx: None, task_timeouts=TaskTimeouts())
+
+
+# -- heartbeat --------------------------------------------------------------------
+
+HEARTBEAT = 1.0
+
+
+@pytest.mark.trio
+async def test_progress_keeps_a_handler_alive_past_many_heartbeats(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """heartbeat: a handler that reports progress every half heartbeat —
+    `mark_progress` or `report_progress`, both count — runs to completion
+    long past several heartbeat timeouts: never cancelled, acked on its
+    first attempt."""
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("beating")
+            [task_id] = await enqueue(queue, 1, retry_backoff=FAST_RETRY)
+            ran: list[float] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                start = trio.current_time()
+                for i in range(12):  # 6 heartbeats' worth
+                    await trio.sleep(HEARTBEAT / 2)
+                    if i % 2:
+                        ctx.mark_progress()
+                    else:
+                        await ctx.report_progress(i, 12)
+                ran.append(trio.current_time() - start)
+
+            worker = queue.worker(handle, task_timeouts=TaskTimeouts(heartbeat=seconds(HEARTBEAT)))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                [task] = await wait_states(queue, [task_id], {TaskState.SUCCEEDED})
+                await worker.close()
+    assert task.attempt == 1
+    [took] = ran
+    assert took >= 5 * HEARTBEAT  # virtual time: past several heartbeat timeouts
+
+
+@pytest.mark.trio
+async def test_a_silent_handler_is_cancelled_a_heartbeat_after_its_last_report(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """heartbeat: a handler that stops reporting progress is cancelled one
+    heartbeat after its last report (its scope's deadline, pushed forward by
+    each report, runs out) — not after its start — and the task's outcome is
+    start_to_close's: the attempt is spent, the task nacked with an error
+    naming the heartbeat timeout and retried per its backoff."""
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("silent")
+            [task_id] = await enqueue(queue, 1, retry_backoff=FAST_RETRY)
+            seen: list[tuple[int, str | None]] = []
+            last_report = cancelled_at = 0.0
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                nonlocal last_report, cancelled_at
+                seen.append((ctx.attempt, task.last_error))
+                if ctx.attempt > 1:
+                    return
+                for _ in range(5):
+                    await trio.sleep(HEARTBEAT * 0.9)
+                    ctx.mark_progress()
+                    last_report = trio.current_time()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    cancelled_at = trio.current_time()
+
+            worker = queue.worker(handle, task_timeouts=TaskTimeouts(heartbeat=seconds(HEARTBEAT)))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                [task] = await wait_states(queue, [task_id], {TaskState.SUCCEEDED})
+                await worker.close()
+    assert task.attempt == 2
+    [(_, first), (_, retried)] = seen
+    assert first is None
+    assert retried is not None
+    assert retried.startswith("heartbeat timeout of 1s exceeded")
+    assert last_report > 4 * HEARTBEAT  # well past the first heartbeat from the start
+    assert cancelled_at == pytest.approx(last_report + HEARTBEAT, abs=1e-6)
+
+
+@pytest.mark.trio
+async def test_progress_does_not_extend_start_to_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """heartbeat with start_to_close: the scope's deadline is the earlier of
+    the two, so a handler reporting progress all along is still cancelled at
+    start_to_close, and the task's error names start_to_close."""
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("both")
+            [task_id] = await enqueue(queue, 1, max_attempts=1)
+            elapsed: list[float] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                start = trio.current_time()
+                try:
+                    while True:
+                        await trio.sleep(HEARTBEAT / 2)
+                        ctx.mark_progress()
+                finally:
+                    elapsed.append(trio.current_time() - start)
+
+            worker = queue.worker(
+                handle,
+                task_timeouts=TaskTimeouts(
+                    start_to_close=seconds(3.2), heartbeat=seconds(HEARTBEAT)
+                ),
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                [task] = await wait_states(queue, [task_id], {TaskState.DEAD})
+                await worker.close()
+    assert task.last_error == "start_to_close timeout of 3.2s exceeded"
+    assert elapsed == [pytest.approx(3.2, abs=1e-6)]
+
+
+@pytest.mark.trio
+async def test_a_handler_ignoring_its_heartbeat_timeout_fences_the_worker(
+    autojump_clock: trio.testing.MockClock, fences: Fences
+) -> None:
+    """heartbeat: a handler that swallows the cancellation of its heartbeat
+    timeout is fenced exactly as for start_to_close: once cancel_grace has
+    passed the supervisor is told, run() raises WorkerFencedError naming the
+    heartbeat timeout — once the stuck handler exits — and the task is handed
+    back (PENDING); progress it reports while ignoring the cancellation
+    rescues nothing."""
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("deaf")
+            [stuck] = await enqueue(queue, 1)
+            release = trio.Event()
+            exited = False
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                nonlocal exited
+                try:
+                    await trio.sleep_forever()
+                except trio.Cancelled:
+                    with trio.CancelScope(shield=True), trio.move_on_after(15):
+                        while not release.is_set():
+                            ctx.mark_progress()
+                            await trio.sleep(0.1)
+                    exited = True
+                    raise
+
+            worker = queue.worker(
+                handle,
+                task_timeouts=TaskTimeouts(heartbeat=seconds(HEARTBEAT), cancel_grace=seconds(0.5)),
+            )
+            caught: list[BaseException] = []
+            async with trio.open_nursery() as nursery:
+                await nursery.start(run_capturing, worker, caught)
+                await fences.reported.wait()
+                assert not exited  # found while it ran, not when it returned
+                release.set()
+            assert await states(queue, [stuck]) == [TaskState.PENDING]
+    assert len(fences.reports) == 1
+    [error] = caught
+    assert isinstance(error, WorkerFencedError)
+    text = str(error)
+    assert f"task {stuck} (attempt 1)" in text
+    assert "heartbeat timeout of 1s exceeded" in text
+    assert "ringo supervise" in text
