@@ -47,7 +47,7 @@ from ._models import PostgresStorage, QueueStats, SQLiteStorage, _check_name
 from ._proto.ringo.v1 import ListQueuesRequest, ListQueuesResponse
 from ._queue import TaskQueue
 from ._transport import client_tls_context
-from ._transport_api import ClientTransport
+from ._transport_api import DEFAULT_KEEPALIVE, ClientTransport, Keepalive
 
 if TYPE_CHECKING:
     from ._shared import SharedLocalDaemon
@@ -97,6 +97,23 @@ def _positive_seconds(what: str, value: object) -> float:
     return float(value)
 
 
+def _keepalive(interval: object, timeout: object) -> Keepalive | None:
+    if interval is None:
+        return None
+    keepalive = Keepalive(
+        _finite_seconds("keepalive_interval", interval),
+        _finite_seconds("keepalive_timeout", timeout),
+    )
+    return keepalive
+
+
+def _finite_seconds(what: str, value: object) -> float:
+    seconds = _positive_seconds(what, value)
+    if seconds == float("inf"):
+        raise InvalidArgumentError(f"{what} must be a finite number of seconds")
+    return seconds
+
+
 class RingoClient:
     """A client of one Ringo daemon; create it with `Ringo.local` or `Ringo.connect`.
 
@@ -115,6 +132,7 @@ class RingoClient:
         compression: CompressionOption | None = None,
         tls: ssl.SSLContext | None = None,
         transport: ClientTransport | None = None,
+        keepalive: Keepalive | None = DEFAULT_KEEPALIVE,
     ) -> None:
         # ``transport`` (a ready-made `ClientTransport` instead of an endpoint
         # or a daemon) is how `ringo_trio.testing` wires a client to an
@@ -134,6 +152,7 @@ class RingoClient:
             metadata=_bearer_metadata(token),
             daemon=daemon,
             transport=transport,
+            keepalive=keepalive,
         )
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -310,6 +329,8 @@ class Ringo:
         shared: bool = False,
         startup_timeout: float = 15.0,
         stop_timeout: float = 10.0,
+        keepalive_interval: float | timedelta | None = DEFAULT_KEEPALIVE.interval,
+        keepalive_timeout: float | timedelta = DEFAULT_KEEPALIVE.timeout,
     ) -> RingoClient:
         """A client with its own daemon child process storing in ``data_dir``.
 
@@ -331,7 +352,12 @@ class Ringo:
         others attach to it (``AttachLocal``); it stops a short linger after
         the last member leaves, and when it dies the members elect a new one
         and reconnect. See docs/client.md.
+
+        ``keepalive_interval``/``keepalive_timeout``: as for `Ringo.connect`;
+        a daemon that froze is found within their sum, for a shared daemon's
+        idle member too.
         """
+        keepalive = _keepalive(keepalive_interval, keepalive_timeout)
         if not isinstance(shared, bool):
             raise InvalidArgumentError("shared must be a boolean")
         data_dir = _check_path("data_dir", data_dir)
@@ -361,7 +387,8 @@ class Ringo:
                     data_dir,
                     daemon_path=daemon_path,
                     startup_timeout=_positive_seconds("startup_timeout", startup_timeout),
-                )
+                ),
+                keepalive=keepalive,
             )
         # Loopback is open to every local user: the daemon serves only
         # callers holding this secret (it gets it through its environment).
@@ -374,7 +401,7 @@ class Ringo:
             stop_timeout=_positive_seconds("stop_timeout", stop_timeout),
             token=token,
         )
-        return RingoClient(daemon=daemon, token=token)
+        return RingoClient(daemon=daemon, token=token, keepalive=keepalive)
 
     @staticmethod
     def connect(
@@ -385,6 +412,8 @@ class Ringo:
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
+        keepalive_interval: float | timedelta | None = DEFAULT_KEEPALIVE.interval,
+        keepalive_timeout: float | timedelta = DEFAULT_KEEPALIVE.timeout,
     ) -> RingoClient:
         """A client of the daemon at ``endpoint``.
 
@@ -402,11 +431,27 @@ class Ringo:
         three turns TLS on; with an explicit ``grpc://``/``http://`` scheme
         they are an `InvalidArgumentError`, as is a file that cannot be
         loaded (checked here, before any network activity).
+
+        Keepalive: the channel sends an HTTP/2 PING every
+        ``keepalive_interval`` seconds (idle or not) and closes the
+        connection when one is not acknowledged within ``keepalive_timeout``
+        seconds, so a daemon that froze, or a network path that went dark
+        without a reset, fails the calls and Work streams waiting on it
+        (`UnavailableError`; workers reconnect) instead of holding them.
+        Seconds or `timedelta`, positive and finite; ``keepalive_interval=None``
+        sends no pings (for a proxy in between that objects to them).
         """
+        keepalive = _keepalive(keepalive_interval, keepalive_timeout)
         context: ssl.SSLContext | None = None
         if tls_ca is not None or tls_cert is not None or tls_key is not None:
             context = _tls_context(endpoint, tls_ca, tls_cert, tls_key)
-        return RingoClient(endpoint=endpoint, token=token, compression=compression, tls=context)
+        return RingoClient(
+            endpoint=endpoint,
+            token=token,
+            compression=compression,
+            tls=context,
+            keepalive=keepalive,
+        )
 
 
 def _tls_context(

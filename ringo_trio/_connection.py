@@ -63,7 +63,13 @@ from ._proto.ringo.v1 import (
     RequestContext,
 )
 from ._transport import Transport
-from ._transport_api import ClientTransport, SessionRejectedError, StreamChannels
+from ._transport_api import (
+    DEFAULT_KEEPALIVE,
+    ClientTransport,
+    Keepalive,
+    SessionRejectedError,
+    StreamChannels,
+)
 from ._version import SDK_NAME, SDK_VERSION
 
 if TYPE_CHECKING:
@@ -120,10 +126,12 @@ class Connection:
         metadata: tuple[tuple[str, str], ...],
         daemon: LocalDaemon | SharedLocalDaemon | None,
         transport: ClientTransport | None = None,
+        keepalive: Keepalive | None = DEFAULT_KEEPALIVE,
     ) -> None:
         # ``transport``: a ready-made one to enter instead of a `Transport` to
         # ``endpoint`` (the testing kit's in-memory transport).
         self._endpoint = endpoint
+        self.keepalive = keepalive
         self._metadata = metadata
         self._daemon = daemon
         self._given_transport = transport
@@ -190,7 +198,9 @@ class Connection:
             else:
                 assert self._endpoint is not None
                 endpoint = self._endpoint
-            transport = Transport(endpoint, metadata=self._call_metadata())
+            transport = Transport(
+                endpoint, metadata=self._call_metadata(), keepalive=self.keepalive
+            )
         self._transport = await stack.enter_async_context(transport)
         if self._shared is not None:
             await self._join_shared()

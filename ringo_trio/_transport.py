@@ -38,6 +38,12 @@ trio-side runner of a stream lives in a task group owned by the
 ``open_stream`` block, so leaving the block ends the stream and no pump
 outlives it; a stream failure cancels the block and is raised from it.
 
+*Keepalive.* Every channel pings its daemon (HTTP/2 PING, `Keepalive`;
+the client's options, 15 s / 10 s by default), idle or not, and grpclib
+closes the connection when a ping goes unacknowledged: a frozen daemon or a
+dead path then fails the pending calls and streams like any other drop,
+where it would otherwise hold them until their deadline, or forever.
+
 *Limits.* grpclib has no per-message compression, so the SDK refuses the
 ``compression`` option rather than accept and ignore it, and it has no
 receive-size limit to configure (`ringo_trio._limits.MAX_MESSAGE_BYTES` is
@@ -56,6 +62,7 @@ from typing import Any, Self, TypeVar
 
 import anyio
 import grpclib.client
+import grpclib.config
 import grpclib.const
 import grpclib.exceptions
 import h2.exceptions
@@ -74,7 +81,7 @@ from ._proto.grpc.health.v1 import (
     HealthCheckResponse,
     HealthCheckResponseServingStatus,
 )
-from ._transport_api import SessionRejectedError, StreamChannels
+from ._transport_api import DEFAULT_KEEPALIVE, Keepalive, SessionRejectedError, StreamChannels
 
 __all__ = ["SessionRejectedError", "StreamChannels", "Transport", "client_tls_context"]
 
@@ -165,11 +172,19 @@ class Transport:
     also closes it.
     """
 
-    def __init__(self, endpoint: Endpoint, *, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        metadata: tuple[tuple[str, str], ...] = (),
+        keepalive: Keepalive | None = DEFAULT_KEEPALIVE,
+    ) -> None:
         # ``metadata`` comes validated: the client checks the bearer token
         # when it is constructed, before any network activity.
         self._endpoint = endpoint
         self._metadata = list(metadata)
+        # Every channel this transport opens (reset included) pings (None: none does).
+        self._channel_config = _channel_config(keepalive)
         self._channel: grpclib.client.Channel | None = None
         self._stack = AsyncExitStack()
         self._entered = False
@@ -352,7 +367,9 @@ class Transport:
         context: ssl.SSLContext | None = None
         if endpoint.tls:
             context = endpoint.tls_context or client_tls_context()
-        return grpclib.client.Channel(endpoint.host, endpoint.port, ssl=context)
+        return grpclib.client.Channel(
+            endpoint.host, endpoint.port, ssl=context, config=self._channel_config
+        )
 
     async def _aio_close(self) -> None:
         channel, self._channel = self._channel, None
@@ -509,6 +526,26 @@ class Transport:
         except grpclib.exceptions.StreamTerminatedError:
             # The server ended or reset the stream; the reader reports how.
             return
+
+
+def _channel_config(keepalive: Keepalive | None) -> grpclib.config.Configuration | None:
+    """grpclib's settings for a channel that pings as ``keepalive`` says."""
+    if keepalive is None:
+        return None
+    return grpclib.config.Configuration(
+        _keepalive_time=keepalive.interval,
+        _keepalive_timeout=keepalive.timeout,
+        # Idle too: a member's AttachLocal or a worker's Work stream may carry
+        # nothing for hours, and an idle client's next call should not be
+        # the one that finds the connection dead.
+        _keepalive_permit_without_calls=True,
+        # grpclib's defaults stop after two pings without data and space
+        # them 300 s apart: an idle channel would stop looking. The interval
+        # is the rate; the floor only keeps a timer that fires early from
+        # skipping a ping.
+        _http2_max_pings_without_data=0,
+        _http2_min_sent_ping_interval_without_data=keepalive.interval / 2,
+    )
 
 
 def _connection_lost(channel: grpclib.client.Channel) -> asyncio.Future[None] | None:

@@ -21,11 +21,34 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ._endpoint import Endpoint
 from ._errors import IncompatibleVersionError
 
-__all__ = ["ClientTransport", "SessionRejectedError", "StreamChannels"]
+__all__ = [
+    "DEFAULT_KEEPALIVE",
+    "ClientTransport",
+    "Keepalive",
+    "SessionRejectedError",
+    "StreamChannels",
+]
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    """HTTP/2 PING keepalive of a client channel: a ping every ``interval``
+    seconds, busy or idle, and the connection is closed (its calls and
+    streams fail `UnavailableError`) when one goes unacknowledged for
+    ``timeout`` seconds. A daemon that froze or a path that went dark is so
+    found within ``interval + timeout``; nothing else would find it while
+    the client only waits (an idle Work stream, a shared daemon's member)."""
+
+    interval: float
+    timeout: float
+
+
+#: The original SDK's values for its shared-daemon channels, kept for every channel.
+DEFAULT_KEEPALIVE = Keepalive(interval=15.0, timeout=10.0)
 
 
 class SessionRejectedError(IncompatibleVersionError):

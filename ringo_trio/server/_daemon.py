@@ -34,6 +34,19 @@ tries `Storage.probe` every `_ROOM_PROBE_INTERVAL` seconds until a write
 commits again, when health returns to SERVING. Calls keep being served
 meanwhile: reads work, and writes answer RESOURCE_EXHAUSTED.
 
+**Storage unreachable.** For an engine whose backend is a server
+(`Storage.can_be_unreachable`: PostgreSQL) the *reach probe* runs
+`Storage.ping` every `DaemonConfig.storage_probe` seconds, each bounded by
+`storage_probe_timeout`; health is NOT_SERVING from the first failed ping
+until one succeeds, so an outage shows within probe + timeout (3 s by
+default). An operation that failed for want of a connection
+(`Storage.unavailable_listener`) makes the probe ping at once rather than
+at its next beat; it is not taken as proof by itself, since one dropped
+pool connection is no outage. Calls are served meanwhile (those that need
+storage answer UNAVAILABLE), and health follows storage back without a
+restart. Health is SERVING only while storage is neither full nor
+unreachable.
+
 Shutdown order (on `stop`):
 
 1. health flips to NOT_SERVING (Watch streams deliver it and end);
@@ -91,6 +104,8 @@ __all__ = ["Daemon", "DaemonConfig", "ListenError", "format_endpoint"]
 log = logging.getLogger("ringo_trio.server")
 
 _ROOM_PROBE_INTERVAL = 1.0
+_FULL = "storage full"
+_UNREACHABLE = "storage unreachable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +143,10 @@ class DaemonConfig:
     # Finished tasks older than this are deleted in the background (_retention);
     # the default keeps them all (ringod's flags default to 7d/30d/7d).
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    # The reach probe (engines that can be unreachable): seconds between
+    # pings, and the longest a ping may take before storage counts as down.
+    storage_probe: float = 1.0
+    storage_probe_timeout: float = 2.0
 
     @property
     def shared(self) -> bool:
@@ -183,6 +202,8 @@ class Daemon:
             raise ValueError("local_token must not be empty")
         if config.safety_poll is not None and not config.safety_poll > 0:
             raise ValueError("safety_poll must be positive (or None for none)")
+        if not (config.storage_probe > 0 and config.storage_probe_timeout > 0):
+            raise ValueError("storage_probe and storage_probe_timeout must be positive")
         self.config = config
         self.storage = storage
         self.clock = clock or Clock()
@@ -239,6 +260,9 @@ class Daemon:
         self._server: GuardedServer | None = None
         self._full = asyncio.Event()
         storage.full_listener = self._storage_full
+        # Set by an operation that lost its connection: ping now.
+        self._ping_now = asyncio.Event()
+        storage.unavailable_listener = self._storage_unavailable
 
     @property
     def endpoint(self) -> str:
@@ -303,6 +327,7 @@ class Daemon:
                     tasks.create_task(self.commit.run(), name="ringod group commit"),
                     tasks.create_task(self._watch(), name="ringod storage watch"),
                     tasks.create_task(self._room_probe(), name="ringod room probe"),
+                    tasks.create_task(self._reach_probe(), name="ringod reach probe"),
                     tasks.create_task(self.retention.run(), name="ringod retention"),
                 ]
                 if self.config.storage_upkeep:
@@ -411,7 +436,7 @@ class Daemon:
         if not self._full.is_set():
             log.error("storage is full, health NOT_SERVING until a write commits: %s", exc)
             self._full.set()
-            self.health.set_not_serving()
+            self.health.set_trouble(_FULL, True)
 
     async def _room_probe(self) -> None:
         while True:
@@ -424,9 +449,41 @@ class Daemon:
                 # write does not work yet either way.
                 log.debug("room probe failed: %r", exc)
                 continue
-            log.warning("storage writes again, health SERVING")
+            log.warning("storage writes again")
             self._full.clear()
-            self.health.set_serving()
+            self.health.set_trouble(_FULL, False)
+
+    def _storage_unavailable(self, _exc: Exception) -> None:
+        self._ping_now.set()
+
+    async def _reach_probe(self) -> None:
+        if not self.storage.can_be_unreachable:
+            return
+        down = False
+        while True:
+            self._ping_now.clear()
+            try:
+                async with asyncio.timeout(self.config.storage_probe_timeout):
+                    await self.storage.ping()
+            except Exception as exc:
+                if not down:
+                    down = True
+                    why = "no answer in time" if isinstance(exc, TimeoutError) else exc
+                    log.error("storage cannot be reached, health NOT_SERVING: %s", why)
+                    self.health.set_trouble(_UNREACHABLE, True)
+            else:
+                if down:
+                    down = False
+                    log.warning("storage can be reached again")
+                    self.health.set_trouble(_UNREACHABLE, False)
+            if down:
+                # Every operation fails now: their reports must not turn
+                # the probe into a reconnect loop.
+                await asyncio.sleep(self.config.storage_probe)
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.storage_probe):
+                    await self._ping_now.wait()
 
     async def _safety_poll(self, interval: float) -> None:
         while True:

@@ -733,11 +733,12 @@ _ServingStatus = HealthCheckResponseServingStatus
 class HealthService(HealthBase):
     """``grpc.health.v1.Health`` for the overall server ("") and the queue service.
 
-    Starts NOT_SERVING; the daemon flips it to SERVING once it accepts calls,
-    to NOT_SERVING while storage has no room to write (and back), and to
-    NOT_SERVING for good when it starts draining, which also ends every
-    Watch stream after it has delivered NOT_SERVING, so shutdown never waits
-    on a prober.
+    Starts NOT_SERVING; the daemon flips it to SERVING once it accepts calls
+    (`set_serving`). While any *trouble* is present (`set_trouble`: storage
+    has no room to write, storage cannot be reached) it is NOT_SERVING, and
+    SERVING again once the last one is gone. It turns NOT_SERVING for good
+    when the daemon starts draining, which also ends every Watch stream
+    after it has delivered NOT_SERVING, so shutdown never waits on a prober.
     """
 
     SERVICES = frozenset({"", QUEUE_SERVICE_NAME})
@@ -746,14 +747,33 @@ class HealthService(HealthBase):
         self._status = _ServingStatus.NOT_SERVING
         self._changed = asyncio.Event()
         self._final = False
+        self._started = False
+        self._troubles: set[str] = set()
+
+    @property
+    def serving(self) -> bool:
+        return self._status == _ServingStatus.SERVING
 
     def set_serving(self) -> None:
-        if not self._final:
-            self._set(_ServingStatus.SERVING)
+        """The daemon accepts calls: SERVING unless a trouble is present."""
+        self._started = True
+        self._refresh()
 
-    def set_not_serving(self) -> None:
-        if not self._final:
-            self._set(_ServingStatus.NOT_SERVING)
+    def set_trouble(self, trouble: str, present: bool) -> None:
+        """Note that ``trouble`` (a name) is present or gone."""
+        if present:
+            self._troubles.add(trouble)
+        else:
+            self._troubles.discard(trouble)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        if self._final:
+            return
+        ok = self._started and not self._troubles
+        status = _ServingStatus.SERVING if ok else _ServingStatus.NOT_SERVING
+        if status != self._status:
+            self._set(status)
 
     def shutdown(self) -> None:
         self._final = True

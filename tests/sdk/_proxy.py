@@ -16,6 +16,9 @@ class CuttableProxy:
         self.target_port = target_port
         self.port = 0
         self.cuts = 0
+        # Connections accepted, and those that have ended (either side hung up).
+        self.accepted = 0
+        self.ended = 0
         self._connections: set[trio.CancelScope] = set()
 
     @property
@@ -37,6 +40,7 @@ class CuttableProxy:
     async def _forward(self, client: trio.SocketStream) -> None:
         scope = trio.CancelScope()
         self._connections.add(scope)
+        self.accepted += 1
         try:
             with scope:
                 upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
@@ -45,6 +49,7 @@ class CuttableProxy:
                     nursery.start_soon(_pump, upstream, client, nursery.cancel_scope)
         finally:
             self._connections.discard(scope)
+            self.ended += 1
 
 
 async def _pump(source: trio.SocketStream, sink: trio.SocketStream, both: trio.CancelScope) -> None:

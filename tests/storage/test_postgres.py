@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Coroutine
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -22,6 +23,7 @@ from ringo_trio.server._clock import ManualClock
 from ringo_trio.server.storage import postgres as pg
 from ringo_trio.server.storage._base import SchemaTooNew, StorageUnavailable
 from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine
+from tests._postgres import ADMIN_DSN
 
 from .conftest import LEASE, ref_of, spec
 
@@ -580,3 +582,44 @@ def unused_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_an_unreachable_server_is_reported_and_ping_says_so(dsn: str, schema: str) -> None:
+    """Properties (the daemon's reach probe relies on them): an operation that
+    fails for want of a connection tells `unavailable_listener` the very
+    `StorageUnavailable` it raises; `ping` answers while the server can be
+    reached, raises `StorageUnavailable` while it cannot (connections cut,
+    new ones refused), and answers again once it can, on a fresh connection."""
+
+    async def main() -> None:
+        async with engines(dsn, schema, 1, pool_size=1) as (e,):
+            told: list[StorageUnavailable] = []
+            e.unavailable_listener = told.append
+            await e.ping()
+            name = urlsplit(dsn).path.lstrip("/")
+            database = _ident_of(name)
+            # From another database: a database cannot shut its own door.
+            conn = await asyncpg.connect(ADMIN_DSN)
+            try:
+                await conn.execute(f"ALTER DATABASE {database} ALLOW_CONNECTIONS false")
+                await conn.fetchval(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))"
+                    " FROM pg_stat_activity WHERE datname = $1",
+                    name,
+                )
+                with pytest.raises(StorageUnavailable) as raised:
+                    await e.activity("q", [])
+                assert told == [raised.value]
+                with pytest.raises(StorageUnavailable):
+                    await e.ping()
+            finally:
+                await conn.execute(f"ALTER DATABASE {database} ALLOW_CONNECTIONS true")
+                await conn.close()
+            await e.ping()
+            assert await e.activity("q", []) == 0
+
+    run(main())
+
+
+def _ident_of(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

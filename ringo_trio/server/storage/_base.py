@@ -46,7 +46,11 @@ Rules every engine keeps (the shared storage test suite checks them):
   every rule above holds across them, a task is never leased by two at once,
   and `watch` tells each about claimable work the others made.
 * An engine whose backend cannot be reached raises `StorageUnavailable` and
-  recovers by itself once the backend is back; no reopen is needed.
+  recovers by itself once the backend is back; no reopen is needed. One
+  whose backend is a server it connects to (`can_be_unreachable`) answers
+  `ping` (one cheap round trip) and tells `unavailable_listener` about every
+  operation that failed for want of a connection; the daemon probes with
+  both and reports the outcome as its health.
 * An engine whose backend has no room to write (disk full) raises
   `StorageFull` — after calling `full_listener` with it — and the failed
   write is rolled back; `probe` tells when there is room again.
@@ -67,7 +71,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
 from ringo_trio._wire.codec import _SMALL, _seconds_nanos_body, _varint, encode
@@ -345,6 +349,16 @@ class Storage(abc.ABC):
     """Called with every `StorageFull` before the engine raises it (the
     daemon turns its health NOT_SERVING)."""
 
+    can_be_unreachable: ClassVar[bool] = False
+    """The backend is a server reached over connections, which can be lost
+    (PostgreSQL); only then does the daemon probe it (`ping`). A local file
+    (SQLite) is never "unreachable": it fails the operation or not at all."""
+
+    unavailable_listener: Callable[[StorageUnavailable], None] | None = None
+    """Called with the `StorageUnavailable` of every operation that failed
+    because the backend could not be reached, before it is raised (the
+    daemon probes reachability at once)."""
+
     released_listener: Callable[[str], None] | None = None
     """Called with the queue whenever the engine itself released the leases
     of a claim that did not return them (`guard_claim`): those tasks are
@@ -382,6 +396,14 @@ class Storage(abc.ABC):
         """Run until cancelled: the engine's own upkeep that must not run on
         the daemon's event loop (the daemon runs it in its task group while
         it serves). Engines with none return at once (this default)."""
+        return
+
+    async def ping(self) -> None:
+        """Prove the backend reachable now with one cheap round trip, on a
+        connection of its own (a pool busy with work must not make it look
+        down); `StorageUnavailable` when it is not. The caller bounds the
+        wait. Engines that cannot be unreachable return at once (this
+        default)."""
         return
 
     @abc.abstractmethod

@@ -102,7 +102,11 @@ two deployments in one database do not wake each other.
 Connection loss: any connection-level failure (refused, reset, terminated
 backend, server shutting down or starting up) is `StorageUnavailable`; the
 broken connection leaves the pool and the next call connects afresh, so the
-engine recovers by itself once the server is back.
+engine recovers by itself once the server is back. Each such failure is
+reported to `unavailable_listener`; `ping` (the daemon's reachability probe)
+runs ``SELECT 1`` on a connection of its own, outside the pool, so a pool
+saturated by work never looks like an unreachable server, and reconnects it
+when it was lost.
 
 Schema: tables live in `schema` (created when missing). `ringo_schema`
 holds the version; `_migrations(schema)[i]` takes it from i to i + 1. `open`
@@ -231,6 +235,14 @@ _PROBE_SPEC = TaskSpec(task_type="probe", payload=secrets.token_bytes(16 * 1024)
 
 def _unavailable(exc: BaseException) -> StorageUnavailable:
     return StorageUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}: {exc}")
+
+
+def _lost(storage: Storage, exc: BaseException) -> StorageUnavailable:
+    """`_unavailable` for an operation's failure, told to the listener."""
+    unavailable = _unavailable(exc)
+    if storage.unavailable_listener is not None:
+        storage.unavailable_listener(unavailable)
+    return unavailable
 
 
 def _ident(name: str) -> str:
@@ -958,7 +970,9 @@ def _types(task_types: Sequence[str]) -> list[str] | None:
 class PostgresEngine(Storage):
     """`Storage` on a PostgreSQL database: the tables live in `schema`
     (created if missing); up to `pool_size` connections at once, plus one
-    while `watch` runs."""
+    while `watch` runs and one for `ping`."""
+
+    can_be_unreachable = True
 
     def __init__(self, dsn: str, *, schema: str = "public", pool_size: int = 10) -> None:
         if pool_size < 1:
@@ -973,6 +987,7 @@ class PostgresEngine(Storage):
         self.channel = _channel(schema)
         self._sql = _Sql(schema, self.channel, self.instance)
         self._pool: asyncpg.Pool | None = None
+        self._ping_conn: asyncpg.Connection | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -999,6 +1014,10 @@ class PostgresEngine(Storage):
         self._pool = pool
 
     async def close(self) -> None:
+        ping, self._ping_conn = self._ping_conn, None
+        if ping is not None:
+            # Not awaited: a graceful close can hang on a dead peer.
+            ping.terminate()
         pool, self._pool = self._pool, None
         if pool is None:
             return
@@ -1027,7 +1046,7 @@ class PostgresEngine(Storage):
                     self._discard(conn)
                     raise
         except _UNAVAILABLE as exc:
-            raise _unavailable(exc) from exc
+            raise _lost(self, exc) from exc
         except asyncpg.exceptions.DiskFullError as exc:
             raise self._full(exc) from exc
 
@@ -1051,7 +1070,7 @@ class PostgresEngine(Storage):
                     self._discard(conn)
                     raise
         except _UNAVAILABLE as exc:
-            raise _unavailable(exc) from exc
+            raise _lost(self, exc) from exc
         except asyncpg.exceptions.DiskFullError as exc:
             raise self._full(exc) from exc
 
@@ -1065,9 +1084,29 @@ class PostgresEngine(Storage):
                     self._discard(conn)
                     raise
         except _UNAVAILABLE as exc:
-            raise _unavailable(exc) from exc
+            raise _lost(self, exc) from exc
         except asyncpg.exceptions.DiskFullError as exc:
             raise self._full(exc) from exc
+
+    async def ping(self) -> None:
+        conn = self._ping_conn
+        try:
+            if conn is None or conn.is_closed():
+                conn = self._ping_conn = None
+                conn = await asyncpg.connect(
+                    self.dsn, timeout=_CONNECT_TIMEOUT, server_settings=_SERVER_SETTINGS
+                )
+                self._ping_conn = conn
+            await conn.fetchval("SELECT 1")
+        except BaseException as exc:
+            # Failed, timed out or cut short midway: the connection's state is
+            # unknown, so the next ping starts on a fresh one.
+            self._ping_conn = None
+            if conn is not None:
+                conn.terminate()
+            if isinstance(exc, _UNAVAILABLE):
+                raise _unavailable(exc) from exc
+            raise
 
     async def probe(self, now: datetime) -> None:
         now_us = to_us(now)
