@@ -256,19 +256,36 @@ class RingoClient:
         stopped_by: BaseException | None = None
         try:
             # Workers drain on the still-open channel before it closes. The
-            # caller's deadline wins over their grace periods: cut short, they
-            # stop at once (handlers cancelled, leases released) while the
-            # channel closes.
+            # caller's deadline bounds the whole close, releases included:
+            # the drain gets the time up to `_release_reserve` before it;
+            # cut short there (or by the caller's cancellation), the workers
+            # stop at once — handlers cancelled, leases released — and the
+            # channel closes only once those releases are answered or the
+            # deadline comes. Closing it at once sent nothing (issue 24).
             workers = list(self._connection.workers)
+            deadline = anyio.current_effective_deadline()
             try:
-                for worker in workers:
-                    worker._request_close()
-                for worker in workers:
-                    await worker.close()
+                with anyio.CancelScope(deadline=_drain_deadline(deadline, anyio.current_time())):
+                    for worker in workers:
+                        worker._request_close()
+                    for worker in workers:
+                        await worker.close()
             except BaseException as exc:
                 stopped_by = exc
+            finally:
                 for worker in workers:
-                    worker._stop_now("the client was closed before its workers drained")
+                    if worker._run_started and not worker._finished.is_set():
+                        worker._stop_now("the client was closed before its workers drained")
+                # Each stop is bounded by its own stop_timeout; the caller's
+                # deadline bounds them all. Shielded: a cancelled caller still
+                # gets its releases sent (a second Ctrl-C still ends it: trio
+                # delivers KeyboardInterrupt through shields).
+                bound = max((worker._stop_timeout for worker in workers), default=0.0)
+                with anyio.CancelScope(
+                    shield=True, deadline=min(deadline, anyio.current_time() + bound)
+                ):
+                    for worker in workers:
+                        await worker._finished.wait()
             errors = await self._connection.close()
         finally:
             self._close_done.set()
@@ -476,3 +493,16 @@ def _tls_context(
     except (OSError, ssl.SSLError) as exc:
         given = ", ".join(f"{name}={path!r}" for name, path in paths.items() if path)
         raise InvalidArgumentError(f"cannot load the TLS files ({given}): {exc}") from exc
+
+
+# How much of a deadline-bound ``aclose`` is kept for the stop after the
+# drain: releases and the daemon's answers take a round trip or two.
+_RELEASE_RESERVE = 1.0
+
+
+def _drain_deadline(deadline: float, now: float) -> float:
+    """When a deadline-bound close stops draining: `_RELEASE_RESERVE` before
+    the caller's ``deadline``, or halfway there when less time is left."""
+    if deadline == float("inf"):
+        return deadline
+    return max(now, deadline - min(_RELEASE_RESERVE, (deadline - now) / 2))

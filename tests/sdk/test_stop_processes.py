@@ -271,6 +271,39 @@ run_recording(trio.run, main)
 """
 
 
+# Handlers that give up at once; a grace period (30 s) far longer than the
+# caller's bound, so the close is cut short with every handler running.
+TRIO_DEADLINE_ACLOSE = """
+import trio
+from ringo_trio import Ringo
+
+all_running = trio.Event()
+
+
+async def handle(task, ctx):
+    started_one()
+    if running == CONCURRENCY:
+        all_running.set()
+    await trio.sleep_forever()
+
+
+async def main():
+    async with Ringo.connect(ENDPOINT) as client:
+        worker = client.queue(QUEUE).worker(handle, concurrency=CONCURRENCY)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await all_running.wait()
+            emit(event="running", handlers=running)
+            began = time.monotonic()
+            with trio.move_on_after(0.5):
+                await client.aclose()
+            emit(event="aclose returned", seconds=time.monotonic() - began)
+
+
+run_recording(trio.run, main)
+"""
+
+
 class Program:
     """One program in its own process; stdout is read line by line as JSON."""
 
@@ -529,3 +562,34 @@ async def test_client_aclose_returns_within_the_callers_deadline(
     assert returned is not None, f"aclose did not return within {GUARD_S} s (killed): {report}"
     assert returned["event"] == "aclose returned", report
     assert returned["seconds"] < 2.5, report
+
+
+async def test_client_aclose_under_a_deadline_releases_before_the_channel_closes(
+    tmp_path: pathlib.Path, daemon: DaemonProcess, programs: list[Program]
+) -> None:
+    """``client.aclose()`` under ``move_on_after(0.5)``, 64 handlers running and
+    a 30 s grace period: the deadline bounds the drain AND the releases — the
+    workers stop before it, hand every lease back on the still-open channel,
+    and only then does the channel close. All 200 tasks are PENDING again,
+    no attempt spent (closing the channel right after the stop left the 64
+    leased until they expired)."""
+    with trio.fail_after(GUARD_S * 4):
+        ids = await enqueue(daemon, "aclose-release")
+        program = Program(
+            tmp_path,
+            "trio_deadline_aclose",
+            TRIO_DEADLINE_ACLOSE,
+            daemon.endpoint,
+            "aclose-release",
+        )
+        programs.append(program)
+        await program.running()
+        returned = await program.line()
+        status = await program.wait()
+        after = await summary(daemon, "aclose-release", ids)
+
+    report = f"status {status}, {returned}, {after}\n--- stderr:\n{program.stderr()}"
+    assert returned is not None and returned["event"] == "aclose returned", report
+    assert returned["seconds"] < 2.5, report
+    assert after == ALL_BACK, report
+    assert status == 0, report
