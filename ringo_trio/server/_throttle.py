@@ -13,7 +13,12 @@ verdict for the gate (`_gate.Gate`), keyed by the peer's address:
   through the wait and the answer. So parallel streams or connections buy a
   guesser nothing: an address gets at most one answer per ``cap`` seconds
   once warmed up, and a waiter whose connection is gone leaves the line
-  (its slot is not kept). Only failures are counted or delayed: a caller
+  (its slot is not kept). The dashboard (`_ui._app`) takes the delay but
+  not the turn: its wrong logins wait side by side, so parallel ones are
+  all answered within ``cap``, bounded instead by its per-address HTTP
+  connection cap (each waits holding its own connection); a ``drop``
+  verdict there waits ``cap`` and closes after its answer rather than
+  answering nothing at once. Only failures are counted or delayed: a caller
   holding the right token is never slowed, even from an address a guesser
   shares.
 * **Bounded waiting.** A failure arriving while ``max_waiting`` failures of

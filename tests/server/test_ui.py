@@ -8,9 +8,11 @@ from a worker thread, one connection per request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import html
 import http.client
+import logging
 import re
 import socket
 import subprocess
@@ -28,6 +30,7 @@ import anyio
 import pytest
 
 from ringo_trio._proto.ringo.v1 import AckRequest, CreditUpdate, TaskSpec, TaskState
+from ringo_trio.server import _daemon as daemon_module
 from ringo_trio.server._daemon import Daemon, DaemonConfig
 from ringo_trio.server._http import HttpLimits, Request, Response, serve_http
 from ringo_trio.server._main import EXIT_FAILURE
@@ -575,8 +578,9 @@ async def test_paging_walks_every_task_once_with_filters(engine: Storage) -> Non
 
 async def test_oversized_requests_and_too_many_connections_are_refused(sqlite: Storage) -> None:
     """Property: a request head over the cap is 431, a body over the cap 413,
-    a connection past max_connections is 503 and closed; the dashboard
-    serves normally afterwards."""
+    a connection past max_connections_per_address from one address is 503
+    and closed while another address is still served; the dashboard serves
+    normally afterwards."""
     with anyio.fail_after(60):
         async with dashboard(sqlite) as ui:
             host, port = "127.0.0.1", ui.daemon.ui_port
@@ -598,15 +602,22 @@ async def test_oversized_requests_and_too_many_connections_are_refused(sqlite: S
                 b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
             )
             assert (await anyio.to_thread.run_sync(raw, post)).startswith(b"HTTP/1.1 413")
+            assert UI_HTTP.max_connections_per_address is not None
+            assert UI_HTTP.max_connections_per_address < UI_HTTP.max_connections
             held = [
                 await anyio.to_thread.run_sync(socket.create_connection, (host, port))
-                for _ in range(UI_HTTP.max_connections)
+                for _ in range(UI_HTTP.max_connections_per_address)
             ]
             try:
                 # The server accepts in order: once a held one is being
-                # served, the next is over the cap.
+                # served, the next from the same address is over its cap.
                 extra = await anyio.to_thread.run_sync(raw, b"")
                 assert extra.startswith(b"HTTP/1.1 503"), extra
+                assert b"from your address" in extra
+                other = await anyio.to_thread.run_sync(
+                    functools.partial(fetch_from, "127.0.0.2", ui.host, "/queues")
+                )
+                assert other == 200
             finally:
                 for sock in held:
                     sock.close()
@@ -615,6 +626,18 @@ async def test_oversized_requests_and_too_many_connections_are_refused(sqlite: S
                 if reply.status == 200:
                     break
             assert reply.status == 200
+
+
+def fetch_from(source: str, host: str, path: str) -> int:
+    """The status of GET `path` sent from the loopback address `source`."""
+    conn = http.client.HTTPConnection(host, timeout=10, source_address=(source, 0))
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
 
 
 async def test_a_bug_in_a_page_is_a_500_and_the_dashboard_goes_on(
@@ -635,6 +658,144 @@ async def test_a_bug_in_a_page_is_a_500_and_the_dashboard_goes_on(
             assert "frame-ancestors 'none'" in reply.headers["content-security-policy"]
             assert (await ui.get("/queues")).status == 200
     assert any("template on fire" in str(r.exc_info) for r in caplog.records if r.exc_info)
+
+
+def raw_request(host: str, data: bytes) -> bytes:
+    """Send `data` to the dashboard at `host` and read until it closes."""
+    address, _, port = host.rpartition(":")
+    with socket.create_connection((address, int(port)), timeout=10) as sock:
+        with suppress(ConnectionResetError):
+            sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    "cookie",
+    [
+        pytest.param(b"ringo_session=caf\xc3\xa9", id="non-ascii"),
+        pytest.param(b"ringo_session=a.9999999999.caf\xc3\xa9", id="non-ascii-signature"),
+        pytest.param(b"ringo_session=\xff\xfe", id="not-utf8"),
+        pytest.param(b"ringo_session=a\x01b", id="control"),
+        pytest.param(b'ringo_session="a b"', id="space"),
+        pytest.param(b"ringo_session=a\\b", id="backslash"),
+        pytest.param(b"ringo_session=a,b", id="comma"),
+    ],
+)
+async def test_a_malformed_session_cookie_is_a_400_and_logs_nothing(
+    sqlite: Storage, cookie: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: a session cookie whose bytes are not cookie text (one
+    non-ASCII byte, say) answers 400, not 500, and logs no error; another
+    service's cookie holding the same bytes is ignored, so the session
+    beside it still opens the dashboard."""
+    with anyio.fail_after(30):
+        async with dashboard(sqlite, token=TOKEN) as ui:
+            head = b"GET /queues HTTP/1.1\r\nHost: %s\r\nCookie: %s\r\nConnection: close\r\n\r\n"
+            answer = await anyio.to_thread.run_sync(
+                raw_request, ui.host, head % (ui.host.encode(), cookie)
+            )
+            assert answer.startswith(b"HTTP/1.1 400"), answer
+            await ui.login()
+            if b"\xff" not in cookie and b"\x01" not in cookie:
+                foreign = cookie.replace(b"ringo_session", b"other_app")
+                both = foreign + b"; ringo_session=" + ui.cookie.encode()
+                answer = await anyio.to_thread.run_sync(
+                    raw_request, ui.host, head % (ui.host.encode(), both)
+                )
+                assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_malformed_request_bytes_are_a_400_from_the_dashboard(sqlite: Storage) -> None:
+    """Property: a dashboard request with a broken percent escape (path or
+    query), a non-UTF-8 header, or a form body no browser makes (login and
+    actions alike) is answered 400, never 500 or a wrong-token 401."""
+    with anyio.fail_after(60):
+        async with dashboard(sqlite, token=TOKEN, auth_failure_delay=0.0) as ui:
+            await ui.login()
+            host = ui.host.encode()
+            cookie = b"Cookie: ringo_session=" + ui.cookie.encode()
+            for head in (
+                b"GET /queues/%zz HTTP/1.1\r\nHost: " + host + b"\r\n" + cookie + b"\r\n\r\n",
+                b"GET /queues/%ff HTTP/1.1\r\nHost: " + host + b"\r\n" + cookie + b"\r\n\r\n",
+                b"GET /queues?page_token=%f HTTP/1.1\r\nHost: " + host + b"\r\n\r\n",
+                b"GET /queues HTTP/1.1\r\nHost: " + host + b"\r\nUser-Agent: \xe9\r\n\r\n",
+                b"POST /login HTTP/1.1\r\nHost: " + host + b"\r\nContent-Length: 9\r\n\r\n"
+                b"token=%ff",
+                b"POST /queues/q/purge HTTP/1.1\r\nHost: " + host + b"\r\n" + cookie + b"\r\n"
+                b"Content-Length: 2\r\n\r\n\xff\xfe",
+            ):
+                answer = await anyio.to_thread.run_sync(raw_request, ui.host, head)
+                assert answer.startswith(b"HTTP/1.1 400"), (head, answer[:200])
+
+
+async def test_a_payload_with_a_lone_surrogate_renders_in_every_view(engine: Storage) -> None:
+    """Property: a payload whose JSON holds a lone surrogate escape (and one
+    whose bytes are an encoded surrogate) renders 200 in the text, JSON and
+    hex views, the surrogate shown as its escape."""
+    with anyio.fail_after(60):
+        async with dashboard(engine) as ui:
+            queue = new_queue("ui")
+            [escaped] = await seed(engine, queue, 1, payload=b'{"a": "\\udcff"}')
+            [encoded] = await seed(engine, queue, 1, payload=b'{"a": "\xed\xb3\xbf"}')
+            for task_id in (escaped, encoded):
+                for view in ("text", "json", "hex"):
+                    page = await ui.get(f"/queues/{queue}/tasks/{task_id}?view={view}")
+                    assert page.status == 200, (task_id, view, page.body[:200])
+            page = await ui.get(f"/queues/{queue}/tasks/{escaped}?view=json")
+            assert '"a": "\\udcff"' in text_of(page.body, "payload")
+
+
+async def test_a_failing_page_logs_one_traceback_per_client(
+    sqlite: Storage, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Property: a page failing on every request answers 500 every time, but
+    its client gets at most one traceback logged per interval; another
+    client address gets its own."""
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("template on fire")
+
+    with anyio.fail_after(60):
+        async with dashboard(sqlite) as ui:
+            assert ui.daemon.dashboard is not None
+            monkeypatch.setattr(ui.daemon.dashboard, "_workers", broken)
+            for _ in range(10):
+                assert (await ui.get("/workers")).status == 500
+            other = functools.partial(fetch_from, "127.0.0.2", ui.host, "/workers")
+            assert await anyio.to_thread.run_sync(other) == 500
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 2
+    assert all("template on fire" in str(r.exc_info) for r in tracebacks)
+
+
+async def test_parallel_wrong_logins_are_all_answered_401(
+    sqlite: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: 24 wrong logins sent at once from one address (more than the
+    throttle lets wait in its line) are all answered 401, none dropped or
+    left waiting one behind the other; the throttle forgets none of them."""
+    # One address may hold more connections than the line holds waiters.
+    limits = dataclasses.replace(UI_HTTP, max_connections=64, max_connections_per_address=32)
+    monkeypatch.setattr(daemon_module, "UI_HTTP", limits)
+    parallel = 24
+    with anyio.fail_after(60):
+        async with dashboard(sqlite, token=TOKEN, auth_failure_delay=1.0) as ui:
+            assert parallel > ui.daemon.gate.throttle.max_waiting
+            statuses: list[int] = []
+
+            async def guess() -> None:
+                reply = await UI(ui.daemon).post("/login", {"token": "guess"})
+                statuses.append(reply.status)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(parallel):
+                    tg.start_soon(guess)
+            assert statuses == [401] * parallel
+            assert ui.daemon.gate.throttle.waiting("127.0.0.1") == 0
 
 
 async def test_keep_alive_serves_requests_one_after_another(sqlite: Storage) -> None:

@@ -3,6 +3,7 @@ signed session cookie, the payload preview."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from hypothesis import given
@@ -82,3 +83,25 @@ def test_previews_are_bounded(data: bytes, view: str) -> None:
         assert len(text) <= limit
     if len(data) > limit:
         assert note
+
+
+json_with_surrogates = st.lists(
+    st.one_of(
+        st.integers(min_value=0xD800, max_value=0xDFFF).map(lambda c: f"\\u{c:04x}"),
+        st.text(max_size=4).map(lambda t: json.dumps(t)[1:-1]),
+    ),
+    max_size=6,
+).map(lambda parts: ('{"a": "' + "".join(parts) + '"}').encode())
+
+
+@given(
+    data=st.one_of(payloads, json_with_surrogates), view=st.sampled_from(["text", "json", "hex"])
+)
+def test_every_preview_fits_a_utf8_page(data: bytes, view: str) -> None:
+    """Property: whatever a payload holds (invalid UTF-8, JSON whose strings
+    hold lone surrogates), its preview in every view encodes to UTF-8, so the
+    page showing it renders; a lone surrogate in JSON is shown as its
+    escape."""
+    text, _ = preview(data, view)
+    text.encode("utf-8")
+    assert preview(b'["\\udcff"]', "json") == ('[\n  "\\udcff"\n]', "")

@@ -9,14 +9,24 @@ in order:
 2. **login/logout**, which need no session;
 3. **authentication** (`_auth.Sessions`): an ``Authorization: Bearer`` header,
    or the signed session cookie; a daemon without a token lets everyone in.
-   A wrong token, by header or by the login form, is answered only when the
-   daemon's `AuthThrottle` (the gRPC gate's own) says so: the same address
-   guessing over gRPC and over HTTP waits in one line;
+   A wrong token, by header or by the login form, is answered 401 after the
+   delay the daemon's `AuthThrottle` (the gRPC gate's own) gives it, so an
+   address guessing over gRPC and over HTTP is counted once. Unlike the
+   gate's, the dashboard's wrong tokens wait side by side rather than one
+   after another: each holds its own connection while it waits, and the
+   per-address connection cap (`UI_HTTP`) bounds how many an address has,
+   so parallel wrong logins are all answered within the throttle's cap,
+   none dropped;
 4. for a POST: **read-only** refusal, then **CSRF**: a cookie session must
    send its CSRF token (``_csrf``) and, when the browser sends an
    ``Origin``, the dashboard's own origin; a bearer header is exempt (a
    browser never adds one by itself);
 5. the **route**.
+
+Malformed input is the client's: bytes the HTTP layer refuses (`_http`),
+a session cookie that is not cookie text (`_auth.cookie_value`), a form
+body no browser makes, all answer 400. Any other exception answers 500,
+and `ErrorLog` keeps one client from filling the log with tracebacks.
 
 Reads and actions go through `QueueService`'s own RPC methods, with a
 session the dashboard negotiates for itself, so validation, storage calls,
@@ -57,7 +67,15 @@ from ringo_trio._proto.ringo.v1 import (
 )
 
 from .._clock import Clock
-from .._http import DropConnection, HttpLimits, Request, Response
+from .._http import (
+    BadRequest,
+    DropConnection,
+    ErrorLog,
+    HttpLimits,
+    Request,
+    Response,
+    unquote_strict,
+)
 from .._service import QueueService
 from .._sessions import SessionTable
 from .._throttle import AuthThrottle
@@ -70,11 +88,16 @@ __all__ = ["TASKS_PAGE", "UI_HTTP", "Dashboard"]
 log = logging.getLogger("ringo_trio.server.ui")
 
 TASKS_PAGE = 50
-# A browser opens up to 6 connections per origin; a few tabs and scripts fit.
+# A browser opens up to 6 connections per origin: one address's cap fits a
+# browser and a script, and leaves the rest to other addresses when one
+# opens many slow connections (docs/dashboard.md, "Limits"; behind a
+# reverse proxy everyone shares the proxy's address).
 UI_HTTP = HttpLimits(
     max_connections=32,
+    max_connections_per_address=8,
     max_head_bytes=16 * 1024,
     max_body_bytes=16 * 1024,
+    head_timeout=5.0,
     read_timeout=10.0,
     write_timeout=10.0,
 )
@@ -137,6 +160,7 @@ class Dashboard:
         self._activity = activity
         self._throttle = throttle
         self.sessions = Sessions(token)
+        self.errors = ErrorLog(log)
         self.read_only = read_only
         # Served on loopback, the dashboard answers only requests naming a
         # loopback host: a web page whose own name an attacker re-points at
@@ -161,9 +185,14 @@ class Dashboard:
             response = await self._handle(request)
         except DropConnection:
             raise
+        except BadRequest as exc:
+            response = Response(400, f"{exc}\n".encode())
         except Exception:
-            # A bug costs its request a 500, never the connection unanswered.
-            log.exception("dashboard: %s %s failed", request.method, request.path)
+            # A bug costs its request a 500, never the connection unanswered;
+            # its traceback is rationed per client address.
+            self.errors.exception(
+                request.peer[0], "dashboard: %s %s failed", request.method, request.path
+            )
             response = Response(500, b"internal error; see the daemon log\n")
         response.headers.extend(SECURITY_HEADERS)
         return response
@@ -171,7 +200,8 @@ class Dashboard:
     async def _handle(self, request: Request) -> Response:
         if self._loopback and not _loopback_host(request.headers.get("host", "")):
             return Response(421, b"this dashboard answers to a loopback address only\n")
-        parts = [urllib.parse.unquote(p) for p in request.raw_path.split("/")[1:]]
+        # `_http` checked the whole path decodes, so every segment does.
+        parts = [unquote_strict(p) for p in request.raw_path.split("/")[1:]]
         if parts[:1] == ["static"] and request.method == "GET":
             return self._static_file(parts[1:])
         if parts == ["login"]:
@@ -218,15 +248,19 @@ class Dashboard:
         return sid, False, cookie
 
     async def _wrong_token(self, request: Request) -> None:
-        """Wait as long as the throttle says; DropConnection when it says so."""
+        """Wait as long as the throttle says, then raise `_Unauthenticated`."""
         host, port = request.peer
         verdict = self._throttle.failed(host, port, time.monotonic())
         if verdict.drop:
-            raise DropConnection
-        assert verdict.turn is not None
+            # The address's line is full (gRPC guesses count too): this one
+            # waits the longest delay, uncounted, and its answer closes. It
+            # is not dropped at once, which would tell a wrong token from a
+            # right one without any wait; its connection is its bound.
+            await asyncio.sleep(self._throttle.cap)
+            raise _Unauthenticated(close=True)
+        # Not in the address's line (`verdict.turn`): see the module docstring.
         try:
-            async with verdict.turn:
-                await asyncio.sleep(verdict.delay)
+            await asyncio.sleep(verdict.delay)
         finally:
             self._throttle.answered(verdict)
         raise _Unauthenticated(close=verdict.close)
@@ -530,14 +564,15 @@ class _View:
             html = template.render(values)
         return Response(
             status,
-            html.encode(),
+            # A lone surrogate (from a payload's JSON, say) is shown escaped.
+            html.encode("utf-8", "backslashreplace"),
             "text/html; charset=utf-8",
             headers=[("Cache-Control", "no-store")],
         )
 
     def error(self, status: int, message: str) -> Response:
         if self.request.arg("fragment"):
-            return Response(status, message.encode() + b"\n")
+            return Response(status, message.encode("utf-8", "backslashreplace") + b"\n")
         return self.render("error.html", status=status, status_code=status, message=message)
 
 

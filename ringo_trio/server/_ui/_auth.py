@@ -15,8 +15,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 import time
+
+from .._http import BadRequest
 
 __all__ = ["COOKIE", "SESSION_SECONDS", "Sessions"]
 
@@ -69,7 +72,9 @@ class Sessions:
         sid, _, expires = body.partition(".")
         if not sid or not expires.isdigit():
             return None
-        if not hmac.compare_digest(mac, self._mac(b"session:", body)):
+        if not hmac.compare_digest(
+            mac.encode("utf-8", "surrogatepass"), self._mac(b"session:", body).encode()
+        ):
             return None
         if int(expires) <= (time.time() if now is None else now):
             return None
@@ -83,11 +88,23 @@ class Sessions:
 
 
 def cookie_value(header: str | None) -> str | None:
-    """The session cookie's value in a Cookie header."""
+    """The session cookie's value in a Cookie header.
+
+    Raises `BadRequest` when the session cookie's value is not cookie text
+    (RFC 6265 ``cookie-value``: printable ASCII but space, ``"``, ``,``,
+    ``;`` and backslash, optionally in double quotes). Other cookies are not
+    looked at: a browser sends the dashboard the cookies of every other
+    service on its host name, whatever they hold.
+    """
     if not header:
         return None
     for part in header.split(";"):
         name, _, value = part.strip().partition("=")
         if name == COOKIE:
-            return value
+            if not _COOKIE_VALUE.fullmatch(value):
+                raise BadRequest(f"malformed {COOKIE} cookie")
+            return value.removeprefix('"').removesuffix('"')
     return None
+
+
+_COOKIE_VALUE = re.compile(r'"?[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*"?')

@@ -35,9 +35,12 @@ def preview(data: bytes, view: str) -> tuple[str, str]:
         if size > PREVIEW_BYTES:
             return text, f"{size} bytes: too large to parse as JSON here; the first bytes as text"
         try:
-            return json.dumps(json.loads(data), indent=2, ensure_ascii=False), ""
+            pretty = json.dumps(json.loads(data), indent=2, ensure_ascii=False)
         except (ValueError, RecursionError):
             return text, "not valid JSON; shown as text"
+        # A "\udcff" escape parses to a lone surrogate, which no UTF-8 page
+        # can hold: it is shown as the escape it came from.
+        return pretty.encode("utf-8", "backslashreplace").decode("utf-8"), ""
     return text, _cut_note(size, PREVIEW_BYTES)
 
 
