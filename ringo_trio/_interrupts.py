@@ -7,8 +7,9 @@ checkpoint instead. The SDK's tasks move protocol state between several
 objects in plain synchronous steps (a frame read and applied to the Work
 session, a lease settled and its slot freed, a stop's drain sent before its
 releases): an exception between two such steps left leases that nobody
-would release or a stream that nobody would read (issue 24: at random
-moments, 7 of 60 Ctrl-Cs left leases LEASED). Marked `protected`, they
+would release or a stream that nobody would read (issue 24: with only the
+trio-asyncio island protected, 7 of 60 Ctrl-Cs at random moments still left
+leases LEASED). Marked `protected`, they
 never see the interrupt mid-step: the main task does, the cancellation it
 causes reaches `Worker.run`, and that is the bounded stop every other
 cancellation gets.
