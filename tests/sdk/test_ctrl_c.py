@@ -28,6 +28,7 @@ report.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -50,7 +51,7 @@ SEED = int(os.environ.get("RINGO_CTRL_C_SEED", "24"))
 TASKS = 300
 HANG_S = 10.0
 
-PROGRAM = '''
+PROGRAM = """
 import sys
 from datetime import timedelta
 ENDPOINT, QUEUE, PHASE, RUNNER = sys.argv[1:5]
@@ -99,7 +100,7 @@ else:
         asyncio.run(main())
     except KeyboardInterrupt:
         sys.exit(130)
-'''
+"""
 
 
 @dataclasses.dataclass
@@ -150,10 +151,8 @@ def _under_terminal(script: pathlib.Path, argv: list[str], run: Run) -> None:
                 os.kill(pid, signal.SIGKILL)  # never ready: reported by the status
             readable, _, _ = select.select([fd], [], [], 0.005)
             if readable:
-                try:
+                with contextlib.suppress(OSError):  # the child closed the terminal
                     output += os.read(fd, 65536)
-                except OSError:  # the child closed the terminal
-                    pass
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 run.status = os.waitstatus_to_exitcode(status)

@@ -29,9 +29,8 @@ async def test_asyncio_code_on_the_island_runs_ki_protected(daemon: DaemonProces
     delivered to the main task at a checkpoint, never raised inside an
     asyncio callback, where it hung the program or lost leases."""
     with trio.fail_after(30):
-        async with Ringo.connect(daemon.endpoint):
-            async with trio_asyncio.open_loop() as loop:
-                assert await loop.run_aio_coroutine(_protected_on_asyncio_side())
+        async with Ringo.connect(daemon.endpoint), trio_asyncio.open_loop() as loop:
+            assert await loop.run_aio_coroutine(_protected_on_asyncio_side())
 
 
 async def test_handlers_are_not_ki_protected_but_the_sdk_task_running_them_is(

@@ -589,7 +589,8 @@ async def test_client_aclose_under_a_deadline_releases_before_the_channel_closes
         after = await summary(daemon, "aclose-release", ids)
 
     report = f"status {status}, {returned}, {after}\n--- stderr:\n{program.stderr()}"
-    assert returned is not None and returned["event"] == "aclose returned", report
+    assert returned is not None, report
+    assert returned["event"] == "aclose returned", report
     assert returned["seconds"] < 2.5, report
     assert after == ALL_BACK, report
     assert status == 0, report
