@@ -14,6 +14,17 @@ never see the interrupt mid-step: the main task does, the cancellation it
 causes reaches `Worker.run`, and that is the bounded stop every other
 cancellation gets.
 
+*A Ctrl-C during a stop.* The stop a first Ctrl-C (or any cancellation)
+starts is bounded by ``stop_timeout`` and shielded, because it is what hands
+the leases back; trio delivers a further Ctrl-C only to the main task, which
+a shielded stop does not hear. So while such a stop runs, `abandon_on_interrupt`
+puts a SIGINT handler in front of trio's: it cancels the stop's scope (through
+the trio token, the signal-safe way in) and hands the signal on to trio's
+handler unchanged. A second Ctrl-C therefore ends the stop at once — what is
+left of it goes to lease expiry — and the program exits as trio makes it.
+Only under trio, in the main thread, and only when the handler in place is a
+Python callable (a program that ignores SIGINT keeps ignoring it).
+
 A handler is the user's code: `unprotected` marks the one frame that calls
 it, so a Ctrl-C lands in it as in any trio program (a busy loop without
 checkpoints can still be interrupted) and `Worker._handle` turns it into a
@@ -23,7 +34,65 @@ stop. Both are trio's own markers; under asyncio they change nothing
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import sniffio
+import trio
 from trio.lowlevel import disable_ki_protection as unprotected
 from trio.lowlevel import enable_ki_protection as protected
 
-__all__ = ["protected", "unprotected"]
+__all__ = ["abandon_on_interrupt", "protected", "unprotected"]
+
+# The stops in progress a Ctrl-C abandons, and the SIGINT handler that was in
+# place before ours (trio's, nearly always) while any is registered.
+_stops: set[anyio.CancelScope] = set()
+_installed: dict[str, Any] = {}
+
+
+def abandon_on_interrupt(scope: anyio.CancelScope) -> Callable[[], None]:
+    """While registered, a SIGINT cancels ``scope`` (a bounded stop in
+    progress) before trio handles it as usual. Returns the unregistering
+    function (idempotent); a no-op where the rule does not apply."""
+    if (
+        sniffio.current_async_library() != "trio"
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return _nothing
+    if not _installed:
+        previous = signal.getsignal(signal.SIGINT)
+        if not callable(previous):
+            return _nothing
+        token = trio.lowlevel.current_trio_token()
+
+        def on_sigint(signum: int, frame: types.FrameType | None) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(_abandon_stops, idempotent=True)
+            previous(signum, frame)
+
+        signal.signal(signal.SIGINT, on_sigint)
+        _installed.update(previous=previous, ours=on_sigint)
+    _stops.add(scope)
+
+    def unregister() -> None:
+        _stops.discard(scope)
+        if not _stops and _installed:
+            if signal.getsignal(signal.SIGINT) is _installed["ours"]:
+                signal.signal(signal.SIGINT, _installed["previous"])
+            _installed.clear()
+
+    return unregister
+
+
+def _abandon_stops() -> None:
+    for scope in list(_stops):
+        scope.cancel()
+
+
+def _nothing() -> None:
+    pass

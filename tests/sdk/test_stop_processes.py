@@ -304,6 +304,41 @@ run_recording(trio.run, main)
 """
 
 
+# A worker whose stop would wait a minute for a daemon that does not answer.
+TRIO_SECOND_SIGINT = """
+from datetime import timedelta
+import trio
+from ringo_trio import Ringo
+
+all_running = trio.Event()
+
+
+async def handle(task, ctx):
+    started_one()
+    if running == CONCURRENCY:
+        all_running.set()
+    await trio.sleep_forever()
+
+
+async def main():
+    async with Ringo.connect(ENDPOINT) as client:
+        worker = client.queue(QUEUE).worker(
+            handle, concurrency=CONCURRENCY, stop_timeout=timedelta(seconds=60)
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await all_running.wait()
+            emit(event="running", handlers=running)
+            await trio.sleep_forever()
+
+
+try:
+    run_recording(trio.run, main)
+except* KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
 class Program:
     """One program in its own process; stdout is read line by line as JSON."""
 
@@ -594,3 +629,30 @@ async def test_client_aclose_under_a_deadline_releases_before_the_channel_closes
     assert returned["seconds"] < 2.5, report
     assert after == ALL_BACK, report
     assert status == 0, report
+
+
+async def test_a_second_sigint_ends_a_stop_that_waits_for_a_frozen_daemon(
+    tmp_path: pathlib.Path, daemon: DaemonProcess, programs: list[Program]
+) -> None:
+    """The first Ctrl-C starts the bounded stop (here: up to a 60 s
+    ``stop_timeout``, the daemon frozen by SIGSTOP so no release is
+    answered); a second Ctrl-C ends the process at once, with the program's
+    own status (130) — it does not wait out the stop."""
+    with trio.fail_after(GUARD_S * 4):
+        await enqueue(daemon, "second")
+        program = Program(tmp_path, "trio_second", TRIO_SECOND_SIGINT, daemon.endpoint, "second")
+        programs.append(program)
+        await program.running()
+        os.kill(daemon.pid, signal.SIGSTOP)
+        try:
+            os.kill(program.process.pid, signal.SIGINT)
+            await trio.sleep(1.0)
+            still_stopping = program.process.poll() is None
+            os.kill(program.process.pid, signal.SIGINT)
+            status = await program.wait()  # None: still there after GUARD_S (20 s)
+        finally:
+            os.kill(daemon.pid, signal.SIGCONT)
+
+    report = f"status {status}\n--- stderr:\n{program.stderr()}"
+    assert still_stopping, f"the first Ctrl-C's stop did not wait for the daemon: {report}"
+    assert status == 130, report
