@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from ._connection import Connection
 from ._contract import limits as _limits
@@ -291,6 +292,9 @@ class RingoClient:
             self._close_done.set()
         if stopped_by is not None:
             raise stopped_by
+        # A caller whose deadline passed while the stop used it up learns so
+        # as from any other call: by its cancellation.
+        await anyio.lowlevel.checkpoint_if_cancelled()
         if errors:
             raise ExceptionGroup("errors while closing the Ringo client", errors)
 
