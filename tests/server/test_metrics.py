@@ -310,7 +310,8 @@ async def test_a_scrape_renders_in_a_worker_thread_while_the_loop_runs() -> None
     """Property: the exposition is rendered off the event loop: the render
     runs in another thread, and a coroutine on the loop runs while the
     render is in progress (here the render cannot finish until it has);
-    the cyclic GC is paused during the render only."""
+    the cyclic GC is paused, and the GIL switch interval short, during the
+    render only."""
     metrics = PrometheusMetrics()
     entered = threading.Event()
     release = threading.Event()
@@ -324,6 +325,7 @@ async def test_a_scrape_renders_in_a_worker_thread_while_the_loop_runs() -> None
         def collect(self) -> Iterator[Metric]:
             seen["thread"] = threading.get_ident()
             seen["gc"] = gc.isenabled()
+            seen["switch"] = sys.getswitchinterval()
             entered.set()
             # Set by a coroutine on the loop; a render on the loop would
             # wait here in vain (the loop cannot run it) and time out.
@@ -342,6 +344,7 @@ async def test_a_scrape_renders_in_a_worker_thread_while_the_loop_runs() -> None
         release.set()
 
     assert gc.isenabled()
+    switch = sys.getswitchinterval()
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(loop_meanwhile)
@@ -352,6 +355,8 @@ async def test_a_scrape_renders_in_a_worker_thread_while_the_loop_runs() -> None
     assert refreshed == [threading.get_ident()]
     assert seen["gc"] is False
     assert gc.isenabled()
+    assert seen["switch"] < switch
+    assert sys.getswitchinterval() == switch
     assert b"blocking_probe 1.0" in body
 
 
