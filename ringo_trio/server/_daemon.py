@@ -82,9 +82,11 @@ from ._service import HealthService, QueueService
 from ._sessions import SessionTable
 from ._throttle import DEFAULT_CAP, AuthThrottle
 from ._ui import Activity, Dashboard, instrument_activity
+from ._ui._app import SQLITE_PURGE_PAUSE
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import StrictCodec
 from .storage._base import Storage, StorageFull
+from .storage.sqlite import SQLiteEngine
 
 __all__ = ["Daemon", "DaemonConfig", "ListenError", "format_endpoint"]
 
@@ -235,7 +237,11 @@ class Daemon:
                 # Retention's batches were measured against health-check
                 # latency; a purge click deletes the same way.
                 purge_batch=config.retention.batch,
-                purge_pause=config.retention.pause,
+                purge_pause=(
+                    max(config.retention.pause, SQLITE_PURGE_PAUSE)
+                    if isinstance(storage, SQLiteEngine)
+                    else config.retention.pause
+                ),
             )
         self.port: int | None = None
         self.metrics_port: int | None = None

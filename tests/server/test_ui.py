@@ -553,6 +553,12 @@ class GatedDeletes:
             raise
         return await self._delete(request)
 
+    async def second_batch(self) -> None:
+        """Until the second batch has started (and waits at the gate)."""
+        while len(self.limits) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        assert self.limits == [self.limits[0]] * 2
+
 
 async def test_a_purge_runs_in_background_batches_and_the_page_shows_progress(
     engine: Storage, monkeypatch: pytest.MonkeyPatch
@@ -577,8 +583,9 @@ async def test_a_purge_runs_in_background_batches_and_the_page_shows_progress(
             assert reply.status == 303
             location = reply.headers["location"]
             assert re.fullmatch(rf"/queues/{queue}\?purge=\d+", location), location
-            # The first batch is done, the second waits at the gate.
-            assert deletes.limits == [3, 3]
+            # The first batch is done; the second (after the pause) waits at the gate.
+            assert deletes.limits[0] == 3
+            await deletes.second_batch()
             progress = "Purging: 3 finished task(s) deleted so far."
             assert text_of((await ui.get(location)).body, "purging") == progress
             assert text_of((await ui.get(f"/queues/{queue}")).body, "purging") == progress
@@ -618,7 +625,7 @@ async def test_a_running_purge_is_cancelled_when_the_daemon_stops(
             csrf = await ui.csrf(f"/queues/{queue}")
             reply = await ui.post(f"/queues/{queue}/purge", {"_csrf": csrf})
             assert text_of((await ui.get(reply.headers["location"])).body, "purging")
-            assert deletes.limits == [2, 2]
+            await deletes.second_batch()
             assert not deletes.cancelled
         # dashboard() returned: the daemon stopped, with the purge gated.
         assert deletes.cancelled
