@@ -542,11 +542,10 @@ class Dashboard:
         purge = _Purge(next(self._purge_ids), queue)
         self._running[queue] = purge
         self._purges[purge.id] = purge
-        while len(self._purges) > _PURGES_KEPT:
-            oldest = next(iter(self._purges.values()))
-            if not oldest.done:
-                break
-            self._purges.popitem(last=False)
+        # The oldest finished ones go; running ones stay (one per queue).
+        excess = len(self._purges) - _PURGES_KEPT
+        for old in [p for p in self._purges.values() if p.done][: max(excess, 0)]:
+            del self._purges[old.id]
         request = DeleteTasksRequest(
             queue=queue,
             states=[TaskState[name] for name in names],
