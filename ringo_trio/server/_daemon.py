@@ -11,8 +11,10 @@ any more.
 **Metrics** (``DaemonConfig.metrics_listen``, `_metrics`): the /metrics
 responder is one more background task of that group; without it, the
 daemon's `metrics` is the do-nothing `Metrics`. The **dashboard**
-(``ui_listen``, `_ui`) is another, on the same `_http` server; without it
-nothing of it is built and storage is not wrapped for its sparklines.
+(``ui_listen``, `_ui`) is another, on the same `_http` server, with the
+purges it runs in the background in a task group of its own inside that
+task (`Dashboard.serve`); without it nothing of it is built and storage is
+not wrapped for its sparklines.
 
 **Other daemons.** On a database several daemons share (PostgreSQL), work
 can become claimable without this daemon doing anything: another daemon
@@ -85,7 +87,6 @@ from ._clock import Clock
 from ._commit import GroupCommit
 from ._connections import ConnectionLimits, GuardedServer
 from ._gate import Gate
-from ._http import serve_http
 from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from ._memory import InMemoryChannel, start_in_memory
 from ._metrics import NO_METRICS, Metrics, PrometheusMetrics, serve_metrics
@@ -94,10 +95,11 @@ from ._service import HealthService, QueueService
 from ._sessions import SessionTable
 from ._throttle import DEFAULT_CAP, AuthThrottle
 from ._ui import Activity, Dashboard, instrument_activity
-from ._ui._app import UI_HTTP
+from ._ui._app import SQLITE_PURGE_PAUSE
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import StrictCodec
 from .storage._base import Storage, StorageFull
+from .storage.sqlite import SQLiteEngine
 
 __all__ = ["Daemon", "DaemonConfig", "ListenError", "format_endpoint"]
 
@@ -253,6 +255,14 @@ class Daemon:
                 token=config.token,
                 read_only=config.ui_read_only,
                 listen_host=config.ui_listen[0],
+                # Retention's batches were measured against health-check
+                # latency; a purge click deletes the same way.
+                purge_batch=config.retention.batch,
+                purge_pause=(
+                    max(config.retention.pause, SQLITE_PURGE_PAUSE)
+                    if isinstance(storage, SQLiteEngine)
+                    else config.retention.pause
+                ),
             )
         self.port: int | None = None
         self.metrics_port: int | None = None
@@ -346,10 +356,7 @@ class Daemon:
                 if ui_sock is not None:
                     assert self.dashboard is not None
                     background.append(
-                        tasks.create_task(
-                            serve_http(ui_sock, self.dashboard.handle, UI_HTTP, name="ui"),
-                            name="ringod ui",
-                        )
+                        tasks.create_task(self.dashboard.serve(ui_sock), name="ringod ui")
                     )
                     ui_sock = None
                 if self.config.safety_poll is not None:

@@ -3,23 +3,29 @@ the daemon's log lines (``--log-format json``, ``--log-wire``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import io
 import json
 import logging
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from ringo_trio._contract import limits
 from ringo_trio._proto.ringo.v1 import (
@@ -28,10 +34,13 @@ from ringo_trio._proto.ringo.v1 import (
     NackRequest,
     RejectRequest,
     ReleaseRequest,
+    TaskSpec,
 )
+from ringo_trio.server import _metrics
 from ringo_trio.server._logs import JsonFormatter
 from ringo_trio.server._main import EXIT_FAILURE
 from ringo_trio.server._metrics import PrometheusMetrics
+from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests._postgres import fresh_database
 
@@ -254,6 +263,185 @@ async def test_queue_labels_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
         for sample in family.samples
     }
     assert acked == {"q0": 1, "q1": 1, "q2": 1, "": 7}
+
+
+def parsed(exposition: bytes) -> Samples:
+    samples: Samples = {}
+    for family in text_string_to_metric_families(exposition.decode()):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+async def test_queues_truncated_only_past_the_cap(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Property: ringo_queues_truncated is 0 with exactly MAX_METRIC_QUEUES
+    queues (all reported by name) and 1 with one more (the first
+    MAX_METRIC_QUEUES reported); the queues are read in pages, none lost or
+    repeated at a page boundary."""
+    monkeypatch.setattr(limits, "MAX_METRIC_QUEUES", 5)
+    monkeypatch.setattr(_metrics, "_REFRESH_PAGE", 2)
+    storage = SQLiteEngine(tmp_path / "ringo.db")
+    await storage.open()
+    try:
+        metrics = PrometheusMetrics()
+        now = datetime.now(UTC)
+        names = [f"q{index}" for index in range(6)]
+        for name in names[:5]:
+            await storage.enqueue(name, [TaskSpec(task_type="t")], now)
+        await metrics.refresh(storage, now)
+        samples = parsed(metrics.exposition())
+        assert value(samples, "ringo_queues_truncated") == 0
+        reported = {dict(labels)["queue"] for name, labels in samples if name == "ringo_tasks"}
+        assert reported == set(names[:5])
+        await storage.enqueue(names[5], [TaskSpec(task_type="t")], now)
+        await metrics.refresh(storage, now)
+        samples = parsed(metrics.exposition())
+        assert value(samples, "ringo_queues_truncated") == 1
+        reported = {dict(labels)["queue"] for name, labels in samples if name == "ringo_tasks"}
+        assert reported == set(names[:5])
+        assert value(samples, "ringo_tasks", queue="q4", state="pending") == 1
+    finally:
+        await storage.close()
+
+
+async def test_a_scrape_renders_in_a_worker_thread_while_the_loop_runs() -> None:
+    """Property: the exposition is rendered off the event loop: the render
+    runs in another thread, and a coroutine on the loop runs while the
+    render is in progress (here the render cannot finish until it has);
+    the cyclic GC is paused, and the GIL switch interval short, during the
+    render only."""
+    metrics = PrometheusMetrics()
+    entered = threading.Event()
+    release = threading.Event()
+    seen: dict[str, object] = {}
+
+    class Blocking(Collector):
+        def describe(self) -> Iterator[Metric]:
+            # Without it, registering would call collect().
+            return iter(())
+
+        def collect(self) -> Iterator[Metric]:
+            seen["thread"] = threading.get_ident()
+            seen["gc"] = gc.isenabled()
+            seen["switch"] = sys.getswitchinterval()
+            entered.set()
+            # Set by a coroutine on the loop; a render on the loop would
+            # wait here in vain (the loop cannot run it) and time out.
+            seen["released"] = release.wait(10)
+            yield GaugeMetricFamily("blocking_probe", "test", value=1)
+
+    metrics.registry.register(Blocking())
+    refreshed: list[int] = []
+
+    async def refresh() -> None:
+        refreshed.append(threading.get_ident())
+
+    async def loop_meanwhile() -> None:
+        await anyio.to_thread.run_sync(entered.wait, 10)
+        seen["loop_ran"] = True
+        release.set()
+
+    assert gc.isenabled()
+    switch = sys.getswitchinterval()
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(loop_meanwhile)
+            body = await metrics.render(refresh)
+    assert seen["released"] is True
+    assert seen["loop_ran"] is True
+    assert seen["thread"] != threading.get_ident()
+    assert refreshed == [threading.get_ident()]
+    assert seen["gc"] is False
+    assert gc.isenabled()
+    assert seen["switch"] < switch
+    assert sys.getswitchinterval() == switch
+    assert b"blocking_probe 1.0" in body
+
+
+class _Renders:
+    """A render the test releases by hand."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = asyncio.Event()
+
+    async def __call__(self) -> bytes:
+        self.calls += 1
+        await self.release.wait()
+        self.release.clear()
+        return f"body {self.calls}".encode()
+
+
+async def test_concurrent_scrapes_share_one_render_and_reuse_it_briefly() -> None:
+    """Property: scrapes that arrive while a render is in flight wait for that
+    render and all get its body (one render for them all); a scrape within
+    SCRAPE_TTL of the render's end gets the same body without a render; a
+    later one renders anew."""
+    clock = [100.0]
+    render = _Renders()
+    exposition = _metrics._Exposition(render, ttl=1.0, clock=lambda: clock[0])
+    bodies: list[bytes] = []
+
+    async def scrape_once() -> None:
+        bodies.append(await exposition.body())
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(scrape_once)
+            await wait_until(lambda: render.calls == 1)
+            render.release.set()
+        assert bodies == [b"body 1"] * 20
+        assert render.calls == exposition.renders == 1
+        clock[0] += 0.9
+        assert await exposition.body() == b"body 1"
+        assert render.calls == 1
+        clock[0] += 0.1
+        render.release.set()
+        assert await exposition.body() == b"body 2"
+        assert render.calls == 2
+
+
+async def test_a_cancelled_scrape_hands_the_render_to_a_waiting_one() -> None:
+    """Property: when the scrape doing the render is cancelled, a scrape that
+    was waiting for it renders instead of waiting forever; a failed render
+    fails the scrapes waiting on it, and the next scrape tries again."""
+    render = _Renders()
+    exposition = _metrics._Exposition(render, ttl=1.0, clock=lambda: 0.0)
+    got: list[bytes] = []
+
+    async def waiter() -> None:
+        got.append(await exposition.body())
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as first:
+                first.start_soon(exposition.body)
+                await wait_until(lambda: render.calls == 1)
+                tg.start_soon(waiter)
+                # Let the waiter reach its wait on the render in flight.
+                for _ in range(10):
+                    await anyio.lowlevel.checkpoint()
+                first.cancel_scope.cancel()
+            await wait_until(lambda: render.calls == 2)
+            render.release.set()
+        assert got == [b"body 2"]
+
+        async def broken() -> bytes:
+            raise RuntimeError("render failed")
+
+        failing = _metrics._Exposition(broken, ttl=1.0, clock=lambda: 0.0)
+        with pytest.raises(RuntimeError):
+            await failing.body()
+        with pytest.raises(RuntimeError):
+            await failing.body()
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await anyio.lowlevel.checkpoint()
 
 
 async def test_json_log_lines_carry_extra_fields() -> None:

@@ -29,12 +29,20 @@ from typing import Any
 import anyio
 import pytest
 
-from ringo_trio._proto.ringo.v1 import AckRequest, CreditUpdate, TaskSpec, TaskState
-from ringo_trio.server import _daemon as daemon_module
+from ringo_trio._proto.ringo.v1 import (
+    AckRequest,
+    CreditUpdate,
+    DeleteTasksRequest,
+    DeleteTasksResponse,
+    TaskSpec,
+    TaskState,
+)
 from ringo_trio.server._daemon import Daemon, DaemonConfig
 from ringo_trio.server._http import HttpLimits, Request, Response, serve_http
 from ringo_trio.server._main import EXIT_FAILURE
+from ringo_trio.server._retention import RetentionPolicy
 from ringo_trio.server._ui import Activity, instrument_activity
+from ringo_trio.server._ui import _app as app_module
 from ringo_trio.server._ui._app import TASKS_PAGE, UI_HTTP
 from ringo_trio.server.storage._base import Ack, LeaseLost, Nack, Reject, Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
@@ -509,14 +517,127 @@ async def test_actions_change_storage(engine: Storage) -> None:
             assert "not needed" in task.last_error
             purge = {"_csrf": csrf, "state": ["CANCELLED"], "older_than": "1h"}
             reply = await ui.post(f"/queues/{queue}/purge", purge)
-            assert reply.headers["location"].endswith("purged=0")
+            # A purge of one batch is done when the click is answered.
+            page = await ui.get(reply.headers["location"])
+            assert text_of(page.body, "purged") == "Deleted 0 finished task(s)."
             purge["older_than"] = ""
             reply = await ui.post(f"/queues/{queue}/purge", purge)
-            assert reply.headers["location"].endswith("purged=1")
-            assert (await ui.get(reply.headers["location"])).status == 200
+            page = await ui.get(reply.headers["location"])
+            assert page.status == 200
+            assert text_of(page.body, "purged") == "Deleted 1 finished task(s)."
             assert (await ui.get(f"{base}/{pending_id}")).status == 404
             bad = await ui.post(f"/queues/{queue}/purge", {"_csrf": csrf, "state": "PENDING"})
             assert bad.status == 400
+
+
+async def finished_tasks(storage: Storage, queue: str, count: int) -> None:
+    now = datetime.now(UTC)
+    for task_id in await seed(storage, queue, count):
+        await storage.cancel(queue, "done with it", now, task_id=task_id)
+
+
+class GatedDeletes:
+    """The daemon's DeleteTasks as the dashboard calls it: counted, and every
+    batch after the first held until `gate` is set."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._delete = daemon.queue_service.delete_tasks
+        self.limits: list[int] = []
+        self.gate = asyncio.Event()
+        self.cancelled = False
+
+    async def __call__(self, request: DeleteTasksRequest) -> DeleteTasksResponse:
+        self.limits.append(request.limit)
+        try:
+            if len(self.limits) > 1:
+                await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return await self._delete(request)
+
+    async def second_batch(self) -> None:
+        """Until the second batch has started (and waits at the gate)."""
+        while len(self.limits) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        assert self.limits == [self.limits[0]] * 2
+
+
+async def test_a_purge_runs_in_background_batches_and_the_page_shows_progress(
+    engine: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: a purge click deletes in batches of the retention batch size,
+    one DeleteTasks call each, in the background: the click is answered
+    after the first batch while the rest is still to do, pages are served
+    meanwhile, and the queue's page (and its live `purge` part) shows the
+    count so far, then the total. A second click while it runs starts no
+    second purge (no extra batch) and shows the running one. What it
+    deletes is unchanged: the finished tasks, not the active ones."""
+    policy = RetentionPolicy(batch=3, pause=0)
+    with anyio.fail_after(60):
+        async with dashboard(engine, retention=policy) as ui:
+            deletes = GatedDeletes(ui.daemon)
+            monkeypatch.setattr(ui.daemon.queue_service, "delete_tasks", deletes)
+            queue = new_queue("ui")
+            await finished_tasks(engine, queue, 10)
+            [pending] = await seed(engine, queue, 1)
+            csrf = await ui.csrf(f"/queues/{queue}")
+            reply = await ui.post(f"/queues/{queue}/purge", {"_csrf": csrf})
+            assert reply.status == 303
+            location = reply.headers["location"]
+            assert re.fullmatch(rf"/queues/{queue}\?purge=\d+", location), location
+            # The first batch is done; the second (after the pause) waits at the gate.
+            assert deletes.limits[0] == 3
+            await deletes.second_batch()
+            progress = "Purging: 3 finished task(s) deleted so far."
+            assert text_of((await ui.get(location)).body, "purging") == progress
+            assert text_of((await ui.get(f"/queues/{queue}")).body, "purging") == progress
+            again = await ui.post(f"/queues/{queue}/purge", {"_csrf": csrf})
+            assert again.headers["location"] == location
+            assert deletes.limits == [3, 3]
+            fragment = await ui.get(f"{location}&fragment=purge")
+            assert text_of(fragment.body, "purging") == progress
+            deletes.gate.set()
+            while "purged" not in (fragment := await ui.get(f"{location}&fragment=purge")).body:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+            assert text_of(fragment.body, "purged") == "Deleted 10 finished task(s)."
+            # 3 + 3 + 3 + 1: the short batch ends it.
+            assert deletes.limits == [3, 3, 3, 3]
+            assert (await engine.get(queue, task_id=pending)).state == TaskState.PENDING
+            stats = await engine.queue_stats(queue, datetime.now(UTC), by_type=False)
+            assert (stats.cancelled, stats.pending) == (0, 1)
+            # Done, the queue's page no longer shows it unless asked by id.
+            assert 'id="purge-status"' not in (await ui.get(f"/queues/{queue}")).body
+            bad = await ui.post(f"/queues/{'x' * 300}/purge", {"_csrf": csrf})
+            assert bad.status == 400
+
+
+async def test_a_running_purge_is_cancelled_when_the_daemon_stops(
+    sqlite: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: a purge belongs to the daemon: stopping the daemon cancels
+    it between two batches (it does not outlive serve(), nor keep it
+    waiting), and what its batches deleted stays deleted."""
+    policy = RetentionPolicy(batch=2, pause=0)
+    with anyio.fail_after(30):
+        async with dashboard(sqlite, retention=policy) as ui:
+            deletes = GatedDeletes(ui.daemon)
+            monkeypatch.setattr(ui.daemon.queue_service, "delete_tasks", deletes)
+            queue = new_queue("ui")
+            await finished_tasks(sqlite, queue, 5)
+            csrf = await ui.csrf(f"/queues/{queue}")
+            reply = await ui.post(f"/queues/{queue}/purge", {"_csrf": csrf})
+            assert text_of((await ui.get(reply.headers["location"])).body, "purging")
+            await deletes.second_batch()
+            assert not deletes.cancelled
+        # dashboard() returned: the daemon stopped, with the purge gated.
+        assert deletes.cancelled
+    await sqlite.open()
+    try:
+        stats = await sqlite.queue_stats(queue, datetime.now(UTC), by_type=False)
+        assert stats.cancelled == 3
+    finally:
+        await sqlite.close()
 
 
 async def test_a_retry_from_the_dashboard_wakes_an_idle_worker(engine: Storage) -> None:
@@ -780,7 +901,7 @@ async def test_parallel_wrong_logins_are_all_answered_401(
     left waiting one behind the other; the throttle forgets none of them."""
     # One address may hold more connections than the line holds waiters.
     limits = dataclasses.replace(UI_HTTP, max_connections=64, max_connections_per_address=32)
-    monkeypatch.setattr(daemon_module, "UI_HTTP", limits)
+    monkeypatch.setattr(app_module, "UI_HTTP", limits)
     parallel = 24
     with anyio.fail_after(60):
         async with dashboard(sqlite, token=TOKEN, auth_failure_delay=1.0) as ui:

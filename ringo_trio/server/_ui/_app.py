@@ -34,16 +34,37 @@ metrics, wake-ups and PostgreSQL notifications are exactly the RPCs'; their
 `GRPCError` becomes an HTTP status. Pages are Jinja2 templates with
 autoescape on; a page's live part is the template block named by
 ``?fragment=``, which ``ui.js`` polls.
+
+**Purges run in the background.** A purge click may name a million tasks;
+deleted in the request, on SQLite (whose engine runs on the loop) that held
+the daemon for seconds. The click now starts a `_Purge`: a task of the
+dashboard's own task group (`Dashboard.serve`, itself a task of the daemon's
+group, so a purge never outlives the daemon: shutdown cancels it between
+two batches) that deletes batch after batch, each one DeleteTasks call of
+`purge_batch` tasks (one short transaction), pausing `purge_pause` seconds
+between batches so the calls that queued up meanwhile run first -- the
+batch and pause of retention, which were measured for this, except that on
+SQLite the pause is at least `SQLITE_PURGE_PAUSE` (why: there). The click waits
+for the first batch only (a small purge is done by then, and a refused one,
+a bad queue name say, is answered with its status), then redirects to the
+queue's page with ``?purge=ID``, whose live ``purge`` part shows the count so
+far and then the total. One purge per queue at a time: a click while one
+runs starts nothing and shows the running one. The cutoff is fixed at the
+click (``older_than`` from then; without it, tasks finished before the
+click), so tasks finishing during a long purge do not keep it going.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ipaddress
+import itertools
 import logging
+import socket
 import time
 import urllib.parse
-from datetime import datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +95,10 @@ from .._http import (
     HttpLimits,
     Request,
     Response,
+    serve_http,
     unquote_strict,
 )
+from .._retention import DEFAULT_RETENTION_BATCH, DEFAULT_RETENTION_PAUSE
 from .._service import QueueService
 from .._sessions import SessionTable
 from .._throttle import AuthThrottle
@@ -83,7 +106,7 @@ from . import _views
 from ._activity import Activity
 from ._auth import COOKIE, SESSION_SECONDS, Sessions, cookie_value
 
-__all__ = ["TASKS_PAGE", "UI_HTTP", "Dashboard"]
+__all__ = ["SQLITE_PURGE_PAUSE", "TASKS_PAGE", "UI_HTTP", "Dashboard"]
 
 log = logging.getLogger("ringo_trio.server.ui")
 
@@ -102,9 +125,15 @@ UI_HTTP = HttpLimits(
     write_timeout=10.0,
 )
 QUEUES_PAGE = limits.DEFAULT_LIST_PAGE
-# Batches one purge click deletes at most (DEFAULT_BULK_BATCH each); the
-# page says when more are left.
-_PURGE_BATCHES = 100
+# Finished purges whose outcome a page can still show (by ?purge=ID).
+_PURGES_KEPT = 100
+# The pause between two purge batches on SQLite (the daemon passes it): at
+# retention's 5 ms, batches of 200 commit ~80 times a second and the WAL
+# checkpoint thread never finds the WAL idle to start it over, so every
+# ~0.5 s the loop's own backstop checkpoint held it 80-150 ms (purging a
+# 1,000,000-task store: batch p99 98 ms). With 50 ms the checkpoints keep up
+# (batch p99 11 ms, max 18) and 1,000,000 tasks take ~5 minutes.
+SQLITE_PURGE_PAUSE = 0.05
 _STATES = ("PENDING", "LEASED", "SUCCEEDED", "DEAD", "CANCELLED")
 _FINISHED = ("SUCCEEDED", "DEAD", "CANCELLED")
 _HERE = Path(__file__).parent
@@ -152,6 +181,8 @@ class Dashboard:
         token: str | None,
         read_only: bool = False,
         listen_host: str = "",
+        purge_batch: int = DEFAULT_RETENTION_BATCH,
+        purge_pause: float = DEFAULT_RETENTION_PAUSE,
     ) -> None:
         self._service = service
         self._rpc_sessions = rpc_sessions
@@ -177,6 +208,23 @@ class Dashboard:
             for path in (_HERE / "static").iterdir()
             if path.suffix in _STATIC_TYPES
         }
+        self._purge_batch = purge_batch
+        self._purge_pause = purge_pause
+        # Set while `serve` runs: the purges' task group.
+        self._purge_tasks: asyncio.TaskGroup | None = None
+        self._purge_ids = itertools.count(1)
+        self._running: dict[str, _Purge] = {}
+        self._purges: collections.OrderedDict[int, _Purge] = collections.OrderedDict()
+
+    async def serve(self, sock: socket.socket) -> None:
+        """Serve the dashboard on the listening `sock` until cancelled, with
+        the purges it starts; closes `sock`. Cancelled, it cancels them."""
+        async with asyncio.TaskGroup() as purges:
+            self._purge_tasks = purges
+            try:
+                await serve_http(sock, self.handle, UI_HTTP, name="ui")
+            finally:
+                self._purge_tasks = None
 
     # -- the pipeline ----------------------------------------------------------
 
@@ -373,6 +421,9 @@ class Dashboard:
 
     async def _tasks(self, view: _View, queue: str) -> Response:
         request = view.request
+        purge = self._shown_purge(queue, request.arg("purge"))
+        if request.arg("fragment") == "purge":
+            return view.render("tasks.html", fragment="purge", purge=purge)
         stats = (
             await self._service.get_queue_stats(
                 GetQueueStatsRequest(context=self.context(), queue=queue)
@@ -427,7 +478,7 @@ class Dashboard:
             finished=_FINISHED,
             next_url=next_url,
             paged=bool(request.arg("page_token")),
-            purged=request.arg("purged"),
+            purge=purge,
         )
 
     async def _task(self, view: _View, queue: str, task_id: str) -> Response:
@@ -500,36 +551,104 @@ class Dashboard:
                 )
                 return _redirect(f"/queues/{_quote(queue)}/tasks/{_quote(task_id)}")
             case ["queues", queue, "purge"]:
-                deleted = await self._purge(queue, form)
-                return _redirect(f"/queues/{_quote(queue)}?purged={deleted}")
+                purge = await self._purge(queue, form)
+                return _redirect(f"/queues/{_quote(queue)}?purge={purge.id}")
         raise _Refused(404, "no such action")
 
-    async def _purge(self, queue: str, form: dict[str, list[str]]) -> int:
+    async def _purge(self, queue: str, form: dict[str, list[str]]) -> _Purge:
+        """Start a purge of `queue` (or find the one running) and wait for
+        its first batch."""
         names = form.get("state", []) or list(_FINISHED)
         if any(name not in _FINISHED for name in names):
             raise _Refused(400, f"state must be among {', '.join(_FINISHED)}")
         older_than = form.get("older_than", [""])[0].strip()
-        finished_before: datetime | None = None
+        finished_before = self._clock.now()
         if older_than:
             try:
-                finished_before = self._clock.now() - parse_duration(older_than)
+                finished_before -= parse_duration(older_than)
             except (ValueError, OverflowError) as exc:
                 raise _Refused(400, f"older_than: {exc}") from None
-        deleted = 0
-        for _ in range(_PURGE_BATCHES):
-            answer = await self._service.delete_tasks(
-                DeleteTasksRequest(
-                    context=self.context(),
-                    queue=queue,
-                    states=[TaskState[name] for name in names],
-                    finished_before=finished_before,
-                    limit=limits.DEFAULT_BULK_BATCH,
-                )
+        running = self._running.get(queue)
+        if running is not None:
+            return running
+        group = self._purge_tasks
+        if group is None:
+            raise _Refused(503, "the dashboard is not serving")
+        purge = _Purge(next(self._purge_ids), queue)
+        self._running[queue] = purge
+        self._purges[purge.id] = purge
+        # The oldest finished ones go; running ones stay (one per queue).
+        excess = len(self._purges) - _PURGES_KEPT
+        for old in [p for p in self._purges.values() if p.done][: max(excess, 0)]:
+            del self._purges[old.id]
+        request = DeleteTasksRequest(
+            queue=queue,
+            states=[TaskState[name] for name in names],
+            finished_before=finished_before,
+            limit=self._purge_batch,
+        )
+        group.create_task(self._run_purge(purge, request), name=f"ringod ui purge {queue!r}")
+        await purge.first_batch.wait()
+        if purge.refused is not None:
+            raise purge.refused
+        return purge
+
+    async def _run_purge(self, purge: _Purge, request: DeleteTasksRequest) -> None:
+        started = time.monotonic()
+        try:
+            while True:
+                request.context = self.context()
+                answer = await self._service.delete_tasks(request)
+                purge.deleted += answer.deleted_count
+                if not answer.more:
+                    break
+                purge.first_batch.set()
+                # Between two batches the loop serves what queued up meanwhile
+                # (on SQLite a batch holds it).
+                await asyncio.sleep(self._purge_pause)
+        except GRPCError as exc:
+            purge.error = exc.message or exc.status.name
+            if not purge.first_batch.is_set():
+                # The click's own answer (a bad queue name: 400).
+                purge.refused = exc
+            else:
+                log.warning("dashboard: purging queue %r stopped: %s", purge.queue, purge.error)
+        except Exception:
+            # Never into the task group: that would end the dashboard.
+            log.exception("dashboard: purging queue %r failed", purge.queue)
+            purge.error = "internal error; see the daemon log"
+        finally:
+            purge.done = True
+            del self._running[purge.queue]
+            purge.first_batch.set()
+        if purge.deleted:
+            log.info(
+                "dashboard: purged %d finished task(s) of queue %r in %.1fs",
+                purge.deleted,
+                purge.queue,
+                time.monotonic() - started,
             )
-            deleted += answer.deleted_count
-            if not answer.more:
-                break
-        return deleted
+
+    def _shown_purge(self, queue: str, wanted: str) -> _Purge | None:
+        """The purge a queue's page shows: ?purge=ID's, else the running one."""
+        if wanted.isdecimal():
+            purge = self._purges.get(int(wanted))
+            if purge is not None and purge.queue == queue:
+                return purge
+        return self._running.get(queue)
+
+
+@dataclass(eq=False)
+class _Purge:
+    """One purge click's background deletion, as its page shows it."""
+
+    id: int
+    queue: str
+    deleted: int = 0
+    done: bool = False
+    error: str = ""
+    refused: GRPCError | None = None
+    first_batch: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class _Unauthenticated(Exception):
