@@ -221,11 +221,11 @@ class Transport:
         until ``stack`` closes (the testing kit shares its daemon's instead)."""
         import trio_asyncio
 
-        protect_island_from_keyboard_interrupt()
         return await stack.enter_async_context(trio_asyncio.open_loop())
 
     def _use_loop(self, loop: Any) -> None:
         """Cross into the trio-asyncio ``loop`` (under trio) for every asyncio operation."""
+        protect_island_from_keyboard_interrupt()
         self._run_aio = loop.run_aio_coroutine
 
         def run_sdk(fn: Callable[..., Awaitable[Any]], *args: Any) -> Awaitable[Any]:
