@@ -237,10 +237,14 @@ async def main():
 run_recording(trio.run, main)
 """
 
+# ``client.aclose()`` under a 0.5 s deadline with 64 handlers running; argv
+# picks the handlers: "stubborn" ignore cancellation for 3 s, "prompt" give
+# up at once (the default grace period, 30 s, far exceeds the bound either way).
 TRIO_BOUNDED_ACLOSE = """
 import trio
 from ringo_trio import Ringo
 
+STUBBORN = sys.argv[4] == "stubborn"
 all_running = trio.Event()
 
 
@@ -248,42 +252,9 @@ async def handle(task, ctx):
     started_one()
     if running == CONCURRENCY:
         all_running.set()
-    # A handler that ignores cancellation for a while.
-    with trio.CancelScope(shield=True):
-        await trio.sleep(3)
-    await trio.sleep_forever()
-
-
-async def main():
-    async with Ringo.connect(ENDPOINT) as client:
-        worker = client.queue(QUEUE).worker(handle, concurrency=CONCURRENCY)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            await all_running.wait()
-            emit(event="running", handlers=running)
-            began = time.monotonic()
-            with trio.move_on_after(0.5):
-                await client.aclose()
-            emit(event="aclose returned", seconds=time.monotonic() - began)
-
-
-run_recording(trio.run, main)
-"""
-
-
-# Handlers that give up at once; a grace period (30 s) far longer than the
-# caller's bound, so the close is cut short with every handler running.
-TRIO_DEADLINE_ACLOSE = """
-import trio
-from ringo_trio import Ringo
-
-all_running = trio.Event()
-
-
-async def handle(task, ctx):
-    started_one()
-    if running == CONCURRENCY:
-        all_running.set()
+    if STUBBORN:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(3)
     await trio.sleep_forever()
 
 
@@ -585,7 +556,14 @@ async def test_client_aclose_returns_within_the_callers_deadline(
     ends on its own once those handlers give up."""
     with trio.fail_after(GUARD_S * 4):
         await enqueue(daemon, "aclose")
-        program = Program(tmp_path, "trio_aclose", TRIO_BOUNDED_ACLOSE, daemon.endpoint, "aclose")
+        program = Program(
+            tmp_path,
+            "trio_aclose",
+            TRIO_BOUNDED_ACLOSE,
+            daemon.endpoint,
+            "aclose",
+            extra=["stubborn"],
+        )
         programs.append(program)
         await program.running()
         returned = await program.line()
@@ -613,9 +591,10 @@ async def test_client_aclose_under_a_deadline_releases_before_the_channel_closes
         program = Program(
             tmp_path,
             "trio_deadline_aclose",
-            TRIO_DEADLINE_ACLOSE,
+            TRIO_BOUNDED_ACLOSE,
             daemon.endpoint,
             "aclose-release",
+            extra=["prompt"],
         )
         programs.append(program)
         await program.running()
