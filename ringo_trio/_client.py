@@ -22,6 +22,7 @@ and `Worker` depend on; the client reaches into neither.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import ssl
@@ -267,6 +268,8 @@ class RingoClient:
             deadline = anyio.current_effective_deadline()
             try:
                 with anyio.CancelScope(deadline=_drain_deadline(deadline, anyio.current_time())):
+                    # All drains start together (their grace periods overlap);
+                    # the waits then end in any order.
                     for worker in workers:
                         worker._request_close()
                     for worker in workers:
@@ -274,19 +277,16 @@ class RingoClient:
             except BaseException as exc:
                 stopped_by = exc
             finally:
-                for worker in workers:
-                    if worker._run_started and not worker._finished.is_set():
-                        worker._stop_now("the client was closed before its workers drained")
-                # Each stop is bounded by its own stop_timeout; the caller's
-                # deadline bounds them all. Shielded: a cancelled caller still
-                # gets its releases sent (a second Ctrl-C still ends it: trio
-                # delivers KeyboardInterrupt through shields).
-                bound = max((worker._stop_timeout for worker in workers), default=0.0)
-                with anyio.CancelScope(
-                    shield=True, deadline=min(deadline, anyio.current_time() + bound)
-                ):
-                    for worker in workers:
-                        await worker._finished.wait()
+                # Shielded: a cancelled caller still gets its releases sent
+                # (a second Ctrl-C still ends it: see `_interrupts`). Each stop
+                # is bounded by its worker's stop_timeout, all of them by the
+                # caller's deadline; a drained worker's returns at once.
+                with anyio.CancelScope(shield=True, deadline=deadline):
+                    async with anyio.create_task_group() as stopping:
+                        for worker in workers:
+                            stopping.start_soon(
+                                functools.partial(worker.stop, reason=_CLOSED_BEFORE_DRAINED)
+                            )
             errors = await self._connection.close()
         finally:
             self._close_done.set()
@@ -498,6 +498,8 @@ def _tls_context(
         given = ", ".join(f"{name}={path!r}" for name, path in paths.items() if path)
         raise InvalidArgumentError(f"cannot load the TLS files ({given}): {exc}") from exc
 
+
+_CLOSED_BEFORE_DRAINED = "the client was closed before its workers drained"
 
 # How much of a deadline-bound ``aclose`` is kept for the stop after the
 # drain: releases and the daemon's answers take a round trip or two.

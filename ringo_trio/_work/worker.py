@@ -786,6 +786,22 @@ class Worker(Fencing):
         if self._run_started:
             await self._finished.wait()
 
+    @protected
+    async def stop(self, *, reason: str = "the worker was stopped") -> None:
+        """Stop at once: no grace period — handlers are cancelled and their
+        leases released (no attempt spent), ``reason`` the error text they
+        go back with. Returns once `run` has finished, or ``stop_timeout``
+        after the stop began, whichever comes first (a handler that ignores
+        cancellation keeps `run` going, not this call). Idempotent; at once
+        if `run` never started or has finished. What `close` turns into
+        when its caller runs out of time."""
+        if not self._run_started:
+            self._request_close()
+            return
+        self._stop_now(reason)
+        with anyio.move_on_after(self._stop_timeout):
+            await self._finished.wait()
+
     def _request_close(self) -> None:
         self._close_requested.set()
         if not self._run_started:

@@ -89,6 +89,36 @@ async def test_cancelling_run_releases_every_lease_without_spending_attempts(
             await all_back(queue, ids)
 
 
+async def test_stop_skips_the_grace_period_and_releases_every_lease(
+    tmp_path: pathlib.Path,
+) -> None:
+    """``worker.stop()`` is a stop at once: with a 60 s grace period and every
+    handler running, it returns once ``run`` has finished, and every lease
+    is back — PENDING, attempt not spent (max_attempts=1). Before ``run``
+    starts it returns at once and ``run`` then does nothing."""
+    with trio.fail_after(30):
+        async with Ringo.local(tmp_path) as client:
+            queue = client.queue("stop")
+            ids = await enqueue(queue, 8, max_attempts=1)
+            started = Started()
+
+            never_run = queue.worker(started.forever)
+            await never_run.stop()
+            await never_run.run()  # returns at once: stopped before it began
+
+            worker = queue.worker(
+                started.forever, concurrency=8, grace_period=timedelta(seconds=60)
+            )
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(worker.run)
+                await started.wait(8)
+                with trio.move_on_after(10) as bounded:
+                    await worker.stop()
+                assert not bounded.cancelled_caught  # not the 60 s grace period
+                assert worker.running == 0
+            await all_back(queue, ids)
+
+
 async def test_a_keyboard_interrupt_in_a_handler_comes_out_of_run_bare(
     tmp_path: pathlib.Path,
 ) -> None:
