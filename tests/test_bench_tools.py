@@ -30,6 +30,14 @@ def compare(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 @pytest.fixture
+def http_abuse(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    # It puts the repository and bench/ on sys.path when imported: undone afterwards.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "http_abuse", raising=False)
+    return _bench_module(monkeypatch, "http_abuse")
+
+
+@pytest.fixture
 def stats(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return _bench_module(monkeypatch, "_stats")
 
@@ -223,3 +231,21 @@ def test_the_steady_rate_leaves_out_what_came_before_the_first_completion(
     assert stats.steady_rate(10_000, 40, 0.5, 2.5) == 4980.0
     with pytest.raises(ValueError, match="steady rate"):
         stats.steady_rate(10, 10, 1.0, 2.0)
+
+
+def test_the_abuse_benchmark_runs_the_cases_named_in_their_order(http_abuse: ModuleType) -> None:
+    """`--only` runs the cases it names, in its order; a misspelt one is refused
+    (naming the known ones) before any daemon starts or the 1,000,000-task
+    store is filled."""
+    assert http_abuse.case_names("bad_cookies, idle") == ["bad_cookies", "idle"]
+    assert set(http_abuse.CASES) == {
+        "idle",
+        "scrape",
+        "purge",
+        "slow_connections",
+        "bad_cookies",
+    }
+    with pytest.raises(ValueError, match=r"slow.*known: idle, scrape"):
+        http_abuse.case_names("idle,slow")
+    with pytest.raises(ValueError, match="unknown"):
+        http_abuse.case_names(",")
