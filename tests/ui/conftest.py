@@ -27,6 +27,7 @@ import http.server
 import os
 import re
 import shutil
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -58,7 +59,9 @@ from tests.ui._ringo import Ops
 def _bounded() -> Iterator[None]:
     # A hung browser or daemon must not hang the suite: dump every thread's
     # stack and exit the run, loudly.
-    faulthandler.dump_traceback_later(TEST_TIMEOUT, exit=True)
+    # To the real stderr: pytest captures the test's own, and the exit would
+    # lose the dump with the capture.
+    faulthandler.dump_traceback_later(TEST_TIMEOUT, exit=True, file=sys.__stderr__)
     yield
     faulthandler.cancel_dump_traceback_later()
 
