@@ -66,10 +66,11 @@ DURATIONS = st.one_of(
     INT64,
 )
 TEXT = st.one_of(st.just(""), st.text(max_size=20), st.sampled_from(["ü", "日本", "\U0001f600"]))
-# PostgreSQL's text holds no NUL.
+# PostgreSQL's text holds no NUL; no engine receives a lone surrogate (the
+# daemon's codec refuses text that is not UTF-8, and Python cannot encode one).
 STORED_TEXT = st.one_of(
     st.just(""),
-    st.text(st.characters(blacklist_characters="\x00"), max_size=20),
+    st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20),
     st.sampled_from(["ü", "日本", "\U0001f600"]),
 )
 PAYLOADS = st.one_of(
