@@ -47,27 +47,28 @@ import trio
 from trio.lowlevel import disable_ki_protection as unprotected
 from trio.lowlevel import enable_ki_protection as protected
 
-__all__ = ["abandon_on_interrupt", "protected", "unprotected"]
+__all__ = ["abandon_on_interrupt", "forget", "protected", "unprotected"]
 
-# The stops in progress a Ctrl-C abandons, and the SIGINT handler that was in
-# place before ours (trio's, nearly always) while any is registered.
+# The stops in progress a Ctrl-C abandons, and while any is: (the SIGINT
+# handler that was in place before ours — trio's, nearly always —, ours).
 _stops: set[anyio.CancelScope] = set()
-_installed: dict[str, Any] = {}
+_installed: tuple[Callable[[int, types.FrameType | None], Any], object] | None = None
 
 
-def abandon_on_interrupt(scope: anyio.CancelScope) -> Callable[[], None]:
-    """While registered, a SIGINT cancels ``scope`` (a bounded stop in
-    progress) before trio handles it as usual. Returns the unregistering
-    function (idempotent); a no-op where the rule does not apply."""
+def abandon_on_interrupt(scope: anyio.CancelScope) -> None:
+    """Until `forget` (``scope``), a SIGINT cancels ``scope`` (a bounded stop
+    in progress) before trio handles it as usual. A no-op where the rule does
+    not apply."""
+    global _installed
     if (
         sniffio.current_async_library() != "trio"
         or threading.current_thread() is not threading.main_thread()
     ):
-        return _nothing
-    if not _installed:
+        return
+    if _installed is None:
         previous = signal.getsignal(signal.SIGINT)
         if not callable(previous):
-            return _nothing
+            return
         token = trio.lowlevel.current_trio_token()
 
         def on_sigint(signum: int, frame: types.FrameType | None) -> None:
@@ -76,23 +77,22 @@ def abandon_on_interrupt(scope: anyio.CancelScope) -> Callable[[], None]:
             previous(signum, frame)
 
         signal.signal(signal.SIGINT, on_sigint)
-        _installed.update(previous=previous, ours=on_sigint)
+        _installed = (previous, on_sigint)
     _stops.add(scope)
 
-    def unregister() -> None:
-        _stops.discard(scope)
-        if not _stops and _installed:
-            if signal.getsignal(signal.SIGINT) is _installed["ours"]:
-                signal.signal(signal.SIGINT, _installed["previous"])
-            _installed.clear()
 
-    return unregister
+def forget(scope: anyio.CancelScope) -> None:
+    """The stop of ``scope`` is over (idempotent): the last one puts the
+    SIGINT handler back as it was, unless somebody replaced ours meanwhile."""
+    global _installed
+    _stops.discard(scope)
+    if not _stops and _installed is not None:
+        previous, ours = _installed
+        if signal.getsignal(signal.SIGINT) is ours:
+            signal.signal(signal.SIGINT, previous)
+        _installed = None
 
 
 def _abandon_stops() -> None:
     for scope in list(_stops):
         scope.cancel()
-
-
-def _nothing() -> None:
-    pass

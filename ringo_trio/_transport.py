@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -125,6 +126,7 @@ def _map_error(exc: Exception, endpoint: Endpoint) -> RingoError | None:
     return UnavailableError(f"daemon at {endpoint.authority} is unavailable: {detail}")
 
 
+@functools.cache
 def protect_island_from_keyboard_interrupt() -> None:
     """Make the trio-asyncio loop KI-protected: a Ctrl-C that arrives while
     it runs asyncio code is delivered to the program's main task at its next
@@ -143,7 +145,7 @@ def protect_island_from_keyboard_interrupt() -> None:
     Every asyncio callback runs below one of these trio-asyncio frames, and
     every crossing between the two sides passes through the others, so
     marking them (trio's own mechanism: ``enable_ki_protection`` records the
-    code object) covers the whole island. Idempotent; process-wide, which is
+    code object) covers the whole island. Once per process (cached); process-wide, which is
     what the marking is (it is also right for any other trio-asyncio loop).
     """
     import trio

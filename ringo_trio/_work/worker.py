@@ -147,7 +147,7 @@ from .._errors import (
     WorkerAlreadyRunError,
     require,
 )
-from .._interrupts import abandon_on_interrupt, protected, unprotected
+from .._interrupts import abandon_on_interrupt, forget, protected, unprotected
 from .._models import Task, truncate_utf8
 from .._proto.ringo.v1 import (
     GetQueueActivityRequest,
@@ -496,10 +496,6 @@ def check_concurrency(value: object, *, low: int) -> int:
     return value
 
 
-def _no_stop() -> None:
-    pass
-
-
 @unprotected
 async def _call_handler(handler: Handler, task: Task, context: TaskContext) -> object:
     """The user's handler, the one SDK frame a Ctrl-C may land below
@@ -561,7 +557,6 @@ class Worker(Fencing):
         self._closing = False
         self._close_requested = anyio.Event()
         self._finished = anyio.Event()
-        self._unregister_stop: Callable[[], None] = _no_stop
         self._registered = False
         self._registered_or_done = anyio.Event()
         self._shield: anyio.CancelScope | None = None
@@ -719,8 +714,9 @@ class Worker(Fencing):
             self._interrupt = self._interrupt or interrupt
         finally:
             self._closing = True
+            if self._shield is not None:
+                forget(self._shield)
             self._shield = None
-            self._unregister_stop()
             self._registered_or_done.set()
             self._finished.set()
 
@@ -772,7 +768,7 @@ class Worker(Fencing):
         if shield is not None:
             shield.deadline = min(shield.deadline, anyio.current_time() + self._stop_timeout)
             # A Ctrl-C now means "now": it abandons this bounded stop.
-            self._unregister_stop = abandon_on_interrupt(shield)
+            abandon_on_interrupt(shield)
 
     async def close(self) -> None:
         """Drain and stop: stop credit, wait ``grace_period``, cancel the rest.
