@@ -1018,8 +1018,8 @@ class SessionMachine(RuleBasedStateMachine):
             return
         if any(s.kind is CommandKind.CREDIT for s in self.unanswered.values()):
             return
-        # From minor 10 a lease lost while its renewal was out keeps its slot
-        # reserved after its handler exits, until the daemon answers.
+        # A lease lost while its renewal was out keeps its slot reserved
+        # after its handler exits, until the daemon answers (every minor).
         reserved = {
             s.key
             for s in self.unanswered.values()
@@ -1027,8 +1027,6 @@ class SessionMachine(RuleBasedStateMachine):
             and s.key not in self.handlers
             and not self.leases[s.key].settled
         }
-        if self.session.minor < BATCH_MINOR:
-            reserved = set()
         # Every slot no orphan holds; a freed one included (at minor >= 2 a
         # stream registered without it asks for it with a target).
         free_locally = max(0, self.session.concurrency - len(self.orphans))
@@ -1406,6 +1404,40 @@ def test_a_grant_waits_for_the_renewal_of_a_lease_lost_meanwhile(
     else:
         (grant,) = outputs
     assert grant == Credit(grant.request_id, 0, None, grant=1)
+
+
+@pytest.mark.parametrize("answer", [None, LEASE_LOST], ids=["renewed", "lost"])
+def test_absolute_credit_waits_for_the_renewal_of_a_lease_lost_meanwhile(
+    answer: CommandError | None,
+) -> None:
+    """Property: credit never exceeds free slots as the daemon counts them
+    (minor 9, absolute credit). Found by tests/contract/test_simulation.py
+    (``[credit never exceeds free slots] stream 0: the daemon has 2
+    outstanding and 1 credit, <worker 0> runs 1 other handler(s),
+    concurrency 3``): a lease lost locally while its renewal is out is still
+    outstanding on the daemon after its handler exits, so its slot must not
+    be offered until the renewal is answered; before, the session sent
+    ``Credit(1)`` at once and the daemon, counting that lease and not the
+    stubborn handler of a lease it had dropped, accepted one push too many."""
+    session = WorkSession(concurrency=1, minor=OPERATE_MINOR)
+    session.register()
+    (credit,) = session.registered(
+        lease_duration=9.0, max_concurrency=1, ordered_request_ids=True, now=0.0
+    )
+    assert credit == Credit(credit.request_id, 1, None)
+    assert session.result(credit.request_id, None, 0.0) == []
+    session.task_pushed(A, "tok", 9.0, 0.0)
+    (extend,) = session.poll(6.0)
+    assert session.poll(9.0) == [CancelHandler(A, "lease expired before it could be renewed")]
+    assert session.handler_exited(A, 9.5) == []  # the daemon still counts A
+    outputs = session.result(extend.request_id, answer, 10.0)
+    if answer is None:
+        nack, credit = outputs
+        assert isinstance(nack, Settle)
+        assert nack.outcome is Outcome.NACK
+    else:
+        (credit,) = outputs
+    assert credit == Credit(credit.request_id, 1, None)
 
 
 def test_freed_slots_are_granted_in_batches_of_at_most_the_cap() -> None:

@@ -39,7 +39,8 @@ and every grant in flight as taken is what makes a grant impossible to
 refuse: whatever the daemon holds as credit plus outstanding is at most what
 the session counts, so ``credit + grant + outstanding <= concurrency`` (a
 lease lost locally while its renewal was in flight is still counted after its
-handler exits, until the renewal is answered: the daemon counts it until then).
+handler exits, until the renewal is answered: the daemon counts it until then
+— at every minor, absolute credit included).
 Several grants may be in flight; their results arrive in order. A resize
 still goes absolute (it carries the new target), and no grant is sent while
 it is in flight, so grants are always computed against the capacity the
@@ -1153,13 +1154,21 @@ class WorkSession:
         # on their way, and the daemon's capacity check cannot be relied on to
         # refuse the excess — it no longer counts a lease whose cancelled
         # handler still holds a slot. Grants in flight are credit out too.
-        free = max(0, limit - len(self._slots) - self._credit_mirror - self._granted)
+        # A lease lost while its renewal is out stays outstanding on the
+        # daemon after its handler exits: its slot is offered once the renewal
+        # is answered. Below minor 10 the daemon's capacity check alone would
+        # not refuse it: it no longer counts a stubborn handler whose lease it
+        # dropped (the simulation found it).
+        free = max(
+            0,
+            limit
+            - len(self._slots)
+            - self._credit_mirror
+            - self._granted
+            - len(self._renewals_out),
+        )
         resize = target is not None and target != self._target_sent
         if not resize and self.can_grant:
-            # A grant cannot be resampled into something the daemon accepts
-            # without losing its point, so it counts what the daemon counts
-            # (below minor 10 the refusal's resampling covers this race).
-            free = max(0, free - len(self._renewals_out))
             # Batched so that each grant is worth a round trip; but with
             # nothing out (no credit, no grant) a free slot is asked for at
             # once, as below minor 10, or it would idle.
