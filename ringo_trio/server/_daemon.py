@@ -98,7 +98,7 @@ from ._ui import Activity, Dashboard, instrument_activity
 from ._ui._app import SQLITE_PURGE_PAUSE
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import StrictCodec
-from .storage._base import Storage, StorageFull
+from .storage.base import Storage, StorageFull
 from .storage.sqlite import SQLiteEngine
 
 __all__ = ["Daemon", "DaemonConfig", "ListenError", "format_endpoint"]

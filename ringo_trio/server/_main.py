@@ -65,7 +65,7 @@ from ._retention import (
     RetentionPolicy,
 )
 from ._throttle import DEFAULT_CAP as DEFAULT_AUTH_FAILURE_DELAY
-from .storage._base import Storage, StorageError
+from .storage.base import Storage, StorageError
 
 __all__ = [
     "EXIT_DATA_DIR_LOCKED",

@@ -108,7 +108,7 @@ from ringo_trio._contract import limits
 from ringo_trio._proto.ringo.v1 import QueueStats
 
 from ._http import HttpLimits, Request, Response, serve_http
-from .storage._base import (
+from .storage.base import (
     Ack,
     EnqueueOutcome,
     LeaseLost,

@@ -38,7 +38,7 @@ from ringo_trio._proto.ringo.v1 import (
 from . import _validate as v
 from ._reply_bounds import fitting, task_bound
 from ._wakeups import QueueWakeups
-from .storage._base import Storage, TaskFilter
+from .storage.base import Storage, TaskFilter
 
 __all__ = ["Operations"]
 

@@ -45,7 +45,7 @@ from ringo_trio._durations import format_retention
 from ringo_trio._proto.ringo.v1 import TaskState
 
 from ._clock import Clock
-from .storage._base import Storage, StorageUnavailable
+from .storage.base import Storage, StorageUnavailable
 
 __all__ = [
     "DEFAULT_RETAIN_CANCELLED",

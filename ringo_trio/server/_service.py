@@ -58,7 +58,7 @@ does not send.
 A lease reaches its client only with the reply, so a Claim that ends any
 other way hands its leases back (`Storage.release`: PENDING, the attempt
 unspent) and wakes the queue: a caller cancelled while a round is in flight
-(that round the engine returns, see `storage._base.guard_claim`; the rounds
+(that round the engine returns, see `storage.base.guard_claim`; the rounds
 before it, `_claim_now`), and a reply that cannot be delivered
 (`_serve_claim`). A later round that fails answers with the earlier ones.
 
@@ -164,7 +164,7 @@ from ._sessions import SessionTable
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
 from ._work import WorkStreams
-from .storage._base import (
+from .storage.base import (
     FailedPrecondition,
     LeaseLost,
     Nack,

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 from ._clock import Clock
-from .storage._base import Storage, StorageUnavailable
+from .storage.base import Storage, StorageUnavailable
 
 __all__ = ["LeaseReaper", "QueueWakeups", "Watch"]
 

@@ -195,7 +195,7 @@ from ._clock import Clock
 from ._metrics import NO_METRICS, NO_TAP, Metrics, StreamTap
 from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
-from .storage._base import (
+from .storage.base import (
     FailedPrecondition,
     LeaseLost,
     NotFound,

@@ -41,7 +41,7 @@ from ringo_trio.server._metrics import Metrics, StreamTap
 from ringo_trio.server._service import QueueService
 from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
-from ringo_trio.server.storage._base import Push, Storage, StorageUnavailable, TaskFilter
+from ringo_trio.server.storage.base import Push, Storage, StorageUnavailable, TaskFilter
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from tests._postgres import fresh_database

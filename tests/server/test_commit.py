@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import LeaseRef
 from ringo_trio.server._commit import GroupCommit
-from ringo_trio.server.storage._base import Ack, LeaseLost, Settlement, StorageUnavailable
+from ringo_trio.server.storage.base import Ack, LeaseLost, Settlement, StorageUnavailable
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

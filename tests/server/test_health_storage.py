@@ -23,7 +23,7 @@ from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckResponseServingStatus,
 )
 from ringo_trio._transport import HEALTH_WATCH, Transport
-from ringo_trio.server.storage._base import StorageUnavailable
+from ringo_trio.server.storage.base import StorageUnavailable
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
 from ._virtual import PROMPT, on_virtual_time, virtual_daemon

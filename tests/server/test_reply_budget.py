@@ -47,7 +47,7 @@ from ringo_trio.server._enqueue_reply import encode_enqueue_many_reply
 from ringo_trio.server._service import QueueService
 from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
-from ringo_trio.server.storage._base import Storage
+from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from tests.test_codec import BETTERPROTO_DURATIONS, messages
 

@@ -44,7 +44,7 @@ from ringo_trio.server._retention import RetentionPolicy
 from ringo_trio.server._ui import Activity, instrument_activity
 from ringo_trio.server._ui import _app as app_module
 from ringo_trio.server._ui._app import TASKS_PAGE, UI_HTTP
-from ringo_trio.server.storage._base import Ack, LeaseLost, Nack, Reject, Storage
+from ringo_trio.server.storage.base import Ack, LeaseLost, Nack, Reject, Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import spawn_daemon

@@ -48,7 +48,7 @@ from ringo_trio.server._service import QueueService
 from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server._wire import StrictCodec, WireError
-from ringo_trio.server.storage._base import Storage
+from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
 from ._virtual import PROMPT, on_virtual_time, quiet

@@ -62,7 +62,7 @@ from ringo_trio.server._clock import Clock, LoopClock
 from ringo_trio.server._service import QueueService
 from ringo_trio.server._sessions import SessionTable
 from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
-from ringo_trio.server.storage._base import Push
+from ringo_trio.server.storage.base import Push
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 

@@ -37,7 +37,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequestBatch,
     WorkResult,
 )
-from ringo_trio.server.storage._base import StorageUnavailable
+from ringo_trio.server.storage.base import StorageUnavailable
 from ringo_trio.testing import DaemonProcess
 
 from ._client import connect, elements, new_queue, ref

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, Task, TaskState
-from ringo_trio.server.storage import _base
-from ringo_trio.server.storage._base import Push, Storage, TaskFilter, guard_claim
+from ringo_trio.server.storage import base as _base
+from ringo_trio.server.storage.base import Push, Storage, TaskFilter, guard_claim
 
 from .conftest import LEASE, SyncEngine, ref_of, spec
 

@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
 from ringo_trio._proto.ringo.v1 import Task, TaskState
 from ringo_trio.server._clock import ManualClock
-from ringo_trio.server.storage import _listing
-from ringo_trio.server.storage import sqlite as sqlite_engine
-from ringo_trio.server.storage._base import Ack, LeaseLost, Nack, Push, Reject, TaskFilter
+from ringo_trio.server.storage import listing as _listing
+from ringo_trio.server.storage.base import Ack, LeaseLost, Nack, Push, Reject, TaskFilter
+from ringo_trio.server.storage.sqlite import listing as sqlite_listing
+from ringo_trio.server.storage.sqlite import operate as sqlite_operate
+from ringo_trio.server.storage.sqlite import schema as sqlite_schema
 
 from .conftest import (
     ENGINE_KINDS,
@@ -427,7 +429,7 @@ def _downgrade(engine: SyncEngine) -> None:
             db.execute(statement)
         db.execute(f"PRAGMA user_version = {_SQLITE_BEFORE_INSPECTION}")
         return
-    from ringo_trio.server.storage import postgres
+    from ringo_trio.server.storage.postgres import schema as postgres
 
     schema = engine.raw.schema  # type: ignore[attr-defined]
 
@@ -466,32 +468,32 @@ def test_sqlite_finished_indexes_are_rebuilt_on_upgrade(tmp_path: pathlib.Path) 
             engine.reject(ref_of(lt), "x", now)
         before = brute(engine)
         db = engine.raw._db  # type: ignore[attr-defined]
-        for name, columns in sqlite_engine._FINISHED_INDEXES:
+        for name, columns in sqlite_schema.FINISHED_INDEXES:
             db.execute(f"DROP INDEX {name}")
             db.execute(
-                f"CREATE INDEX {name} ON tasks ({columns}) WHERE {sqlite_engine._FINISHED_IN}"
+                f"CREATE INDEX {name} ON tasks ({columns}) WHERE {sqlite_schema.FINISHED_IN}"
             )
         db.execute(f"PRAGMA user_version = {_SQLITE_IN_LIST_INDEXES}")
         engine.reopen()
         db = engine.raw._db  # type: ignore[attr-defined]
-        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_engine.SCHEMA_VERSION
+        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_schema.SCHEMA_VERSION
         assert brute(engine) == before
         assert counts_of(engine, "q", now) == expected_counts(before)
         dead = walk(engine, where=TaskFilter(states=(DEAD,)))
         assert [t.id for t in dead] == [t.id for t in before if t.state == DEAD]
 
-        arms, _ = _listing.arms(db.execute(sqlite_engine._PRESENT, ("q",)), TaskFilter())
-        listing = sqlite_engine._list_sql(sqlite_engine._LIST_COLS, arms, False)
-        params = {"queue": "q", "after": 0, "limit": 10, **sqlite_engine._arm_params(arms)}
+        arms, _ = _listing.arms(db.execute(sqlite_listing.PRESENT, ("q",)), TaskFilter())
+        listing = sqlite_listing.list_sql(sqlite_listing.LIST_COLS, arms, False)
+        params = {"queue": "q", "after": 0, "limit": 10, **sqlite_listing.arm_params(arms)}
         _assert_indexed(_sqlite_plan(engine, listing, params), "tasks_finished")
         purge = {"queue": "q", "state": DEAD, "before": 0, "limit": 1}
         for sql, index in [
-            (sqlite_engine._OLDEST_FINISHED, "tasks_finished_age"),
-            (sqlite_engine._OLDEST_FINISHED_QUEUE, "tasks_finished_queue"),
+            (sqlite_operate.OLDEST_FINISHED, "tasks_finished_age"),
+            (sqlite_operate.OLDEST_FINISHED_QUEUE, "tasks_finished_queue"),
         ]:
             _assert_indexed(_sqlite_plan(engine, sql, purge), index)
         retry = {"queue": "q", "now": 0, "before": 0, "limit": 1}
-        plan = _sqlite_plan(engine, sqlite_engine._retry_dead_sql(""), retry)
+        plan = _sqlite_plan(engine, sqlite_operate.retry_dead_sql(""), retry)
         _assert_indexed(plan, "tasks_finished_queue")
         assert engine.retry_dead("q", [], None, 10, now) == 2
 
@@ -528,20 +530,20 @@ def test_sqlite_listing_is_index_streams_merged_without_sorting(
         engine.reject(ref_of(first), "x", now)
         engine.ack(ref_of(second), now)
         db = engine.raw._db  # type: ignore[attr-defined]
-        arms, residual = _listing.arms(db.execute(sqlite_engine._PRESENT, ("q",)), where)
-        params = {"queue": "q", "after": 0, "limit": 10, **sqlite_engine._arm_params(arms)}
-        cols = sqlite_engine._LIST_COLS if residual is None else sqlite_engine._WALK_COLS
-        plan = _sqlite_plan(engine, sqlite_engine._list_sql(cols, arms, newest_first), params)
+        arms, residual = _listing.arms(db.execute(sqlite_listing.PRESENT, ("q",)), where)
+        params = {"queue": "q", "after": 0, "limit": 10, **sqlite_listing.arm_params(arms)}
+        cols = sqlite_listing.LIST_COLS if residual is None else sqlite_listing.WALK_COLS
+        plan = _sqlite_plan(engine, sqlite_listing.list_sql(cols, arms, newest_first), params)
         assert arms
         if where.states != (DEAD,):
             _assert_indexed(plan, "tasks_active_type")
         if where.states != (PENDING,):
             _assert_indexed(plan, "tasks_finished")
         for sql, args in [
-            (sqlite_engine._QUEUE_COUNTS, ("q",)),
-            (sqlite_engine._QUEUE_NAMES, ("", 10)),
-            (sqlite_engine._OLDEST_AT, ("q", 0)),
-            (sqlite_engine._PRESENT, ("q",)),
+            (sqlite_listing.QUEUE_COUNTS, ("q",)),
+            (sqlite_listing.QUEUE_NAMES, ("", 10)),
+            (sqlite_listing.OLDEST_AT, ("q", 0)),
+            (sqlite_listing.PRESENT, ("q",)),
         ]:
             _assert_indexed(_sqlite_plan(engine, sql, args), "")
 
@@ -562,17 +564,17 @@ def test_postgres_listing_and_counts_use_the_indexes(
     """Property: on PostgreSQL a filtered page is a Merge Append of index scans
     (no sort, no sequential scan), and the stats read the folded counts by
     their key, never the tasks."""
-    from ringo_trio.server.storage import postgres
+    from ringo_trio.server.storage.postgres import sql as postgres
 
     kind = _kind("postgres", request)
     with open_engine(kind, tmp_path) as engine:
         engine.enqueue("q", [spec(f"t{i % 2}") for i in range(200)], ManualClock().now())
         sql = engine.raw._sql  # type: ignore[attr-defined]
         arms, _ = _listing.arms([("t0", PENDING), ("t0", DEAD), ("t1", DEAD)], TaskFilter())
-        listing = postgres._list_sql(sql.tasks, postgres._LIST_COLS, arms, False)
+        listing = postgres.list_sql(sql.tasks, postgres.LIST_COLS, arms, False)
 
         async def explain() -> tuple[str, str]:
-            async with engine.raw._conn() as conn, postgres._inspect_transaction(conn):  # type: ignore[attr-defined]
+            async with engine.raw._conn() as conn, postgres.inspect_transaction(conn):  # type: ignore[attr-defined]
                 await conn.execute("ANALYZE " + sql.tasks)
                 a = await conn.fetch("EXPLAIN " + listing, "q", 0, 10, "t0", "t0", "t1")
                 b = await conn.fetch("EXPLAIN " + sql.queues_counts, ["q"])
@@ -595,7 +597,7 @@ def test_sqlite_writes_keep_the_hot_path_plans(tmp_path: pathlib.Path) -> None:
     with open_engine(_kind_sqlite(), tmp_path) as engine:
         plan = _sqlite_plan(
             engine,
-            sqlite_engine._COUNT_DOWN.format(row="t").replace("t.", ":"),
+            sqlite_schema._COUNT_DOWN.format(row="t").replace("t.", ":"),
             {"queue": "q", "task_type": "t", "state": 1},
         )
         assert any("PRIMARY KEY" in s for s in plan), plan

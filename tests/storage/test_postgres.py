@@ -20,9 +20,9 @@ import pytest
 
 from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
 from ringo_trio.server._clock import ManualClock
-from ringo_trio.server.storage import postgres as pg
-from ringo_trio.server.storage._base import SchemaTooNew, StorageUnavailable
+from ringo_trio.server.storage.base import SchemaTooNew, StorageUnavailable
 from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine
+from ringo_trio.server.storage.postgres import schema as pg
 from tests._postgres import ADMIN_DSN
 
 from .conftest import LEASE, ref_of, spec
@@ -172,10 +172,10 @@ def test_concurrent_opens_migrate_an_empty_database_once(
     """N daemons opening an empty database at once migrate it exactly once: all opens
     succeed, the schema (missing before) is created, the version is current, and a
     migration step with a visible side effect ran once."""
-    base = pg._migrations
+    base = pg.migrations
     monkeypatch.setattr(
         pg,
-        "_migrations",
+        "migrations",
         lambda s: (
             *base(s)[:-1],
             (*base(s)[-1], f"CREATE TABLE {s}.ran (n int)", f"INSERT INTO {s}.ran VALUES (1)"),
@@ -231,7 +231,7 @@ def test_migrations_apply_in_order_and_a_failed_one_changes_nothing(
     """An older schema is brought to the current version by the missing migrations, in
     order, keeping its data; a failing migration leaves version and schema as before."""
     clock = ManualClock()
-    base = pg._migrations
+    base = pg.migrations
 
     async def main() -> None:
         async with engines(dsn, schema, 1) as (e,):
@@ -239,7 +239,7 @@ def test_migrations_apply_in_order_and_a_failed_one_changes_nothing(
         with monkeypatch.context() as m:
             m.setattr(
                 pg,
-                "_migrations",
+                "migrations",
                 lambda s: (*base(s), (f"CREATE TABLE {s}.half (x int)", "THIS IS NOT SQL")),
             )
             m.setattr(pg, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
@@ -254,7 +254,7 @@ def test_migrations_apply_in_order_and_a_failed_one_changes_nothing(
             with monkeypatch.context() as m:
                 m.setattr(
                     pg,
-                    "_migrations",
+                    "migrations",
                     lambda s: (
                         *base(s),
                         (f"CREATE TABLE {s}.m2 (step int)", f"INSERT INTO {s}.m2 VALUES (2)"),

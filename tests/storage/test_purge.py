@@ -14,9 +14,9 @@ import pytest
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server._retention import Retention, RetentionPolicy
-from ringo_trio.server.storage import sqlite as engine_module
-from ringo_trio.server.storage._base import NotFound
+from ringo_trio.server.storage.base import NotFound
 from ringo_trio.server.storage.postgres import PostgresEngine
+from ringo_trio.server.storage.sqlite import operate as engine_module
 
 from .conftest import (
     ENGINE_KINDS,
@@ -197,7 +197,7 @@ def test_retention_works_a_backlog_off_batch_by_batch(
 def test_sqlite_batches_walk_an_index(tmp_path: pathlib.Path, queue: str | None) -> None:
     """Each statement of a batch is an index search: no scan of the task table (which
     holds every task, finished or not) and no sort (temp b-tree) of what it finds."""
-    sql = engine_module._OLDEST_FINISHED if queue is None else engine_module._OLDEST_FINISHED_QUEUE
+    sql = engine_module.OLDEST_FINISHED if queue is None else engine_module.OLDEST_FINISHED_QUEUE
     with open_engine(ENGINE_KINDS["sqlite"], tmp_path) as sqlite:
         db = sqlite.raw._db  # type: ignore[attr-defined]
         params = {"queue": queue, "state": SUCCEEDED, "before": 0, "limit": 1}

@@ -2,7 +2,7 @@
 
 The reference is `Storage.claim_pushes`'s default: `claim`, then the generic
 encoder (`encode_work_push`) per `LeasedTask`. The engines' native versions
-(`storage._push.push_rows`) must write the same bytes and lease the same
+(`storage.push.push_rows`) must write the same bytes and lease the same
 tasks.
 """
 
@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, RetryBackoff, TaskState, WorkResponse
 from ringo_trio._wire.codec import decode
 from ringo_trio._wire.frames import encode_work_push
-from ringo_trio.server.storage import sqlite as sqlite_engine
-from ringo_trio.server.storage._base import Push, Storage, lease_ttl, ttl_field
-from ringo_trio.server.storage._push import push_rows
-from ringo_trio.server.storage._rows import (
+from ringo_trio.server.storage.base import Push, Storage, lease_ttl, ttl_field
+from ringo_trio.server.storage.postgres import PostgresEngine
+from ringo_trio.server.storage.push import push_rows
+from ringo_trio.server.storage.rows import (
     COLS,
     MAX_DURATION_US,
     MAX_US,
@@ -33,8 +33,8 @@ from ringo_trio.server.storage._rows import (
     leased,
     to_us,
 )
-from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
+from ringo_trio.server.storage.sqlite import engine as sqlite_engine
 
 from .conftest import ENGINE_KINDS, LEASE, SyncEngine, open_engine, spec
 
@@ -380,7 +380,7 @@ def test_a_failed_sqlite_claim_pushes_leases_nothing(
     with open_engine(ENGINE_KINDS["sqlite"], tmp_path) as sqlite:
         outcomes = sqlite.enqueue("q", [spec(), spec()], now)
         with monkeypatch.context() as m:
-            m.setattr(sqlite_engine, "_push_rows", _explode)
+            m.setattr(sqlite_engine, "push_rows", _explode)
             with pytest.raises(RuntimeError, match="injected"):
                 sqlite.claim_pushes("q", [], 5, "w", LEASE, now)
         for outcome in outcomes:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, Task, TaskState
 from ringo_trio.server._clock import ManualClock
-from ringo_trio.server.storage._base import (
+from ringo_trio.server.storage.base import (
     Ack,
     LeaseLost,
     Nack,

@@ -18,10 +18,14 @@ import pytest
 from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server._clock import ManualClock
-from ringo_trio.server.storage import sqlite as sqlite_engine
-from ringo_trio.server.storage._base import SchemaTooNew
-from ringo_trio.server.storage._rows import FINISHED
+from ringo_trio.server.storage.base import SchemaTooNew
+from ringo_trio.server.storage.rows import FINISHED
 from ringo_trio.server.storage.sqlite import SCHEMA_VERSION, SQLiteEngine
+from ringo_trio.server.storage.sqlite import claim as sqlite_claim
+from ringo_trio.server.storage.sqlite import engine as sqlite_engine
+from ringo_trio.server.storage.sqlite import schema as sqlite_schema
+from ringo_trio.server.storage.sqlite import settle as sqlite_settle
+from ringo_trio.server.storage.sqlite import upkeep as sqlite_upkeep
 
 from .conftest import ENGINE_KINDS, LEASE, SyncEngine, claim_one, open_engine, ref_of, spec
 from .test_durability import _run_and_kill
@@ -120,8 +124,8 @@ def test_migrations_apply_in_order_on_open(
         ("CREATE TABLE m2 (step INTEGER)", "INSERT INTO m2 VALUES (2)"),
         ("INSERT INTO m2 SELECT max(step) + 1 FROM m2",),
     )
-    monkeypatch.setattr(sqlite_engine, "_MIGRATIONS", sqlite_engine._MIGRATIONS + extra)
-    monkeypatch.setattr(sqlite_engine, "SCHEMA_VERSION", SCHEMA_VERSION + 2)
+    monkeypatch.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS + extra)
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", SCHEMA_VERSION + 2)
     engine = SQLiteEngine(db_path)
     runner.run(engine.open())
     assert runner.run(engine.get("q", unique_key="k")) == out.task
@@ -142,8 +146,8 @@ def test_a_failed_migration_changes_nothing(
     runner.run(engine.close())
     bad = (("CREATE TABLE half_done (x INTEGER)", "THIS IS NOT SQL"),)
     with monkeypatch.context() as m:
-        m.setattr(sqlite_engine, "_MIGRATIONS", sqlite_engine._MIGRATIONS + bad)
-        m.setattr(sqlite_engine, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+        m.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS + bad)
+        m.setattr(sqlite_schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
         with pytest.raises(sqlite3.OperationalError):
             runner.run(SQLiteEngine(db_path).open())
     with sqlite3.connect(db_path) as raw:
@@ -170,7 +174,7 @@ def test_a_failed_call_rolls_back_its_writes(
     lt = claim_one(sqlite, clock.now())
     before = sqlite.get("q", task_id=lt.task.id)
     with monkeypatch.context() as m:
-        m.setattr(sqlite_engine, "_row_task", _explode)
+        m.setattr(sqlite_engine, "row_task", _explode)
         with pytest.raises(RuntimeError, match="injected"):
             sqlite.ack(ref_of(lt), clock.now())
     assert not _conn(sqlite).in_transaction
@@ -189,7 +193,7 @@ def test_a_failed_claim_leases_nothing_and_expires_nothing(
     clock.advance(2 * LEASE)
     before = [sqlite.get("q", task_id=old.task.id), sqlite.get("q", task_id=waiting.task.id)]
     with monkeypatch.context() as m:
-        m.setattr(sqlite_engine, "_leased", _explode)
+        m.setattr(sqlite_claim, "leased", _explode)
         with pytest.raises(RuntimeError, match="injected"):
             sqlite.claim("q", [], 5, "w", LEASE, clock.now())
     after = [sqlite.get("q", task_id=old.task.id), sqlite.get("q", task_id=waiting.task.id)]
@@ -248,19 +252,19 @@ _PARAMS = {
 @pytest.mark.parametrize(
     ("name", "sql", "index"),
     [
-        ("claim", sqlite_engine._claim_sql("", False), "tasks_pending"),
+        ("claim", sqlite_claim.claim_sql("", False), "tasks_pending"),
         (
             "claim-typed",
-            sqlite_engine._claim_sql(" AND task_type IN (:t0)", False),
+            sqlite_claim.claim_sql(" AND task_type IN (:t0)", False),
             "tasks_pending",
         ),
-        ("claim-rest", sqlite_engine._claim_sql("", True), "tasks_pending"),
-        ("top-priority", sqlite_engine._TOP_PRIORITY, "tasks_pending"),
-        ("next-priority", sqlite_engine._NEXT_PRIORITY, "tasks_pending"),
-        ("expire-queue", sqlite_engine._EXPIRE_QUEUE, "tasks_leased"),
-        ("expire-all", sqlite_engine._EXPIRE_ALL, "tasks_leased"),
-        ("ack", sqlite_engine._ACK, "tasks_id"),
-        ("nack", sqlite_engine._NACK, "tasks_id"),
+        ("claim-rest", sqlite_claim.claim_sql("", True), "tasks_pending"),
+        ("top-priority", sqlite_claim.TOP_PRIORITY, "tasks_pending"),
+        ("next-priority", sqlite_claim.NEXT_PRIORITY, "tasks_pending"),
+        ("expire-queue", sqlite_settle.EXPIRE_QUEUE, "tasks_leased"),
+        ("expire-all", sqlite_settle.EXPIRE_ALL, "tasks_leased"),
+        ("ack", sqlite_settle.ACK, "tasks_id"),
+        ("nack", sqlite_settle.NACK, "tasks_id"),
     ],
 )
 def test_hot_statements_use_their_index(
@@ -353,7 +357,7 @@ def test_the_finished_term_admits_exactly_the_finished_states() -> None:
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE tasks (state INTEGER)")
     db.executemany("INSERT INTO tasks VALUES (?)", [(int(s),) for s in TaskState])
-    admitted = db.execute(f"SELECT state FROM tasks WHERE {sqlite_engine._FINISHED_TERM}")
+    admitted = db.execute(f"SELECT state FROM tasks WHERE {sqlite_schema.FINISHED_TERM}")
     assert {s for (s,) in admitted} == set(FINISHED)
     db.close()
 
@@ -388,7 +392,7 @@ def test_upkeep_checkpoints_the_wal_in_a_thread(sqlite: SyncEngine) -> None:
         return backstop, after, _wal_header(sqlite.scratch)
 
     backstop, after, (logged, backfilled) = sqlite.run(scenario())
-    assert backstop == sqlite_engine._BACKSTOP_PAGES
+    assert backstop == sqlite_upkeep.BACKSTOP_PAGES
     assert after == 1000
     assert logged > 40  # the writes went to the WAL, short of the backstop...
     assert backfilled == logged  # ...and upkeep copied every frame back
@@ -402,7 +406,7 @@ def test_a_failed_checkpoint_is_logged_and_retried(
     logged once, and the next pass checkpoints what was committed."""
     engine = sqlite.raw
     assert isinstance(engine, SQLiteEngine)
-    real = sqlite_engine._off_loop
+    real = sqlite_upkeep.off_loop
     failures = 0
 
     async def fail_twice(db: sqlite3.Connection, sql: str) -> None:
@@ -412,7 +416,7 @@ def test_a_failed_checkpoint_is_logged_and_retried(
             raise sqlite3.OperationalError("database or disk is full")
         await real(db, sql)
 
-    monkeypatch.setattr(sqlite_engine, "_off_loop", fail_twice)
+    monkeypatch.setattr(sqlite_engine, "off_loop", fail_twice)
     now = ManualClock().now()
 
     async def scenario() -> bool:

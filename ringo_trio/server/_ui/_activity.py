@@ -23,7 +23,7 @@ from typing import Any
 from ringo_trio._contract import limits
 
 from .._metrics import watch_results
-from ..storage._base import Ack, Settlement, Storage
+from ..storage.base import Ack, Settlement, Storage
 
 __all__ = ["MINUTES", "Activity", "instrument_activity"]
 

@@ -35,8 +35,8 @@ from typing import Any
 from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES, MAX_LIST_SCAN
 from ringo_trio._proto.ringo.v1 import QueueStats, TaskTypeStats
 
-from ._base import TaskFilter
-from ._rows import CANCELLED, DEAD, LEASED, PENDING, SUCCEEDED, from_us, to_us
+from .base import TaskFilter
+from .rows import CANCELLED, DEAD, LEASED, PENDING, SUCCEEDED, from_us, to_us
 
 # Every state a task can be in, in wire order.
 ALL_STATES = (PENDING, LEASED, SUCCEEDED, DEAD, CANCELLED)

@@ -34,8 +34,8 @@ from typing import Any
 
 from ringo_trio._wire.codec import _SMALL, _seconds_nanos_body, _varint
 
-from ._base import Push
-from ._rows import MAX_DURATION_US, MAX_US, MIN_US, STATES, from_us, leased
+from .base import Push
+from .rows import MAX_DURATION_US, MAX_US, MIN_US, STATES, from_us, leased
 
 __all__ = ["push_rows"]
 

@@ -1,0 +1,106 @@
+"""Cross-daemon wake-ups: LISTEN on the schema's channel (see the engine's
+docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import asyncpg  # type: ignore[import-untyped]
+
+from ..base import StorageError, StorageUnavailable
+from .pool import CONNECT_TIMEOUT, SERVER_SETTINGS
+
+log = logging.getLogger("ringo_trio.server")
+
+# watch(): reconnect backoff, and how often an idle listener proves its
+# connection is alive (a silently dropped TCP connection delivers nothing).
+WATCH_RETRY_INITIAL = 0.1
+WATCH_RETRY_MAX = 5.0
+WATCH_PING = 15.0
+
+
+def channel(schema: str) -> str:
+    """One LISTEN channel per schema; names over 63 bytes (PostgreSQL's
+    identifier limit) are hashed."""
+    name = f"ringo:{schema}"
+    if len(name.encode()) <= 63:
+        return name
+    return "ringo:" + hashlib.sha256(schema.encode()).hexdigest()[:40]
+
+
+class Listened(Exception):
+    """A listener that had been up lost its connection (the cause)."""
+
+
+async def watch(
+    dsn: str,
+    channel: str,
+    instance: str,
+    notify: Callable[[str | None], None],
+    fold: Callable[[], Awaitable[None]],
+) -> None:
+    """LISTEN on `channel` until cancelled, telling `notify` of every other
+    engine's notification (`instance` names this one). After a loss it waits
+    `delay` before reconnecting; the delay doubles up to a cap while attempts
+    keep failing and starts over once a listener was up."""
+    delay = WATCH_RETRY_INITIAL
+    while True:
+        try:
+            await _listen(dsn, channel, instance, notify, fold)
+        except asyncio.CancelledError:
+            raise
+        except Listened as exc:
+            delay = WATCH_RETRY_INITIAL
+            log.warning("storage watch lost its PostgreSQL connection: %s", exc.__cause__)
+        except Exception as exc:
+            log.warning("storage watch cannot listen on PostgreSQL: %s", exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, WATCH_RETRY_MAX)
+
+
+async def _listen(
+    dsn: str,
+    channel: str,
+    instance: str,
+    notify: Callable[[str | None], None],
+    fold: Callable[[], Awaitable[None]],
+) -> None:
+    """One listening connection's life; raises when it is lost
+    (`Listened` once it had been listening)."""
+    lost = asyncio.Event()
+
+    def on_note(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        sender, _, queue = payload.partition(" ")
+        if sender != instance:
+            notify(queue or None)
+
+    conn: asyncpg.Connection = await asyncpg.connect(
+        dsn, timeout=CONNECT_TIMEOUT, server_settings=SERVER_SETTINGS
+    )
+    try:
+        conn.add_termination_listener(lambda _conn: lost.set())
+        await conn.add_listener(channel, on_note)
+        notify(None)
+        try:
+            while not lost.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lost.wait(), WATCH_PING)
+                # A silently dropped connection delivers nothing: prove
+                # it alive now and then.
+                if not lost.is_set():
+                    await conn.fetchval("SELECT 1", timeout=WATCH_PING)
+                    # Housekeeping on the same beat: count deltas must not
+                    # pile up while nobody reads stats. A failure here is
+                    # the pool's, not the listener's.
+                    with contextlib.suppress(StorageError):
+                        await fold()
+            raise StorageUnavailable("the listening connection closed")
+        except Exception as exc:
+            raise Listened from exc
+    finally:
+        # Not awaited: a graceful close can hang on a dead peer.
+        conn.terminate()

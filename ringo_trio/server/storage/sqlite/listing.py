@@ -1,0 +1,78 @@
+"""The SQLite side of inspection (ListTasks, GetQueueStats, ListQueues;
+the shared rules are in `..listing`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
+from ringo_trio._proto.ringo.v1 import Task
+
+from .. import listing
+from ..rows import COLS, PENDING, row_task
+from .schema import ACTIVE, FINISHED_TERM
+
+# -- inspection ------------------------------------------------------------
+
+# A listed task: no payload, no result, last_error cut (by characters here,
+# by bytes in `listed`), so a page never reads the large columns.
+LIST_COLS = ", ".join(
+    {
+        "payload": "X''",
+        "last_error": f"substr(last_error, 1, {MAX_LIST_ERROR_BYTES})",
+        "result": "NULL",
+    }.get(c.strip(), c.strip())
+    for c in COLS.split(",")
+)
+WALK_COLS = "seq, task_type, unique_key, state"
+PRESENT = "SELECT task_type, state FROM task_counts WHERE queue = ? AND n > 0"
+# Queues holding a task, by name: walks the counts' primary key in order.
+QUEUE_NAMES = (
+    "SELECT queue FROM task_counts WHERE queue > ? GROUP BY queue HAVING sum(n) > 0"
+    " ORDER BY queue LIMIT ?"
+)
+QUEUE_COUNTS = "SELECT task_type, state, n FROM task_counts WHERE queue = ?"
+OLDEST_AT = (
+    f"SELECT min(available_at) FROM tasks WHERE queue = ? AND state = {PENDING} AND priority = ?"
+)
+OLDEST_REST = (
+    f"SELECT min(available_at) FROM tasks WHERE queue = ? AND state = {PENDING} AND priority <= ?"
+)
+
+
+def list_sql(cols: str, arms: Sequence[listing.Arm], newest_first: bool) -> str:
+    return _list_sql_of(cols, listing.shape(arms), newest_first)
+
+
+@functools.lru_cache(maxsize=256)
+def _list_sql_of(cols: str, shape: tuple[tuple[str, int | None], ...], newest_first: bool) -> str:
+    """One index stream per arm past :after, merged by seq (see `_listing`).
+    Each arm repeats its partial index's own term: SQLite uses a partial
+    index only for a query that spells it."""
+    op, order = ("<", "DESC") if newest_first else (">", "ASC")
+    selects = []
+    for i, (kind, state) in enumerate(shape):
+        source = "tasks"
+        if kind == "active":
+            where = f"queue = :queue AND task_type = :a{i} AND {ACTIVE}"
+        elif kind == "finished":
+            where = f"queue = :queue AND task_type = :a{i} AND state = {state}"
+            where += f" AND {FINISHED_TERM}"
+        else:
+            where = "queue = :queue"
+            source = "tasks NOT INDEXED"
+        selects.append(f"SELECT {cols} FROM {source} WHERE {where} AND seq {op} :after")
+    return " UNION ALL ".join(selects) + f" ORDER BY seq {order} LIMIT :limit"
+
+
+def arm_params(arms: Sequence[listing.Arm]) -> dict[str, Any]:
+    typed = [i for i, (kind, _) in enumerate(arms) if kind != "scan"]
+    return {f"a{i}": t for i, t in zip(typed, listing.arm_types(arms), strict=True)}
+
+
+def listed(row: Sequence[Any]) -> Task:
+    task = row_task(row)
+    task.last_error = listing.cut_error(task.last_error)
+    return task

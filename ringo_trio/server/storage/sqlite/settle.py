@@ -1,0 +1,193 @@
+"""How a lease ends: ack, nack, reject, release, expiry, and the group
+commit of many; every statement guarded by the live lease."""
+
+from __future__ import annotations
+
+import functools
+import math
+import sqlite3
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from ringo_trio._proto.ringo.v1 import LeaseRef
+
+from ..base import Ack, LeaseLost, Nack, Reject, Settlement
+from ..rows import CANCELLED, COLS, DEAD, LEASED, MAX_DELAY_US, MICRO, PENDING, SUCCEEDED
+from .claim import pieces
+
+# The current lease, alive at :now. Every LeaseRef operation is one UPDATE
+# guarded by this, so a stale ref matches no row and changes nothing.
+LEASE_MATCH = (
+    f"id = :id AND state = {LEASED} AND attempt = :attempt"
+    " AND lease_token = :token AND lease_until > :now"
+)
+# SET expressions see the row as it was before the UPDATE, so `attempt`
+# here is the attempt that just ended.
+RELEASE = f"""
+    state = CASE WHEN attempt >= max_attempts THEN {DEAD} ELSE {PENDING} END,
+    available_at = CASE WHEN attempt >= max_attempts THEN available_at
+        ELSE :now + min(coalesce(:delay, ringo_backoff_us(
+            backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
+            {MAX_DELAY_US}) END,
+    finished_at = CASE WHEN attempt >= max_attempts THEN :now ELSE NULL END,
+    last_error = :error, worker_id = '', lease_token = '', lease_until = NULL,
+    updated_at = :now
+"""
+ACK_SET = f"""
+    state = {SUCCEEDED}, finished_at = :now, worker_id = '', lease_token = '',
+    lease_until = NULL, updated_at = :now, result = :result
+"""
+REJECT_SET = f"""
+    state = {DEAD}, finished_at = :now, last_error = :error, worker_id = '',
+    lease_token = '', lease_until = NULL, updated_at = :now
+"""
+
+
+def lease_update(assignments: str, returning: str) -> str:
+    return f"UPDATE tasks SET {assignments} WHERE {LEASE_MATCH} RETURNING {returning}"
+
+
+ACK = lease_update(ACK_SET, COLS)
+NACK = lease_update(RELEASE, COLS)
+REJECT = lease_update(REJECT_SET, COLS)
+# Group commit: the queue is all a settled item answers (no Task is built);
+# an ack also returns the task type, for its counts.
+ACK_QUEUE = lease_update(ACK_SET, "queue, task_type")
+NACK_QUEUE = lease_update(RELEASE, "queue")
+REJECT_QUEUE = lease_update(REJECT_SET, "queue")
+EXTEND = f"""
+    UPDATE tasks SET lease_until = :until, updated_at = :now
+    WHERE {LEASE_MATCH} RETURNING id, attempt, lease_token, worker_id, lease_until
+"""
+# `available_at` is kept: claim never moves it and it was due when claimed,
+# so the task is claimable now and keeps its place in claim order.
+RELEASE_UNSENT = f"""
+    UPDATE tasks SET state = {PENDING}, attempt = attempt - 1, worker_id = '',
+        lease_token = '', lease_until = NULL, updated_at = :now
+    WHERE {LEASE_MATCH}
+"""
+PROGRESS = f"""
+    UPDATE tasks SET progress_current = :current, progress_total = :total,
+        progress_message = :message, progress_at = :now, updated_at = :now
+    WHERE {LEASE_MATCH} RETURNING id
+"""
+# INDEXED BY: without it the planner may prefer a table scan for the
+# queue-less form, and an expiry pass must only touch leased rows.
+EXPIRE_ALL = (
+    f"UPDATE tasks INDEXED BY tasks_leased SET {RELEASE}"
+    f" WHERE state = {LEASED} AND lease_until <= :now"
+)
+EXPIRE_QUEUE = f"{EXPIRE_ALL} AND queue = :queue"
+
+# Whether a ref's attempt ended by CancelTask: the miss path of a lease
+# operation only, so the hot path runs no extra statement.
+CANCELLED_AT = f"SELECT 1 FROM tasks WHERE id = :id AND state = {CANCELLED} AND attempt = :attempt"
+
+
+@functools.lru_cache(maxsize=16)
+def ack_many_sql(count: int) -> str:
+    """`count` acks of different tasks as one lease-guarded UPDATE: ?1 is
+    the time, then (id, attempt, token, result) per ack. INDEXED BY: each
+    ref is a seek of `tasks_id`, whatever the planner guesses."""
+    refs = ", ".join(f"(?{i}, ?{i + 1}, ?{i + 2}, ?{i + 3})" for i in range(2, 4 * count, 4))
+    assignments = ACK_SET.replace(":now", "?1").replace(":result", "refs.result")
+    return f"""
+        WITH refs (id, attempt, token, result) AS (VALUES {refs})
+        UPDATE tasks INDEXED BY tasks_id SET {assignments}
+        FROM refs
+        WHERE tasks.id = refs.id AND state = {LEASED} AND tasks.attempt = refs.attempt
+            AND lease_token = refs.token AND lease_until > ?1
+        RETURNING tasks.id, queue, task_type
+    """
+
+
+# Acks per `ack_many_sql` statement, largest first: a group is cut into
+# these, so a handful of statements stay prepared in the statement cache.
+ACK_CHUNKS = (256, 64, 32, 16, 8, 4, 2, 1)
+
+
+def backoff_us(initial_us: int, max_us: int, multiplier: float, attempt: int) -> int:
+    """initial * multiplier^(attempt-1), capped at max (registered as SQL)."""
+    try:
+        delay = initial_us * multiplier ** max(attempt - 1, 0)
+    except OverflowError:
+        delay = math.inf
+    # `not <` also sends NaN to the cap.
+    if not delay < max_us:
+        return max_us
+    return max(int(delay), 0)
+
+
+def delay_us(retry_delay: timedelta | None) -> int | None:
+    """A nack's retry delay override in microseconds (None: the backoff)."""
+    return None if retry_delay is None else max(retry_delay // MICRO, 0)
+
+
+def lost(db: sqlite3.Connection, ref: LeaseRef) -> LeaseLost:
+    """The LeaseLost for a ref whose lease operation matched no row, telling
+    whether that very attempt ended by CancelTask."""
+    cancelled = (
+        db.execute(CANCELLED_AT, {"id": ref.task_id, "attempt": ref.attempt}).fetchone() is not None
+    )
+    if cancelled:
+        return LeaseLost(
+            f"task {ref.task_id!r} attempt {ref.attempt}: the task was cancelled", cancelled=True
+        )
+    return LeaseLost(
+        f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease, or it has expired"
+    )
+
+
+def ack_together(
+    db: sqlite3.Connection,
+    acks: Sequence[tuple[int, Ack]],
+    now_us: int,
+    answers: list[str | LeaseLost | None],
+    succeeded: list[tuple[str, str]],
+) -> None:
+    """Acks of different tasks by `ack_many_sql`: each answer is its
+    task's queue, or LeaseLost (the statement matched no row for it)."""
+    for piece in pieces(acks, ACK_CHUNKS):
+        args: list[Any] = [now_us]
+        for _, item in piece:
+            ref = item.ref
+            args += (ref.task_id, ref.attempt, ref.lease_token, item.result)
+        acked = {
+            task_id: (queue, task_type)
+            for task_id, queue, task_type in db.execute(ack_many_sql(len(piece)), args)
+        }
+        for i, item in piece:
+            found = acked.get(item.ref.task_id)
+            if found is None:
+                answers[i] = lost(db, item.ref)
+            else:
+                answers[i] = found[0]
+                succeeded.append(found)
+
+
+def settle_one(
+    db: sqlite3.Connection, item: Settlement, now_us: int, succeeded: list[tuple[str, str]]
+) -> str | LeaseLost:
+    """One lease-guarded UPDATE for `item`: its task's queue, or LeaseLost."""
+    ref = item.ref
+    args: dict[str, Any] = {
+        "id": ref.task_id,
+        "attempt": ref.attempt,
+        "token": ref.lease_token,
+        "now": now_us,
+    }
+    match item:
+        case Ack(_, result):
+            args["result"] = result
+            row = db.execute(ACK_QUEUE, args).fetchone()
+            if row is not None:
+                succeeded.append((row[0], row[1]))
+        case Nack(_, error, retry_delay):
+            args["error"] = error
+            args["delay"] = delay_us(retry_delay)
+            row = db.execute(NACK_QUEUE, args).fetchone()
+        case Reject(_, error):
+            args["error"] = error
+            row = db.execute(REJECT_QUEUE, args).fetchone()
+    return lost(db, ref) if row is None else str(row[0])
