@@ -66,6 +66,12 @@ C_SEQ, C_ID, C_QUEUE, C_TASK_TYPE, C_ATTEMPT, C_PRIORITY, C_AVAILABLE = 0, 1, 2,
 C_WORKER, C_LEASE_UNTIL, C_TOKEN = 22, 23, 24
 
 
+def new_lease_token() -> str:
+    """A new lease token, the one way both engines mint them: 32 lowercase
+    hex digits, 128 random bits."""
+    return secrets.token_hex(16)
+
+
 def to_us(moment: datetime) -> int:
     if moment.tzinfo is None:
         raise ValueError(f"naive datetime {moment!r}: the storage needs aware (UTC) times")

@@ -88,8 +88,10 @@ in a read-only snapshot that turns sequential scans, bitmap scans and sorts
 off for its own transaction, so no plan reads every row of a big queue.
 
 Time: the caller's `now` (microseconds, as in SQLite); never the database's
-clock. A lease token is `gen_random_uuid()` without dashes: 32 hex digits,
-122 random bits, minted in the claiming statement.
+clock. A lease token is `rows.new_lease_token` (32 lowercase hex digits,
+128 random bits), as in SQLite: the claim passes one per task it may lease
+and the statement hands the n-th picked task the n-th token, so leasing a
+batch stays one statement.
 
 Cross-daemon wake-ups: every mutation that may make a task claimable
 (enqueue that created tasks, nack back to PENDING, retry and bulk retry,
@@ -168,6 +170,7 @@ from ..rows import (
     from_us,
     lease,
     leased,
+    new_lease_token,
     row_task,
     stuck,
     to_us,
@@ -540,7 +543,10 @@ class PostgresEngine(Storage):
         types = type_list(task_types)
         rows: list[Any] = []
         for _ in range(_CLAIM_ROUNDS):
-            rows = await self._fetch(self._sql.claim, queue, now_us, limit, worker_id, until, types)
+            tokens = [new_lease_token() for _ in range(limit)]
+            rows = await self._fetch(
+                self._sql.claim, queue, now_us, limit, worker_id, until, types, tokens
+            )
             if not rows[0][-1]:
                 break
         rows = [r for r in rows if r[C_SEQ] is not None]

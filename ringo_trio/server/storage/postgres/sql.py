@@ -198,8 +198,10 @@ class Sql:
             )"""
 
         # The claim: expire the queue's overdue leases; when none were,
-        # lease the first $3 due tasks in claim order. Always one row out:
-        # (leased columns or NULLs, number of leases expired).
+        # lease the first $3 due tasks in claim order, the n-th picked one
+        # with the n-th of the $7 lease tokens (minted in Python, as SQLite's
+        # are: `rows.new_lease_token`). Always one row out: (leased columns
+        # or NULLs, number of leases expired).
         types = types_filter(6)
         self.claim = f"""
             WITH RECURSIVE expired AS ({expire("$2", " AND queue = $1")}
@@ -214,11 +216,15 @@ class Sql:
                     FOR UPDATE SKIP LOCKED) c
                 WHERE NOT EXISTS (SELECT 1 FROM expired)
                 LIMIT $3
+            ), numbered AS (
+                SELECT seq, row_number() OVER () AS n FROM picked
             ), claimed AS (
                 UPDATE {t} k SET state = {LEASED}, attempt = k.attempt + 1,
-                    lease_token = replace(gen_random_uuid()::text, '-', ''),
+                    lease_token = tokens.token,
                     worker_id = $4, lease_until = $5, updated_at = $2
-                FROM picked WHERE k.seq = picked.seq
+                FROM numbered JOIN unnest($7::text[]) WITH ORDINALITY AS tokens(token, n)
+                    ON tokens.n = numbered.n
+                WHERE k.seq = numbered.seq
                 RETURNING k.*
             )
             SELECT {", ".join("c." + c.strip() for c in COLS.split(","))}, e.n

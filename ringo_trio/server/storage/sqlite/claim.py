@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
-import secrets
 import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
@@ -124,7 +123,3 @@ def priority_steps(db: sqlite3.Connection, queue: str) -> Iterator[tuple[int, bo
             return
         probes += 1
         prio = db.execute(NEXT_PRIORITY, (queue, prio)).fetchone()[0]
-
-
-def new_token() -> str:
-    return secrets.token_hex(16)

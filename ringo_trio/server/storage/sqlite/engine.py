@@ -57,8 +57,8 @@ page more in the WAL), enqueue in 1000s 12.3 -> 16.7 us; through the daemon
 Task ids are 32 hex digits: 48 bits of the enqueue time in milliseconds, then
 80 random bits, so they sort roughly by creation and are unique across
 restarts and databases without coordination. Lease tokens are
-`secrets.token_hex(16)`, minted by a SQL function so one UPDATE leases a
-whole batch.
+`rows.new_lease_token` (as on PostgreSQL), registered as a SQL function so
+one UPDATE leases a whole batch.
 
 Retry budget: a task keeps the `max_attempts` it was enqueued with as its
 base; retrying a SUCCEEDED, DEAD or CANCELLED task sets `max_attempts =
@@ -172,6 +172,7 @@ from ..rows import (
     finished_states,
     from_us,
     lease,
+    new_lease_token,
     row_task,
     stuck,
     to_us,
@@ -182,7 +183,6 @@ from .claim import (
     insert_all,
     leased_rows,
     move_counts,
-    new_token,
     priority_steps,
     types_filter,
 )
@@ -296,7 +296,7 @@ class SQLiteEngine(Storage):
             db.execute("PRAGMA synchronous = NORMAL")
             db.execute("PRAGMA cache_size = -32768")
             db.create_function("ringo_backoff_us", 4, backoff_us, deterministic=True)
-            db.create_function("ringo_token", 0, new_token)
+            db.create_function("ringo_token", 0, new_lease_token)
             migrate(db, self.path)
         except BaseException:
             db.close()
