@@ -447,8 +447,10 @@ def _downgrade(engine: SyncEngine) -> None:
             for kind in ("insert", "delete", "update"):
                 await conn.execute(f'DROP TRIGGER task_counts_{kind} ON "{schema}".tasks')
                 await conn.execute(f'DROP FUNCTION "{schema}".ringo_count_{kind}')
+            # Migration 7 (each task's retry delays), undone too.
+            await conn.execute(f'ALTER TABLE "{schema}".tasks DROP COLUMN retry_delays_us')
             await conn.execute(
-                f'UPDATE "{schema}".ringo_schema SET version = {postgres.SCHEMA_VERSION - 2}'
+                f'UPDATE "{schema}".ringo_schema SET version = {postgres.SCHEMA_VERSION - 3}'
             )
 
     engine.run(down())

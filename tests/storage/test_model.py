@@ -40,6 +40,7 @@ from ringo_trio.server.storage.base import (
     Reject,
     Settlement,
 )
+from ringo_trio.server.storage.retry import backoff_us
 
 from .conftest import EngineKind, SyncEngine
 
@@ -99,11 +100,8 @@ class Model:
 
     def backoff_after(self, attempt: int) -> timedelta:
         initial, maximum, multiplier = self.backoff
-        try:
-            delay = initial * multiplier ** (attempt - 1)
-        except OverflowError:
-            return maximum
-        return min(delay, maximum)
+        micro = timedelta(microseconds=1)
+        return micro * backoff_us(initial // micro, maximum // micro, multiplier, attempt)
 
     def release(self, now: datetime, error: str, delay: timedelta | None) -> None:
         """End the current attempt as nack / expiry do."""

@@ -17,6 +17,7 @@ from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT, MAX_DELAY
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server._clock import ManualClock
 from ringo_trio.server.storage.postgres import PostgresEngine
+from ringo_trio.server.storage.postgres.schema import schedule_of
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
 from .conftest import LEASE, SyncEngine, claim_one, ref_of, spec
@@ -39,6 +40,21 @@ def plant(engine: SyncEngine, task_id: str, **columns: int) -> None:
         assert isinstance(raw, PostgresEngine)
         sql = f"UPDATE {raw._sql.tasks} SET {sets} WHERE id = $1"
         engine.run(raw._live_pool().execute(sql, task_id))
+        if any(name.startswith("backoff_") for name in columns):
+            # As the row would read after the migration that stores each
+            # task's retry delays (computed from its policy).
+            engine.run(_refill_retry_delays(raw, task_id))
+
+
+async def _refill_retry_delays(raw: PostgresEngine, task_id: str) -> None:
+    pool = raw._live_pool()
+    kind = await pool.fetchrow(
+        "SELECT backoff_initial_us, backoff_max_us, backoff_multiplier, max_attempts"
+        f" FROM {raw._sql.tasks} WHERE id = $1",
+        task_id,
+    )
+    sql = f"UPDATE {raw._sql.tasks} SET retry_delays_us = $2 WHERE id = $1"
+    await pool.execute(sql, task_id, schedule_of(*kind))
 
 
 def test_a_time_beyond_year_9999_reads_as_the_latest_moment_and_spares_other_tasks(

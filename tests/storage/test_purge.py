@@ -226,9 +226,9 @@ def test_postgres_batches_walk_an_index(storage_database: str, tmp_path: pathlib
                 "INSERT INTO tasks (id, queue, task_type, payload, unique_key, state, attempt,"
                 " max_attempts, base_max_attempts, priority, backoff_initial_us,"
                 " backoff_max_us, backoff_multiplier, created_at, updated_at, available_at,"
-                " finished_at, last_error, worker_id, lease_token)"
+                " finished_at, last_error, worker_id, lease_token, retry_delays_us)"
                 " SELECT md5(g::text), 'q' || (g % 10), 't', '', '', 1 + g % 5, 1, 1, 1, 0,"
-                " 0, 0, 1, g, g, g, CASE WHEN g % 5 >= 2 THEN g END, '', '', ''"
+                " 0, 0, 1, g, g, g, CASE WHEN g % 5 >= 2 THEN g END, '', '', '', '{0}'"
                 " FROM generate_series(1, 20000) g"
             )
             await conn.execute("ANALYZE tasks")

@@ -149,6 +149,7 @@ from ..base import (
     guard_claim,
 )
 from ..push import push_rows
+from ..retry import override_us
 from ..rows import (
     C_ATTEMPT,
     C_AVAILABLE,
@@ -163,6 +164,7 @@ from ..rows import (
     PENDING,
     STATES,
     SUCCEEDED,
+    UINT32_MAX,
     NewTasks,
     cancelled_text,
     describe,
@@ -186,7 +188,7 @@ from .pool import (
     reported,
     unreachable,
 )
-from .schema import migrate
+from .schema import delays_text, migrate, schedule_of
 from .sql import (
     ACK,
     LIST_COLS,
@@ -367,7 +369,8 @@ class PostgresEngine(Storage):
         # before the commit makes anything visible.
         _, row = NewTasks("", from_us(now_us), now_us, 1, "probe").make(_PROBE_SPEC)
         async with self._conn() as conn, conn.transaction():
-            seq = await conn.fetchval(self._sql.probe_insert, *row)
+            delays = schedule_of(row[9], row[10], row[11], row[6])
+            seq = await conn.fetchval(self._sql.probe_insert, *row, delays)
             await conn.execute(self._sql.probe_delete, seq)
 
     # -- submission --------------------------------------------------------
@@ -484,7 +487,10 @@ class PostgresEngine(Storage):
                     f"{describe(queue, task_id, unique_key)} is {STATES[found[1]].name};"
                     " only SUCCEEDED, DEAD or CANCELLED tasks (or stuck ones) can be retried"
                 )
-            return row_task(await conn.fetchrow(self._sql.retry, found[0], now_us))
+            # The attempts retry adds need their delays too.
+            max_attempts = min(found[4] + found[5], UINT32_MAX)
+            delays = schedule_of(found[6], found[7], found[8], max_attempts)
+            return row_task(await conn.fetchrow(self._sql.retry, found[0], now_us, delays))
 
     # -- leases ------------------------------------------------------------
 
@@ -579,7 +585,9 @@ class PostgresEngine(Storage):
     async def nack(
         self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
     ) -> Task:
-        return await self._settle(self._sql.nack, row_task, ref, now, error, _delay_us(retry_delay))
+        return await self._settle(
+            self._sql.nack, row_task, ref, now, error, override_us(retry_delay)
+        )
 
     async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
         return await self._settle(self._sql.reject, row_task, ref, now, error)
@@ -802,9 +810,24 @@ class PostgresEngine(Storage):
         if limit <= 0:
             return 0
         before = _NO_CUTOFF if finished_before is None else to_us(finished_before)
-        row = await self._fetchrow(
-            self._sql.retry_dead, queue, before, limit, to_us(now), type_list(task_types)
-        )
+        async with self._conn() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                self._sql.retry_dead, queue, before, limit, to_us(now), type_list(task_types)
+            )
+            if row[0]:
+                # The attempts retry added need their delays too.
+                schedules: dict[tuple[Any, ...], str] = {}
+                seqs = []
+                delays = []
+                for (seq, initial, maximum, max_attempts), multiplier in zip(
+                    row[2], row[3], strict=True
+                ):
+                    kind = (initial, maximum, multiplier, max_attempts)
+                    if kind not in schedules:
+                        schedules[kind] = delays_text(schedule_of(*kind))
+                    seqs.append(seq)
+                    delays.append(schedules[kind])
+                await conn.execute(self._sql.retry_delays, seqs, delays)
         return int(row[0])
 
     # -- purge and retention (DeleteTasks, ringod --retain-*) ----------------
@@ -837,11 +860,6 @@ def _leased_rows(rows: Sequence[Any]) -> list[LeasedTask]:
     return [leased(r) for r in rows]
 
 
-def _delay_us(retry_delay: timedelta | None) -> int | None:
-    """A nack's retry delay override in microseconds (None: the backoff)."""
-    return None if retry_delay is None else max(retry_delay // MICRO, 0)
-
-
 def _settlement_row(item: Settlement) -> tuple[Any, ...]:
     """The item as a row of the group statement's columns ($1..$7): task id,
     attempt, token, kind, result, error, delay."""
@@ -850,7 +868,7 @@ def _settlement_row(item: Settlement) -> tuple[Any, ...]:
         case Ack(_, result):
             return (ref.task_id, ref.attempt, ref.lease_token, ACK, result, None, None)
         case Nack(_, error, retry_delay):
-            delay = _delay_us(retry_delay)
+            delay = override_us(retry_delay)
             return (ref.task_id, ref.attempt, ref.lease_token, NACK, None, error, delay)
         case Reject(_, error):
             return (ref.task_id, ref.attempt, ref.lease_token, REJECT, None, error, None)
@@ -873,10 +891,17 @@ def _one_lookup(task_id: str | None, unique_key: str | None) -> None:
 
 def _columns(rows: Any) -> list[list[Any]]:
     """INSERT rows (as `NewTasks` builds them) as the insert statement's
-    column arrays ($3..$12)."""
-    cols: list[list[Any]] = [[] for _ in range(10)]
-    (ids, types, payloads, keys, attempts, prios, initials, maxima, mults, avail) = cols
+    column arrays ($3..$13: the last is each task's schedule)."""
+    cols: list[list[Any]] = [[] for _ in range(11)]
+    (ids, types, payloads, keys, attempts, prios, initials, maxima, mults, avail, delays) = cols
+    # A batch shares a handful of policies (most often one).
+    schedules: dict[tuple[Any, ...], str] = {}
     for r in rows:
+        kind = (r[9], r[10], r[11], r[6])
+        schedule = schedules.get(kind)
+        if schedule is None:
+            schedule = schedules[kind] = delays_text(schedule_of(*kind))
+        delays.append(schedule)
         ids.append(r[0])
         types.append(r[2])
         payloads.append(r[3])

@@ -3,12 +3,23 @@ from version i to i + 1), run by `migrate` under an advisory lock."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+from collections.abc import Awaitable, Callable
 
 import asyncpg  # type: ignore[import-untyped]
 
 from ..base import SchemaTooNew
+from ..retry import schedule
 from ..rows import CANCELLED, DEAD, FINISHED, LEASED, PENDING, SUCCEEDED
+
+Step = Callable[[asyncpg.Connection], Awaitable[None]]
+"""A migration step that is Python, not a statement (it gets the connection)."""
+
+LONGEST_SCHEDULE = 65_536
+"""Entries a task's schedule holds at most: only a policy that has not
+settled by then (a hand-written one, or a multiplier a hair above 1 on a task
+retried that often) is cut, and its later attempts wait the last entry."""
 
 
 def ident(name: str) -> str:
@@ -47,8 +58,9 @@ def count_function(s: str, name: str, changes: str) -> str:
     """
 
 
-def migrations(s: str) -> tuple[tuple[str, ...], ...]:
-    """The schema steps for schema `s` (already quoted)."""
+def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
+    """The schema steps for schema `s` (already quoted): statements, and
+    steps computed in Python (`Step`)."""
     return (
         (
             f"""
@@ -87,35 +99,6 @@ def migrations(s: str) -> tuple[tuple[str, ...], ...]:
             f"CREATE INDEX tasks_pending ON {s}.tasks (queue, priority DESC, available_at, seq)"
             f" WHERE state = {PENDING}",
             f"CREATE INDEX tasks_leased ON {s}.tasks (queue, lease_until) WHERE state = {LEASED}",
-            # The SQLite engine's _backoff_us, float for float: C pow() and
-            # IEEE products on both sides. An overflow (Python: OverflowError
-            # -> inf) caps at the maximum; the exception block is entered
-            # only when an overflow is possible at all.
-            f"""
-            CREATE FUNCTION {s}.ringo_backoff_us(
-                initial bigint, maximum bigint, multiplier double precision, attempt bigint
-            ) RETURNS bigint LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-            DECLARE
-                n double precision := greatest(attempt - 1, 0);
-                d double precision;
-            BEGIN
-                IF n = 0 OR multiplier = 1 OR (multiplier > 1 AND n * ln(multiplier) < 650) THEN
-                    d := initial * power(multiplier, n);
-                ELSE
-                    BEGIN
-                        d := initial * power(multiplier, n);
-                    EXCEPTION WHEN numeric_value_out_of_range THEN
-                        -- Overflow caps; an underflow (|multiplier| < 1) is 0.
-                        IF abs(multiplier) > 1 THEN RETURN maximum; END IF;
-                        d := 0;
-                    END;
-                END IF;
-                -- NOT <: NaN goes to the cap as well.
-                IF NOT d < maximum THEN RETURN maximum; END IF;
-                RETURN greatest(trunc(d)::bigint, 0);
-            END
-            $$
-            """,
         ),
         # activity: counting stops at `cap`, and a task-type filter is a seek
         # per type, so the count never walks a backlog of other types. The
@@ -245,6 +228,43 @@ def migrations(s: str) -> tuple[tuple[str, ...], ...]:
             f"CREATE INDEX tasks_finished_queue ON {s}.tasks (queue, state, finished_at, seq)"
             f" WHERE {FINISHED_TERM}",
         ),
+        # Each task's retry delays as `retry.schedule` computes them, so no
+        # statement works out a backoff (before: the PL/pgSQL function
+        # ringo_backoff_us, a second copy of the policy, which fresh schemas
+        # no longer create).
+        (
+            f"ALTER TABLE {s}.tasks ADD COLUMN retry_delays_us bigint[]",
+            functools.partial(fill_retry_delays, schema=s),
+            f"ALTER TABLE {s}.tasks ALTER COLUMN retry_delays_us SET NOT NULL",
+            f"DROP FUNCTION IF EXISTS {s}.ringo_backoff_us("
+            "bigint, bigint, double precision, bigint)",
+        ),
+    )
+
+
+def schedule_of(initial_us: int, max_us: int, multiplier: float, max_attempts: int) -> list[int]:
+    """A task's `retry.schedule`: the delays of every attempt it may retry
+    after, before retry gives it more (then it gets a longer one)."""
+    return schedule(initial_us, max_us, multiplier, min(max_attempts, LONGEST_SCHEDULE))
+
+
+def delays_text(delays: list[int]) -> str:
+    """A schedule as a bigint[] literal: a batch's schedules travel as one
+    text[] (an array of arrays must be rectangular)."""
+    return "{" + ",".join(map(str, delays)) + "}"
+
+
+async def fill_retry_delays(conn: asyncpg.Connection, schema: str) -> None:
+    """Migration 7's step: every stored task's schedule, one UPDATE per
+    distinct (policy, max_attempts)."""
+    kinds = await conn.fetch(
+        "SELECT DISTINCT backoff_initial_us, backoff_max_us, backoff_multiplier, max_attempts"
+        f" FROM {schema}.tasks"
+    )
+    await conn.executemany(
+        f"UPDATE {schema}.tasks SET retry_delays_us = $5 WHERE backoff_initial_us = $1"
+        " AND backoff_max_us = $2 AND backoff_multiplier = $3 AND max_attempts = $4",
+        [(*kind, schedule_of(*kind)) for kind in kinds],
     )
 
 
@@ -276,6 +296,9 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> None:
             )
         for statements in migrations(s)[version:]:
             for statement in statements:
-                await conn.execute(statement)
+                if isinstance(statement, str):
+                    await conn.execute(statement)
+                else:
+                    await statement(conn)
         if version != SCHEMA_VERSION:
             await conn.execute(f"UPDATE {s}.ringo_schema SET version = $1", SCHEMA_VERSION)

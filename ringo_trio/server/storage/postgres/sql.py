@@ -20,7 +20,6 @@ from ..rows import (
     DEAD,
     LEASE_EXPIRED,
     LEASED,
-    MAX_DELAY_US,
     PENDING,
     SUCCEEDED,
     UINT32_MAX,
@@ -42,7 +41,6 @@ class Sql:
     def __init__(self, schema: str, channel: str, instance: str) -> None:
         t = f"{ident(schema)}.tasks"
         self.tasks = t
-        backoff = f"{ident(schema)}.ringo_backoff_us"
 
         def note(queue: str) -> str:
             """pg_notify naming `queue` (an SQL expression) and this engine."""
@@ -60,11 +58,12 @@ class Sql:
         )
 
         def retry_at(now: str, delay: str) -> str:
-            """When a nacked or expired attempt runs again: the override
-            `delay` or the task's backoff, capped."""
-            return f"""{now} + least(coalesce({delay}, {backoff}(
-                backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
-                {MAX_DELAY_US})"""
+            """When a nacked or expired attempt runs again: after the nack's
+            own `delay` (`retry.override_us`) or the entry of the attempt that
+            ended in the task's `retry.schedule` (its last entry stands for
+            every later attempt)."""
+            return f"""{now} + coalesce({delay},
+                retry_delays_us[least(attempt, cardinality(retry_delays_us))])"""
 
         def release(now: str, error: str, delay: str) -> str:
             # SET expressions see the row as it was before the UPDATE, so
@@ -104,14 +103,15 @@ class Sql:
                 INSERT INTO {t} (id, queue, task_type, payload, unique_key, state, attempt,
                     max_attempts, base_max_attempts, priority, backoff_initial_us,
                     backoff_max_us, backoff_multiplier, created_at, updated_at, available_at,
-                    last_error, worker_id, lease_token)
+                    last_error, worker_id, lease_token, retry_delays_us)
                 SELECT u.id, $1, u.task_type, u.payload, u.unique_key, {PENDING}, 0,
                     u.max_attempts, u.max_attempts, u.priority, u.initial_us, u.max_us,
-                    u.multiplier, $2, $2, u.available_at, '', '', ''
+                    u.multiplier, $2, $2, u.available_at, '', '', '', u.delays::bigint[]
                 FROM unnest($3::text[], $4::text[], $5::bytea[], $6::text[], $7::bigint[],
-                    $8::integer[], $9::bigint[], $10::bigint[], $11::float8[], $12::bigint[])
+                    $8::integer[], $9::bigint[], $10::bigint[], $11::float8[], $12::bigint[],
+                    $13::text[])
                     WITH ORDINALITY AS u(id, task_type, payload, unique_key, max_attempts,
-                        priority, initial_us, max_us, multiplier, available_at, ord)
+                        priority, initial_us, max_us, multiplier, available_at, delays, ord)
                 ORDER BY u.ord
                 ON CONFLICT (queue, unique_key) WHERE unique_key <> '' DO NOTHING
                 RETURNING unique_key
@@ -122,14 +122,14 @@ class Sql:
             )
             SELECT n.keys, CASE WHEN n.created > 0 THEN {note("$1")} END FROM n
         """
-        # `NewTasks`'s INSERT row, as it is ($1..$15).
+        # `NewTasks`'s INSERT row, as it is ($1..$15), and its schedule ($16).
         self.probe_insert = f"""
             INSERT INTO {t} (id, queue, task_type, payload, unique_key, state, attempt,
                 max_attempts, base_max_attempts, priority, backoff_initial_us, backoff_max_us,
                 backoff_multiplier, created_at, updated_at, available_at, last_error,
-                worker_id, lease_token)
+                worker_id, lease_token, retry_delays_us)
             VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                '', '', '')
+                '', '', '', $16)
             RETURNING seq
         """
         self.probe_delete = f"DELETE FROM {t} WHERE seq = $1"
@@ -141,7 +141,10 @@ class Sql:
         self.get_by_key = (
             f"SELECT {COLS} FROM {t} WHERE queue = $1 AND unique_key = $2 AND unique_key <> ''"
         )
-        locked = "seq, state, available_at, lease_until"
+        locked = (
+            "seq, state, available_at, lease_until, attempt, base_max_attempts,"
+            " backoff_initial_us, backoff_max_us, backoff_multiplier"
+        )
         self.lock_by_id = f"SELECT {locked} FROM {t} WHERE queue = $1 AND id = $2 FOR UPDATE"
         self.lock_by_key = (
             f"SELECT {locked} FROM {t} WHERE queue = $1 AND unique_key = $2"
@@ -152,7 +155,7 @@ class Sql:
                 UPDATE {t} SET state = {PENDING}, available_at = $2, finished_at = NULL,
                     max_attempts = least(attempt + base_max_attempts, {UINT32_MAX}),
                     worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2,
-                    result = NULL
+                    result = NULL, retry_delays_us = $3
                 WHERE seq = $1 RETURNING {COLS}
             )
             SELECT r.*, {note("r.queue")} FROM r
@@ -168,7 +171,8 @@ class Sql:
         self.by_seq = f"SELECT {COLS} FROM {t} WHERE seq = $1"
         # The $3 oldest DEAD tasks of queue $1 finished before $2 back to
         # PENDING at $4, as `retry` does for one; the walk follows the
-        # finished-task index. One notification for the queue if any changed.
+        # finished-task index. One notification for the queue if any changed,
+        # and what `retry_delays` needs to give each its longer schedule.
         self.retry_dead = f"""
             WITH r AS (
                 UPDATE {t} SET state = {PENDING}, available_at = $4, finished_at = NULL,
@@ -181,9 +185,19 @@ class Sql:
                         {types_filter(5)}
                     ORDER BY finished_at, seq LIMIT $3
                     FOR UPDATE SKIP LOCKED)
-                RETURNING seq
+                RETURNING seq, backoff_initial_us, backoff_max_us, backoff_multiplier,
+                    max_attempts
             ), n AS (SELECT count(*) AS changed FROM r)
-            SELECT n.changed, CASE WHEN n.changed > 0 THEN {note("$1")} END FROM n
+            SELECT n.changed, CASE WHEN n.changed > 0 THEN {note("$1")} END,
+                (SELECT array_agg(ARRAY[seq, backoff_initial_us, backoff_max_us,
+                    max_attempts] ORDER BY seq) FROM r),
+                (SELECT array_agg(backoff_multiplier ORDER BY seq) FROM r)
+            FROM n
+        """
+        # Schedules ($2, as `delays_text`) for the tasks $1.
+        self.retry_delays = f"""
+            UPDATE {t} k SET retry_delays_us = u.delays::bigint[]
+            FROM unnest($1::bigint[], $2::text[]) AS u(seq, delays) WHERE k.seq = u.seq
         """
 
         # The queue's distinct PENDING priorities, highest first, one index

@@ -151,6 +151,7 @@ from ..base import (
     TaskPage,
 )
 from ..push import push_rows
+from ..retry import delay_us, override_us
 from ..rows import (
     C_AVAILABLE,
     C_PRIORITY,
@@ -218,8 +219,6 @@ from .settle import (
     REJECT,
     RELEASE_UNSENT,
     ack_together,
-    backoff_us,
-    delay_us,
     lost,
     settle_one,
 )
@@ -295,7 +294,7 @@ class SQLiteEngine(Storage):
                 )
             db.execute("PRAGMA synchronous = NORMAL")
             db.execute("PRAGMA cache_size = -32768")
-            db.create_function("ringo_backoff_us", 4, backoff_us, deterministic=True)
+            db.create_function("ringo_retry_delay_us", 4, delay_us, deterministic=True)
             db.create_function("ringo_token", 0, new_lease_token)
             migrate(db, self.path)
         except BaseException:
@@ -541,7 +540,7 @@ class SQLiteEngine(Storage):
     async def nack(
         self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
     ) -> Task:
-        return self._settle(NACK, row_task, ref, now, error=error, delay=delay_us(retry_delay))
+        return self._settle(NACK, row_task, ref, now, error=error, delay=override_us(retry_delay))
 
     async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
         return self._settle(REJECT, row_task, ref, now, error=error)

@@ -4,16 +4,15 @@ commit of many; every statement guarded by the live lease."""
 from __future__ import annotations
 
 import functools
-import math
 import sqlite3
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 from ringo_trio._proto.ringo.v1 import LeaseRef
 
 from ..base import Ack, LeaseLost, Nack, Reject, Settlement
-from ..rows import CANCELLED, COLS, DEAD, LEASED, MAX_DELAY_US, MICRO, PENDING, SUCCEEDED
+from ..retry import override_us
+from ..rows import CANCELLED, COLS, DEAD, LEASED, PENDING, SUCCEEDED
 from .claim import pieces
 
 # The current lease, alive at :now. Every LeaseRef operation is one UPDATE
@@ -23,13 +22,14 @@ LEASE_MATCH = (
     " AND lease_token = :token AND lease_until > :now"
 )
 # SET expressions see the row as it was before the UPDATE, so `attempt`
-# here is the attempt that just ended.
+# here is the attempt that just ended. The delay is the nack's own
+# (`retry.override_us`) or the task's policy (`retry.delay_us`, registered
+# as `ringo_retry_delay_us`): both capped in Python.
 RELEASE = f"""
     state = CASE WHEN attempt >= max_attempts THEN {DEAD} ELSE {PENDING} END,
     available_at = CASE WHEN attempt >= max_attempts THEN available_at
-        ELSE :now + min(coalesce(:delay, ringo_backoff_us(
-            backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)),
-            {MAX_DELAY_US}) END,
+        ELSE :now + coalesce(:delay, ringo_retry_delay_us(
+            backoff_initial_us, backoff_max_us, backoff_multiplier, attempt)) END,
     finished_at = CASE WHEN attempt >= max_attempts THEN :now ELSE NULL END,
     last_error = :error, worker_id = '', lease_token = '', lease_until = NULL,
     updated_at = :now
@@ -107,23 +107,6 @@ def ack_many_sql(count: int) -> str:
 ACK_CHUNKS = (256, 64, 32, 16, 8, 4, 2, 1)
 
 
-def backoff_us(initial_us: int, max_us: int, multiplier: float, attempt: int) -> int:
-    """initial * multiplier^(attempt-1), capped at max (registered as SQL)."""
-    try:
-        delay = initial_us * multiplier ** max(attempt - 1, 0)
-    except OverflowError:
-        delay = math.inf
-    # `not <` also sends NaN to the cap.
-    if not delay < max_us:
-        return max_us
-    return max(int(delay), 0)
-
-
-def delay_us(retry_delay: timedelta | None) -> int | None:
-    """A nack's retry delay override in microseconds (None: the backoff)."""
-    return None if retry_delay is None else max(retry_delay // MICRO, 0)
-
-
 def lost(db: sqlite3.Connection, ref: LeaseRef) -> LeaseLost:
     """The LeaseLost for a ref whose lease operation matched no row, telling
     whether that very attempt ended by CancelTask."""
@@ -185,7 +168,7 @@ def settle_one(
                 succeeded.append((row[0], row[1]))
         case Nack(_, error, retry_delay):
             args["error"] = error
-            args["delay"] = delay_us(retry_delay)
+            args["delay"] = override_us(retry_delay)
             row = db.execute(NACK_QUEUE, args).fetchone()
         case Reject(_, error):
             args["error"] = error
