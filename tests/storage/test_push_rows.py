@@ -2,7 +2,7 @@
 
 The reference is `Storage.claim_pushes`'s default: `claim`, then the generic
 encoder (`encode_work_push`) per `LeasedTask`. The engines' native versions
-(`storage.push.push_rows`) must write the same bytes and lease the same
+(`_wire.rows.push_rows`) must write the same bytes and lease the same
 tasks.
 """
 
@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, RetryBackoff, TaskState, WorkResponse
 from ringo_trio._wire.codec import decode
 from ringo_trio._wire.frames import encode_work_push
+from ringo_trio._wire.rows import TaskRow
+from ringo_trio._wire.rows import push_rows as encode_rows
 from ringo_trio.server.storage.base import Push, Storage, lease_ttl, ttl_field
 from ringo_trio.server.storage.postgres import PostgresEngine
-from ringo_trio.server.storage.push import push_rows
 from ringo_trio.server.storage.rows import (
     COLS,
     MAX_DURATION_US,
@@ -31,6 +32,7 @@ from ringo_trio.server.storage.rows import (
     MIN_US,
     from_us,
     leased,
+    reference_push,
     to_us,
 )
 from ringo_trio.server.storage.sqlite import SQLiteEngine
@@ -78,6 +80,12 @@ PAYLOADS = st.one_of(
 )
 FLOATS = st.one_of(st.floats(), st.sampled_from([0.0, -0.0, 1.0, 2.0]), st.integers(-3, 3))
 UINT32 = st.one_of(st.integers(0, 2**32 - 1), st.sampled_from([0, 1, 127, 128]))
+
+
+def push_rows(rows: Sequence[Sequence[Any]]) -> list[Push]:
+    """The pushes of claimed rows as the engines encode them (rows come as
+    `TaskRow`s, `reference_push` their fallback)."""
+    return encode_rows([TaskRow._make(r) for r in rows], reference_push)
 
 
 @st.composite

@@ -74,7 +74,8 @@ from datetime import datetime, timedelta
 from typing import ClassVar, TypeVar
 
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
-from ringo_trio._wire.codec import _SMALL, _seconds_nanos_body, _varint, encode
+from ringo_trio._wire.codec import _seconds_nanos_body
+from ringo_trio._wire.rows import Push
 
 __all__ = [
     "Ack",
@@ -210,105 +211,6 @@ class TaskPage:
     seqs: list[int]
     """Each task's cursor, in `tasks`' order: a page cut short (to fit a
     reply) goes on after the last task it keeps."""
-
-
-class Push:
-    """One claimed task as the Work stream pushes it: ``task`` is the encoded
-    Task and ``lease`` the encoded Lease without its ``ttl``, kept apart so
-    that the ttl, which counts from the moment of sending, is joined in only
-    then (`frame_with`); the rest is what the stream keeps of it (the lease
-    to count, return or note for the reaper, and the payload size its budget
-    counts). ``lease`` and ``lease_token`` are None only for a LeasedTask
-    without a lease (then nothing is counted or returned), ``task`` only for
-    one without a task."""
-
-    __slots__ = ("attempt", "lease", "lease_token", "size", "task", "task_id", "until")
-
-    def __init__(
-        self,
-        task: bytes | None,
-        lease: bytes | None,
-        task_id: str,
-        attempt: int,
-        lease_token: str | None,
-        until: datetime | None,
-        size: int,
-    ) -> None:
-        self.task = task
-        self.lease = lease
-        self.task_id = task_id
-        self.attempt = attempt
-        self.lease_token = lease_token
-        self.until = until
-        self.size = size
-
-    @property
-    def frame(self) -> bytes:
-        """The encoded ``WorkResponse(task=LeasedTask)`` without a ttl (what
-        a stream below minor 11 sends)."""
-        return self.frame_with(b"")
-
-    def frame_with(self, ttl: bytes) -> bytes:
-        """The encoded ``WorkResponse(task=LeasedTask)`` whose lease ends with
-        `ttl`, an encoded ``Lease.ttl`` field (`ttl_field`), or b"" for none.
-
-        One join per frame, at send time: what the claim used to join (the
-        LeasedTask, then the WorkResponse around it) is joined here instead,
-        so the payload is copied as often as before."""
-        task = self.task
-        lease = self.lease
-        if task is None or lease is None:
-            return self._partial(ttl)
-        size = len(task)
-        task_head = _SMALL[size] if size < 0x80 else _varint(size)
-        lease_size = len(lease) + len(ttl)
-        lease_head = _SMALL[lease_size] if lease_size < 0x80 else _varint(lease_size)
-        size += 2 + len(task_head) + len(lease_head) + lease_size
-        return b"".join(
-            (
-                b"\x12",
-                _SMALL[size] if size < 0x80 else _varint(size),
-                b"\x0a",
-                task_head,
-                task,
-                b"\x12",
-                lease_head,
-                lease,
-                ttl,
-            )
-        )
-
-    def _partial(self, ttl: bytes) -> bytes:
-        body = b""
-        if self.task is not None:
-            body = b"\x0a" + _varint(len(self.task)) + self.task
-        if self.lease is not None:
-            lease = self.lease + ttl
-            body += b"\x12" + _varint(len(lease)) + lease
-        return b"\x12" + _varint(len(body)) + body
-
-    @classmethod
-    def of(cls, leased: LeasedTask) -> Push:
-        """The push of `leased` (a lease without a ttl), each part encoded by
-        the generic codec."""
-        lease = leased.lease
-        task = leased.task
-        size = 0
-        body = None
-        if task is not None:
-            size = len(task.payload)
-            body = encode(task)
-        if lease is None:
-            return cls(body, None, "", 0, None, None, size)
-        return cls(
-            body,
-            encode(lease),
-            lease.task_id,
-            lease.attempt,
-            lease.lease_token,
-            lease.until,
-            size,
-        )
 
 
 def lease_ttl(until: datetime, now: datetime) -> timedelta:

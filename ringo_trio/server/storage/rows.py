@@ -18,7 +18,7 @@ never run again by itself; `stuck` names it, and retry accepts it.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,6 +41,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskState,
 )
 from ringo_trio._wire.codec import build
+from ringo_trio._wire.rows import MAX_DURATION_US, MAX_US, MIN_US, Push, TaskRow
 
 PENDING = int(TaskState.PENDING)
 LEASED = int(TaskState.LEASED)
@@ -55,12 +56,18 @@ MICRO = timedelta(microseconds=1)
 UINT32_MAX = 2**32 - 1
 LEASE_EXPIRED = "lease expired"
 
-COLS = (
-    "seq, id, queue, task_type, payload, unique_key, state, attempt, max_attempts,"
-    " priority, backoff_initial_us, backoff_max_us, backoff_multiplier, created_at,"
-    " updated_at, available_at, finished_at, last_error, progress_current, progress_total,"
-    " progress_message, progress_at, worker_id, lease_until, lease_token, result"
-)
+
+# The columns both engines select, in `TaskRow` order.
+COLS = ", ".join(TaskRow._fields)
+
+
+def task_row(cells: Iterable[Any]) -> TaskRow:
+    """A selected row (`COLS`) as a `TaskRow`: ``TaskRow._make`` without its
+    classmethod call, about 60 ns a row less on the claim path."""
+    return _new_tuple(TaskRow, cells)
+
+
+_new_tuple = tuple.__new__
 # Positions in COLS that the engines read by name.
 C_SEQ, C_ID, C_QUEUE, C_TASK_TYPE, C_ATTEMPT, C_PRIORITY, C_AVAILABLE = 0, 1, 2, 3, 7, 9, 15
 C_WORKER, C_LEASE_UNTIL, C_TOKEN = 22, 23, 24
@@ -78,14 +85,6 @@ def to_us(moment: datetime) -> int:
     return (moment - EPOCH) // MICRO
 
 
-# The range a protobuf Timestamp (and `datetime`) can express.
-MIN_US = to_us(datetime(1, 1, 1, tzinfo=UTC))
-MAX_US = to_us(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC))
-# A protobuf Duration's range is +-10,000 years; stored durations are >= 0.
-MAX_DURATION_US = 315_576_000_000 * 1_000_000
-MAX_DELAY_US = MAX_DELAY // MICRO
-"""The engines cap every retry delay they compute here, so a row whose
-backoff predates the limits cannot push `available_at` out of range."""
 LATEST_US = to_us(MAX_NOT_BEFORE + MAX_DELAY + MAX_LEASE)
 """No time written within the limits is later than this."""
 
@@ -159,6 +158,12 @@ def leased(row: Sequence[Any]) -> LeasedTask:
             until=from_us(row[C_LEASE_UNTIL]),
         ),
     )
+
+
+def reference_push(row: Sequence[Any]) -> Push:
+    """The push of a claimed row by the generic codec: what
+    `_wire.rows.push_rows` falls back to for a row it does not encode itself."""
+    return Push.of(leased(row))
 
 
 def lease(row: Sequence[Any]) -> Lease:

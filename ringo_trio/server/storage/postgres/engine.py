@@ -130,6 +130,7 @@ from typing import Any, TypeVar
 import asyncpg  # type: ignore[import-untyped]
 
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
+from ringo_trio._wire.rows import TaskRow, push_rows
 
 from .. import listing
 from ..base import (
@@ -148,13 +149,10 @@ from ..base import (
     TaskPage,
     guard_claim,
 )
-from ..push import push_rows
 from ..retry import override_us
 from ..rows import (
     C_ATTEMPT,
-    C_AVAILABLE,
     C_ID,
-    C_PRIORITY,
     C_SEQ,
     C_TOKEN,
     CANCELLED,
@@ -173,8 +171,10 @@ from ..rows import (
     lease,
     leased,
     new_lease_token,
+    reference_push,
     row_task,
     stuck,
+    task_row,
     to_us,
 )
 from . import listen
@@ -525,7 +525,7 @@ class PostgresEngine(Storage):
             self,
             self._claim(queue, task_types, limit, worker_id, lease_duration, now),
             _claimed_refs,
-            push_rows,
+            _pushes,
             queue,
             now,
         )
@@ -538,7 +538,7 @@ class PostgresEngine(Storage):
         worker_id: str,
         lease_duration: timedelta,
         now: datetime,
-    ) -> list[Any]:
+    ) -> list[TaskRow]:
         """The claimed rows, in claim order. Committed before they are read,
         so only through `guard_claim`: a caller cancelled while the statement
         is in flight must not take the answer with it."""
@@ -555,10 +555,12 @@ class PostgresEngine(Storage):
             )
             if not rows[0][-1]:
                 break
-        rows = [r for r in rows if r[C_SEQ] is not None]
+        # The last column is the expiry count; a claim that leased nothing
+        # answers one row of NULLs.
+        claimed = [task_row(r[:-1]) for r in rows if r[C_SEQ] is not None]
         # RETURNING yields rows in no promised order.
-        rows.sort(key=lambda r: (-r[C_PRIORITY], r[C_AVAILABLE], r[C_SEQ]))
-        return rows
+        claimed.sort(key=lambda r: (-r.priority, r.available_at, r.seq))
+        return claimed
 
     async def _settle(
         self, sql: str, build: Callable[[Any], _T], ref: LeaseRef, now: datetime, *extra: Any
@@ -850,6 +852,10 @@ class PostgresEngine(Storage):
                 self._sql.delete_finished_queue, wanted, before, limit, queue
             )
         return int(row[0])
+
+
+def _pushes(rows: list[TaskRow]) -> list[Push]:
+    return push_rows(rows, reference_push)
 
 
 def _claimed_refs(rows: Sequence[Any]) -> list[LeaseRef]:

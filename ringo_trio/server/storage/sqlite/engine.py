@@ -136,6 +136,7 @@ from ringo_trio._proto.ringo.v1 import (
     Task,
     TaskSpec,
 )
+from ringo_trio._wire.rows import TaskRow, push_rows
 
 from .. import listing
 from ..base import (
@@ -150,11 +151,8 @@ from ..base import (
     TaskFilter,
     TaskPage,
 )
-from ..push import push_rows
 from ..retry import delay_us, override_us
 from ..rows import (
-    C_AVAILABLE,
-    C_PRIORITY,
     C_QUEUE,
     C_SEQ,
     C_TASK_TYPE,
@@ -174,8 +172,10 @@ from ..rows import (
     from_us,
     lease,
     new_lease_token,
+    reference_push,
     row_task,
     stuck,
+    task_row,
     to_us,
 )
 from .claim import (
@@ -461,11 +461,11 @@ class SQLiteEngine(Storage):
         lease_duration: timedelta,
         now: datetime,
     ) -> list[Push]:
-        return self._claim(push_rows, queue, task_types, limit, worker_id, lease_duration, now)
+        return self._claim(_pushes, queue, task_types, limit, worker_id, lease_duration, now)
 
     def _claim(
         self,
-        build: Callable[[list[Any]], list[_T]],
+        build: Callable[[list[TaskRow]], list[_T]],
         queue: str,
         task_types: Sequence[str],
         limit: int,
@@ -490,18 +490,18 @@ class SQLiteEngine(Storage):
             "delay": None,
             "error": LEASE_EXPIRED,
         }
-        rows: list[Any] = []
+        rows: list[TaskRow] = []
         with self._write() as db:
             db.execute(EXPIRE_QUEUE, args)
             for prio, rest in priority_steps(db, queue):
                 args["prio"] = prio
                 args["limit"] = limit - len(rows)
-                rows += db.execute(claim_sql(types_clause, rest), args).fetchall()
+                rows += map(task_row, db.execute(claim_sql(types_clause, rest), args))
                 if len(rows) >= limit:
                     break
-            move_counts(db, [(queue, r[C_TASK_TYPE]) for r in rows], PENDING, LEASED)
+            move_counts(db, [(queue, r.task_type) for r in rows], PENDING, LEASED)
             # RETURNING yields rows in no promised order.
-            rows.sort(key=lambda r: (-r[C_PRIORITY], r[C_AVAILABLE], r[C_SEQ]))
+            rows.sort(key=lambda r: (-r.priority, r.available_at, r.seq))
             # Built inside the transaction: a failure here must undo the leases.
             return build(rows)
 
@@ -814,3 +814,7 @@ class SQLiteEngine(Storage):
             doomed = [(seq,) for _, seq in itertools.islice(oldest, limit)]
             db.executemany("DELETE FROM tasks WHERE seq = ?", doomed)
         return len(doomed)
+
+
+def _pushes(rows: list[TaskRow]) -> list[Push]:
+    return push_rows(rows, reference_push)
