@@ -566,7 +566,7 @@ def test_postgres_listing_and_counts_use_the_indexes(
     """Property: on PostgreSQL a filtered page is a Merge Append of index scans
     (no sort, no sequential scan), and the stats read the folded counts by
     their key, never the tasks."""
-    from ringo_trio.server.storage.postgres import sql as postgres
+    from ringo_trio.server.storage.postgres import listing as postgres
 
     kind = _kind("postgres", request)
     with open_engine(kind, tmp_path) as engine:
@@ -579,7 +579,7 @@ def test_postgres_listing_and_counts_use_the_indexes(
             async with engine.raw._conn() as conn, postgres.inspect_transaction(conn):  # type: ignore[attr-defined]
                 await conn.execute("ANALYZE " + sql.tasks)
                 a = await conn.fetch("EXPLAIN " + listing, "q", 0, 10, "t0", "t0", "t1")
-                b = await conn.fetch("EXPLAIN " + sql.queues_counts, ["q"])
+                b = await conn.fetch("EXPLAIN " + sql.listing.queues_counts, ["q"])
             return "\n".join(r[0] for r in a), "\n".join(r[0] for r in b)
 
         plan_list, plan_counts = engine.run(explain())

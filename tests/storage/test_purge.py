@@ -245,8 +245,8 @@ def test_postgres_batches_walk_an_index(storage_database: str, tmp_path: pathlib
     with open_engine(postgres_kind(storage_database), tmp_path) as engine:
         sql = engine.raw._sql  # type: ignore[attr-defined]
         statements = {
-            sql.delete_finished: "ARRAY[3,4]::smallint[], 5, 10",
-            sql.delete_finished_queue: "ARRAY[3,4]::smallint[], 5, 10, 'q1'",
+            sql.operate.delete_finished: "ARRAY[3,4]::smallint[], 5, 10",
+            sql.operate.delete_finished_queue: "ARRAY[3,4]::smallint[], 5, 10, 'q1'",
         }
         for plan in engine.run(plans(statements)):
             assert "tasks_finished_age" in plan or "tasks_finished_queue" in plan, plan
@@ -296,7 +296,7 @@ def test_postgres_enqueue_takes_a_key_whose_task_is_deleted_under_it(
         armed = True
 
         async def _fetch(self, sql: str, *args: object) -> list[object]:
-            if self.armed and sql == self._sql.by_keys:
+            if self.armed and sql == self._sql.claim.by_keys:
                 self.armed = False
                 await self.delete_finished(None, FINISHED, None, 100)
             return await super()._fetch(sql, *args)

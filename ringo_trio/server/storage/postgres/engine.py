@@ -130,18 +130,15 @@ from typing import Any, TypeVar
 import asyncpg  # type: ignore[import-untyped]
 
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
-from ringo_trio._wire.rows import TaskRow, push_rows
+from ringo_trio._wire.rows import TaskRow
 
 from .. import listing
 from ..base import (
-    Ack,
     EnqueueOutcome,
     FailedPrecondition,
     LeaseLost,
-    Nack,
     NotFound,
     Push,
-    Reject,
     Settlement,
     Storage,
     StorageError,
@@ -151,10 +148,7 @@ from ..base import (
 )
 from ..retry import override_us
 from ..rows import (
-    C_ATTEMPT,
-    C_ID,
     C_SEQ,
-    C_TOKEN,
     CANCELLED,
     DEAD,
     LEASED,
@@ -169,16 +163,17 @@ from ..rows import (
     finished_states,
     from_us,
     lease,
-    leased,
     new_lease_token,
-    reference_push,
     row_task,
     stuck,
     task_row,
     to_us,
 )
 from . import listen
+from .claim import ClaimSql, claimed_refs, insert_columns, leased_rows, pushes
 from .listen import channel
+from .listing import LIST_COLS, WALK_COLS, ListingSql, inspect_transaction, list_sql, listed
+from .operate import OperateSql, one_lookup
 from .pool import (
     CLOSE_TIMEOUT,
     CONNECT_TIMEOUT,
@@ -189,18 +184,8 @@ from .pool import (
     unreachable,
 )
 from .schema import delays_text, migrate, schedule_of
-from .sql import (
-    ACK,
-    LIST_COLS,
-    NACK,
-    REJECT,
-    WALK_COLS,
-    Sql,
-    inspect_transaction,
-    list_sql,
-    listed,
-    type_list,
-)
+from .settle import ACK, NACK, REJECT, SettleSql, lease_lost, settlement_row
+from .sql import Spelling, type_list
 
 __all__ = ["PostgresEngine"]
 
@@ -220,6 +205,19 @@ _VANISHED_RETRIES = 3
 _TRANSIENT = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
 # Random, so TOAST cannot compress it: large enough to need pages of its own.
 _PROBE_SPEC = TaskSpec(task_type="probe", payload=secrets.token_bytes(16 * 1024))
+
+
+class Sql:
+    """The engine's statements by concern, spelled for one schema, channel
+    and engine id."""
+
+    def __init__(self, schema: str, channel: str, instance: str) -> None:
+        s = Spelling(schema, channel, instance)
+        self.tasks = s.tasks
+        self.claim = ClaimSql(s)
+        self.settle = SettleSql(s)
+        self.operate = OperateSql(s)
+        self.listing = ListingSql(s)
 
 
 class PostgresEngine(Storage):
@@ -370,8 +368,8 @@ class PostgresEngine(Storage):
         _, row = NewTasks("", from_us(now_us), now_us, 1, "probe").make(_PROBE_SPEC)
         async with self._conn() as conn, conn.transaction():
             delays = schedule_of(row[9], row[10], row[11], row[6])
-            seq = await conn.fetchval(self._sql.probe_insert, *row, delays)
-            await conn.execute(self._sql.probe_delete, seq)
+            seq = await conn.fetchval(self._sql.claim.probe_insert, *row, delays)
+            await conn.execute(self._sql.claim.probe_delete, seq)
 
     # -- submission --------------------------------------------------------
 
@@ -408,7 +406,7 @@ class PostgresEngine(Storage):
                 break
             # A new statement: it sees the rows that won the conflict, even
             # those another daemon committed a moment ago.
-            for found in await self._fetch(self._sql.by_keys, queue, conflicted):
+            for found in await self._fetch(self._sql.claim.by_keys, queue, conflicted):
                 existing[found[5]] = row_task(found)
             # A task that won the conflict may have been deleted since
             # (DeleteTasks, retention): its key is free, so ours takes it.
@@ -434,10 +432,10 @@ class PostgresEngine(Storage):
 
     async def _insert(self, queue: str, now_us: int, rows: list[tuple[Any, ...]]) -> set[str]:
         """Insert `NewTasks` rows, skipping taken unique keys; the keys inserted."""
-        columns = _columns(rows)
+        columns = insert_columns(rows)
         for attempt in range(_DEADLOCK_RETRIES):
             try:
-                row = await self._fetchrow(self._sql.insert, queue, now_us, *columns)
+                row = await self._fetchrow(self._sql.claim.insert, queue, now_us, *columns)
                 break
             except _TRANSIENT:
                 if attempt == _DEADLOCK_RETRIES - 1:
@@ -447,11 +445,11 @@ class PostgresEngine(Storage):
     async def get(
         self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
     ) -> Task:
-        _one_lookup(task_id, unique_key)
+        one_lookup(task_id, unique_key)
         if task_id is not None:
-            row = await self._fetchrow(self._sql.get_by_id, queue, task_id)
+            row = await self._fetchrow(self._sql.operate.get_by_id, queue, task_id)
         else:
-            row = await self._fetchrow(self._sql.get_by_key, queue, unique_key)
+            row = await self._fetchrow(self._sql.operate.get_by_key, queue, unique_key)
         if row is None:
             raise NotFound(describe(queue, task_id, unique_key))
         return row_task(row)
@@ -462,11 +460,11 @@ class PostgresEngine(Storage):
         """The task named by exactly one of id / unique key, its row locked
         for the rest of the transaction (seq, state, available_at,
         lease_until); NotFound."""
-        _one_lookup(task_id, unique_key)
+        one_lookup(task_id, unique_key)
         if task_id is not None:
-            found = await conn.fetchrow(self._sql.lock_by_id, queue, task_id)
+            found = await conn.fetchrow(self._sql.operate.lock_by_id, queue, task_id)
         else:
-            found = await conn.fetchrow(self._sql.lock_by_key, queue, unique_key)
+            found = await conn.fetchrow(self._sql.operate.lock_by_key, queue, unique_key)
         if found is None:
             raise NotFound(describe(queue, task_id, unique_key))
         return found
@@ -490,7 +488,7 @@ class PostgresEngine(Storage):
             # The attempts retry adds need their delays too.
             max_attempts = min(found[4] + found[5], UINT32_MAX)
             delays = schedule_of(found[6], found[7], found[8], max_attempts)
-            return row_task(await conn.fetchrow(self._sql.retry, found[0], now_us, delays))
+            return row_task(await conn.fetchrow(self._sql.operate.retry, found[0], now_us, delays))
 
     # -- leases ------------------------------------------------------------
 
@@ -506,8 +504,8 @@ class PostgresEngine(Storage):
         return await guard_claim(
             self,
             self._claim(queue, task_types, limit, worker_id, lease_duration, now),
-            _claimed_refs,
-            _leased_rows,
+            claimed_refs,
+            leased_rows,
             queue,
             now,
         )
@@ -524,8 +522,8 @@ class PostgresEngine(Storage):
         return await guard_claim(
             self,
             self._claim(queue, task_types, limit, worker_id, lease_duration, now),
-            _claimed_refs,
-            _pushes,
+            claimed_refs,
+            pushes,
             queue,
             now,
         )
@@ -551,7 +549,7 @@ class PostgresEngine(Storage):
         for _ in range(_CLAIM_ROUNDS):
             tokens = [new_lease_token() for _ in range(limit)]
             rows = await self._fetch(
-                self._sql.claim, queue, now_us, limit, worker_id, until, types, tokens
+                self._sql.claim.claim, queue, now_us, limit, worker_id, until, types, tokens
             )
             if not rows[0][-1]:
                 break
@@ -578,21 +576,21 @@ class PostgresEngine(Storage):
         """The LeaseLost for a ref whose lease operation matched no row,
         telling whether that very attempt ended by CancelTask (one more
         statement, on the miss path only)."""
-        found = await self._fetch(self._sql.cancelled_of, [ref.task_id], [ref.attempt])
-        return _lease_lost(ref, cancelled=bool(found))
+        found = await self._fetch(self._sql.settle.cancelled_of, [ref.task_id], [ref.attempt])
+        return lease_lost(ref, cancelled=bool(found))
 
     async def ack(self, ref: LeaseRef, now: datetime, result: bytes | None = None) -> Task:
-        return await self._settle(self._sql.ack, row_task, ref, now, result)
+        return await self._settle(self._sql.settle.ack, row_task, ref, now, result)
 
     async def nack(
         self, ref: LeaseRef, error: str, retry_delay: timedelta | None, now: datetime
     ) -> Task:
         return await self._settle(
-            self._sql.nack, row_task, ref, now, error, override_us(retry_delay)
+            self._sql.settle.nack, row_task, ref, now, error, override_us(retry_delay)
         )
 
     async def reject(self, ref: LeaseRef, error: str, now: datetime) -> Task:
-        return await self._settle(self._sql.reject, row_task, ref, now, error)
+        return await self._settle(self._sql.settle.reject, row_task, ref, now, error)
 
     async def settle_many(
         self, settlements: Sequence[Settlement], now: datetime
@@ -601,13 +599,13 @@ class PostgresEngine(Storage):
         the items that missed, a second one asks which were cancelled."""
         if not settlements:
             return []
-        rows = [_settlement_row(item) for item in settlements]
+        rows = [settlement_row(item) for item in settlements]
         if len(rows) == 1:
             return [await self._settle_one(rows[0], now)]
         cols = [list(col) for col in zip(*rows, strict=True)]
         ids, attempts = cols[0], cols[1]
         async with self._conn() as conn:
-            row = await conn.fetchrow(self._sql.settle_many, *cols, to_us(now))
+            row = await conn.fetchrow(self._sql.settle.settle_many, *cols, to_us(now))
             # Positions are 1-based (WITH ORDINALITY).
             settled = dict(zip(row[0] or (), row[1] or (), strict=True))
             cancelled: set[int] = set()
@@ -616,22 +614,22 @@ class PostgresEngine(Storage):
                 cancelled = {
                     missed[r[0] - 1]
                     for r in await conn.fetch(
-                        self._sql.cancelled_of,
+                        self._sql.settle.cancelled_of,
                         [ids[i - 1] for i in missed],
                         [attempts[i - 1] for i in missed],
                     )
                 }
         return [
-            settled[i] if i in settled else _lease_lost(item.ref, cancelled=i in cancelled)
+            settled[i] if i in settled else lease_lost(item.ref, cancelled=i in cancelled)
             for i, item in enumerate(settlements, 1)
         ]
 
     async def _settle_one(self, row: tuple[Any, ...], now: datetime) -> str | LeaseLost:
-        """A group of one (a `_settlement_row`): its single statement."""
+        """A group of one (a `settlement_row`): its single statement."""
         task_id, attempt, token, kind, result, error, delay = row
         extra = {ACK: (result,), NACK: (error, delay), REJECT: (error,)}[kind]
         found = await self._fetchrow(
-            self._sql.settle_one[kind], task_id, attempt, token, to_us(now), *extra
+            self._sql.settle.settle_one[kind], task_id, attempt, token, to_us(now), *extra
         )
         if found is None:
             return await self._lost(LeaseRef(task_id=task_id, attempt=attempt, lease_token=token))
@@ -639,13 +637,13 @@ class PostgresEngine(Storage):
 
     async def extend_lease(self, ref: LeaseRef, extension: timedelta, now: datetime) -> Lease:
         until = to_us(now) + extension // MICRO
-        return await self._settle(self._sql.extend, lease, ref, now, until)
+        return await self._settle(self._sql.settle.extend, lease, ref, now, until)
 
     async def report_progress(
         self, ref: LeaseRef, current: float, total: float, message: str, now: datetime
     ) -> None:
         await self._settle(
-            self._sql.progress,
+            self._sql.settle.progress,
             lambda _row: None,
             ref,
             now,
@@ -658,7 +656,7 @@ class PostgresEngine(Storage):
         if not refs:
             return 0
         row = await self._fetchrow(
-            self._sql.release,
+            self._sql.settle.release,
             [r.task_id for r in refs],
             [r.attempt for r in refs],
             [r.lease_token for r in refs],
@@ -667,7 +665,7 @@ class PostgresEngine(Storage):
         return int(row[0])
 
     async def expire_leases(self, now: datetime) -> int:
-        row = await self._fetchrow(self._sql.expire_all, to_us(now))
+        row = await self._fetchrow(self._sql.settle.expire_all, to_us(now))
         return int(row[0])
 
     # -- observation -------------------------------------------------------
@@ -676,10 +674,10 @@ class PostgresEngine(Storage):
         self, queue: str, task_types: Sequence[str], *, due_by: datetime | None = None
     ) -> int:
         if due_by is None:
-            row = await self._fetchrow(self._sql.activity, queue, type_list(task_types))
+            row = await self._fetchrow(self._sql.claim.activity, queue, type_list(task_types))
         else:
             row = await self._fetchrow(
-                self._sql.due_activity, queue, type_list(task_types), to_us(due_by)
+                self._sql.claim.due_activity, queue, type_list(task_types), to_us(due_by)
             )
         return int(row[0])
 
@@ -689,7 +687,7 @@ class PostgresEngine(Storage):
         """As the interface says; a moment that has already come (a due task,
         an expired lease not yet reaped) is reported as `now`."""
         now_us = to_us(now)
-        row = await self._fetchrow(self._sql.next_wakeup, queue, type_list(task_types))
+        row = await self._fetchrow(self._sql.claim.next_wakeup, queue, type_list(task_types))
         soonest = row[0]
         if soonest is None:
             return None
@@ -716,7 +714,7 @@ class PostgresEngine(Storage):
         if after is None:
             after = listing.SEQ_MAX if newest_first else -1
         async with self._conn() as conn, inspect_transaction(conn):
-            pairs = [(r[0], r[1]) for r in await conn.fetch(self._sql.present, queue)]
+            pairs = [(r[0], r[1]) for r in await conn.fetch(self._sql.listing.present, queue)]
             arms, residual = listing.arms(pairs, where)
             types = listing.arm_types(arms)
             if not arms:
@@ -733,7 +731,7 @@ class PostgresEngine(Storage):
                 seqs, next_after = listing.pick(residual, walked, limit, budget)
                 rows = []
                 if seqs:
-                    rows = await conn.fetch(self._sql.listed_by_seq, seqs)
+                    rows = await conn.fetch(self._sql.listing.listed_by_seq, seqs)
                     if newest_first:
                         rows.reverse()
         return TaskPage([listed(r) for r in rows], next_after, [r[C_SEQ] for r in rows])
@@ -745,7 +743,7 @@ class PostgresEngine(Storage):
     async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
         await self._fold()
         async with self._conn() as conn:
-            names = [r[0] for r in await conn.fetch(self._sql.queue_names, after, limit)]
+            names = [r[0] for r in await conn.fetch(self._sql.listing.queue_names, after, limit)]
         return await self._queues_stats(names, now, by_type=False, fold=False)
 
     async def _queues_stats(
@@ -757,9 +755,11 @@ class PostgresEngine(Storage):
             await self._fold()
         rows: dict[str, list[Any]] = {name: [] for name in names}
         async with self._conn() as conn, inspect_transaction(conn):
-            for queue, task_type, state, n in await conn.fetch(self._sql.queues_counts, names):
+            for queue, task_type, state, n in await conn.fetch(
+                self._sql.listing.queues_counts, names
+            ):
                 rows[queue].append((task_type, state, n))
-            oldest = dict(list(r) for r in await conn.fetch(self._sql.queues_oldest, names))
+            oldest = dict(list(r) for r in await conn.fetch(self._sql.listing.queues_oldest, names))
         return [
             listing.queue_stats(
                 name, listing.by_state(rows[name]), oldest[name], now, by_type=by_type
@@ -771,8 +771,8 @@ class PostgresEngine(Storage):
         """Sum the committed count deltas into task_counts (`watch` does it
         too, so they do not pile up while nobody reads stats)."""
         async with self._conn() as conn, conn.transaction():
-            await conn.execute(self._sql.fold_lock)
-            await conn.execute(self._sql.fold)
+            await conn.execute(self._sql.listing.fold_lock)
+            await conn.execute(self._sql.listing.fold)
 
     # -- operations (CancelTask, RetryTasks) ---------------------------------
 
@@ -792,13 +792,15 @@ class PostgresEngine(Storage):
             found = await self._lock(conn, queue, task_id, unique_key)
             seq, state = found[0], found[1]
             if state == CANCELLED:
-                return row_task(await conn.fetchrow(self._sql.by_seq, seq))
+                return row_task(await conn.fetchrow(self._sql.operate.by_seq, seq))
             if state not in (PENDING, LEASED):
                 raise FailedPrecondition(
                     f"{describe(queue, task_id, unique_key)} is {STATES[state].name};"
                     " only PENDING or LEASED tasks can be cancelled"
                 )
-            row = await conn.fetchrow(self._sql.cancel, seq, to_us(now), cancelled_text(reason))
+            row = await conn.fetchrow(
+                self._sql.operate.cancel, seq, to_us(now), cancelled_text(reason)
+            )
             return row_task(row)
 
     async def retry_dead(
@@ -814,7 +816,12 @@ class PostgresEngine(Storage):
         before = _NO_CUTOFF if finished_before is None else to_us(finished_before)
         async with self._conn() as conn, conn.transaction():
             row = await conn.fetchrow(
-                self._sql.retry_dead, queue, before, limit, to_us(now), type_list(task_types)
+                self._sql.operate.retry_dead,
+                queue,
+                before,
+                limit,
+                to_us(now),
+                type_list(task_types),
             )
             if row[0]:
                 # The attempts retry added need their delays too.
@@ -829,7 +836,7 @@ class PostgresEngine(Storage):
                         schedules[kind] = delays_text(schedule_of(*kind))
                     seqs.append(seq)
                     delays.append(schedules[kind])
-                await conn.execute(self._sql.retry_delays, seqs, delays)
+                await conn.execute(self._sql.operate.retry_delays, seqs, delays)
         return int(row[0])
 
     # -- purge and retention (DeleteTasks, ringod --retain-*) ----------------
@@ -846,76 +853,9 @@ class PostgresEngine(Storage):
             return 0
         before = _NO_CUTOFF if finished_before is None else to_us(finished_before)
         if queue is None:
-            row = await self._fetchrow(self._sql.delete_finished, wanted, before, limit)
+            row = await self._fetchrow(self._sql.operate.delete_finished, wanted, before, limit)
         else:
             row = await self._fetchrow(
-                self._sql.delete_finished_queue, wanted, before, limit, queue
+                self._sql.operate.delete_finished_queue, wanted, before, limit, queue
             )
         return int(row[0])
-
-
-def _pushes(rows: list[TaskRow]) -> list[Push]:
-    return push_rows(rows, reference_push)
-
-
-def _claimed_refs(rows: Sequence[Any]) -> list[LeaseRef]:
-    return [LeaseRef(task_id=r[C_ID], attempt=r[C_ATTEMPT], lease_token=r[C_TOKEN]) for r in rows]
-
-
-def _leased_rows(rows: Sequence[Any]) -> list[LeasedTask]:
-    return [leased(r) for r in rows]
-
-
-def _settlement_row(item: Settlement) -> tuple[Any, ...]:
-    """The item as a row of the group statement's columns ($1..$7): task id,
-    attempt, token, kind, result, error, delay."""
-    ref = item.ref
-    match item:
-        case Ack(_, result):
-            return (ref.task_id, ref.attempt, ref.lease_token, ACK, result, None, None)
-        case Nack(_, error, retry_delay):
-            delay = override_us(retry_delay)
-            return (ref.task_id, ref.attempt, ref.lease_token, NACK, None, error, delay)
-        case Reject(_, error):
-            return (ref.task_id, ref.attempt, ref.lease_token, REJECT, None, error, None)
-
-
-def _lease_lost(ref: LeaseRef, *, cancelled: bool) -> LeaseLost:
-    if cancelled:
-        return LeaseLost(
-            f"task {ref.task_id!r} attempt {ref.attempt}: the task was cancelled", cancelled=True
-        )
-    return LeaseLost(
-        f"task {ref.task_id!r} attempt {ref.attempt}: not the current lease, or it has expired"
-    )
-
-
-def _one_lookup(task_id: str | None, unique_key: str | None) -> None:
-    if (task_id is None) == (unique_key is None):
-        raise ValueError("exactly one of task_id / unique_key")
-
-
-def _columns(rows: Any) -> list[list[Any]]:
-    """INSERT rows (as `NewTasks` builds them) as the insert statement's
-    column arrays ($3..$13: the last is each task's schedule)."""
-    cols: list[list[Any]] = [[] for _ in range(11)]
-    (ids, types, payloads, keys, attempts, prios, initials, maxima, mults, avail, delays) = cols
-    # A batch shares a handful of policies (most often one).
-    schedules: dict[tuple[Any, ...], str] = {}
-    for r in rows:
-        kind = (r[9], r[10], r[11], r[6])
-        schedule = schedules.get(kind)
-        if schedule is None:
-            schedule = schedules[kind] = delays_text(schedule_of(*kind))
-        delays.append(schedule)
-        ids.append(r[0])
-        types.append(r[2])
-        payloads.append(r[3])
-        keys.append(r[4])
-        attempts.append(r[6])
-        prios.append(r[8])
-        initials.append(r[9])
-        maxima.append(r[10])
-        mults.append(r[11])
-        avail.append(r[14])
-    return cols

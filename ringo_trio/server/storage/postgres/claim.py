@@ -1,0 +1,157 @@
+"""Tasks in and out: the enqueue INSERT, the claim (expiry of the queue's
+overdue leases, then the due tasks in claim order, each with a lease token
+minted in Python), and what the claim path reads (activity, next wakeup)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT
+from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef
+from ringo_trio._wire.rows import Push, TaskRow, push_rows
+
+from ..rows import C_ATTEMPT, C_ID, C_TOKEN, COLS, LEASED, PENDING, leased, reference_push
+from .schema import delays_text, ident, schedule_of
+from .settle import expire
+from .sql import Spelling, types_filter
+
+
+class ClaimSql:
+    """The claim path's statements for one engine."""
+
+    def __init__(self, s: Spelling) -> None:
+        t = s.tasks
+        note = s.note
+        notify_pending = s.notify_pending
+        # $1..$15 per column; unnest keeps array order and ORDER BY ord makes
+        # `seq` (identity) follow it: seq is enqueue order.
+        self.insert = f"""
+            WITH ins AS (
+                INSERT INTO {t} (id, queue, task_type, payload, unique_key, state, attempt,
+                    max_attempts, base_max_attempts, priority, backoff_initial_us,
+                    backoff_max_us, backoff_multiplier, created_at, updated_at, available_at,
+                    last_error, worker_id, lease_token, retry_delays_us)
+                SELECT u.id, $1, u.task_type, u.payload, u.unique_key, {PENDING}, 0,
+                    u.max_attempts, u.max_attempts, u.priority, u.initial_us, u.max_us,
+                    u.multiplier, $2, $2, u.available_at, '', '', '', u.delays::bigint[]
+                FROM unnest($3::text[], $4::text[], $5::bytea[], $6::text[], $7::bigint[],
+                    $8::integer[], $9::bigint[], $10::bigint[], $11::float8[], $12::bigint[],
+                    $13::text[])
+                    WITH ORDINALITY AS u(id, task_type, payload, unique_key, max_attempts,
+                        priority, initial_us, max_us, multiplier, available_at, delays, ord)
+                ORDER BY u.ord
+                ON CONFLICT (queue, unique_key) WHERE unique_key <> '' DO NOTHING
+                RETURNING unique_key
+            ), n AS (
+                SELECT count(*) AS created,
+                    array_agg(unique_key) FILTER (WHERE unique_key <> '') AS keys
+                FROM ins
+            )
+            SELECT n.keys, CASE WHEN n.created > 0 THEN {note("$1")} END FROM n
+        """
+        # `NewTasks`'s INSERT row, as it is ($1..$15), and its schedule ($16).
+        self.probe_insert = f"""
+            INSERT INTO {t} (id, queue, task_type, payload, unique_key, state, attempt,
+                max_attempts, base_max_attempts, priority, backoff_initial_us, backoff_max_us,
+                backoff_multiplier, created_at, updated_at, available_at, last_error,
+                worker_id, lease_token, retry_delays_us)
+            VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                '', '', '', $16)
+            RETURNING seq
+        """
+        self.probe_delete = f"DELETE FROM {t} WHERE seq = $1"
+        self.by_keys = (
+            f"SELECT {COLS} FROM {t} WHERE queue = $1 AND unique_key <> ''"
+            " AND unique_key = ANY($2::text[])"
+        )
+        # The claim: expire the queue's overdue leases; when none were,
+        # lease the first $3 due tasks in claim order, the n-th picked one
+        # with the n-th of the $7 lease tokens (minted in Python, as SQLite's
+        # are: `rows.new_lease_token`). Always one row out: (leased columns
+        # or NULLs, number of leases expired).
+        types = types_filter(6)
+        self.claim = f"""
+            WITH RECURSIVE expired AS ({expire(t, "$2", " AND queue = $1")}
+            ), expired_n AS (
+                SELECT count(*) AS n, {notify_pending("expired")} AS notified FROM expired
+            ), {s.prios}, picked AS MATERIALIZED (
+                SELECT c.seq FROM prios CROSS JOIN LATERAL (
+                    SELECT seq FROM {t}
+                    WHERE queue = $1 AND state = {PENDING} AND priority = prios.p
+                        AND available_at <= $2 {types}
+                    ORDER BY available_at, seq LIMIT $3
+                    FOR UPDATE SKIP LOCKED) c
+                WHERE NOT EXISTS (SELECT 1 FROM expired)
+                LIMIT $3
+            ), numbered AS (
+                SELECT seq, row_number() OVER () AS n FROM picked
+            ), claimed AS (
+                UPDATE {t} k SET state = {LEASED}, attempt = k.attempt + 1,
+                    lease_token = tokens.token,
+                    worker_id = $4, lease_until = $5, updated_at = $2
+                FROM numbered JOIN unnest($7::text[]) WITH ORDINALITY AS tokens(token, n)
+                    ON tokens.n = numbered.n
+                WHERE k.seq = numbered.seq
+                RETURNING k.*
+            )
+            SELECT {", ".join("c." + c.strip() for c in COLS.split(","))}, e.n
+            FROM expired_n e LEFT JOIN claimed c ON true
+        """
+        self.activity = (
+            f"SELECT {ident(s.schema)}.ringo_activity($1, $2::text[], {MAX_ACTIVITY_COUNT})"
+        )
+        self.due_activity = (
+            f"SELECT {ident(s.schema)}.ringo_due_activity($1, $2::text[], {MAX_ACTIVITY_COUNT}, $3)"
+        )
+        types = types_filter(2)
+        # The soonest lease deadline, and the soonest available_at of each
+        # distinct PENDING priority (one index seek each).
+        self.next_wakeup = f"""
+            WITH RECURSIVE {s.prios}
+            SELECT least(
+                (SELECT min(lease_until) FROM {t}
+                 WHERE queue = $1 AND state = {LEASED} {types}),
+                (SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL (
+                    SELECT available_at FROM {t}
+                    WHERE queue = $1 AND state = {PENDING} AND priority = prios.p {types}
+                    ORDER BY available_at LIMIT 1) f))
+        """
+
+
+def pushes(rows: list[TaskRow]) -> list[Push]:
+    return push_rows(rows, reference_push)
+
+
+def claimed_refs(rows: Sequence[Any]) -> list[LeaseRef]:
+    return [LeaseRef(task_id=r[C_ID], attempt=r[C_ATTEMPT], lease_token=r[C_TOKEN]) for r in rows]
+
+
+def leased_rows(rows: Sequence[Any]) -> list[LeasedTask]:
+    return [leased(r) for r in rows]
+
+
+def insert_columns(rows: Any) -> list[list[Any]]:
+    """INSERT rows (as `NewTasks` builds them) as the insert statement's
+    column arrays ($3..$13: the last is each task's schedule)."""
+    cols: list[list[Any]] = [[] for _ in range(11)]
+    (ids, types, payloads, keys, attempts, prios, initials, maxima, mults, avail, delays) = cols
+    # A batch shares a handful of policies (most often one).
+    schedules: dict[tuple[Any, ...], str] = {}
+    for r in rows:
+        kind = (r[9], r[10], r[11], r[6])
+        schedule = schedules.get(kind)
+        if schedule is None:
+            schedule = schedules[kind] = delays_text(schedule_of(*kind))
+        delays.append(schedule)
+        ids.append(r[0])
+        types.append(r[2])
+        payloads.append(r[3])
+        keys.append(r[4])
+        attempts.append(r[6])
+        prios.append(r[8])
+        initials.append(r[9])
+        maxima.append(r[10])
+        mults.append(r[11])
+        avail.append(r[14])
+    return cols

@@ -1,0 +1,144 @@
+"""The PostgreSQL side of inspection (ListTasks, GetQueueStats, ListQueues;
+the shared rules are in `..listing`): the counts folded from their deltas,
+and pages merged from index streams in a snapshot that can only walk
+indexes."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+
+from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
+from ringo_trio._proto.ringo.v1 import Task
+
+from .. import listing
+from ..rows import COLS, LEASED, PENDING, row_task
+from .schema import ident, lock_key
+from .sql import Spelling
+
+
+class ListingSql:
+    """The inspection statements for one engine."""
+
+    def __init__(self, s: Spelling) -> None:
+        t = s.tasks
+        counts = f"{ident(s.schema)}.task_counts"
+        deltas = f"{ident(s.schema)}.task_count_deltas"
+        # Folds the committed deltas into task_counts. Only folders write
+        # task_counts, one at a time (the advisory lock), so its row locks
+        # never meet the write path's.
+        self.fold_lock = f"SELECT pg_advisory_xact_lock({lock_key(s.schema + ' counts')})"
+        self.fold = f"""
+            WITH moved AS (DELETE FROM {deltas} RETURNING queue, task_type, state, d)
+            INSERT INTO {counts} AS c (queue, task_type, state, n)
+            SELECT queue, task_type, state, sum(d) FROM moved GROUP BY queue, task_type, state
+            ON CONFLICT (queue, task_type, state) DO UPDATE SET n = c.n + excluded.n
+        """
+        # Counts of the queues $1 at one snapshot: folded counts plus the
+        # deltas committed since the fold (few: the fold just ran).
+        self.queues_counts = f"""
+            SELECT queue, task_type, state, sum(n) FROM (
+                SELECT queue, task_type, state, n FROM {counts} WHERE queue = ANY($1::text[])
+                UNION ALL
+                SELECT queue, task_type, state, d FROM {deltas} WHERE queue = ANY($1::text[])
+            ) c GROUP BY queue, task_type, state
+        """
+        oldest_of = s.prios.replace("$1", "n.name")
+        self.queues_oldest = f"""
+            SELECT n.name, (
+                WITH RECURSIVE {oldest_of}
+                SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL (
+                    SELECT available_at FROM {t}
+                    WHERE queue = n.name AND state = {PENDING} AND priority = prios.p
+                    ORDER BY available_at LIMIT 1) f)
+            FROM unnest($1::text[]) AS n(name)
+        """
+        # The (task type, state) pairs of queue $1 holding tasks: the
+        # listing's streams.
+        self.present = f"""
+            SELECT task_type, state FROM (
+                SELECT task_type, state, n FROM {counts} WHERE queue = $1
+                UNION ALL
+                SELECT task_type, state, d FROM {deltas} WHERE queue = $1
+            ) c GROUP BY task_type, state HAVING sum(n) > 0
+        """
+        # The queues after $1 holding a task, by the folded counts (a queue
+        # whose first tasks came after the fold shows up in the next call).
+        self.queue_names = f"""
+            SELECT queue FROM {counts} WHERE queue > $1
+            GROUP BY queue HAVING sum(n) > 0 ORDER BY queue LIMIT $2
+        """
+        self.listed_by_seq = (
+            f"SELECT {LIST_COLS} FROM {t} WHERE seq = ANY($1::bigint[]) ORDER BY seq"
+        )
+
+
+# A listed task: no payload, no result, last_error cut (by characters here,
+# by bytes in `listed`), so a page never reads the large columns.
+LIST_COLS = ", ".join(
+    {
+        "payload": "''::bytea",
+        "last_error": f"left(last_error, {MAX_LIST_ERROR_BYTES})",
+        "result": "NULL::bytea",
+    }.get(c.strip(), c.strip())
+    for c in COLS.split(",")
+)
+WALK_COLS = "seq, task_type, unique_key, state"
+
+
+def list_sql(tasks: str, cols: str, arms: Sequence[listing.Arm], newest_first: bool) -> str:
+    return list_sql_of(tasks, cols, listing.shape(arms), newest_first)
+
+
+@functools.lru_cache(maxsize=256)
+def list_sql_of(
+    tasks: str, cols: str, shape: tuple[tuple[str, int | None], ...], newest_first: bool
+) -> str:
+    """One index stream per arm past $2, merged by seq (a Merge Append, see
+    `_listing`); $1 queue, $3 limit, $4... the arms' task types. Each arm
+    names its partial index's states, so the planner can use it."""
+    op, order = ("<", "DESC") if newest_first else (">", "ASC")
+    selects = []
+    param = 4
+    for kind, state in shape:
+        if kind == "active":
+            where = f"task_type = ${param} AND state IN ({PENDING}, {LEASED})"
+        elif kind == "finished":
+            where = f"task_type = ${param} AND state = {state}"
+        else:
+            where = "true"
+        if kind != "scan":
+            param += 1
+        selects.append(
+            f"(SELECT {cols} FROM {tasks} WHERE queue = $1 AND {where}"
+            f" AND seq {op} $2 ORDER BY seq {order})"
+        )
+    # In FROM and each arm ordered: only so does the planner merge the arms'
+    # index scans (Merge Append); a plain UNION ALL is appended, then sorted.
+    return "SELECT * FROM (" + " UNION ALL ".join(selects) + f") u ORDER BY seq {order} LIMIT $3"
+
+
+def listed(row: Any) -> Task:
+    task = row_task(row)
+    task.last_error = listing.cut_error(task.last_error)
+    return task
+
+
+@contextlib.asynccontextmanager
+async def inspect_transaction(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """A read-only snapshot whose plans can only be index walks: counts are
+    index-only scans and a page is a Merge Append of index scans. On a queue
+    that is most of the table (or a small one) the planner would otherwise
+    pick a sequential scan of the rows, payloads and all, or sort every
+    matching row to return the first page. The settings end with the
+    transaction."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        await conn.execute(
+            "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;"
+            " SET LOCAL enable_sort = off"
+        )
+        yield

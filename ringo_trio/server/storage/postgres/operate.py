@@ -1,0 +1,107 @@
+"""Operator writes and lookups: get, retry (one, or the oldest DEAD tasks of
+a queue, each given the longer retry schedule its new attempts need),
+cancel, and the purge (DeleteTasks and retention)."""
+
+from __future__ import annotations
+
+from ..rows import CANCELLED, COLS, DEAD, PENDING, UINT32_MAX
+from .schema import FINISHED_TERM
+from .sql import Spelling, types_filter
+
+
+class OperateSql:
+    """The operator's statements for one engine."""
+
+    def __init__(self, s: Spelling) -> None:
+        t = s.tasks
+        note = s.note
+        self.get_by_id = f"SELECT {COLS} FROM {t} WHERE queue = $1 AND id = $2"
+        self.get_by_key = (
+            f"SELECT {COLS} FROM {t} WHERE queue = $1 AND unique_key = $2 AND unique_key <> ''"
+        )
+        locked = (
+            "seq, state, available_at, lease_until, attempt, base_max_attempts,"
+            " backoff_initial_us, backoff_max_us, backoff_multiplier"
+        )
+        self.lock_by_id = f"SELECT {locked} FROM {t} WHERE queue = $1 AND id = $2 FOR UPDATE"
+        self.lock_by_key = (
+            f"SELECT {locked} FROM {t} WHERE queue = $1 AND unique_key = $2"
+            " AND unique_key <> '' FOR UPDATE"
+        )
+        self.retry = f"""
+            WITH r AS (
+                UPDATE {t} SET state = {PENDING}, available_at = $2, finished_at = NULL,
+                    max_attempts = least(attempt + base_max_attempts, {UINT32_MAX}),
+                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2,
+                    result = NULL, retry_delays_us = $3
+                WHERE seq = $1 RETURNING {COLS}
+            )
+            SELECT r.*, {note("r.queue")} FROM r
+        """
+
+        # A LEASED task's lease goes with it: the worker's next command on
+        # it matches no row, and `cancelled_of` tells it why.
+        self.cancel = f"""
+            UPDATE {t} SET state = {CANCELLED}, finished_at = $2, last_error = $3,
+                worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
+            WHERE seq = $1 RETURNING {COLS}
+        """
+        self.by_seq = f"SELECT {COLS} FROM {t} WHERE seq = $1"
+        # The $3 oldest DEAD tasks of queue $1 finished before $2 back to
+        # PENDING at $4, as `retry` does for one; the walk follows the
+        # finished-task index. One notification for the queue if any changed,
+        # and what `retry_delays` needs to give each its longer schedule.
+        self.retry_dead = f"""
+            WITH r AS (
+                UPDATE {t} SET state = {PENDING}, available_at = $4, finished_at = NULL,
+                    max_attempts = least(attempt + base_max_attempts, {UINT32_MAX}),
+                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $4,
+                    result = NULL
+                WHERE seq IN (
+                    SELECT seq FROM {t}
+                    WHERE queue = $1 AND state = {DEAD} AND finished_at < $2
+                        {types_filter(5)}
+                    ORDER BY finished_at, seq LIMIT $3
+                    FOR UPDATE SKIP LOCKED)
+                RETURNING seq, backoff_initial_us, backoff_max_us, backoff_multiplier,
+                    max_attempts
+            ), n AS (SELECT count(*) AS changed FROM r)
+            SELECT n.changed, CASE WHEN n.changed > 0 THEN {note("$1")} END,
+                (SELECT array_agg(ARRAY[seq, backoff_initial_us, backoff_max_us,
+                    max_attempts] ORDER BY seq) FROM r),
+                (SELECT array_agg(backoff_multiplier ORDER BY seq) FROM r)
+            FROM n
+        """
+        # Schedules ($2, as `delays_text`) for the tasks $1.
+        self.retry_delays = f"""
+            UPDATE {t} k SET retry_delays_us = u.delays::bigint[]
+            FROM unnest($1::bigint[], $2::text[]) AS u(seq, delays) WHERE k.seq = u.seq
+        """
+
+        def delete_finished(queue_filter: str) -> str:
+            """Delete the $3 oldest tasks finished before $2 of the states
+            $1: each state's oldest by an ordered index walk, merged. SKIP
+            LOCKED: a row another daemon is deleting (or retrying) now is
+            left to it, so purging daemons never wait for each other."""
+            return f"""
+                WITH picked AS (
+                    SELECT c.seq FROM unnest($1::smallint[]) AS s(state) CROSS JOIN LATERAL (
+                        SELECT seq, finished_at FROM {t}
+                        WHERE {FINISHED_TERM} AND state = s.state
+                            AND finished_at < $2{queue_filter}
+                        ORDER BY finished_at, seq LIMIT $3
+                        FOR UPDATE SKIP LOCKED) c
+                    ORDER BY c.finished_at, c.seq LIMIT $3
+                ), gone AS (
+                    DELETE FROM {t} k USING picked WHERE k.seq = picked.seq RETURNING 1
+                )
+                SELECT count(*) FROM gone
+            """
+
+        self.delete_finished = delete_finished("")
+        self.delete_finished_queue = delete_finished(" AND queue = $4")
+
+
+def one_lookup(task_id: str | None, unique_key: str | None) -> None:
+    if (task_id is None) == (unique_key is None):
+        raise ValueError("exactly one of task_id / unique_key")
