@@ -1,1 +1,1 @@
-"""Storage engines of the daemon behind one interface (`_base.Storage`)."""
+"""Storage engines of the daemon behind one interface (`base.Storage`)."""

@@ -1,6 +1,26 @@
 """Tasks in and out: the enqueue INSERT, the claim (expiry of the queue's
 overdue leases, then the due tasks in claim order, each with a lease token
-minted in Python), and what the claim path reads (activity, next wakeup)."""
+minted in Python), and what the claim path reads (activity, next wakeup).
+
+Concurrency (READ COMMITTED):
+
+* claim -- `UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED)`: a row
+  another daemon is leasing right now is skipped rather than waited for, and
+  a row another daemon leased after our snapshot fails the state re-check of
+  the row lock, so no two daemons ever lease the same task. The candidate
+  walk seeks the distinct PENDING priorities of the queue from the top (a
+  recursive CTE, one index seek per priority) and takes the due tasks of
+  each by `available_at`, so tasks scheduled far ahead are never scanned.
+  The same statement first expires the queue's overdue leases; when it did
+  expire any, it leases nothing and the claim runs again, so a task whose
+  expiry made it due at once is leased in order, exactly as in SQLite.
+
+* enqueue -- one `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`
+  (dedupe against a racing daemon is the unique index's), then a lookup of
+  the keys that conflicted; deadlocks between two overlapping keyed batches
+  are retried. A key whose task was deleted (purge, retention) between the
+  two is free: its task is inserted again.
+"""
 
 from __future__ import annotations
 

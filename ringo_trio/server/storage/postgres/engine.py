@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Same table, same state machine and same rules as the SQLite engine (see
-`_base`); what changes is that several daemons on several machines call into
+`base`); what changes is that several daemons on several machines call into
 one database at once, so every rule has to hold against concurrent writers,
 not just against the other tasks of one event loop.
 
@@ -19,73 +19,13 @@ extra round trip each call), which is safe because the engine never leaves
 session state behind: no SET, no session advisory lock, no LISTEN on pooled
 connections.
 
-Concurrency, operation by operation (READ COMMITTED):
+Concurrency, operation by operation (READ COMMITTED), is told where each
+operation's statements are.
 
-* claim -- `UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED)`: a row
-  another daemon is leasing right now is skipped rather than waited for, and
-  a row another daemon leased after our snapshot fails the state re-check of
-  the row lock, so no two daemons ever lease the same task. The candidate
-  walk seeks the distinct PENDING priorities of the queue from the top (a
-  recursive CTE, one index seek per priority) and takes the due tasks of
-  each by `available_at`, so tasks scheduled far ahead are never scanned.
-  The same statement first expires the queue's overdue leases; when it did
-  expire any, it leases nothing and the claim runs again, so a task whose
-  expiry made it due at once is leased in order, exactly as in SQLite.
-* expiry (`expire_leases`, and the step above) -- `UPDATE ... WHERE seq IN
-  (SELECT ... WHERE state = LEASED AND lease_until <= now FOR UPDATE SKIP
-  LOCKED)`. Two daemons expiring at once: each overdue row is locked by
-  one; the other either skips it (still locked) or re-checks it after the
-  commit and finds it no longer LEASED. Each expired lease is processed
-  once: one attempt ended, one backoff applied.
-* lease operations -- one `UPDATE ... WHERE <the live lease>`; a concurrent
-  change to the row makes the guard be re-evaluated on the new version, so a
-  stale ref matches nothing (LeaseLost), whoever won. Only on that miss a
-  second statement looks whether the ref's attempt ended by CancelTask
-  (`LeaseLost(cancelled=True)`), so the hot path pays nothing for it.
-* group commit (`settle_many`) -- one statement: the group's live leases
-  are locked one `tasks_id` lookup each, in task-id order, then settled by
-  one `UPDATE ... FROM` of the locked rows. Groups of two daemons that meet
-  on rows (a worker's stale refs after it moved) queue on the lowest id
-  first, so they never deadlock; a row that changed meanwhile fails the
-  lease re-check of its lock and its item misses, as a single ack would.
-* cancel -- the row is locked (`SELECT ... FOR UPDATE`), checked and made
-  CANCELLED with its lease cleared in one transaction: a lease operation
-  racing it either committed first (the cancel then sees SUCCEEDED/DEAD or a
-  new PENDING) or re-evaluates its guard on the CANCELLED row and misses.
-* bulk retry (`retry_dead`) -- one `UPDATE ... WHERE seq IN (SELECT ...
-  ORDER BY finished_at LIMIT n FOR UPDATE SKIP LOCKED)`, notifying the queue
-  once in the same statement.
-* enqueue -- one `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`
-  (dedupe against a racing daemon is the unique index's), then a lookup of
-  the keys that conflicted; deadlocks between two overlapping keyed batches
-  are retried. A key whose task was deleted (purge, retention) between the
-  two is free: its task is inserted again.
-* purge and retention (`delete_finished`) -- one `DELETE` of the rows a
-  sub-select picked `FOR UPDATE SKIP LOCKED`, the oldest finished of each
-  asked state by an ordered walk of `tasks_finished_age` or `tasks_finished_queue`: daemons
-  purging at once, or a purge meeting a retry, skip each other's rows
-  instead of waiting; a row retried after the snapshot fails the state
-  re-check of the lock and stays.
-
-Inspection (ListTasks, GetQueueStats, ListQueues; see `_listing`). Counts
-must be exact and cheap at a million tasks, but one counter row per (queue,
-type, state) updated by every claim, ack and nack of every daemon would
-queue concurrent transactions on its row lock, and a claim (PENDING row,
-then LEASED) against a nack (LEASED, then PENDING) would deadlock. So
-statement triggers only INSERT each statement's net changes into
-`task_count_deltas` (inserts never wait on each other), and `_fold` moves
-them into `task_counts` -- under an advisory lock, so folders never meet --
-before every stats read and on `watch`'s beat. A read sums `task_counts`
-and the deltas committed since the fold, in one snapshot: exact. An
-index-only count of the queue's index entries was measured first and
-dropped: 0.7 s at 1,000,000 tasks. Pages are a Merge Append of index scans
-on partial indexes (as in SQLite): `tasks_active_type (queue, task_type,
-seq)` for PENDING/LEASED, `tasks_finished (queue, task_type, state, seq)`
-for the finished states. A non-HOT UPDATE adds an entry to every index
-whose predicate the new row meets, so a claim adds none to them and an ack
-one, where full listing indexes cost two each. The inspection statements run
-in a read-only snapshot that turns sequential scans, bitmap scans and sorts
-off for its own transaction, so no plan reads every row of a big queue.
+Each concern has its module, and its part of this story there: `claim`,
+`settle`, `operate` and `listing` (inspection: exact counts from deltas,
+pages merged from index streams) hold the statements; `listen` the
+cross-daemon wake-ups, `pool` connection loss, `schema` the migrations.
 
 Time: the caller's `now` (microseconds, as in SQLite); never the database's
 clock. A lease token is `rows.new_lease_token` (32 lowercase hex digits,
@@ -93,28 +33,6 @@ clock. A lease token is `rows.new_lease_token` (32 lowercase hex digits,
 and the statement hands the n-th picked task the n-th token, so leasing a
 batch stays one statement.
 
-Cross-daemon wake-ups: every mutation that may make a task claimable
-(enqueue that created tasks, nack back to PENDING, retry and bulk retry,
-release, expiry back to PENDING) calls `pg_notify(channel, "<engine id> <queue>")` inside its
-own transaction, so the notification is delivered at commit and never for a
-rolled-back change. `watch` LISTENs on a dedicated connection and skips the
-engine's own notifications. One channel per schema (`ringo:<schema>`), so
-two deployments in one database do not wake each other.
-
-Connection loss: any connection-level failure (refused, reset, terminated
-backend, server shutting down or starting up) is `StorageUnavailable`; the
-broken connection leaves the pool and the next call connects afresh, so the
-engine recovers by itself once the server is back. Each such failure is
-reported to `unavailable_listener`; `ping` (the daemon's reachability probe)
-runs ``SELECT 1`` on a connection of its own, outside the pool, so a pool
-saturated by work never looks like an unreachable server, and reconnects it
-when it was lost.
-
-Schema: tables live in `schema` (created when missing). `ringo_schema`
-holds the version; `migrations(schema)[i]` takes it from i to i + 1. `open`
-migrates in one transaction under `pg_advisory_xact_lock`, so daemons
-starting together migrate exactly once, and refuses (`SchemaTooNew`) a
-database written by newer code.
 """
 
 from __future__ import annotations

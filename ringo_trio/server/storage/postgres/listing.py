@@ -1,7 +1,28 @@
 """The PostgreSQL side of inspection (ListTasks, GetQueueStats, ListQueues;
 the shared rules are in `..listing`): the counts folded from their deltas,
 and pages merged from index streams in a snapshot that can only walk
-indexes."""
+indexes.
+
+Inspection (ListTasks, GetQueueStats, ListQueues; shared rules in `..listing`). Counts
+must be exact and cheap at a million tasks, but one counter row per (queue,
+type, state) updated by every claim, ack and nack of every daemon would
+queue concurrent transactions on its row lock, and a claim (PENDING row,
+then LEASED) against a nack (LEASED, then PENDING) would deadlock. So
+statement triggers only INSERT each statement's net changes into
+`task_count_deltas` (inserts never wait on each other), and `_fold` moves
+them into `task_counts` -- under an advisory lock, so folders never meet --
+before every stats read and on `watch`'s beat. A read sums `task_counts`
+and the deltas committed since the fold, in one snapshot: exact. An
+index-only count of the queue's index entries was measured first and
+dropped: 0.7 s at 1,000,000 tasks. Pages are a Merge Append of index scans
+on partial indexes (as in SQLite): `tasks_active_type (queue, task_type,
+seq)` for PENDING/LEASED, `tasks_finished (queue, task_type, state, seq)`
+for the finished states. A non-HOT UPDATE adds an entry to every index
+whose predicate the new row meets, so a claim adds none to them and an ack
+one, where full listing indexes cost two each. The inspection statements run
+in a read-only snapshot that turns sequential scans, bitmap scans and sorts
+off for its own transaction, so no plan reads every row of a big queue.
+"""
 
 from __future__ import annotations
 
@@ -99,7 +120,7 @@ def list_sql_of(
     tasks: str, cols: str, shape: tuple[tuple[str, int | None], ...], newest_first: bool
 ) -> str:
     """One index stream per arm past $2, merged by seq (a Merge Append, see
-    `_listing`); $1 queue, $3 limit, $4... the arms' task types. Each arm
+    `listing`); $1 queue, $3 limit, $4... the arms' task types. Each arm
     names its partial index's states, so the planner can use it."""
     op, order = ("<", "DESC") if newest_first else (">", "ASC")
     selects = []

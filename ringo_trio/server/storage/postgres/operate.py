@@ -1,6 +1,24 @@
 """Operator writes and lookups: get, retry (one, or the oldest DEAD tasks of
 a queue, each given the longer retry schedule its new attempts need),
-cancel, and the purge (DeleteTasks and retention)."""
+cancel, and the purge (DeleteTasks and retention).
+
+Concurrency (READ COMMITTED):
+
+* cancel -- the row is locked (`SELECT ... FOR UPDATE`), checked and made
+  CANCELLED with its lease cleared in one transaction: a lease operation
+  racing it either committed first (the cancel then sees SUCCEEDED/DEAD or a
+  new PENDING) or re-evaluates its guard on the CANCELLED row and misses.
+* bulk retry (`retry_dead`) -- one `UPDATE ... WHERE seq IN (SELECT ...
+  ORDER BY finished_at LIMIT n FOR UPDATE SKIP LOCKED)`, notifying the queue
+  once in the same statement; then, in the same transaction, each retried
+  task gets the longer retry schedule its new attempts need (`retry_delays`).
+* purge and retention (`delete_finished`) -- one `DELETE` of the rows a
+  sub-select picked `FOR UPDATE SKIP LOCKED`, the oldest finished of each
+  asked state by an ordered walk of `tasks_finished_age` or
+  `tasks_finished_queue`: daemons purging at once, or a purge meeting a retry, skip each other's rows
+  instead of waiting; a row retried after the snapshot fails the state
+  re-check of the lock and stays.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,15 @@
 """The connections: how the pool is set up, and which failures mean the
-server cannot be reached (`StorageUnavailable`)."""
+server cannot be reached (`StorageUnavailable`).
+
+Connection loss: any connection-level failure (refused, reset, terminated
+backend, server shutting down or starting up) is `StorageUnavailable`; the
+broken connection leaves the pool and the next call connects afresh, so the
+engine recovers by itself once the server is back. Each such failure is
+reported to `unavailable_listener`; `ping` (the daemon's reachability probe)
+runs ``SELECT 1`` on a connection of its own, outside the pool, so a pool
+saturated by work never looks like an unreachable server, and reconnects it
+when it was lost.
+"""
 
 from __future__ import annotations
 

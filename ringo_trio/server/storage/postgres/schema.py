@@ -1,5 +1,12 @@
 """The PostgreSQL schema: its migrations (`migrations(schema)[i]` takes it
-from version i to i + 1), run by `migrate` under an advisory lock."""
+from version i to i + 1), run by `migrate` under an advisory lock.
+
+Schema: tables live in `schema` (created when missing). `ringo_schema`
+holds the version; `migrations(schema)[i]` takes it from i to i + 1. `open`
+migrates in one transaction under `pg_advisory_xact_lock`, so daemons
+starting together migrate exactly once, and refuses (`SchemaTooNew`) a
+database written by newer code.
+"""
 
 from __future__ import annotations
 

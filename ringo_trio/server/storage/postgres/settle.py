@@ -1,6 +1,27 @@
 """How a lease ends: ack, nack, reject (one at a time, or a group in one
 statement), renewal and progress, release of unsent pushes, and expiry;
-every statement guarded by the live lease."""
+every statement guarded by the live lease.
+
+Concurrency (READ COMMITTED):
+
+* expiry (`expire_leases`, and the step above) -- `UPDATE ... WHERE seq IN
+  (SELECT ... WHERE state = LEASED AND lease_until <= now FOR UPDATE SKIP
+  LOCKED)`. Two daemons expiring at once: each overdue row is locked by
+  one; the other either skips it (still locked) or re-checks it after the
+  commit and finds it no longer LEASED. Each expired lease is processed
+  once: one attempt ended, one backoff applied.
+* lease operations -- one `UPDATE ... WHERE <the live lease>`; a concurrent
+  change to the row makes the guard be re-evaluated on the new version, so a
+  stale ref matches nothing (LeaseLost), whoever won. Only on that miss a
+  second statement looks whether the ref's attempt ended by CancelTask
+  (`LeaseLost(cancelled=True)`), so the hot path pays nothing for it.
+* group commit (`settle_many`) -- one statement: the group's live leases
+  are locked one `tasks_id` lookup each, in task-id order, then settled by
+  one `UPDATE ... FROM` of the locked rows. Groups of two daemons that meet
+  on rows (a worker's stale refs after it moved) queue on the lowest id
+  first, so they never deadlock; a row that changed meanwhile fails the
+  lease re-check of its lock and its item misses, as a single ack would.
+"""
 
 from __future__ import annotations
 

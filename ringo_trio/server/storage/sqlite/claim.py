@@ -1,6 +1,15 @@
 """Tasks into the table and out to workers: the enqueue INSERTs, and the
 claim (priority by priority, see the engine's docstring) with its lease
-tokens and the counts it moves itself."""
+tokens and the counts it moves itself.
+
+The two hot transitions count themselves. The count trigger fires per row
+and its two statements cost ~3.5 us per claimed and acked task; it skips
+PENDING -> LEASED (only a claim leases) and LEASED -> SUCCEEDED (only an ack
+succeeds a task), and the claim and the acks move those counts with one
+statement per (queue, task type) of the transaction (`move_counts`). Every
+other write is still counted by the triggers, so a path added later is
+counted unless it makes one of those two transitions.
+"""
 
 from __future__ import annotations
 

@@ -37,23 +37,6 @@ Rows: one table `tasks`; times are integer microseconds since the Unix epoch
   every queue, or of one) and stops at its limit; several states are merged
   in Python rather than sorted by SQLite.
 
-Inspection (ListTasks, GetQueueStats, ListQueues; see `_listing`) never
-scans on the loop. `task_counts (queue, task_type, state, n)` is kept exact
-by three triggers (insert, delete, state change) in the writing
-transaction, so every write path is counted, also ones written later (cancel,
-purge); its migration counts the rows already stored. Listing merges
-seq-ordered streams, one per (task type, state) pair the counts hold:
-PENDING/LEASED on `tasks_active_type`, finished states on
-`tasks_finished (queue, task_type, state) WHERE +state >= SUCCEEDED`; the
-claim path touches neither, an ack adds one entry. (A range term, not an IN
-list, which SQLite rebuilds a lookup table for at every statement: see
-`FINISHED_TERM`.)
-Measured cost (engine CPU per task, shared 2-core machine): claim + ack
-66.0 -> 88.0 us (index +11, triggers +11: each B-tree a commit touches is a
-page more in the WAL), enqueue in 1000s 12.3 -> 16.7 us; through the daemon
-+14% daemon CPU per no-op task, throughput within the noise
-(docs/operations.md, "How it is stored").
-
 Task ids are 32 hex digits: 48 bits of the enqueue time in milliseconds, then
 80 random bits, so they sort roughly by creation and are unique across
 restarts and databases without coordination. Lease tokens are
@@ -67,50 +50,10 @@ keeps counting. `last_error` and `progress` describe the latest attempt that
 set them and are kept across attempts and retries; `worker_id` and
 `lease_until` exist only while LEASED; `result` only while SUCCEEDED.
 
-Group commit (`settle_many`): one `BEGIN IMMEDIATE ... COMMIT` for a
-whole group of acks, nacks and rejects; the count rows and index pages the
-group shares go to the WAL once, and no `Task` is built. When every item
-names a different task (the Work stream's case), the order of the items
-cannot change what they do, and the acks go as one `UPDATE ... FROM (the
-group's refs) RETURNING id` (`ack_many_sql`): one statement instead of one
-per ack, 14.7 -> 8.1 us of engine CPU per ack. Otherwise each item is its
-own lease-guarded UPDATE, in order, so a lease listed twice misses the
-second time, as in sequence.
-
-The two hot transitions count themselves. The count trigger fires per row
-and its two statements cost ~3.5 us per claimed and acked task; it skips
-PENDING -> LEASED (only a claim leases) and LEASED -> SUCCEEDED (only an ack
-succeeds a task), and the claim and the acks move those counts with one
-statement per (queue, task type) of the transaction (`move_counts`). Every
-other write is still counted by the triggers, so a path added later is
-counted unless it makes one of those two transitions.
-
-Checkpoints: SQLite copies the WAL back into the database (and fsyncs
-both) inside whichever COMMIT crosses `wal_autocheckpoint` pages: on the
-event loop, a stall of 3-14 ms every ~1,600 settled tasks that every stream
-waits through (`/tmp` micro-run, 40,000 claim + ack: 31-47 calls over 2 ms,
-130-240 ms in all, against 0-3 without). While the daemon serves,
-`maintain` does it instead: a PASSIVE checkpoint on a second connection in
-a worker thread, `CHECKPOINT_INTERVAL` after the last one when anything
-was committed since. PASSIVE never blocks a writer; once it has copied
-every frame, the next write starts the WAL over, so the file stays near
-what an interval writes. The loop's own automatic checkpoint stays as a
-backstop at `BACKSTOP_PAGES` (a thread that cannot keep up, a stuck
-disk), and goes back to SQLite's default when upkeep stops (tools and
-tests that open the engine alone).
-
-Cancel: a PENDING or LEASED task becomes CANCELLED in one UPDATE that also
-clears its lease, so the worker's next command on that lease matches no row.
-Only then — on the miss path, never on the hot path — the engine looks
-whether the ref's task is CANCELLED at that very attempt, and says so in the
-`LeaseLost` (`cancelled=True`). Bulk retry of DEAD tasks (`retry_dead`)
-walks the finished-task index oldest finished first and updates at most
-`limit` rows in one transaction.
-
-Schema: `PRAGMA user_version` is the schema version; `MIGRATIONS[i]` takes
-the database from version i to i + 1. Open applies the missing migrations in
-one transaction and refuses (`SchemaTooNew`) a database written by a
-newer version of this code.
+Each concern has its module, and its part of this story there: `schema`
+(migrations), `claim` (inserts, claims, and the counts the hot transitions
+move themselves), `settle` (lease ends, group commit), `listing`
+(inspection), `operate` (cancel, retry, purge), `upkeep` (checkpoints).
 """
 
 from __future__ import annotations

@@ -1,5 +1,23 @@
 """The SQLite side of inspection (ListTasks, GetQueueStats, ListQueues;
-the shared rules are in `..listing`)."""
+the shared rules are in `..listing`).
+
+Inspection (ListTasks, GetQueueStats, ListQueues; see `listing`) never
+scans on the loop. `task_counts (queue, task_type, state, n)` is kept exact
+by three triggers (insert, delete, state change) in the writing
+transaction, so every write path is counted, also ones written later (cancel,
+purge); its migration counts the rows already stored. Listing merges
+seq-ordered streams, one per (task type, state) pair the counts hold:
+PENDING/LEASED on `tasks_active_type`, finished states on
+`tasks_finished (queue, task_type, state) WHERE +state >= SUCCEEDED`; the
+claim path touches neither, an ack adds one entry. (A range term, not an IN
+list, which SQLite rebuilds a lookup table for at every statement: see
+`FINISHED_TERM`.)
+Measured cost (engine CPU per task, shared 2-core machine): claim + ack
+66.0 -> 88.0 us (index +11, triggers +11: each B-tree a commit touches is a
+page more in the WAL), enqueue in 1000s 12.3 -> 16.7 us; through the daemon
++14% daemon CPU per no-op task, throughput within the noise
+(docs/operations.md, "How it is stored").
+"""
 
 from __future__ import annotations
 
@@ -48,7 +66,7 @@ def list_sql(cols: str, arms: Sequence[listing.Arm], newest_first: bool) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _list_sql_of(cols: str, shape: tuple[tuple[str, int | None], ...], newest_first: bool) -> str:
-    """One index stream per arm past :after, merged by seq (see `_listing`).
+    """One index stream per arm past :after, merged by seq (see `listing`).
     Each arm repeats its partial index's own term: SQLite uses a partial
     index only for a query that spells it."""
     op, order = ("<", "DESC") if newest_first else (">", "ASC")

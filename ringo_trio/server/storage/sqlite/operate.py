@@ -1,5 +1,14 @@
 """Operator writes: retry, cancel, bulk retry of DEAD tasks, and the purge
-(DeleteTasks and retention), and how a task is found by id or unique key."""
+(DeleteTasks and retention), and how a task is found by id or unique key.
+
+Cancel: a PENDING or LEASED task becomes CANCELLED in one UPDATE that also
+clears its lease, so the worker's next command on that lease matches no row.
+Only then — on the miss path, never on the hot path — the engine looks
+whether the ref's task is CANCELLED at that very attempt, and says so in the
+`LeaseLost` (`cancelled=True`). Bulk retry of DEAD tasks (`retry_dead`)
+walks the finished-task index oldest finished first and updates at most
+`limit` rows in one transaction.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +19,7 @@ from ..base import NotFound
 from ..rows import CANCELLED, COLS, DEAD, PENDING, UINT32_MAX, describe
 from .schema import FINISHED_TERM
 
-# The lease is cleared for a stuck LEASED task (see `_rows.stuck`); a
+# The lease is cleared for a stuck LEASED task (see `rows.stuck`); a
 # finished task has none.
 RETRY = f"""
     UPDATE tasks SET state = {PENDING}, available_at = :now, finished_at = NULL,
