@@ -1,10 +1,11 @@
 """Cross-daemon wake-ups: every mutation that may make a task claimable
 (enqueue that created tasks, nack back to PENDING, retry and bulk retry,
 release, expiry back to PENDING) calls
-`pg_notify(channel, "<engine id> <queue>")` inside its own transaction, so the notification is delivered at commit and never for a
-rolled-back change. `watch` LISTENs on a dedicated connection and skips the
-engine's own notifications. One channel per schema (`ringo:<schema>`), so
-two deployments in one database do not wake each other.
+``pg_notify(channel, "<engine id> <queue>")`` inside its own transaction, so
+the notification is delivered at commit and never for a rolled-back change.
+`watch` LISTENs on a dedicated connection and skips the engine's own
+notifications. One channel per schema (`ringo:<schema>`), so two
+deployments in one database do not wake each other.
 """
 
 from __future__ import annotations

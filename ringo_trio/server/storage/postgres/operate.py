@@ -15,9 +15,9 @@ Concurrency (READ COMMITTED):
 * purge and retention (`delete_finished`) -- one `DELETE` of the rows a
   sub-select picked `FOR UPDATE SKIP LOCKED`, the oldest finished of each
   asked state by an ordered walk of `tasks_finished_age` or
-  `tasks_finished_queue`: daemons purging at once, or a purge meeting a retry, skip each other's rows
-  instead of waiting; a row retried after the snapshot fails the state
-  re-check of the lock and stays.
+  `tasks_finished_queue`: daemons purging at once, or a purge meeting a
+  retry, skip each other's rows instead of waiting; a row retried after the
+  snapshot fails the state re-check of the lock and stays.
 """
 
 from __future__ import annotations
