@@ -38,8 +38,7 @@ from datetime import UTC, datetime, timedelta
 from struct import Struct
 from typing import Any, NamedTuple
 
-from ringo_trio._proto.ringo.v1 import LeasedTask, TaskState
-
+from .._proto.ringo.v1 import LeasedTask, TaskState
 from .codec import _SMALL, _seconds_nanos_body, _varint, encode
 
 __all__ = ["MAX_DURATION_US", "MAX_US", "MIN_US", "Push", "TaskRow", "push_rows"]
