@@ -30,7 +30,7 @@ from typing import Any
 from ringo_trio._proto.ringo.v1 import Task
 from ringo_trio._wire.codec import _SMALL, _varint, _w_timestamp, encode
 
-from ._reply_bounds import compact as _compact
+from .rpc.reply_bounds import compact as _compact
 from .storage._listing import cut_error
 
 __all__ = ["encode_enqueue_many_reply"]

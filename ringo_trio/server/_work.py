@@ -190,11 +190,11 @@ from ringo_trio._proto.ringo.v1 import (
 from ringo_trio._wire.codec import decode, encode, tag_len, varint
 from ringo_trio._wire.frames import encode_work_response_batch
 
-from . import _validate as v
-from ._clock import Clock
-from ._metrics import NO_METRICS, NO_TAP, Metrics, StreamTap
-from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
+from .clock import Clock
+from .http.metrics import NO_METRICS, NO_TAP, Metrics, StreamTap
+from .rpc import validate as v
+from .rpc.wakeups import LeaseReaper, QueueWakeups
 from .storage._base import (
     FailedPrecondition,
     LeaseLost,

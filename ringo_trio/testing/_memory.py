@@ -28,7 +28,7 @@ import sniffio
 
 from .._endpoint import Endpoint
 from .._transport import Transport
-from ..server._daemon import Daemon
+from ..server.daemon import Daemon
 
 __all__ = ["IN_MEMORY", "InMemoryTransport", "RunOnDaemonLoop", "serving_in_memory"]
 

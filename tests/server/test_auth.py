@@ -12,8 +12,8 @@ import pytest
 from grpclib.const import Status
 
 from ringo_trio._proto.grpc.health.v1 import HealthCheckRequest
-from ringo_trio.server import _main
-from ringo_trio.server._throttle import AuthThrottle
+from ringo_trio.server import main as _main
+from ringo_trio.server.rpc.throttle import AuthThrottle
 from ringo_trio.testing import spawn_daemon
 
 from ._client import connect, expect_status, new_queue

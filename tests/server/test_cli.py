@@ -22,7 +22,7 @@ from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckRequest,
     HealthCheckResponseServingStatus,
 )
-from ringo_trio.server import _main
+from ringo_trio.server import main as _main
 from ringo_trio.testing import DaemonStartError, spawn_daemon
 
 from ._client import connect, expect_status, new_queue

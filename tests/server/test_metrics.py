@@ -36,10 +36,10 @@ from ringo_trio._proto.ringo.v1 import (
     ReleaseRequest,
     TaskSpec,
 )
-from ringo_trio.server import _metrics
-from ringo_trio.server._logs import JsonFormatter
-from ringo_trio.server._main import EXIT_FAILURE
-from ringo_trio.server._metrics import PrometheusMetrics
+from ringo_trio.server.http import metrics as _metrics
+from ringo_trio.server.http.metrics import PrometheusMetrics
+from ringo_trio.server.logs import JsonFormatter
+from ringo_trio.server.main import EXIT_FAILURE
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests._postgres import fresh_database

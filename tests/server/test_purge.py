@@ -24,9 +24,9 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     TaskState,
 )
-from ringo_trio.server import _main
-from ringo_trio.server._daemon import Daemon, DaemonConfig
-from ringo_trio.server._retention import (
+from ringo_trio.server import main as _main
+from ringo_trio.server.daemon import Daemon, DaemonConfig
+from ringo_trio.server.retention import (
     DEFAULT_POSTGRES_RETENTION_BATCH,
     DEFAULT_RETENTION_BATCH,
     RetentionPolicy,

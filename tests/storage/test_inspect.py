@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
 from ringo_trio._proto.ringo.v1 import Task, TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage import _listing
 from ringo_trio.server.storage import sqlite as sqlite_engine
 from ringo_trio.server.storage._base import Ack, LeaseLost, Nack, Push, Reject, TaskFilter

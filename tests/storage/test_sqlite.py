@@ -17,7 +17,7 @@ import pytest
 
 from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT
 from ringo_trio._proto.ringo.v1 import TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage import sqlite as sqlite_engine
 from ringo_trio.server.storage._base import SchemaTooNew
 from ringo_trio.server.storage._rows import FINISHED

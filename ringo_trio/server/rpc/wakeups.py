@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from ._clock import Clock
-from .storage._base import Storage, StorageUnavailable
+from ..clock import Clock
+from ..storage._base import Storage, StorageUnavailable
 
 __all__ = ["LeaseReaper", "QueueWakeups", "Watch"]
 

@@ -43,7 +43,7 @@ from grpclib.metadata import Deadline
 from grpclib.protocol import Peer
 from grpclib.server import Server, Stream
 
-from ._throttle import AuthThrottle, Verdict
+from .throttle import AuthThrottle, Verdict
 
 __all__ = ["LOCAL_TOKEN_HEADER", "Gate", "time_remaining"]
 

@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from ringo_trio._contract import limits
 from ringo_trio._proto.ringo.v1 import LeasedTask, Task
 
-from .storage._listing import cut_error
+from ..storage._listing import cut_error
 
 __all__ = [
     "CLAIM_ROUND",

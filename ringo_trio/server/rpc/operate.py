@@ -35,10 +35,10 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTasksResponse,
 )
 
-from . import _validate as v
-from ._reply_bounds import fitting, task_bound
-from ._wakeups import QueueWakeups
-from .storage._base import Storage, TaskFilter
+from ..storage._base import Storage, TaskFilter
+from . import validate as v
+from .reply_bounds import fitting, task_bound
+from .wakeups import QueueWakeups
 
 __all__ = ["Operations"]
 

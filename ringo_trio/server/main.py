@@ -45,17 +45,10 @@ from ringo_trio._contract import limits, versions
 from ringo_trio._durations import FOREVER, format_retention, parse_retention
 from ringo_trio._version import SDK_VERSION
 
-from ._connections import (
-    DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_KEEPALIVE_INTERVAL,
-    DEFAULT_KEEPALIVE_TIMEOUT,
-    ConnectionLimits,
-)
-from ._daemon import Daemon, DaemonConfig, ListenError, format_endpoint
-from ._lock import DataDirLock, DataDirLocked
-from ._logs import LOG_FORMATS, configure_logging
-from ._members import DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, MAX_GENERATION_CHARS
-from ._retention import (
+from .daemon import Daemon, DaemonConfig, ListenError, format_endpoint
+from .lock import DataDirLock, DataDirLocked
+from .logs import LOG_FORMATS, configure_logging
+from .retention import (
     DEFAULT_POSTGRES_RETENTION_BATCH,
     DEFAULT_RETAIN_CANCELLED,
     DEFAULT_RETAIN_DEAD,
@@ -64,7 +57,14 @@ from ._retention import (
     DEFAULT_RETENTION_INTERVAL,
     RetentionPolicy,
 )
-from ._throttle import DEFAULT_CAP as DEFAULT_AUTH_FAILURE_DELAY
+from .rpc.connections import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_KEEPALIVE_INTERVAL,
+    DEFAULT_KEEPALIVE_TIMEOUT,
+    ConnectionLimits,
+)
+from .rpc.members import DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, MAX_GENERATION_CHARS
+from .rpc.throttle import DEFAULT_CAP as DEFAULT_AUTH_FAILURE_DELAY
 from .storage._base import Storage, StorageError
 
 __all__ = [

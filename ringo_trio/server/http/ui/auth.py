@@ -19,7 +19,7 @@ import re
 import secrets
 import time
 
-from .._http import BadRequest
+from ..server import BadRequest
 
 __all__ = ["COOKIE", "SESSION_SECONDS", "Sessions"]
 

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .storage._base import LeaseLost, Settlement, Storage, StorageUnavailable
+from ..storage._base import LeaseLost, Settlement, Storage, StorageUnavailable
 
 __all__ = ["DEFAULT_MAX_ITEMS", "GroupCommit"]
 

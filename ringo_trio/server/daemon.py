@@ -83,21 +83,21 @@ from datetime import timedelta
 
 from ringo_trio._contract import limits, versions
 
-from ._clock import Clock
-from ._commit import GroupCommit
-from ._connections import ConnectionLimits, GuardedServer
-from ._gate import Gate
-from ._members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
-from ._memory import InMemoryChannel, start_in_memory
-from ._metrics import NO_METRICS, Metrics, PrometheusMetrics, serve_metrics
-from ._retention import Retention, RetentionPolicy
-from ._service import HealthService, QueueService
-from ._sessions import SessionTable
-from ._throttle import DEFAULT_CAP, AuthThrottle
-from ._ui import Activity, Dashboard, instrument_activity
-from ._ui._app import SQLITE_PURGE_PAUSE
-from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import StrictCodec
+from .clock import Clock
+from .http.metrics import NO_METRICS, Metrics, PrometheusMetrics, serve_metrics
+from .http.ui import Activity, Dashboard, instrument_activity
+from .http.ui.app import SQLITE_PURGE_PAUSE
+from .retention import Retention, RetentionPolicy
+from .rpc.commit import GroupCommit
+from .rpc.connections import ConnectionLimits, GuardedServer
+from .rpc.gate import Gate
+from .rpc.members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
+from .rpc.memory import InMemoryChannel, start_in_memory
+from .rpc.service import HealthService, QueueService
+from .rpc.sessions import SessionTable
+from .rpc.throttle import DEFAULT_CAP, AuthThrottle
+from .rpc.wakeups import LeaseReaper, QueueWakeups
 from .storage._base import Storage, StorageFull
 from .storage.sqlite import SQLiteEngine
 

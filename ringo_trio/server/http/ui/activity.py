@@ -22,8 +22,8 @@ from typing import Any
 
 from ringo_trio._contract import limits
 
-from .._metrics import watch_results
-from ..storage._base import Ack, Settlement, Storage
+from ...storage._base import Ack, Settlement, Storage
+from ..metrics import watch_results
 
 __all__ = ["MINUTES", "Activity", "instrument_activity"]
 

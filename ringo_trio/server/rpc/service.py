@@ -152,19 +152,11 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio._version import SDK_VERSION
 
-from . import _validate as v
-from ._clock import Clock
-from ._commit import GroupCommit
-from ._enqueue_reply import encode_enqueue_many_reply
-from ._gate import time_remaining
-from ._members import ATTACH_LOCAL_METHOD, Members
-from ._operate import Operations
-from ._reply_bounds import claim_within, enqueue_results_fit
-from ._sessions import SessionTable
-from ._wakeups import LeaseReaper, QueueWakeups
-from ._wire import Preencoded
-from ._work import WorkStreams
-from .storage._base import (
+from .._enqueue_reply import encode_enqueue_many_reply
+from .._wire import Preencoded
+from .._work import WorkStreams
+from ..clock import Clock
+from ..storage._base import (
     FailedPrecondition,
     LeaseLost,
     Nack,
@@ -176,6 +168,14 @@ from .storage._base import (
     hand_back,
     stamp_ttl,
 )
+from . import validate as v
+from .commit import GroupCommit
+from .gate import time_remaining
+from .members import ATTACH_LOCAL_METHOD, Members
+from .operate import Operations
+from .reply_bounds import claim_within, enqueue_results_fit
+from .sessions import SessionTable
+from .wakeups import LeaseReaper, QueueWakeups
 
 __all__ = ["HealthService", "QUEUE_SERVICE_NAME", "QueueService"]
 

@@ -87,8 +87,12 @@ from ringo_trio._proto.ringo.v1 import (
     TaskState,
 )
 
-from .._clock import Clock
-from .._http import (
+from ...clock import Clock
+from ...retention import DEFAULT_RETENTION_BATCH, DEFAULT_RETENTION_PAUSE
+from ...rpc.service import QueueService
+from ...rpc.sessions import SessionTable
+from ...rpc.throttle import AuthThrottle
+from ..server import (
     BadRequest,
     DropConnection,
     ErrorLog,
@@ -98,13 +102,9 @@ from .._http import (
     serve_http,
     unquote_strict,
 )
-from .._retention import DEFAULT_RETENTION_BATCH, DEFAULT_RETENTION_PAUSE
-from .._service import QueueService
-from .._sessions import SessionTable
-from .._throttle import AuthThrottle
-from . import _views
-from ._activity import Activity
-from ._auth import COOKIE, SESSION_SECONDS, Sessions, cookie_value
+from . import views
+from .activity import Activity
+from .auth import COOKIE, SESSION_SECONDS, Sessions, cookie_value
 
 __all__ = ["SQLITE_PURGE_PAUSE", "TASKS_PAGE", "UI_HTTP", "Dashboard"]
 
@@ -411,8 +411,8 @@ class Dashboard:
                 {
                     "name": stats.queue,
                     "counts": {s: getattr(stats, s.lower()) for s in _STATES},
-                    "oldest": _views.age(stats.oldest_pending_at, now),
-                    "spark": _views.sparkline(succeeded, failed),
+                    "oldest": views.age(stats.oldest_pending_at, now),
+                    "spark": views.sparkline(succeeded, failed),
                 }
             )
         return view.render(
@@ -463,7 +463,7 @@ class Dashboard:
                 "key": t.unique_key,
                 "state": t.state.name,
                 "attempt": f"{t.attempt}/{t.max_attempts}",
-                "age": _views.age(t.created_at, now),
+                "age": views.age(t.created_at, now),
                 "error": t.last_error,
             }
             for t in page.tasks
@@ -492,10 +492,10 @@ class Dashboard:
         selected = view.request.arg("view", "text")
         if selected not in ("text", "json", "hex"):
             selected = "text"
-        payload, payload_note = _views.preview(task.payload, selected)
+        payload, payload_note = views.preview(task.payload, selected)
         result, result_note = ("", "")
         if task.result is not None:
-            result, result_note = _views.preview(task.result, "text")
+            result, result_note = views.preview(task.result, "text")
         progress = task.progress
         return view.render(
             "task.html",

@@ -31,7 +31,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskState,
 )
 
-from .storage._base import Ack, Nack, Reject
+from ..storage._base import Ack, Nack, Reject
 
 __all__ = [
     "ClaimArgs",

@@ -107,8 +107,7 @@ from prometheus_client.registry import Collector
 from ringo_trio._contract import limits
 from ringo_trio._proto.ringo.v1 import QueueStats
 
-from ._http import HttpLimits, Request, Response, serve_http
-from .storage._base import (
+from ..storage._base import (
     Ack,
     EnqueueOutcome,
     LeaseLost,
@@ -118,6 +117,7 @@ from .storage._base import (
     Storage,
     StorageUnavailable,
 )
+from .server import HttpLimits, Request, Response, serve_http
 
 __all__ = [
     "NO_METRICS",

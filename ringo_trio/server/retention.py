@@ -44,7 +44,7 @@ from ringo_trio._contract.limits import MAX_DELETE_BATCH
 from ringo_trio._durations import format_retention
 from ringo_trio._proto.ringo.v1 import TaskState
 
-from ._clock import Clock
+from .clock import Clock
 from .storage._base import Storage, StorageUnavailable
 
 __all__ = [
