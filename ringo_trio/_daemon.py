@@ -54,7 +54,7 @@ from ._models import PostgresStorage
 
 __all__ = ["TOKEN_ENV", "LocalDaemon", "make_private_dir"]
 
-# The variables ringod reads a DSN and its bearer token from (server/main.py,
+# The variables ringod reads a DSN and its bearer token from (server/flags.py,
 # POSTGRES_DSN_ENV and TOKEN_ENV), copied: the server package is not imported
 # on the SDK side.
 _POSTGRES_DSN_ENV = "RINGO_POSTGRES_DSN"

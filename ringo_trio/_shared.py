@@ -79,7 +79,7 @@ _ENDPOINT_RE = re.compile(r"127\.0\.0\.1:([0-9]{1,5})")
 _TOKEN_RE = re.compile(r"[0-9a-f]{64}")
 _GENERATION_RE = re.compile(r"[0-9a-f]{32}")
 
-# ringo_trio.server.main.EXIT_DATA_DIR_LOCKED, copied rather than imported:
+# ringo_trio.server.flags.EXIT_DATA_DIR_LOCKED, copied rather than imported:
 # the server package pulls asyncio and grpclib into the SDK side.
 _EXIT_DATA_DIR_LOCKED = 3
 _HOLDER_PID_RE = re.compile(r"in use by another ringod \(pid (\d+)\)")

@@ -85,16 +85,18 @@ from ringo_trio._contract import limits, versions
 
 from ._wire import StrictCodec
 from .clock import Clock
-from .http.metrics import NO_METRICS, Metrics, PrometheusMetrics, serve_metrics
+from .http.metrics import NO_METRICS, Metrics, PrometheusMetrics
+from .http.scrape import serve_metrics
 from .http.ui import Activity, Dashboard, instrument_activity
 from .http.ui.app import SQLITE_PURGE_PAUSE
 from .retention import Retention, RetentionPolicy
 from .rpc.commit import GroupCommit
 from .rpc.connections import ConnectionLimits, GuardedServer
 from .rpc.gate import Gate
+from .rpc.health import HealthService
 from .rpc.members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from .rpc.memory import InMemoryChannel, start_in_memory
-from .rpc.service import HealthService, QueueService
+from .rpc.service import QueueService
 from .rpc.sessions import SessionTable
 from .rpc.throttle import DEFAULT_CAP, AuthThrottle
 from .rpc.wakeups import LeaseReaper, QueueWakeups

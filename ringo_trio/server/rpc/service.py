@@ -1,4 +1,6 @@
-"""The daemon's gRPC services: ``ringo.v1.QueueService`` and ``grpc.health.v1.Health``.
+"""``ringo.v1.QueueService``: its unary RPCs, and the routes to Work and AttachLocal.
+
+(``grpc.health.v1.Health`` is `health`.)
 
 Theory of operation
 -------------------
@@ -84,7 +86,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -94,12 +96,6 @@ from grpclib.exceptions import GRPCError
 
 from ringo_trio._contract import limits, reasons, versions
 from ringo_trio._contract.versions import Feature, FeatureMissing, Features
-from ringo_trio._proto.grpc.health.v1 import (
-    HealthBase,
-    HealthCheckRequest,
-    HealthCheckResponse,
-    HealthCheckResponseServingStatus,
-)
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     AckResponse,
@@ -177,7 +173,7 @@ from .reply_bounds import claim_within, enqueue_results_fit
 from .sessions import SessionTable
 from .wakeups import LeaseReaper, QueueWakeups
 
-__all__ = ["HealthService", "QUEUE_SERVICE_NAME", "QueueService"]
+__all__ = ["QUEUE_SERVICE_NAME", "QueueService"]
 
 log = logging.getLogger("ringo_trio.server")
 
@@ -725,81 +721,3 @@ class QueueService(QueueServiceBase):
     async def retry_tasks(self, message: RetryTasksRequest) -> RetryTasksResponse:
         now = self._operate_now(message.context, "RetryTasks")
         return await self._operations.retry_tasks(message, now)
-
-
-_ServingStatus = HealthCheckResponseServingStatus
-
-
-class HealthService(HealthBase):
-    """``grpc.health.v1.Health`` for the overall server ("") and the queue service.
-
-    Starts NOT_SERVING; the daemon flips it to SERVING once it accepts calls
-    (`set_serving`). While any *trouble* is present (`set_trouble`: storage
-    has no room to write, storage cannot be reached) it is NOT_SERVING, and
-    SERVING again once the last one is gone. It turns NOT_SERVING for good
-    when the daemon starts draining, which also ends every Watch stream
-    after it has delivered NOT_SERVING, so shutdown never waits on a prober.
-    """
-
-    SERVICES = frozenset({"", QUEUE_SERVICE_NAME})
-
-    def __init__(self) -> None:
-        self._status = _ServingStatus.NOT_SERVING
-        self._changed = asyncio.Event()
-        self._final = False
-        self._started = False
-        self._troubles: set[str] = set()
-
-    @property
-    def serving(self) -> bool:
-        return self._status == _ServingStatus.SERVING
-
-    def set_serving(self) -> None:
-        """The daemon accepts calls: SERVING unless a trouble is present."""
-        self._started = True
-        self._refresh()
-
-    def set_trouble(self, trouble: str, present: bool) -> None:
-        """Note that ``trouble`` (a name) is present or gone."""
-        if present:
-            self._troubles.add(trouble)
-        else:
-            self._troubles.discard(trouble)
-        self._refresh()
-
-    def _refresh(self) -> None:
-        if self._final:
-            return
-        ok = self._started and not self._troubles
-        status = _ServingStatus.SERVING if ok else _ServingStatus.NOT_SERVING
-        if status != self._status:
-            self._set(status)
-
-    def shutdown(self) -> None:
-        self._final = True
-        self._set(_ServingStatus.NOT_SERVING)
-
-    def _set(self, status: HealthCheckResponseServingStatus) -> None:
-        # Always wakes the watchers: an unchanged status costs them one look,
-        # and `shutdown` needs them to see `_final` even then.
-        self._status = status
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    async def check(self, message: HealthCheckRequest) -> HealthCheckResponse:
-        if message.service not in self.SERVICES:
-            raise GRPCError(Status.NOT_FOUND, f"unknown service {message.service!r}")
-        return HealthCheckResponse(status=self._status)
-
-    async def watch(self, message: HealthCheckRequest) -> AsyncIterator[HealthCheckResponse]:
-        known = message.service in self.SERVICES
-        sent: HealthCheckResponseServingStatus | None = None
-        while True:
-            changed = self._changed
-            status = self._status if known else _ServingStatus.SERVICE_UNKNOWN
-            if status != sent:
-                yield HealthCheckResponse(status=status)
-                sent = status
-            if self._final:
-                return
-            await changed.wait()
