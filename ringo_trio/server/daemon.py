@@ -95,7 +95,7 @@ from .rpc.connections import ConnectionLimits, GuardedServer
 from .rpc.gate import Gate
 from .rpc.health import HealthService
 from .rpc.members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
-from .rpc.memory import InMemoryChannel, start_in_memory
+from .rpc.memory import InMemoryChannel
 from .rpc.service import QueueService
 from .rpc.sessions import SessionTable
 from .rpc.throttle import DEFAULT_CAP, AuthThrottle
@@ -321,7 +321,7 @@ class Daemon:
                 metrics_sock.close()
             raise
         if in_memory:
-            start_in_memory(server)
+            server.start_in_memory()
             where = "memory"
         else:
             try:

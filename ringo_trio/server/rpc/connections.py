@@ -43,6 +43,12 @@ control then holds the client to one window), and a message with the
 compressed flag set is refused with ``UNIMPLEMENTED``, as is a call whose
 ``grpc-encoding`` is not ``identity``: the daemon implements no compression,
 and says so in ``grpc-accept-encoding: identity`` on every response.
+
+**In memory.** grpclib serves only on a listening socket; the testing kit
+wants the same server without one (`memory.InMemoryChannel`).
+`GuardedServer.start_in_memory` sets the state grpclib's `start` would, and
+`accept` hands out the server's side of each in-memory connection — a
+subclass doing what its base does, never a patch of grpclib's classes.
 """
 
 from __future__ import annotations
@@ -143,6 +149,45 @@ class GuardedServer(Server):
         handler = Handler(self._mapping, self._codec, self._status_details_codec, self.__dispatch__)
         self._handlers.add(handler)
         return _GuardedProtocol(handler, self._config, self._h2_config, self._limits)
+
+    def start_in_memory(self) -> None:
+        """Serve without a socket: connections then come only through `accept`
+        (`memory.InMemoryChannel`). Sets what grpclib's `Server.start` sets,
+        so `close` and `wait_closed` work as usual."""
+        self._server = _NoListener()
+        self._server_closed_fut = asyncio.get_running_loop().create_future()
+
+    @property
+    def serving(self) -> bool:
+        """Started (with a socket or in memory) and not closed."""
+        closed = self._server_closed_fut
+        return closed is not None and not closed.done()
+
+    def accept(self) -> H2Protocol:
+        """The server's side of a new in-memory connection."""
+        return self._protocol_factory()
+
+
+class _NoListener(asyncio.AbstractServer):
+    """What grpclib's `Server` holds instead of a listening socket."""
+
+    def close(self) -> None:
+        pass
+
+    async def wait_closed(self) -> None:
+        pass
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    def is_serving(self) -> bool:
+        return True
+
+    async def start_serving(self) -> None:
+        pass
+
+    async def serve_forever(self) -> None:
+        raise NotImplementedError
 
 
 class _GuardedProtocol(H2Protocol):

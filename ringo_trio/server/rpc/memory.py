@@ -5,7 +5,9 @@ test's own event loop and connects its client through `InMemoryChannel`, a
 grpclib channel whose every connection is a pair of `_Pipe` transports handing
 bytes to the other side's protocol with ``call_soon``. Everything above the
 transport — the guarded server protocol, the gate, the codec, the services —
-is the daemon's own, so a test exercises the real protocol.
+is the daemon's own, so a test exercises the real protocol. The server side
+is `GuardedServer.start_in_memory` and `GuardedServer.accept`: grpclib has no
+public way to serve without a listening socket, so its subclass does it.
 
 No socket means nothing waits on the outside world: when every task is
 blocked, only a timer can make progress, which is what lets a mock clock
@@ -20,44 +22,12 @@ from typing import Any
 
 import grpclib.client
 from grpclib.protocol import H2Protocol
-from grpclib.server import Server
 
-__all__ = ["InMemoryChannel", "start_in_memory"]
+from .connections import GuardedServer
+
+__all__ = ["InMemoryChannel"]
 
 _PEER = ("in-memory", 0)
-
-
-class _NoListener(asyncio.AbstractServer):
-    """What grpclib's `Server` holds instead of a listening socket."""
-
-    def close(self) -> None:
-        pass
-
-    async def wait_closed(self) -> None:
-        pass
-
-    def get_loop(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
-
-    def is_serving(self) -> bool:
-        return True
-
-    async def start_serving(self) -> None:
-        pass
-
-    async def serve_forever(self) -> None:
-        raise NotImplementedError
-
-
-def start_in_memory(server: Server) -> None:
-    """Mark ``server`` started without a socket (its close and wait_closed then work as usual)."""
-    server._server = _NoListener()
-    server._server_closed_fut = asyncio.get_running_loop().create_future()
-
-
-def _closed(server: Server) -> bool:
-    closed = server._server_closed_fut
-    return closed is None or closed.done()
 
 
 class _Pipe(asyncio.Transport):
@@ -118,13 +88,14 @@ def connect_protocols(client: H2Protocol, server: H2Protocol) -> None:
 class InMemoryChannel(grpclib.client.Channel):
     """A grpclib channel whose connections go to ``server`` in this process."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: GuardedServer) -> None:
         super().__init__("in-memory", 0)
-        self._server = server
+        self._daemon_server = server
 
     async def _create_connection(self) -> H2Protocol:
-        if _closed(self._server):
+        # grpclib's hook for how a channel connects (its own opens a socket).
+        if not self._daemon_server.serving:
             raise ConnectionRefusedError("the in-process daemon is not serving")
         client = self._protocol_factory()
-        connect_protocols(client, self._server._protocol_factory())
+        connect_protocols(client, self._daemon_server.accept())
         return client
