@@ -55,12 +55,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import socket
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
+import grpclib.server
 from grpclib.config import Configuration
 from grpclib.const import Status
 from grpclib.encoding.base import CodecBase
@@ -83,6 +85,7 @@ __all__ = [
     "RESET_WINDOW",
     "ConnectionLimits",
     "GuardedServer",
+    "trailers_without_reset",
 ]
 
 DEFAULT_IDLE_TIMEOUT = 300.0
@@ -359,6 +362,8 @@ class _GuardedStream(Stream):
     refusal: GRPCError | None = None
     _in_body = False
     _headers_sent = False
+    # Set by `trailers_without_reset`.
+    _no_reset = False
 
     async def recv_data(self, size: int) -> bytes:
         # grpclib's `recv_message` reads a 5-byte prefix, then the body it
@@ -390,3 +395,27 @@ class _GuardedStream(Stream):
             self._headers_sent = True
             headers = [*headers, _ACCEPT_ENCODING]
         await super().send_headers(headers, end_stream)
+
+    def reset_nowait(self, error_code: ErrorCodes = ErrorCodes.NO_ERROR) -> None:
+        if not self._no_reset:
+            super().reset_nowait(error_code)
+
+
+@contextlib.contextmanager
+def trailers_without_reset(stream: grpclib.server.Stream[Any, Any]) -> Iterator[None]:
+    """While the block runs, `stream` sends no RST_STREAM: its trailers alone
+    end the call.
+
+    grpclib follows a non-OK status with RST_STREAM(NO_ERROR) while the
+    client's side is still open, which a Work stream's always is; grpclib's
+    client handles the reset by cancelling its pending read, so frames and a
+    status that arrived in the same read as the reset would be lost. grpclib
+    offers no switch for this, so the guarded stream under `stream` (every
+    stream of a `GuardedServer` is one) has it.
+    """
+    guarded = cast(_GuardedStream, stream._stream)
+    guarded._no_reset = True
+    try:
+        yield
+    finally:
+        guarded._no_reset = False
