@@ -1,17 +1,17 @@
 """One serving lifetime of the daemon: storage, gRPC server, background tasks.
 
 `Daemon.serve` owns everything it starts. The background tasks — the lease
-reaper, the storage watch, the safety poll, retention (`_retention`) and
+reaper, the storage watch, the safety poll, retention (`retention`) and
 the storage's upkeep (`Storage.maintain`: SQLite's WAL checkpoints in a
 worker thread, whose wait it bounds) — run in an `asyncio.TaskGroup` that
 cannot outlive the call; grpclib's per-call tasks are drained and then
 cancelled by the server; storage is closed last, after no call can touch it
 any more.
 
-**Metrics** (``DaemonConfig.metrics_listen``, `_metrics`): the /metrics
+**Metrics** (``DaemonConfig.metrics_listen``, `http.metrics`): the /metrics
 responder is one more background task of that group; without it, the
 daemon's `metrics` is the do-nothing `Metrics`. The **dashboard**
-(``ui_listen``, `_ui`) is another, on the same `_http` server, with the
+(``ui_listen``, `http.ui`) is another, on the same h11 `http.server`, with the
 purges it runs in the background in a task group of its own inside that
 task (`Dashboard.serve`); without it nothing of it is built and storage is
 not wrapped for its sparklines.
@@ -65,7 +65,7 @@ Shutdown order (on `stop`):
 6. storage is closed.
 
 A **shared** daemon (`DaemonConfig.local_token` and `generation`; see
-`_members`) also sets `stop` by itself: when no member attached within
+`members`) also sets `stop` by itself: when no member attached within
 `attach_timeout` seconds of `on_ready`, or the last member has been gone for
 `linger` seconds.
 """

@@ -8,7 +8,7 @@ test kit, a human):
 * it serves plaintext gRPC, or TLS with ``--tls-cert``/``--tls-key`` (mutual
   TLS with ``--tls-client-ca``); a bearer token comes from ``--token``,
   ``--token-file`` or ``$RINGO_DAEMON_TOKEN``, and wrong ones are throttled
-  (``--auth-failure-delay``, `_throttle`);
+  (``--auth-failure-delay``, `throttle`);
 * storage is SQLite in ``--data-dir`` or PostgreSQL (`--postgres` or, kept
   out of the process list, the environment variable ``RINGO_POSTGRES_DSN``;
   see `storage_choice` for which wins);

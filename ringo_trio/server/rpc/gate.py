@@ -19,7 +19,7 @@ A shared daemon (``local_token``) also requires exactly one
 health included, independently of the bearer token: both may be required.
 Secrets are compared in constant time.
 
-A call failing either check is not answered at once: `_throttle.AuthThrottle`
+A call failing either check is not answered at once: `throttle.AuthThrottle`
 says how long its answer waits (failures of one address are answered one
 after another, with growing delays) and when its connection is closed
 instead, so guessing a token costs the guesser time rather than the daemon

@@ -4,7 +4,7 @@ bulk-retry the tasks of a queue (docs/operations.md).
 `QueueService` admits each call (session, minor) and hands it here with the
 daemon's `now`; these methods validate the request against the limits in
 `_limits` and call the engine. Replies stay within ``MAX_REPLY_BYTES``
-(`_reply_bounds`): a ListTasks page too big for one is answered short with a
+(`reply_bounds`): a ListTasks page too big for one is answered short with a
 page token, GetQueueStats counts at most ``MAX_STATS_TASK_TYPES`` types one
 by one. Errors are the engine's conditions, mapped
 to status codes by the service's `_rpc` wrapper like every unary call.

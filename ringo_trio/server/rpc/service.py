@@ -7,7 +7,7 @@ Theory of operation
 A unary call passes four stages, each of which can refuse it; a refusal at
 any stage leaves every task exactly as it was:
 
-1. **Gate** (`_gate.Gate`, a grpclib ``RecvRequest`` hook): bearer token
+1. **Gate** (`gate.Gate`, a grpclib ``RecvRequest`` hook): bearer token
    (``UNAUTHENTICATED``) and shutdown (``UNAVAILABLE``), before the body is
    even read.
 2. **Codec** (`_wire.StrictCodec`): bytes that are not a well-formed
@@ -19,7 +19,7 @@ any stage leaves every task exactly as it was:
    ``OUT_OF_RANGE``. Because this runs before the operation, the SDK may
    safely renegotiate and re-send even a mutation. An RPC newer than the
    session's minor is ``UNIMPLEMENTED``.
-4. **Fields** (`_validate`): ``INVALID_ARGUMENT`` naming the field path; the
+4. **Fields** (`validate`): ``INVALID_ARGUMENT`` naming the field path; the
    validators also normalize defaults so storage never sees an ambiguous spec.
 
 Only then does the method call the storage engine, with ``now`` read once
@@ -40,7 +40,7 @@ Long-poll claims
 ----------------
 Claim tries storage; if nothing is claimable and the caller allowed a
 ``wait_timeout``, it sleeps until the first of: a wake-up for its queue
-(enqueue, nack, retry, an expired lease — `_wakeups.QueueWakeups`, armed
+(enqueue, nack, retry, an expired lease — `wakeups.QueueWakeups`, armed
 before the attempt so none is lost), the queue's next scheduled moment
 (`Storage.next_wakeup`: a delayed task or backoff becoming due, a lease
 expiring), the caller's deadline, or shutdown. Then it tries again. There is
@@ -52,7 +52,7 @@ Every lease handed out is noted with the `LeaseReaper`, which expires leases
 at their deadline even when nobody is claiming, so activity counts and task
 states stay true.
 
-Replies are bounded by ``MAX_REPLY_BYTES`` (`_reply_bounds`): a Claim answers
+Replies are bounded by ``MAX_REPLY_BYTES`` (`reply_bounds`): a Claim answers
 fewer tasks rather than a bigger message, and hands back what it leased
 beyond the reply's room before it answers, so it never holds a lease it
 does not send.
@@ -75,7 +75,7 @@ alike; only the error channel differs (`ErrorDetail` instead of a status).
 AttachLocal
 -----------
 ``AttachLocal`` (a shared daemon's membership stream) is served by
-`_members.Members` on grpclib's raw stream too; it carries no
+`members.Members` on grpclib's raw stream too; it carries no
 ``RequestContext`` (membership is not a session) and is refused
 ``FAILED_PRECONDITION`` by a daemon that is not shared.
 """
@@ -292,7 +292,7 @@ def _rpc(method: _Method[_Service, _Req, _Resp]) -> _Method[_Service, _Req, _Res
 
 class QueueService(QueueServiceBase):
     """``ringo.v1.QueueService``: the unary RPCs here, the Work stream in
-    `_work`, AttachLocal in `_members` (`members`; by default a daemon that
+    `_work`, AttachLocal in `members` (`members`; by default a daemon that
     is not shared, which refuses it)."""
 
     def __init__(
@@ -684,7 +684,7 @@ class QueueService(QueueServiceBase):
         count = await self._storage.activity(queue, types, due_by=now if message.due_only else None)
         return GetQueueActivityResponse(active_task_count=count)
 
-    # -- operating the queues (minor 9; the work is in `_operate`) ---------
+    # -- operating the queues (minor 9; the work is in `operate`) ---------
 
     def _operate_now(self, context: RequestContext | None, rpc: str) -> datetime:
         now = self._clock.now()

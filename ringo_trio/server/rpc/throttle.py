@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A daemon answering wrong tokens as fast as it can lets a guesser try about a
 thousand per second per connection. `AuthThrottle` turns each failure into a
-verdict for the gate (`_gate.Gate`), keyed by the peer's address:
+verdict for the gate (`gate.Gate`), keyed by the peer's address:
 
 * **Delay, serialised per address.** The n-th recent failure from an address
   waits ``min(base * 2**(n-1), cap)`` seconds (``base`` is ``cap / 20``),
@@ -13,7 +13,7 @@ verdict for the gate (`_gate.Gate`), keyed by the peer's address:
   through the wait and the answer. So parallel streams or connections buy a
   guesser nothing: an address gets at most one answer per ``cap`` seconds
   once warmed up, and a waiter whose connection is gone leaves the line
-  (its slot is not kept). The dashboard (`_ui._app`) takes the delay but
+  (its slot is not kept). The dashboard (`http.ui.app`) takes the delay but
   not the turn: its wrong logins wait side by side, so parallel ones are
   all answered within ``cap``, bounded instead by its per-address HTTP
   connection cap (each waits holding its own connection); a ``drop``

@@ -17,7 +17,7 @@ cannot know about (granted by a previous daemon process on the same data, or
 by another daemon on a shared PostgreSQL database).
 
 Work made claimable by *another* daemon on a shared database reaches
-`notify` through the daemon's storage watch (see `_daemon`).
+`notify` through the daemon's storage watch (see `daemon`).
 """
 
 from __future__ import annotations

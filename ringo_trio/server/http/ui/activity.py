@@ -8,7 +8,7 @@ daemons' settlements are theirs). At most `limits.MAX_METRIC_QUEUES` queues
 are tracked; later ones are not drawn.
 
 `instrument_activity` feeds it by wrapping the storage instance's settling
-methods, like the metrics do (`_metrics.instrument_storage`); the daemon
+methods, like the metrics do (`http.metrics.instrument_storage`); the daemon
 installs it only with ``--ui-listen``, so without the dashboard it costs
 nothing. A group commit (`Storage.settle_many`) answers each settled task's
 queue, which is what is counted.

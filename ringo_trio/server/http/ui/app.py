@@ -2,12 +2,12 @@
 
 Theory of operation
 -------------------
-`Dashboard.handle` is the `_http` server's handler. Each request passes,
+`Dashboard.handle` is the h11 `http.server`'s handler. Each request passes,
 in order:
 
 1. **static** files (``/static/ui.js``, ``ui.css``; public, cached);
 2. **login/logout**, which need no session;
-3. **authentication** (`_auth.Sessions`): an ``Authorization: Bearer`` header,
+3. **authentication** (`auth.Sessions`): an ``Authorization: Bearer`` header,
    or the signed session cookie; a daemon without a token lets everyone in.
    A wrong token, by header or by the login form, is answered 401 after the
    delay the daemon's `AuthThrottle` (the gRPC gate's own) gives it, so an
@@ -23,8 +23,8 @@ in order:
    browser never adds one by itself);
 5. the **route**.
 
-Malformed input is the client's: bytes the HTTP layer refuses (`_http`),
-a session cookie that is not cookie text (`_auth.cookie_value`), a form
+Malformed input is the client's: bytes the HTTP layer refuses (`http.server`),
+a session cookie that is not cookie text (`auth.cookie_value`), a form
 body no browser makes, all answer 400. Any other exception answers 500,
 and `ErrorLog` keeps one client from filling the log with tracebacks.
 
@@ -248,7 +248,7 @@ class Dashboard:
     async def _handle(self, request: Request) -> Response:
         if self._loopback and not _loopback_host(request.headers.get("host", "")):
             return Response(421, b"this dashboard answers to a loopback address only\n")
-        # `_http` checked the whole path decodes, so every segment does.
+        # `http.server` checked the whole path decodes, so every segment does.
         parts = [unquote_strict(p) for p in request.raw_path.split("/")[1:]]
         if parts[:1] == ["static"] and request.method == "GET":
             return self._static_file(parts[1:])
