@@ -11,7 +11,7 @@ test kit, a human):
   (``--auth-failure-delay``, `throttle`);
 * storage is SQLite in ``--data-dir`` or PostgreSQL (`--postgres` or, kept
   out of the process list, the environment variable ``RINGO_POSTGRES_DSN``;
-  see `storage_choice` for which wins);
+  see `flags.storage_choice` for which wins);
 * it exits 0 after a graceful shutdown (SIGTERM, SIGINT, EOF on stdin
   when started with ``--lifecycle-stdin``, or — a shared daemon, started with
   ``--local-token-file`` — nobody attached for ``--linger`` seconds or within
