@@ -194,6 +194,7 @@ from ._wire import Preencoded
 from .clock import Clock
 from .http.metrics import NO_METRICS, NO_TAP, Metrics, StreamTap
 from .rpc import validate as v
+from .rpc.connections import trailers_without_reset
 from .rpc.wakeups import LeaseReaper, QueueWakeups
 from .storage._base import (
     FailedPrecondition,
@@ -1033,10 +1034,6 @@ def _batch_requests(batch: WorkRequestBatch) -> list[WorkRequest]:
     return requests
 
 
-def _no_reset(*args: Any, **kwargs: Any) -> None:
-    pass
-
-
 async def _end_with_status(stream: Any, status: Status, message: str | None) -> None:
     """Trailers with `status`, without the RST_STREAM grpclib adds to them.
 
@@ -1048,16 +1045,13 @@ async def _end_with_status(stream: Any, status: Status, message: str | None) -> 
     OUT_OF_RANGE (renegotiate) or the result of its last ack. The trailers
     alone end the call; the client closes its side when it reads them.
     """
-    h2_stream = stream._stream
-    h2_stream.reset_nowait = _no_reset
     try:
-        async with asyncio.timeout(1.0):
-            await stream.send_trailing_metadata(status=status, status_message=message)
+        with trailers_without_reset(stream):
+            async with asyncio.timeout(1.0):
+                await stream.send_trailing_metadata(status=status, status_message=message)
     except Exception as exc:
         # The worker is gone or the connection is stuck: nobody to tell.
         log.debug("could not end a Work stream with %s: %r", status.name, exc)
-    finally:
-        del h2_stream.reset_nowait
 
 
 async def _reset(stream: Any) -> None:
