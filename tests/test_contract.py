@@ -88,15 +88,15 @@ def test_public_names_are_exported_once() -> None:
         assert getattr(ringo_trio, name).__module__.startswith("ringo_trio._"), name
 
 
-# The island itself (_transport.py) is the one SDK module allowed these
-# imports. Two testing-kit modules, which the SDK never imports, join it:
-# testing/_memory.py, the island's other half (it subclasses Transport and
+# The island itself (_transport/grpclib.py) is the one SDK module allowed
+# these imports. Two modules only the testing kit imports join it:
+# _transport/memory.py, the island's other half (it subclasses Transport and
 # runs the in-process daemon on the island's loop), and testing/_autojump.py,
 # an asyncio event loop with a virtual clock, asyncio by definition. The rest
 # of the testing kit stays backend-neutral.
 _ISLAND = {
-    ROOT / "ringo_trio" / "_transport.py",
-    ROOT / "ringo_trio" / "testing" / "_memory.py",
+    ROOT / "ringo_trio" / "_transport" / "grpclib.py",
+    ROOT / "ringo_trio" / "_transport" / "memory.py",
     ROOT / "ringo_trio" / "testing" / "_autojump.py",
 }
 

@@ -58,8 +58,8 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from ._daemon import TOKEN_ENV, make_private_dir
-from ._errors import InvalidArgumentError, RingoError
+from .._errors import InvalidArgumentError, RingoError
+from .process import TOKEN_ENV, make_private_dir
 
 __all__ = ["SHARED_DIR_NAME", "SharedLocalDaemon"]
 
@@ -119,7 +119,7 @@ class _Identity:
 class SharedLocalDaemon:
     """The data dir's shared daemon, elected or joined; see the module docstring.
 
-    Used like `ringo_trio._daemon.LocalDaemon`: enter with ``async with``,
+    Used like `ringo_trio._local.process.LocalDaemon`: enter with ``async with``,
     ``await start()`` for the endpoint. The caller connects with metadata
     ``x-ringo-local-token: <token>`` and holds an ``AttachLocal(generation)``
     stream for as long as it uses the daemon; when the elected daemon turns

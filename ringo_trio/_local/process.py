@@ -48,9 +48,9 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from ._endpoint import parse_endpoint
-from ._errors import RingoError
-from ._models import PostgresStorage
+from .._endpoint import parse_endpoint
+from .._errors import RingoError
+from .._models import PostgresStorage
 
 __all__ = ["TOKEN_ENV", "LocalDaemon", "make_private_dir"]
 
