@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib
-import json
 import logging
 import os
 import pathlib
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from ringo_trio._contract import limits, versions
+from ringo_trio._contract import limits, readiness, versions
 from ringo_trio._durations import FOREVER, format_retention, parse_retention
 from ringo_trio._version import SDK_VERSION
 
@@ -715,8 +714,8 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
         )
 
         def announce(daemon: Daemon) -> None:
-            line = json.dumps(ready_info(daemon, storage=choice, loop_name=loop_name))
-            sys.stdout.write(line + "\n")
+            line = readiness.format_line(ready_info(daemon, storage=choice, loop_name=loop_name))
+            sys.stdout.write(line)
             sys.stdout.flush()
 
         daemon = Daemon(config, choice.open())
