@@ -28,10 +28,10 @@ from ._models import TaskTypeStats as TaskTypeStats
 from ._queue import LeasedTask as LeasedTask
 from ._queue import TaskPage as TaskPage
 from ._queue import TaskQueue as TaskQueue
-from ._supervise import RestartPolicy as RestartPolicy
-from ._supervise import SupervisedProcess as SupervisedProcess
-from ._supervise import Supervisor as Supervisor
-from ._supervise import SupervisorError as SupervisorError
+from ._supervise.parent import RestartPolicy as RestartPolicy
+from ._supervise.parent import SupervisedProcess as SupervisedProcess
+from ._supervise.parent import Supervisor as Supervisor
+from ._supervise.parent import SupervisorError as SupervisorError
 from ._version import __version__ as __version__
 from ._work._concurrency import AdaptiveConcurrency as AdaptiveConcurrency
 from ._work._concurrency import ResourceConcurrency as ResourceConcurrency

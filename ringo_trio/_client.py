@@ -38,21 +38,21 @@ import anyio.lowlevel
 from ._connection import Connection
 from ._contract import limits as _limits
 from ._contract.versions import Feature
-from ._daemon import LocalDaemon
 from ._endpoint import Endpoint, parse_endpoint
 from ._errors import (
     InvalidArgumentError,
     RingoError,
     require,
 )
+from ._local.process import LocalDaemon
 from ._models import PostgresStorage, QueueStats, SQLiteStorage, _check_name
 from ._proto.ringo.v1 import ListQueuesRequest, ListQueuesResponse
 from ._queue import TaskQueue
-from ._transport import client_tls_context
-from ._transport_api import DEFAULT_KEEPALIVE, ClientTransport, Keepalive
+from ._transport.base import DEFAULT_KEEPALIVE, ClientTransport, Keepalive
+from ._transport.grpclib import client_tls_context
 
 if TYPE_CHECKING:
-    from ._shared import SharedLocalDaemon
+    from ._local.shared import SharedLocalDaemon
 
 __all__ = ["CompressionOption", "Ringo", "RingoClient"]
 
@@ -401,7 +401,7 @@ class Ringo:
                     "shared local mode supports SQLite only; with PostgreSQL run"
                     " ringod and use Ringo.connect, or one Ringo.local per process"
                 )
-            from ._shared import SharedLocalDaemon
+            from ._local.shared import SharedLocalDaemon
 
             return RingoClient(
                 daemon=SharedLocalDaemon(

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .. import _supervision
 from .._contract.work.client import State
 from .._errors import WorkerFencedError
 from .._interrupts import protected
+from .._supervise import child as _supervision
 from ._timeouts import Stuck, Watchdog
 
 if TYPE_CHECKING:

@@ -155,7 +155,7 @@ from .._proto.ringo.v1 import (
     WorkerRegistration,
     WorkRequest,
 )
-from .._transport_api import SessionRejectedError
+from .._transport.base import SessionRejectedError
 from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from ._driver import Frame, Inbound, StreamDriver, batch_frames, command_exception
 from ._fencing import Fence, Fencing

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib
-import json
 import logging
 import os
 import re
@@ -39,7 +38,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from ringo_trio._contract import versions
+from ringo_trio._contract import readiness, versions
 from ringo_trio._version import SDK_VERSION
 
 from .daemon import Daemon, DaemonConfig, ListenError, format_endpoint
@@ -231,8 +230,8 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
         )
 
         def announce(daemon: Daemon) -> None:
-            line = json.dumps(ready_info(daemon, storage=choice, loop_name=loop_name))
-            sys.stdout.write(line + "\n")
+            line = readiness.format_line(ready_info(daemon, storage=choice, loop_name=loop_name))
+            sys.stdout.write(line)
             sys.stdout.flush()
 
         daemon = Daemon(config, choice.open())

@@ -44,11 +44,11 @@ from .._client import RingoClient
 from .._errors import InvalidArgumentError
 from .._models import Task, TaskState
 from .._queue import TaskQueue
+from .._transport.memory import RunOnDaemonLoop, serving_in_memory
 from .._work.worker import Handler, TaskContext
 from ..server.clock import Clock, LoopClock
 from ..server.daemon import Daemon, DaemonConfig
 from ..server.storage.sqlite import SQLiteEngine
-from ._memory import RunOnDaemonLoop, serving_in_memory
 
 __all__ = ["RingoTestEnv", "TimeMode", "Until", "run_worker"]
 

@@ -31,7 +31,7 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio._proto.ringo.v1 import LeasedTask as WireLeased
 from ringo_trio._queue import LeasedTask
-from ringo_trio._transport import SessionRejectedError
+from ringo_trio._transport.grpclib import SessionRejectedError
 
 pytestmark = pytest.mark.trio
 

@@ -1,6 +1,6 @@
 """The SDK's in-memory transport: `Transport` with a channel to an in-process daemon.
 
-Everything that makes `ringo_trio._transport.Transport` correct — the one
+Everything that makes `ringo_trio._transport.grpclib.Transport` correct — the one
 error boundary, the stream pumps, the crossings into the asyncio island — is
 inherited; only two things differ. The channel is the daemon's
 `InMemoryChannel` (no socket), and under trio the island is the
@@ -10,9 +10,10 @@ one loop, so client and daemon must share it).
 `serving_in_memory` runs the daemon on that loop for the testing kit.
 
 This module touches asyncio and grpclib, so tests/test_contract.py allows it
-alongside ``_transport.py``: it is the testing kit's half of the island
-(the SDK itself never imports it), and keeping every asyncio detail of the
-kit here leaves `ringo_trio.testing._env` backend-neutral.
+alongside ``grpclib.py``: it is the testing kit's half of the island (only
+`ringo_trio.testing` imports it, the SDK never does), and keeping every
+asyncio detail of the kit here leaves `ringo_trio.testing._env`
+backend-neutral.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import grpclib.client
 import sniffio
 
 from .._endpoint import Endpoint
-from .._transport import Transport
 from ..server.daemon import Daemon
+from .grpclib import Transport
 
 __all__ = ["IN_MEMORY", "InMemoryTransport", "RunOnDaemonLoop", "serving_in_memory"]
 

@@ -17,14 +17,14 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
-from ._client import Ringo, RingoClient
-from ._contract.limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
-from ._durations import parse_duration
-from ._errors import InvalidArgumentError
-from ._models import QueueStats, Task, TaskSpec, TaskState
-from ._supervise import TOKEN_ENV
+from .._client import Ringo, RingoClient
+from .._contract.limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
+from .._durations import parse_duration
+from .._errors import InvalidArgumentError
+from .._models import QueueStats, Task, TaskSpec, TaskState
+from .._supervise.parent import TOKEN_ENV
 
-#: Exit statuses of every ``ringo`` command (``ringo_trio._cli`` lists them).
+#: Exit statuses of every ``ringo`` command (``ringo_trio._cli.main`` lists them).
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2

@@ -14,7 +14,7 @@ that the restart budget is spent, which ends the whole supervisor with
 `SupervisorError` after draining the other processes. While a child runs,
 the slot holds a second task group with three tasks:
 
-* the **reader** of the child's report pipe (`ringo_trio._supervision`
+* the **reader** of the child's report pipe (`ringo_trio._supervise.child`
   describes the messages): a ``fenced`` report gets the child SIGKILLed at
   once, since its worker took no new work and a handler in it will not stop;
 * the **stall guard**: a child that sends nothing for `heartbeat timeout
@@ -51,10 +51,10 @@ from datetime import timedelta
 import anyio
 import anyio.abc
 
-from ._contract import limits as _limits
-from ._errors import InvalidArgumentError, RingoError
-from ._supervision import ENV_FD, EXIT_FENCED, stall_threshold
-from ._work._timeouts import TaskTimeouts
+from .._contract import limits as _limits
+from .._errors import InvalidArgumentError, RingoError
+from .._work._timeouts import TaskTimeouts
+from .child import ENV_FD, EXIT_FENCED, stall_threshold
 
 __all__ = [
     "TOKEN_ENV",

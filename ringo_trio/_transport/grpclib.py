@@ -46,7 +46,7 @@ where it would otherwise hold them until their deadline, or forever.
 
 *Limits.* grpclib has no per-message compression, so the SDK refuses the
 ``compression`` option rather than accept and ignore it, and it has no
-receive-size limit to configure (`ringo_trio._limits.MAX_MESSAGE_BYTES` is
+receive-size limit to configure (`ringo_trio._contract.limits.MAX_MESSAGE_BYTES` is
 enforced by the daemon on what it accepts).
 """
 
@@ -70,19 +70,19 @@ import h2.exceptions
 import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._endpoint import Endpoint
-from ._errors import (
+from .._endpoint import Endpoint
+from .._errors import (
     RingoError,
     UnavailableError,
     error_for_code,
 )
-from ._interrupts import protected
-from ._proto.grpc.health.v1 import (
+from .._interrupts import protected
+from .._proto.grpc.health.v1 import (
     HealthCheckRequest,
     HealthCheckResponse,
     HealthCheckResponseServingStatus,
 )
-from ._transport_api import DEFAULT_KEEPALIVE, Keepalive, SessionRejectedError, StreamChannels
+from .base import DEFAULT_KEEPALIVE, Keepalive, SessionRejectedError, StreamChannels
 
 __all__ = ["SessionRejectedError", "StreamChannels", "Transport", "client_tls_context"]
 

@@ -11,7 +11,7 @@
     or a private one (``--data-dir``; ``--shared``: the data dir's shared
     daemon), until SIGINT or SIGTERM; the first signal drains gracefully
     (`Worker.close`), a second one stops at once. Started by a supervisor it
-    also runs the loop watchdog (`ringo_trio._supervision`).
+    also runs the loop watchdog (`ringo_trio._supervise.child`).
 
 ``ringo supervise module:function --queue Q --processes N``
     Run N ``ringo worker`` processes under a `Supervisor` (docs/supervision.md)
@@ -41,24 +41,25 @@ from typing import Any
 
 import trio
 
-from . import _cli_demo, _cli_ops
-from ._cli_ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from ._client import Ringo
-from ._errors import (
+from .._client import Ringo
+from .._errors import (
     InvalidArgumentError,
     RingoError,
     WorkerFencedError,
 )
-from ._supervise import TOKEN_ENV, RestartPolicy, Supervisor
-from ._supervision import (
+from .._supervise.child import (
     EXIT_FENCED,
     report_ready,
     stall_threshold,
     supervised,
     watch_event_loop,
 )
-from ._work._timeouts import TaskTimeouts
-from ._work.worker import Handler
+from .._supervise.parent import TOKEN_ENV, RestartPolicy, Supervisor
+from .._work._timeouts import TaskTimeouts
+from .._work.worker import Handler
+from . import demo as _demo
+from . import ops as _ops
+from .ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 #: The defaults `ringo supervise` shows and starts from.
 _RESTARTS = RestartPolicy()
@@ -90,7 +91,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             data_dir = stack.enter_context(
                 tempfile.TemporaryDirectory(prefix="ringo-demo-", ignore_cleanup_errors=True)
             )
-        return _trio_main("ringo demo", _cli_demo.demo, args, data_dir, sys.stdout, bar_out)
+        return _trio_main("ringo demo", _demo.demo, args, data_dir, sys.stdout, bar_out)
 
 
 # -- ringo worker -------------------------------------------------------------
@@ -233,7 +234,7 @@ async def _worker_main(args: argparse.Namespace, handler: Handler) -> int:
                         )
                     )
                 client = (
-                    _cli_ops.connect(args)
+                    _ops.connect(args)
                     if args.endpoint is not None
                     else Ringo.local(args.data_dir, shared=args.shared)
                 )
@@ -281,7 +282,7 @@ def _worker_problems(args: argparse.Namespace) -> list[str]:
         problems.append("give exactly one of --endpoint and --data-dir")
     if args.token is not None and args.endpoint is None:
         problems.append("--token needs --endpoint")
-    problems += _cli_ops.tls_problems(args)
+    problems += _ops.tls_problems(args)
     if args.concurrency < 1:
         problems.append("--concurrency must be >= 1")
     if not args.lease_duration > 0:
@@ -507,7 +508,7 @@ def _parser() -> argparse.ArgumentParser:
         default=_RESTARTS.window.total_seconds(),
         help=f"seconds the restart budget counts over ({_RESTARTS.window.total_seconds():g})",
     )
-    _cli_ops.add_commands(commands)
+    _ops.add_commands(commands)
     return parser
 
 
@@ -523,7 +524,7 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
         help=f"bearer token for --endpoint (default: ${TOKEN_ENV}, which, unlike a flag,"
         " other users cannot read through ps)",
     )
-    _cli_ops.tls_options(parser)
+    _ops.tls_options(parser)
     parser.add_argument(
         "-c", "--concurrency", type=int, default=1, help="handlers running at once (1)"
     )
@@ -585,10 +586,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_worker(args)
     if args.command == "supervise":
         return _run_supervise(args)
-    if args.command in _cli_ops.OPS_COMMANDS:
+    if args.command in _ops.OPS_COMMANDS:
         return _trio_main(f"ringo {args.command}", args.ops_run, args)
     return EXIT_USAGE  # pragma: no cover - argparse requires a command
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A supervisor (`ringo_trio._supervise.Supervisor`) starts each worker process
+A supervisor (`ringo_trio._supervise.parent.Supervisor`) starts each worker process
 with the write end of a pipe inherited as file descriptor
 ``$RINGO_SUPERVISOR_FD``. Importing this module takes that descriptor over —
 it removes the variable and makes the descriptor non-inheritable, so nothing
@@ -56,8 +56,8 @@ from datetime import timedelta
 
 import anyio
 
-from ._contract import limits as _limits
-from ._work._timeouts import TaskTimeouts
+from .._contract import limits as _limits
+from .._work._timeouts import TaskTimeouts
 
 __all__ = [
     "ENV_FD",

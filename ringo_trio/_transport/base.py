@@ -1,11 +1,12 @@
 """What the SDK needs of a transport: the one interface `Connection` is written against.
 
-`ringo_trio._transport.Transport` (grpclib over a socket, in its asyncio
-island) is the implementation every client uses; the testing kit's
-in-memory transport (`ringo_trio.testing`) is the other, connecting a client
-to an in-process daemon without sockets. Both keep the same contract:
-arguments and results are plain betterproto messages, failures are always
-`ringo_trio` errors, and cancellation comes back as cancellation.
+`ringo_trio._transport.grpclib.Transport` (grpclib over a socket, in its
+asyncio island) is the implementation every client uses; the in-memory
+transport (`ringo_trio._transport.memory`, used by `ringo_trio.testing`) is
+the other, connecting a client to an in-process daemon without sockets. Both
+keep the same contract: arguments and results are plain betterproto
+messages, failures are always `ringo_trio` errors, and cancellation comes
+back as cancellation.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._endpoint import Endpoint
-from ._errors import IncompatibleVersionError
+from .._endpoint import Endpoint
+from .._errors import IncompatibleVersionError
 
 __all__ = [
     "DEFAULT_KEEPALIVE",

@@ -3,7 +3,7 @@
 A private daemon on SQLite, N tasks enqueued with ``enqueue_many``, ONE
 credit-controlled `Worker` working them off (injected sleeps and failures),
 a live progress bar, then a summary table checked against the daemon. The
-flags are parsed and checked by `ringo_trio._cli`.
+flags are parsed and checked by `ringo_trio._cli.main`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import TextIO
 
 import trio
 
-from ._cli_ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from ._client import Ringo, RingoClient
-from ._errors import RetryTaskError
-from ._models import Task, TaskSpec, TaskState
-from ._queue import TaskQueue
-from ._work.worker import Handler, TaskContext
+from .._client import Ringo, RingoClient
+from .._errors import RetryTaskError
+from .._models import Task, TaskSpec, TaskState
+from .._queue import TaskQueue
+from .._work.worker import Handler, TaskContext
+from .ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 _NO_DELAY = timedelta(0)
 #: Redraw cadence of the progress bar on a terminal, and of the plain

@@ -35,7 +35,6 @@ it, so no daemon outlives its owner.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 import subprocess
@@ -48,9 +47,10 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from ._endpoint import parse_endpoint
-from ._errors import RingoError
-from ._models import PostgresStorage
+from .._contract import readiness
+from .._endpoint import parse_endpoint
+from .._errors import RingoError
+from .._models import PostgresStorage
 
 __all__ = ["TOKEN_ENV", "LocalDaemon", "make_private_dir"]
 
@@ -59,7 +59,6 @@ __all__ = ["TOKEN_ENV", "LocalDaemon", "make_private_dir"]
 # on the SDK side.
 _POSTGRES_DSN_ENV = "RINGO_POSTGRES_DSN"
 TOKEN_ENV = "RINGO_DAEMON_TOKEN"
-_READY_LINE_LIMIT = 64 * 1024
 _STDERR_TAIL_BYTES = 8 * 1024
 
 
@@ -257,7 +256,7 @@ class LocalDaemon:
                         f" {child.tail_text()}"
                     ) from None
                 buffer += chunk
-                if len(buffer) > _READY_LINE_LIMIT:
+                if len(buffer) > readiness.LINE_LIMIT:
                     break
         if scope.cancelled_caught:
             await self._kill(child)
@@ -267,10 +266,9 @@ class LocalDaemon:
             )
         line = bytes(buffer).partition(b"\n")[0]
         try:
-            announcement = json.loads(line)
-            endpoint = announcement["endpoint"]
+            endpoint = readiness.parse_line(line)["endpoint"]
             parse_endpoint(endpoint)
-        except (ValueError, KeyError, TypeError, RingoError):
+        except (readiness.ReadyLineError, RingoError):
             await self._kill(child)
             shown = line[:200].decode("utf-8", errors="replace")
             raise RingoError(

@@ -58,8 +58,9 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from ._daemon import TOKEN_ENV, make_private_dir
-from ._errors import InvalidArgumentError, RingoError
+from .._contract import readiness
+from .._errors import InvalidArgumentError, RingoError
+from .process import TOKEN_ENV, make_private_dir
 
 __all__ = ["SHARED_DIR_NAME", "SharedLocalDaemon"]
 
@@ -84,7 +85,6 @@ _GENERATION_RE = re.compile(r"[0-9a-f]{32}")
 _EXIT_DATA_DIR_LOCKED = 3
 _HOLDER_PID_RE = re.compile(r"in use by another ringod \(pid (\d+)\)")
 
-_READY_LINE_LIMIT = 64 * 1024
 _LOG_TAIL_BYTES = 8 * 1024
 # daemon.log is appended to by every generation; past this size the next
 # spawn moves it to daemon.log.1 so it cannot grow without bound.
@@ -119,7 +119,7 @@ class _Identity:
 class SharedLocalDaemon:
     """The data dir's shared daemon, elected or joined; see the module docstring.
 
-    Used like `ringo_trio._daemon.LocalDaemon`: enter with ``async with``,
+    Used like `ringo_trio._local.process.LocalDaemon`: enter with ``async with``,
     ``await start()`` for the endpoint. The caller connects with metadata
     ``x-ringo-local-token: <token>`` and holds an ``AttachLocal(generation)``
     stream for as long as it uses the daemon; when the elected daemon turns
@@ -368,7 +368,7 @@ class SharedLocalDaemon:
         buffer = bytearray()
         try:
             with anyio.move_on_after(self.startup_timeout) as scope:
-                while b"\n" not in buffer and len(buffer) <= _READY_LINE_LIMIT:
+                while b"\n" not in buffer and len(buffer) <= readiness.LINE_LIMIT:
                     try:
                         buffer += await stdout.receive()
                     except (
@@ -421,14 +421,12 @@ class SharedLocalDaemon:
     ) -> _Identity:
         shown = line[:200].decode("utf-8", errors="replace")
         try:
-            ready = json.loads(line)
-        except ValueError:
-            ready = None
-        if not isinstance(ready, dict) or not isinstance(ready.get("endpoint"), str):
+            ready = readiness.parse_line(line)
+        except readiness.ReadyLineError:
             raise RingoError(
                 f"shared daemon printed {shown!r} instead of its readiness line:"
                 f" {_read_log_tail(log_path, self._log_offset)}"
-            )
+            ) from None
         endpoint = ready["endpoint"]
         if not _endpoint_ok(endpoint):
             raise RingoError(f"shared daemon announced {endpoint!r}, not a 127.0.0.1 endpoint")
