@@ -36,6 +36,6 @@ from ._version import __version__ as __version__
 from ._work._concurrency import AdaptiveConcurrency as AdaptiveConcurrency
 from ._work._concurrency import ResourceConcurrency as ResourceConcurrency
 from ._work._concurrency import ResourceSample as ResourceSample
+from ._work._handlers import TaskContext as TaskContext
 from ._work._timeouts import TaskTimeouts as TaskTimeouts
-from ._work.worker import TaskContext as TaskContext
 from ._work.worker import Worker as Worker

@@ -57,8 +57,8 @@ from ._supervision import (
     supervised,
     watch_event_loop,
 )
+from ._work._handlers import Handler
 from ._work._timeouts import TaskTimeouts
-from ._work.worker import Handler
 
 #: The defaults `ringo supervise` shows and starts from.
 _RESTARTS = RestartPolicy()

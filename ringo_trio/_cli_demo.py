@@ -26,7 +26,7 @@ from ._client import Ringo, RingoClient
 from ._errors import RetryTaskError
 from ._models import Task, TaskSpec, TaskState
 from ._queue import TaskQueue
-from ._work.worker import Handler, TaskContext
+from ._work._handlers import Handler, TaskContext
 
 _NO_DELAY = timedelta(0)
 #: Redraw cadence of the progress bar on a terminal, and of the plain

@@ -73,19 +73,13 @@ from ._proto.ringo.v1 import (
 )
 from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
 from ._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
+from ._work._handlers import encode_result, results_stored
 from ._work._timeouts import TaskTimeouts
-from ._work.worker import (
-    DEFAULT_STOP_TIMEOUT,
-    Worker,
-    check_concurrency,
-    encode_result,
-    new_worker_id,
-    results_stored,
-)
+from ._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
 
 if TYPE_CHECKING:
     from ._connection import Connection
-    from ._work.worker import Handler
+    from ._work._handlers import Handler
 
 __all__ = ["LeasedTask", "TaskPage", "TaskQueue"]
 

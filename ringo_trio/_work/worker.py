@@ -105,27 +105,20 @@ runs (renegotiation; restart of a dead local daemon).
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import math
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from datetime import timedelta
-from types import CoroutineType, TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
-import sniffio
 
 from .._contract import limits as _limits
-from .._contract.versions import FEATURES, Feature, Features
+from .._contract.versions import Feature, Features
 from .._contract.work.client import (
-    CANCELLED_BY_OPERATOR,
     FeatureMissing,
     LeaseKey,
     Outcome,
@@ -139,7 +132,6 @@ from .._errors import (
     IncompatibleVersionError,
     InvalidArgumentError,
     LeaseLostError,
-    NotFoundError,
     PermanentTaskError,
     RetryTaskError,
     RingoError,
@@ -147,42 +139,41 @@ from .._errors import (
     WorkerAlreadyRunError,
     require,
 )
-from .._interrupts import abandon_on_interrupt, forget, protected, unprotected
-from .._models import Task, truncate_utf8
-from .._proto.ringo.v1 import (
-    GetQueueActivityRequest,
-    GetQueueActivityResponse,
-    WorkerRegistration,
-    WorkRequest,
-)
+from .._interrupts import abandon_on_interrupt, forget, protected
+from .._models import Task
+from .._proto.ringo.v1 import GetQueueActivityRequest, WorkerRegistration, WorkRequest
 from .._transport_api import SessionRejectedError
-from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
-from ._driver import Frame, Inbound, StreamDriver, batch_frames, command_exception
-from ._fencing import Fence, Fencing
-from ._permits import Member, Signal, balance
-from ._timeouts import TaskTimeouts, Watchdog
+from ._concurrency import AdaptiveConcurrency, Membership, ResourceConcurrency, attach
+from ._driver import Frame, Inbound, StreamDriver, batch_frames
+from ._fencing import Fencing
+from ._handlers import (
+    Backend,
+    Handler,
+    ResultRefused,
+    Running,
+    TaskContext,
+    call_handler,
+    error_text,
+    handler_group,
+    log_outcome,
+    result_value,
+)
+from ._idle import IdleMonitor
+from ._permits import Signal, balance
+from ._timeouts import TaskTimeouts
 
 if TYPE_CHECKING:
     from .._connection import Connection, NegotiatedSession
 
 __all__ = [
     "DEFAULT_STOP_TIMEOUT",
-    "Handler",
-    "TaskContext",
     "Worker",
     "check_concurrency",
-    "encode_result",
     "new_worker_id",
-    "results_stored",
 ]
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Task, "TaskContext"], Awaitable[Any]]
-
-#: on_idle cadence (seed semantics): poll every 250 ms, fire after 1 s of zeros.
-_IDLE_POLL_SECONDS = 0.25
-_IDLE_QUIET_SECONDS = 1.0
 _MAX_RECOVERY_FAILURES = 3
 _COMMAND_TIMEOUT = 30.0
 #: Once a worker stops handlers (past the grace period, or at once when
@@ -190,239 +181,6 @@ _COMMAND_TIMEOUT = 30.0
 #: their releases before it ends the stream and abandons the rest to expiry.
 DEFAULT_STOP_TIMEOUT = timedelta(seconds=5)
 _MAX_CONCURRENCY = 2**31 - 1
-
-
-class TaskContext:
-    """What a handler gets besides its `Task`.
-
-    ``cancelled`` becomes true when the lease is lost, the stream drops, an
-    operator cancels the task (`TaskQueue.cancel`; the worker learns it at
-    its next renewal, progress report or settlement), or the worker is
-    closed past its grace period — the handler is cancelled at the same
-    moment. (A ``task_timeouts`` deadline cancels the handler's scope
-    without it.) The lease token stays inside the worker.
-    """
-
-    __slots__ = (
-        "_beat",
-        "_by_operator",
-        "_cancelled",
-        "_deadline",
-        "_key",
-        "_last_progress",
-        "_live",
-        "_task",
-        "_waiter",
-        "_why",
-        "_worker_id",
-    )
-
-    def __init__(self, task: Task, key: LeaseKey, worker_id: str, live: StreamDriver) -> None:
-        self._task = task
-        self._key = key
-        self._worker_id = worker_id
-        self._live = live
-        self._cancelled = False
-        self._why = ""  # what cancelled it first
-        # The daemon said an operator cancelled the task: the handler's
-        # LeaseLostError is then that news, not a crash (`Worker._handle`).
-        self._by_operator = False
-        self._waiter: anyio.Event | None = None
-        self._last_progress: float | None = None
-        self._deadline: float | None = None
-        # With a heartbeat timeout: pushes the handler's deadline forward.
-        self._beat: Callable[[float], None] | None = None
-
-    @property
-    def task(self) -> Task:
-        return self._task
-
-    @property
-    def attempt(self) -> int:
-        return self._key.attempt
-
-    @property
-    def max_attempts(self) -> int:
-        return self._task.max_attempts
-
-    @property
-    def worker_id(self) -> str:
-        return self._worker_id
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    @property
-    def is_cancelled(self) -> bool:
-        """Alias of `cancelled`, the asyncio SDK's name."""
-        return self._cancelled
-
-    @property
-    def deadline(self) -> float | None:
-        """`anyio.current_time()` at which ``start_to_close`` cancels this
-        handler; None without that timeout. Pass it on to calls that take one."""
-        return self._deadline
-
-    async def wait_cancelled(self) -> None:
-        """Return once the handler has been told to stop (lease lost, stream gone, close)."""
-        if self._cancelled:
-            return
-        if self._waiter is None:
-            self._waiter = anyio.Event()
-        await self._waiter.wait()
-
-    def mark_progress(self) -> None:
-        """Note local progress without any RPC. With
-        ``TaskTimeouts(heartbeat=...)`` this is what keeps the handler from
-        being cancelled: the heartbeat timeout counts from the last call."""
-        now = anyio.current_time()
-        self._last_progress = now
-        beat = self._beat
-        if beat is not None:
-            beat(now)
-
-    @property
-    def last_progress(self) -> float | None:
-        """`anyio.current_time()` of the last `mark_progress` / `report_progress`."""
-        return self._last_progress
-
-    async def report_progress(self, current: float, total: float = 0.0, message: str = "") -> None:
-        """Store progress on the task, correlated on the Work stream.
-
-        Raises `LeaseLostError` when the lease is gone (the handler is being
-        cancelled then anyway) and `UnavailableError` when the stream dropped
-        before the daemon answered.
-        """
-        for what, value in (("current", current), ("total", total)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidArgumentError(f"{what} must be a number")
-        if not isinstance(message, str):
-            raise InvalidArgumentError("message must be a string")
-        if self._cancelled or not self._live.session.holds(self._key):
-            why = CANCELLED_BY_OPERATOR if self._by_operator else self._why
-            raise LeaseLostError(
-                "the task's lease is no longer held by this worker" + (f": {why}" if why else "")
-            )
-        self.mark_progress()
-        frame = self._live.session.report_progress(
-            self._key,
-            float(current),
-            float(total),
-            truncate_utf8(message, _limits.MAX_PROGRESS_MESSAGE_BYTES),
-            anyio.current_time(),
-        )
-        error = await self._live.command(frame)
-        if error is not None:
-            raise command_exception(error)
-
-    def _cancel(self, why: str = "") -> None:
-        if not self._cancelled:
-            self._why = why
-        self._cancelled = True
-        if self._waiter is not None:
-            self._waiter.set()
-
-
-class _Scope(Protocol):
-    """A handler's cancel scope: anyio's, or under trio trio's own."""
-
-    deadline: float
-
-    def cancel(self) -> None: ...
-
-    def __enter__(self) -> object: ...
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-        /,
-    ) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Backend:
-    """What runs handlers, picked once per worker run for the event loop.
-
-    Under trio, trio's own nursery, cancel scope and clock: anyio's task
-    group wraps every child in a task handle, which costs about as much again
-    as the nursery's own spawn (~15 µs of a no-op handler's ~230 µs of worker
-    CPU), and anyio's cancel scope and ``current_time`` wrap trio's (~4 µs
-    and ~0.5 µs per call); a handler needs none of it — it catches
-    everything but the cancellation itself, which anyio code inside it sees
-    as trio's either way.
-    """
-
-    spawn: Callable[..., object]
-    scope: Callable[[], _Scope]
-    clock: Callable[[], float]
-
-
-@asynccontextmanager
-async def _handler_group() -> AsyncIterator[_Backend]:
-    """The handler group (see `_Backend`)."""
-    if sniffio.current_async_library() == "trio":
-        import trio  # here: an asyncio program never imports trio
-
-        async with trio.open_nursery() as nursery:
-            yield _Backend(nursery.start_soon, trio.CancelScope, trio.current_time)
-    else:
-        async with anyio.create_task_group() as group:
-            yield _Backend(group.start_soon, anyio.CancelScope, anyio.current_time)
-
-
-@dataclass(eq=False, slots=True)
-class _Running:
-    scope: _Scope
-    context: TaskContext
-    arrived: float = 0.0  # when the push was read (no_start counts from here)
-    ticket: int = 0  # its admission, for a shared controller's control law
-    congested: bool = False  # it raised RetryTaskError(congestion=True)
-
-    def cancel(self, why: str = "") -> None:
-        self.context._cancel(why)
-        self.scope.cancel()
-
-
-def _error_text(error: BaseException) -> str:
-    try:
-        text = str(error) or type(error).__name__
-    except Exception:
-        text = type(error).__name__
-    return truncate_utf8(text, _limits.MAX_ERROR_BYTES)
-
-
-def _log_outcome(
-    worker: Worker,
-    running: _Running,
-    level: int,
-    what: str,
-    error: str,
-    exc_info: BaseException | None = None,
-) -> None:
-    context = running.context
-    task = context.task
-    log.log(
-        level,
-        "task %s (%s, attempt %d of %d) of queue %r %s: %s",
-        task.id,
-        task.task_type,
-        context.attempt,
-        task.max_attempts,
-        worker._queue_name,
-        what,
-        error,
-        exc_info=exc_info,
-        extra={
-            "ringo_task_id": task.id,
-            "ringo_task_type": task.task_type,
-            "ringo_queue": worker._queue_name,
-            "ringo_attempt": context.attempt,
-            "ringo_worker_id": worker.worker_id,
-        },
-    )
 
 
 def _interrupt_text(exc: BaseException) -> str:
@@ -446,44 +204,6 @@ def _find_interrupt(exc: BaseException) -> BaseException | None:
     return None
 
 
-def encode_result(value: bytes | bytearray | memoryview | str) -> bytes:
-    """A result value as stored: bytes as they are, a str as UTF-8;
-    `InvalidArgumentError` naming the limit when it is larger than
-    ``MAX_RESULT_BYTES``."""
-    data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
-    if len(data) > _limits.MAX_RESULT_BYTES:
-        raise InvalidArgumentError(
-            f"result: {len(data)} bytes exceeds the {_limits.MAX_RESULT_BYTES}-byte limit"
-            " (MAX_RESULT_BYTES)"
-        )
-    return data
-
-
-_dropped_result_warned = False
-
-
-def results_stored(minor: int) -> bool:
-    """Whether the negotiated minor stores result values. Below minor 9 a
-    result is dropped — the ack itself goes ahead, never failed by it — with
-    one warning per process."""
-    global _dropped_result_warned
-    if Features(minor).has(Feature.RESULT_VALUES):
-        return True
-    if not _dropped_result_warned:
-        _dropped_result_warned = True
-        log.warning(
-            "the daemon speaks protocol minor %d: result values (minor %d) are not stored;"
-            " tasks are acked without them",
-            minor,
-            FEATURES[Feature.RESULT_VALUES],
-        )
-    return False
-
-
-class _ResultRefused(Exception):
-    """A handler returned a value too large to store: its attempt fails."""
-
-
 def new_worker_id() -> str:
     return f"py-{os.getpid()}-{secrets.token_hex(4)}"
 
@@ -496,19 +216,7 @@ def check_concurrency(value: object, *, low: int) -> int:
     return value
 
 
-@unprotected
-async def _call_handler(handler: Handler, task: Task, context: TaskContext) -> object:
-    """The user's handler, the one SDK frame a Ctrl-C may land below
-    (`ringo_trio._interrupts`)."""
-    returned: object = handler(task, context)
-    # A coroutine, nearly always: its exact type is checked before the
-    # general (Python-level) test.
-    if type(returned) is CoroutineType or inspect.isawaitable(returned):
-        returned = await returned
-    return returned
-
-
-class Worker(Fencing):
+class Worker:
     """A credit-controlled worker of one queue. Create it with `TaskQueue.worker`.
 
     ::
@@ -541,9 +249,9 @@ class Worker(Fencing):
         self._handler = handler
         self._task_types = list(task_types)
         # With a shared controller the pool sizes the worker (`_rebalance`);
-        # the member is its account there while `run` runs.
+        # the membership is its place there while `run` runs.
         self._controller = None if isinstance(concurrency, int) else concurrency
-        self._member: Member | None = None
+        self._membership: Membership | None = None
         self._concurrency = concurrency if isinstance(concurrency, int) else 0
         self._weight = weight
         self._lease_duration = lease_duration
@@ -551,6 +259,15 @@ class Worker(Fencing):
         self._stop_timeout = stop_timeout.total_seconds()
         self._on_idle = on_idle
         self._idle_counts_scheduled = idle_counts_scheduled
+        self._idle = IdleMonitor(
+            connection,
+            GetQueueActivityRequest(
+                queue=queue_name, task_types=self._task_types, due_only=not idle_counts_scheduled
+            ),
+            on_idle or _no_idle,
+            busy=self._busy,
+            failed=self._idle_failed,
+        )
         self._worker_id = new_worker_id()
         self._dynamic = self._controller is not None
         self._run_started = False
@@ -570,26 +287,26 @@ class Worker(Fencing):
         # to its end: the one told when a handler of an ended stream exits.
         self._current: WorkSession | None = None
         # What runs handlers while the handler group is open (`_handler_group`).
-        self._backend: _Backend | None = None
-        self._running: dict[LeaseKey, _Running] = {}
+        self._backend: Backend | None = None
+        self._running: dict[LeaseKey, Running] = {}
         # Handlers of ended sessions that have not exited yet.
-        self._orphans: set[_Running] = set()
+        self._orphans: set[Running] = set()
         self._all_idle: anyio.Event | None = None
-        self._idle_since: float | None = None
-        self._idle_armed = False
-        self._idle_fired = False
         self._fatal: BaseException | None = None
-        self._watchdog = None if task_timeouts is None else Watchdog[_Running](task_timeouts)
-        self._watch_nap: anyio.CancelScope | None = None
-        self._fence: Fence | None = None
+        self._fencing = (
+            None
+            if task_timeouts is None
+            else Fencing(
+                task_timeouts,
+                describe=f"worker {self._worker_id} of queue {queue_name!r}",
+                on_fence=self._fenced,
+            )
+        )
         # Return types a handler gave that are no result value (warned once each).
         self._ignored_returns: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<Worker {self._worker_id} queue={self._queue_name!r}>"
-
-    def _describe(self) -> str:
-        return f"worker {self._worker_id} of queue {self._queue_name!r}"
 
     # -- public ---------------------------------------------------------------
 
@@ -603,7 +320,7 @@ class Worker(Fencing):
         shared controller — this worker's current share of the controller's
         capacity (0 while it does not run)."""
         if self._controller is not None:
-            return 0 if self._member is None else self._member.share
+            return 0 if self._membership is None else self._membership.share
         return self._concurrency
 
     @property
@@ -687,8 +404,9 @@ class Worker(Fencing):
         if stopped_by is not None:
             # Bare, as trio and asyncio deliver it: no group of ours around it.
             raise stopped_by
-        if self._fence is not None:
-            raise self._fence.error() from self._fatal
+        fence = None if self._fencing is None else self._fencing.fence
+        if fence is not None:
+            raise fence.error() from self._fatal
         if self._fatal is not None:
             raise self._fatal
         if not self._registered:
@@ -723,17 +441,16 @@ class Worker(Fencing):
     async def _work_until_stopped(self) -> None:
         try:
             self._new_session(self._connection.protocol_minor, 0)  # fail fast, before any work
-            controller = self._controller
-            if controller is not None:
-                self._member = controller._attach(self._weight)
+            if self._controller is not None:
+                self._membership = attach(self._controller, self._weight)
             async with anyio.create_task_group() as run_group:
-                if controller is not None:
-                    run_group.start_soon(controller._drive)
+                if self._membership is not None:
+                    run_group.start_soon(self._membership.drive)
                 if self._on_idle is not None:
-                    run_group.start_soon(self._idle_monitor, run_group.cancel_scope)
-                if self._watchdog is not None:
-                    run_group.start_soon(self._watch, self._watchdog)
-                async with _handler_group() as backend:
+                    run_group.start_soon(self._idle.run, run_group.cancel_scope)
+                if self._fencing is not None:
+                    run_group.start_soon(self._fencing.watch)
+                async with handler_group() as backend:
                     self._backend = backend
                     try:
                         await self._serve()
@@ -745,11 +462,11 @@ class Worker(Fencing):
                 run_group.cancel_scope.cancel()
         finally:
             self._backend = None
-            if self._controller is not None and self._member is not None:
+            if self._membership is not None:
                 # No handler is left (the handler group has exited): every
                 # permit goes back and the other workers' shares grow.
-                self._controller._detach(self._member)
-                self._member = None
+                self._membership.detach()
+                self._membership = None
 
     @protected
     def _stop_now(self, why: str) -> None:
@@ -769,6 +486,15 @@ class Worker(Fencing):
             shield.deadline = min(shield.deadline, anyio.current_time() + self._stop_timeout)
             # A Ctrl-C now means "now": it abandons this bounded stop.
             abandon_on_interrupt(shield)
+
+    def _fenced(self) -> None:
+        """`Fencing` fenced the worker: it stops taking work at once."""
+        live = self._live
+        if live is not None and live.session.state is State.ACTIVE:
+            # Draining stops the daemon's pushes and the session's credit; a
+            # push already on its way is handed back by `Fencing.admit`.
+            live.send_command(live.session.drain(anyio.current_time()))
+        self._close_requested.set()
 
     async def close(self) -> None:
         """Drain and stop: stop credit, wait ``grace_period``, cancel the rest.
@@ -912,8 +638,8 @@ class Worker(Fencing):
                 except VersionMismatch as exc:
                     raise IncompatibleVersionError(str(exc)) from None
                 live.act(outputs)
-                self._idle_armed = True
-                self._idle_since = None
+                self._idle.armed = True
+                self._idle.since = None
                 on_registered()
                 async with anyio.create_task_group() as tasks:
                     tasks.start_soon(live.timer_loop)
@@ -925,13 +651,13 @@ class Worker(Fencing):
                 if not live.settled.is_set():
                     raise UnavailableError("the daemon ended the Work stream")
             finally:
-                self._idle_armed = False
+                self._idle.armed = False
                 self._live = None
                 if session.state is not State.ENDED:
                     # Every lease of this session is lost to its handlers now.
                     live.act(session.end())
                 for key, running in list(self._running.items()):
-                    if running.context._live is live:
+                    if running.live is live:
                         # Still running after its cancellation: it keeps its
                         # slot (see "Slots and zombies") but not the session.
                         del self._running[key]
@@ -974,17 +700,17 @@ class Worker(Fencing):
         backend = self._backend
         assert backend is not None
         context = TaskContext(task, key, self._worker_id, live)
-        arrived = 0.0 if self._watchdog is None else backend.clock()
-        running = _Running(backend.scope(), context, arrived)
-        if self._controller is not None:
-            running.ticket = self._controller._admit()
+        arrived = 0.0 if self._fencing is None else backend.clock()
+        running = Running(backend.scope(), context, arrived)
+        if self._membership is not None:
+            running.ticket = self._membership.admit()
         self._running[key] = running
-        self._idle_since = None
+        self._idle.since = None
         backend.spawn(self._handle, live, key, task, running)
 
     @protected
     async def _handle(
-        self, live: StreamDriver, key: LeaseKey, task: Task, running: _Running
+        self, live: StreamDriver, key: LeaseKey, task: Task, running: Running
     ) -> None:
         # Unless the handler finishes, the worker stopped it: the lease goes
         # back without spending the attempt.
@@ -993,42 +719,52 @@ class Worker(Fencing):
         delay: float | None = None
         result: bytes | None = None
         finished = False
-        watchdog = self._watchdog
+        fencing = self._fencing
         try:
             if self._close_requested.is_set():
                 # Pushed before the daemon saw the drain: not started at all.
                 error = f"the worker is stopping; handed back unrun ({error})"
                 return
-            if watchdog is not None:
-                refusal = self._admit(watchdog, running)
+            if fencing is not None:
+                refusal = fencing.admit(running)
                 if refusal is not None:
                     error = refusal  # handed back unrun
                     return
             with running.scope:
                 try:
-                    returned = await _call_handler(self._handler, task, running.context)
-                    result = self._result_value(live, returned)
+                    returned = await call_handler(self._handler, task, running.context)
+                    result = result_value(
+                        returned, live.session.minor, self._queue_name, self._ignored_returns
+                    )
                     outcome, error = Outcome.ACK, ""
-                except _ResultRefused as exc:
+                except ResultRefused as exc:
                     outcome, error = Outcome.NACK, str(exc)
-                    _log_outcome(
-                        self, running, logging.ERROR, "returned a value it cannot store", error
+                    log_outcome(
+                        self._queue_name,
+                        running,
+                        logging.ERROR,
+                        "returned a value it cannot store",
+                        error,
                     )
                 except RetryTaskError as exc:
                     outcome = Outcome.NACK
                     running.congested = exc.congestion
-                    error = _error_text(exc)
+                    error = error_text(exc)
                     if exc.delay is not None:
                         delay = exc.delay.total_seconds()
-                    _log_outcome(self, running, logging.INFO, "asked for a retry", error)
+                    log_outcome(self._queue_name, running, logging.INFO, "asked for a retry", error)
                 except PermanentTaskError as exc:
-                    outcome, error = Outcome.REJECT, _error_text(exc)
-                    _log_outcome(self, running, logging.WARNING, "failed permanently", error)
+                    outcome, error = Outcome.REJECT, error_text(exc)
+                    log_outcome(
+                        self._queue_name, running, logging.WARNING, "failed permanently", error
+                    )
                 except Exception as exc:
                     outcome = Outcome.NACK
-                    error = f"{type(exc).__name__}: {_error_text(exc)}"
-                    if not (isinstance(exc, LeaseLostError) and running.context._by_operator):
-                        _log_outcome(self, running, logging.ERROR, "crashed", error, exc_info=exc)
+                    error = f"{type(exc).__name__}: {error_text(exc)}"
+                    if not (isinstance(exc, LeaseLostError) and running.by_operator):
+                        log_outcome(
+                            self._queue_name, running, logging.ERROR, "crashed", error, exc_info=exc
+                        )
                     # else: how the handler learnt of an operator's cancel,
                     # which `_task_cancelled` logged at INFO; nobody's error.
                 finished = True
@@ -1041,7 +777,8 @@ class Worker(Fencing):
             self._interrupt = self._interrupt or exc
             self._stop_now(_interrupt_text(exc))
         finally:
-            if watchdog is not None:
+            if fencing is not None:
+                watchdog = fencing.watchdog
                 now = anyio.current_time()
                 expired = watchdog.expired(running, now)
                 if expired is not None:
@@ -1050,40 +787,15 @@ class Worker(Fencing):
                     outcome, error, delay = Outcome.NACK, expired, None
                 stuck = watchdog.exited(running, now)
                 if stuck is not None:
-                    self._fence_stuck(stuck)
+                    fencing.found_stuck(stuck)
             self._finish_handler(live, key, running, outcome, error, delay, finished, result)
-
-    def _result_value(self, live: StreamDriver, returned: object) -> bytes | None:
-        """What a handler's return value stores with its SUCCEEDED task: bytes
-        or str (as UTF-8); None stores nothing. Other types are not results
-        (handlers written before results existed return anything): ignored
-        with one warning per type. Too large: `_ResultRefused`."""
-        if returned is None:
-            return None
-        if not isinstance(returned, bytes | bytearray | memoryview | str):
-            name = type(returned).__qualname__
-            if name not in self._ignored_returns:
-                self._ignored_returns.add(name)
-                log.warning(
-                    "a handler of queue %r returned a %s; only bytes or str are stored as"
-                    " the task's result, so it is ignored (warned once per type)",
-                    self._queue_name,
-                    name,
-                )
-            return None
-        if not results_stored(live.session.minor):
-            return None
-        try:
-            return encode_result(returned)
-        except InvalidArgumentError as exc:
-            raise _ResultRefused(f"the handler's return value cannot be stored: {exc}") from None
 
     @protected
     def _finish_handler(
         self,
         live: StreamDriver,
         key: LeaseKey,
-        running: _Running,
+        running: Running,
         outcome: Outcome,
         error: str,
         delay: float | None,
@@ -1096,13 +808,13 @@ class Worker(Fencing):
         elif running in self._orphans:
             self._orphans.discard(running)
             self._orphan_exited(now)
-        controller = self._controller
-        if controller is not None:
+        membership = self._membership
+        if membership is not None:
             if finished and outcome is Outcome.ACK:
                 signal = Signal.SUCCESS
             else:
                 signal = Signal.CONGESTION if running.congested else Signal.FAILURE
-            controller._finished(running.ticket, signal)
+            membership.finished(running.ticket, signal)
             # Before the settlement asks for credit, so that credit already
             # follows a cut this very outcome caused.
             self._rebalance()
@@ -1135,14 +847,14 @@ class Worker(Fencing):
 
     def _rebalance(self) -> None:
         """Match this worker's permits to its share and its commitments, and
-        its session's concurrency to its permits (ringo_trio._concurrency).
+        its session's concurrency to its permits (ringo_trio._work._concurrency).
         Runs after every session event and on every change of the pool."""
-        controller, member = self._controller, self._member
-        if controller is None or member is None:
+        membership = self._membership
+        if membership is None:
             return
         live = self._live
         outputs = balance(
-            functools.partial(controller._sync, member),
+            membership.sync,
             None if live is None else live.session,
             handlers=len(self._running) + len(self._orphans),
             closing=self._close_requested.is_set(),
@@ -1156,10 +868,10 @@ class Worker(Fencing):
     async def _follow_controller(self) -> None:
         """Rebalance whenever the shared pool changed (another worker gave
         permits back, attached or detached; the capacity moved)."""
-        controller = self._controller
-        assert controller is not None
+        membership = self._membership
+        assert membership is not None
         while True:
-            changed = controller._changed_event()
+            changed = membership.changed()
             self._rebalance()
             await changed.wait()
 
@@ -1172,9 +884,9 @@ class Worker(Fencing):
         # Not an error: someone chose to stop this task (CancelTask).
         running = self._running.get(key)
         if running is not None:
-            running.context._by_operator = True
-            _log_outcome(
-                self,
+            running.cancelled_by_operator()
+            log_outcome(
+                self._queue_name,
                 running,
                 logging.INFO,
                 "was cancelled by an operator",
@@ -1199,55 +911,19 @@ class Worker(Fencing):
         for running in [*self._running.values(), *self._orphans]:
             self._cancel(running, why)
 
-    def _cancel(self, running: _Running, why: str) -> None:
+    def _cancel(self, running: Running, why: str) -> None:
         running.cancel(why)
-        watchdog = self._watchdog
-        if watchdog is not None:
-            self._wake_watch(watchdog.cancelled(running, anyio.current_time(), why))
+        if self._fencing is not None:
+            self._fencing.cancelled(running, why)
 
-    # -- on_idle ----------------------------------------------------------------
+    # -- on_idle (`IdleMonitor`) --------------------------------------------------
 
-    @protected
-    async def _idle_monitor(self, run_scope: anyio.CancelScope) -> None:
-        callback = self._on_idle
-        assert callback is not None
-        request = GetQueueActivityRequest(
-            queue=self._queue_name,
-            task_types=self._task_types,
-            due_only=not self._idle_counts_scheduled,
-        )
-        while not self._idle_fired:
-            await anyio.sleep(_IDLE_POLL_SECONDS)
-            if not self._idle_armed or self._closing or self.running:
-                self._idle_since = None
-                continue
-            try:
-                reply = await self._connection.call(
-                    "GetQueueActivity", request, GetQueueActivityResponse, read_only=True
-                )
-                active = reply.active_task_count
-            except NotFoundError:
-                active = 0
-            except RingoError:
-                self._idle_since = None
-                continue
-            if active or not self._idle_armed or self.running or self._closing:
-                self._idle_since = None
-                continue
-            now = anyio.current_time()
-            if self._idle_since is None:
-                self._idle_since = now
-                continue
-            if now - self._idle_since < _IDLE_QUIET_SECONDS:
-                continue
-            self._idle_fired = True
-            try:
-                result = callback()
-                if inspect.isawaitable(result):
-                    await result
-            except anyio.get_cancelled_exc_class():
-                raise
-            except BaseException as exc:
-                self._fatal = exc
-                run_scope.cancel()
-                return
+    def _busy(self) -> bool:
+        return self._closing or bool(self.running)
+
+    def _idle_failed(self, error: BaseException) -> None:
+        self._fatal = error
+
+
+def _no_idle() -> None:
+    """Without ``on_idle`` the monitor never runs."""

@@ -44,7 +44,7 @@ from .._client import RingoClient
 from .._errors import InvalidArgumentError
 from .._models import Task, TaskState
 from .._queue import TaskQueue
-from .._work.worker import Handler, TaskContext
+from .._work._handlers import Handler, TaskContext
 from ..server._clock import Clock, LoopClock
 from ..server._daemon import Daemon, DaemonConfig
 from ..server.storage.sqlite import SQLiteEngine
