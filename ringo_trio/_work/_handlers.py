@@ -1,14 +1,34 @@
-"""Running one handler: what it gets (`TaskContext`), what runs it, what its result stores.
+"""Running handlers: what one gets (`TaskContext`), what runs it, how it is settled.
 
-`Running` is one handler as the worker tracks it: its cancel scope, its
-`TaskContext` and the worker's notes (when the push arrived, its admission
-ticket, whether it reported congestion). `handler_group` is the nursery
-every handler of a worker runs in (`Backend`: trio's own under trio).
-`call_handler` is the one SDK frame a Ctrl-C may land below
-(`ringo_trio._interrupts`). `result_value` and `encode_result` turn a
-handler's return value into the result its ack stores. What a handler's
-outcome does to its lease — settlement, slots, stops — is the worker's
-(`ringo_trio._work.worker`).
+`Handlers` holds every handler of one worker, from its push to its
+settlement: `Running` is one of them as the worker tracks it (its cancel
+scope, its `TaskContext`, when the push arrived, its admission ticket);
+`handler_group` is the nursery they run in (`Backend`: trio's own under
+trio); `call_handler` is the one SDK frame a Ctrl-C may land below
+(`ringo_trio._interrupts`). The worker (`ringo_trio._work.worker`) opens the
+streams, starts each handler and decides when to stop.
+
+*Cleanup is armed before the await that can be cancelled.* A handler's
+settlement (ack / nack / reject / release, or "exited" after a lost lease)
+happens in the ``finally`` of its task (`Handlers.finish`), synchronously —
+the frame goes into an unbounded send channel and the session's bookkeeping
+is plain method calls — so no cancellation can skip it or leak a slot.
+
+*Results and cancellation.* What a handler returns is its task's result:
+bytes, or a str (stored as UTF-8), sent with the ack (protocol minor >= 9;
+dropped, with one warning, below). None stores nothing; any other value is
+ignored with one warning per type; a value over ``MAX_RESULT_BYTES`` fails
+the attempt like an exception (nack). An operator's CancelTask reaches the
+worker as a ``LEASE_LOST`` with reason ``cancelled`` on the lease's next
+renewal, progress report or settlement: the handler's scope is cancelled
+as for any lost lease, and the worker logs it at INFO, not as an error —
+once: the `LeaseLostError` a handler then gets from ``report_progress``
+and lets propagate is that news, not a crash (`Handlers.handle`).
+
+*Timeouts*: ``TaskTimeouts(heartbeat=...)`` is fed by
+`TaskContext.mark_progress` (and ``report_progress``, which calls it): each
+call pushes the handler's scope deadline forward (``_beat``, set by
+`ringo_trio._work._fencing.Fencing.admit` through `Running.on_progress`).
 """
 
 from __future__ import annotations
@@ -26,18 +46,22 @@ import sniffio
 
 from .._contract import limits as _limits
 from .._contract.versions import FEATURES, Feature, Features
-from .._contract.work.client import CANCELLED_BY_OPERATOR, LeaseKey
-from .._errors import InvalidArgumentError, LeaseLostError
-from .._interrupts import unprotected
+from .._contract.work.client import CANCELLED_BY_OPERATOR, LeaseKey, Outcome, State
+from .._errors import InvalidArgumentError, LeaseLostError, PermanentTaskError, RetryTaskError
+from .._interrupts import protected, unprotected
 from .._models import Task, truncate_utf8
 from ._driver import command_exception
+from ._permits import Signal
 
 if TYPE_CHECKING:
+    from ._concurrency import Membership
     from ._driver import StreamDriver
+    from ._fencing import Fencing
 
 __all__ = [
     "Backend",
     "Handler",
+    "Handlers",
     "ResultRefused",
     "Running",
     "Scope",
@@ -90,7 +114,7 @@ class TaskContext:
         self._cancelled = False
         self._why = ""  # what cancelled it first
         # The daemon said an operator cancelled the task: the handler's
-        # LeaseLostError is then that news, not a crash (`Worker._handle`).
+        # LeaseLostError is then that news, not a crash (`Handlers.handle`).
         self._by_operator = False
         self._waiter: anyio.Event | None = None
         self._last_progress: float | None = None
@@ -389,3 +413,235 @@ async def call_handler(handler: Handler, task: Task, context: TaskContext) -> ob
     if type(returned) is CoroutineType or inspect.isawaitable(returned):
         returned = await returned
     return returned
+
+
+class Handlers:
+    """Every handler of one worker, from its push to its settlement.
+
+    ``running``: the handlers of the live stream, by lease key; ``orphans``:
+    handlers of ended streams that ignored their cancellation and have not
+    exited yet (they keep their slots: the worker's "Slots and zombies").
+    ``backend`` runs them while the worker's handler group is open;
+    ``membership`` is the worker's place in a shared controller's pool while
+    it runs; ``stop_reason`` is why the worker stops at once (None: it does
+    not), the error text a stopped handler's lease goes back with. The worker
+    starts each handler (`Worker._start_handler`) with `handle`; what it
+    needs besides comes through the callbacks: ``interrupted`` (a
+    KeyboardInterrupt or SystemExit landed in a handler), ``rebalance``
+    (with a shared controller, before each settlement) and ``orphan_exited``
+    (a handler of an ended stream exited, at this time).
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        queue_name: str,
+        worker_id: str,
+        close_requested: anyio.Event,
+        fencing: Fencing | None,
+        interrupted: Callable[[BaseException], None],
+        rebalance: Callable[[], None],
+        orphan_exited: Callable[[float], None],
+    ) -> None:
+        self.backend: Backend | None = None
+        self.running: dict[LeaseKey, Running] = {}
+        self.orphans: set[Running] = set()
+        self.membership: Membership | None = None
+        self.stop_reason: str | None = None
+        self._handler = handler
+        self._queue_name = queue_name
+        self._worker_id = worker_id
+        self._close_requested = close_requested
+        self._fencing = fencing
+        self._interrupted = interrupted
+        self._rebalance = rebalance
+        self._orphan_exited = orphan_exited
+        self._all_idle: anyio.Event | None = None
+        # Return types a handler gave that are no result value (warned once each).
+        self._ignored_returns: set[str] = set()
+
+    @property
+    def count(self) -> int:
+        """Handlers running, orphans included."""
+        return len(self.running) + len(self.orphans)
+
+    @protected
+    async def handle(self, live: StreamDriver, key: LeaseKey, task: Task, running: Running) -> None:
+        """Run one handler and settle its lease, whatever happens to it."""
+        # Unless the handler finishes, the worker stopped it: the lease goes
+        # back without spending the attempt.
+        outcome = Outcome.RELEASE
+        error = self.stop_reason or "the worker stopped before the handler finished"
+        delay: float | None = None
+        result: bytes | None = None
+        finished = False
+        fencing = self._fencing
+        try:
+            if self._close_requested.is_set():
+                # Pushed before the daemon saw the drain: not started at all.
+                error = f"the worker is stopping; handed back unrun ({error})"
+                return
+            if fencing is not None:
+                refusal = fencing.admit(running)
+                if refusal is not None:
+                    error = refusal  # handed back unrun
+                    return
+            with running.scope:
+                try:
+                    returned = await call_handler(self._handler, task, running.context)
+                    result = result_value(
+                        returned, live.session.minor, self._queue_name, self._ignored_returns
+                    )
+                    outcome, error = Outcome.ACK, ""
+                except ResultRefused as exc:
+                    outcome, error = Outcome.NACK, str(exc)
+                    log_outcome(
+                        self._queue_name,
+                        running,
+                        logging.ERROR,
+                        "returned a value it cannot store",
+                        error,
+                    )
+                except RetryTaskError as exc:
+                    outcome = Outcome.NACK
+                    running.congested = exc.congestion
+                    error = error_text(exc)
+                    if exc.delay is not None:
+                        delay = exc.delay.total_seconds()
+                    log_outcome(self._queue_name, running, logging.INFO, "asked for a retry", error)
+                except PermanentTaskError as exc:
+                    outcome, error = Outcome.REJECT, error_text(exc)
+                    log_outcome(
+                        self._queue_name, running, logging.WARNING, "failed permanently", error
+                    )
+                except Exception as exc:
+                    outcome = Outcome.NACK
+                    error = f"{type(exc).__name__}: {error_text(exc)}"
+                    if not (isinstance(exc, LeaseLostError) and running.by_operator):
+                        log_outcome(
+                            self._queue_name, running, logging.ERROR, "crashed", error, exc_info=exc
+                        )
+                    # else: how the handler learnt of an operator's cancel,
+                    # which `task_cancelled` logged at INFO; nobody's error.
+                finished = True
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:
+            # KeyboardInterrupt / SystemExit delivered inside a handler: the
+            # whole worker stops (and `run` re-raises it, bare); the handler
+            # group must not see it, or it would tear the stream down first.
+            self._interrupted(exc)
+        finally:
+            if fencing is not None:
+                watchdog = fencing.watchdog
+                now = anyio.current_time()
+                expired = watchdog.expired(running, now)
+                if expired is not None:
+                    # Whatever it did past its deadline — returned without
+                    # ever yielding, swallowed the cancellation — is no success.
+                    outcome, error, delay = Outcome.NACK, expired, None
+                stuck = watchdog.exited(running, now)
+                if stuck is not None:
+                    fencing.found_stuck(stuck)
+            self.finish(live, key, running, outcome, error, delay, finished, result)
+
+    @protected
+    def finish(
+        self,
+        live: StreamDriver,
+        key: LeaseKey,
+        running: Running,
+        outcome: Outcome,
+        error: str,
+        delay: float | None,
+        finished: bool,
+        result: bytes | None = None,
+    ) -> None:
+        """Settle a handler that exited (synchronously: no cancellation can
+        skip it) and free its slot."""
+        now = live.clock()
+        if self.running.get(key) is running:
+            del self.running[key]
+        elif running in self.orphans:
+            self.orphans.discard(running)
+            self._orphan_exited(now)
+        membership = self.membership
+        if membership is not None:
+            if finished and outcome is Outcome.ACK:
+                signal = Signal.SUCCESS
+            else:
+                signal = Signal.CONGESTION if running.congested else Signal.FAILURE
+            membership.finished(running.ticket, signal)
+            # Before the settlement asks for credit, so that credit already
+            # follows a cut this very outcome caused.
+            self._rebalance()
+        session = live.session
+        if session.holds(key) and session.state in (State.ACTIVE, State.DRAINING):
+            live.act(
+                session.settle(key, outcome, now, error=error, retry_delay=delay, result=result)
+            )
+        elif session.state is not State.ERROR:
+            # Lost, or its stream ended: nothing to settle, but its slot frees.
+            live.act(session.handler_exited(key, now))
+        if not self.running and self._all_idle is not None:
+            self._all_idle.set()
+
+    async def all_exited(self, within: float) -> None:
+        """Wait up to ``within`` seconds for the live stream's handlers to exit."""
+        if self.running and within > 0:
+            self._all_idle = anyio.Event()
+            with anyio.move_on_after(within):
+                await self._all_idle.wait()
+
+    def orphan(self, live: StreamDriver) -> None:
+        """``live`` ended: its handlers still running after their cancellation
+        keep their slots (see "Slots and zombies") but not the session."""
+        for key, running in list(self.running.items()):
+            if running.live is live:
+                del self.running[key]
+                self.orphans.add(running)
+
+    def cancel(self, key: LeaseKey, why: str) -> None:
+        """Cancel the handler holding ``key`` (its lease was lost)."""
+        running = self.running.get(key)
+        if running is not None:
+            self._cancel(running, why)
+
+    def task_cancelled(self, key: LeaseKey) -> None:
+        """The daemon says an operator cancelled this lease's task."""
+        # Not an error: someone chose to stop this task (CancelTask).
+        running = self.running.get(key)
+        if running is not None:
+            running.cancelled_by_operator()
+            log_outcome(
+                self._queue_name,
+                running,
+                logging.INFO,
+                "was cancelled by an operator",
+                "its handler is being cancelled",
+            )
+            return
+        log.info(
+            "task %s (attempt %d) of queue %r was cancelled by an operator; its handler had"
+            " finished, and its outcome was not stored",
+            key.task_id,
+            key.attempt,
+            self._queue_name,
+            extra={
+                "ringo_task_id": key.task_id,
+                "ringo_queue": self._queue_name,
+                "ringo_attempt": key.attempt,
+                "ringo_worker_id": self._worker_id,
+            },
+        )
+
+    def cancel_all(self, why: str) -> None:
+        """Cancel every handler, orphans included."""
+        for running in [*self.running.values(), *self.orphans]:
+            self._cancel(running, why)
+
+    def _cancel(self, running: Running, why: str) -> None:
+        running.cancel(why)
+        if self._fencing is not None:
+            self._fencing.cancelled(running, why)

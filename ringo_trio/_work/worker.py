@@ -1,10 +1,11 @@
-"""Worker and TaskContext: the handlers' side of the Work protocol.
+"""Worker: the handlers' side of the Work protocol — its life, its streams, its stop.
 
 Theory of operation
 -------------------
 All protocol decisions live in `ringo_trio._contract.work.client.WorkSession`; one
-stream's frames are moved by `ringo_trio._work._driver.StreamDriver`; this
-module runs handlers and decides when to stop. The shape is the one DESIGN.md
+stream's frames are moved by `ringo_trio._work._driver.StreamDriver`; one
+handler is run and settled by `ringo_trio._work._handlers.Handlers`; this
+module opens the streams and decides when to stop. The shape is the one DESIGN.md
 §2 asks for — scopes instead of epochs and done-callbacks:
 
 *Stopping is a protocol step.* ``Worker.run`` does its work in a child task
@@ -16,17 +17,17 @@ drain goes out first (no more pushes), every handler is cancelled and its
 deadline is pulled in to ``stop_timeout`` from now, so the stop is bounded
 however the daemon behaves. ``run`` then re-raises what stopped it, bare.
 A KeyboardInterrupt that trio delivers inside a handler or one of our tasks
-is caught where it lands (`_handle`, `_work`), stops the worker the same way
+is caught where it lands (`Handlers.handle`, `_work`), stops the worker the same way
 and comes out of ``run`` unwrapped: the SDK adds no exception group.
 
 Inside `_work`, two task groups live as long as the worker:
 
-* the **run group**, holding the on_idle monitor, the fencing watch and a
-  shared controller's driver (when configured), and
+* the **run group**, holding the on_idle monitor (`ringo_trio._work._idle`),
+  the fencing watch and a shared controller's driver (when configured), and
 * the **handler group** inside it, holding every handler: one task per
   delivered task, under its own cancel scope, stored by lease key, so
   a lost lease cancels exactly that handler. Under trio the group is trio's
-  own nursery and the scope trio's own (`_Backend`): anyio's task group
+  own nursery and the scope trio's own (`Backend`): anyio's task group
   wraps every child in a task handle, measured at ~8 % of a no-op task's
   worker CPU, and anyio's cancel scope wraps trio's (~4 µs a handler),
   which a handler (it catches all but its cancellation) does not need. Long-lived
@@ -51,7 +52,7 @@ ended). A replacement session is a new block. No epoch counter exists.
 its session ended; it does not block reconnecting, but it keeps its slot: the
 next session is told how many such handlers run (its *outside slots*) and
 never grants their slots — whatever the daemon echoes at registration —
-until each exits (`_orphan_exited`). The session owns that arithmetic; the
+until each exits (`Handlers.orphan`, `_orphan_exited`). The session owns that arithmetic; the
 worker only counts its orphans and reports their exits to the newest
 session, from its creation on (`_current`), so that one exiting while the
 stream registers is not missed.
@@ -59,19 +60,13 @@ stream registers is not missed.
 *Shared controllers* (``concurrency=AdaptiveConcurrency(...)`` or
 ``ResourceConcurrency(...)``; `ringo_trio._work._concurrency`). The worker
 is attached to the controller's permit pool for its whole life and detached
-once the handler group has exited. `_rebalance` — after every session event
+once the handler group has exited (its `Membership`). `_rebalance` — after every session event
 (`StreamDriver.act` calls `_after_act`), before a finished handler's
 settlement (so a congestion cut applies before the settlement asks for
 credit), and in a task of each session that waits on the pool's broadcast
 event — reports what the session has committed (its exact credit mirror)
 plus the handlers of ended streams, takes or returns permits, and sizes the
 session to them.
-
-*Cleanup is armed before the await that can be cancelled.* A handler's
-settlement (ack / nack / reject / release, or "exited" after a lost lease)
-happens in the ``finally`` of its task, synchronously — the frame goes into
-an unbounded send channel and the session's bookkeeping is plain method
-calls — so no cancellation can skip it or leak a slot.
 
 *Closing* (`Worker.close`, from any task, any number of times) asks the
 worker to stop and waits until it has: stop credit and send ``drain``; wait
@@ -82,20 +77,8 @@ session, then the stream. When ``close`` returns, no handler of the worker
 runs and no lease is renewed. A push that arrives after the stop began is
 handed back unrun.
 
-*Results and cancellation.* What a handler returns is its task's result:
-bytes, or a str (stored as UTF-8), sent with the ack (protocol minor >= 9;
-dropped, with one warning, below). None stores nothing; any other value is
-ignored with one warning per type; a value over ``MAX_RESULT_BYTES`` fails
-the attempt like an exception (nack). An operator's CancelTask reaches the
-worker as a ``LEASE_LOST`` with reason ``cancelled`` on the lease's next
-renewal, progress report or settlement: the handler's scope is cancelled
-as for any lost lease, and the worker logs it at INFO, not as an error —
-once: the `LeaseLostError` a handler then gets from ``report_progress``
-and lets propagate is that news, not a crash (`_handle`).
-
-*Timeouts and fencing*: `ringo_trio._work._fencing`. ``TaskTimeouts(heartbeat=...)``
-is fed by `TaskContext.mark_progress` (and ``report_progress``, which calls
-it): each call pushes the handler's scope deadline forward (``_beat``).
+*Handlers, their results and their settlement*: `ringo_trio._work._handlers`.
+*Timeouts and fencing*: `ringo_trio._work._fencing`, a `Fencing` the worker owns.
 
 *Reconnects are bounded*: a session that fails before registering counts as a
 failed recovery; three in a row end ``run`` with the last cause. A session
@@ -105,11 +88,11 @@ runs (renegotiation; restart of a dead local daemon).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import secrets
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -121,7 +104,6 @@ from .._contract.versions import Feature, Features
 from .._contract.work.client import (
     FeatureMissing,
     LeaseKey,
-    Outcome,
     RemoteProtocolError,
     SessionBroken,
     State,
@@ -131,9 +113,6 @@ from .._contract.work.client import (
 from .._errors import (
     IncompatibleVersionError,
     InvalidArgumentError,
-    LeaseLostError,
-    PermanentTaskError,
-    RetryTaskError,
     RingoError,
     UnavailableError,
     WorkerAlreadyRunError,
@@ -143,23 +122,12 @@ from .._interrupts import abandon_on_interrupt, forget, protected
 from .._models import Task
 from .._proto.ringo.v1 import GetQueueActivityRequest, WorkerRegistration, WorkRequest
 from .._transport_api import SessionRejectedError
-from ._concurrency import AdaptiveConcurrency, Membership, ResourceConcurrency, attach
+from ._concurrency import AdaptiveConcurrency, ResourceConcurrency, attach
 from ._driver import Frame, Inbound, StreamDriver, batch_frames
 from ._fencing import Fencing
-from ._handlers import (
-    Backend,
-    Handler,
-    ResultRefused,
-    Running,
-    TaskContext,
-    call_handler,
-    error_text,
-    handler_group,
-    log_outcome,
-    result_value,
-)
+from ._handlers import Handler, Handlers, Running, TaskContext, handler_group
 from ._idle import IdleMonitor
-from ._permits import Signal, balance
+from ._permits import balance
 from ._timeouts import TaskTimeouts
 
 if TYPE_CHECKING:
@@ -171,8 +139,6 @@ __all__ = [
     "check_concurrency",
     "new_worker_id",
 ]
-
-log = logging.getLogger(__name__)
 
 _MAX_RECOVERY_FAILURES = 3
 _COMMAND_TIMEOUT = 30.0
@@ -248,10 +214,9 @@ class Worker:
         self._queue_name = queue_name
         self._handler = handler
         self._task_types = list(task_types)
-        # With a shared controller the pool sizes the worker (`_rebalance`);
-        # the membership is its place there while `run` runs.
+        # With a shared controller the pool sizes the worker (`_rebalance`)
+        # through its membership, held by its handlers while `run` runs.
         self._controller = None if isinstance(concurrency, int) else concurrency
-        self._membership: Membership | None = None
         self._concurrency = concurrency if isinstance(concurrency, int) else 0
         self._weight = weight
         self._lease_duration = lease_duration
@@ -277,8 +242,6 @@ class Worker:
         self._registered = False
         self._registered_or_done = anyio.Event()
         self._shield: anyio.CancelScope | None = None
-        # Set once the worker must stop at once (cancelled, interrupted): why.
-        self._stop_reason: str | None = None
         # A KeyboardInterrupt/SystemExit that landed in one of our tasks:
         # `run` re-raises it, bare, once everything is handed back.
         self._interrupt: BaseException | None = None
@@ -286,12 +249,6 @@ class Worker:
         # The newest session, from its creation (before its stream registers)
         # to its end: the one told when a handler of an ended stream exits.
         self._current: WorkSession | None = None
-        # What runs handlers while the handler group is open (`_handler_group`).
-        self._backend: Backend | None = None
-        self._running: dict[LeaseKey, Running] = {}
-        # Handlers of ended sessions that have not exited yet.
-        self._orphans: set[Running] = set()
-        self._all_idle: anyio.Event | None = None
         self._fatal: BaseException | None = None
         self._fencing = (
             None
@@ -302,8 +259,16 @@ class Worker:
                 on_fence=self._fenced,
             )
         )
-        # Return types a handler gave that are no result value (warned once each).
-        self._ignored_returns: set[str] = set()
+        self._handlers = Handlers(
+            handler,
+            queue_name=queue_name,
+            worker_id=self._worker_id,
+            close_requested=self._close_requested,
+            fencing=self._fencing,
+            interrupted=self._interrupted,
+            rebalance=self._rebalance,
+            orphan_exited=self._orphan_exited,
+        )
 
     def __repr__(self) -> str:
         return f"<Worker {self._worker_id} queue={self._queue_name!r}>"
@@ -320,7 +285,8 @@ class Worker:
         shared controller — this worker's current share of the controller's
         capacity (0 while it does not run)."""
         if self._controller is not None:
-            return 0 if self._membership is None else self._membership.share
+            membership = self._handlers.membership
+            return 0 if membership is None else membership.share
         return self._concurrency
 
     @property
@@ -330,7 +296,7 @@ class Worker:
     @property
     def running(self) -> int:
         """Handlers running now (including ones of an ended stream that ignore cancellation)."""
-        return len(self._running) + len(self._orphans)
+        return self._handlers.count
 
     async def set_concurrency(self, concurrency: int) -> None:
         """Change how many handlers may run at once, without cancelling running ones.
@@ -442,50 +408,56 @@ class Worker:
         try:
             self._new_session(self._connection.protocol_minor, 0)  # fail fast, before any work
             if self._controller is not None:
-                self._membership = attach(self._controller, self._weight)
+                self._handlers.membership = attach(self._controller, self._weight)
             async with anyio.create_task_group() as run_group:
-                if self._membership is not None:
-                    run_group.start_soon(self._membership.drive)
+                if self._handlers.membership is not None:
+                    run_group.start_soon(self._handlers.membership.drive)
                 if self._on_idle is not None:
                     run_group.start_soon(self._idle.run, run_group.cancel_scope)
                 if self._fencing is not None:
                     run_group.start_soon(self._fencing.watch)
                 async with handler_group() as backend:
-                    self._backend = backend
+                    self._handlers.backend = backend
                     try:
                         await self._serve()
                     except (RingoError, RemoteProtocolError, SessionBroken) as exc:
                         self._fatal = exc
                     finally:
                         self._closing = True
-                        self._cancel_all_handlers("the worker stopped")
+                        self._handlers.cancel_all("the worker stopped")
                 run_group.cancel_scope.cancel()
         finally:
-            self._backend = None
-            if self._membership is not None:
+            self._handlers.backend = None
+            if self._handlers.membership is not None:
                 # No handler is left (the handler group has exited): every
                 # permit goes back and the other workers' shares grow.
-                self._membership.detach()
-                self._membership = None
+                self._handlers.membership.detach()
+                self._handlers.membership = None
 
     @protected
     def _stop_now(self, why: str) -> None:
         """Stop at once and hand every lease back, within ``stop_timeout``."""
-        if self._stop_reason is not None:
+        if self._handlers.stop_reason is not None:
             return
-        self._stop_reason = why
+        self._handlers.stop_reason = why
         self._close_requested.set()
         live = self._live
         if live is not None and live.session.state is State.ACTIVE:
             # The drain goes out before any handler's release, so the daemon
             # pushes nothing more; the handlers then settle in their `finally`.
             live.send_command(live.session.drain(anyio.current_time()))
-        self._cancel_all_handlers(why)
+        self._handlers.cancel_all(why)
         shield = self._shield
         if shield is not None:
             shield.deadline = min(shield.deadline, anyio.current_time() + self._stop_timeout)
             # A Ctrl-C now means "now": it abandons this bounded stop.
             abandon_on_interrupt(shield)
+
+    def _interrupted(self, exc: BaseException) -> None:
+        """A KeyboardInterrupt or SystemExit landed in a handler: `run`
+        re-raises it once the stop it starts now is over."""
+        self._interrupt = self._interrupt or exc
+        self._stop_now(_interrupt_text(exc))
 
     def _fenced(self) -> None:
         """`Fencing` fenced the worker: it stops taking work at once."""
@@ -586,7 +558,9 @@ class Worker:
 
     async def _session(self, sent: NegotiatedSession, on_registered: Callable[[], None]) -> None:
         """One Work stream, from registration to its end."""
-        session = self._new_session(sent.minor, self._concurrency, outside=len(self._orphans))
+        session = self._new_session(
+            sent.minor, self._concurrency, outside=len(self._handlers.orphans)
+        )
         self._current = session
         try:
             await self._run_session(sent, session, on_registered)
@@ -616,7 +590,15 @@ class Worker:
             coalesce=batch_frames if Features(sent.minor).has(Feature.BATCH_FRAMES) else None,
         ) as channels:
             assert channels.send is not None
-            live = StreamDriver(session, channels.send, self)
+            handlers = self._handlers
+            owner = _StreamOwner(
+                self._start_handler,
+                handlers.cancel,
+                handlers.task_cancelled,
+                self._quiet,
+                self._after_act,
+            )
+            live = StreamDriver(session, channels.send, owner)
             channels.send.send_nowait(Frame(bytes(WorkRequest(register=registration)), alone=True))
             first = await live.first_response(channels.receive)
             granted = first.registered
@@ -656,12 +638,7 @@ class Worker:
                 if session.state is not State.ENDED:
                     # Every lease of this session is lost to its handlers now.
                     live.act(session.end())
-                for key, running in list(self._running.items()):
-                    if running.live is live:
-                        # Still running after its cancellation: it keeps its
-                        # slot (see "Slots and zombies") but not the session.
-                        del self._running[key]
-                        self._orphans.add(running)
+                handlers.orphan(live)
                 # The stream's unused credit is void: those permits go back.
                 self._rebalance()
 
@@ -670,16 +647,14 @@ class Worker:
         await self._close_requested.wait()
         self._closing = True
         session = live.session
-        grace = 0.0 if self._stop_reason is not None else self._grace
+        handlers = self._handlers
+        grace = 0.0 if handlers.stop_reason is not None else self._grace
         if session.state is State.ACTIVE:
             drain = session.drain(anyio.current_time())
             with anyio.move_on_after(max(0.1, min(grace or 1.0, _COMMAND_TIMEOUT))):
                 await live.command(drain)
-        if self._running and grace > 0:
-            self._all_idle = anyio.Event()
-            with anyio.move_on_after(grace):
-                await self._all_idle.wait()
-        self._cancel_all_handlers(self._stop_reason or "the worker closed past its grace period")
+        await handlers.all_exited(grace)
+        handlers.cancel_all(handlers.stop_reason or "the worker closed past its grace period")
         # Cancelled handlers hand their leases back in their `finally`; wait
         # for the daemon's answers.
         await live.finish(self._stop_timeout)
@@ -688,7 +663,7 @@ class Worker:
     # -- what a stream asks of its owner (`StreamOwner`) ------------------------
 
     def _quiet(self) -> bool:
-        return self._closing and not self._running
+        return self._closing and not self._handlers.running
 
     def _after_act(self) -> None:
         if self._controller is not None:
@@ -697,137 +672,17 @@ class Worker:
     # -- handlers -----------------------------------------------------------------
 
     def _start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None:
-        backend = self._backend
+        handlers = self._handlers
+        backend = handlers.backend
         assert backend is not None
         context = TaskContext(task, key, self._worker_id, live)
         arrived = 0.0 if self._fencing is None else backend.clock()
         running = Running(backend.scope(), context, arrived)
-        if self._membership is not None:
-            running.ticket = self._membership.admit()
-        self._running[key] = running
+        if handlers.membership is not None:
+            running.ticket = handlers.membership.admit()
+        handlers.running[key] = running
         self._idle.since = None
-        backend.spawn(self._handle, live, key, task, running)
-
-    @protected
-    async def _handle(
-        self, live: StreamDriver, key: LeaseKey, task: Task, running: Running
-    ) -> None:
-        # Unless the handler finishes, the worker stopped it: the lease goes
-        # back without spending the attempt.
-        outcome = Outcome.RELEASE
-        error = self._stop_reason or "the worker stopped before the handler finished"
-        delay: float | None = None
-        result: bytes | None = None
-        finished = False
-        fencing = self._fencing
-        try:
-            if self._close_requested.is_set():
-                # Pushed before the daemon saw the drain: not started at all.
-                error = f"the worker is stopping; handed back unrun ({error})"
-                return
-            if fencing is not None:
-                refusal = fencing.admit(running)
-                if refusal is not None:
-                    error = refusal  # handed back unrun
-                    return
-            with running.scope:
-                try:
-                    returned = await call_handler(self._handler, task, running.context)
-                    result = result_value(
-                        returned, live.session.minor, self._queue_name, self._ignored_returns
-                    )
-                    outcome, error = Outcome.ACK, ""
-                except ResultRefused as exc:
-                    outcome, error = Outcome.NACK, str(exc)
-                    log_outcome(
-                        self._queue_name,
-                        running,
-                        logging.ERROR,
-                        "returned a value it cannot store",
-                        error,
-                    )
-                except RetryTaskError as exc:
-                    outcome = Outcome.NACK
-                    running.congested = exc.congestion
-                    error = error_text(exc)
-                    if exc.delay is not None:
-                        delay = exc.delay.total_seconds()
-                    log_outcome(self._queue_name, running, logging.INFO, "asked for a retry", error)
-                except PermanentTaskError as exc:
-                    outcome, error = Outcome.REJECT, error_text(exc)
-                    log_outcome(
-                        self._queue_name, running, logging.WARNING, "failed permanently", error
-                    )
-                except Exception as exc:
-                    outcome = Outcome.NACK
-                    error = f"{type(exc).__name__}: {error_text(exc)}"
-                    if not (isinstance(exc, LeaseLostError) and running.by_operator):
-                        log_outcome(
-                            self._queue_name, running, logging.ERROR, "crashed", error, exc_info=exc
-                        )
-                    # else: how the handler learnt of an operator's cancel,
-                    # which `_task_cancelled` logged at INFO; nobody's error.
-                finished = True
-        except anyio.get_cancelled_exc_class():
-            raise
-        except BaseException as exc:
-            # KeyboardInterrupt / SystemExit delivered inside a handler: the
-            # whole worker stops (and `run` re-raises it, bare); the handler
-            # group must not see it, or it would tear the stream down first.
-            self._interrupt = self._interrupt or exc
-            self._stop_now(_interrupt_text(exc))
-        finally:
-            if fencing is not None:
-                watchdog = fencing.watchdog
-                now = anyio.current_time()
-                expired = watchdog.expired(running, now)
-                if expired is not None:
-                    # Whatever it did past its deadline — returned without
-                    # ever yielding, swallowed the cancellation — is no success.
-                    outcome, error, delay = Outcome.NACK, expired, None
-                stuck = watchdog.exited(running, now)
-                if stuck is not None:
-                    fencing.found_stuck(stuck)
-            self._finish_handler(live, key, running, outcome, error, delay, finished, result)
-
-    @protected
-    def _finish_handler(
-        self,
-        live: StreamDriver,
-        key: LeaseKey,
-        running: Running,
-        outcome: Outcome,
-        error: str,
-        delay: float | None,
-        finished: bool,
-        result: bytes | None = None,
-    ) -> None:
-        now = live.clock()
-        if self._running.get(key) is running:
-            del self._running[key]
-        elif running in self._orphans:
-            self._orphans.discard(running)
-            self._orphan_exited(now)
-        membership = self._membership
-        if membership is not None:
-            if finished and outcome is Outcome.ACK:
-                signal = Signal.SUCCESS
-            else:
-                signal = Signal.CONGESTION if running.congested else Signal.FAILURE
-            membership.finished(running.ticket, signal)
-            # Before the settlement asks for credit, so that credit already
-            # follows a cut this very outcome caused.
-            self._rebalance()
-        session = live.session
-        if session.holds(key) and session.state in (State.ACTIVE, State.DRAINING):
-            live.act(
-                session.settle(key, outcome, now, error=error, retry_delay=delay, result=result)
-            )
-        elif session.state is not State.ERROR:
-            # Lost, or its stream ended: nothing to settle, but its slot frees.
-            live.act(session.handler_exited(key, now))
-        if not self._running and self._all_idle is not None:
-            self._all_idle.set()
+        backend.spawn(handlers.handle, live, key, task, running)
 
     def _orphan_exited(self, now: float) -> None:
         """A handler of an ended stream finally exited: its slot is the newest
@@ -849,14 +704,14 @@ class Worker:
         """Match this worker's permits to its share and its commitments, and
         its session's concurrency to its permits (ringo_trio._work._concurrency).
         Runs after every session event and on every change of the pool."""
-        membership = self._membership
+        membership = self._handlers.membership
         if membership is None:
             return
         live = self._live
         outputs = balance(
             membership.sync,
             None if live is None else live.session,
-            handlers=len(self._running) + len(self._orphans),
+            handlers=self._handlers.count,
             closing=self._close_requested.is_set(),
             now=anyio.current_time(),
         )
@@ -868,53 +723,12 @@ class Worker:
     async def _follow_controller(self) -> None:
         """Rebalance whenever the shared pool changed (another worker gave
         permits back, attached or detached; the capacity moved)."""
-        membership = self._membership
+        membership = self._handlers.membership
         assert membership is not None
         while True:
             changed = membership.changed()
             self._rebalance()
             await changed.wait()
-
-    def _cancel_handler(self, key: LeaseKey, why: str) -> None:
-        running = self._running.get(key)
-        if running is not None:
-            self._cancel(running, why)
-
-    def _task_cancelled(self, key: LeaseKey) -> None:
-        # Not an error: someone chose to stop this task (CancelTask).
-        running = self._running.get(key)
-        if running is not None:
-            running.cancelled_by_operator()
-            log_outcome(
-                self._queue_name,
-                running,
-                logging.INFO,
-                "was cancelled by an operator",
-                "its handler is being cancelled",
-            )
-            return
-        log.info(
-            "task %s (attempt %d) of queue %r was cancelled by an operator; its handler had"
-            " finished, and its outcome was not stored",
-            key.task_id,
-            key.attempt,
-            self._queue_name,
-            extra={
-                "ringo_task_id": key.task_id,
-                "ringo_queue": self._queue_name,
-                "ringo_attempt": key.attempt,
-                "ringo_worker_id": self.worker_id,
-            },
-        )
-
-    def _cancel_all_handlers(self, why: str) -> None:
-        for running in [*self._running.values(), *self._orphans]:
-            self._cancel(running, why)
-
-    def _cancel(self, running: Running, why: str) -> None:
-        running.cancel(why)
-        if self._fencing is not None:
-            self._fencing.cancelled(running, why)
 
     # -- on_idle (`IdleMonitor`) --------------------------------------------------
 
@@ -923,6 +737,17 @@ class Worker:
 
     def _idle_failed(self, error: BaseException) -> None:
         self._fatal = error
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamOwner:
+    """What a stream asks of the worker (`StreamOwner`), bound once a stream."""
+
+    start_handler: Callable[[StreamDriver, LeaseKey, Task], None]
+    cancel_handler: Callable[[LeaseKey, str], None]
+    task_cancelled: Callable[[LeaseKey], None]
+    quiet: Callable[[], bool]
+    after_act: Callable[[], None]
 
 
 def _no_idle() -> None:

@@ -94,19 +94,19 @@ class Owner:
     def __init__(self, trace: list[tuple[float, str, str]]) -> None:
         self.trace = trace
 
-    def _start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None:
+    def start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None:
         self.trace.append((trio.current_time(), "start", key.task_id))
 
-    def _cancel_handler(self, key: LeaseKey, why: str) -> None:
+    def cancel_handler(self, key: LeaseKey, why: str) -> None:
         self.trace.append((trio.current_time(), "cancel", key.task_id))
 
-    def _task_cancelled(self, key: LeaseKey) -> None:  # pragma: no cover - never here
+    def task_cancelled(self, key: LeaseKey) -> None:  # pragma: no cover - never here
         raise AssertionError("no operator cancels here")
 
-    def _quiet(self) -> bool:
+    def quiet(self) -> bool:
         return False
 
-    def _after_act(self) -> None:
+    def after_act(self) -> None:
         pass
 
 
