@@ -25,9 +25,9 @@ from ._models import Task as Task
 from ._models import TaskSpec as TaskSpec
 from ._models import TaskState as TaskState
 from ._models import TaskTypeStats as TaskTypeStats
-from ._queue import LeasedTask as LeasedTask
-from ._queue import TaskPage as TaskPage
-from ._queue import TaskQueue as TaskQueue
+from ._queue.leased import LeasedTask as LeasedTask
+from ._queue.queue import TaskPage as TaskPage
+from ._queue.queue import TaskQueue as TaskQueue
 from ._supervise import RestartPolicy as RestartPolicy
 from ._supervise import SupervisedProcess as SupervisedProcess
 from ._supervise import Supervisor as Supervisor

@@ -25,7 +25,7 @@ from ._cli_ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from ._client import Ringo, RingoClient
 from ._errors import RetryTaskError
 from ._models import Task, TaskSpec, TaskState
-from ._queue import TaskQueue
+from ._queue.queue import TaskQueue
 from ._work._handlers import Handler, TaskContext
 
 _NO_DELAY = timedelta(0)

@@ -476,7 +476,7 @@ class Worker:
         cancelling the caller ends the wait, not the drain, which `run`
         carries on (bounded by the grace period and ``stop_timeout``).
         """
-        self._request_close()
+        self.request_close()
         if self._run_started:
             await self._finished.wait()
 
@@ -490,13 +490,17 @@ class Worker:
         if `run` never started or has finished. What `close` turns into
         when its caller runs out of time."""
         if not self._run_started:
-            self._request_close()
+            self.request_close()
             return
         self._stop_now(reason)
         with anyio.move_on_after(self._stop_timeout):
             await self._finished.wait()
 
-    def _request_close(self) -> None:
+    def request_close(self) -> None:
+        """Start `close` without waiting for it: the drain begins now and
+        `run` carries it on. Several workers' drains started this way run
+        their grace periods together (`RingoClient.aclose` does); `close`
+        then waits for each. Idempotent."""
         self._close_requested.set()
         if not self._run_started:
             self._closing = True

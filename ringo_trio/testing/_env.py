@@ -43,7 +43,7 @@ import sniffio
 from .._client import RingoClient
 from .._errors import InvalidArgumentError
 from .._models import Task, TaskState
-from .._queue import TaskQueue
+from .._queue.queue import TaskQueue
 from .._work._handlers import Handler, TaskContext
 from ..server._clock import Clock, LoopClock
 from ..server._daemon import Daemon, DaemonConfig
