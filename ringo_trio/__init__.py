@@ -25,9 +25,9 @@ from ._models import Task as Task
 from ._models import TaskSpec as TaskSpec
 from ._models import TaskState as TaskState
 from ._models import TaskTypeStats as TaskTypeStats
-from ._queue import LeasedTask as LeasedTask
-from ._queue import TaskPage as TaskPage
-from ._queue import TaskQueue as TaskQueue
+from ._queue.leased import LeasedTask as LeasedTask
+from ._queue.queue import TaskPage as TaskPage
+from ._queue.queue import TaskQueue as TaskQueue
 from ._supervise.parent import RestartPolicy as RestartPolicy
 from ._supervise.parent import SupervisedProcess as SupervisedProcess
 from ._supervise.parent import Supervisor as Supervisor
@@ -36,6 +36,6 @@ from ._version import __version__ as __version__
 from ._work._concurrency import AdaptiveConcurrency as AdaptiveConcurrency
 from ._work._concurrency import ResourceConcurrency as ResourceConcurrency
 from ._work._concurrency import ResourceSample as ResourceSample
+from ._work._handlers import TaskContext as TaskContext
 from ._work._timeouts import TaskTimeouts as TaskTimeouts
-from ._work.worker import TaskContext as TaskContext
 from ._work.worker import Worker as Worker

@@ -198,15 +198,17 @@ def test_queues_and_workers_depend_on_the_connection_not_the_client() -> None:
     ``_client`` <-> ``_queue`` <-> ``_worker`` import circle."""
     for module in (
         "_connection.py",
-        "_queue.py",
+        "_queue/queue.py",
+        "_queue/leased.py",
         "_work/worker.py",
+        "_work/_handlers.py",
         "_work/_driver.py",
         "_work/_fencing.py",
     ):
         imported = _imports(module)
         assert not {name for name in imported if name.lstrip(".") == "_client"}, module
     assert ".._connection" in _imports("_work/worker.py")
-    assert "._connection" in _imports("_queue.py")
+    assert ".._connection" in _imports("_queue/queue.py")
 
 
 def test_contract_package_is_sans_io_and_shared() -> None:

@@ -24,8 +24,8 @@ import trio
 from .._client import Ringo, RingoClient
 from .._errors import RetryTaskError
 from .._models import Task, TaskSpec, TaskState
-from .._queue import TaskQueue
-from .._work.worker import Handler, TaskContext
+from .._queue.queue import TaskQueue
+from .._work._handlers import Handler, TaskContext
 from .ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 _NO_DELAY = timedelta(0)

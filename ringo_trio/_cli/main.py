@@ -55,8 +55,8 @@ from .._supervise.child import (
     watch_event_loop,
 )
 from .._supervise.parent import TOKEN_ENV, RestartPolicy, Supervisor
+from .._work._handlers import Handler
 from .._work._timeouts import TaskTimeouts
-from .._work.worker import Handler
 from . import demo as _demo
 from . import ops as _ops
 from .ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE

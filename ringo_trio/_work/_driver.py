@@ -99,19 +99,19 @@ _TIMER_MAX_SLEEP = 1.0
 class StreamOwner(Protocol):
     """What a stream asks of the worker that owns it."""
 
-    def _start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None: ...
+    def start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None: ...
 
-    def _cancel_handler(self, key: LeaseKey, why: str) -> None: ...
+    def cancel_handler(self, key: LeaseKey, why: str) -> None: ...
 
-    def _task_cancelled(self, key: LeaseKey) -> None:
+    def task_cancelled(self, key: LeaseKey) -> None:
         """The daemon says an operator cancelled this lease's task."""
         ...
 
-    def _quiet(self) -> bool:
+    def quiet(self) -> bool:
         """True once the worker stops and no handler of it runs any more."""
         ...
 
-    def _after_act(self) -> None:
+    def after_act(self) -> None:
         """Called after every batch of session outputs (shared controllers rebalance)."""
         ...
 
@@ -260,7 +260,7 @@ class StreamDriver:
                 send(settle_frame(out))
             elif type(out) is StartHandler:
                 key = out.key
-                self.owner._start_handler(self, key, self.arrived.pop(key))
+                self.owner.start_handler(self, key, self.arrived.pop(key))
             elif type(out) is CommandDone:
                 waiter = self.waiters.pop(out.request_id, None)
                 if waiter is not None:
@@ -268,9 +268,9 @@ class StreamDriver:
                     waiter.event.set()
             else:
                 self._act_rare(out)
-        if not self.session.pending_commands and self.owner._quiet():
+        if not self.session.pending_commands and self.owner.quiet():
             self.settled.set()
-        self.owner._after_act()
+        self.owner.after_act()
 
     def _act_rare(self, out: Output) -> None:
         send = self.send.send_nowait
@@ -283,9 +283,9 @@ class StreamDriver:
             ):
                 send(Frame(encode_credit(request_id, available, target, grant)))
             case CancelHandler(key=key, reason=reason):
-                self.owner._cancel_handler(key, reason)
+                self.owner.cancel_handler(key, reason)
             case TaskCancelled(key=key):
-                self.owner._task_cancelled(key)
+                self.owner.task_cancelled(key)
             case Extend(request_id=request_id, key=key, lease_token=token, extension=extension):
                 send(
                     Frame(

@@ -43,9 +43,9 @@ import sniffio
 from .._client import RingoClient
 from .._errors import InvalidArgumentError
 from .._models import Task, TaskState
-from .._queue import TaskQueue
+from .._queue.queue import TaskQueue
 from .._transport.memory import RunOnDaemonLoop, serving_in_memory
-from .._work.worker import Handler, TaskContext
+from .._work._handlers import Handler, TaskContext
 from ..server.clock import Clock, LoopClock
 from ..server.daemon import Daemon, DaemonConfig
 from ..server.storage.sqlite import SQLiteEngine

@@ -1,7 +1,7 @@
-"""TaskQueue (submission, lookup, manual claim) and LeasedTask (one claimed attempt).
+"""TaskQueue: submission, lookup, listing, operator calls and manual claims of one queue.
 
 Every operation validates its arguments before touching the network and
-goes through `RingoClient._call`, which owns the retry rules: only lookups
+goes through `Connection.call`, which owns the retry rules: only lookups
 (`TaskQueue.get_by_id`, `TaskQueue.get_by_unique_key`) are ever re-sent after
 the daemon became unavailable; every other call here is a mutation and
 surfaces `UnavailableError` instead of risking a double apply.
@@ -18,27 +18,24 @@ from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
-from ._batch_wire import decode_batch_reply, encode_batch_request
-from ._contract import limits as _limits
-from ._contract.versions import Feature
-from ._durations import MAX_RETENTION
-from ._errors import InvalidArgumentError, RingoError, require
-from ._models import (
+from .._batch_wire import decode_batch_reply, encode_batch_request
+from .._contract import limits as _limits
+from .._contract.versions import Feature
+from .._durations import MAX_RETENTION
+from .._errors import InvalidArgumentError, RingoError, require
+from .._models import (
     BatchResult,
     EnqueueResult,
     QueueStats,
     Task,
     TaskSpec,
     TaskState,
-    _check_duration,
-    _check_int,
-    _check_name,
-    _check_unique_key,
-    truncate_utf8,
+    check_duration,
+    check_int,
+    check_name,
+    check_unique_key,
 )
-from ._proto.ringo.v1 import (
-    AckRequest,
-    AckResponse,
+from .._proto.ringo.v1 import (
     CancelTaskRequest,
     CancelTaskResponse,
     ClaimRequest,
@@ -47,47 +44,31 @@ from ._proto.ringo.v1 import (
     DeleteTasksResponse,
     EnqueueRequest,
     EnqueueResponse,
-    ExtendLeaseRequest,
-    ExtendLeaseResponse,
     GetQueueActivityRequest,
     GetQueueActivityResponse,
     GetQueueStatsRequest,
     GetQueueStatsResponse,
     GetTaskRequest,
     GetTaskResponse,
-    LeaseRef,
     ListOrder,
     ListTasksRequest,
     ListTasksResponse,
-    NackRequest,
-    NackResponse,
-    RejectRequest,
-    RejectResponse,
-    ReportProgressRequest,
-    ReportProgressResponse,
     RequestContext,
     RetryTaskRequest,
     RetryTaskResponse,
     RetryTasksRequest,
     RetryTasksResponse,
 )
-from ._proto.ringo.v1 import LeasedTask as _WireLeasedTask
-from ._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
-from ._work._timeouts import TaskTimeouts
-from ._work.worker import (
-    DEFAULT_STOP_TIMEOUT,
-    Worker,
-    check_concurrency,
-    encode_result,
-    new_worker_id,
-    results_stored,
-)
+from .._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
+from .._work._timeouts import TaskTimeouts
+from .._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
+from .leased import LeasedTask
 
 if TYPE_CHECKING:
-    from ._connection import Connection
-    from ._work.worker import Handler
+    from .._connection import Connection
+    from .._work._handlers import Handler
 
-__all__ = ["LeasedTask", "TaskPage", "TaskQueue"]
+__all__ = ["TaskPage", "TaskQueue"]
 
 _FINISHED = (TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED)
 
@@ -147,16 +128,10 @@ def _task_types(task_types: Iterable[str] | None) -> list[str]:
     # A bare string is an iterable of one-letter "types": always a mistake.
     if isinstance(task_types, str | bytes):
         raise InvalidArgumentError("task_types must be a collection of strings, not a string")
-    types = [_check_name("task type", t) for t in task_types]
+    types = [check_name("task type", t) for t in task_types]
     if len(types) > _limits.MAX_TASK_TYPES:
         raise InvalidArgumentError(f"at most {_limits.MAX_TASK_TYPES} task types per call")
     return types
-
-
-def _error_text(error: object) -> str:
-    if not isinstance(error, str):
-        raise InvalidArgumentError(f"error must be a string, got {type(error).__name__}")
-    return truncate_utf8(error, _limits.MAX_ERROR_BYTES)
 
 
 class _EnqueueManyCall:
@@ -361,7 +336,7 @@ class TaskQueue:
 
     async def get_by_id(self, task_id: str) -> Task:
         """The task with this id; `NotFoundError` if there is none."""
-        return await self._get(task_id=_check_name("task_id", task_id))
+        return await self._get(task_id=check_name("task_id", task_id))
 
     async def active_count(
         self, task_types: Iterable[str] | None = None, *, due_only: bool = False
@@ -389,7 +364,7 @@ class TaskQueue:
 
     async def get_by_unique_key(self, unique_key: str) -> Task:
         """The task with this unique key; `NotFoundError` if there is none."""
-        return await self._get(unique_key=_check_unique_key(unique_key))
+        return await self._get(unique_key=check_unique_key(unique_key))
 
     async def _get(self, *, task_id: str | None = None, unique_key: str | None = None) -> Task:
         reply = await self._connection.call(
@@ -408,11 +383,11 @@ class TaskQueue:
 
         `FailedPreconditionError` if the task is still active.
         """
-        return await self._retry(unique_key=_check_unique_key(unique_key))
+        return await self._retry(unique_key=check_unique_key(unique_key))
 
     async def retry_by_id(self, task_id: str) -> Task:
         """Reactivate a SUCCEEDED, DEAD or CANCELLED task, named by its id."""
-        return await self._retry(task_id=_check_name("task_id", task_id))
+        return await self._retry(task_id=check_name("task_id", task_id))
 
     async def _retry(self, *, task_id: str | None = None, unique_key: str | None = None) -> Task:
         reply = await self._connection.call(
@@ -490,8 +465,8 @@ class TaskQueue:
                 )
             wire_states.append(state.to_wire())
         if unique_key_prefix:
-            _check_unique_key(unique_key_prefix)
-        _check_int("page_size", page_size, 1, _limits.MAX_LIST_PAGE)
+            check_unique_key(unique_key_prefix)
+        check_int("page_size", page_size, 1, _limits.MAX_LIST_PAGE)
         if page_token is not None and not isinstance(page_token, str):
             raise InvalidArgumentError(
                 f"page_token must be a string, got {type(page_token).__name__}"
@@ -533,11 +508,11 @@ class TaskQueue:
         `FailedPreconditionError` for a SUCCEEDED or DEAD one, `NotFoundError`
         for none. `retry` brings a cancelled task back. Protocol minor >= 9.
         """
-        return await self._cancel(reason, unique_key=_check_unique_key(unique_key))
+        return await self._cancel(reason, unique_key=check_unique_key(unique_key))
 
     async def cancel_by_id(self, task_id: str, *, reason: str = "") -> Task:
         """`cancel`, naming the task by its id."""
-        return await self._cancel(reason, task_id=_check_name("task_id", task_id))
+        return await self._cancel(reason, task_id=check_name("task_id", task_id))
 
     async def _cancel(
         self, reason: str, *, task_id: str | None = None, unique_key: str | None = None
@@ -589,7 +564,7 @@ class TaskQueue:
         """
         require(self._connection.protocol_minor, Feature.OPERATE, "retry_many")
         types = _task_types(task_types)
-        _check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
+        check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
         if finished_before is None:
             finished_before = await self._daemon_now()
         elif not isinstance(finished_before, datetime) or finished_before.tzinfo is None:
@@ -642,10 +617,10 @@ class TaskQueue:
             wanted.append(state)
         if not wanted:
             raise InvalidArgumentError("states must name at least one finished state")
-        _check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
+        check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
         finished_before = None
         if older_than is not None:
-            _check_duration("older_than", older_than, maximum=MAX_RETENTION)
+            check_duration("older_than", older_than, maximum=MAX_RETENTION)
             finished_before = await self._daemon_now() - older_than
         request = DeleteTasksRequest(
             queue=self.name,
@@ -678,11 +653,11 @@ class TaskQueue:
         `LeasedTask.ack`, `~LeasedTask.nack` or `~LeasedTask.reject` before
         its lease ends, or it is handed out again.
         """
-        _check_int("limit", limit, 1, _limits.MAX_BATCH)
+        check_int("limit", limit, 1, _limits.MAX_BATCH)
         types = _task_types(task_types)
         request = ClaimRequest(
             queue=self.name,
-            worker_id=_check_name("worker_id", worker_id)
+            worker_id=check_name("worker_id", worker_id)
             if worker_id is not None
             else new_worker_id(),
             task_types=types,
@@ -690,13 +665,13 @@ class TaskQueue:
         )
         extra_timeout = 0.0
         if wait_timeout is not None:
-            request.wait_timeout = _check_duration(
+            request.wait_timeout = check_duration(
                 "wait_timeout", wait_timeout, maximum=_limits.MAX_WAIT_TIMEOUT
             )
             # The daemon may legitimately hold the call this long.
             extra_timeout = wait_timeout.total_seconds()
         if lease_duration is not None:
-            request.lease_duration = _check_duration(
+            request.lease_duration = check_duration(
                 "lease_duration", lease_duration, maximum=_limits.MAX_LEASE
             )
         reply = await self._connection.call(
@@ -704,132 +679,6 @@ class TaskQueue:
         )
         received = anyio.current_time()
         return [
-            LeasedTask(self, leased, received=received, lease_duration=lease_duration)
+            LeasedTask(self._connection, leased, received=received, lease_duration=lease_duration)
             for leased in reply.tasks
         ]
-
-
-class LeasedTask:
-    """One attempt of one task, claimed with `TaskQueue.claim`.
-
-    The lease is identified by (task id, attempt, lease token): once it has
-    expired or been settled, every operation on it raises `LeaseLostError`
-    and changes nothing.
-
-    Its time is kept on this process's monotonic clock (`lease_deadline`),
-    never by comparing the daemon's ``until`` with the local wall clock:
-    hosts' clocks drift (docs/protocol.md, "Lease time").
-    """
-
-    def __init__(
-        self,
-        queue: TaskQueue,
-        wire: _WireLeasedTask,
-        *,
-        received: float,
-        lease_duration: timedelta | None = None,
-    ) -> None:
-        lease = wire.lease
-        if lease is None:
-            raise InvalidArgumentError("daemon reply carried a task without a lease")
-        self._queue = queue
-        self.task = Task.from_wire(wire.task)
-        self.attempt: int = lease.attempt
-        self.worker_id: str = lease.worker_id
-        self._token = lease.lease_token
-        self._lease_until = lease.until
-        # The ttl counts from the reply's send; below minor 11, the duration
-        # asked for (the daemon's default is not known here).
-        runs = lease.ttl if lease.ttl is not None else lease_duration
-        self._deadline = None if runs is None else received + runs.total_seconds()
-
-    def __repr__(self) -> str:
-        return f"<LeasedTask {self.task.id} attempt={self.attempt} until={self._lease_until}>"
-
-    @property
-    def lease_until(self) -> datetime | None:
-        """When the lease ends unless extended, by the daemon's wall clock:
-        for display. To time work against the lease, use `lease_deadline`."""
-        return self._lease_until
-
-    @property
-    def lease_deadline(self) -> float | None:
-        """The `anyio.current_time()` at which the lease ends unless extended,
-        on this process's monotonic clock: the reply's arrival plus the
-        lease's ttl (protocol minor >= 11; below it, plus the
-        ``lease_duration`` the claim asked for). After `extend_lease`: its
-        send time plus the extension (the daemon extended from when it
-        received it, no earlier). None when unknown (a daemon below minor 11
-        and its default lease duration)."""
-        return self._deadline
-
-    def _ref(self) -> LeaseRef:
-        return LeaseRef(task_id=self.task.id, attempt=self.attempt, lease_token=self._token)
-
-    async def ack(self, result: bytes | str | None = None) -> None:
-        """Mark the task SUCCEEDED, storing ``result`` with it (bytes, or a
-        str as UTF-8; at most ``MAX_RESULT_BYTES``, `InvalidArgumentError`
-        beyond). A daemon below protocol minor 9 cannot store results: the
-        task is acked without it (one warning per process)."""
-        request = AckRequest(lease=self._ref())
-        if result is not None:
-            if not isinstance(result, bytes | bytearray | memoryview | str):
-                raise InvalidArgumentError(
-                    f"result must be bytes or str, got {type(result).__name__}"
-                )
-            if results_stored(self._queue._connection.protocol_minor):
-                request.result = encode_result(result)
-        await self._queue._connection.call("Ack", request, AckResponse)
-
-    async def nack(self, error: str = "", *, delay: timedelta | None = None) -> None:
-        """Fail this attempt: the task is retried after its backoff (or ``delay``),
-        or becomes DEAD if it has no attempts left. ``error`` is kept as
-        ``last_error`` (truncated to 256 KiB)."""
-        request = NackRequest(lease=self._ref(), error=_error_text(error))
-        if delay is not None:
-            request.retry_delay_override = _check_duration(
-                "delay", delay, maximum=_limits.MAX_DELAY
-            )
-        await self._queue._connection.call("Nack", request, NackResponse)
-
-    async def reject(self, error: str = "") -> None:
-        """Fail the task permanently: it becomes DEAD with no further attempts."""
-        await self._queue._connection.call(
-            "Reject", RejectRequest(lease=self._ref(), error=_error_text(error)), RejectResponse
-        )
-
-    async def extend_lease(self, extension: timedelta) -> None:
-        """Make the lease end ``extension`` after now (daemon clock; a reset, not an addition)."""
-        extension = _check_duration(
-            "extension", extension, maximum=_limits.MAX_LEASE, positive=True
-        )
-        sent = anyio.current_time()
-        reply = await self._queue._connection.call(
-            "ExtendLease",
-            ExtendLeaseRequest(lease=self._ref(), extension=extension),
-            ExtendLeaseResponse,
-        )
-        # From the send, as the worker's renewals: the daemon extended from
-        # its receipt, no earlier, while the reply's ttl would count the
-        # reply's own transit in the lease's favour.
-        self._deadline = sent + extension.total_seconds()
-        if reply.lease is not None:
-            self._lease_until = reply.lease.until
-
-    async def report_progress(self, current: float, total: float = 0.0, message: str = "") -> None:
-        """Store progress on the task (visible in `Task.progress`)."""
-        for what, value in (("current", current), ("total", total)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidArgumentError(f"{what} must be a number")
-        if not isinstance(message, str):
-            raise InvalidArgumentError("message must be a string")
-        await self._queue._connection.call(
-            "ReportProgress",
-            ReportProgressRequest(
-                lease=self._ref(),
-                current=float(current),
-                total=float(total),
-                message=truncate_utf8(message, _limits.MAX_PROGRESS_MESSAGE_BYTES),
-            ),
-            ReportProgressResponse,
-        )
