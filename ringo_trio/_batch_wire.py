@@ -3,9 +3,9 @@ the reply decoded straight into SDK models.
 
 Theory of operation
 -------------------
-The generic path (`ringo_trio._frames`: a betterproto2 message per spec,
-result, task and backoff, then `EnqueueResult.from_wire` copying each into a
-model) was most of an ``enqueue_many`` call's SDK CPU: ~12 ms per 1,000
+The generic path (the shared codec, `ringo_trio._wire.codec`: a betterproto2
+message per spec, result, task and backoff, then `batch_result` copying each
+into a model) was most of an ``enqueue_many`` call's SDK CPU: ~12 ms per 1,000
 tasks for the reply, ~2 ms for the request. A batch is up to 1,000 tasks of
 one queue, written in one transaction: the same queue, task types, state,
 timestamps and retry policy over and over.
@@ -31,8 +31,12 @@ reply carries no payload gets the payload of the spec it was made from
 (`payloads`); a duplicate's task keeps what the reply says (no payload when
 compact: `TaskQueue.get_by_id` has it).
 
-Property tests hold both to the generic path on arbitrary and corrupted
-input (tests/sdk/test_batch_wire.py).
+This module is SDK-side (it reads and builds `ringo_trio._models`), which is
+why it is not in `ringo_trio._wire`: the daemon imports that package, never
+the SDK. The daemon's encoder of the same reply is
+`ringo_trio.server._enqueue_reply`. Property tests hold both directions to
+the generic path on arbitrary and corrupted input
+(tests/sdk/test_batch_wire.py, against tests/_generic_frames.py).
 """
 
 from __future__ import annotations
@@ -42,14 +46,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ._frames import decode_enqueue_many_response
 from ._models import BatchResult, EnqueueResult, RetryBackoff, Task, TaskSpec, TaskState
-from ._proto.ringo.v1 import EnqueueManyRequest, RequestContext
+from ._proto.ringo.v1 import EnqueueManyRequest, EnqueueManyResponse, RequestContext
 from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
 from ._proto.ringo.v1 import TaskState as _WireTaskState
-from ._wire.codec import _r_timestamp, _read_len, _read_varint, _varint, build, decode, encode
+from ._wire.codec import build, decode, encode
+from ._wire.primitives import read_len, read_timestamp, read_varint, varint
 
-__all__ = ["decode_batch_reply", "encode_batch_request"]
+__all__ = ["batch_result", "decode_enqueue_many_reply", "encode_enqueue_many_request"]
 
 _M32 = 0xFFFF_FFFF
 _STATES = {int(member): TaskState.from_wire(int(member)) for member in _WireTaskState}
@@ -59,7 +63,7 @@ class _Generic(Exception):
     """Not a reply this decoder reads: the generic decoder takes it."""
 
 
-def decode_batch_reply(
+def decode_enqueue_many_reply(
     buffer: bytes | bytearray | memoryview, payloads: Sequence[bytes] = ()
 ) -> BatchResult:
     """The `BatchResult` of an EnqueueMany reply; `ValueError` (or
@@ -70,7 +74,17 @@ def decode_batch_reply(
     try:
         return _decode(buf, payloads)
     except (_Generic, ValueError, IndexError):
-        return _filled(decode_enqueue_many_response(buf), payloads)
+        return _filled(batch_result(decode(buf, EnqueueManyResponse)), payloads)
+
+
+def batch_result(reply: EnqueueManyResponse) -> BatchResult:
+    """A decoded EnqueueMany reply as a `BatchResult` (the generic path);
+    `InvalidArgumentError` for a result without its task."""
+    return BatchResult(
+        results=tuple(EnqueueResult.from_wire(result) for result in reply.results),
+        created_count=reply.created_count,
+        duplicate_count=reply.duplicate_count,
+    )
 
 
 def _filled(batch: BatchResult, payloads: Sequence[bytes]) -> BatchResult:
@@ -96,15 +110,15 @@ def _decode(buf: bytes, payloads: Sequence[bytes] = ()) -> BatchResult:
     while pos < end:
         key = buf[pos]
         if key == 0x0A:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
             index = len(results)
             sent = payloads[index] if index < len(payloads) else b""
             results.append(_result(buf, start, pos, strings, tails, sent))
         elif key == 0x10:
-            created_count, pos = _read_varint(buf, pos + 1, end)
+            created_count, pos = read_varint(buf, pos + 1, end)
             created_count &= _M32
         elif key == 0x18:
-            duplicate_count, pos = _read_varint(buf, pos + 1, end)
+            duplicate_count, pos = read_varint(buf, pos + 1, end)
             duplicate_count &= _M32
         else:
             raise _Generic
@@ -124,10 +138,10 @@ def _result(
     while pos < end:
         key = buf[pos]
         if key == 0x0A:
-            span = _read_len(buf, pos + 1, end)
+            span = read_len(buf, pos + 1, end)
             pos = span[1]
         elif key == 0x10:
-            value, pos = _read_varint(buf, pos + 1, end)
+            value, pos = read_varint(buf, pos + 1, end)
             created = value != 0
         else:
             raise _Generic
@@ -160,7 +174,7 @@ def _task(
             if pos > end:
                 raise _Generic
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         if key == 0x0A:
             task_id = buf[start:pos].decode()
         elif key == 0x22:
@@ -216,7 +230,7 @@ def _tail(buf: bytes, pos: int, end: int) -> _Tail:
     while pos < end:
         key = buf[pos]
         if key == 0x30 or key == 0x38 or key == 0x40 or key == 0x48:
-            value, pos = _read_varint(buf, pos + 1, end)
+            value, pos = read_varint(buf, pos + 1, end)
             if key == 0x30:
                 state = value & _M32
             elif key == 0x38:
@@ -228,12 +242,12 @@ def _tail(buf: bytes, pos: int, end: int) -> _Tail:
                 if priority >> 31:
                     priority -= 1 << 32
         elif key == 0x5A or key == 0x62 or key == 0x6A or key == 0x72:
-            moments[(key - 0x5A) >> 3], pos = _r_timestamp(buf, pos + 1, end, None)
+            moments[(key - 0x5A) >> 3], pos = read_timestamp(buf, pos + 1, end, None)
         elif key == 0x52:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
             backoff = RetryBackoff.from_wire(decode(buf[start:pos], _WireRetryBackoff))
         elif key == 0x7A:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
             last_error = buf[start:pos].decode()
         else:
             # Fields 16+ (two-byte keys), 1-5 out of order, unknown fields.
@@ -255,17 +269,17 @@ def _tail(buf: bytes, pos: int, end: int) -> _Tail:
 
 
 def _field(tag: bytes, data: bytes) -> bytes:
-    return tag + _varint(len(data)) + data
+    return tag + varint(len(data)) + data
 
 
-def encode_batch_request(
+def encode_enqueue_many_request(
     context: RequestContext | None, queue: str, specs: Sequence[TaskSpec]
 ) -> bytes:
     """``EnqueueManyRequest(context, queue, tasks=[spec.to_wire() ...])``,
     encoded without a wire message per spec: byte for byte the generic
-    encoding (`_frames.encode_enqueue_many_request_from_specs`, which a
-    property test holds it to). Fields 4-8 of a spec (attempts, policy,
-    schedule, priority) are encoded once per distinct value in the batch."""
+    encoding, which a property test holds it to. Fields 4-8 of a spec
+    (attempts, policy, schedule, priority) are encoded once per distinct
+    value in the batch."""
     out = bytearray(encode(build(EnqueueManyRequest, context=context, queue=queue)))
     tails: dict[tuple[Any, ...], bytes] = {}
     for spec in specs:

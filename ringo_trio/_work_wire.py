@@ -1,64 +1,94 @@
-"""The worker's hot frames, unrolled: pushes and results decoded straight into
-what the worker's reader takes, settle and extend commands encoded inline.
+"""The SDK's reading of the Work stream: the daemon's frames decoded straight
+into what the worker's reader takes (`PushedTask`, `WorkResultFrame`).
 
 Theory of operation
 -------------------
-Per task a worker decodes one push and one command result and encodes one
-settle command (ack, nack or reject); the generic path (`ringo_trio._frames`
-over `ringo_trio._wire.codec`, and `ringo_trio._wire.frames`) builds a
-betterproto2 message per level on the way and was ~23 % of a no-op worker's
-CPU (bench/results.md, "Where the time goes").
+Per task a worker decodes one push and one command result; the generic path
+(`ringo_trio._wire.codec.decode`, then `as_frames` copying the messages into
+models) builds a betterproto2 message per level on the way and was, with the
+commands' encoding, ~23 % of a no-op worker's CPU (bench/results.md, "Where
+the time goes"). The commands the worker sends are bytes only, encoded in
+the shared `ringo_trio._wire.work`.
 
-*Decoding.* A frame whose body is one push (``WorkResponse.task``), one
-result (``WorkResponse.result``) or a batch of those (minor >= 10) is read
-field by field, each field at most once and in field-number order — the
-order every encoder writes — straight into `PushedTask` / `WorkResultFrame`.
-Anything else goes to the generic decoder, which decides: another body
-(registered, heartbeat), a push without its task or lease, a result carrying
-an error, a task with progress or a result, an unknown field, a repeated or
-out-of-order field, a wrong wire type, a malformed byte. So the result, or
-the error, is always exactly the generic decoder's.
+A frame whose body is one push (``WorkResponse.task``), one result
+(``WorkResponse.result``) or a batch of those (minor >= 10) is read field by
+field, each field at most once and in field-number order — the order every
+encoder writes — straight into `PushedTask` / `WorkResultFrame`. Anything
+else goes to the generic path, which decides: another body (registered,
+heartbeat), a push without its task or lease, a result carrying an error, a
+task with progress or a result, an unknown field, a repeated or out-of-order
+field, a wrong wire type, a malformed byte. So the result, or the error, is
+always exactly the generic path's.
 
-*Encoding.* Ack, nack, reject, extend and credit are written inline: byte for byte
-the generic encoding of the same message (`ringo_trio._wire.frames`).
-
-Property tests hold both to the generic path on arbitrary and corrupted
-input (tests/sdk/test_work_wire.py).
+This module is SDK-side (it builds `ringo_trio._models`), which is why it is
+not in `ringo_trio._wire`: the daemon imports that package, never the SDK.
+Property tests hold the decoder to the generic path on arbitrary and
+corrupted input (tests/sdk/test_work_wire.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final
 
-from ._frames import PushedTask, WorkResultFrame
-from ._frames import decode_work_response as _generic_decode
 from ._models import RetryBackoff, Task, TaskState
 from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
 from ._proto.ringo.v1 import TaskState as _WireTaskState
 from ._proto.ringo.v1 import WorkResponse
-from ._wire.codec import (
-    _SMALL,
-    _r_duration,
-    _r_timestamp,
-    _read_len,
-    _read_varint,
-    _seconds_nanos,
-    _varint,
-    _w_duration,
-    decode,
+from ._wire.codec import decode
+from ._wire.primitives import (
+    read_duration,
+    read_len,
+    read_seconds_nanos,
+    read_timestamp,
+    read_varint,
 )
 
-__all__ = [
-    "decode_work_response",
-    "encode_ack",
-    "encode_credit",
-    "encode_extend",
-    "encode_nack",
-    "encode_reject",
-]
+__all__ = ["PushedTask", "WorkResultFrame", "as_frames", "decode_work_response"]
+
+
+# The worker builds one of these per push or result: plain slotted dataclasses,
+# since a frozen one's __init__ costs three times as much (`_work._session`).
+@dataclass(slots=True)
+class PushedTask:
+    """A ``WorkResponse.task`` frame: the SDK task and the lease it came with.
+
+    ``until`` is the daemon's wall clock, for display only; ``ttl`` (minor >=
+    11) is the lease's time: seconds it runs from the moment the daemon sent
+    the frame (``Lease.ttl.total_seconds()``), None when the daemon sent none.
+    """
+
+    task: Task
+    task_id: str
+    attempt: int
+    lease_token: str
+    worker_id: str
+    until: datetime | None
+    ttl: float | None
+
+
+@dataclass(slots=True)
+class WorkResultFrame:
+    """A ``WorkResponse.result`` frame.
+
+    The command failed iff ``error_value`` is non-zero; ``error_code`` is then
+    the ErrorCode name (``"LEASE_LOST"``), or ``""`` for a code this SDK does
+    not know.
+    """
+
+    request_id: int
+    error_code: str
+    """``""`` when there is no error (no detail, or ERROR_CODE_UNSPECIFIED)."""
+    error_message: str
+    reason: str
+    """``detail.metadata.get("reason", "")``."""
+    lease_until: datetime | None
+    error_value: int = 0
+    """The raw ErrorCode number (0 when unset)."""
+
 
 _M32: Final = 0xFFFF_FFFF
 _M64: Final = (1 << 64) - 1
@@ -96,26 +126,29 @@ class _Generic(Exception):
 
 
 def decode_work_response(buffer: bytes | bytearray | memoryview) -> _Decoded:
-    """`ringo_trio._frames.decode_work_response`, unrolled for pushes and
-    results: the same value, or the same error, for any input."""
+    """A task push as `PushedTask`, a command result as `WorkResultFrame`,
+    a batch (minor >= 10) as the list of its elements, each one of those
+    two; any other frame (registered, heartbeat, a push without its task or
+    lease) as the decoded `WorkResponse`. Raises `ValueError` on malformed
+    input, and on a batch holding anything but pushes and results."""
     buf = buffer if type(buffer) is bytes else bytes(buffer)
     try:
         return _decode(buf)
     except (_Generic, ValueError, IndexError):
-        return _generic_decode(buf)
+        return as_frames(decode(buf, WorkResponse))
 
 
 def _decode(buf: bytes) -> PushedTask | WorkResultFrame | list[PushedTask | WorkResultFrame]:
     end = len(buf)
     if end and buf[0] == 0x2A:  # WorkResponse.batch
-        start, pos = _read_len(buf, 1, end)
+        start, pos = read_len(buf, 1, end)
         if pos != end:
             raise _Generic
         frames: list[PushedTask | WorkResultFrame] = []
         while start < end:
             if buf[start] != 0x0A:  # WorkResponseBatch.responses
                 raise _Generic
-            element, start = _read_len(buf, start + 1, end)
+            element, start = read_len(buf, start + 1, end)
             frames.append(_frame(buf, element, start))
         return frames
     return _frame(buf, 0, end)
@@ -126,7 +159,7 @@ def _frame(buf: bytes, pos: int, end: int) -> PushedTask | WorkResultFrame:
     if pos == end:
         raise _Generic
     key = buf[pos]
-    start, stop = _read_len(buf, pos + 1, end)
+    start, stop = read_len(buf, pos + 1, end)
     if stop != end:
         raise _Generic  # a second field: a oneof set twice, or unknown
     if key == 0x12:
@@ -141,10 +174,10 @@ def _result(buf: bytes, pos: int, end: int) -> WorkResultFrame:
     request_id = 0
     until = None
     if pos < end and buf[pos] == 0x08:
-        request_id, pos = _read_varint(buf, pos + 1, end)
+        request_id, pos = read_varint(buf, pos + 1, end)
         request_id &= _M64
     if pos < end and buf[pos] == 0x1A:
-        start, pos = _read_len(buf, pos + 1, end)
+        start, pos = read_len(buf, pos + 1, end)
         until = _lease(buf, start, pos)[4]
     if pos != end:
         raise _Generic  # an error detail (rare: the generic path reads it), or else
@@ -155,18 +188,18 @@ def _push(buf: bytes, pos: int, end: int) -> PushedTask:
     """A LeasedTask: its task (field 1), then its lease (field 2)."""
     if pos >= end or buf[pos] != 0x0A:
         raise _Generic
-    start, pos = _read_len(buf, pos + 1, end)
+    start, pos = read_len(buf, pos + 1, end)
     task = _task(buf, start, pos)
     if pos >= end or buf[pos] != 0x12:
         raise _Generic
-    start, pos = _read_len(buf, pos + 1, end)
+    start, pos = read_len(buf, pos + 1, end)
     if pos != end:
         raise _Generic
     task_id, attempt, token, worker_id, until, ttl = _lease(buf, start, pos)
     return PushedTask(task, task_id, attempt, token, worker_id, until, ttl)
 
 
-# `_lease` and `_task` read a one-byte length inline (`_read_len` otherwise):
+# `_lease` and `_task` read a one-byte length inline (`read_len` otherwise):
 # ~10 % of a push. A length byte past `end` leaves `pos` past `end`, which
 # every later field check and the final ``pos != end`` refuse.
 
@@ -183,10 +216,10 @@ def _lease(
             start = pos + 2
             pos = start + size
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         task_id = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x10:
-        attempt, pos = _read_varint(buf, pos + 1, end)
+        attempt, pos = read_varint(buf, pos + 1, end)
         attempt &= _M32
     if pos < end and buf[pos] == 0x1A:
         size = buf[pos + 1]
@@ -194,7 +227,7 @@ def _lease(
             start = pos + 2
             pos = start + size
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         token = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x22:
         size = buf[pos + 1]
@@ -202,10 +235,10 @@ def _lease(
             start = pos + 2
             pos = start + size
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         worker_id = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x2A:
-        until, pos = _r_timestamp(buf, pos + 1, end, None)
+        until, pos = read_timestamp(buf, pos + 1, end, None)
     if pos < end and buf[pos] == 0x32:
         ttl, pos = _seconds(buf, pos + 1, end)
     if pos != end:
@@ -225,17 +258,17 @@ def _seconds(buf: bytes, pos: int, end: int) -> tuple[float, int]:
     """A Duration as ``total_seconds()`` of the generic decoder's timedelta.
 
     Few ttls repeat beyond a batch, so the codec's memo of timedeltas
-    (`_r_duration`) would mostly miss; whole microseconds, what the daemon
+    (`read_duration`) would mostly miss; whole microseconds, what the daemon
     sends, are counted here, anything else is the codec's."""
     global _last_ttl
-    start, stop = _read_len(buf, pos, end)
+    start, stop = read_len(buf, pos, end)
     body = buf[start:stop]
     last = _last_ttl
     if body == last[0]:
         return last[1], stop
-    seconds, nanos = _seconds_nanos(buf, start, stop)
+    seconds, nanos = read_seconds_nanos(buf, start, stop)
     if nanos % 1000 or not -_SECONDS_SPAN <= seconds <= _SECONDS_SPAN:
-        return _r_duration(buf, pos, end, None)[0].total_seconds(), stop
+        return read_duration(buf, pos, end, None)[0].total_seconds(), stop
     # timedelta.total_seconds() is this very division of its microseconds.
     value = (seconds * 1_000_000 + nanos // 1000) / 1_000_000
     _last_ttl = (body, value)
@@ -256,7 +289,7 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
             start = pos + 2
             pos = start + size
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         task_id = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x12:
         size = buf[pos + 1]
@@ -264,7 +297,7 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
             start = pos + 2
             pos = start + size
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         queue = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x1A:
         size = buf[pos + 1]
@@ -272,7 +305,7 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
             start = pos + 2
             pos = start + size
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         task_type = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x22:
         size = buf[pos + 1]
@@ -280,7 +313,7 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
             start = pos + 2
             pos = start + size
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         payload = buf[start:pos]
     if pos < end and buf[pos] == 0x2A:
         size = buf[pos + 1]
@@ -288,18 +321,18 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
             start = pos + 2
             pos = start + size
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         unique_key = buf[start:pos].decode()
     if pos < end and buf[pos] == 0x30:
-        state, pos = _read_varint(buf, pos + 1, end)
+        state, pos = read_varint(buf, pos + 1, end)
     if pos < end and buf[pos] == 0x38:
-        attempt, pos = _read_varint(buf, pos + 1, end)
+        attempt, pos = read_varint(buf, pos + 1, end)
         attempt &= _M32
     if pos < end and buf[pos] == 0x40:
-        max_attempts, pos = _read_varint(buf, pos + 1, end)
+        max_attempts, pos = read_varint(buf, pos + 1, end)
         max_attempts &= _M32
     if pos < end and buf[pos] == 0x48:
-        priority, pos = _read_varint(buf, pos + 1, end)
+        priority, pos = read_varint(buf, pos + 1, end)
         priority &= _M32
         if priority >> 31:
             priority -= 1 << 32
@@ -309,7 +342,7 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
             start = pos + 2
             pos = start + size
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         raw = buf[start:pos]
         if raw in _BACKOFFS:
             backoff = _BACKOFFS[raw]
@@ -319,28 +352,28 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
                 _BACKOFFS.clear()
             _BACKOFFS[raw] = backoff
     if pos < end and buf[pos] == 0x5A:
-        created, pos = _r_timestamp(buf, pos + 1, end, None)
+        created, pos = read_timestamp(buf, pos + 1, end, None)
     if pos < end and buf[pos] == 0x62:
-        updated, pos = _r_timestamp(buf, pos + 1, end, None)
+        updated, pos = read_timestamp(buf, pos + 1, end, None)
     if pos < end and buf[pos] == 0x6A:
-        available, pos = _r_timestamp(buf, pos + 1, end, None)
+        available, pos = read_timestamp(buf, pos + 1, end, None)
     if pos < end and buf[pos] == 0x72:
-        finished, pos = _r_timestamp(buf, pos + 1, end, None)
+        finished, pos = read_timestamp(buf, pos + 1, end, None)
     if pos < end and buf[pos] == 0x7A:
         size = buf[pos + 1]
         if size < 0x80:
             start = pos + 2
             pos = start + size
         else:
-            start, pos = _read_len(buf, pos + 1, end)
+            start, pos = read_len(buf, pos + 1, end)
         last_error = buf[start:pos].decode()
     # Two-byte keys: a lone 0x8A/0x92 would be a truncated key, which
-    # `_read_len` then refuses (the bytes after it are past `end`).
+    # `read_len` then refuses (the bytes after it are past `end`).
     if pos + 1 < end and buf[pos] == 0x8A and buf[pos + 1] == 0x01:
-        start, pos = _read_len(buf, pos + 2, end)
+        start, pos = read_len(buf, pos + 2, end)
         worker_id = buf[start:pos].decode()
     if pos + 1 < end and buf[pos] == 0x92 and buf[pos + 1] == 0x01:
-        lease_until, pos = _r_timestamp(buf, pos + 2, end, None)
+        lease_until, pos = read_timestamp(buf, pos + 2, end, None)
     if pos != end:
         raise _Generic
     # Positional, in the dataclass's field order (the property test checks it).
@@ -369,108 +402,50 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
     )
 
 
-# -- the commands ----------------------------------------------------------------------
+# -- the generic path --------------------------------------------------------------
 
 
-def _len(data: bytes) -> bytes:
-    size = len(data)
-    return _SMALL[size] if size < 0x80 else _varint(size)
+def as_frames(response: WorkResponse) -> _Decoded:
+    """A decoded WorkResponse as `decode_work_response` gives it. Raises
+    `ValueError` on a batch holding anything but pushes and results."""
+    batch = response.batch
+    if batch is None:
+        return _as_frame(response)
+    frames: list[PushedTask | WorkResultFrame] = []
+    for index, element in enumerate(batch.responses):
+        frame = _as_frame(element)
+        if isinstance(frame, WorkResponse):
+            raise ValueError(f"batch.responses[{index}]: a batch holds pushes and results only")
+        frames.append(frame)
+    return frames
 
 
-def _command(request_id: int, tag: bytes, body: bytes) -> bytes:
-    """``WorkRequest(request_id, <tag>=body)``."""
-    head = b"\x08" + _varint(request_id) if request_id else b""
-    return head + tag + _len(body) + body
-
-
-def _ref(task_id: str, attempt: int, token: str) -> bytes:
-    """The command's ``lease`` field (2): ``LeaseRef(task_id, attempt, token)``."""
-    body = b""
-    if task_id:
-        data = task_id.encode()
-        body = b"\x0a" + _len(data) + data
-    if attempt:
-        body += b"\x10" + _varint(attempt)
-    if token:
-        data = token.encode()
-        body += b"\x1a" + _len(data) + data
-    return b"\x12" + _len(body) + body
-
-
-def _error(error: str) -> bytes:
-    if not error:
-        return b""
-    data = error.encode()
-    return b"\x1a" + _len(data) + data
-
-
-def _duration(tag: bytes, delta: timedelta | None) -> bytes:
-    if delta is None:
-        return b""
-    out = bytearray(tag)
-    _w_duration(out, delta, None)
-    return bytes(out)
-
-
-def encode_ack(
-    request_id: int, task_id: str, attempt: int, token: str, result: bytes | None = None
-) -> bytes:
-    """`ringo_trio._wire.frames.encode_ack`, byte for byte."""
-    tid = task_id.encode()
-    tok = token.encode()
-    size = len(tid) + len(tok)
-    if result is None and request_id and tid and tok and 0 < attempt < 0x80 and size < 0x78:
-        # Every ack of a no-op handler: each length fits one byte, so the
-        # frame is one formatting instead of a dozen concatenations (~0.4 µs).
-        return b"\x08%b\x22%c\x12%c\x0a%c%b\x10%c\x1a%c%b" % (
-            _varint(request_id),
-            size + 8,
-            size + 6,
-            len(tid),
-            tid,
-            attempt,
-            len(tok),
-            tok,
-        )
-    body = _ref(task_id, attempt, token)
+def _as_frame(response: WorkResponse) -> PushedTask | WorkResultFrame | WorkResponse:
+    result = response.result
     if result is not None:
-        body += b"\x1a" + _len(result) + result
-    return _command(request_id, b"\x22", body)
-
-
-def encode_nack(
-    request_id: int,
-    task_id: str,
-    attempt: int,
-    token: str,
-    error: str,
-    retry_delay: timedelta | None,
-) -> bytes:
-    """`ringo_trio._wire.frames.encode_nack`, byte for byte."""
-    body = _ref(task_id, attempt, token) + _error(error) + _duration(b"\x22", retry_delay)
-    return _command(request_id, b"\x2a", body)
-
-
-def encode_reject(request_id: int, task_id: str, attempt: int, token: str, error: str) -> bytes:
-    """`ringo_trio._wire.frames.encode_reject`, byte for byte."""
-    return _command(request_id, b"\x32", _ref(task_id, attempt, token) + _error(error))
-
-
-def encode_credit(
-    request_id: int, available: int, target: int | None, grant: int | None = None
-) -> bytes:
-    """`ringo_trio._wire.frames.encode_credit`, byte for byte."""
-    body = b"\x08" + _varint(available) if available else b""
-    if target is not None:
-        body += b"\x10" + _varint(target)
-    if grant is not None:
-        body += b"\x18" + _varint(grant)
-    return _command(request_id, b"\x1a", body)
-
-
-def encode_extend(
-    request_id: int, task_id: str, attempt: int, token: str, extension: timedelta
-) -> bytes:
-    """`ringo_trio._wire.frames.encode_extend`, byte for byte."""
-    body = _ref(task_id, attempt, token) + _duration(b"\x1a", extension)
-    return _command(request_id, b"\x3a", body)
+        detail = result.error
+        lease = result.lease
+        until = None if lease is None else lease.until
+        if detail is None or not detail.code:
+            return WorkResultFrame(result.request_id, "", "", "", until)
+        return WorkResultFrame(
+            result.request_id,
+            detail.code.name or "",
+            detail.message,
+            detail.metadata.get("reason", ""),
+            until,
+            int(detail.code),
+        )
+    pushed = response.task
+    if pushed is not None and pushed.task is not None and pushed.lease is not None:
+        lease = pushed.lease
+        return PushedTask(
+            Task.from_wire(pushed.task),
+            lease.task_id,
+            lease.attempt,
+            lease.lease_token,
+            lease.worker_id,
+            lease.until,
+            None if lease.ttl is None else lease.ttl.total_seconds(),
+        )
+    return response

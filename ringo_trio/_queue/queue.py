@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
-from .._batch_wire import decode_batch_reply, encode_batch_request
+from .._batch_wire import decode_enqueue_many_reply, encode_enqueue_many_request
 from .._contract import limits as _limits
 from .._contract.versions import Feature
 from .._durations import MAX_RETENTION
@@ -146,7 +146,7 @@ class _EnqueueManyCall:
         self.specs = specs
 
     def SerializeToString(self) -> bytes:
-        return encode_batch_request(self.context, self.queue, self.specs)
+        return encode_enqueue_many_request(self.context, self.queue, self.specs)
 
 
 class _EnqueueManyReply:
@@ -158,7 +158,7 @@ class _EnqueueManyReply:
 
     def FromString(self, data: bytes) -> BatchResult:
         try:
-            return decode_batch_reply(data, self._payloads)
+            return decode_enqueue_many_reply(data, self._payloads)
         except ValueError as exc:
             raise RingoError(f"malformed EnqueueMany reply from the daemon: {exc}") from None
 

@@ -12,7 +12,7 @@ cancellation can cut a settlement in half), handlers are started and
 cancelled through the owner, waiters of commands are woken. `finish` ends
 the stream in order: answers awaited (bounded), session ended, send side
 closed. Encoding lives here too: the hot commands written inline
-(`ringo_trio._work_wire`), the rare ones by betterproto2.
+(`ringo_trio._wire.work`), the rare ones by betterproto2.
 
 At minor >= 10 the transport's writer hands every frame queued when it wakes
 to `batch_frames`, which joins them into batch frames: handlers that finish
@@ -55,7 +55,6 @@ from .._contract.work.client import (
     WorkSession,
 )
 from .._errors import RingoError, UnavailableError, error_for_code
-from .._frames import PushedTask, WorkResultFrame
 from .._interrupts import protected
 from .._models import Task
 from .._proto.ringo.v1 import (
@@ -66,15 +65,15 @@ from .._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
-from .._wire.frames import encode_work_request_batch
-from .._work_wire import (
-    decode_work_response,
+from .._wire.work import (
     encode_ack,
     encode_credit,
     encode_extend,
     encode_nack,
     encode_reject,
+    encode_work_request_batch,
 )
+from .._work_wire import PushedTask, WorkResultFrame, decode_work_response
 
 __all__ = [
     "Frame",
@@ -129,7 +128,7 @@ class Waiter:
 class Frame:
     """A WorkRequest already encoded (grpclib's codec calls ``SerializeToString``).
 
-    The hot commands are written inline (`ringo_trio._work_wire`) at a
+    The hot commands are written inline (`ringo_trio._wire.work`) at a
     fraction of betterproto2's cost.
     """
 

@@ -187,8 +187,9 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from ringo_trio._wire.codec import decode, encode, tag_len, varint
-from ringo_trio._wire.frames import encode_work_response_batch
+from ringo_trio._wire.codec import decode, encode
+from ringo_trio._wire.primitives import tag_len, varint
+from ringo_trio._wire.work import encode_work_response_batch
 
 from ._wire import Preencoded
 from .clock import Clock
@@ -902,7 +903,7 @@ class _WorkStream:
 
 # betterproto2 spends ~150 µs encoding one task frame, which alone would cap
 # the daemon near 2,500 tasks/s per core. Task frames and plain OK results,
-# the two frames of the hot path, are encoded by `ringo_trio._wire.frames`
+# the two frames of the hot path, are encoded by `ringo_trio._wire.work`
 # and handed to the codec already encoded: `_Wire` is a complete `WorkResponse` whose
 # `bytes()` is that encoding.
 

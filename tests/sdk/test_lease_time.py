@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 
 from ringo_trio import TaskSpec
 from ringo_trio._contract.work.client import LeaseKey, WorkSession
-from ringo_trio._frames import PushedTask, WorkResultFrame
 from ringo_trio._models import Task
 from ringo_trio._proto.ringo.v1 import Lease, WorkRequest
 from ringo_trio._proto.ringo.v1 import LeasedTask as WireLeasedTask
@@ -42,6 +41,7 @@ from ringo_trio._queue import queue as _queue
 from ringo_trio._wire.codec import decode
 from ringo_trio._work import _driver
 from ringo_trio._work._driver import Frame, StreamDriver
+from ringo_trio._work_wire import PushedTask, WorkResultFrame
 from ringo_trio.testing import RingoTestEnv
 
 #: The daemon's wall clock at virtual time 0.

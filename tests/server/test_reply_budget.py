@@ -39,7 +39,6 @@ from ringo_trio._proto.ringo.v1 import (
     TaskTypeStats,
 )
 from ringo_trio._wire.codec import decode, encode
-from ringo_trio._wire.frames import encode_enqueue_many_response
 from ringo_trio.server._enqueue_reply import encode_enqueue_many_reply
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.rpc import reply_bounds as rb
@@ -49,6 +48,7 @@ from ringo_trio.server.rpc.sessions import SessionTable
 from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server.storage._base import Storage
 from ringo_trio.server.storage.sqlite import SQLiteEngine
+from tests._generic_frames import encode_enqueue_many_response
 from tests.test_codec import BETTERPROTO_DURATIONS, messages
 
 from ._client import deadline

@@ -56,7 +56,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from ringo_trio._wire.frames import encode_work_result
+from ringo_trio._wire.work import encode_work_result
 from ringo_trio.server import _work
 from ringo_trio.server.clock import Clock, LoopClock
 from ringo_trio.server.rpc.service import QueueService

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, RetryBackoff, TaskState, WorkResponse
 from ringo_trio._wire.codec import decode
-from ringo_trio._wire.frames import encode_work_push
+from ringo_trio._wire.work import encode_work_push
 from ringo_trio.server.storage import sqlite as sqlite_engine
 from ringo_trio.server.storage._base import Push, Storage, lease_ttl, ttl_field
 from ringo_trio.server.storage._push import push_rows

@@ -74,7 +74,10 @@ from datetime import datetime, timedelta
 from typing import ClassVar, TypeVar
 
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
-from ringo_trio._wire.codec import _SMALL, _seconds_nanos_body, _varint, encode
+from ringo_trio._wire.codec import encode
+from ringo_trio._wire.primitives import SMALL as _SMALL
+from ringo_trio._wire.primitives import seconds_nanos_body as _seconds_nanos_body
+from ringo_trio._wire.primitives import varint as _varint
 
 __all__ = [
     "Ack",

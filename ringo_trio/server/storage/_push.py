@@ -32,7 +32,9 @@ from datetime import datetime
 from struct import Struct
 from typing import Any
 
-from ringo_trio._wire.codec import _SMALL, _seconds_nanos_body, _varint
+from ringo_trio._wire.primitives import SMALL as _SMALL
+from ringo_trio._wire.primitives import seconds_nanos_body as _seconds_nanos_body
+from ringo_trio._wire.primitives import varint as _varint
 
 from ._base import Push
 from ._rows import MAX_DURATION_US, MAX_US, MIN_US, STATES, from_us, leased
