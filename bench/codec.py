@@ -12,8 +12,8 @@ Three columns per row:
   unrolled ones in ``tests/_generic_frames.py``), including the SDK's model
   conversion where the SDK applies one;
 * **tree unrolled**: this tree's hand-unrolled twin of the generic path,
-  where it has one (`ringo_trio._wire.work`, `ringo_trio._work_wire`,
-  `ringo_trio._batch_wire`);
+  where it has one (`ringo_trio._wire.work`, `ringo_trio._work._frames`,
+  `ringo_trio._queue._batch`);
 * **unrolled**: the hand-unrolled codec this replaced, ``_fastwire.py`` as
   of git revision ``--unrolled`` (default ``cf773c5``, the last tree with it;
   loaded with ``git show``,
@@ -44,7 +44,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ringo_trio import _batch_wire, _work_wire
 from ringo_trio import _models as models
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
@@ -62,8 +61,10 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
+from ringo_trio._queue import _batch as _batch_wire
 from ringo_trio._wire import work
 from ringo_trio._wire.codec import decode
+from ringo_trio._work import _frames as _work_wire
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the generic references live with the tests

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from ringo_trio._batch_wire import batch_result
 from ringo_trio._models import BatchResult
 from ringo_trio._models import TaskSpec as SdkTaskSpec
 from ringo_trio._proto.ringo.v1 import (
@@ -31,8 +30,9 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
+from ringo_trio._queue._batch import batch_result
 from ringo_trio._wire.codec import build, decode, encode
-from ringo_trio._work_wire import PushedTask, WorkResultFrame, as_frames
+from ringo_trio._work._frames import PushedTask, WorkResultFrame, as_frames
 
 # -- the worker's commands (`ringo_trio._wire.work`) ---------------------------------
 
@@ -90,7 +90,7 @@ def encode_extend(
     return encode(build(WorkRequest, request_id=request_id, extend_lease=extend))
 
 
-# -- the SDK's decoding of the daemon's Work frames (`ringo_trio._work_wire`) ---------
+# -- the SDK's decoding of the daemon's Work frames (`ringo_trio._work._frames`) ---------
 
 
 def decode_work_response(
@@ -100,7 +100,7 @@ def decode_work_response(
     return as_frames(decode(buffer, WorkResponse))
 
 
-# -- EnqueueMany (`ringo_trio._batch_wire`, `ringo_trio.server._enqueue_reply`) -------
+# -- EnqueueMany (`ringo_trio._queue._batch`, `ringo_trio.server._enqueue_reply`) -------
 
 
 def encode_enqueue_many_request(

@@ -54,7 +54,7 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio._wire import work
 from ringo_trio._wire.codec import WireError, build, decode, encode, message_classes
-from ringo_trio._work_wire import PushedTask, WorkResultFrame
+from ringo_trio._work._frames import PushedTask, WorkResultFrame
 from tests import _generic_frames as generic
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

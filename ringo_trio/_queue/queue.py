@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
-from .._batch_wire import decode_enqueue_many_reply, encode_enqueue_many_request
 from .._contract import limits as _limits
 from .._contract.versions import Feature
 from .._durations import MAX_RETENTION
@@ -62,6 +61,7 @@ from .._proto.ringo.v1 import (
 from .._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from .._work._timeouts import TaskTimeouts
 from .._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
+from ._batch import decode_enqueue_many_reply, encode_enqueue_many_request
 from .leased import LeasedTask
 
 if TYPE_CHECKING:

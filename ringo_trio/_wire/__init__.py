@@ -8,7 +8,7 @@
 
 Nothing here imports anyio, asyncio, grpclib or the SDK: the daemon
 (`ringo_trio.server`) may import this package, never the SDK's modules. So
-the SDK's decoders into its models live SDK-side (`ringo_trio._work_wire`,
-`ringo_trio._batch_wire`), and the daemon's compact EnqueueMany reply with
+the SDK's decoders into its models live SDK-side (`ringo_trio._work._frames`,
+`ringo_trio._queue._batch`), and the daemon's compact EnqueueMany reply with
 the daemon (`ringo_trio.server._enqueue_reply`).
 """

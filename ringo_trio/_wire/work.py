@@ -10,7 +10,7 @@ tests/_generic_frames.py); docs/architecture.md, "Codec", has the figures.
 A batch of either direction (minor >= 10) is a join of its elements' bytes.
 
 Decoding is the codec's (`.codec.decode`) on the daemon's side; the SDK reads
-pushes and results straight into its models (`ringo_trio._work_wire`).
+pushes and results straight into its models (`ringo_trio._work._frames`).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ from .._wire.work import (
     encode_reject,
     encode_work_request_batch,
 )
-from .._work_wire import PushedTask, WorkResultFrame, decode_work_response
+from ._frames import PushedTask, WorkResultFrame, decode_work_response
 
 __all__ = [
     "Frame",

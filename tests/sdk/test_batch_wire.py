@@ -1,4 +1,4 @@
-"""`ringo_trio._batch_wire`: EnqueueMany replies decoded straight into models.
+"""`ringo_trio._queue._batch`: EnqueueMany replies decoded straight into models.
 
 The reference is the generic decoder (tests/_generic_frames.py's
 `decode_enqueue_many_response`: the shared codec plus `batch_result`): on any reply, valid or
@@ -15,8 +15,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio import _batch_wire
-from ringo_trio._batch_wire import encode_enqueue_many_request
 from ringo_trio._errors import InvalidArgumentError
 from ringo_trio._models import TaskSpec as ModelTaskSpec
 from ringo_trio._proto.ringo.v1 import (
@@ -26,6 +24,8 @@ from ringo_trio._proto.ringo.v1 import (
     RetryBackoff,
     Task,
 )
+from ringo_trio._queue import _batch as _batch_wire
+from ringo_trio._queue._batch import encode_enqueue_many_request
 from ringo_trio._wire.codec import encode
 from ringo_trio.testing.strategies import names, retry_backoffs
 from tests._generic_frames import (

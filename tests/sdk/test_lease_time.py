@@ -41,7 +41,7 @@ from ringo_trio._queue import queue as _queue
 from ringo_trio._wire.codec import decode
 from ringo_trio._work import _driver
 from ringo_trio._work._driver import Frame, StreamDriver
-from ringo_trio._work_wire import PushedTask, WorkResultFrame
+from ringo_trio._work._frames import PushedTask, WorkResultFrame
 from ringo_trio.testing import RingoTestEnv
 
 #: The daemon's wall clock at virtual time 0.

@@ -1,4 +1,4 @@
-"""The worker's hot frames, unrolled: `ringo_trio._work_wire` (decoding) and
+"""The worker's hot frames, unrolled: `ringo_trio._work._frames` (decoding) and
 `ringo_trio._wire.work` (the commands).
 
 The references are the generic paths of tests/_generic_frames.py:
@@ -17,7 +17,6 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio import _work_wire
 from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
@@ -29,7 +28,8 @@ from ringo_trio._proto.ringo.v1 import (
 from ringo_trio._wire import work
 from ringo_trio._wire.codec import encode
 from ringo_trio._wire.primitives import tag_len, varint
-from ringo_trio._work_wire import PushedTask
+from ringo_trio._work import _frames as _work_wire
+from ringo_trio._work._frames import PushedTask
 from tests import _generic_frames as generic
 from tests._generic_frames import decode_work_response as generic_decode
 from tests.test_codec import BETTERPROTO_DURATIONS, DURATIONS, messages

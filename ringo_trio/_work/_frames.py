@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from ._models import RetryBackoff, Task, TaskState
-from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
-from ._proto.ringo.v1 import TaskState as _WireTaskState
-from ._proto.ringo.v1 import WorkResponse
-from ._wire.codec import decode
-from ._wire.primitives import (
+from .._models import RetryBackoff, Task, TaskState
+from .._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
+from .._proto.ringo.v1 import TaskState as _WireTaskState
+from .._proto.ringo.v1 import WorkResponse
+from .._wire.codec import decode
+from .._wire.primitives import (
     read_duration,
     read_len,
     read_seconds_nanos,

@@ -46,12 +46,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ._models import BatchResult, EnqueueResult, RetryBackoff, Task, TaskSpec, TaskState
-from ._proto.ringo.v1 import EnqueueManyRequest, EnqueueManyResponse, RequestContext
-from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
-from ._proto.ringo.v1 import TaskState as _WireTaskState
-from ._wire.codec import build, decode, encode
-from ._wire.primitives import read_len, read_timestamp, read_varint, varint
+from .._models import BatchResult, EnqueueResult, RetryBackoff, Task, TaskSpec, TaskState
+from .._proto.ringo.v1 import EnqueueManyRequest, EnqueueManyResponse, RequestContext
+from .._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
+from .._proto.ringo.v1 import TaskState as _WireTaskState
+from .._wire.codec import build, decode, encode
+from .._wire.primitives import read_len, read_timestamp, read_varint, varint
 
 __all__ = ["batch_result", "decode_enqueue_many_reply", "encode_enqueue_many_request"]
 
