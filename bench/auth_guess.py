@@ -102,7 +102,7 @@ def main() -> None:
             "-c",
             "import sys; sys.path.insert(0, sys.argv.pop(1));"
             " sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)];"
-            " from ringo_trio.server._main import main; main()",
+            " from ringo_trio.server.main import main; main()",
             os.path.abspath(args.pythonpath),
         ]
     with (

@@ -7,11 +7,13 @@ a row's columns take their samples in turn, so load from elsewhere on a
 shared machine falls on all of them alike).
 Three columns per row:
 
-* **generic**: what the tree does now — `ringo_trio._wire.codec` through the
-  named hot frames (`ringo_trio._wire.frames`, `ringo_trio._frames`),
-  including the SDK's model conversion where the SDK applies one;
+* **generic**: `ringo_trio._wire.codec` over each frame's message (the
+  daemon's frames in `ringo_trio._wire.work`, the references of the
+  unrolled ones in ``tests/_generic_frames.py``), including the SDK's model
+  conversion where the SDK applies one;
 * **tree unrolled**: this tree's hand-unrolled twin of the generic path,
-  where it has one (`ringo_trio._work_wire`, `ringo_trio._batch_wire`);
+  where it has one (`ringo_trio._wire.work`, `ringo_trio._work._frames`,
+  `ringo_trio._queue._batch`);
 * **unrolled**: the hand-unrolled codec this replaced, ``_fastwire.py`` as
   of git revision ``--unrolled`` (default ``cf773c5``, the last tree with it;
   loaded with ``git show``,
@@ -42,8 +44,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ringo_trio import _batch_wire, _work_wire
-from ringo_trio import _frames as sdk
 from ringo_trio import _models as models
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
@@ -61,10 +61,15 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from ringo_trio._wire import frames
+from ringo_trio._queue import _batch as _batch_wire
+from ringo_trio._wire import work
 from ringo_trio._wire.codec import decode
+from ringo_trio._work import _frames as _work_wire
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the generic references live with the tests
+from tests import _generic_frames as generic_frames  # noqa: E402
+
 T0 = datetime(2026, 12, 2, 15, 30, 12, 345678, tzinfo=UTC)
 TOKEN = "9f86d081884c7d659a2feaa0c55ad015"
 CONTEXT = RequestContext(protocol_major=1, protocol_minor=8, session_token="s" * 32)
@@ -162,21 +167,21 @@ def main() -> None:
     pushes = [_leased(i) for i in range(DISTINCT)]
     push_bytes = [bytes(WorkResponse(task=leased)) for leased in pushes]
     push_batches = [
-        frames.encode_work_response_batch(push_bytes[start : start + 32])
+        work.encode_work_response_batch(push_bytes[start : start + 32])
         for start in range(0, DISTINCT, 32)
     ]
     ok_bytes = bytes(WorkResponse(result=WorkResult(request_id=77)))
     pending = [(_task(i, leased=False), True) for i in range(batch)]
     for task, _ in pending:  # one daemon call stamps a batch with one clock reading
         task.created_at = task.updated_at = task.available_at = T0
-    many = frames.encode_enqueue_many_response(pending, batch, 0)
+    many = generic_frames.encode_enqueue_many_response(pending, batch, 0)
     specs = [
         models.TaskSpec(
             task_type="send_welcome_email", payload=bytes(range(16)), unique_key=f"user-{i}"
         )
         for i in range(batch)
     ]
-    ack = frames.encode_ack(1234, pushes[0].task.id, 1, TOKEN)  # type: ignore[union-attr]
+    ack = generic_frames.encode_ack(1234, pushes[0].task.id, 1, TOKEN)  # type: ignore[union-attr]
 
     def bp_push(data: bytes) -> object:
         pushed = WorkResponse.parse(data).task
@@ -200,7 +205,7 @@ def main() -> None:
         # name, generic, tree unrolled, unrolled, betterproto2, items per call
         (
             "push decode (SDK: bytes -> PushedTask)",
-            _cycling(push_bytes, sdk.decode_work_response),
+            _cycling(push_bytes, generic_frames.decode_work_response),
             _cycling(push_bytes, _work_wire.decode_work_response),
             fw and _cycling(push_bytes, fw.decode_work_response),
             _cycling(push_bytes, bp_push),
@@ -208,7 +213,7 @@ def main() -> None:
         ),
         (
             "push batch decode (SDK: 32 pushes in one minor-10 frame)",
-            _cycling(push_batches, sdk.decode_work_response),
+            _cycling(push_batches, generic_frames.decode_work_response),
             _cycling(push_batches, _work_wire.decode_work_response),
             None,
             _cycling(push_batches, WorkResponse.parse),
@@ -216,7 +221,7 @@ def main() -> None:
         ),
         (
             "push encode (daemon: LeasedTask -> bytes)",
-            _cycling(pushes, frames.encode_work_push),
+            _cycling(pushes, work.encode_work_push),
             None,
             fw and _cycling(pushes, fw.encode_work_push),
             _cycling(pushes, lambda leased: bytes(WorkResponse(task=leased))),
@@ -224,7 +229,7 @@ def main() -> None:
         ),
         (
             "result encode (daemon: OK result)",
-            lambda: frames.encode_work_result(77, None, None),
+            lambda: work.encode_work_result(77, None, None),
             None,
             fw and (lambda: fw.encode_work_result(77, None, None)),
             lambda: bytes(WorkResponse(result=WorkResult(request_id=77))),
@@ -232,7 +237,7 @@ def main() -> None:
         ),
         (
             "result decode (SDK: OK result)",
-            lambda: sdk.decode_work_response(ok_bytes),
+            lambda: generic_frames.decode_work_response(ok_bytes),
             lambda: _work_wire.decode_work_response(ok_bytes),
             fw and (lambda: fw.decode_work_response(ok_bytes)),
             lambda: WorkResponse.parse(ok_bytes),
@@ -240,8 +245,8 @@ def main() -> None:
         ),
         (
             "ack encode (SDK)",
-            lambda: frames.encode_ack(1234, "01JE0000000000000000000001", 1, TOKEN),
-            lambda: _work_wire.encode_ack(1234, "01JE0000000000000000000001", 1, TOKEN),
+            lambda: generic_frames.encode_ack(1234, "01JE0000000000000000000001", 1, TOKEN),
+            lambda: work.encode_ack(1234, "01JE0000000000000000000001", 1, TOKEN),
             fw and (lambda: fw.encode_ack(1234, "01JE0000000000000000000001", 1, TOKEN)),
             lambda: bytes(
                 WorkRequest(
@@ -265,8 +270,8 @@ def main() -> None:
         ),
         (
             f"EnqueueMany request encode (SDK specs, {batch})",
-            lambda: sdk.encode_enqueue_many_request_from_specs(CONTEXT, "emails", specs),
-            lambda: _batch_wire.encode_batch_request(CONTEXT, "emails", specs),
+            lambda: generic_frames.encode_enqueue_many_request_from_specs(CONTEXT, "emails", specs),
+            lambda: _batch_wire.encode_enqueue_many_request(CONTEXT, "emails", specs),
             fw and (lambda: fw.encode_enqueue_many_request_from_specs(CONTEXT, "emails", specs)),
             lambda: bytes(
                 EnqueueManyRequest(
@@ -277,7 +282,7 @@ def main() -> None:
         ),
         (
             f"EnqueueMany response encode (daemon, {batch})",
-            lambda: frames.encode_enqueue_many_response(pending, batch, 0),
+            lambda: generic_frames.encode_enqueue_many_response(pending, batch, 0),
             None,
             fw and (lambda: fw.encode_enqueue_many_response(pending, batch, 0)),
             lambda: bytes(
@@ -290,8 +295,8 @@ def main() -> None:
         ),
         (
             f"EnqueueMany response decode (SDK: BatchResult, {batch})",
-            lambda: sdk.decode_enqueue_many_response(many),
-            lambda: _batch_wire.decode_batch_reply(many),
+            lambda: generic_frames.decode_enqueue_many_response(many),
+            lambda: _batch_wire.decode_enqueue_many_reply(many),
             fw and (lambda: fw.decode_enqueue_many_response(many)),
             bp_many,
             batch,

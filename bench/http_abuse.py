@@ -389,8 +389,8 @@ def _fill_purge_store(data_dir: Path, tasks: int) -> float:
     """`tasks` SUCCEEDED tasks in queue ``big`` (and 5 PENDING ones), by
     this tree's engine; the seconds it took."""
     from ringo_trio._proto.ringo.v1 import TaskSpec, TaskState
-    from ringo_trio.server._clock import Clock
-    from ringo_trio.server._main import DB_FILE_NAME
+    from ringo_trio.server.clock import Clock
+    from ringo_trio.server.flags import DB_FILE_NAME
     from ringo_trio.server.storage.sqlite import SQLiteEngine
 
     data_dir.mkdir(parents=True)

@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from ringo_trio._proto.ringo.v1 import TaskSpec, TaskState
-from ringo_trio.server._clock import Clock
+from ringo_trio.server.clock import Clock
 from ringo_trio.server.storage.base import Storage, TaskFilter
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine

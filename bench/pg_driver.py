@@ -31,7 +31,7 @@ import asyncpg
 import uvloop
 
 from ringo_trio._proto.ringo.v1 import LeaseRef, TaskSpec
-from ringo_trio.server._clock import Clock
+from ringo_trio.server.clock import Clock
 from ringo_trio.server.storage.postgres import PostgresEngine
 
 BATCH = 1000

@@ -44,7 +44,7 @@ from typing import Any
 import _pg
 
 from ringo_trio._proto.ringo.v1 import LeaseRef, TaskSpec
-from ringo_trio.server._commit import GroupCommit
+from ringo_trio.server.rpc.commit import GroupCommit
 from ringo_trio.server.storage.base import Ack, Nack, Settlement, Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine

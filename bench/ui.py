@@ -33,8 +33,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import operate  # the fill and state mix of the inspection bench
 
 from ringo_trio._proto.ringo.v1 import ListOrder, ListTasksRequest, TaskState
-from ringo_trio.server._daemon import Daemon, DaemonConfig
 from ringo_trio.server._work import WorkStreams
+from ringo_trio.server.daemon import Daemon, DaemonConfig
 from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
@@ -108,7 +108,7 @@ async def measure(engine: Storage, tasks: int, repeat: int) -> list[tuple[str, t
         )
         task_id = first.tasks[0].id
         # A newest-first cursor 90% of the way down: below seq N/10.
-        from ringo_trio.server._operate import _filters_digest, _task_token
+        from ringo_trio.server.rpc.operate import _filters_digest, _task_token
         from ringo_trio.server.storage.base import TaskFilter
 
         deep_token = _task_token(tasks // 10, _filters_digest("big", TaskFilter(), True))

@@ -38,21 +38,21 @@ import anyio.lowlevel
 from ._connection import Connection
 from ._contract import limits as _limits
 from ._contract.versions import Feature
-from ._daemon import LocalDaemon
 from ._endpoint import Endpoint, parse_endpoint
 from ._errors import (
     InvalidArgumentError,
     RingoError,
     require,
 )
-from ._models import PostgresStorage, QueueStats, SQLiteStorage, _check_name
+from ._local.process import LocalDaemon
+from ._models import PostgresStorage, QueueStats, SQLiteStorage, check_name
 from ._proto.ringo.v1 import ListQueuesRequest, ListQueuesResponse
-from ._queue import TaskQueue
-from ._transport import client_tls_context
-from ._transport_api import DEFAULT_KEEPALIVE, ClientTransport, Keepalive
+from ._queue.queue import TaskQueue
+from ._transport.base import DEFAULT_KEEPALIVE, ClientTransport, Keepalive
+from ._transport.grpclib import client_tls_context
 
 if TYPE_CHECKING:
-    from ._shared import SharedLocalDaemon
+    from ._local.shared import SharedLocalDaemon
 
 __all__ = ["CompressionOption", "Ringo", "RingoClient"]
 
@@ -271,7 +271,7 @@ class RingoClient:
                     # All drains start together (their grace periods overlap);
                     # the waits then end in any order.
                     for worker in workers:
-                        worker._request_close()
+                        worker.request_close()
                     for worker in workers:
                         await worker.close()
             except BaseException as exc:
@@ -304,7 +304,7 @@ class RingoClient:
 
     def queue(self, name: str) -> TaskQueue:
         """The `TaskQueue` named ``name`` (one object per name per client)."""
-        _check_name("queue name", name)
+        check_name("queue name", name)
         if self._connection.closed:
             raise RingoError("client is closed")
         existing = self._queues.get(name)
@@ -401,7 +401,7 @@ class Ringo:
                     "shared local mode supports SQLite only; with PostgreSQL run"
                     " ringod and use Ringo.connect, or one Ringo.local per process"
                 )
-            from ._shared import SharedLocalDaemon
+            from ._local.shared import SharedLocalDaemon
 
             return RingoClient(
                 daemon=SharedLocalDaemon(

@@ -47,7 +47,6 @@ import anyio
 import anyio.abc
 
 from ._contract import versions as _versions
-from ._daemon import LocalDaemon
 from ._endpoint import Endpoint, parse_endpoint
 from ._errors import (
     IncompatibleVersionError,
@@ -55,6 +54,7 @@ from ._errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from ._local.process import LocalDaemon
 from ._proto.ringo.v1 import (
     AttachLocalRequest,
     AttachLocalResponse,
@@ -62,18 +62,18 @@ from ._proto.ringo.v1 import (
     NegotiateResponse,
     RequestContext,
 )
-from ._transport import Transport
-from ._transport_api import (
+from ._transport.base import (
     DEFAULT_KEEPALIVE,
     ClientTransport,
     Keepalive,
     SessionRejectedError,
     StreamChannels,
 )
+from ._transport.grpclib import Transport
 from ._version import SDK_NAME, SDK_VERSION
 
 if TYPE_CHECKING:
-    from ._shared import SharedLocalDaemon
+    from ._local.shared import SharedLocalDaemon
     from ._work.worker import Worker
 
 __all__ = ["DEFAULT_RPC_TIMEOUT", "NO_SESSION", "Connection", "NegotiatedSession"]

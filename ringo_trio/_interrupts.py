@@ -27,7 +27,7 @@ Python callable (a program that ignores SIGINT keeps ignoring it).
 
 A handler is the user's code: `unprotected` marks the one frame that calls
 it, so a Ctrl-C lands in it as in any trio program (a busy loop without
-checkpoints can still be interrupted) and `Worker._handle` turns it into a
+checkpoints can still be interrupted) and `Handlers.handle` turns it into a
 stop. Both are trio's own markers; under asyncio they change nothing
 (asyncio.run turns SIGINT into a cancellation of the main task).
 """

@@ -43,7 +43,7 @@ _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
 
 
-def _check_name(what: str, value: object, limit: int = _limits.MAX_NAME_BYTES) -> str:
+def check_name(what: str, value: object, limit: int = _limits.MAX_NAME_BYTES) -> str:
     if not isinstance(value, str):
         raise InvalidArgumentError(f"{what} must be a string, got {type(value).__name__}")
     if not value:
@@ -53,7 +53,7 @@ def _check_name(what: str, value: object, limit: int = _limits.MAX_NAME_BYTES) -
     return value
 
 
-def _check_int(what: str, value: object, low: int, high: int) -> int:
+def check_int(what: str, value: object, low: int, high: int) -> int:
     # bool is an int subclass; True as "max_attempts" is a bug, not a 1.
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentError(f"{what} must be an integer, got {type(value).__name__}")
@@ -62,7 +62,7 @@ def _check_int(what: str, value: object, low: int, high: int) -> int:
     return value
 
 
-def _check_duration(
+def check_duration(
     what: str, value: object, *, maximum: timedelta | None = None, positive: bool = False
 ) -> timedelta:
     if not isinstance(value, timedelta):
@@ -76,8 +76,8 @@ def _check_duration(
     return value
 
 
-def _check_unique_key(value: object) -> str:
-    return _check_name("unique_key", value, _limits.MAX_UNIQUE_KEY_BYTES)
+def check_unique_key(value: object) -> str:
+    return check_name("unique_key", value, _limits.MAX_UNIQUE_KEY_BYTES)
 
 
 def truncate_utf8(text: str, limit: int) -> str:
@@ -128,8 +128,8 @@ class RetryBackoff:
     multiplier: float = _limits.DEFAULT_BACKOFF_MULTIPLIER
 
     def __post_init__(self) -> None:
-        _check_duration("retry_backoff.initial", self.initial, maximum=_limits.MAX_DELAY)
-        _check_duration("retry_backoff.maximum", self.maximum, maximum=_limits.MAX_DELAY)
+        check_duration("retry_backoff.initial", self.initial, maximum=_limits.MAX_DELAY)
+        check_duration("retry_backoff.maximum", self.maximum, maximum=_limits.MAX_DELAY)
         if self.maximum < self.initial:
             raise InvalidArgumentError("retry_backoff.maximum must be >= initial")
         if (
@@ -178,7 +178,7 @@ class TaskSpec:
     priority: int = 0
 
     def __post_init__(self) -> None:
-        _check_name("task_type", self.task_type)
+        check_name("task_type", self.task_type)
         payload: object = self.payload
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
@@ -194,13 +194,13 @@ class TaskSpec:
             )
         object.__setattr__(self, "payload", payload)
         if self.unique_key is not None:
-            _check_unique_key(self.unique_key)
+            check_unique_key(self.unique_key)
         if self.max_attempts is not None:
-            _check_int("max_attempts", self.max_attempts, 1, _limits.MAX_ATTEMPTS_LIMIT)
+            check_int("max_attempts", self.max_attempts, 1, _limits.MAX_ATTEMPTS_LIMIT)
         if self.retry_backoff is not None and not isinstance(self.retry_backoff, RetryBackoff):
             raise InvalidArgumentError("retry_backoff must be a RetryBackoff")
         if self.delay is not None:
-            _check_duration("delay", self.delay, maximum=_limits.MAX_DELAY)
+            check_duration("delay", self.delay, maximum=_limits.MAX_DELAY)
         if self.not_before is not None:
             if not isinstance(self.not_before, datetime):
                 raise InvalidArgumentError("not_before must be a datetime")
@@ -212,7 +212,7 @@ class TaskSpec:
                 raise InvalidArgumentError(
                     f"not_before must be at most {_limits.MAX_NOT_BEFORE.isoformat()}"
                 )
-        _check_int("priority", self.priority, _INT32_MIN, _INT32_MAX)
+        check_int("priority", self.priority, _INT32_MIN, _INT32_MAX)
 
     def to_wire(self) -> _WireTaskSpec:
         return _WireTaskSpec(
@@ -422,4 +422,4 @@ class PostgresStorage:
         if not isinstance(self.dsn, str) or not self.dsn.strip():
             raise InvalidArgumentError("PostgresStorage needs a non-empty dsn")
         # PostgreSQL truncates identifiers beyond 63 bytes.
-        _check_name("PostgresStorage.schema", self.schema, 63)
+        check_name("PostgresStorage.schema", self.schema, 63)

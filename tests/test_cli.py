@@ -430,7 +430,8 @@ def test_timeout_flags_become_task_timeouts() -> None:
     TaskTimeouts, --heartbeat-timeout as ``heartbeat``; none given, none set."""
     from datetime import timedelta
 
-    from ringo_trio import TaskTimeouts, _cli
+    from ringo_trio import TaskTimeouts
+    from ringo_trio._cli import main as _cli
 
     for command in ("worker", "supervise"):
         base = [command, "m:f", "--queue", "q"]

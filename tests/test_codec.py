@@ -22,7 +22,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio import _frames
 from ringo_trio._errors import InvalidArgumentError
 from ringo_trio._models import BatchResult, EnqueueResult
 from ringo_trio._models import Task as ModelTask
@@ -53,8 +52,10 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponseBatch,
     WorkResult,
 )
-from ringo_trio._wire import frames
+from ringo_trio._wire import work
 from ringo_trio._wire.codec import WireError, build, decode, encode, message_classes
+from ringo_trio._work._frames import PushedTask, WorkResultFrame
+from tests import _generic_frames as generic
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -528,15 +529,15 @@ TASKS = messages(Task, BETTERPROTO_DURATIONS, nan=False)
 def test_push_frames(leased: LeasedTask) -> None:
     """Property: the daemon's push parses back as WorkResponse(task=leased), and the
     SDK reads it as the task model plus the lease's fields (its ttl as seconds)."""
-    data = frames.encode_work_push(leased)
+    data = work.encode_work_push(leased)
     assert WorkResponse.parse(data) == WorkResponse(task=leased)
-    frame = _frames.decode_work_response(data)
+    frame = generic.decode_work_response(data)
     if leased.task is None or leased.lease is None:
         assert frame == WorkResponse(task=leased)
         return
-    assert isinstance(frame, _frames.PushedTask)
+    assert isinstance(frame, PushedTask)
     lease = leased.lease
-    expected = _frames.PushedTask(
+    expected = PushedTask(
         ModelTask.from_wire(leased.task),
         lease.task_id,
         lease.attempt,
@@ -557,11 +558,11 @@ def test_push_frames(leased: LeasedTask) -> None:
 def test_result_frames(request_id: int, error: ErrorDetail | None, lease: Lease | None) -> None:
     """Property: a result frame parses back as the WorkResult; the SDK sees the
     error's name, message and reason, and the lease's until."""
-    data = frames.encode_work_result(request_id, error, lease)
+    data = work.encode_work_result(request_id, error, lease)
     expected = WorkResult(request_id=request_id, error=error, lease=lease)
     assert WorkResponse.parse(data) == WorkResponse(result=expected)
-    frame = _frames.decode_work_response(data)
-    assert isinstance(frame, _frames.WorkResultFrame)
+    frame = generic.decode_work_response(data)
+    assert isinstance(frame, WorkResultFrame)
     assert frame.request_id == request_id
     assert frame.lease_until == (lease.until if lease else None)
     if error is None or not error.code:
@@ -576,10 +577,10 @@ def test_result_frames(request_id: int, error: ErrorDetail | None, lease: Lease 
 def test_result_error_codes() -> None:
     """Examples: error_code is the ErrorCode name, "" for an unknown code; error_value
     tells an unknown code from no error."""
-    unknown = _frames.decode_work_response(
-        frames.encode_work_result(9, ErrorDetail(code=ErrorCode(-7)), None)
+    unknown = generic.decode_work_response(
+        work.encode_work_result(9, ErrorDetail(code=ErrorCode(-7)), None)
     )
-    assert isinstance(unknown, _frames.WorkResultFrame)
+    assert isinstance(unknown, WorkResultFrame)
     assert (unknown.error_code, unknown.error_value) == ("", -7)
 
 
@@ -609,29 +610,29 @@ def test_command_frames(
     ref = LeaseRef(task_id=task_id, attempt=attempt, lease_token=token)
     cases = [
         (
-            frames.encode_credit(request_id, available, target),
+            work.encode_credit(request_id, available, target),
             WorkRequest(
                 request_id=request_id,
                 credit=CreditUpdate(available=available, target_concurrency=target),
             ),
         ),
         (
-            frames.encode_ack(request_id, task_id, attempt, token),
+            work.encode_ack(request_id, task_id, attempt, token),
             WorkRequest(request_id=request_id, ack=AckRequest(lease=ref)),
         ),
         (
-            frames.encode_nack(request_id, task_id, attempt, token, "boom", delay),
+            work.encode_nack(request_id, task_id, attempt, token, "boom", delay),
             WorkRequest(
                 request_id=request_id,
                 nack=NackRequest(lease=ref, error="boom", retry_delay_override=delay),
             ),
         ),
         (
-            frames.encode_reject(request_id, task_id, attempt, token, "bad"),
+            work.encode_reject(request_id, task_id, attempt, token, "bad"),
             WorkRequest(request_id=request_id, reject=RejectRequest(lease=ref, error="bad")),
         ),
         (
-            frames.encode_extend(request_id, task_id, attempt, token, extension),
+            work.encode_extend(request_id, task_id, attempt, token, extension),
             WorkRequest(
                 request_id=request_id,
                 extend_lease=ExtendLeaseRequest(lease=ref, extension=extension),
@@ -654,11 +655,11 @@ def test_enqueue_many_responses(
 ) -> None:
     """Property: the daemon's batch reply parses back as the EnqueueManyResponse,
     and the SDK reads it as the BatchResult of the results' models."""
-    data = frames.encode_enqueue_many_response(results, created, duplicates)
+    data = generic.encode_enqueue_many_response(results, created, duplicates)
     reply = EnqueueManyResponse.parse(data)
     assert [(r.task, r.created) for r in reply.results] == results
     assert (reply.created_count, reply.duplicate_count) == (created, duplicates)
-    assert _frames.decode_enqueue_many_response(data) == BatchResult(
+    assert generic.decode_enqueue_many_response(data) == BatchResult(
         results=tuple(EnqueueResult(ModelTask.from_wire(t), c) for t, c in results),
         created_count=created,
         duplicate_count=duplicates,
@@ -668,7 +669,7 @@ def test_enqueue_many_responses(
 def test_enqueue_result_without_task_is_the_sdk_error() -> None:
     """Example: a result without its task is a protocol bug, reported as the SDK does."""
     with pytest.raises(InvalidArgumentError):
-        _frames.decode_enqueue_many_response(b"\x0a\x00")
+        generic.decode_enqueue_many_response(b"\x0a\x00")
 
 
 @PROPERTY
@@ -691,20 +692,20 @@ def test_enqueue_many_requests(
 ) -> None:
     """Property: the SDK's batch request parses back as the request of the specs'
     wire forms, and the daemon decodes the same."""
-    data = _frames.encode_enqueue_many_request_from_specs(context, queue, specs)
+    data = generic.encode_enqueue_many_request_from_specs(context, queue, specs)
     expected = EnqueueManyRequest(
         context=context, queue=queue, tasks=[spec.to_wire() for spec in specs]
     )
     assert EnqueueManyRequest.parse(data) == expected
     assert decode(data, EnqueueManyRequest) == expected
-    assert frames.encode_enqueue_many_request(context, queue, expected.tasks) == data
+    assert generic.encode_enqueue_many_request(context, queue, expected.tasks) == data
 
 
 def test_non_hot_frames_come_back_decoded() -> None:
     """Example: a heartbeat (or registration) reaches the reader as the WorkResponse."""
     beat = WorkResponse(heartbeat=Heartbeat(server_time=datetime(2026, 1, 1, tzinfo=UTC)))
-    assert _frames.decode_work_response(encode(beat)) == beat
-    assert _frames.decode_work_response(bytearray(encode(beat))) == beat
+    assert generic.decode_work_response(encode(beat)) == beat
+    assert generic.decode_work_response(bytearray(encode(beat))) == beat
 
 
 def test_decoded_messages_are_ordinary_dataclasses() -> None:
@@ -738,9 +739,9 @@ def test_build_is_the_constructor_without_its_cost() -> None:
 @given(
     st.lists(
         st.one_of(
-            messages(LeasedTask, BETTERPROTO_DURATIONS, nan=False).map(frames.encode_work_push),
+            messages(LeasedTask, BETTERPROTO_DURATIONS, nan=False).map(work.encode_work_push),
             st.builds(
-                frames.encode_work_result,
+                work.encode_work_result,
                 st.integers(0, 2**64 - 1),
                 st.none() | messages(ErrorDetail),
                 st.none() | LEASES,
@@ -755,19 +756,19 @@ def test_push_and_result_batches(elements: list[bytes]) -> None:
     and the shared codec alike) as WorkResponse(batch=...) of exactly those
     frames in order, and the SDK reads it as the list of what it reads each
     frame as."""
-    data = frames.encode_work_response_batch(elements)
+    data = work.encode_work_response_batch(elements)
     expected = WorkResponse(
         batch=WorkResponseBatch(responses=[WorkResponse.parse(e) for e in elements])
     )
     assert WorkResponse.parse(data) == expected
     assert decode(data, WorkResponse) == expected
-    singles = [_frames.decode_work_response(e) for e in elements]
+    singles = [generic.decode_work_response(e) for e in elements]
     if any(isinstance(single, WorkResponse) for single in singles):
         # A push without its task or lease is no push the SDK can take.
         with pytest.raises(ValueError, match=r"batch\.responses\[\d+\]"):
-            _frames.decode_work_response(data)
+            generic.decode_work_response(data)
     else:
-        assert _frames.decode_work_response(data) == singles
+        assert generic.decode_work_response(data) == singles
 
 
 @PROPERTY
@@ -775,14 +776,14 @@ def test_push_and_result_batches(elements: list[bytes]) -> None:
     st.lists(
         st.one_of(
             st.builds(
-                frames.encode_ack,
+                work.encode_ack,
                 st.integers(0, 2**64 - 1),
                 st.text(),
                 st.integers(0, 9),
                 st.text(),
             ),
             st.builds(
-                frames.encode_credit,
+                work.encode_credit,
                 st.integers(0, 2**64 - 1),
                 st.integers(0, 2**32 - 1),
                 st.none() | st.integers(0, 2**32 - 1),
@@ -795,7 +796,7 @@ def test_push_and_result_batches(elements: list[bytes]) -> None:
 def test_command_batches(elements: list[bytes]) -> None:
     """Property: a batch of encoded commands parses back as
     WorkRequest(batch=...) of exactly those commands in order."""
-    data = frames.encode_work_request_batch(elements)
+    data = work.encode_work_request_batch(elements)
     expected = WorkRequest(
         batch=WorkRequestBatch(requests=[WorkRequest.parse(e) for e in elements])
     )
@@ -810,6 +811,6 @@ def test_a_heartbeat_or_a_nested_batch_in_a_batch_is_refused_by_the_sdk() -> Non
         WorkResponse(heartbeat=Heartbeat()),
         WorkResponse(batch=WorkResponseBatch(responses=[WorkResponse(result=WorkResult())])),
     ):
-        data = frames.encode_work_response_batch([bytes(inner)])
+        data = work.encode_work_response_batch([bytes(inner)])
         with pytest.raises(ValueError, match=r"batch\.responses\[0\]"):
-            _frames.decode_work_response(data)
+            generic.decode_work_response(data)

@@ -33,16 +33,16 @@ from ringo_trio import (
     RetryBackoff,
     Ringo,
     TaskState,
-    _supervision,
 )
-from ringo_trio._supervise import TOKEN_ENV, RestartLedger, RestartPolicy, Supervisor
-from ringo_trio._supervision import (
+from ringo_trio._supervise import child as _supervision
+from ringo_trio._supervise.child import (
     EXIT_FENCED,
     _Channel,
     report_fence,
     stall_threshold,
     watch_event_loop,
 )
+from ringo_trio._supervise.parent import TOKEN_ENV, RestartLedger, RestartPolicy, Supervisor
 from ringo_trio._work._timeouts import TaskTimeouts
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests.test_cli import _Child

@@ -1,5 +1,10 @@
 """One protobuf codec for the SDK and the daemon, built from betterproto2's metadata.
 
+This module does one thing: encode and decode any generated message by a
+table compiled from its class. The wire format's primitives (varints,
+lengths, Timestamps, Durations, `WireError`) are `.primitives`; frames by
+name, some hand-unrolled, are `.work`.
+
 Theory of operation
 -------------------
 betterproto2 generates the dataclasses (the contract is the ``.proto``), but
@@ -32,7 +37,7 @@ the nested class, the Timestamp/Duration/wrapper ``unwrap`` — and walks it:
 Values are built without the dataclass ``__init__`` (a fresh ``__dict__``
 from the class's defaults), which is most of the gain on decode. The module
 is pure: no I/O; its only state is the per-class tables, built on first use
-under a lock, and bounded memos of immutable Timestamp and Duration values.
+under a lock (the bounded memos of Timestamps and Durations are `.primitives`').
 """
 
 from __future__ import annotations
@@ -42,127 +47,82 @@ import struct
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, Final, TypeVar, cast, get_type_hints
 
 import betterproto2
 
-__all__ = ["WireError", "build", "decode", "encode", "message_classes", "tag_len", "varint"]
+from .primitives import (
+    FIXED32,
+    FIXED64,
+    LEN,
+    SMALL,
+    VARINT,
+    WireError,
+    field_key,
+    put_len,
+    read_duration,
+    read_len,
+    read_timestamp,
+    read_varint,
+    skip,
+    varint,
+    varint_tail,
+    write_duration,
+    write_timestamp,
+)
+
+__all__ = ["WireError", "build", "decode", "encode", "message_classes"]
 
 M = TypeVar("M", bound=betterproto2.Message)
 
-_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 _M32: Final = (1 << 32) - 1
 _M64: Final = (1 << 64) - 1
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND: Final = timedelta(microseconds=1)
-_SMALL: Final[tuple[bytes, ...]] = tuple(bytes((i,)) for i in range(128))
 _new = object.__new__
 _setattr = object.__setattr__
 
 
-class WireError(ValueError):
-    """The bytes are not a valid encoding of the expected message.
-
-    ``str()`` is ``"<field path>: <reason>"`` (``message`` when the message's
-    own framing is broken); the path is built while the
-    error travels out of the nested decoders (``parts``, innermost first).
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.parts: list[str] = []
-
-    @property
-    def path(self) -> str:
-        return ".".join(reversed(self.parts))
-
-    def __str__(self) -> str:
-        return f"{self.path or 'message'}: {self.reason}"
-
-
-# -- primitive readers ---------------------------------------------------------------
-# Each reader takes (buf, pos, end, arg) and returns (value, next position).
-
-
-def _varint_tail(buf: bytes, pos: int, end: int, first: int) -> tuple[int, int]:
-    """Finish a varint whose first byte ``first`` (>= 0x80) sat at ``pos - 1``."""
-    result = first & 0x7F
-    shift = 7
-    while True:
-        if pos >= end:
-            raise WireError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift >= 70:
-            raise WireError("varint longer than 10 bytes")
-
-
-def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    if pos >= end:
-        raise WireError("truncated varint")
-    byte = buf[pos]
-    if byte < 0x80:
-        return byte, pos + 1
-    return _varint_tail(buf, pos + 1, end, byte)
-
-
-def _read_len(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    """(start, stop) of the length-delimited value whose length is at ``pos``."""
-    if pos >= end:
-        raise WireError("truncated field")
-    size = buf[pos]
-    pos += 1
-    if size > 0x7F:
-        size, pos = _varint_tail(buf, pos, end, size)
-    stop = pos + size
-    if stop > end:
-        raise WireError("truncated field")
-    return pos, stop
+# -- value readers and writers -------------------------------------------------------
+# The codec's table entries: a reader takes (buf, pos, end, arg) and returns
+# (value, next position); a writer appends (value, arg) to a bytearray.
 
 
 def _r_uint64(buf: bytes, pos: int, end: int, arg: Any) -> tuple[int, int]:
-    value, pos = _read_varint(buf, pos, end)
+    value, pos = read_varint(buf, pos, end)
     return value & _M64, pos
 
 
 def _r_uint32(buf: bytes, pos: int, end: int, arg: Any) -> tuple[int, int]:
-    value, pos = _read_varint(buf, pos, end)
+    value, pos = read_varint(buf, pos, end)
     return value & _M32, pos
 
 
 def _r_int64(buf: bytes, pos: int, end: int, arg: Any) -> tuple[int, int]:
-    value, pos = _read_varint(buf, pos, end)
+    value, pos = read_varint(buf, pos, end)
     value &= _M64
     return (value - (1 << 64) if value >> 63 else value), pos
 
 
 def _r_int32(buf: bytes, pos: int, end: int, arg: Any) -> tuple[int, int]:
-    value, pos = _read_varint(buf, pos, end)
+    value, pos = read_varint(buf, pos, end)
     value &= _M32
     return (value - (1 << 32) if value >> 31 else value), pos
 
 
 def _r_sint64(buf: bytes, pos: int, end: int, arg: Any) -> tuple[int, int]:
-    value, pos = _read_varint(buf, pos, end)
+    value, pos = read_varint(buf, pos, end)
     value &= _M64
     return (value >> 1) ^ -(value & 1), pos
 
 
 def _r_sint32(buf: bytes, pos: int, end: int, arg: Any) -> tuple[int, int]:
-    value, pos = _read_varint(buf, pos, end)
+    value, pos = read_varint(buf, pos, end)
     value &= _M32
     return (value >> 1) ^ -(value & 1), pos
 
 
 def _r_bool(buf: bytes, pos: int, end: int, arg: Any) -> tuple[bool, int]:
-    value, pos = _read_varint(buf, pos, end)
+    value, pos = read_varint(buf, pos, end)
     return value != 0, pos
 
 
@@ -189,13 +149,13 @@ def _fixed_reader(fmt: str) -> Callable[[bytes, int, int, Any], tuple[Any, int]]
 
 
 def _r_string(buf: bytes, pos: int, end: int, arg: Any) -> tuple[str, int]:
-    if pos < end and buf[pos] < 0x80:  # `_read_len`, inline for short strings
+    if pos < end and buf[pos] < 0x80:  # `read_len`, inline for short strings
         start = pos + 1
         stop = start + buf[pos]
         if stop > end:
             raise WireError("truncated field")
     else:
-        start, stop = _read_len(buf, pos, end)
+        start, stop = read_len(buf, pos, end)
     try:
         return buf[start:stop].decode(), stop
     except UnicodeDecodeError:
@@ -203,227 +163,26 @@ def _r_string(buf: bytes, pos: int, end: int, arg: Any) -> tuple[str, int]:
 
 
 def _r_bytes(buf: bytes, pos: int, end: int, arg: Any) -> tuple[bytes, int]:
-    start, stop = _read_len(buf, pos, end)
+    start, stop = read_len(buf, pos, end)
     return buf[start:stop], stop
 
 
 def _r_message(buf: bytes, pos: int, end: int, arg: Any) -> tuple[Any, int]:
-    start, stop = _read_len(buf, pos, end)
+    start, stop = read_len(buf, pos, end)
     return _decode_fields(arg, buf, start, stop), stop
 
 
 def _r_wrapped(buf: bytes, pos: int, end: int, arg: Any) -> tuple[Any, int]:
     """A wrapper type other than Timestamp/Duration: the message's ``to_wrapped``."""
-    start, stop = _read_len(buf, pos, end)
+    start, stop = read_len(buf, pos, end)
     return _decode_fields(arg, buf, start, stop).to_wrapped(), stop
 
-
-def _seconds_nanos(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    """(seconds as int64, nanos as int32) of the Timestamp/Duration body buf[pos:end]."""
-    seconds = nanos = 0
-    while pos < end:
-        key = buf[pos]
-        pos += 1
-        if key == 0x08 or key == 0x10:
-            # The varint, inline: this is the innermost loop of every task.
-            if pos >= end:
-                raise WireError("truncated varint")
-            byte = buf[pos]
-            pos += 1
-            value = byte & 0x7F
-            shift = 7
-            while byte > 0x7F:
-                if pos >= end:
-                    raise WireError("truncated varint")
-                if shift >= 70:
-                    raise WireError("varint longer than 10 bytes")
-                byte = buf[pos]
-                pos += 1
-                value |= (byte & 0x7F) << shift
-                shift += 7
-            if key == 0x08:
-                seconds = value
-            else:
-                nanos = value
-        else:
-            if key > 0x7F:
-                key, pos = _varint_tail(buf, pos, end, key)
-            pos = _skip(buf, pos, end, key, _SECONDS_NANOS)
-    if seconds > 0x7FFFFFFFFFFFFFFF:
-        seconds &= _M64
-        seconds = seconds - (1 << 64) if seconds >> 63 else seconds
-    if nanos > 0x7FFFFFFF:
-        nanos &= _M32
-        nanos = nanos - (1 << 32) if nanos >> 31 else nanos
-    return seconds, nanos
-
-
-# Decoded Timestamps by their exact bytes: a task's timestamps often coincide
-# (created == available, lease_until == the lease's until) and datetimes are
-# immutable, so sharing one never changes a result. Bounded by clearing.
-_TIMESTAMPS: dict[bytes, datetime] = {}
-_TIMESTAMP_MEMO_SIZE: Final = 1024
-
-
-def _r_timestamp(buf: bytes, pos: int, end: int, arg: Any) -> tuple[datetime, int]:
-    start, stop = _read_len(buf, pos, end)
-    body = buf[start:stop]
-    moment = _TIMESTAMPS.get(body)
-    if moment is not None:
-        return moment, stop
-    seconds, nanos = _seconds_nanos(buf, start, stop)
-    try:
-        # Timestamp.to_datetime: whole microseconds, rounded down.
-        moment = _EPOCH + timedelta(0, seconds, nanos // 1000)
-    except OverflowError:
-        raise WireError(f"Timestamp {seconds}s {nanos}ns is outside datetime's range") from None
-    if len(_TIMESTAMPS) >= _TIMESTAMP_MEMO_SIZE:
-        _TIMESTAMPS.clear()
-    _TIMESTAMPS[body] = moment
-    return moment, stop
-
-
-# Decoded Durations by their bytes: a queue's retry policy is a handful of values.
-_DURATIONS: dict[bytes, timedelta] = {}
-
-
-def _r_duration(buf: bytes, pos: int, end: int, arg: Any) -> tuple[timedelta, int]:
-    start, stop = _read_len(buf, pos, end)
-    body = buf[start:stop]
-    delta = _DURATIONS.get(body)
-    if delta is not None:
-        return delta, stop
-    seconds, nanos = _seconds_nanos(buf, start, stop)
-    try:
-        if nanos % 1000:
-            # Duration.to_timedelta: ``microseconds=nanos / 1e3``, rounded half-even.
-            delta = timedelta(seconds=seconds, microseconds=nanos / 1e3)
-        else:
-            delta = timedelta(0, seconds, nanos // 1000)
-    except OverflowError:
-        raise WireError(f"Duration {seconds}s {nanos}ns is outside timedelta's range") from None
-    if len(_DURATIONS) >= _TIMESTAMP_MEMO_SIZE:
-        _DURATIONS.clear()
-    _DURATIONS[body] = delta
-    return delta, stop
-
-
-def _skip(buf: bytes, pos: int, end: int, key: int, known: Any) -> int:
-    """Skip an unknown field's value; refuse a known field with a wrong wire type.
-
-    ``known`` maps the message's field numbers to their labels (the
-    ``WireError`` names the field).
-    """
-    number = key >> 3
-    wire_type = key & 7
-    if number == 0:
-        raise WireError("field number 0 is invalid")
-    label = known.get(number)
-    if label is not None:
-        name, proto_type = label
-        error = WireError(
-            f"unsupported wire type {wire_type}"
-            if wire_type in (3, 4, 6, 7)
-            else f"wire type {wire_type} does not match a {proto_type} field"
-        )
-        error.parts.append(name)
-        raise error
-    try:
-        if wire_type == _VARINT:
-            return _read_varint(buf, pos, end)[1]
-        if wire_type == _LEN:
-            return _read_len(buf, pos, end)[1]
-        if wire_type == _FIXED64:
-            pos += 8
-        elif wire_type == _FIXED32:
-            pos += 4
-        else:
-            raise WireError(f"unsupported wire type {wire_type}")
-        if pos > end:
-            raise WireError("truncated field")
-    except WireError as error:
-        error.parts.append(f"#{number}")
-        raise
-    return pos
-
-
-_SECONDS_NANOS: Final = {1: ("seconds", "int64"), 2: ("nanos", "int32")}
 
 # -- primitive writers ---------------------------------------------------------------
 
 
-def _varint(value: int) -> bytes:
-    """The varint of ``value``; negatives as their 64-bit two's complement."""
-    if 0 <= value < 0x80:
-        return _SMALL[value]
-    if value < 0:
-        if value < -(1 << 63):
-            raise ValueError(f"{value} does not fit a 64-bit varint")
-        value &= _M64
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _put_len(out: bytearray, data: bytes | bytearray) -> None:
-    size = len(data)
-    out += _SMALL[size] if size < 0x80 else _varint(size)
-    out += data
-
-
-def _seconds_nanos_body(seconds: int, nanos: int) -> bytes:
-    body = b""
-    if seconds:
-        body = b"\x08" + _varint(seconds)
-    if nanos:
-        body += b"\x10" + _varint(nanos)
-    return _SMALL[len(body)] + body  # at most 2 + 10 + 10 bytes
-
-
-# Encoded Timestamps by moment (equal instants encode alike, whatever their
-# timezone): a task's timestamps often coincide, a batch's share the clock.
-_TIMESTAMP_BYTES: dict[datetime, bytes] = {}
-
-
-def _w_timestamp(out: bytearray, value: datetime, arg: Any) -> None:
-    encoded = _TIMESTAMP_BYTES.get(value)
-    if encoded is None:
-        try:
-            offset = value - _EPOCH
-        except TypeError:
-            raise ValueError("datetime must be timezone aware") from None
-        encoded = _seconds_nanos_body(
-            offset.days * 86400 + offset.seconds, offset.microseconds * 1000
-        )
-        if len(_TIMESTAMP_BYTES) >= _TIMESTAMP_MEMO_SIZE:
-            _TIMESTAMP_BYTES.clear()
-        _TIMESTAMP_BYTES[value] = encoded
-    out += encoded
-
-
-_DURATION_BYTES: dict[timedelta, bytes] = {}
-
-
-def _w_duration(out: bytearray, value: timedelta, arg: Any) -> None:
-    encoded = _DURATION_BYTES.get(value)
-    if encoded is None:
-        # Seconds and nanos share the duration's sign (protobuf's rule).
-        total = value // _MICROSECOND
-        seconds, micros = divmod(-total if total < 0 else total, 1_000_000)
-        if total < 0:
-            seconds, micros = -seconds, -micros
-        encoded = _seconds_nanos_body(seconds, micros * 1000)
-        if len(_DURATION_BYTES) >= _TIMESTAMP_MEMO_SIZE:
-            _DURATION_BYTES.clear()
-        _DURATION_BYTES[value] = encoded
-    out += encoded
-
-
 def _w_varint(out: bytearray, value: int, arg: Any) -> None:
-    out += _SMALL[value] if 0 <= value < 0x80 else _varint(value)
+    out += SMALL[value] if 0 <= value < 0x80 else varint(value)
 
 
 def _w_bool(out: bytearray, value: bool, arg: Any) -> None:
@@ -431,7 +190,7 @@ def _w_bool(out: bytearray, value: bool, arg: Any) -> None:
 
 
 def _w_sint(out: bytearray, value: int, arg: Any) -> None:
-    out += _varint((value << 1) ^ (value >> 63) if value < 0 else value << 1)
+    out += varint((value << 1) ^ (value >> 63) if value < 0 else value << 1)
 
 
 def _fixed_writer(fmt: str) -> Callable[[bytearray, Any, Any], None]:
@@ -443,32 +202,32 @@ def _fixed_writer(fmt: str) -> Callable[[bytearray, Any, Any], None]:
     return write
 
 
-# The three writers below inline `_put_len`: they run for most fields of a task.
+# The three writers below inline `put_len`: they run for most fields of a task.
 
 
 def _w_string(out: bytearray, value: str, arg: Any) -> None:
     data = value.encode()
     size = len(data)
-    out += _SMALL[size] if size < 0x80 else _varint(size)
+    out += SMALL[size] if size < 0x80 else varint(size)
     out += data
 
 
 def _w_bytes(out: bytearray, value: bytes, arg: Any) -> None:
     size = len(value)
-    out += _SMALL[size] if size < 0x80 else _varint(size)
+    out += SMALL[size] if size < 0x80 else varint(size)
     out += value
 
 
 def _w_message(out: bytearray, value: Any, arg: Any) -> None:
     body = _encode_fields(arg, value)
     size = len(body)
-    out += _SMALL[size] if size < 0x80 else _varint(size)
+    out += SMALL[size] if size < 0x80 else varint(size)
     out += body
 
 
 def _w_wrapped(out: bytearray, value: Any, arg: Any) -> None:
     plan, wrapper = arg
-    _put_len(out, _encode_fields(plan, wrapper.from_wrapped(value)))
+    put_len(out, _encode_fields(plan, wrapper.from_wrapped(value)))
 
 
 # -- the tables ----------------------------------------------------------------------
@@ -508,11 +267,11 @@ _SCALAR_WRITERS: Final[dict[str, Callable[[bytearray, Any, Any], None]]] = {
     **{name: _fixed_writer(fmt) for name, fmt in _FIXED_FORMATS.items()},
 }
 _WIRE_TYPES: Final = {
-    **dict.fromkeys(("int32", "int64", "uint32", "uint64", "sint32", "sint64", "bool"), _VARINT),
-    "enum": _VARINT,
-    **dict.fromkeys(("fixed64", "sfixed64", "double"), _FIXED64),
-    **dict.fromkeys(("fixed32", "sfixed32", "float"), _FIXED32),
-    **dict.fromkeys(("string", "bytes", "message", "map"), _LEN),
+    **dict.fromkeys(("int32", "int64", "uint32", "uint64", "sint32", "sint64", "bool"), VARINT),
+    "enum": VARINT,
+    **dict.fromkeys(("fixed64", "sfixed64", "double"), FIXED64),
+    **dict.fromkeys(("fixed32", "sfixed32", "float"), FIXED32),
+    **dict.fromkeys(("string", "bytes", "message", "map"), LEN),
 }
 _DEFAULTS: Final[dict[str, Any]] = {
     **dict.fromkeys(
@@ -594,9 +353,9 @@ def _value_codec(
         if unwrap is not None:
             wrapper = unwrap()
             if _is_well_known(wrapper, "Timestamp"):
-                return _r_timestamp, _w_timestamp, None
+                return read_timestamp, write_timestamp, None
             if _is_well_known(wrapper, "Duration"):
-                return _r_duration, _w_duration, None
+                return read_duration, write_duration, None
             sub = _plan(wrapper)
             return _r_wrapped, _w_wrapped, (sub, wrapper)
         sub = _plan(cls)
@@ -604,20 +363,6 @@ def _value_codec(
     if proto_type == "enum":
         return _r_enum, _w_varint, ({int(member): member for member in cls}, cls)
     return _SCALAR_READERS[proto_type], _SCALAR_WRITERS[proto_type], None
-
-
-def tag_len(number: int) -> bytes:
-    """The key of length-delimited field `number` (a message, bytes or string)."""
-    return _tag(number, _LEN)
-
-
-def varint(value: int) -> bytes:
-    """`value` (>= 0) as a base-128 varint."""
-    return _varint(value)
-
-
-def _tag(number: int, wire_type: int) -> bytes:
-    return _varint(number << 3 | wire_type)
 
 
 def _inner(hint: Any) -> Any:
@@ -670,20 +415,20 @@ def _build(plan: _Plan, cls: type[betterproto2.Message]) -> None:
                 _DEFAULTS[key_meta.proto_type],
                 value_default,
             )
-            plan.fields[number << 3 | _LEN] = (name, _MAP, _r_map_entry, entry)
+            plan.fields[number << 3 | LEN] = (name, _MAP, _r_map_entry, entry)
             containers.append((name, dict))
-            encoders.append((name, _tag(number, _LEN), _w_varint, entry, 4))
+            encoders.append((name, field_key(number, LEN), _w_varint, entry, 4))
             continue
         field_cls = _inner(hints[name])
         reader, writer, arg = _value_codec(proto_type, meta.unwrap, field_cls)
         if meta.repeated:
             containers.append((name, list))
             plan.fields[number << 3 | wire_type] = (name, _APPEND, reader, arg)
-            if wire_type != _LEN:
-                plan.fields[number << 3 | _LEN] = (name, _EXTEND, _packed(reader), arg)
-                encoders.append((name, _tag(number, _LEN), writer, arg, 3))
+            if wire_type != LEN:
+                plan.fields[number << 3 | LEN] = (name, _EXTEND, _packed(reader), arg)
+                encoders.append((name, field_key(number, LEN), writer, arg, 3))
             else:
-                encoders.append((name, _tag(number, wire_type), writer, arg, 2))
+                encoders.append((name, field_key(number, wire_type), writer, arg, 2))
             continue
         mode = _SET
         if meta.group:
@@ -701,7 +446,7 @@ def _build(plan: _Plan, cls: type[betterproto2.Message]) -> None:
         else:
             default = _DEFAULTS[proto_type]
         plan.defaults[name] = default
-        encoders.append((name, _tag(number, wire_type), writer, arg, 1 if explicit else 0))
+        encoders.append((name, field_key(number, wire_type), writer, arg, 1 if explicit else 0))
     plan.containers = tuple(containers)
     plan.encoders = tuple(encoders)
 
@@ -719,7 +464,7 @@ def _packed(
     reader: Callable[[bytes, int, int, Any], tuple[Any, int]],
 ) -> Callable[[bytes, int, int, Any], tuple[list[Any], int]]:
     def read(buf: bytes, pos: int, end: int, arg: Any) -> tuple[list[Any], int]:
-        start, stop = _read_len(buf, pos, end)
+        start, stop = read_len(buf, pos, end)
         values = []
         while start < stop:
             value, start = reader(buf, start, stop, arg)
@@ -745,8 +490,8 @@ class _Entry:
         self.value = value
         self.key_default = key_default
         self.value_default = value_default
-        self.key_tag = _tag(1, key[3])
-        self.value_tag = _tag(2, value[3])
+        self.key_tag = field_key(1, key[3])
+        self.value_tag = field_key(2, value[3])
 
 
 def _r_map_entry(buf: bytes, pos: int, end: int, entry: _Entry) -> tuple[tuple[Any, Any], int]:
@@ -754,20 +499,20 @@ def _r_map_entry(buf: bytes, pos: int, end: int, entry: _Entry) -> tuple[tuple[A
     value_read, _, value_arg, value_wire = entry.value
     key = entry.key_default
     value = entry.value_default()
-    start, stop = _read_len(buf, pos, end)
+    start, stop = read_len(buf, pos, end)
     pos = start
     while pos < stop:
         tag = buf[pos]
         pos += 1
         if tag > 0x7F:
-            tag, pos = _varint_tail(buf, pos, stop, tag)
+            tag, pos = varint_tail(buf, pos, stop, tag)
         try:
             if tag == 8 | key_wire:
                 key, pos = key_read(buf, pos, stop, key_arg)
             elif tag == 16 | value_wire:
                 value, pos = value_read(buf, pos, stop, value_arg)
             else:
-                pos = _skip(buf, pos, stop, tag, _ENTRY_FIELDS)
+                pos = skip(buf, pos, stop, tag, _ENTRY_FIELDS)
         except WireError as error:
             if tag in (8 | key_wire, 16 | value_wire):
                 error.parts.append("key" if tag >> 3 == 1 else "value")
@@ -792,10 +537,10 @@ def _decode_fields(plan: _Plan, buf: bytes, pos: int, end: int) -> Any:
         key = buf[pos]
         pos += 1
         if key > 0x7F:
-            key, pos = _varint_tail(buf, pos, end, key)
+            key, pos = varint_tail(buf, pos, end, key)
         field = fields.get(key)
         if field is None:
-            pos = _skip(buf, pos, end, key, plan.known)
+            pos = skip(buf, pos, end, key, plan.known)
             if unknown is None:
                 unknown = bytearray()
             unknown += buf[start:pos]
@@ -867,7 +612,7 @@ def _encode_fields(plan: _Plan, message: Any) -> bytearray:
             for item in value:
                 write(body, item, arg)
             out += tag
-            _put_len(out, body)
+            put_len(out, body)
             continue
         else:
             _, key_write, key_arg, _ = arg.key
@@ -880,7 +625,7 @@ def _encode_fields(plan: _Plan, message: Any) -> bytearray:
                 entry += value_tag
                 value_write(entry, item, value_arg)
                 out += tag
-                _put_len(out, entry)
+                put_len(out, entry)
             continue
         out += tag
         write(out, value, arg)

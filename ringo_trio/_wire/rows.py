@@ -39,7 +39,8 @@ from struct import Struct
 from typing import Any, NamedTuple
 
 from .._proto.ringo.v1 import LeasedTask, TaskState
-from .codec import _SMALL, _seconds_nanos_body, _varint, encode
+from .codec import encode
+from .primitives import SMALL, seconds_nanos_body, varint
 
 __all__ = ["MAX_DURATION_US", "MAX_US", "MIN_US", "Push", "TaskRow", "push_rows"]
 
@@ -133,14 +134,14 @@ class Push:
         if task is None or lease is None:
             return self._partial(ttl)
         size = len(task)
-        task_head = _SMALL[size] if size < 0x80 else _varint(size)
+        task_head = SMALL[size] if size < 0x80 else varint(size)
         lease_size = len(lease) + len(ttl)
-        lease_head = _SMALL[lease_size] if lease_size < 0x80 else _varint(lease_size)
+        lease_head = SMALL[lease_size] if lease_size < 0x80 else varint(lease_size)
         size += 2 + len(task_head) + len(lease_head) + lease_size
         return b"".join(
             (
                 b"\x12",
-                _SMALL[size] if size < 0x80 else _varint(size),
+                SMALL[size] if size < 0x80 else varint(size),
                 b"\x0a",
                 task_head,
                 task,
@@ -154,11 +155,11 @@ class Push:
     def _partial(self, ttl: bytes) -> bytes:
         body = b""
         if self.task is not None:
-            body = b"\x0a" + _varint(len(self.task)) + self.task
+            body = b"\x0a" + varint(len(self.task)) + self.task
         if self.lease is not None:
             lease = self.lease + ttl
-            body += b"\x12" + _varint(len(lease)) + lease
-        return b"\x12" + _varint(len(body)) + body
+            body += b"\x12" + varint(len(lease)) + lease
+        return b"\x12" + varint(len(body)) + body
 
     @classmethod
     def of(cls, leased: LeasedTask) -> Push:
@@ -185,11 +186,11 @@ class Push:
 
 
 _DOUBLE = Struct("<d").pack
-_STATE_FIELD = {int(state): b"\x30" + _varint(int(state)) if state else b"" for state in TaskState}
+_STATE_FIELD = {int(state): b"\x30" + varint(int(state)) if state else b"" for state in TaskState}
 
 
 def _length(size: int) -> bytes:
-    return _SMALL[size] if size < 0x80 else _varint(size)
+    return SMALL[size] if size < 0x80 else varint(size)
 
 
 def _timestamp(us: int) -> bytes:
@@ -198,7 +199,7 @@ def _timestamp(us: int) -> bytes:
     if not MIN_US <= us <= MAX_US:
         us = MAX_US if us > 0 else MIN_US
     seconds, micros = divmod(us, 1_000_000)
-    return _seconds_nanos_body(seconds, micros * 1000)
+    return seconds_nanos_body(seconds, micros * 1000)
 
 
 def _instant(us: int) -> datetime:
@@ -213,7 +214,7 @@ def _duration(us: int) -> bytes:
     if not 0 <= us <= MAX_DURATION_US:
         us = MAX_DURATION_US if us > 0 else 0
     seconds, micros = divmod(us, 1_000_000)
-    return _seconds_nanos_body(seconds, micros * 1000)
+    return seconds_nanos_body(seconds, micros * 1000)
 
 
 def _text(tag: bytes, text: str | None) -> bytes:
@@ -297,9 +298,9 @@ def push_rows(rows: Sequence[TaskRow], reference: Callable[[TaskRow], Push]) -> 
             middle = middles[numbers] = b"".join(
                 (
                     state,
-                    b"\x38" + _varint(attempt) if attempt else b"",
-                    b"\x40" + _varint(max_attempts) if max_attempts else b"",
-                    b"\x48" + _varint(priority) if priority else b"",
+                    b"\x38" + varint(attempt) if attempt else b"",
+                    b"\x40" + varint(max_attempts) if max_attempts else b"",
+                    b"\x48" + varint(priority) if priority else b"",
                     b"\x52" + _length(len(backoff)) + backoff,
                 )
             )
@@ -343,7 +344,7 @@ def push_rows(rows: Sequence[TaskRow], reference: Callable[[TaskRow], Push]) -> 
         lease = b"".join(
             (
                 id_field,
-                b"\x10" + _varint(attempt) if attempt else b"",
+                b"\x10" + varint(attempt) if attempt else b"",
                 _text(b"\x1a", lease_token),
                 shared[1],
             )

@@ -8,7 +8,7 @@ queues and different clients, in one process and one event loop (it is not
 shared across processes: each process has its own pool). A permit is the
 right to have one task on its way to the worker or running in it.
 
-*The sans-IO core* (`ringo_trio._permits`) is `PermitPool` plus a control law (`AimdLaw`,
+*The sans-IO core* (`ringo_trio._work._permits`) is `PermitPool` plus a control law (`AimdLaw`,
 `ResourceLaw`): plain classes, no clock, no I/O, driven by hypothesis in
 ``tests/sdk/test_concurrency.py``.
 
@@ -37,7 +37,7 @@ the excess drains monotonically as committed work ends. (The total of
 admitted under the old one — credit in flight cannot be recalled; it never
 exceeds the capacity that was in force when its permit was granted.)
 
-*The worker's side* (``ringo_trio._worker``) keeps its Work session's
+*The worker's side* (``ringo_trio._work.worker``, through its `Membership`) keeps its Work session's
 concurrency equal to its permits (the session itself leaves out the slots
 that handlers of an ended stream still hold: its outside slots), reports
 ``committed`` from the session — its exact credit mirror plus every slot,
@@ -86,6 +86,7 @@ another takes over — no extra ``async with`` for the user.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import time
@@ -104,9 +105,10 @@ from ._permits import (
     PermitPool,
     ResourceLaw,
     Signal,
+    Sync,
 )
 
-__all__ = ["AdaptiveConcurrency", "ResourceConcurrency", "ResourceSample"]
+__all__ = ["AdaptiveConcurrency", "Membership", "ResourceConcurrency", "ResourceSample", "attach"]
 
 # -- resource sampling ----------------------------------------------------------
 
@@ -164,7 +166,7 @@ def _current_loop() -> object:
 
 
 class _Controller:
-    """What the worker uses of a controller (private API; see the module docstring)."""
+    """A shared controller; a worker uses it through its `Membership` (`attach`)."""
 
     def __init__(self, law: AimdLaw | ResourceLaw) -> None:
         self._pool = PermitPool(law.capacity)
@@ -203,7 +205,7 @@ class _Controller:
         """Tasks running in the attached workers (as last reported)."""
         return self._pool.running
 
-    # -- worker side ---------------------------------------------------------
+    # -- worker side: through `Membership` ----------------------------------
 
     def _attach(self, weight: int) -> Member:
         loop = _current_loop()
@@ -255,6 +257,49 @@ class _Controller:
     @protected
     async def _drive(self) -> None:
         """Run the controller's periodic work while this worker runs (if any)."""
+
+
+class Membership:
+    """One worker's place in a controller's pool, from `attach` to `detach`:
+    everything a worker calls on the controller.
+
+    ``admit`` (a task was pushed: its ticket), ``finished`` (that task's
+    ticket and `Signal`) and ``sync`` (`ringo_trio._work._permits.balance`'s
+    report, bound to this member) are the controller's own methods, bound
+    once: they run per task, so no frame of ours is in between."""
+
+    __slots__ = ("_controller", "admit", "finished", "member", "sync")
+
+    def __init__(self, controller: _Controller, member: Member) -> None:
+        self._controller = controller
+        self.member = member
+        self.admit: Callable[[], int] = controller._admit
+        self.finished: Callable[[int, Signal], None] = controller._finished
+        self.sync: Sync = functools.partial(controller._sync, member)
+
+    @property
+    def share(self) -> int:
+        """This worker's current share of the capacity."""
+        return self.member.share
+
+    def changed(self) -> anyio.Event:
+        """Set at the pool's next change (another worker attached, detached or
+        gave permits back; the capacity moved): time to rebalance."""
+        return self._controller._changed_event()
+
+    @protected
+    async def drive(self) -> None:
+        """Run the controller's periodic work while this worker runs (if any)."""
+        await self._controller._drive()
+
+    def detach(self) -> None:
+        """Every permit goes back (no handler of the worker is left)."""
+        self._controller._detach(self.member)
+
+
+def attach(controller: _Controller, weight: int) -> Membership:
+    """Attach a starting worker of ``weight`` to ``controller``'s pool."""
+    return Membership(controller, controller._attach(weight))
 
 
 class AdaptiveConcurrency(_Controller):

@@ -12,7 +12,7 @@ cancellation can cut a settlement in half), handlers are started and
 cancelled through the owner, waiters of commands are woken. `finish` ends
 the stream in order: answers awaited (bounded), session ended, send side
 closed. Encoding lives here too: the hot commands written inline
-(`ringo_trio._work_wire`), the rare ones by betterproto2.
+(`ringo_trio._wire.work`), the rare ones by betterproto2.
 
 At minor >= 10 the transport's writer hands every frame queued when it wakes
 to `batch_frames`, which joins them into batch frames: handlers that finish
@@ -55,7 +55,6 @@ from .._contract.work.client import (
     WorkSession,
 )
 from .._errors import RingoError, UnavailableError, error_for_code
-from .._frames import PushedTask, WorkResultFrame
 from .._interrupts import protected
 from .._models import Task
 from .._proto.ringo.v1 import (
@@ -66,15 +65,15 @@ from .._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
-from .._wire.frames import encode_work_request_batch
-from .._work_wire import (
-    decode_work_response,
+from .._wire.work import (
     encode_ack,
     encode_credit,
     encode_extend,
     encode_nack,
     encode_reject,
+    encode_work_request_batch,
 )
+from ._frames import PushedTask, WorkResultFrame, decode_work_response
 
 __all__ = [
     "Frame",
@@ -99,19 +98,19 @@ _TIMER_MAX_SLEEP = 1.0
 class StreamOwner(Protocol):
     """What a stream asks of the worker that owns it."""
 
-    def _start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None: ...
+    def start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None: ...
 
-    def _cancel_handler(self, key: LeaseKey, why: str) -> None: ...
+    def cancel_handler(self, key: LeaseKey, why: str) -> None: ...
 
-    def _task_cancelled(self, key: LeaseKey) -> None:
+    def task_cancelled(self, key: LeaseKey) -> None:
         """The daemon says an operator cancelled this lease's task."""
         ...
 
-    def _quiet(self) -> bool:
+    def quiet(self) -> bool:
         """True once the worker stops and no handler of it runs any more."""
         ...
 
-    def _after_act(self) -> None:
+    def after_act(self) -> None:
         """Called after every batch of session outputs (shared controllers rebalance)."""
         ...
 
@@ -129,7 +128,7 @@ class Waiter:
 class Frame:
     """A WorkRequest already encoded (grpclib's codec calls ``SerializeToString``).
 
-    The hot commands are written inline (`ringo_trio._work_wire`) at a
+    The hot commands are written inline (`ringo_trio._wire.work`) at a
     fraction of betterproto2's cost.
     """
 
@@ -260,7 +259,7 @@ class StreamDriver:
                 send(settle_frame(out))
             elif type(out) is StartHandler:
                 key = out.key
-                self.owner._start_handler(self, key, self.arrived.pop(key))
+                self.owner.start_handler(self, key, self.arrived.pop(key))
             elif type(out) is CommandDone:
                 waiter = self.waiters.pop(out.request_id, None)
                 if waiter is not None:
@@ -268,9 +267,9 @@ class StreamDriver:
                     waiter.event.set()
             else:
                 self._act_rare(out)
-        if not self.session.pending_commands and self.owner._quiet():
+        if not self.session.pending_commands and self.owner.quiet():
             self.settled.set()
-        self.owner._after_act()
+        self.owner.after_act()
 
     def _act_rare(self, out: Output) -> None:
         send = self.send.send_nowait
@@ -283,9 +282,9 @@ class StreamDriver:
             ):
                 send(Frame(encode_credit(request_id, available, target, grant)))
             case CancelHandler(key=key, reason=reason):
-                self.owner._cancel_handler(key, reason)
+                self.owner.cancel_handler(key, reason)
             case TaskCancelled(key=key):
-                self.owner._task_cancelled(key)
+                self.owner.task_cancelled(key)
             case Extend(request_id=request_id, key=key, lease_token=token, extension=extension):
                 send(
                     Frame(

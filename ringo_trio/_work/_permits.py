@@ -1,11 +1,11 @@
-"""The sans-IO core of the shared concurrency controllers (`ringo_trio._concurrency`).
+"""The sans-IO core of the shared concurrency controllers (`ringo_trio._work._concurrency`).
 
 `PermitPool` (shares by weight, permits held, admissions), the control laws
 `AimdLaw` and `ResourceLaw`, and `balance` — what a worker does with its
 session after every event. Plain classes: no clock, no I/O, no event loop
 (a contract test checks the imports), so hypothesis drives them directly
 (``tests/sdk/test_concurrency.py``). The theory of operation is at the top of
-`ringo_trio._concurrency`.
+`ringo_trio._work._concurrency`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Worker and TaskContext: the handlers' side of the Work protocol.
+"""Worker: the handlers' side of the Work protocol — its life, its streams, its stop.
 
 Theory of operation
 -------------------
 All protocol decisions live in `ringo_trio._contract.work.client.WorkSession`; one
-stream's frames are moved by `ringo_trio._work._driver.StreamDriver`; this
-module runs handlers and decides when to stop. The shape is the one DESIGN.md
+stream's frames are moved by `ringo_trio._work._driver.StreamDriver`; one
+handler is run and settled by `ringo_trio._work._handlers.Handlers`; this
+module opens the streams and decides when to stop. The shape is the one DESIGN.md
 §2 asks for — scopes instead of epochs and done-callbacks:
 
 *Stopping is a protocol step.* ``Worker.run`` does its work in a child task
@@ -16,17 +17,17 @@ drain goes out first (no more pushes), every handler is cancelled and its
 deadline is pulled in to ``stop_timeout`` from now, so the stop is bounded
 however the daemon behaves. ``run`` then re-raises what stopped it, bare.
 A KeyboardInterrupt that trio delivers inside a handler or one of our tasks
-is caught where it lands (`_handle`, `_work`), stops the worker the same way
+is caught where it lands (`Handlers.handle`, `_work`), stops the worker the same way
 and comes out of ``run`` unwrapped: the SDK adds no exception group.
 
 Inside `_work`, two task groups live as long as the worker:
 
-* the **run group**, holding the on_idle monitor, the fencing watch and a
-  shared controller's driver (when configured), and
+* the **run group**, holding the on_idle monitor (`ringo_trio._work._idle`),
+  the fencing watch and a shared controller's driver (when configured), and
 * the **handler group** inside it, holding every handler: one task per
   delivered task, under its own cancel scope, stored by lease key, so
   a lost lease cancels exactly that handler. Under trio the group is trio's
-  own nursery and the scope trio's own (`_Backend`): anyio's task group
+  own nursery and the scope trio's own (`Backend`): anyio's task group
   wraps every child in a task handle, measured at ~8 % of a no-op task's
   worker CPU, and anyio's cancel scope wraps trio's (~4 µs a handler),
   which a handler (it catches all but its cancellation) does not need. Long-lived
@@ -51,7 +52,7 @@ ended). A replacement session is a new block. No epoch counter exists.
 its session ended; it does not block reconnecting, but it keeps its slot: the
 next session is told how many such handlers run (its *outside slots*) and
 never grants their slots — whatever the daemon echoes at registration —
-until each exits (`_orphan_exited`). The session owns that arithmetic; the
+until each exits (`Handlers.orphan`, `_orphan_exited`). The session owns that arithmetic; the
 worker only counts its orphans and reports their exits to the newest
 session, from its creation on (`_current`), so that one exiting while the
 stream registers is not missed.
@@ -59,19 +60,13 @@ stream registers is not missed.
 *Shared controllers* (``concurrency=AdaptiveConcurrency(...)`` or
 ``ResourceConcurrency(...)``; `ringo_trio._work._concurrency`). The worker
 is attached to the controller's permit pool for its whole life and detached
-once the handler group has exited. `_rebalance` — after every session event
+once the handler group has exited (its `Membership`). `_rebalance` — after every session event
 (`StreamDriver.act` calls `_after_act`), before a finished handler's
 settlement (so a congestion cut applies before the settlement asks for
 credit), and in a task of each session that waits on the pool's broadcast
 event — reports what the session has committed (its exact credit mirror)
 plus the handlers of ended streams, takes or returns permits, and sizes the
 session to them.
-
-*Cleanup is armed before the await that can be cancelled.* A handler's
-settlement (ack / nack / reject / release, or "exited" after a lost lease)
-happens in the ``finally`` of its task, synchronously — the frame goes into
-an unbounded send channel and the session's bookkeeping is plain method
-calls — so no cancellation can skip it or leak a slot.
 
 *Closing* (`Worker.close`, from any task, any number of times) asks the
 worker to stop and waits until it has: stop credit and send ``drain``; wait
@@ -82,20 +77,8 @@ session, then the stream. When ``close`` returns, no handler of the worker
 runs and no lease is renewed. A push that arrives after the stop began is
 handed back unrun.
 
-*Results and cancellation.* What a handler returns is its task's result:
-bytes, or a str (stored as UTF-8), sent with the ack (protocol minor >= 9;
-dropped, with one warning, below). None stores nothing; any other value is
-ignored with one warning per type; a value over ``MAX_RESULT_BYTES`` fails
-the attempt like an exception (nack). An operator's CancelTask reaches the
-worker as a ``LEASE_LOST`` with reason ``cancelled`` on the lease's next
-renewal, progress report or settlement: the handler's scope is cancelled
-as for any lost lease, and the worker logs it at INFO, not as an error —
-once: the `LeaseLostError` a handler then gets from ``report_progress``
-and lets propagate is that news, not a crash (`_handle`).
-
-*Timeouts and fencing*: `ringo_trio._work._fencing`. ``TaskTimeouts(heartbeat=...)``
-is fed by `TaskContext.mark_progress` (and ``report_progress``, which calls
-it): each call pushes the handler's scope deadline forward (``_beat``).
+*Handlers, their results and their settlement*: `ringo_trio._work._handlers`.
+*Timeouts and fencing*: `ringo_trio._work._fencing`, a `Fencing` the worker owns.
 
 *Reconnects are bounded*: a session that fails before registering counts as a
 failed recovery; three in a row end ``run`` with the last cause. A session
@@ -105,30 +88,22 @@ runs (renegotiation; restart of a dead local daemon).
 
 from __future__ import annotations
 
-import functools
-import inspect
-import logging
 import math
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from types import CoroutineType, TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
-import sniffio
 
 from .._contract import limits as _limits
-from .._contract.versions import FEATURES, Feature, Features
+from .._contract.versions import Feature, Features
 from .._contract.work.client import (
-    CANCELLED_BY_OPERATOR,
     FeatureMissing,
     LeaseKey,
-    Outcome,
     RemoteProtocolError,
     SessionBroken,
     State,
@@ -138,51 +113,33 @@ from .._contract.work.client import (
 from .._errors import (
     IncompatibleVersionError,
     InvalidArgumentError,
-    LeaseLostError,
-    NotFoundError,
-    PermanentTaskError,
-    RetryTaskError,
     RingoError,
     UnavailableError,
     WorkerAlreadyRunError,
     require,
 )
-from .._interrupts import abandon_on_interrupt, forget, protected, unprotected
-from .._models import Task, truncate_utf8
-from .._proto.ringo.v1 import (
-    GetQueueActivityRequest,
-    GetQueueActivityResponse,
-    WorkerRegistration,
-    WorkRequest,
-)
-from .._transport_api import SessionRejectedError
-from ._concurrency import AdaptiveConcurrency, ResourceConcurrency
-from ._driver import Frame, Inbound, StreamDriver, batch_frames, command_exception
-from ._fencing import Fence, Fencing
-from ._permits import Member, Signal, balance
-from ._timeouts import TaskTimeouts, Watchdog
+from .._interrupts import abandon_on_interrupt, forget, protected
+from .._models import Task
+from .._proto.ringo.v1 import GetQueueActivityRequest, WorkerRegistration, WorkRequest
+from .._transport.base import SessionRejectedError
+from ._concurrency import AdaptiveConcurrency, ResourceConcurrency, attach
+from ._driver import Frame, Inbound, StreamDriver, batch_frames
+from ._fencing import Fencing
+from ._handlers import Handler, Handlers, Running, TaskContext, handler_group
+from ._idle import IdleMonitor
+from ._permits import balance
+from ._timeouts import TaskTimeouts
 
 if TYPE_CHECKING:
     from .._connection import Connection, NegotiatedSession
 
 __all__ = [
     "DEFAULT_STOP_TIMEOUT",
-    "Handler",
-    "TaskContext",
     "Worker",
     "check_concurrency",
-    "encode_result",
     "new_worker_id",
-    "results_stored",
 ]
 
-log = logging.getLogger(__name__)
-
-Handler = Callable[[Task, "TaskContext"], Awaitable[Any]]
-
-#: on_idle cadence (seed semantics): poll every 250 ms, fire after 1 s of zeros.
-_IDLE_POLL_SECONDS = 0.25
-_IDLE_QUIET_SECONDS = 1.0
 _MAX_RECOVERY_FAILURES = 3
 _COMMAND_TIMEOUT = 30.0
 #: Once a worker stops handlers (past the grace period, or at once when
@@ -190,239 +147,6 @@ _COMMAND_TIMEOUT = 30.0
 #: their releases before it ends the stream and abandons the rest to expiry.
 DEFAULT_STOP_TIMEOUT = timedelta(seconds=5)
 _MAX_CONCURRENCY = 2**31 - 1
-
-
-class TaskContext:
-    """What a handler gets besides its `Task`.
-
-    ``cancelled`` becomes true when the lease is lost, the stream drops, an
-    operator cancels the task (`TaskQueue.cancel`; the worker learns it at
-    its next renewal, progress report or settlement), or the worker is
-    closed past its grace period — the handler is cancelled at the same
-    moment. (A ``task_timeouts`` deadline cancels the handler's scope
-    without it.) The lease token stays inside the worker.
-    """
-
-    __slots__ = (
-        "_beat",
-        "_by_operator",
-        "_cancelled",
-        "_deadline",
-        "_key",
-        "_last_progress",
-        "_live",
-        "_task",
-        "_waiter",
-        "_why",
-        "_worker_id",
-    )
-
-    def __init__(self, task: Task, key: LeaseKey, worker_id: str, live: StreamDriver) -> None:
-        self._task = task
-        self._key = key
-        self._worker_id = worker_id
-        self._live = live
-        self._cancelled = False
-        self._why = ""  # what cancelled it first
-        # The daemon said an operator cancelled the task: the handler's
-        # LeaseLostError is then that news, not a crash (`Worker._handle`).
-        self._by_operator = False
-        self._waiter: anyio.Event | None = None
-        self._last_progress: float | None = None
-        self._deadline: float | None = None
-        # With a heartbeat timeout: pushes the handler's deadline forward.
-        self._beat: Callable[[float], None] | None = None
-
-    @property
-    def task(self) -> Task:
-        return self._task
-
-    @property
-    def attempt(self) -> int:
-        return self._key.attempt
-
-    @property
-    def max_attempts(self) -> int:
-        return self._task.max_attempts
-
-    @property
-    def worker_id(self) -> str:
-        return self._worker_id
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    @property
-    def is_cancelled(self) -> bool:
-        """Alias of `cancelled`, the asyncio SDK's name."""
-        return self._cancelled
-
-    @property
-    def deadline(self) -> float | None:
-        """`anyio.current_time()` at which ``start_to_close`` cancels this
-        handler; None without that timeout. Pass it on to calls that take one."""
-        return self._deadline
-
-    async def wait_cancelled(self) -> None:
-        """Return once the handler has been told to stop (lease lost, stream gone, close)."""
-        if self._cancelled:
-            return
-        if self._waiter is None:
-            self._waiter = anyio.Event()
-        await self._waiter.wait()
-
-    def mark_progress(self) -> None:
-        """Note local progress without any RPC. With
-        ``TaskTimeouts(heartbeat=...)`` this is what keeps the handler from
-        being cancelled: the heartbeat timeout counts from the last call."""
-        now = anyio.current_time()
-        self._last_progress = now
-        beat = self._beat
-        if beat is not None:
-            beat(now)
-
-    @property
-    def last_progress(self) -> float | None:
-        """`anyio.current_time()` of the last `mark_progress` / `report_progress`."""
-        return self._last_progress
-
-    async def report_progress(self, current: float, total: float = 0.0, message: str = "") -> None:
-        """Store progress on the task, correlated on the Work stream.
-
-        Raises `LeaseLostError` when the lease is gone (the handler is being
-        cancelled then anyway) and `UnavailableError` when the stream dropped
-        before the daemon answered.
-        """
-        for what, value in (("current", current), ("total", total)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidArgumentError(f"{what} must be a number")
-        if not isinstance(message, str):
-            raise InvalidArgumentError("message must be a string")
-        if self._cancelled or not self._live.session.holds(self._key):
-            why = CANCELLED_BY_OPERATOR if self._by_operator else self._why
-            raise LeaseLostError(
-                "the task's lease is no longer held by this worker" + (f": {why}" if why else "")
-            )
-        self.mark_progress()
-        frame = self._live.session.report_progress(
-            self._key,
-            float(current),
-            float(total),
-            truncate_utf8(message, _limits.MAX_PROGRESS_MESSAGE_BYTES),
-            anyio.current_time(),
-        )
-        error = await self._live.command(frame)
-        if error is not None:
-            raise command_exception(error)
-
-    def _cancel(self, why: str = "") -> None:
-        if not self._cancelled:
-            self._why = why
-        self._cancelled = True
-        if self._waiter is not None:
-            self._waiter.set()
-
-
-class _Scope(Protocol):
-    """A handler's cancel scope: anyio's, or under trio trio's own."""
-
-    deadline: float
-
-    def cancel(self) -> None: ...
-
-    def __enter__(self) -> object: ...
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-        /,
-    ) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Backend:
-    """What runs handlers, picked once per worker run for the event loop.
-
-    Under trio, trio's own nursery, cancel scope and clock: anyio's task
-    group wraps every child in a task handle, which costs about as much again
-    as the nursery's own spawn (~15 µs of a no-op handler's ~230 µs of worker
-    CPU), and anyio's cancel scope and ``current_time`` wrap trio's (~4 µs
-    and ~0.5 µs per call); a handler needs none of it — it catches
-    everything but the cancellation itself, which anyio code inside it sees
-    as trio's either way.
-    """
-
-    spawn: Callable[..., object]
-    scope: Callable[[], _Scope]
-    clock: Callable[[], float]
-
-
-@asynccontextmanager
-async def _handler_group() -> AsyncIterator[_Backend]:
-    """The handler group (see `_Backend`)."""
-    if sniffio.current_async_library() == "trio":
-        import trio  # here: an asyncio program never imports trio
-
-        async with trio.open_nursery() as nursery:
-            yield _Backend(nursery.start_soon, trio.CancelScope, trio.current_time)
-    else:
-        async with anyio.create_task_group() as group:
-            yield _Backend(group.start_soon, anyio.CancelScope, anyio.current_time)
-
-
-@dataclass(eq=False, slots=True)
-class _Running:
-    scope: _Scope
-    context: TaskContext
-    arrived: float = 0.0  # when the push was read (no_start counts from here)
-    ticket: int = 0  # its admission, for a shared controller's control law
-    congested: bool = False  # it raised RetryTaskError(congestion=True)
-
-    def cancel(self, why: str = "") -> None:
-        self.context._cancel(why)
-        self.scope.cancel()
-
-
-def _error_text(error: BaseException) -> str:
-    try:
-        text = str(error) or type(error).__name__
-    except Exception:
-        text = type(error).__name__
-    return truncate_utf8(text, _limits.MAX_ERROR_BYTES)
-
-
-def _log_outcome(
-    worker: Worker,
-    running: _Running,
-    level: int,
-    what: str,
-    error: str,
-    exc_info: BaseException | None = None,
-) -> None:
-    context = running.context
-    task = context.task
-    log.log(
-        level,
-        "task %s (%s, attempt %d of %d) of queue %r %s: %s",
-        task.id,
-        task.task_type,
-        context.attempt,
-        task.max_attempts,
-        worker._queue_name,
-        what,
-        error,
-        exc_info=exc_info,
-        extra={
-            "ringo_task_id": task.id,
-            "ringo_task_type": task.task_type,
-            "ringo_queue": worker._queue_name,
-            "ringo_attempt": context.attempt,
-            "ringo_worker_id": worker.worker_id,
-        },
-    )
 
 
 def _interrupt_text(exc: BaseException) -> str:
@@ -446,44 +170,6 @@ def _find_interrupt(exc: BaseException) -> BaseException | None:
     return None
 
 
-def encode_result(value: bytes | bytearray | memoryview | str) -> bytes:
-    """A result value as stored: bytes as they are, a str as UTF-8;
-    `InvalidArgumentError` naming the limit when it is larger than
-    ``MAX_RESULT_BYTES``."""
-    data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
-    if len(data) > _limits.MAX_RESULT_BYTES:
-        raise InvalidArgumentError(
-            f"result: {len(data)} bytes exceeds the {_limits.MAX_RESULT_BYTES}-byte limit"
-            " (MAX_RESULT_BYTES)"
-        )
-    return data
-
-
-_dropped_result_warned = False
-
-
-def results_stored(minor: int) -> bool:
-    """Whether the negotiated minor stores result values. Below minor 9 a
-    result is dropped — the ack itself goes ahead, never failed by it — with
-    one warning per process."""
-    global _dropped_result_warned
-    if Features(minor).has(Feature.RESULT_VALUES):
-        return True
-    if not _dropped_result_warned:
-        _dropped_result_warned = True
-        log.warning(
-            "the daemon speaks protocol minor %d: result values (minor %d) are not stored;"
-            " tasks are acked without them",
-            minor,
-            FEATURES[Feature.RESULT_VALUES],
-        )
-    return False
-
-
-class _ResultRefused(Exception):
-    """A handler returned a value too large to store: its attempt fails."""
-
-
 def new_worker_id() -> str:
     return f"py-{os.getpid()}-{secrets.token_hex(4)}"
 
@@ -496,19 +182,7 @@ def check_concurrency(value: object, *, low: int) -> int:
     return value
 
 
-@unprotected
-async def _call_handler(handler: Handler, task: Task, context: TaskContext) -> object:
-    """The user's handler, the one SDK frame a Ctrl-C may land below
-    (`ringo_trio._interrupts`)."""
-    returned: object = handler(task, context)
-    # A coroutine, nearly always: its exact type is checked before the
-    # general (Python-level) test.
-    if type(returned) is CoroutineType or inspect.isawaitable(returned):
-        returned = await returned
-    return returned
-
-
-class Worker(Fencing):
+class Worker:
     """A credit-controlled worker of one queue. Create it with `TaskQueue.worker`.
 
     ::
@@ -540,10 +214,9 @@ class Worker(Fencing):
         self._queue_name = queue_name
         self._handler = handler
         self._task_types = list(task_types)
-        # With a shared controller the pool sizes the worker (`_rebalance`);
-        # the member is its account there while `run` runs.
+        # With a shared controller the pool sizes the worker (`_rebalance`)
+        # through its membership, held by its handlers while `run` runs.
         self._controller = None if isinstance(concurrency, int) else concurrency
-        self._member: Member | None = None
         self._concurrency = concurrency if isinstance(concurrency, int) else 0
         self._weight = weight
         self._lease_duration = lease_duration
@@ -551,6 +224,15 @@ class Worker(Fencing):
         self._stop_timeout = stop_timeout.total_seconds()
         self._on_idle = on_idle
         self._idle_counts_scheduled = idle_counts_scheduled
+        self._idle = IdleMonitor(
+            connection,
+            GetQueueActivityRequest(
+                queue=queue_name, task_types=self._task_types, due_only=not idle_counts_scheduled
+            ),
+            on_idle or _no_idle,
+            busy=self._busy,
+            failed=self._idle_failed,
+        )
         self._worker_id = new_worker_id()
         self._dynamic = self._controller is not None
         self._run_started = False
@@ -560,8 +242,6 @@ class Worker(Fencing):
         self._registered = False
         self._registered_or_done = anyio.Event()
         self._shield: anyio.CancelScope | None = None
-        # Set once the worker must stop at once (cancelled, interrupted): why.
-        self._stop_reason: str | None = None
         # A KeyboardInterrupt/SystemExit that landed in one of our tasks:
         # `run` re-raises it, bare, once everything is handed back.
         self._interrupt: BaseException | None = None
@@ -569,27 +249,29 @@ class Worker(Fencing):
         # The newest session, from its creation (before its stream registers)
         # to its end: the one told when a handler of an ended stream exits.
         self._current: WorkSession | None = None
-        # What runs handlers while the handler group is open (`_handler_group`).
-        self._backend: _Backend | None = None
-        self._running: dict[LeaseKey, _Running] = {}
-        # Handlers of ended sessions that have not exited yet.
-        self._orphans: set[_Running] = set()
-        self._all_idle: anyio.Event | None = None
-        self._idle_since: float | None = None
-        self._idle_armed = False
-        self._idle_fired = False
         self._fatal: BaseException | None = None
-        self._watchdog = None if task_timeouts is None else Watchdog[_Running](task_timeouts)
-        self._watch_nap: anyio.CancelScope | None = None
-        self._fence: Fence | None = None
-        # Return types a handler gave that are no result value (warned once each).
-        self._ignored_returns: set[str] = set()
+        self._fencing = (
+            None
+            if task_timeouts is None
+            else Fencing(
+                task_timeouts,
+                describe=f"worker {self._worker_id} of queue {queue_name!r}",
+                on_fence=self._fenced,
+            )
+        )
+        self._handlers = Handlers(
+            handler,
+            queue_name=queue_name,
+            worker_id=self._worker_id,
+            close_requested=self._close_requested,
+            fencing=self._fencing,
+            interrupted=self._interrupted,
+            rebalance=self._rebalance,
+            orphan_exited=self._orphan_exited,
+        )
 
     def __repr__(self) -> str:
         return f"<Worker {self._worker_id} queue={self._queue_name!r}>"
-
-    def _describe(self) -> str:
-        return f"worker {self._worker_id} of queue {self._queue_name!r}"
 
     # -- public ---------------------------------------------------------------
 
@@ -603,7 +285,8 @@ class Worker(Fencing):
         shared controller — this worker's current share of the controller's
         capacity (0 while it does not run)."""
         if self._controller is not None:
-            return 0 if self._member is None else self._member.share
+            membership = self._handlers.membership
+            return 0 if membership is None else membership.share
         return self._concurrency
 
     @property
@@ -613,7 +296,7 @@ class Worker(Fencing):
     @property
     def running(self) -> int:
         """Handlers running now (including ones of an ended stream that ignore cancellation)."""
-        return len(self._running) + len(self._orphans)
+        return self._handlers.count
 
     async def set_concurrency(self, concurrency: int) -> None:
         """Change how many handlers may run at once, without cancelling running ones.
@@ -687,8 +370,9 @@ class Worker(Fencing):
         if stopped_by is not None:
             # Bare, as trio and asyncio deliver it: no group of ours around it.
             raise stopped_by
-        if self._fence is not None:
-            raise self._fence.error() from self._fatal
+        fence = None if self._fencing is None else self._fencing.fence
+        if fence is not None:
+            raise fence.error() from self._fatal
         if self._fatal is not None:
             raise self._fatal
         if not self._registered:
@@ -723,52 +407,66 @@ class Worker(Fencing):
     async def _work_until_stopped(self) -> None:
         try:
             self._new_session(self._connection.protocol_minor, 0)  # fail fast, before any work
-            controller = self._controller
-            if controller is not None:
-                self._member = controller._attach(self._weight)
+            if self._controller is not None:
+                self._handlers.membership = attach(self._controller, self._weight)
             async with anyio.create_task_group() as run_group:
-                if controller is not None:
-                    run_group.start_soon(controller._drive)
+                if self._handlers.membership is not None:
+                    run_group.start_soon(self._handlers.membership.drive)
                 if self._on_idle is not None:
-                    run_group.start_soon(self._idle_monitor, run_group.cancel_scope)
-                if self._watchdog is not None:
-                    run_group.start_soon(self._watch, self._watchdog)
-                async with _handler_group() as backend:
-                    self._backend = backend
+                    run_group.start_soon(self._idle.run, run_group.cancel_scope)
+                if self._fencing is not None:
+                    run_group.start_soon(self._fencing.watch)
+                async with handler_group() as backend:
+                    self._handlers.backend = backend
                     try:
                         await self._serve()
                     except (RingoError, RemoteProtocolError, SessionBroken) as exc:
                         self._fatal = exc
                     finally:
                         self._closing = True
-                        self._cancel_all_handlers("the worker stopped")
+                        self._handlers.cancel_all("the worker stopped")
                 run_group.cancel_scope.cancel()
         finally:
-            self._backend = None
-            if self._controller is not None and self._member is not None:
+            self._handlers.backend = None
+            if self._handlers.membership is not None:
                 # No handler is left (the handler group has exited): every
                 # permit goes back and the other workers' shares grow.
-                self._controller._detach(self._member)
-                self._member = None
+                self._handlers.membership.detach()
+                self._handlers.membership = None
 
     @protected
     def _stop_now(self, why: str) -> None:
         """Stop at once and hand every lease back, within ``stop_timeout``."""
-        if self._stop_reason is not None:
+        if self._handlers.stop_reason is not None:
             return
-        self._stop_reason = why
+        self._handlers.stop_reason = why
         self._close_requested.set()
         live = self._live
         if live is not None and live.session.state is State.ACTIVE:
             # The drain goes out before any handler's release, so the daemon
             # pushes nothing more; the handlers then settle in their `finally`.
             live.send_command(live.session.drain(anyio.current_time()))
-        self._cancel_all_handlers(why)
+        self._handlers.cancel_all(why)
         shield = self._shield
         if shield is not None:
             shield.deadline = min(shield.deadline, anyio.current_time() + self._stop_timeout)
             # A Ctrl-C now means "now": it abandons this bounded stop.
             abandon_on_interrupt(shield)
+
+    def _interrupted(self, exc: BaseException) -> None:
+        """A KeyboardInterrupt or SystemExit landed in a handler: `run`
+        re-raises it once the stop it starts now is over."""
+        self._interrupt = self._interrupt or exc
+        self._stop_now(_interrupt_text(exc))
+
+    def _fenced(self) -> None:
+        """`Fencing` fenced the worker: it stops taking work at once."""
+        live = self._live
+        if live is not None and live.session.state is State.ACTIVE:
+            # Draining stops the daemon's pushes and the session's credit; a
+            # push already on its way is handed back by `Fencing.admit`.
+            live.send_command(live.session.drain(anyio.current_time()))
+        self._close_requested.set()
 
     async def close(self) -> None:
         """Drain and stop: stop credit, wait ``grace_period``, cancel the rest.
@@ -778,7 +476,7 @@ class Worker(Fencing):
         cancelling the caller ends the wait, not the drain, which `run`
         carries on (bounded by the grace period and ``stop_timeout``).
         """
-        self._request_close()
+        self.request_close()
         if self._run_started:
             await self._finished.wait()
 
@@ -792,13 +490,17 @@ class Worker(Fencing):
         if `run` never started or has finished. What `close` turns into
         when its caller runs out of time."""
         if not self._run_started:
-            self._request_close()
+            self.request_close()
             return
         self._stop_now(reason)
         with anyio.move_on_after(self._stop_timeout):
             await self._finished.wait()
 
-    def _request_close(self) -> None:
+    def request_close(self) -> None:
+        """Start `close` without waiting for it: the drain begins now and
+        `run` carries it on. Several workers' drains started this way run
+        their grace periods together (`RingoClient.aclose` does); `close`
+        then waits for each. Idempotent."""
         self._close_requested.set()
         if not self._run_started:
             self._closing = True
@@ -860,7 +562,9 @@ class Worker(Fencing):
 
     async def _session(self, sent: NegotiatedSession, on_registered: Callable[[], None]) -> None:
         """One Work stream, from registration to its end."""
-        session = self._new_session(sent.minor, self._concurrency, outside=len(self._orphans))
+        session = self._new_session(
+            sent.minor, self._concurrency, outside=len(self._handlers.orphans)
+        )
         self._current = session
         try:
             await self._run_session(sent, session, on_registered)
@@ -890,7 +594,15 @@ class Worker(Fencing):
             coalesce=batch_frames if Features(sent.minor).has(Feature.BATCH_FRAMES) else None,
         ) as channels:
             assert channels.send is not None
-            live = StreamDriver(session, channels.send, self)
+            handlers = self._handlers
+            owner = _StreamOwner(
+                self._start_handler,
+                handlers.cancel,
+                handlers.task_cancelled,
+                self._quiet,
+                self._after_act,
+            )
+            live = StreamDriver(session, channels.send, owner)
             channels.send.send_nowait(Frame(bytes(WorkRequest(register=registration)), alone=True))
             first = await live.first_response(channels.receive)
             granted = first.registered
@@ -912,8 +624,8 @@ class Worker(Fencing):
                 except VersionMismatch as exc:
                     raise IncompatibleVersionError(str(exc)) from None
                 live.act(outputs)
-                self._idle_armed = True
-                self._idle_since = None
+                self._idle.armed = True
+                self._idle.since = None
                 on_registered()
                 async with anyio.create_task_group() as tasks:
                     tasks.start_soon(live.timer_loop)
@@ -925,17 +637,12 @@ class Worker(Fencing):
                 if not live.settled.is_set():
                     raise UnavailableError("the daemon ended the Work stream")
             finally:
-                self._idle_armed = False
+                self._idle.armed = False
                 self._live = None
                 if session.state is not State.ENDED:
                     # Every lease of this session is lost to its handlers now.
                     live.act(session.end())
-                for key, running in list(self._running.items()):
-                    if running.context._live is live:
-                        # Still running after its cancellation: it keeps its
-                        # slot (see "Slots and zombies") but not the session.
-                        del self._running[key]
-                        self._orphans.add(running)
+                handlers.orphan(live)
                 # The stream's unused credit is void: those permits go back.
                 self._rebalance()
 
@@ -944,16 +651,14 @@ class Worker(Fencing):
         await self._close_requested.wait()
         self._closing = True
         session = live.session
-        grace = 0.0 if self._stop_reason is not None else self._grace
+        handlers = self._handlers
+        grace = 0.0 if handlers.stop_reason is not None else self._grace
         if session.state is State.ACTIVE:
             drain = session.drain(anyio.current_time())
             with anyio.move_on_after(max(0.1, min(grace or 1.0, _COMMAND_TIMEOUT))):
                 await live.command(drain)
-        if self._running and grace > 0:
-            self._all_idle = anyio.Event()
-            with anyio.move_on_after(grace):
-                await self._all_idle.wait()
-        self._cancel_all_handlers(self._stop_reason or "the worker closed past its grace period")
+        await handlers.all_exited(grace)
+        handlers.cancel_all(handlers.stop_reason or "the worker closed past its grace period")
         # Cancelled handlers hand their leases back in their `finally`; wait
         # for the daemon's answers.
         await live.finish(self._stop_timeout)
@@ -962,7 +667,7 @@ class Worker(Fencing):
     # -- what a stream asks of its owner (`StreamOwner`) ------------------------
 
     def _quiet(self) -> bool:
-        return self._closing and not self._running
+        return self._closing and not self._handlers.running
 
     def _after_act(self) -> None:
         if self._controller is not None:
@@ -971,151 +676,17 @@ class Worker(Fencing):
     # -- handlers -----------------------------------------------------------------
 
     def _start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None:
-        backend = self._backend
+        handlers = self._handlers
+        backend = handlers.backend
         assert backend is not None
         context = TaskContext(task, key, self._worker_id, live)
-        arrived = 0.0 if self._watchdog is None else backend.clock()
-        running = _Running(backend.scope(), context, arrived)
-        if self._controller is not None:
-            running.ticket = self._controller._admit()
-        self._running[key] = running
-        self._idle_since = None
-        backend.spawn(self._handle, live, key, task, running)
-
-    @protected
-    async def _handle(
-        self, live: StreamDriver, key: LeaseKey, task: Task, running: _Running
-    ) -> None:
-        # Unless the handler finishes, the worker stopped it: the lease goes
-        # back without spending the attempt.
-        outcome = Outcome.RELEASE
-        error = self._stop_reason or "the worker stopped before the handler finished"
-        delay: float | None = None
-        result: bytes | None = None
-        finished = False
-        watchdog = self._watchdog
-        try:
-            if self._close_requested.is_set():
-                # Pushed before the daemon saw the drain: not started at all.
-                error = f"the worker is stopping; handed back unrun ({error})"
-                return
-            if watchdog is not None:
-                refusal = self._admit(watchdog, running)
-                if refusal is not None:
-                    error = refusal  # handed back unrun
-                    return
-            with running.scope:
-                try:
-                    returned = await _call_handler(self._handler, task, running.context)
-                    result = self._result_value(live, returned)
-                    outcome, error = Outcome.ACK, ""
-                except _ResultRefused as exc:
-                    outcome, error = Outcome.NACK, str(exc)
-                    _log_outcome(
-                        self, running, logging.ERROR, "returned a value it cannot store", error
-                    )
-                except RetryTaskError as exc:
-                    outcome = Outcome.NACK
-                    running.congested = exc.congestion
-                    error = _error_text(exc)
-                    if exc.delay is not None:
-                        delay = exc.delay.total_seconds()
-                    _log_outcome(self, running, logging.INFO, "asked for a retry", error)
-                except PermanentTaskError as exc:
-                    outcome, error = Outcome.REJECT, _error_text(exc)
-                    _log_outcome(self, running, logging.WARNING, "failed permanently", error)
-                except Exception as exc:
-                    outcome = Outcome.NACK
-                    error = f"{type(exc).__name__}: {_error_text(exc)}"
-                    if not (isinstance(exc, LeaseLostError) and running.context._by_operator):
-                        _log_outcome(self, running, logging.ERROR, "crashed", error, exc_info=exc)
-                    # else: how the handler learnt of an operator's cancel,
-                    # which `_task_cancelled` logged at INFO; nobody's error.
-                finished = True
-        except anyio.get_cancelled_exc_class():
-            raise
-        except BaseException as exc:
-            # KeyboardInterrupt / SystemExit delivered inside a handler: the
-            # whole worker stops (and `run` re-raises it, bare); the handler
-            # group must not see it, or it would tear the stream down first.
-            self._interrupt = self._interrupt or exc
-            self._stop_now(_interrupt_text(exc))
-        finally:
-            if watchdog is not None:
-                now = anyio.current_time()
-                expired = watchdog.expired(running, now)
-                if expired is not None:
-                    # Whatever it did past its deadline — returned without
-                    # ever yielding, swallowed the cancellation — is no success.
-                    outcome, error, delay = Outcome.NACK, expired, None
-                stuck = watchdog.exited(running, now)
-                if stuck is not None:
-                    self._fence_stuck(stuck)
-            self._finish_handler(live, key, running, outcome, error, delay, finished, result)
-
-    def _result_value(self, live: StreamDriver, returned: object) -> bytes | None:
-        """What a handler's return value stores with its SUCCEEDED task: bytes
-        or str (as UTF-8); None stores nothing. Other types are not results
-        (handlers written before results existed return anything): ignored
-        with one warning per type. Too large: `_ResultRefused`."""
-        if returned is None:
-            return None
-        if not isinstance(returned, bytes | bytearray | memoryview | str):
-            name = type(returned).__qualname__
-            if name not in self._ignored_returns:
-                self._ignored_returns.add(name)
-                log.warning(
-                    "a handler of queue %r returned a %s; only bytes or str are stored as"
-                    " the task's result, so it is ignored (warned once per type)",
-                    self._queue_name,
-                    name,
-                )
-            return None
-        if not results_stored(live.session.minor):
-            return None
-        try:
-            return encode_result(returned)
-        except InvalidArgumentError as exc:
-            raise _ResultRefused(f"the handler's return value cannot be stored: {exc}") from None
-
-    @protected
-    def _finish_handler(
-        self,
-        live: StreamDriver,
-        key: LeaseKey,
-        running: _Running,
-        outcome: Outcome,
-        error: str,
-        delay: float | None,
-        finished: bool,
-        result: bytes | None = None,
-    ) -> None:
-        now = live.clock()
-        if self._running.get(key) is running:
-            del self._running[key]
-        elif running in self._orphans:
-            self._orphans.discard(running)
-            self._orphan_exited(now)
-        controller = self._controller
-        if controller is not None:
-            if finished and outcome is Outcome.ACK:
-                signal = Signal.SUCCESS
-            else:
-                signal = Signal.CONGESTION if running.congested else Signal.FAILURE
-            controller._finished(running.ticket, signal)
-            # Before the settlement asks for credit, so that credit already
-            # follows a cut this very outcome caused.
-            self._rebalance()
-        session = live.session
-        if session.holds(key) and session.state in (State.ACTIVE, State.DRAINING):
-            live.act(
-                session.settle(key, outcome, now, error=error, retry_delay=delay, result=result)
-            )
-        elif session.state is not State.ERROR:
-            # Lost, or its stream ended: nothing to settle, but its slot frees.
-            live.act(session.handler_exited(key, now))
-        if not self._running and self._all_idle is not None:
-            self._all_idle.set()
+        arrived = 0.0 if self._fencing is None else backend.clock()
+        running = Running(backend.scope(), context, arrived)
+        if handlers.membership is not None:
+            running.ticket = handlers.membership.admit()
+        handlers.running[key] = running
+        self._idle.since = None
+        backend.spawn(handlers.handle, live, key, task, running)
 
     def _orphan_exited(self, now: float) -> None:
         """A handler of an ended stream finally exited: its slot is the newest
@@ -1135,16 +706,16 @@ class Worker(Fencing):
 
     def _rebalance(self) -> None:
         """Match this worker's permits to its share and its commitments, and
-        its session's concurrency to its permits (ringo_trio._concurrency).
+        its session's concurrency to its permits (ringo_trio._work._concurrency).
         Runs after every session event and on every change of the pool."""
-        controller, member = self._controller, self._member
-        if controller is None or member is None:
+        membership = self._handlers.membership
+        if membership is None:
             return
         live = self._live
         outputs = balance(
-            functools.partial(controller._sync, member),
+            membership.sync,
             None if live is None else live.session,
-            handlers=len(self._running) + len(self._orphans),
+            handlers=self._handlers.count,
             closing=self._close_requested.is_set(),
             now=anyio.current_time(),
         )
@@ -1156,98 +727,32 @@ class Worker(Fencing):
     async def _follow_controller(self) -> None:
         """Rebalance whenever the shared pool changed (another worker gave
         permits back, attached or detached; the capacity moved)."""
-        controller = self._controller
-        assert controller is not None
+        membership = self._handlers.membership
+        assert membership is not None
         while True:
-            changed = controller._changed_event()
+            changed = membership.changed()
             self._rebalance()
             await changed.wait()
 
-    def _cancel_handler(self, key: LeaseKey, why: str) -> None:
-        running = self._running.get(key)
-        if running is not None:
-            self._cancel(running, why)
+    # -- on_idle (`IdleMonitor`) --------------------------------------------------
 
-    def _task_cancelled(self, key: LeaseKey) -> None:
-        # Not an error: someone chose to stop this task (CancelTask).
-        running = self._running.get(key)
-        if running is not None:
-            running.context._by_operator = True
-            _log_outcome(
-                self,
-                running,
-                logging.INFO,
-                "was cancelled by an operator",
-                "its handler is being cancelled",
-            )
-            return
-        log.info(
-            "task %s (attempt %d) of queue %r was cancelled by an operator; its handler had"
-            " finished, and its outcome was not stored",
-            key.task_id,
-            key.attempt,
-            self._queue_name,
-            extra={
-                "ringo_task_id": key.task_id,
-                "ringo_queue": self._queue_name,
-                "ringo_attempt": key.attempt,
-                "ringo_worker_id": self.worker_id,
-            },
-        )
+    def _busy(self) -> bool:
+        return self._closing or bool(self.running)
 
-    def _cancel_all_handlers(self, why: str) -> None:
-        for running in [*self._running.values(), *self._orphans]:
-            self._cancel(running, why)
+    def _idle_failed(self, error: BaseException) -> None:
+        self._fatal = error
 
-    def _cancel(self, running: _Running, why: str) -> None:
-        running.cancel(why)
-        watchdog = self._watchdog
-        if watchdog is not None:
-            self._wake_watch(watchdog.cancelled(running, anyio.current_time(), why))
 
-    # -- on_idle ----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _StreamOwner:
+    """What a stream asks of the worker (`StreamOwner`), bound once a stream."""
 
-    @protected
-    async def _idle_monitor(self, run_scope: anyio.CancelScope) -> None:
-        callback = self._on_idle
-        assert callback is not None
-        request = GetQueueActivityRequest(
-            queue=self._queue_name,
-            task_types=self._task_types,
-            due_only=not self._idle_counts_scheduled,
-        )
-        while not self._idle_fired:
-            await anyio.sleep(_IDLE_POLL_SECONDS)
-            if not self._idle_armed or self._closing or self.running:
-                self._idle_since = None
-                continue
-            try:
-                reply = await self._connection.call(
-                    "GetQueueActivity", request, GetQueueActivityResponse, read_only=True
-                )
-                active = reply.active_task_count
-            except NotFoundError:
-                active = 0
-            except RingoError:
-                self._idle_since = None
-                continue
-            if active or not self._idle_armed or self.running or self._closing:
-                self._idle_since = None
-                continue
-            now = anyio.current_time()
-            if self._idle_since is None:
-                self._idle_since = now
-                continue
-            if now - self._idle_since < _IDLE_QUIET_SECONDS:
-                continue
-            self._idle_fired = True
-            try:
-                result = callback()
-                if inspect.isawaitable(result):
-                    await result
-            except anyio.get_cancelled_exc_class():
-                raise
-            except BaseException as exc:
-                self._fatal = exc
-                run_scope.cancel()
-                return
+    start_handler: Callable[[StreamDriver, LeaseKey, Task], None]
+    cancel_handler: Callable[[LeaseKey, str], None]
+    task_cancelled: Callable[[LeaseKey], None]
+    quiet: Callable[[], bool]
+    after_act: Callable[[], None]
+
+
+def _no_idle() -> None:
+    """Without ``on_idle`` the monitor never runs."""

@@ -1,6 +1,6 @@
 """``python -m ringo_trio.server``: the same as the ``ringod`` console script."""
 
-from ._main import main
+from .main import main
 
 if __name__ == "__main__":
     main()

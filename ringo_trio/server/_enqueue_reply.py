@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 The reply echoes every task of the batch, so the generic encoder
-(`ringo_trio._wire.frames.encode_enqueue_many_response`: a message walk per
+(`encode(build(EnqueueManyResponse, ...))`: a message walk per
 result, task and backoff) was ~5 ms per 1,000 tasks of the daemon's CPU. The
 tasks of one batch share their queue, task types, timestamps and retry
 policy; this encoder writes a task's fields 1-15 in field order (the order
@@ -20,6 +20,10 @@ A *compact* reply (`_reply_bounds.compact`: minor >= 11, or an echo too big
 for one reply) is the generic encoding of each task made compact: the
 payload is left out and last_error cut, the other tasks go through
 `compact` first.
+
+It lives with the daemon, not in `ringo_trio._wire`, because the compact
+reply is the daemon's policy (`_reply_bounds`, storage's `cut_error`), which
+the shared package may not import.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ringo_trio._proto.ringo.v1 import Task
-from ringo_trio._wire.codec import _SMALL, _varint, _w_timestamp, encode
+from ringo_trio._wire.codec import encode
+from ringo_trio._wire.primitives import SMALL, varint, write_timestamp
 
-from ._reply_bounds import compact as _compact
+from .rpc.reply_bounds import compact as _compact
 from .storage.listing import cut_error
 
 __all__ = ["encode_enqueue_many_reply"]
@@ -38,7 +43,7 @@ __all__ = ["encode_enqueue_many_reply"]
 
 def _field(tag: bytes, data: bytes | bytearray) -> bytes:
     size = len(data)
-    return tag + (_SMALL[size] if size < 0x80 else _varint(size)) + data
+    return tag + (SMALL[size] if size < 0x80 else varint(size)) + data
 
 
 def encode_enqueue_many_reply(
@@ -103,14 +108,14 @@ def encode_enqueue_many_reply(
             body += tail
         size = len(body)
         # EnqueueResult: field 1 the task, field 2 `created` when true.
-        result = b"\x0a" + (_SMALL[size] if size < 0x80 else _varint(size)) + body
+        result = b"\x0a" + (SMALL[size] if size < 0x80 else varint(size)) + body
         if was:
             result += b"\x10\x01"
         out += _field(b"\x0a", result)
     if created:
-        out += b"\x10" + _varint(created)
+        out += b"\x10" + varint(created)
     if duplicates:
-        out += b"\x18" + _varint(duplicates)
+        out += b"\x18" + varint(duplicates)
     return bytes(out)
 
 
@@ -135,14 +140,14 @@ def _tail(
         (b"\x48", priority),
     ):
         if number:
-            out += tag + _varint(number)
+            out += tag + varint(number)
     if backoff is not None:
         out += _field(b"\x52", encode(backoff))
     *moments, last_error = rest
     for tag, moment in zip((b"\x5a", b"\x62", b"\x6a", b"\x72"), moments, strict=True):
         if moment is not None:
             out += tag
-            _w_timestamp(out, moment, None)
+            write_timestamp(out, moment, None)
     if last_error:
         out += _field(b"\x7a", last_error.encode())
     return bytes(out)

@@ -187,14 +187,16 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from ringo_trio._wire.codec import decode, encode, tag_len, varint
-from ringo_trio._wire.frames import encode_work_response_batch
+from ringo_trio._wire.codec import decode, encode
+from ringo_trio._wire.primitives import tag_len, varint
+from ringo_trio._wire.work import encode_work_response_batch
 
-from . import _validate as v
-from ._clock import Clock
-from ._metrics import NO_METRICS, NO_TAP, Metrics, StreamTap
-from ._wakeups import LeaseReaper, QueueWakeups
 from ._wire import Preencoded
+from .clock import Clock
+from .http.metrics import NO_METRICS, NO_TAP, Metrics, StreamTap
+from .rpc import validate as v
+from .rpc.connections import trailers_without_reset
+from .rpc.wakeups import LeaseReaper, QueueWakeups
 from .storage.base import (
     FailedPrecondition,
     LeaseLost,
@@ -901,7 +903,7 @@ class _WorkStream:
 
 # betterproto2 spends ~150 µs encoding one task frame, which alone would cap
 # the daemon near 2,500 tasks/s per core. Task frames and plain OK results,
-# the two frames of the hot path, are encoded by `ringo_trio._wire.frames`
+# the two frames of the hot path, are encoded by `ringo_trio._wire.work`
 # and handed to the codec already encoded: `_Wire` is a complete `WorkResponse` whose
 # `bytes()` is that encoding.
 
@@ -1033,10 +1035,6 @@ def _batch_requests(batch: WorkRequestBatch) -> list[WorkRequest]:
     return requests
 
 
-def _no_reset(*args: Any, **kwargs: Any) -> None:
-    pass
-
-
 async def _end_with_status(stream: Any, status: Status, message: str | None) -> None:
     """Trailers with `status`, without the RST_STREAM grpclib adds to them.
 
@@ -1048,16 +1046,13 @@ async def _end_with_status(stream: Any, status: Status, message: str | None) -> 
     OUT_OF_RANGE (renegotiate) or the result of its last ack. The trailers
     alone end the call; the client closes its side when it reads them.
     """
-    h2_stream = stream._stream
-    h2_stream.reset_nowait = _no_reset
     try:
-        async with asyncio.timeout(1.0):
-            await stream.send_trailing_metadata(status=status, status_message=message)
+        with trailers_without_reset(stream):
+            async with asyncio.timeout(1.0):
+                await stream.send_trailing_metadata(status=status, status_message=message)
     except Exception as exc:
         # The worker is gone or the connection is stuck: nobody to tell.
         log.debug("could not end a Work stream with %s: %r", status.name, exc)
-    finally:
-        del h2_stream.reset_nowait
 
 
 async def _reset(stream: Any) -> None:

@@ -21,7 +21,7 @@ from .._contract.work.client import LeaseKey
 from .._errors import LeaseLostError
 from .._models import Progress, Task, TaskState
 from .._work._driver import StreamDriver
-from .._work.worker import TaskContext
+from .._work._handlers import TaskContext
 
 __all__ = ["TestTaskContext", "task_context"]
 

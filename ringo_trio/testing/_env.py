@@ -13,7 +13,7 @@ expiries, retry delays, ``not_before`` times, session TTLs and its own timers,
 and the worker's renewal and heartbeat timers on the SDK side.
 
 *No sockets.* Client and daemon talk HTTP/2 through in-memory pipes
-(`ringo_trio.server._memory`), so when every task is blocked nothing is in
+(`ringo_trio.server.rpc.memory`), so when every task is blocked nothing is in
 flight: autojump only ever skips to the next timer — a retry becoming due, a
 lease running out — never past a reply that a socket was about to deliver
 (which is why a real daemon and ``autojump_clock`` fail with "Deadline
@@ -43,12 +43,12 @@ import sniffio
 from .._client import RingoClient
 from .._errors import InvalidArgumentError
 from .._models import Task, TaskState
-from .._queue import TaskQueue
-from .._work.worker import Handler, TaskContext
-from ..server._clock import Clock, LoopClock
-from ..server._daemon import Daemon, DaemonConfig
+from .._queue.queue import TaskQueue
+from .._transport.memory import RunOnDaemonLoop, serving_in_memory
+from .._work._handlers import Handler, TaskContext
+from ..server.clock import Clock, LoopClock
+from ..server.daemon import Daemon, DaemonConfig
 from ..server.storage.sqlite import SQLiteEngine
-from ._memory import RunOnDaemonLoop, serving_in_memory
 
 __all__ = ["RingoTestEnv", "TimeMode", "Until", "run_worker"]
 

@@ -24,7 +24,6 @@ daemon can never block on a full pipe.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import signal
@@ -38,6 +37,8 @@ from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from .._contract import readiness
 
 __all__ = ["DaemonProcess", "DaemonStartError", "spawn_daemon"]
 
@@ -210,7 +211,7 @@ class DaemonProcess:
         weakref.finalize(self, _reap, process)
         try:
             line = self._read_ready_line(process)
-            self.info = json.loads(line)
+            self.info = readiness.parse_line(line)
         except BaseException:
             _reap(process)
             raise

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from .._errors import PermanentTaskError, RetryTaskError
 from .._models import RetryBackoff, Task, TaskSpec, TaskState
-from .._work.worker import Handler, TaskContext
+from .._work._handlers import Handler, TaskContext
 
 __all__ = [
     "OUTCOMES",

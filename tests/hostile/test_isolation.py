@@ -25,9 +25,9 @@ from ringo_trio import Ringo, RingoClient, TaskState
 from ringo_trio._endpoint import parse_endpoint
 from ringo_trio._errors import UnauthenticatedError
 from ringo_trio._proto.ringo.v1 import ClaimRequest, ClaimResponse, RequestContext
-from ringo_trio._transport import Transport
-from ringo_trio.server._main import TOKEN_ENV
-from ringo_trio.server._throttle import AuthThrottle
+from ringo_trio._transport.grpclib import Transport
+from ringo_trio.server.flags import TOKEN_ENV
+from ringo_trio.server.rpc.throttle import AuthThrottle
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 from ..sdk.conftest import eventually, pid_alive

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import WorkRequest
 from ringo_trio._wire.codec import decode
-from ringo_trio._wire.frames import encode_ack, encode_credit
+from ringo_trio._wire.work import encode_ack, encode_credit
 from ringo_trio._work import _driver
 from ringo_trio._work._driver import Frame, batch_frames
 

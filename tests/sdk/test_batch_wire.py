@@ -1,7 +1,7 @@
-"""`ringo_trio._batch_wire`: EnqueueMany replies decoded straight into models.
+"""`ringo_trio._queue._batch`: EnqueueMany replies decoded straight into models.
 
-The reference is the generic decoder (`_frames.decode_enqueue_many_response`,
-the shared codec plus `EnqueueResult.from_wire`): on any reply, valid or
+The reference is the generic decoder (tests/_generic_frames.py's
+`decode_enqueue_many_response`: the shared codec plus `batch_result`): on any reply, valid or
 corrupted, the fast decoder gives the same `BatchResult` or the same error.
 """
 
@@ -15,10 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio import _batch_wire
-from ringo_trio._batch_wire import encode_batch_request
 from ringo_trio._errors import InvalidArgumentError
-from ringo_trio._frames import decode_enqueue_many_response, encode_enqueue_many_request_from_specs
 from ringo_trio._models import TaskSpec as ModelTaskSpec
 from ringo_trio._proto.ringo.v1 import (
     EnqueueManyResponse,
@@ -27,8 +24,14 @@ from ringo_trio._proto.ringo.v1 import (
     RetryBackoff,
     Task,
 )
+from ringo_trio._queue import _batch as _batch_wire
+from ringo_trio._queue._batch import encode_enqueue_many_request
 from ringo_trio._wire.codec import encode
 from ringo_trio.testing.strategies import names, retry_backoffs
+from tests._generic_frames import (
+    decode_enqueue_many_response,
+    encode_enqueue_many_request_from_specs,
+)
 from tests.test_codec import BETTERPROTO_DURATIONS, messages
 
 from .test_work_wire import hot_task
@@ -76,7 +79,7 @@ def _outcome(decoder: Any, data: bytes) -> Any:
 def test_any_reply_decodes_as_the_generic_decoder_does(reply: EnqueueManyResponse) -> None:
     """Property (same answer): on any reply the result is the generic decoder's."""
     data = encode(reply)
-    assert _outcome(_batch_wire.decode_batch_reply, data) == _outcome(
+    assert _outcome(_batch_wire.decode_enqueue_many_reply, data) == _outcome(
         decode_enqueue_many_response, data
     )
 
@@ -106,7 +109,7 @@ def test_corrupted_replies_fail_or_decode_as_the_generic_decoder(
         encoded[index] = data.draw(st.integers(0, 255))
     cut = bytes(encoded[: data.draw(st.integers(0, len(encoded)))])
     for attempt in (bytes(encoded), cut):
-        assert _outcome(_batch_wire.decode_batch_reply, attempt) == _outcome(
+        assert _outcome(_batch_wire.decode_enqueue_many_reply, attempt) == _outcome(
             decode_enqueue_many_response, attempt
         )
 
@@ -115,7 +118,7 @@ def test_a_result_without_its_task_is_refused_as_before() -> None:
     """Example: a result missing its task is the generic decoder's error."""
     data = encode(EnqueueManyResponse(results=[EnqueueResult(created=True)]))
     with pytest.raises(InvalidArgumentError, match="no task"):
-        _batch_wire.decode_batch_reply(data)
+        _batch_wire.decode_enqueue_many_reply(data)
 
 
 def test_repeated_backoffs_are_shared_values() -> None:
@@ -179,9 +182,9 @@ def test_created_tasks_without_a_payload_get_the_one_sent(
     duplicate keeps what the reply says), on the fast path or not."""
     encoded = encode(reply)
     payloads = _sent_payloads(reply, data)
-    assert _outcome(lambda d: _batch_wire.decode_batch_reply(d, payloads), encoded) == _reference(
-        encoded, payloads
-    )
+    assert _outcome(
+        lambda d: _batch_wire.decode_enqueue_many_reply(d, payloads), encoded
+    ) == _reference(encoded, payloads)
 
 
 @PROPERTY
@@ -228,6 +231,6 @@ def test_requests_encode_byte_equal_to_the_generic_encoder(
     """Property (same bytes): any specs — shared and distinct attempts,
     policies, schedules, priorities — encode as the generic encoder does."""
     specs = specs + specs[:3]  # repeats hit the request's memo
-    assert encode_batch_request(context, queue, specs) == encode_enqueue_many_request_from_specs(
+    assert encode_enqueue_many_request(
         context, queue, specs
-    )
+    ) == encode_enqueue_many_request_from_specs(context, queue, specs)

@@ -447,7 +447,7 @@ async def test_an_older_daemon_gets_acks_without_results(
     caplog.set_level(logging.WARNING, logger="ringo_trio")
     monkey = pytest.MonkeyPatch()
     # One warning per process: start from a process that has not warned yet.
-    monkey.setattr("ringo_trio._work.worker._dropped_result_warned", False)
+    monkey.setattr("ringo_trio._work._handlers._dropped_result_warned", False)
     try:
         with spawn_daemon(tmp_path / "old", protocol_minor=8) as daemon, trio.fail_after(60):
             async with Ringo.connect(daemon.endpoint) as client:

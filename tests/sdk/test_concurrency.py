@@ -306,7 +306,7 @@ class PoolMachine(RuleBasedStateMachine):
             return
         ticket = worker.running.pop(key)
         self.apply_law(signal, ticket)
-        # `_finish_handler` rebalances before it settles, so the credit the
+        # `Handlers.finish` rebalances before it settles, so the credit the
         # settlement asks for already follows a cut this outcome caused.
         self.rebalance(worker)
         session = worker.session

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from ringo_trio import PostgresStorage, Ringo, RingoError
-from ringo_trio._daemon import LocalDaemon
+from ringo_trio._local.process import LocalDaemon
 from ringo_trio.testing import spawn_daemon
 
 from .conftest import eventually, live_daemon_children, pid_alive

@@ -22,8 +22,8 @@ import trio
 
 from ringo_trio import InvalidArgumentError, Ringo, Task, TaskContext, TaskSpec, UnavailableError
 from ringo_trio._endpoint import parse_endpoint
-from ringo_trio._transport import Transport
-from ringo_trio._transport_api import DEFAULT_KEEPALIVE, Keepalive
+from ringo_trio._transport.base import DEFAULT_KEEPALIVE, Keepalive
+from ringo_trio._transport.grpclib import Transport
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 from ._proxy import CuttableProxy

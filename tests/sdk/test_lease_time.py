@@ -30,16 +30,18 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio import TaskSpec, _queue
+from ringo_trio import TaskSpec
 from ringo_trio._contract.work.client import LeaseKey, WorkSession
-from ringo_trio._frames import PushedTask, WorkResultFrame
 from ringo_trio._models import Task
 from ringo_trio._proto.ringo.v1 import Lease, WorkRequest
 from ringo_trio._proto.ringo.v1 import LeasedTask as WireLeasedTask
 from ringo_trio._proto.ringo.v1 import Task as WireTask
+from ringo_trio._queue import leased as _leased
+from ringo_trio._queue import queue as _queue
 from ringo_trio._wire.codec import decode
 from ringo_trio._work import _driver
 from ringo_trio._work._driver import Frame, StreamDriver
+from ringo_trio._work._frames import PushedTask, WorkResultFrame
 from ringo_trio.testing import RingoTestEnv
 
 #: The daemon's wall clock at virtual time 0.
@@ -72,6 +74,7 @@ def skewed_wall(offset: float, drift: float) -> Iterator[None]:
         # read it again would read this one.
         patch.setattr(_driver, "datetime", SkewedDatetime, raising=False)
         patch.setattr(_queue, "datetime", SkewedDatetime)
+        patch.setattr(_leased, "datetime", SkewedDatetime)
         patch.setattr(time, "time", lambda: wall().timestamp())
         patch.setattr(time, "time_ns", lambda: int(wall().timestamp() * 1e9))
         yield
@@ -94,19 +97,19 @@ class Owner:
     def __init__(self, trace: list[tuple[float, str, str]]) -> None:
         self.trace = trace
 
-    def _start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None:
+    def start_handler(self, live: StreamDriver, key: LeaseKey, task: Task) -> None:
         self.trace.append((trio.current_time(), "start", key.task_id))
 
-    def _cancel_handler(self, key: LeaseKey, why: str) -> None:
+    def cancel_handler(self, key: LeaseKey, why: str) -> None:
         self.trace.append((trio.current_time(), "cancel", key.task_id))
 
-    def _task_cancelled(self, key: LeaseKey) -> None:  # pragma: no cover - never here
+    def task_cancelled(self, key: LeaseKey) -> None:  # pragma: no cover - never here
         raise AssertionError("no operator cancels here")
 
-    def _quiet(self) -> bool:
+    def quiet(self) -> bool:
         return False
 
-    def _after_act(self) -> None:
+    def after_act(self) -> None:
         pass
 
 
@@ -297,7 +300,7 @@ def test_a_claimed_lease_runs_its_ttl_from_the_reply(
     ttl, or plus the duration the claim asked for from a daemon below minor
     11, or unknown; ``until`` is kept for display only."""
     with skewed_wall(-TEN_MINUTES, 0.0):
-        leased = _queue.LeasedTask(
+        leased = _leased.LeasedTask(
             None,  # type: ignore[arg-type]
             _wire_leased(ttl),
             received=1000.0,

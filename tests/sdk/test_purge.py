@@ -19,13 +19,13 @@ from ringo_trio import (
     TaskQueue,
     TaskState,
 )
-from ringo_trio.server._clock import LoopClock
-from ringo_trio.server._connections import ConnectionLimits
-from ringo_trio.server._daemon import Daemon, DaemonConfig
-from ringo_trio.server._retention import RetentionPolicy
+from ringo_trio._transport.memory import serving_in_memory
+from ringo_trio.server.clock import LoopClock
+from ringo_trio.server.daemon import Daemon, DaemonConfig
+from ringo_trio.server.retention import RetentionPolicy
+from ringo_trio.server.rpc.connections import ConnectionLimits
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-from ringo_trio.testing._memory import serving_in_memory
 
 pytestmark = pytest.mark.trio
 

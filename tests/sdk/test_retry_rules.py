@@ -30,8 +30,8 @@ from ringo_trio._proto.ringo.v1 import (
     Task,
 )
 from ringo_trio._proto.ringo.v1 import LeasedTask as WireLeased
-from ringo_trio._queue import LeasedTask
-from ringo_trio._transport import SessionRejectedError
+from ringo_trio._queue.leased import LeasedTask
+from ringo_trio._transport.base import SessionRejectedError
 
 pytestmark = pytest.mark.trio
 
@@ -118,7 +118,7 @@ async def test_no_mutation_is_replayed(autojump_clock: trio.abc.Clock, method: s
     queue = client.queue("q")
     lease = Lease(task_id="1", attempt=1, lease_token="x")
     leased = LeasedTask(
-        queue, WireLeased(task=Task(id="1"), lease=lease), received=trio.current_time()
+        client._connection, WireLeased(task=Task(id="1"), lease=lease), received=trio.current_time()
     )
     operation = queue.retry("k") if method == "retry" else leased.ack()
     with pytest.raises(UnavailableError):

@@ -27,8 +27,9 @@ import anyio.abc
 import pytest
 import trio
 
-from ringo_trio import RingoError, _shared
-from ringo_trio._shared import SharedLocalDaemon
+from ringo_trio import RingoError
+from ringo_trio._local import shared as _shared
+from ringo_trio._local.shared import SharedLocalDaemon
 
 from .conftest import eventually, pid_alive
 
@@ -250,7 +251,7 @@ async def test_daemon_that_nobody_attaches_to_ends_by_itself(tmp_path: pathlib.P
 
 STARTER = """
 import json, sys, trio
-from ringo_trio._shared import SharedLocalDaemon
+from ringo_trio._local.shared import SharedLocalDaemon
 
 async def main():
     async with SharedLocalDaemon(sys.argv[1], attach_timeout=30) as shared:

@@ -33,9 +33,9 @@ from ringo_trio import (
     TaskSpec,
     TaskState,
     Worker,
-    _supervision,
 )
 from ringo_trio._errors import WorkerFencedError
+from ringo_trio._supervise import child as _supervision
 from ringo_trio._work._timeouts import TaskTimeouts, Watchdog
 from ringo_trio.testing import RingoTestEnv
 

@@ -16,7 +16,7 @@ import trustme
 
 from ringo_trio import Ringo, RingoClient, Supervisor, Task, TaskContext, TaskState
 from ringo_trio._errors import InvalidArgumentError, UnavailableError
-from ringo_trio.server import _main
+from ringo_trio.server import main as _main
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 from .test_worker import running, wait_states

@@ -34,7 +34,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from ringo_trio._transport import HEALTH_WATCH, Transport
+from ringo_trio._transport.grpclib import HEALTH_WATCH, Transport
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 from .conftest import eventually, free_port

@@ -1,8 +1,10 @@
-"""`ringo_trio._work_wire`: the worker's hot frames, unrolled.
+"""The worker's hot frames, unrolled: `ringo_trio._work._frames` (decoding) and
+`ringo_trio._wire.work` (the commands).
 
-The references are the generic paths: `_frames.decode_work_response` (the
-shared codec plus the SDK's conversion) for the decoder, the named frames of
-`_wire.frames` for the encoders. On any frame, valid or corrupted, the fast
+The references are the generic paths of tests/_generic_frames.py:
+`decode_work_response` (the shared codec plus the SDK's conversion,
+`as_frames`) for the decoder, the codec over each command's message for the
+encoders. On any frame, valid or corrupted, the fast
 decoder gives the same value or the same error; the encoders give the same
 bytes.
 """
@@ -15,9 +17,6 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio import _work_wire
-from ringo_trio._frames import PushedTask
-from ringo_trio._frames import decode_work_response as generic_decode
 from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
@@ -26,8 +25,13 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponseBatch,
     WorkResult,
 )
-from ringo_trio._wire import frames as generic
-from ringo_trio._wire.codec import encode, tag_len, varint
+from ringo_trio._wire import work
+from ringo_trio._wire.codec import encode
+from ringo_trio._wire.primitives import tag_len, varint
+from ringo_trio._work import _frames as _work_wire
+from ringo_trio._work._frames import PushedTask
+from tests import _generic_frames as generic
+from tests._generic_frames import decode_work_response as generic_decode
 from tests.test_codec import BETTERPROTO_DURATIONS, DURATIONS, messages
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -232,7 +236,7 @@ def test_ack_encodes_byte_equal_to_the_generic_encoder(
     request_id: int, lease: tuple[str, int, str], result: bytes | None
 ) -> None:
     """Property (same bytes): ack."""
-    assert _work_wire.encode_ack(request_id, *lease, result) == generic.encode_ack(
+    assert work.encode_ack(request_id, *lease, result) == generic.encode_ack(
         request_id, *lease, result
     )
 
@@ -243,7 +247,7 @@ def test_nack_encodes_byte_equal_to_the_generic_encoder(
     request_id: int, lease: tuple[str, int, str], error: str, delay: timedelta | None
 ) -> None:
     """Property (same bytes): nack, with and without a retry delay."""
-    assert _work_wire.encode_nack(request_id, *lease, error, delay) == generic.encode_nack(
+    assert work.encode_nack(request_id, *lease, error, delay) == generic.encode_nack(
         request_id, *lease, error, delay
     )
 
@@ -254,7 +258,7 @@ def test_reject_encodes_byte_equal_to_the_generic_encoder(
     request_id: int, lease: tuple[str, int, str], error: str
 ) -> None:
     """Property (same bytes): reject."""
-    assert _work_wire.encode_reject(request_id, *lease, error) == generic.encode_reject(
+    assert work.encode_reject(request_id, *lease, error) == generic.encode_reject(
         request_id, *lease, error
     )
 
@@ -265,7 +269,7 @@ def test_extend_encodes_byte_equal_to_the_generic_encoder(
     request_id: int, lease: tuple[str, int, str], extension: timedelta
 ) -> None:
     """Property (same bytes): extend."""
-    assert _work_wire.encode_extend(request_id, *lease, extension) == generic.encode_extend(
+    assert work.encode_extend(request_id, *lease, extension) == generic.encode_extend(
         request_id, *lease, extension
     )
 
@@ -280,6 +284,6 @@ def test_credit_encodes_byte_equal_to_the_generic_encoder(
 ) -> None:
     """Property (same bytes): credit, absolute or a grant, with and without a
     target (a zero target or grant is still sent: both fields are optional)."""
-    assert _work_wire.encode_credit(request_id, available, target, grant) == generic.encode_credit(
+    assert work.encode_credit(request_id, available, target, grant) == generic.encode_credit(
         request_id, available, target, grant
     )

@@ -40,7 +40,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from ringo_trio.server._daemon import Daemon
+from ringo_trio.server.daemon import Daemon
 from ringo_trio.testing import DaemonProcess
 
 

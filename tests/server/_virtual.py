@@ -46,8 +46,8 @@ import trio
 import trio.testing
 import trio_asyncio
 
-from ringo_trio.server._clock import LoopClock
-from ringo_trio.server._daemon import Daemon, DaemonConfig
+from ringo_trio.server.clock import LoopClock
+from ringo_trio.server.daemon import Daemon, DaemonConfig
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
 __all__ = ["PROMPT", "Served", "now", "on_virtual_time", "quiet", "virtual_daemon"]

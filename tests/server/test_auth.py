@@ -12,8 +12,9 @@ import pytest
 from grpclib.const import Status
 
 from ringo_trio._proto.grpc.health.v1 import HealthCheckRequest
-from ringo_trio.server import _main
-from ringo_trio.server._throttle import AuthThrottle
+from ringo_trio.server import flags
+from ringo_trio.server import main as _main
+from ringo_trio.server.rpc.throttle import AuthThrottle
 from ringo_trio.testing import spawn_daemon
 
 from ._client import connect, expect_status, new_queue
@@ -49,7 +50,7 @@ def test_a_token_no_client_can_send_is_refused_at_startup(tmp_path: Path, secret
     for args, env in (
         (["--token-file", str(token_file)], None),
         (["--token", secret], None),
-        ([], {**os.environ, _main.TOKEN_ENV: secret}),
+        ([], {**os.environ, flags.TOKEN_ENV: secret}),
     ):
         result = _start_and_stop(tmp_path, *args, env=env)
         assert result.returncode == _main.EXIT_USAGE, (args, result.stderr)
@@ -62,7 +63,7 @@ async def test_the_token_can_come_from_the_environment(tmp_path: Path) -> None:
     """Property: $RINGO_DAEMON_TOKEN sets the bearer token (how the SDK hands
     its private daemon a secret without putting it on the command line);
     --token wins over it."""
-    with spawn_daemon(tmp_path / "data", env={_main.TOKEN_ENV: "from-env"}) as process:
+    with spawn_daemon(tmp_path / "data", env={flags.TOKEN_ENV: "from-env"}) as process:
         assert process.info["auth"] is True
         with anyio.fail_after(10):
             async with connect(process, token="from-env") as client:
@@ -72,7 +73,7 @@ async def test_the_token_can_come_from_the_environment(tmp_path: Path) -> None:
                     anonymous.health.check(HealthCheckRequest()), Status.UNAUTHENTICATED
                 )
     with spawn_daemon(
-        tmp_path / "data", token="from-flag", env={_main.TOKEN_ENV: "from-env"}
+        tmp_path / "data", token="from-flag", env={flags.TOKEN_ENV: "from-env"}
     ) as process:
         with anyio.fail_after(10):
             async with connect(process, token="from-flag") as client:

@@ -35,12 +35,12 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     TaskState,
 )
-from ringo_trio.server._clock import Clock
-from ringo_trio.server._daemon import Daemon, DaemonConfig
-from ringo_trio.server._metrics import Metrics, StreamTap
-from ringo_trio.server._service import QueueService
-from ringo_trio.server._sessions import SessionTable
-from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
+from ringo_trio.server.clock import Clock
+from ringo_trio.server.daemon import Daemon, DaemonConfig
+from ringo_trio.server.http.metrics import Metrics, StreamTap
+from ringo_trio.server.rpc.service import QueueService
+from ringo_trio.server.rpc.sessions import SessionTable
+from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server.storage.base import Push, Storage, StorageUnavailable, TaskFilter
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine

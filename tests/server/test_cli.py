@@ -22,7 +22,8 @@ from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckRequest,
     HealthCheckResponseServingStatus,
 )
-from ringo_trio.server import _main
+from ringo_trio.server import flags
+from ringo_trio.server import main as _main
 from ringo_trio.testing import DaemonStartError, spawn_daemon
 
 from ._client import connect, expect_status, new_queue
@@ -155,7 +156,7 @@ def test_storage_selection_prefers_explicit_flags_over_the_environment(
     """Property: --postgres, then --data-dir, then $RINGO_POSTGRES_DSN, then
     the default data dir: an exported DSN never hijacks a daemon started on a
     data dir, and contradictory storage flags are refused, not ignored."""
-    choice = _main.storage_choice(_main.build_parser().parse_args(args), environ)
+    choice = flags.storage_choice(flags.build_parser().parse_args(args), environ)
     if isinstance(choice, str):
         assert expected in choice
     elif choice.postgres_dsn is not None:
@@ -164,7 +165,7 @@ def test_storage_selection_prefers_explicit_flags_over_the_environment(
     else:
         assert choice.data_dir is not None
         default = expected == "sqlite:default"
-        assert choice.data_dir == (_main._default_data_dir() if default else Path("/d"))
+        assert choice.data_dir == (flags._default_data_dir() if default else Path("/d"))
     assert "flag/db" not in repr(choice)
     assert "env/db" not in repr(choice)
 
@@ -279,7 +280,7 @@ def test_data_written_by_a_newer_schema_is_a_clear_startup_error(tmp_path: Path)
     database is left as it was."""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    db_path = data_dir / _main.DB_FILE_NAME
+    db_path = data_dir / flags.DB_FILE_NAME
     with sqlite3.connect(db_path) as raw:
         raw.execute("PRAGMA journal_mode = WAL")  # as every ringod database is
         raw.execute("PRAGMA user_version = 9999")

@@ -1,4 +1,4 @@
-"""The cross-stream group committer (`server/_commit.py`) against a scripted
+"""The cross-stream group committer (`server/rpc/commit.py`) against a scripted
 store: what each caller is answered, what is applied, how callers are
 grouped, and what cancellation and failures do. Loop turns stand in for
 time: a flush lasts a scripted number of turns, no clock is read."""
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import LeaseRef
-from ringo_trio.server._commit import GroupCommit
+from ringo_trio.server.rpc.commit import GroupCommit
 from ringo_trio.server.storage.base import Ack, LeaseLost, Settlement, StorageUnavailable
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

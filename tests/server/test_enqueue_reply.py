@@ -1,6 +1,6 @@
 """`ringo_trio.server._enqueue_reply`: EnqueueMany replies encoded from the tasks.
 
-The reference is the generic encoder (`_wire.frames.encode_enqueue_many_response`):
+The reference is the generic encoder (`tests/_generic_frames.py`'s `encode_enqueue_many_response`):
 every reply is byte-equal to its encoding.
 """
 
@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import RetryBackoff, Task, TaskState
-from ringo_trio._wire.frames import encode_enqueue_many_response
 from ringo_trio.server._enqueue_reply import encode_enqueue_many_reply
+from tests._generic_frames import encode_enqueue_many_response
 from tests.test_codec import BETTERPROTO_DURATIONS, messages
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

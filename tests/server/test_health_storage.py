@@ -22,7 +22,7 @@ from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckResponse,
     HealthCheckResponseServingStatus,
 )
-from ringo_trio._transport import HEALTH_WATCH, Transport
+from ringo_trio._transport.grpclib import HEALTH_WATCH, Transport
 from ringo_trio.server.storage.base import StorageUnavailable
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 

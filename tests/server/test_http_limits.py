@@ -1,4 +1,4 @@
-"""`serve_http`'s bounds against hostile clients (``ringo_trio.server._http``):
+"""`serve_http`'s bounds against hostile clients (``ringo_trio.server.http.server``):
 connections per address, the head timeout, rationed error logs.
 
 Each test serves a tiny handler on a real loopback socket with small limits;
@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager, suppress
 import anyio
 import pytest
 
-from ringo_trio.server._http import ErrorLog, HttpLimits, Request, Response, serve_http
+from ringo_trio.server.http.server import ErrorLog, HttpLimits, Request, Response, serve_http
 
 pytestmark = pytest.mark.anyio
 

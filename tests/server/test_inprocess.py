@@ -21,7 +21,7 @@ from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckResponseServingStatus,
 )
 from ringo_trio._proto.ringo.v1 import AckRequest, LeaseRef, Task, TaskSpec, TaskState
-from ringo_trio.server._daemon import Daemon, DaemonConfig
+from ringo_trio.server.daemon import Daemon, DaemonConfig
 from ringo_trio.server.storage.base import EnqueueOutcome
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 

@@ -30,8 +30,8 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
 )
 from ringo_trio._wire.codec import decode
-from ringo_trio._wire.frames import encode_work_push, encode_work_response_batch
-from ringo_trio.server._clock import ManualClock
+from ringo_trio._wire.work import encode_work_push, encode_work_response_batch
+from ringo_trio.server.clock import ManualClock
 
 from .test_work import FakeStream, elements, in_process
 

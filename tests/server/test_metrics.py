@@ -36,10 +36,11 @@ from ringo_trio._proto.ringo.v1 import (
     ReleaseRequest,
     TaskSpec,
 )
-from ringo_trio.server import _metrics
-from ringo_trio.server._logs import JsonFormatter
-from ringo_trio.server._main import EXIT_FAILURE
-from ringo_trio.server._metrics import PrometheusMetrics
+from ringo_trio.server.http import metrics as _metrics
+from ringo_trio.server.http import scrape as _scrape
+from ringo_trio.server.http.metrics import PrometheusMetrics
+from ringo_trio.server.logs import JsonFormatter
+from ringo_trio.server.main import EXIT_FAILURE
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests._postgres import fresh_database
@@ -381,7 +382,7 @@ async def test_concurrent_scrapes_share_one_render_and_reuse_it_briefly() -> Non
     later one renders anew."""
     clock = [100.0]
     render = _Renders()
-    exposition = _metrics._Exposition(render, ttl=1.0, clock=lambda: clock[0])
+    exposition = _scrape._Exposition(render, ttl=1.0, clock=lambda: clock[0])
     bodies: list[bytes] = []
 
     async def scrape_once() -> None:
@@ -409,7 +410,7 @@ async def test_a_cancelled_scrape_hands_the_render_to_a_waiting_one() -> None:
     was waiting for it renders instead of waiting forever; a failed render
     fails the scrapes waiting on it, and the next scrape tries again."""
     render = _Renders()
-    exposition = _metrics._Exposition(render, ttl=1.0, clock=lambda: 0.0)
+    exposition = _scrape._Exposition(render, ttl=1.0, clock=lambda: 0.0)
     got: list[bytes] = []
 
     async def waiter() -> None:
@@ -432,7 +433,7 @@ async def test_a_cancelled_scrape_hands_the_render_to_a_waiting_one() -> None:
         async def broken() -> bytes:
             raise RuntimeError("render failed")
 
-        failing = _metrics._Exposition(broken, ttl=1.0, clock=lambda: 0.0)
+        failing = _scrape._Exposition(broken, ttl=1.0, clock=lambda: 0.0)
         with pytest.raises(RuntimeError):
             await failing.body()
         with pytest.raises(RuntimeError):

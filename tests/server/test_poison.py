@@ -27,7 +27,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     TaskState,
 )
-from ringo_trio.server._daemon import _ROOM_PROBE_INTERVAL
+from ringo_trio.server.daemon import _ROOM_PROBE_INTERVAL
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
 from ._client import Client, connect, expect_status, new_queue, open_work

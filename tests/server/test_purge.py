@@ -24,9 +24,10 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     TaskState,
 )
-from ringo_trio.server import _main
-from ringo_trio.server._daemon import Daemon, DaemonConfig
-from ringo_trio.server._retention import (
+from ringo_trio.server import flags
+from ringo_trio.server import main as _main
+from ringo_trio.server.daemon import Daemon, DaemonConfig
+from ringo_trio.server.retention import (
     DEFAULT_POSTGRES_RETENTION_BATCH,
     DEFAULT_RETENTION_BATCH,
     RetentionPolicy,
@@ -258,8 +259,8 @@ def test_ringod_sizes_retention_batches_by_engine() -> None:
     """Without --retention-batch, a batch is small on SQLite (it holds the event loop)
     and larger on PostgreSQL (where each commit costs a WAL flush instead); the
     flag, when given, wins on both."""
-    sqlite = _main.StorageChoice(data_dir=Path("data"))
-    postgres = _main.StorageChoice(postgres_dsn="postgresql://db/ringo")
+    sqlite = flags.StorageChoice(data_dir=Path("data"))
+    postgres = flags.StorageChoice(postgres_dsn="postgresql://db/ringo")
     assert _main._retention_batch_for(None, sqlite) == DEFAULT_RETENTION_BATCH
     assert _main._retention_batch_for(None, postgres) == DEFAULT_POSTGRES_RETENTION_BATCH
     assert DEFAULT_RETENTION_BATCH < DEFAULT_POSTGRES_RETENTION_BATCH

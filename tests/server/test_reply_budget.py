@@ -1,4 +1,4 @@
-"""`ringo_trio.server._reply_bounds`: the size bounds, the Claim helper, and
+"""`ringo_trio.server.rpc.reply_bounds`: the size bounds, the Claim helper, and
 each bounded reply built by the daemon's own code (no sockets; the grpcio
 client's view is tests/server/test_reply_bounds.py)."""
 
@@ -39,16 +39,16 @@ from ringo_trio._proto.ringo.v1 import (
     TaskTypeStats,
 )
 from ringo_trio._wire.codec import decode, encode
-from ringo_trio._wire.frames import encode_enqueue_many_response
-from ringo_trio.server import _reply_bounds as rb
-from ringo_trio.server import _validate as v
-from ringo_trio.server._clock import ManualClock
 from ringo_trio.server._enqueue_reply import encode_enqueue_many_reply
-from ringo_trio.server._service import QueueService
-from ringo_trio.server._sessions import SessionTable
-from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
+from ringo_trio.server.clock import ManualClock
+from ringo_trio.server.rpc import reply_bounds as rb
+from ringo_trio.server.rpc import validate as v
+from ringo_trio.server.rpc.service import QueueService
+from ringo_trio.server.rpc.sessions import SessionTable
+from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.sqlite import SQLiteEngine
+from tests._generic_frames import encode_enqueue_many_response
 from tests.test_codec import BETTERPROTO_DURATIONS, messages
 
 from ._client import deadline

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ringo_trio._proto.ringo.v1 import LeaseRef, TaskSpec
-from ringo_trio.server._metrics import PrometheusMetrics, instrument_storage
+from ringo_trio.server.http.metrics import PrometheusMetrics, instrument_storage
 from ringo_trio.server.storage.base import Ack, LeaseLost, Nack, Reject
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 

@@ -43,8 +43,8 @@ from ringo_trio._proto.ringo.v1 import (
     RequestContext,
     TaskSpec,
 )
-from ringo_trio.server import _main
-from ringo_trio.server._daemon import Daemon
+from ringo_trio.server import main as _main
+from ringo_trio.server.daemon import Daemon
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 
 from ._client import expect_status, new_queue, split_endpoint

@@ -37,13 +37,13 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     TaskState,
 )
-from ringo_trio.server._daemon import Daemon, DaemonConfig
-from ringo_trio.server._http import HttpLimits, Request, Response, serve_http
-from ringo_trio.server._main import EXIT_FAILURE
-from ringo_trio.server._retention import RetentionPolicy
-from ringo_trio.server._ui import Activity, instrument_activity
-from ringo_trio.server._ui import _app as app_module
-from ringo_trio.server._ui._app import TASKS_PAGE, UI_HTTP
+from ringo_trio.server.daemon import Daemon, DaemonConfig
+from ringo_trio.server.http.server import HttpLimits, Request, Response, serve_http
+from ringo_trio.server.http.ui import Activity, instrument_activity
+from ringo_trio.server.http.ui import app as app_module
+from ringo_trio.server.http.ui.app import TASKS_PAGE, UI_HTTP
+from ringo_trio.server.main import EXIT_FAILURE
+from ringo_trio.server.retention import RetentionPolicy
 from ringo_trio.server.storage.base import Ack, LeaseLost, Nack, Reject, Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine

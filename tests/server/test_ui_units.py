@@ -9,10 +9,10 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ringo_trio.server._ui import Activity
-from ringo_trio.server._ui._activity import MINUTES
-from ringo_trio.server._ui._auth import Sessions
-from ringo_trio.server._ui._views import HEX_BYTES, PREVIEW_BYTES, preview
+from ringo_trio.server.http.ui import Activity
+from ringo_trio.server.http.ui.activity import MINUTES
+from ringo_trio.server.http.ui.auth import Sessions
+from ringo_trio.server.http.ui.views import HEX_BYTES, PREVIEW_BYTES, preview
 
 T0 = 29_000_000 * 60.0
 

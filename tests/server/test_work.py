@@ -56,12 +56,12 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from ringo_trio._wire.frames import encode_work_result
+from ringo_trio._wire.work import encode_work_result
 from ringo_trio.server import _work
-from ringo_trio.server._clock import Clock, LoopClock
-from ringo_trio.server._service import QueueService
-from ringo_trio.server._sessions import SessionTable
-from ringo_trio.server._wakeups import LeaseReaper, QueueWakeups
+from ringo_trio.server.clock import Clock, LoopClock
+from ringo_trio.server.rpc.service import QueueService
+from ringo_trio.server.rpc.sessions import SessionTable
+from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server.storage.base import Push
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon

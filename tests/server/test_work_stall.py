@@ -18,7 +18,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkerRegistration,
     WorkRequest,
 )
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 
 from .test_work import FakeStream, in_process, push_minor
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, TaskSpec
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import LeaseLost
 
 from .conftest import LEASE, SyncEngine, claim_one, ref_of, spec

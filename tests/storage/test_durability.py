@@ -96,7 +96,7 @@ def test_committed_work_survives_kill_9(engine_kind: EngineKind, engine: SyncEng
 
 def test_a_reopened_engine_keeps_everything(engine: SyncEngine) -> None:
     """A clean close and reopen keeps tasks, keys and leases."""
-    from ringo_trio.server._clock import ManualClock
+    from ringo_trio.server.clock import ManualClock
 
     now = ManualClock().now()
     [out] = engine.enqueue("q", [spec(unique_key="k")], now)

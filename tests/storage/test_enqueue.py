@@ -14,7 +14,7 @@ from ringo_trio._contract.limits import (
     DEFAULT_MAX_ATTEMPTS,
 )
 from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import NotFound
 
 from .conftest import SyncEngine, ref_of, spec

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 
 from ringo_trio._proto.ringo.v1 import TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import StorageFull
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine

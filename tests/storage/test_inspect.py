@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
 from ringo_trio._proto.ringo.v1 import Task, TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage import listing as _listing
 from ringo_trio.server.storage.base import Ack, LeaseLost, Nack, Push, Reject, TaskFilter
 from ringo_trio.server.storage.sqlite import listing as sqlite_listing

@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 
 from ringo_trio._contract.limits import DEFAULT_MAX_ATTEMPTS
 from ringo_trio._proto.ringo.v1 import LeaseRef, RetryBackoff, TaskSpec, TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import (
     Ack,
     FailedPrecondition,

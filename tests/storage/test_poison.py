@@ -15,7 +15,7 @@ import pytest
 
 from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT, MAX_DELAY
 from ringo_trio._proto.ringo.v1 import TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.postgres.schema import schedule_of
 from ringo_trio.server.storage.sqlite import SQLiteEngine

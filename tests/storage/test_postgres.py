@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import SchemaTooNew, StorageUnavailable
 from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine
 from ringo_trio.server.storage.postgres import schema as pg

@@ -12,8 +12,8 @@ import asyncpg
 import pytest
 
 from ringo_trio._proto.ringo.v1 import TaskState
-from ringo_trio.server._clock import ManualClock
-from ringo_trio.server._retention import Retention, RetentionPolicy
+from ringo_trio.server.clock import ManualClock
+from ringo_trio.server.retention import Retention, RetentionPolicy
 from ringo_trio.server.storage.base import NotFound
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import operate as engine_module

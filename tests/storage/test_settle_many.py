@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, Task, TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import (
     Ack,
     LeaseLost,

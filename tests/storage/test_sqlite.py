@@ -17,7 +17,7 @@ import pytest
 
 from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT
 from ringo_trio._proto.ringo.v1 import TaskState
-from ringo_trio.server._clock import ManualClock
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import SchemaTooNew
 from ringo_trio.server.storage.rows import FINISHED
 from ringo_trio.server.storage.sqlite import SCHEMA_VERSION, SQLiteEngine

@@ -17,7 +17,7 @@ from ringo_trio import (
     TaskContext,
     TaskState,
 )
-from ringo_trio._work.worker import Handler
+from ringo_trio._work._handlers import Handler
 from ringo_trio.testing import RingoTestEnv, TestTaskContext, task_context
 
 pytestmark = pytest.mark.trio

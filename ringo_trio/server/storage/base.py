@@ -74,7 +74,7 @@ from datetime import datetime, timedelta
 from typing import ClassVar, TypeVar
 
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
-from ringo_trio._wire.codec import _seconds_nanos_body
+from ringo_trio._wire.primitives import seconds_nanos_body as _seconds_nanos_body
 from ringo_trio._wire.rows import Push
 
 __all__ = [

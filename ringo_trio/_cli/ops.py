@@ -1,0 +1,526 @@
+"""The operator commands of `ringo`: queues, tasks (list, show, retry, cancel,
+purge) and enqueue, against ``--endpoint`` or ``--data-dir``.
+
+Every command prints a human table by default and one JSON document with
+``--json`` (for scripts); a task or queue that does not exist is one line on
+stderr and exit status 1. docs/operations.md is the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime, timedelta
+from typing import Any
+
+from .._client import Ringo, RingoClient
+from .._contract.limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
+from .._durations import parse_duration
+from .._errors import InvalidArgumentError
+from .._models import QueueStats, Task, TaskSpec, TaskState
+from .._supervise.parent import TOKEN_ENV
+
+#: Exit statuses of every ``ringo`` command (``ringo_trio._cli.main`` lists them).
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+__all__ = ["add_commands", "OPS_COMMANDS"]
+
+OPS_COMMANDS = frozenset({"queues", "tasks", "enqueue"})
+
+_FINISHED = [TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED]
+
+
+# -- output -------------------------------------------------------------------
+
+
+def print_json(document: Any) -> None:
+    json.dump(document, sys.stdout, indent=2, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """A plain aligned table; numbers right-aligned, text left-aligned."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    numeric = [
+        all(isinstance(r[i], int | float) for r in rows) and bool(rows) for i in range(len(headers))
+    ]
+    for n, row in enumerate(cells):
+        line = "  ".join(
+            cell.rjust(widths[i]) if numeric[i] else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        )
+        sys.stdout.write(line.rstrip() + "\n")
+        if n == 0:
+            sys.stdout.write("  ".join("-" * w for w in widths) + "\n")
+
+
+# -- connecting ---------------------------------------------------------------
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--endpoint", default=None, help="daemon to talk to (host:port or URL)")
+    where.add_argument(
+        "--data-dir", default=None, help="the data dir of a local daemon (shared; started if none)"
+    )
+    parser.add_argument(
+        "--token", default=None, help=f"bearer token for --endpoint (default: ${TOKEN_ENV})"
+    )
+    tls_options(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def tls_options(parser: argparse.ArgumentParser) -> None:
+    """--tls-ca/--tls-cert/--tls-key, for every command that takes --endpoint."""
+    tls = parser.add_argument_group("TLS (with --endpoint; any of them turns TLS on)")
+    tls.add_argument(
+        "--tls-ca", default=None, help="PEM bundle of the CA(s) to trust (default: the system's)"
+    )
+    tls.add_argument(
+        "--tls-cert", default=None, help="client certificate (PEM), for ringod --tls-client-ca"
+    )
+    tls.add_argument("--tls-key", default=None, help="the key of --tls-cert, if not in its file")
+
+
+def tls_problems(args: argparse.Namespace) -> list[str]:
+    if args.endpoint is None and (args.tls_ca or args.tls_cert or args.tls_key):
+        return ["--tls-ca, --tls-cert and --tls-key need --endpoint"]
+    return []
+
+
+def connect(args: argparse.Namespace) -> RingoClient:
+    """The client of `--endpoint` the options describe (token, TLS)."""
+    return Ringo.connect(
+        args.endpoint,
+        token=args.token or os.environ.get(TOKEN_ENV),
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+
+
+def open_client(args: argparse.Namespace) -> AbstractAsyncContextManager[RingoClient]:
+    if args.endpoint is not None:
+        return connect(args)
+    return Ringo.local(args.data_dir, shared=True)
+
+
+# -- commands -----------------------------------------------------------------
+# Each takes the parsed arguments and returns the exit status.
+
+
+async def _queues(args: argparse.Namespace) -> int:
+    async with open_client(args) as client:
+        found = await client.queues()
+    if args.json:
+        print_json([stats_document(q) for q in found])
+        return 0
+    print_table(
+        ["queue", "pending", "leased", "succeeded", "dead", "cancelled", "oldest pending"],
+        [[q.queue, q.pending, q.leased, q.succeeded, q.dead, q.cancelled, _age(q)] for q in found],
+    )
+    return 0
+
+
+async def _tasks_list(args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= _MAX_CLI_LIST:
+        raise InvalidArgumentError(f"--limit must be between 1 and {_MAX_CLI_LIST}")
+    tasks: list[Task] = []
+    async with open_client(args) as client:
+        listing = client.queue(args.queue).list(
+            states=[TaskState(s) for s in dict.fromkeys(args.state)],
+            task_types=args.type,
+            unique_key_prefix=args.key_prefix,
+            newest_first=args.newest_first,
+            page_size=min(args.limit, MAX_LIST_PAGE),
+        )
+        async for task in listing:
+            tasks.append(task)
+            if len(tasks) == args.limit:
+                break
+    if args.json:
+        print_json([task_document(t) for t in tasks])
+        return 0
+    print_table(
+        ["id", "type", "state", "attempt", "unique key", "created", "last error"],
+        [
+            [
+                t.id,
+                t.task_type,
+                t.state.value,
+                f"{t.attempt}/{t.max_attempts}",
+                t.unique_key or "",
+                _when(t.created_at),
+                _one_line(t.last_error or "", 60),
+            ]
+            for t in tasks
+        ],
+    )
+    return 0
+
+
+async def _tasks_show(args: argparse.Namespace) -> int:
+    async with open_client(args) as client:
+        queue = client.queue(args.queue)
+        if args.key is not None:
+            task = await queue.get_by_unique_key(args.key)
+        else:
+            task = await queue.get_by_id(args.task_id)
+    document = task_document(task)
+    document["payload"] = preview(task.payload)
+    document["result"] = None if task.result is None else preview(task.result)
+    if args.json:
+        print_json(document)
+        return 0
+    progress = document["progress"]
+    lines = [
+        ("id", task.id),
+        ("queue", task.queue),
+        ("type", task.task_type),
+        ("state", task.state.value),
+        ("unique key", task.unique_key or ""),
+        ("attempts", f"{task.attempt} of {task.max_attempts}"),
+        ("priority", task.priority),
+        ("created", _when(task.created_at)),
+        ("available", _when(task.available_at)),
+        ("finished", _when(task.finished_at)),
+        ("worker", task.worker_id or ""),
+        ("lease until", _when(task.lease_until)),
+        (
+            "progress",
+            ""
+            if progress is None
+            else f"{progress['current']}/{progress['total']} {progress['message']}".rstrip(),
+        ),
+        ("last error", task.last_error or ""),
+        ("payload", _shown(document["payload"])),
+        ("result", "" if task.result is None else _shown(document["result"])),
+    ]
+    width = max(len(label) for label, _ in lines) + 1
+    for label, value in lines:
+        # Continuation lines (a multi-line error or payload) stay indented.
+        text = str(value).replace("\n", "\n" + " " * (width + 1))
+        sys.stdout.write(f"{label + ':':<{width}} {text}".rstrip() + "\n")
+    return 0
+
+
+# -- task and stats documents ---------------------------------------------------
+
+_MAX_CLI_LIST = 100_000
+PREVIEW_BYTES = 4096
+"""`tasks show` prints at most this much of a payload or result."""
+
+
+def preview(data: bytes) -> dict[str, Any]:
+    """A bounded, printable view of bytes: text when the shown part is
+    printable UTF-8, else hex."""
+    shown = data[:PREVIEW_BYTES]
+    document: dict[str, Any] = {"bytes": len(data), "truncated": len(data) > len(shown)}
+    text: str | None
+    try:
+        text = shown.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        text = None
+        # A character the preview cut in two is still text.
+        if document["truncated"] and len(shown) - exc.start < 4:
+            text = shown[: exc.start].decode("utf-8")
+    if text is not None and all(c.isprintable() or c in "\n\t\r" for c in text):
+        document["text"] = text
+    else:
+        document["hex"] = shown.hex()
+    return document
+
+
+def _shown(document: dict[str, Any]) -> str:
+    more = f" ... ({document['bytes']} bytes)" if document["truncated"] else ""
+    if "text" in document:
+        return f"{document['text']}{more}" if document["bytes"] else "(empty)"
+    return f"hex {document['hex']}{more}"
+
+
+def task_document(task: Task) -> dict[str, Any]:
+    """A task as JSON (times ISO 8601); without payload and result, which
+    callers add as they see fit (`preview`)."""
+    progress = None
+    if task.progress is not None:
+        progress = {
+            "current": task.progress.current,
+            "total": task.progress.total,
+            "message": task.progress.message,
+            "updated_at": _iso(task.progress.updated_at),
+        }
+    return {
+        "id": task.id,
+        "queue": task.queue,
+        "task_type": task.task_type,
+        "state": task.state.value,
+        "unique_key": task.unique_key,
+        "attempt": task.attempt,
+        "max_attempts": task.max_attempts,
+        "priority": task.priority,
+        "created_at": _iso(task.created_at),
+        "updated_at": _iso(task.updated_at),
+        "available_at": _iso(task.available_at),
+        "finished_at": _iso(task.finished_at),
+        "last_error": task.last_error,
+        "progress": progress,
+        "worker_id": task.worker_id,
+        "lease_until": _iso(task.lease_until),
+    }
+
+
+def stats_document(stats: QueueStats) -> dict[str, Any]:
+    age = stats.oldest_pending_age
+    return {
+        "queue": stats.queue,
+        "pending": stats.pending,
+        "leased": stats.leased,
+        "succeeded": stats.succeeded,
+        "dead": stats.dead,
+        "cancelled": stats.cancelled,
+        "oldest_pending_at": _iso(stats.oldest_pending_at),
+        "oldest_pending_age_seconds": None if age is None else age.total_seconds(),
+        "as_of": _iso(stats.as_of),
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def _when(moment: datetime | None) -> str:
+    return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _age(stats: QueueStats) -> str:
+    """The oldest due task's wait, in its two largest units (``2h05m``)."""
+    age = stats.oldest_pending_age
+    if age is None:
+        return "-"
+    seconds = int(age.total_seconds())
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{seconds:02d}s"
+    return f"{seconds}s"
+
+
+def _one_line(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+# The columns retry and cancel print about the task they changed (their
+# --json is the whole `task_document`).
+_OUTCOME_COLUMNS = (
+    "id",
+    "queue",
+    "task_type",
+    "unique_key",
+    "state",
+    "attempt",
+    "max_attempts",
+    "last_error",
+)
+
+
+def _print_task_outcome(args: argparse.Namespace, task: Task) -> None:
+    document = task_document(task)
+    if args.json:
+        print_json(document)
+    else:
+        print_table(_OUTCOME_COLUMNS, [[document[c] for c in _OUTCOME_COLUMNS]])
+
+
+async def _tasks_retry(args: argparse.Namespace) -> int:
+    if args.type and not args.all_dead:
+        raise InvalidArgumentError("--type filters --all-dead; a single task is named exactly")
+    async with open_client(args) as client:
+        queue = client.queue(args.queue)
+        if args.all_dead:
+            retried = await queue.retry_many(task_types=args.type or None)
+        elif args.key is not None:
+            task = await queue.retry(args.key)
+        else:
+            task = await queue.retry_by_id(args.task_id)
+    if not args.all_dead:
+        _print_task_outcome(args, task)
+    elif args.json:
+        print_json({"queue": args.queue, "retried": retried})
+    else:
+        sys.stdout.write(f"retried {retried} DEAD task(s) of queue {args.queue!r}\n")
+    return 0
+
+
+async def _tasks_cancel(args: argparse.Namespace) -> int:
+    async with open_client(args) as client:
+        queue = client.queue(args.queue)
+        if args.key is not None:
+            task = await queue.cancel(args.key, reason=args.reason)
+        else:
+            task = await queue.cancel_by_id(args.task_id, reason=args.reason)
+    _print_task_outcome(args, task)
+    return 0
+
+
+def _read_payload(source: str) -> bytes:
+    """--payload: text as UTF-8, ``@FILE`` a file's bytes, ``-`` stdin; read
+    only up to one byte past the limit, so a huge input costs no memory."""
+    if source == "-":
+        data = sys.stdin.buffer.read(MAX_PAYLOAD_BYTES + 1)
+        where = "stdin"
+    elif source.startswith("@"):
+        with open(source[1:], "rb") as file:
+            data = file.read(MAX_PAYLOAD_BYTES + 1)
+        where = source[1:]
+    else:
+        return source.encode("utf-8")
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise InvalidArgumentError(
+            f"payload from {where} exceeds the {MAX_PAYLOAD_BYTES}-byte limit (MAX_PAYLOAD_BYTES)"
+        )
+    return data
+
+
+async def _enqueue(args: argparse.Namespace) -> int:
+    spec = TaskSpec(
+        task_type=args.task_type,
+        payload=_read_payload(args.payload),
+        unique_key=args.key,
+        max_attempts=args.max_attempts,
+        delay=args.delay,
+        priority=args.priority,
+    )
+    async with open_client(args) as client:
+        result = await client.queue(args.queue).enqueue(spec)
+    if args.json:
+        print_json({**task_document(result.task), "created": result.created})
+    else:
+        how = "created" if result.created else "duplicate (the existing task)"
+        sys.stdout.write(f"{result.task.id} {how}\n")
+    return 0
+
+
+async def _tasks_purge(args: argparse.Namespace) -> int:
+    states = [TaskState(state) for state in args.state] or _FINISHED
+    async with open_client(args) as client:
+        deleted = await client.queue(args.queue).purge(states=states, older_than=args.older_than)
+    if args.json:
+        print_json({"queue": args.queue, "deleted": deleted})
+    else:
+        sys.stdout.write(f"deleted {deleted} finished task(s) from queue {args.queue}\n")
+    return 0
+
+
+# -- parsing ------------------------------------------------------------------
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _command(
+    parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], Awaitable[int]]
+) -> None:
+    _connection_options(parser)
+    parser.set_defaults(ops_run=run)
+
+
+def _lookup(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("queue")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("task_id", nargs="?", default=None, help="the task's id")
+    target.add_argument("--key", default=None, help="the task's unique key")
+
+
+def add_commands(commands: Any) -> None:
+    """Add the operator commands to `ringo`'s subparsers."""
+    queues = commands.add_parser(
+        "queues", help="list queues with their task counts by state and oldest pending age"
+    )
+    _command(queues, _queues)
+
+    tasks = commands.add_parser("tasks", help="list, show, retry, cancel or purge tasks")
+    verbs = tasks.add_subparsers(dest="tasks_command", required=True)
+
+    listing = verbs.add_parser("list", help="a queue's tasks, oldest first")
+    listing.add_argument("queue")
+    listing.add_argument(
+        "--state",
+        action="append",
+        default=[],
+        choices=["pending", "leased", "succeeded", "dead", "cancelled"],
+        help="only tasks in this state (repeatable)",
+    )
+    listing.add_argument("--type", action="append", default=[], help="only this task type")
+    listing.add_argument("--key-prefix", default="", help="only unique keys with this prefix")
+    listing.add_argument("--newest-first", action="store_true")
+    listing.add_argument("--limit", type=int, default=100, help="tasks to print (100)")
+    _command(listing, _tasks_list)
+
+    show = verbs.add_parser("show", help="one task in full (payload preview, result, ...)")
+    _lookup(show)
+    _command(show, _tasks_show)
+
+    retry = verbs.add_parser(
+        "retry", help="reactivate a finished task, or every DEAD one with --all-dead"
+    )
+    retry.add_argument("queue")
+    target = retry.add_mutually_exclusive_group(required=True)
+    target.add_argument("task_id", nargs="?", default=None)
+    target.add_argument("--key", default=None)
+    target.add_argument("--all-dead", action="store_true", help="every DEAD task of the queue")
+    retry.add_argument("--type", action="append", default=[], help="with --all-dead: this type")
+    _command(retry, _tasks_retry)
+
+    cancel = verbs.add_parser("cancel", help="cancel a PENDING or LEASED task")
+    _lookup(cancel)
+    cancel.add_argument("--reason", default="", help="stored as the task's last error")
+    _command(cancel, _tasks_cancel)
+
+    purge = verbs.add_parser("purge", help="delete finished tasks")
+    purge.add_argument("queue")
+    purge.add_argument(
+        "--state",
+        action="append",
+        default=[],
+        choices=["succeeded", "dead", "cancelled"],
+        help="only this finished state (repeatable; default all three)",
+    )
+    purge.add_argument(
+        "--older-than",
+        type=_duration,
+        default=None,
+        help="only tasks finished longer ago, e.g. 7d, 12h, 30m",
+    )
+    _command(purge, _tasks_purge)
+
+    enqueue = commands.add_parser("enqueue", help="enqueue one task")
+    enqueue.add_argument("queue")
+    enqueue.add_argument("task_type")
+    enqueue.add_argument(
+        "--payload", default="", help="the payload: text, @FILE for a file's bytes, - for stdin"
+    )
+    enqueue.add_argument("--key", default=None, help="unique key (dedupe)")
+    enqueue.add_argument(
+        "--delay", type=_duration, default=None, help="run after this long, e.g. 5m, 2h"
+    )
+    enqueue.add_argument("--priority", type=int, default=0)
+    enqueue.add_argument("--max-attempts", type=int, default=None)
+    _command(enqueue, _enqueue)
