@@ -98,6 +98,7 @@ __all__ = [
     "StorageFull",
     "StorageUnavailable",
     "guard_claim",
+    "storage_full",
     "hand_back",
 ]
 
@@ -266,13 +267,6 @@ class Storage(abc.ABC):
     of a claim that did not return them (`guard_claim`): those tasks are
     claimable again and no caller is left to say so (the daemon wakes the
     queue's claimers; `watch` does not hear an engine's own writes)."""
-
-    def _full(self, cause: BaseException) -> StorageFull:
-        """The `StorageFull` to raise for `cause`, the listener told."""
-        full = StorageFull(f"no room to write: {cause}")
-        if self.full_listener is not None:
-            self.full_listener(full)
-        return full
 
     @abc.abstractmethod
     async def open(self) -> None:
@@ -552,6 +546,15 @@ class Storage(abc.ABC):
         (None: every queue; retention), oldest finished first, in one short
         transaction; how many were deleted. A deleted task's unique key can
         be used again."""
+
+
+def storage_full(storage: Storage, cause: BaseException) -> StorageFull:
+    """The `StorageFull` an engine raises for `cause` (no room to write),
+    `storage`'s listener told."""
+    full = StorageFull(f"no room to write: {cause}")
+    if storage.full_listener is not None:
+        storage.full_listener(full)
+    return full
 
 
 async def guard_claim(

@@ -63,6 +63,7 @@ from ..base import (
     TaskFilter,
     TaskPage,
     guard_claim,
+    storage_full,
 )
 from ..retry import override_us
 from ..rows import (
@@ -219,7 +220,7 @@ class PostgresEngine(Storage):
         except UNAVAILABLE as exc:
             raise reported(self, exc) from exc
         except asyncpg.exceptions.DiskFullError as exc:
-            raise self._full(exc) from exc
+            raise storage_full(self, exc) from exc
 
     @staticmethod
     def _discard(conn: asyncpg.Connection) -> None:
@@ -243,7 +244,7 @@ class PostgresEngine(Storage):
         except UNAVAILABLE as exc:
             raise reported(self, exc) from exc
         except asyncpg.exceptions.DiskFullError as exc:
-            raise self._full(exc) from exc
+            raise storage_full(self, exc) from exc
 
     async def _fetchrow(self, sql: str, *args: Any) -> Any:
         pool = self._live_pool()
@@ -257,7 +258,7 @@ class PostgresEngine(Storage):
         except UNAVAILABLE as exc:
             raise reported(self, exc) from exc
         except asyncpg.exceptions.DiskFullError as exc:
-            raise self._full(exc) from exc
+            raise storage_full(self, exc) from exc
 
     async def ping(self) -> None:
         conn = self._ping_conn

@@ -93,6 +93,7 @@ from ..base import (
     StorageError,
     TaskFilter,
     TaskPage,
+    storage_full,
 )
 from ..retry import delay_us, override_us
 from ..rows import (
@@ -301,7 +302,7 @@ class SQLiteEngine(Storage):
             self._commits += 1
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode == sqlite3.SQLITE_FULL:
-                raise self._full(exc) from exc
+                raise storage_full(self, exc) from exc
             raise
 
     async def probe(self, now: datetime) -> None:
