@@ -1,6 +1,6 @@
 """CancelTask, bulk retry of DEAD tasks and result values, on both engines.
 
-The lifecycle these pin down (storage/_base.py): PENDING | LEASED --cancel-->
+The lifecycle these pin down (storage/base.py): PENDING | LEASED --cancel-->
 CANCELLED (terminal; retry brings it back); a cancelled lease is gone at once
 and the worker's next command on it is LeaseLost *saying* it was cancelled.
 """

@@ -161,7 +161,7 @@ def test_a_row_pushes_the_bytes_and_lease_of_the_generic_encoder(
     a leap second and the clamped ends, durations past 10,000 years, NaN
     multipliers, progress, results, REAL times, unknown states, a NULL lease
     deadline — each push is the generic encoder's frame of the LeasedTask
-    `_rows.leased` builds from the row, with its lease and payload size, and
+    `rows.leased` builds from the row, with its lease and payload size, and
     a row the reference refuses is refused alike."""
     claimed = claimed + claimed[:2]  # repeats hit the per-call memos
     expected = [_reference(row) for row in claimed]
@@ -282,7 +282,7 @@ def test_an_engines_pushes_are_the_generic_encoding_of_its_claimed_rows(
     """Property (same bytes, on the real engines: SQLite's and asyncpg's own
     row values): a task with any stored values claimed by `claim_pushes` is
     pushed as exactly `encode_work_push` of the LeasedTask the engine's
-    `claim` builds from that row (`_rows.leased` of the row as stored)."""
+    `claim` builds from that row (`rows.leased` of the row as stored)."""
     queue = f"push{next(_queues)}"
     [outcome] = engine.enqueue(queue, [spec(payload=payload, unique_key=unique_key)], now)
     task_id = outcome.task.id
