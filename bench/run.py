@@ -579,7 +579,7 @@ def _scaleout_section(runs: Sequence[Sequence[ScaleRun]], repeat: int) -> str:
 
 
 def _package(where: str) -> str:
-    """The package a frame belongs to: ``ringo_trio/server/_work.py`` -> ``ringo_trio.server``."""
+    """The package a frame belongs to: ``ringo_trio/server/daemon.py`` -> ``ringo_trio.server``."""
     parts = where.split("/")
     if len(parts) == 1:
         return parts[0] if parts[0].endswith((".so", ")")) or "." not in parts[0] else "(stdlib)"

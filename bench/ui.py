@@ -33,8 +33,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import operate  # the fill and state mix of the inspection bench
 
 from ringo_trio._proto.ringo.v1 import ListOrder, ListTasksRequest, TaskState
-from ringo_trio.server._work import WorkStreams
 from ringo_trio.server.daemon import Daemon, DaemonConfig
+from ringo_trio.server.rpc.work import WorkStreams
 from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine

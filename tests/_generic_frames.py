@@ -100,7 +100,7 @@ def decode_work_response(
     return as_frames(decode(buffer, WorkResponse))
 
 
-# -- EnqueueMany (`ringo_trio._queue._batch`, `ringo_trio.server._enqueue_reply`) -------
+# -- EnqueueMany (`ringo_trio._queue._batch`, `ringo_trio.server.rpc.enqueue_reply`) -------
 
 
 def encode_enqueue_many_request(

@@ -34,7 +34,7 @@ compact: `TaskQueue.get_by_id` has it).
 This module is SDK-side (it reads and builds `ringo_trio._models`), which is
 why it is not in `ringo_trio._wire`: the daemon imports that package, never
 the SDK. The daemon's encoder of the same reply is
-`ringo_trio.server._enqueue_reply`. Property tests hold both directions to
+`ringo_trio.server.rpc.enqueue_reply`. Property tests hold both directions to
 the generic path on arbitrary and corrupted input
 (tests/sdk/test_batch_wire.py, against tests/_generic_frames.py).
 """

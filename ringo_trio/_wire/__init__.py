@@ -10,5 +10,5 @@ Nothing here imports anyio, asyncio, grpclib or the SDK: the daemon
 (`ringo_trio.server`) may import this package, never the SDK's modules. So
 the SDK's decoders into its models live SDK-side (`ringo_trio._work._frames`,
 `ringo_trio._queue._batch`), and the daemon's compact EnqueueMany reply with
-the daemon (`ringo_trio.server._enqueue_reply`).
+the daemon (`ringo_trio.server.rpc.enqueue_reply`).
 """

@@ -83,13 +83,13 @@ from datetime import timedelta
 
 from ringo_trio._contract import limits, versions
 
-from ._wire import StrictCodec
 from .clock import Clock
 from .http.metrics import NO_METRICS, Metrics, PrometheusMetrics
 from .http.scrape import serve_metrics
 from .http.ui import Activity, Dashboard, instrument_activity
 from .http.ui.app import SQLITE_PURGE_PAUSE
 from .retention import Retention, RetentionPolicy
+from .rpc.codec import StrictCodec
 from .rpc.commit import GroupCommit
 from .rpc.connections import ConnectionLimits, GuardedServer
 from .rpc.gate import Gate

@@ -12,7 +12,7 @@ hypothesis when a property fails) and nothing else decides what happens, so
   unspent, an expiry PENDING with it spent (DEAD at the last one). Every
   lease is a `LeaseLog` entry that records how, when and by whom it ended.
 * `Daemon` / `DaemonStream` — one `ServerSession` per stream and a
-  synchronous driver that does what ``ringo_trio.server._work._WorkStream``
+  synchronous driver that does what ``ringo_trio.server.rpc.work._WorkStream``
   does: the reader answers frames in order (settlements of a frame grouped
   into one storage call, from the first credit or drain on under the "send
   lock", so no push lands between a credit and its result), the dispatcher

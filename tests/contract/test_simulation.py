@@ -3,7 +3,7 @@
 A deterministic discrete-event simulation (``tests/contract/_sim.py``): the
 client machine (`WorkSession`, one per stream, driven as ``ringo_trio._work``
 drives it) and the daemon machine (`ServerSession`, one per stream, driven as
-``ringo_trio.server._work`` drives it), a storage engine with the LeaseRef
+``ringo_trio.server.rpc.work`` drives it), a storage engine with the LeaseRef
 rule, and the wire between them — per-stream FIFO each way with drawn delays.
 No socket, no clock, no trio or asyncio: hypothesis draws a `Scenario` (the
 tasks and how their handlers run, the workers and their clocks, the faults

@@ -1,4 +1,4 @@
-"""`ringo_trio.server._enqueue_reply`: EnqueueMany replies encoded from the tasks.
+"""`ringo_trio.server.rpc.enqueue_reply`: EnqueueMany replies encoded from the tasks.
 
 The reference is the generic encoder (`tests/_generic_frames.py`'s `encode_enqueue_many_response`):
 every reply is byte-equal to its encoding.
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import RetryBackoff, Task, TaskState
-from ringo_trio.server._enqueue_reply import encode_enqueue_many_reply
+from ringo_trio.server.rpc.enqueue_reply import encode_enqueue_many_reply
 from tests._generic_frames import encode_enqueue_many_response
 from tests.test_codec import BETTERPROTO_DURATIONS, messages
 

@@ -6,8 +6,8 @@ import contextlib
 from types import SimpleNamespace
 from typing import Any
 
-from ringo_trio.server._work import _WorkStream
 from ringo_trio.server.clock import ManualClock
+from ringo_trio.server.rpc.work import _WorkStream
 from ringo_trio.testing import AutojumpEventLoop
 
 # Found by search: resuming after sleep(10 - (NOW - SENT)) the clock reads an

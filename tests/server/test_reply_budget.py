@@ -39,10 +39,10 @@ from ringo_trio._proto.ringo.v1 import (
     TaskTypeStats,
 )
 from ringo_trio._wire.codec import decode, encode
-from ringo_trio.server._enqueue_reply import encode_enqueue_many_reply
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.rpc import reply_bounds as rb
 from ringo_trio.server.rpc import validate as v
+from ringo_trio.server.rpc.enqueue_reply import encode_enqueue_many_reply
 from ringo_trio.server.rpc.service import QueueService
 from ringo_trio.server.rpc.sessions import SessionTable
 from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups

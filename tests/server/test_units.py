@@ -41,9 +41,9 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResult,
 )
 from ringo_trio._wire.codec import decode, encode
-from ringo_trio.server._wire import StrictCodec, WireError
 from ringo_trio.server.clock import LoopClock, ManualClock
 from ringo_trio.server.rpc import validate as v
+from ringo_trio.server.rpc.codec import StrictCodec, WireError
 from ringo_trio.server.rpc.reply_bounds import CLAIM_ROUND
 from ringo_trio.server.rpc.service import QueueService
 from ringo_trio.server.rpc.sessions import SessionTable

@@ -57,8 +57,8 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResult,
 )
 from ringo_trio._wire.work import encode_work_result
-from ringo_trio.server import _work
 from ringo_trio.server.clock import Clock, LoopClock
+from ringo_trio.server.rpc import work_frames
 from ringo_trio.server.rpc.service import QueueService
 from ringo_trio.server.rpc.sessions import SessionTable
 from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups
@@ -1364,7 +1364,7 @@ def test_a_task_frame_parses_as_its_work_response(task: Task | None, lease: Leas
     (betterproto2 parses it back equal; its bytes are not pinned), and is a
     complete WorkResponse."""
     leased = LeasedTask(task=task, lease=lease)
-    frame = _work._encoded(Push.of(leased).frame)
+    frame = work_frames.encoded(Push.of(leased).frame)
     assert WorkResponse.parse(bytes(frame)) == WorkResponse(task=leased)
     assert frame.task == leased
 
@@ -1374,7 +1374,7 @@ def test_an_ok_result_frame_parses_as_its_work_response(request_id: int) -> None
     """Property: as above, for WorkResponse(result=WorkResult(request_id)),
     and byte-equal to the shared codec's encoding (the inline writer's
     reference)."""
-    frame = _work.ok_frame(request_id)
+    frame = work_frames.ok_frame(request_id)
     assert bytes(frame) == encode_work_result(request_id, None, None)
     expected = WorkResponse(result=WorkResult(request_id=request_id))
     assert WorkResponse.parse(bytes(frame)) == expected

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 `ServerSession` is the daemon's half of the protocol whose other half is
 `ringo_trio._contract.work.client.WorkSession`. The daemon's driver
-(`ringo_trio.server._work`) reads frames, awaits storage and writes bytes;
+(`ringo_trio.server.rpc.work`) reads frames, awaits storage and writes bytes;
 every decision about the stream is taken here, from inputs the driver feeds
 in, and comes back as a value the driver carries out: an `Answer` to write,
 a number of tasks to claim, how many claimed pushes to write now, which

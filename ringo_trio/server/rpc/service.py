@@ -148,9 +148,6 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio._version import SDK_VERSION
 
-from .._enqueue_reply import encode_enqueue_many_reply
-from .._wire import Preencoded
-from .._work import WorkStreams
 from ..clock import Clock
 from ..storage.base import (
     FailedPrecondition,
@@ -165,13 +162,16 @@ from ..storage.base import (
     stamp_ttl,
 )
 from . import validate as v
+from .codec import Preencoded
 from .commit import GroupCommit
+from .enqueue_reply import encode_enqueue_many_reply
 from .gate import time_remaining
 from .members import ATTACH_LOCAL_METHOD, Members
 from .operate import Operations
 from .reply_bounds import claim_within, enqueue_results_fit
 from .sessions import SessionTable
 from .wakeups import LeaseReaper, QueueWakeups
+from .work import WorkStreams
 
 __all__ = ["QUEUE_SERVICE_NAME", "QueueService"]
 
@@ -221,7 +221,7 @@ def _check_major(major: int, detail: str = "") -> None:
 
 
 class _EncodedEnqueueMany(Preencoded, EnqueueManyResponse):
-    """An `EnqueueManyResponse` encoded by `_enqueue_reply` from the
+    """An `EnqueueManyResponse` encoded by `enqueue_reply` from the
     (task, created) pairs, without building an `EnqueueResult` per task here.
     Its fields stay empty: it exists to be sent."""
 

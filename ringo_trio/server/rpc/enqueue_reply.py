@@ -16,13 +16,13 @@ fields: a duplicate's existing task may carry them — is encoded by the
 generic encoder, so every byte is the one the generic encoder writes; a
 property test holds the two byte-equal (tests/server/test_enqueue_reply.py).
 
-A *compact* reply (`_reply_bounds.compact`: minor >= 11, or an echo too big
+A *compact* reply (`reply_bounds.compact`: minor >= 11, or an echo too big
 for one reply) is the generic encoding of each task made compact: the
 payload is left out and last_error cut, the other tasks go through
 `compact` first.
 
 It lives with the daemon, not in `ringo_trio._wire`, because the compact
-reply is the daemon's policy (`_reply_bounds`, storage's `cut_error`), which
+reply is the daemon's policy (`reply_bounds`, storage's `cut_error`), which
 the shared package may not import.
 """
 
@@ -35,8 +35,8 @@ from ringo_trio._proto.ringo.v1 import Task
 from ringo_trio._wire.codec import encode
 from ringo_trio._wire.primitives import SMALL, varint, write_timestamp
 
-from .rpc.reply_bounds import compact as _compact
-from .storage.listing import cut_error
+from ..storage.listing import cut_error
+from .reply_bounds import compact as _compact
 
 __all__ = ["encode_enqueue_many_reply"]
 
@@ -51,7 +51,7 @@ def encode_enqueue_many_reply(
 ) -> bytes:
     """``EnqueueManyResponse(results=[EnqueueResult(task, created), ...],
     created_count=created, duplicate_count=duplicates)``, encoded; each
-    task `compact` (`_reply_bounds.compact`) when asked."""
+    task `compact` (`reply_bounds.compact`) when asked."""
     out = bytearray()
     heads: dict[tuple[str, str], bytes] = {}
     tails: dict[tuple[Any, ...], bytes] = {}

@@ -161,7 +161,6 @@ from ringo_trio._contract import limits
 from ringo_trio._contract.versions import Feature
 from ringo_trio._contract.work.server import (
     STALL_TIMEOUT,
-    Answer,
     Ending,
     ServerSession,
     State,
@@ -170,7 +169,6 @@ from ringo_trio._contract.work.server import (
 from ringo_trio._proto.ringo.v1 import (
     CreditUpdate,
     ErrorCode,
-    ErrorDetail,
     ExtendLeaseRequest,
     Heartbeat,
     Lease,
@@ -183,21 +181,14 @@ from ringo_trio._proto.ringo.v1 import (
     WorkerRegistered,
     WorkerRegistration,
     WorkRequest,
-    WorkRequestBatch,
     WorkResponse,
     WorkResult,
 )
-from ringo_trio._wire.codec import decode, encode
-from ringo_trio._wire.primitives import tag_len, varint
 from ringo_trio._wire.work import encode_work_response_batch
 
-from ._wire import Preencoded
-from .clock import Clock
-from .http.metrics import NO_METRICS, NO_TAP, Metrics, StreamTap
-from .rpc import validate as v
-from .rpc.connections import trailers_without_reset
-from .rpc.wakeups import LeaseReaper, QueueWakeups
-from .storage.base import (
+from ..clock import Clock
+from ..http.metrics import NO_METRICS, NO_TAP, Metrics, StreamTap
+from ..storage.base import (
     FailedPrecondition,
     LeaseLost,
     NotFound,
@@ -207,7 +198,18 @@ from .storage.base import (
     StorageUnavailable,
     hand_back,
     stamp_ttl,
-    ttl_field,
+)
+from . import validate as v
+from .connections import trailers_without_reset
+from .wakeups import LeaseReaper, QueueWakeups
+from .work_frames import (
+    answer_frame,
+    batch_frame,
+    batch_requests,
+    encoded,
+    error_frame,
+    ok_frame,
+    push_frames,
 )
 
 __all__ = [
@@ -215,8 +217,6 @@ __all__ = [
     "StreamStalled",
     "WorkStreamIO",
     "WorkStreams",
-    "batch_frame",
-    "ok_frame",
 ]
 
 log = logging.getLogger("ringo_trio.server")
@@ -493,7 +493,7 @@ class _WorkStream:
             session.begin_frame()
             batch = request.batch
             if batch is not None and session.features.has(Feature.BATCH_FRAMES):
-                await answer(_batch_requests(batch), batched=True)
+                await answer(batch_requests(batch), batched=True)
             else:
                 await answer((request,), batched=False)
             session.end_frame()
@@ -584,7 +584,7 @@ class _WorkStream:
                 request_id, name, has_result=getattr(body, "result", None) is not None
             )
             if refusal is not None:
-                answers[index] = _answer_frame(refusal)
+                answers[index] = answer_frame(refusal)
                 continue
             if settles:
                 try:
@@ -640,13 +640,13 @@ class _WorkStream:
         """The result that answers a command that raised `exc`."""
         if isinstance(exc, v.FieldError):
             path = f"{name}.{exc.path}" if name else exc.path
-            return _error_frame(
+            return error_frame(
                 request_id, ErrorCode.INVALID_ARGUMENT, f"{path}: {exc.reason}", field=path
             )
         if isinstance(exc, LeaseLost):
             self._tap.lost(body)
             ref = getattr(body, "lease", None)
-            return _answer_frame(
+            return answer_frame(
                 self._session.lost(
                     request_id,
                     None if ref is None else ref.lease_token,
@@ -655,9 +655,9 @@ class _WorkStream:
                 )
             )
         if isinstance(exc, NotFound):
-            return _error_frame(request_id, ErrorCode.NOT_FOUND, str(exc) or "not found")
+            return error_frame(request_id, ErrorCode.NOT_FOUND, str(exc) or "not found")
         if isinstance(exc, FailedPrecondition):
-            return _error_frame(
+            return error_frame(
                 request_id, ErrorCode.FAILED_PRECONDITION, str(exc) or "not allowed in this state"
             )
         if isinstance(exc, StorageUnavailable):
@@ -665,14 +665,14 @@ class _WorkStream:
             # alike: the session answers it and ends the stream.
             answer = self._session.storage_down(request_id, str(exc))
             self._end(exc)
-            return _answer_frame(answer)
+            return answer_frame(answer)
         log.error(
             "Work command %s of worker %r failed unexpectedly",
             name,
             self._worker_id,
             exc_info=exc,
         )
-        return _error_frame(
+        return error_frame(
             request_id,
             ErrorCode.INTERNAL,
             f"internal error in {name} ({type(exc).__name__}); see the daemon log",
@@ -739,13 +739,13 @@ class _WorkStream:
             self._tap.credit(session.credit - before)
             if session.credit:
                 self._credit_changed.set()
-        return _answer_frame(answer)
+        return answer_frame(answer)
 
     async def _drain(self, request_id: int, body: WorkerDrain) -> WorkResponse:
         answer = self._session.drain(request_id, begin=body.begin)
         # A dispatcher waiting for credit learns there will be none.
         self._credit_changed.set()
-        return _answer_frame(answer)
+        return answer_frame(answer)
 
     # -- dispatcher ----------------------------------------------------------
 
@@ -837,10 +837,10 @@ class _WorkStream:
                             count, stale = session.next_pushes(now.timestamp(), sizes[sent:])
                             if not count:
                                 break
-                            frames = _frames(batch[sent : sent + count], now if stamp else None)
+                            frames = push_frames(batch[sent : sent + count], now if stamp else None)
                             try:
                                 await send_message(
-                                    _encoded(
+                                    encoded(
                                         frames[0]
                                         if count == 1
                                         else encode_work_response_batch(frames)
@@ -899,99 +899,12 @@ class _WorkStream:
             await self._send(WorkResponse(heartbeat=Heartbeat(server_time=clock.now())))
 
 
-# -- frames in wire form ----------------------------------------------------------
-
-# betterproto2 spends ~150 µs encoding one task frame, which alone would cap
-# the daemon near 2,500 tasks/s per core. Task frames and plain OK results,
-# the two frames of the hot path, are encoded by `ringo_trio._wire.work`
-# and handed to the codec already encoded: `_Wire` is a complete `WorkResponse` whose
-# `bytes()` is that encoding.
-
-
-class _Wire(Preencoded, WorkResponse):
-    """A `WorkResponse` that carries its own encoding."""
-
-
-_new = object.__new__
-
-
-class _Encoded(_Wire):
-    """A `WorkResponse` known by its encoding alone (the pushes, encoded by
-    storage): its fields are decoded when first read, which only tests do."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        decoded = decode(self._wire, WorkResponse)
-        self.__dict__.update(decoded.__dict__)
-        return getattr(decoded, name)
-
-
-def _encoded(data: bytes) -> _Encoded:
-    frame: _Encoded = _new(_Encoded)
-    frame._wire = data
-    return frame
-
-
-def batch_frame(frames: Sequence[WorkResponse]) -> WorkResponse:
-    """`WorkResponse(batch=WorkResponseBatch(responses=frames))`, encoded from
-    the frames' own encodings."""
-    return _encoded(
-        encode_work_response_batch(
-            [item._wire if isinstance(item, Preencoded) else encode(item) for item in frames]
-        )
-    )
-
-
-# WorkResponse.result, and WorkResult.request_id (a varint: its body is at
-# most 11 bytes, so its length is one byte).
-_RESULT = tag_len(3)
-_REQUEST_ID = b"\x08"
-_OK_ZERO = _RESULT + b"\x00"
-
-
-def ok_frame(request_id: int) -> WorkResponse:
-    """`WorkResponse(result=WorkResult(request_id=request_id))`, written
-    inline: one per settled task (`encode_work_result` is the reference,
-    byte-equal by test)."""
-    if not request_id:
-        return _encoded(_OK_ZERO)
-    body = _REQUEST_ID + varint(request_id)
-    return _encoded(_RESULT + bytes((len(body),)) + body)
-
-
-def _answer_frame(answer: Answer) -> WorkResponse:
-    """The ``result`` frame of the session's `Answer`."""
-    error = answer.error
-    if error is None:
-        return ok_frame(answer.request_id)
-    return _error_frame(answer.request_id, ErrorCode[error.code], error.message, **error.metadata)
-
-
 def _settlement(name: str, body: Any) -> Settlement:
     if name == "ack":
         return v.ack_settlement(body)
     if name == "nack":
         return v.nack_settlement(body)
     return v.reject_settlement(body)
-
-
-def _frames(pushes: Sequence[Push], now: datetime | None) -> list[bytes]:
-    """The encoded task frames of `pushes`; with `now` (minor >= 11), each
-    lease says how long it runs from now, the moment of sending (the worker
-    arms its deadline at receipt on its own clock). A claim's leases share
-    one until, so the ttl is encoded once per until."""
-    if now is None:
-        return [item.frame for item in pushes]
-    frames = []
-    until: datetime | None = None
-    ttl = b""
-    for item in pushes:
-        if item.until != until:
-            until = item.until
-            ttl = b"" if until is None else ttl_field(until, now)
-        frames.append(item.frame_with(ttl))
-    return frames
 
 
 def _token(push: Push) -> str:
@@ -1005,34 +918,6 @@ def _token(push: Push) -> str:
 def _seconds(when: datetime | None) -> float:
     """A daemon-clock time as the session's seconds (no lease: never stale)."""
     return math.inf if when is None else when.timestamp()
-
-
-def _error_frame(request_id: int, code: ErrorCode, message: str, **metadata: str) -> WorkResponse:
-    detail = ErrorDetail(code=code, message=message, metadata=metadata)
-    return WorkResponse(result=WorkResult(request_id=request_id, error=detail))
-
-
-def _batch_requests(batch: WorkRequestBatch) -> list[WorkRequest]:
-    """The commands of a batch, or the INVALID_ARGUMENT that ends the stream."""
-    requests = batch.requests
-    if not requests:
-        raise GRPCError(
-            Status.INVALID_ARGUMENT, "batch.requests: a batch holds at least one command"
-        )
-    if len(requests) > limits.MAX_WORK_BATCH:
-        raise GRPCError(
-            Status.INVALID_ARGUMENT,
-            f"batch.requests: {len(requests)} commands exceed MAX_WORK_BATCH"
-            f" ({limits.MAX_WORK_BATCH})",
-        )
-    for index, request in enumerate(requests):
-        for name in ("batch", "register"):
-            if getattr(request, name) is not None:
-                raise GRPCError(
-                    Status.INVALID_ARGUMENT,
-                    f"batch.requests[{index}].{name}: a batch cannot hold `{name}`",
-                )
-    return requests
 
 
 async def _end_with_status(stream: Any, status: Status, message: str | None) -> None:

@@ -10,7 +10,7 @@ only structurally (they are how newer clients stay compatible).
 A request over ``MAX_MESSAGE_BYTES`` is refused with ``RESOURCE_EXHAUSTED``,
 the status gRPC uses for an oversized message. A reply over
 ``MAX_REPLY_BYTES`` (gRPC's default receive limit) is never sent: every
-reply is cut to fit before it is built (`_reply_bounds`), so one that does
+reply is cut to fit before it is built (`reply_bounds`), so one that does
 not is a daemon bug, logged and answered ``RESOURCE_EXHAUSTED`` here, alike
 for every client, instead of failing only in clients with default limits.
 """
