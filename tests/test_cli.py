@@ -8,13 +8,10 @@ hang the suite) and killed if a test fails half-way.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
-import selectors
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -24,8 +21,8 @@ import trio
 
 from ringo_trio import Ringo, TaskState
 from ringo_trio.testing import DaemonProcess, spawn_daemon
+from tests._kit.cli import CLI, Child
 
-CLI = [sys.executable, "-m", "ringo_trio._cli"]
 NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 
 
@@ -103,7 +100,7 @@ def test_demo_always_failing_kills_everything(tmp_path: pathlib.Path) -> None:
 def test_demo_stops_cleanly_on_ctrl_c(tmp_path: pathlib.Path, phase: str, tasks: str) -> None:
     """Ctrl-C (SIGINT) stops the demo promptly, in the enqueue phase as in the work
     phase, with exit status 130, and leaves no daemon behind (the data dir is free)."""
-    child = _Child(tmp_path, "demo", "-n", tasks, "--data-dir", str(tmp_path / "data"))
+    child = Child(tmp_path, "demo", "-n", tasks, "--data-dir", str(tmp_path / "data"))
     try:
         child.wait_for(f"ringo demo: {phase}", timeout=60)
         child.proc.send_signal(signal.SIGINT)
@@ -155,82 +152,6 @@ HANDLERS = """
 """
 
 
-class _Child:
-    """A ``ringo`` child process whose stdout+stderr are read line by line."""
-
-    def __init__(self, cwd: pathlib.Path, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [*CLI, *args],
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        assert self.proc.stdout is not None
-        self._fd = self.proc.stdout.fileno()
-        self._buffer = b""
-        self.lines: list[str] = []
-
-    def wait_for(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
-        """The first output line (old or new) matching ``pattern``; fails after ``timeout``."""
-        return self.wait_for_all(pattern, 1, timeout)[0]
-
-    def wait_for_all(self, pattern: str, count: int, timeout: float = 20.0) -> list[re.Match[str]]:
-        """The first ``count`` output lines (old or new) matching ``pattern``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            matches = [m for line in self.lines if (m := re.search(pattern, line))]
-            if len(matches) >= count:
-                return matches[:count]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                pytest.fail(
-                    f"{len(matches)}/{count} lines matching {pattern!r} within {timeout}s:"
-                    f" {self.lines}"
-                )
-            if not self._read(remaining):
-                pytest.fail(f"exited before printing {pattern!r}: {self.lines}")
-
-    def _read(self, timeout: float) -> bool:
-        """Read what arrives within ``timeout`` into `lines`; False at end of output."""
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._fd, selectors.EVENT_READ)
-            if selector.select(timeout):
-                chunk = os.read(self._fd, 65536)
-                if not chunk:
-                    return False
-                self._buffer += chunk
-                *complete, self._buffer = self._buffer.split(b"\n")
-                self.lines += [line.decode() for line in complete]
-        return True
-
-    def finish(self, timeout: float = 20.0) -> int:
-        """Wait for the exit and the end of the output — which every process
-        sharing it (its children too) must close — killing it after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        try:
-            self.proc.wait(timeout=timeout)
-            while (remaining := deadline - time.monotonic()) > 0 and self._read(remaining):
-                pass
-        except subprocess.TimeoutExpired:
-            pass
-        if self.proc.returncode is None or deadline - time.monotonic() <= 0:
-            self.kill()
-            pytest.fail(f"ringo (or a child sharing its output) outlived {timeout}s: {self.lines}")
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
-        if self._buffer:
-            self.lines.append(self._buffer.decode())
-            self._buffer = b""
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
 @pytest.fixture
 def handlers_dir(tmp_path: pathlib.Path) -> pathlib.Path:
     """A directory holding ``ringo_test_handlers.py`` (imported from the cwd)."""
@@ -247,12 +168,12 @@ def daemon(tmp_path: pathlib.Path) -> Iterator[DaemonProcess]:
 
 
 @pytest.fixture
-def start_worker(handlers_dir: pathlib.Path) -> Iterator[Callable[..., _Child]]:
+def start_worker(handlers_dir: pathlib.Path) -> Iterator[Callable[..., Child]]:
     """Starts ``ringo worker`` children in the handlers dir; kills leftovers at the end."""
-    children: list[_Child] = []
+    children: list[Child] = []
 
-    def start(*args: str) -> _Child:
-        child = _Child(handlers_dir, "worker", *args)
+    def start(*args: str) -> Child:
+        child = Child(handlers_dir, "worker", *args)
         children.append(child)
         return child
 
@@ -282,7 +203,7 @@ def _states(endpoint: str, queue: str, ids: list[str]) -> list[TaskState]:
 
 
 def test_worker_processes_enqueued_tasks(
-    daemon: DaemonProcess, start_worker: Callable[..., _Child]
+    daemon: DaemonProcess, start_worker: Callable[..., Child]
 ) -> None:
     """`ringo worker module:function` (module importable from the cwd) announces its
     registration, runs the handler for every task enqueued on its queue, and the
@@ -304,7 +225,7 @@ def test_worker_processes_enqueued_tasks(
 
 
 def test_worker_logs_a_retry_as_info_and_a_crash_as_an_error(
-    daemon: DaemonProcess, start_worker: Callable[..., _Child]
+    daemon: DaemonProcess, start_worker: Callable[..., Child]
 ) -> None:
     """An expected retry (RetryTaskError) is reported as INFO, not as a failure;
     a crash is an ERROR line with its traceback — one line per record on
@@ -326,7 +247,7 @@ def test_worker_logs_a_retry_as_info_and_a_crash_as_an_error(
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_worker_signal_drains_running_handler(
-    daemon: DaemonProcess, start_worker: Callable[..., _Child], signum: signal.Signals
+    daemon: DaemonProcess, start_worker: Callable[..., Child], signum: signal.Signals
 ) -> None:
     """Graceful drain: after SIGINT / SIGTERM a handler in the middle of its sleep
     (well within the grace period) finishes and its task is acked (SUCCEEDED);
@@ -443,7 +364,7 @@ def test_timeout_flags_become_task_timeouts() -> None:
 
 
 def test_worker_fenced_by_a_stubborn_handler_exits_75(
-    daemon: DaemonProcess, start_worker: Callable[..., _Child]
+    daemon: DaemonProcess, start_worker: Callable[..., Child]
 ) -> None:
     """--start-to-close / --cancel-grace reach the worker: a handler that ignores
     its timeout's cancellation past the grace fences the worker, which takes no

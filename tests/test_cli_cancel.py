@@ -13,9 +13,8 @@ import trio
 from ringo_trio import PermanentTaskError, Ringo, Task, TaskContext
 from ringo_trio._contract import limits
 from ringo_trio.testing import DaemonProcess, run_worker
-
-from ._ringo_cli import daemon as daemon  # the fixture, found by name
-from ._ringo_cli import run_ringo, run_ringo_json
+from tests._kit.cli import daemon as daemon  # the fixture, found by name
+from tests._kit.cli import run_ringo, run_ringo_json
 
 TIMEOUT = 30
 

@@ -12,9 +12,8 @@ import trio
 
 from ringo_trio import Ringo, TaskSpec
 from ringo_trio.testing import DaemonProcess
-
-from ._ringo_cli import daemon as daemon  # the fixture, found by name
-from ._ringo_cli import run_ringo
+from tests._kit.cli import daemon as daemon  # the fixture, found by name
+from tests._kit.cli import run_ringo
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ from ringo_trio._supervise.child import (
 from ringo_trio._supervise.parent import TOKEN_ENV, RestartLedger, RestartPolicy, Supervisor
 from ringo_trio._work._timeouts import TaskTimeouts
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-from tests.test_cli import _Child
+from tests._kit.cli import Child
 
 HANDLERS = """
     import os
@@ -102,12 +102,12 @@ def daemon(tmp_path: pathlib.Path) -> Iterator[DaemonProcess]:
 
 
 @pytest.fixture
-def supervise(work: pathlib.Path) -> Iterator[Callable[..., _Child]]:
+def supervise(work: pathlib.Path) -> Iterator[Callable[..., Child]]:
     """Starts ``ringo supervise`` children; kills leftovers (with their workers) at the end."""
-    children: list[_Child] = []
+    children: list[Child] = []
 
-    def start(*args: str) -> _Child:
-        child = _Child(work, "supervise", *args)
+    def start(*args: str) -> Child:
+        child = Child(work, "supervise", *args)
         children.append(child)
         return child
 
@@ -154,7 +154,7 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def _ready_pids(child: _Child, count: int, timeout: float = 30) -> dict[int, int]:
+def _ready_pids(child: Child, count: int, timeout: float = 30) -> dict[int, int]:
     """slot -> pid of the first ``count`` ready reports."""
     matches = child.wait_for_all(READY, count, timeout)
     return {int(m.group(1)): int(m.group(2)) for m in matches}
@@ -199,7 +199,7 @@ def _ops(
 
 
 def test_blocking_handler_is_fenced_and_its_process_replaced(
-    tmp_path: pathlib.Path, supervise: Callable[..., _Child]
+    tmp_path: pathlib.Path, supervise: Callable[..., Child]
 ) -> None:
     """Loop watchdog: a handler that blocks the event loop (``time.sleep``) is
     caught by the watchdog thread, which fences the process; the supervisor
@@ -238,7 +238,7 @@ def test_blocking_handler_is_fenced_and_its_process_replaced(
 
 
 def test_handler_ignoring_cancellation_fences_worker_and_is_replaced(
-    daemon: DaemonProcess, supervise: Callable[..., _Child]
+    daemon: DaemonProcess, supervise: Callable[..., Child]
 ) -> None:
     """Fence protocol: a handler that ignores its start-to-close cancellation in
     a shielded scope (the loop keeps running) makes the worker fence itself
@@ -265,7 +265,7 @@ def test_handler_ignoring_cancellation_fences_worker_and_is_replaced(
 
 
 def test_crashing_process_restarts_with_backoff_until_budget_is_spent(
-    supervise: Callable[..., _Child],
+    supervise: Callable[..., Child],
 ) -> None:
     """Backoff and budget: a worker process that dies (os._exit(3)) is
     restarted after 0.5 s, then 1 s; the third death exceeds a budget of 2
@@ -286,7 +286,7 @@ def test_crashing_process_restarts_with_backoff_until_budget_is_spent(
 
 
 def test_usage_process_that_cannot_start_is_not_restarted(
-    supervise: Callable[..., _Child],
+    supervise: Callable[..., Child],
 ) -> None:
     """A worker process that exits with the usage status (its handler cannot be
     imported) is not restarted — no restart can help — and the supervisor
@@ -300,7 +300,7 @@ def test_usage_process_that_cannot_start_is_not_restarted(
 
 
 def test_sigterm_drains_every_process_and_leaves_no_process(
-    daemon: DaemonProcess, supervise: Callable[..., _Child]
+    daemon: DaemonProcess, supervise: Callable[..., Child]
 ) -> None:
     """Drain: SIGTERM to the supervisor drains every worker process — in-flight
     tasks finish and are acked on their first attempt (none lost, none
@@ -327,7 +327,7 @@ def test_sigterm_drains_every_process_and_leaves_no_process(
 
 
 def test_stall_guard_kills_a_stopped_process(
-    daemon: DaemonProcess, supervise: Callable[..., _Child]
+    daemon: DaemonProcess, supervise: Callable[..., Child]
 ) -> None:
     """Supervisor-side stall guard: a process that stops heartbeating (SIGSTOP:
     not even its watchdog thread runs) is killed after the heartbeat timeout
@@ -346,7 +346,7 @@ def test_stall_guard_kills_a_stopped_process(
 
 
 def test_killed_supervisor_leaves_no_worker_behind(
-    daemon: DaemonProcess, supervise: Callable[..., _Child]
+    daemon: DaemonProcess, supervise: Callable[..., Child]
 ) -> None:
     """No orphans even when the supervisor is SIGKILLed: its worker processes
     see their report pipe break and drain on their own."""
@@ -372,7 +372,7 @@ def test_killed_supervisor_leaves_no_worker_behind(
 )
 def test_supervise_refuses_bad_flags(work: pathlib.Path, flags: list[str], message: str) -> None:
     """Bad input: one line naming the flag, usage status 2, no process started."""
-    sup = _Child(work, "supervise", "sv_handlers:handle", "-q", "q", "--endpoint", "h:1", *flags)
+    sup = Child(work, "supervise", "sv_handlers:handle", "-q", "q", "--endpoint", "h:1", *flags)
     try:
         assert sup.finish(timeout=30) == 2
     finally:

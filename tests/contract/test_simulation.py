@@ -1,6 +1,6 @@
 """Both halves of the Work protocol together, in virtual time, with faults.
 
-A deterministic discrete-event simulation (``tests/contract/_sim.py``): the
+A deterministic discrete-event simulation (``tests/_kit/simulation.py``): the
 client machine (`WorkSession`, one per stream, driven as ``ringo_trio._work``
 drives it) and the daemon machine (`ServerSession`, one per stream, driven as
 ``ringo_trio.server._work`` drives it), a storage engine with the LeaseRef
@@ -127,7 +127,7 @@ Three things the simulation found are pinned rather than hidden:
 
 Replaying a failure: hypothesis prints the falsifying ``scenario=Scenario(...)``
 and a ``@reproduce_failure(...)`` line. Paste the scenario into
-``replay(Scenario(...))`` (``from tests.contract._sim import *``) to run that
+``replay(Scenario(...))`` (``from tests._kit.simulation import *``) to run that
 exact simulation again — it is deterministic (its ``seed`` draws the wire's
 delays) — or put the printed decorator on the test. ``pytest
 --hypothesis-seed=N`` repeats a whole exploration. The default run is fast;
@@ -143,7 +143,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
 
-from tests.contract._sim import (
+from tests._kit.simulation import (
     COMMIT_CRASH,
     CRASH,
     CREDIT_FITS,

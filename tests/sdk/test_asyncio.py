@@ -18,8 +18,7 @@ from ringo_trio import (
     UnavailableError,
 )
 from ringo_trio.testing import DaemonProcess
-
-from .conftest import kill_local_daemon, pid_alive
+from tests._kit.processes import kill_local_daemon, pid_alive
 
 pytestmark = pytest.mark.anyio
 

@@ -1,6 +1,6 @@
 """`ringo_trio._queue._batch`: EnqueueMany replies decoded straight into models.
 
-The reference is the generic decoder (tests/_generic_frames.py's
+The reference is the generic decoder (tests/_kit/generic_frames.py's
 `decode_enqueue_many_response`: the shared codec plus `batch_result`): on any reply, valid or
 corrupted, the fast decoder gives the same `BatchResult` or the same error.
 """
@@ -28,13 +28,11 @@ from ringo_trio._queue import _batch as _batch_wire
 from ringo_trio._queue._batch import encode_enqueue_many_request
 from ringo_trio._wire.codec import encode
 from ringo_trio.testing.strategies import names, retry_backoffs
-from tests._generic_frames import (
+from tests._kit.generic_frames import (
     decode_enqueue_many_response,
     encode_enqueue_many_request_from_specs,
 )
-from tests.test_codec import BETTERPROTO_DURATIONS, messages
-
-from .test_work_wire import hot_task
+from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, hot_task, messages
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -33,8 +33,7 @@ from ringo_trio import (
 )
 from ringo_trio._contract import limits
 from ringo_trio.testing import RingoTestEnv, spawn_daemon
-
-from .test_worker import running, wait_states
+from tests._kit.workers import running, wait_states
 
 pytestmark = pytest.mark.trio
 

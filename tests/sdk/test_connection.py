@@ -22,8 +22,7 @@ from ringo_trio import (
     UnavailableError,
 )
 from ringo_trio.testing import DaemonProcess, RingoTestEnv, spawn_daemon
-
-from .conftest import free_port, kill_local_daemon, pid_alive
+from tests._kit.processes import free_port, kill_local_daemon, pid_alive
 
 pytestmark = pytest.mark.trio
 

@@ -25,17 +25,9 @@ from ringo_trio import (
 )
 from ringo_trio._work._concurrency import AdaptiveConcurrency, ResourceConcurrency, ResourceSample
 from ringo_trio.testing import DaemonProcess
-
-from ._proxy import CuttableProxy
-from .conftest import eventually
-from .test_worker import (
-    _enqueue_retrying,
-    enqueue,
-    old_daemon,  # noqa: F401  (a fixture)
-    proxied_daemon,  # noqa: F401  (a fixture)
-    running,
-    wait_states,
-)
+from tests._kit.processes import eventually
+from tests._kit.proxy import CuttableProxy
+from tests._kit.workers import enqueue, enqueue_retrying, running, wait_states
 
 pytestmark = pytest.mark.trio
 
@@ -115,7 +107,7 @@ async def test_one_controller_bounds_two_queues_and_splits_by_weight(
 
 
 async def test_no_permit_leaks_when_a_stream_drops_with_handlers_running(
-    proxied_daemon: tuple[DaemonProcess, CuttableProxy],  # noqa: F811
+    proxied_daemon: tuple[DaemonProcess, CuttableProxy],
 ) -> None:
     """Workers of two clients share a capacity of 4 (2 each). Worker A's stream
     is cut while its two handlers ignore cancellation: they keep their
@@ -156,7 +148,7 @@ async def test_no_permit_leaks_when_a_stream_drops_with_handlers_running(
                     first = await enqueue(qa, 2)
                     await eventually(lambda: len(stubborn) == 2, within=20)
                     proxy.cut()
-                    a_ids = await _enqueue_retrying(qa, 20)
+                    a_ids = await enqueue_retrying(qa, 20)
                     b_ids = await enqueue(qb, 40)
                     await wait_states(qb, b_ids, {TaskState.SUCCEEDED}, within=30)
                     # A reconnected, but its share is held by its two stubborn handlers.
@@ -259,7 +251,7 @@ async def test_controller_misuse_is_refused(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.parametrize("old_daemon", [1], indirect=True)
-async def test_controllers_need_minor_2(old_daemon: DaemonProcess) -> None:  # noqa: F811
+async def test_controllers_need_minor_2(old_daemon: DaemonProcess) -> None:
     """A controller-attached worker against a minor-1 daemon fails run() with
     IncompatibleVersionError before any work, and holds no permit."""
     with trio.fail_after(20):

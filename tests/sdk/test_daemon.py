@@ -17,8 +17,7 @@ import trio
 from ringo_trio import PostgresStorage, Ringo, RingoError
 from ringo_trio._local.process import LocalDaemon
 from ringo_trio.testing import spawn_daemon
-
-from .conftest import eventually, live_daemon_children, pid_alive
+from tests._kit.processes import eventually, live_daemon_children, pid_alive
 
 pytestmark = pytest.mark.trio
 

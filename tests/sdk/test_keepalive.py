@@ -25,9 +25,8 @@ from ringo_trio._endpoint import parse_endpoint
 from ringo_trio._transport.base import DEFAULT_KEEPALIVE, Keepalive
 from ringo_trio._transport.grpclib import Transport
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-
-from ._proxy import CuttableProxy
-from .conftest import eventually, free_port
+from tests._kit.processes import eventually, free_port
+from tests._kit.proxy import CuttableProxy
 
 pytestmark = pytest.mark.trio
 

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from ringo_trio import PostgresStorage, Ringo, Task, TaskContext, TaskState
-from tests._postgres import fresh_database
+from tests._kit.postgres import fresh_database
 
 pytestmark = pytest.mark.trio
 

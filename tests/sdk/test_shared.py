@@ -21,8 +21,7 @@ import pytest
 import trio
 
 from ringo_trio import Ringo, Task, TaskContext, TaskSpec, TaskState
-
-from .conftest import eventually, pid_alive
+from tests._kit.processes import eventually, pid_alive
 
 pytestmark = pytest.mark.trio
 

@@ -30,8 +30,7 @@ import trio
 from ringo_trio import RingoError
 from ringo_trio._local import shared as _shared
 from ringo_trio._local.shared import SharedLocalDaemon
-
-from .conftest import eventually, pid_alive
+from tests._kit.processes import eventually, pid_alive
 
 pytestmark = pytest.mark.trio
 

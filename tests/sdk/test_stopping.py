@@ -31,8 +31,7 @@ from ringo_trio import (
     WorkerAlreadyRunError,
 )
 from ringo_trio.testing import DaemonProcess, RingoTestEnv, spawn_daemon
-
-from .test_worker import enqueue, running, wait_states
+from tests._kit.workers import enqueue, running, wait_states
 
 pytestmark = pytest.mark.trio
 

@@ -38,8 +38,7 @@ from ringo_trio._errors import WorkerFencedError
 from ringo_trio._supervise import child as _supervision
 from ringo_trio._work._timeouts import TaskTimeouts, Watchdog
 from ringo_trio.testing import RingoTestEnv
-
-from .test_worker import wait_states
+from tests._kit.workers import wait_states
 
 FAST_RETRY = RetryBackoff(initial=timedelta(milliseconds=20), maximum=timedelta(milliseconds=20))
 

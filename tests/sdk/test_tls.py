@@ -18,8 +18,7 @@ from ringo_trio import Ringo, RingoClient, Supervisor, Task, TaskContext, TaskSt
 from ringo_trio._errors import InvalidArgumentError, UnavailableError
 from ringo_trio.server import main as _main
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-
-from .test_worker import running, wait_states
+from tests._kit.workers import running, wait_states
 
 
 @dataclass

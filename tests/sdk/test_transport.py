@@ -36,8 +36,7 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio._transport.grpclib import HEALTH_WATCH, Transport
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-
-from .conftest import eventually, free_port
+from tests._kit.processes import eventually, free_port
 
 WORK = "/ringo.v1.QueueService/Work"
 

@@ -1,7 +1,7 @@
 """The worker's hot frames, unrolled: `ringo_trio._work._frames` (decoding) and
 `ringo_trio._wire.work` (the commands).
 
-The references are the generic paths of tests/_generic_frames.py:
+The references are the generic paths of tests/_kit/generic_frames.py:
 `decode_work_response` (the shared codec plus the SDK's conversion,
 `as_frames`) for the decoder, the codec over each command's message for the
 encoders. On any frame, valid or corrupted, the fast
@@ -30,25 +30,15 @@ from ringo_trio._wire.codec import encode
 from ringo_trio._wire.primitives import tag_len, varint
 from ringo_trio._work import _frames as _work_wire
 from ringo_trio._work._frames import PushedTask
-from tests import _generic_frames as generic
-from tests._generic_frames import decode_work_response as generic_decode
-from tests.test_codec import BETTERPROTO_DURATIONS, DURATIONS, messages
+from tests._kit import generic_frames as generic
+from tests._kit.generic_frames import decode_work_response as generic_decode
+from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, DURATIONS, hot_task, messages
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Any frame: every body, every field of every level, unknown fields included
 # (most of these leave the fast path somewhere; the generic decoder decides).
 ANY_FRAME = messages(WorkResponse, BETTERPROTO_DURATIONS, nan=False)
-
-
-def hot_task(task: Task) -> Task:
-    """What a push carries: no progress, no result, no unknown fields."""
-    task.progress = None
-    task.result = None
-    task._unknown_fields = b""
-    if task.retry_backoff is not None:
-        task.retry_backoff._unknown_fields = b""
-    return task
 
 
 def _plain(lease: Lease) -> Lease:

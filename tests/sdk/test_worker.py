@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -26,49 +25,18 @@ from ringo_trio import (
     RingoError,
     Task,
     TaskContext,
-    TaskQueue,
     TaskSpec,
     TaskState,
     UnavailableError,
-    Worker,
 )
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-
-from ._proxy import CuttableProxy
-from .conftest import eventually, free_port, kill_local_daemon
+from tests._kit.processes import eventually, free_port, kill_local_daemon
+from tests._kit.proxy import CuttableProxy
+from tests._kit.workers import enqueue, enqueue_retrying, running, wait_states
 
 pytestmark = pytest.mark.trio
 
 Handler = Callable[[Task, TaskContext], object]
-
-
-async def wait_states(
-    queue: TaskQueue, ids: list[str], states: set[TaskState], within: float = 20.0
-) -> list[Task]:
-    """Poll the daemon until every task is in one of ``states``."""
-    with trio.fail_after(within):
-        while True:
-            tasks = [await queue.get_by_id(task_id) for task_id in ids]
-            if all(task.state in states for task in tasks):
-                return tasks
-            await trio.sleep(0.05)
-
-
-async def enqueue(queue: TaskQueue, n: int, **spec: object) -> list[str]:
-    result = await queue.enqueue_many([TaskSpec("t", **spec) for _ in range(n)])  # type: ignore[arg-type]
-    return [r.task.id for r in result.results]
-
-
-@asynccontextmanager
-async def running(worker: Worker) -> AsyncIterator[trio.Nursery]:
-    """Run ``worker`` in a nursery; close it when the block ends."""
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        try:
-            yield nursery
-        finally:
-            with trio.CancelScope(shield=True), trio.fail_after(30):
-                await worker.close()
 
 
 # -- outcomes -------------------------------------------------------------------
@@ -330,13 +298,6 @@ async def test_on_idle_exception_propagates_unchanged(tmp_path: pathlib.Path) ->
                 await worker.run()
 
 
-@pytest.fixture
-def old_daemon(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> Iterator[DaemonProcess]:
-    minor: int = request.param
-    with spawn_daemon(tmp_path / f"minor{minor}", protocol_minor=minor) as daemon:
-        yield daemon
-
-
 @pytest.mark.parametrize("old_daemon", [0], indirect=True)
 async def test_on_idle_needs_minor_1(old_daemon: DaemonProcess) -> None:
     """A feature the negotiated minor lacks fails run() before any work starts."""
@@ -473,22 +434,6 @@ async def test_daemon_sigkill_mid_stream_loses_nothing(
                 assert client.daemon_pid != old_pid
 
 
-@pytest.fixture
-async def proxied_daemon(
-    tmp_path: pathlib.Path,
-) -> AsyncIterator[tuple[DaemonProcess, CuttableProxy]]:
-    port = free_port()
-    daemon = spawn_daemon(tmp_path / "proxied", extra_args=["--listen", f"127.0.0.1:{port}"])
-    try:
-        proxy = CuttableProxy(port)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(proxy.serve)
-            yield daemon, proxy
-            nursery.cancel_scope.cancel()
-    finally:
-        daemon.stop()
-
-
 async def test_stream_cut_by_a_proxy_reconnects_and_loses_nothing(
     proxied_daemon: tuple[DaemonProcess, CuttableProxy],
 ) -> None:
@@ -551,7 +496,7 @@ async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
             async with running(worker):
                 await stubborn_started.wait()
                 proxy.cut()
-                ids = await _enqueue_retrying(queue, 30)
+                ids = await enqueue_retrying(queue, 30)
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=30)
                 assert worker.running == 1  # the stubborn one, still holding its slot
                 assert peak <= 3
@@ -567,17 +512,6 @@ async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
                 assert len(gated) == 3  # at once, first try: none timed out and came back
             assert set(ids) <= set(others_done)
             assert peak <= 3
-
-
-async def _enqueue_retrying(queue: TaskQueue, n: int) -> list[str]:
-    # The cut also dropped the unary channel; an enqueue racing it may fail
-    # (never replayed, by design), so the test retries it itself.
-    with trio.fail_after(20):
-        while True:
-            try:
-                return await enqueue(queue, n)
-            except UnavailableError:
-                await trio.sleep(0.1)
 
 
 async def test_reconnect_is_bounded(tmp_path: pathlib.Path) -> None:

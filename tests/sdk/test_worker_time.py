@@ -23,9 +23,8 @@ from grpclib.exceptions import GRPCError
 
 from ringo_trio import Task, TaskContext, TaskState
 from ringo_trio.testing import RingoTestEnv
-
-from .conftest import eventually
-from .test_worker import enqueue, running, wait_states
+from tests._kit.processes import eventually
+from tests._kit.workers import enqueue, running, wait_states
 
 pytestmark = pytest.mark.trio
 

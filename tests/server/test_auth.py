@@ -16,8 +16,7 @@ from ringo_trio.server import flags
 from ringo_trio.server import main as _main
 from ringo_trio.server.rpc.throttle import AuthThrottle
 from ringo_trio.testing import spawn_daemon
-
-from ._client import connect, expect_status, new_queue
+from tests._kit.grpc_client import connect, expect_status, new_queue
 
 MODULE = [sys.executable, "-m", "ringo_trio.server"]
 

@@ -34,8 +34,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskState,
 )
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-
-from ._client import Client, connect, expect_status, new_queue, open_work, ref
+from tests._kit.grpc_client import Client, connect, expect_status, new_queue, open_work, ref
 
 OPERATE_MINOR = FEATURES[Feature.OPERATE]
 

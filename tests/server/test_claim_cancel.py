@@ -44,9 +44,8 @@ from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server.storage._base import Push, Storage, StorageUnavailable, TaskFilter
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
-from tests._postgres import fresh_database
-
-from ._client import Client, connect, new_queue, open_work
+from tests._kit.grpc_client import Client, connect, new_queue, open_work
+from tests._kit.postgres import fresh_database
 
 pytestmark = pytest.mark.anyio
 

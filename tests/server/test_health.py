@@ -13,9 +13,8 @@ from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckResponseServingStatus,
 )
 from ringo_trio.testing import DaemonProcess
-
-from ._client import connect, expect_status
-from ._virtual import PROMPT, now, on_virtual_time, virtual_daemon
+from tests._kit.grpc_client import connect, expect_status
+from tests._kit.virtual_daemon import PROMPT, now, on_virtual_time, virtual_daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -18,8 +18,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskState,
 )
 from ringo_trio.testing import DaemonProcess
-
-from ._client import Client, connect, expect_status, new_queue
+from tests._kit.grpc_client import Client, connect, expect_status, new_queue
 
 pytestmark = pytest.mark.anyio
 

@@ -32,8 +32,8 @@ from ringo_trio._proto.ringo.v1 import (
 from ringo_trio._wire.codec import decode
 from ringo_trio._wire.work import encode_work_push, encode_work_response_batch
 from ringo_trio.server.clock import ManualClock
-
-from .test_work import FakeStream, elements, in_process
+from tests._kit.grpc_client import elements
+from tests._kit.work_stream import FakeStream, in_process
 
 pytestmark = pytest.mark.anyio
 

@@ -1,6 +1,6 @@
 """Long-poll Claim wake-ups and the lease reaper, over gRPC, on virtual time.
 
-Each test runs an in-process daemon on trio's MockClock (`_virtual`), so
+Each test runs an in-process daemon on trio's MockClock (`tests/_kit/virtual_daemon.py`), so
 *when* a waiter returns is exact: one woken by an event returns at that
 event's virtual instant (within `PROMPT`), one woken by a timer at the
 timer's deadline and never before, and a waiter that is *not* woken would
@@ -28,9 +28,8 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     TaskState,
 )
-
-from ._client import Client, connect, expect_status, new_queue, ref
-from ._virtual import PROMPT, now, on_virtual_time, quiet, virtual_daemon
+from tests._kit.grpc_client import Client, connect, expect_status, new_queue, ref
+from tests._kit.virtual_daemon import PROMPT, now, on_virtual_time, quiet, virtual_daemon
 
 LONG = timedelta(seconds=20)
 

@@ -43,9 +43,8 @@ from ringo_trio.server.logs import JsonFormatter
 from ringo_trio.server.main import EXIT_FAILURE
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-from tests._postgres import fresh_database
-
-from ._client import connect, new_queue, open_work, ref
+from tests._kit.grpc_client import connect, new_queue, open_work, ref
+from tests._kit.postgres import fresh_database
 
 pytestmark = pytest.mark.anyio
 

@@ -34,8 +34,7 @@ from ringo_trio.server.retention import (
 )
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess
-
-from ._client import Client, connect, expect_status, new_queue, ref
+from tests._kit.grpc_client import Client, connect, expect_status, new_queue, ref
 
 pytestmark = pytest.mark.anyio
 

@@ -71,8 +71,7 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
 )
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-
-from ._client import deadline
+from tests._kit.grpc_client import deadline
 
 _M = TypeVar("_M")
 

@@ -48,10 +48,9 @@ from ringo_trio.server.rpc.sessions import SessionTable
 from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server.storage._base import Storage
 from ringo_trio.server.storage.sqlite import SQLiteEngine
-from tests._generic_frames import encode_enqueue_many_response
-from tests.test_codec import BETTERPROTO_DURATIONS, messages
-
-from ._client import deadline
+from tests._kit.generic_frames import encode_enqueue_many_response
+from tests._kit.grpc_client import deadline
+from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, messages
 
 
 @pytest.fixture(autouse=True)

@@ -31,8 +31,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskState,
 )
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-
-from ._client import (
+from tests._kit.grpc_client import (
     Client,
     Setup,
     connect,
@@ -42,7 +41,7 @@ from ._client import (
     ref,
     snapshot,
 )
-from ._virtual import PROMPT, now, on_virtual_time, virtual_daemon
+from tests._kit.virtual_daemon import PROMPT, now, on_virtual_time, virtual_daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -48,9 +48,8 @@ from ringo_trio.server.storage._base import Ack, LeaseLost, Nack, Reject, Storag
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import spawn_daemon
-from tests._postgres import fresh_database
-
-from ._client import connect, new_queue, open_work, ref
+from tests._kit.grpc_client import connect, new_queue, open_work, ref
+from tests._kit.postgres import fresh_database
 
 pytestmark = pytest.mark.anyio
 

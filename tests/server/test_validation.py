@@ -37,8 +37,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
 )
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-
-from ._client import (
+from tests._kit.grpc_client import (
     Client,
     Setup,
     connect,

@@ -39,9 +39,8 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio.server.storage._base import StorageUnavailable
 from ringo_trio.testing import DaemonProcess
-
-from ._client import connect, elements, new_queue, ref
-from .test_work import FakeStream, enqueue_n, in_process, ok, refused, worker
+from tests._kit.grpc_client import connect, elements, new_queue, ref
+from tests._kit.work_stream import FakeStream, enqueue_n, in_process, ok, refused, worker
 
 BATCH_MINOR = FEATURES[Feature.BATCH_FRAMES]
 OPERATE_MINOR = FEATURES[Feature.OPERATE]

@@ -19,12 +19,9 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequest,
 )
 from ringo_trio.server.clock import ManualClock
-
-from .test_work import FakeStream, in_process, push_minor
+from tests._kit.work_stream import FakeStream, in_process
 
 LEASE_MARGIN = timedelta(seconds=machine.LEASE_MARGIN)
-
-__all__ = ["push_minor"]  # a fixture of this module too
 
 pytestmark = pytest.mark.anyio
 

@@ -40,8 +40,7 @@ from ringo_trio.server.storage._base import (
     Reject,
     Settlement,
 )
-
-from .conftest import EngineKind, SyncEngine
+from tests._kit.storage import EngineKind, SyncEngine
 
 QUEUES = ("q", "r")
 TYPES = ("x", "y")

@@ -38,7 +38,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
 
 from ringo_trio.testing import DaemonProcess
-from tests.ui._browser import (
+from tests._kit.browser import (
     CHROMIUM_ARGS,
     INSTALL_HINT,
     TEST_TIMEOUT,
@@ -52,7 +52,7 @@ from tests.ui._browser import (
     serve_dashboard,
     start_dashboard,
 )
-from tests.ui._ringo import Ops
+from tests._kit.ui_ops import Ops
 
 
 @pytest.fixture(autouse=True)

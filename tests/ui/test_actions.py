@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import Dialog, Page, expect
 
 from ringo_trio import NotFoundError, TaskQueue, TaskSpec, TaskState
-from tests.ui._ringo import Ops
+from tests._kit.ui_ops import Ops
 
 
 def accept_confirms(page: Page) -> list[str]:

@@ -6,7 +6,7 @@ import re
 
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
-from tests.ui._browser import TOKEN, Dashboard, Shot, log_in, new_context
+from tests._kit.browser import TOKEN, Dashboard, Shot, log_in, new_context
 
 
 def test_pages_need_a_login(anonymous_context: BrowserContext) -> None:

@@ -10,8 +10,8 @@ from datetime import timedelta
 from playwright.sync_api import Page, expect
 
 from ringo_trio import RetryBackoff, TaskQueue, TaskSpec
-from tests.ui._browser import Shot
-from tests.ui._ringo import CALL_TIMEOUT, Ops
+from tests._kit.browser import Shot
+from tests._kit.ui_ops import CALL_TIMEOUT, Ops
 
 # Distinct counts, so a count shown in the wrong state's cell is caught.
 COUNTS = {"PENDING": 4, "LEASED": 1, "SUCCEEDED": 2, "DEAD": 3, "CANCELLED": 5}

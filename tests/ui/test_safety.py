@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from ringo_trio import TaskState
-from tests.ui._browser import (
+from tests._kit.browser import (
     REBOUND_HOST,
     TOKEN,
     Dashboard,
@@ -21,7 +21,7 @@ from tests.ui._browser import (
     new_context,
     serve_dashboard,
 )
-from tests.ui._ringo import Ops
+from tests._kit.ui_ops import Ops
 
 SCRIPT = "<script>window.__xss=1</script>"
 IMG = '<img src=x onerror="window.__xss=2">'

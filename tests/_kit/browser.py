@@ -13,7 +13,7 @@ from typing import Any
 from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize
 
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-from tests.ui._ringo import Ops
+from tests._kit.ui_ops import Ops
 
 TOKEN = "ui-test-token-0123456789"
 WAIT_MS = 10_000

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROTOS = ROOT / "protos"
 OPTIONS = "client_generation=async,server_generation=async"
 

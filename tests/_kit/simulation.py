@@ -1,4 +1,4 @@
-"""The simulation behind ``test_simulation.py``: both halves of the Work
+"""The simulation behind ``tests/contract/test_simulation.py``: both halves of the Work
 protocol, a storage engine and the wire between them, in virtual time.
 
 Everything here is deterministic: a `Scenario` (printed in full by

@@ -1,7 +1,7 @@
 """Daemon tests on virtual time: an in-process daemon, raw gRPC, trio's MockClock.
 
 `on_virtual_time` runs an asyncio test body — the same grpclib client code
-(`_client`) as the tests against a ``ringod`` process — on a trio-asyncio loop
+(`grpc_client`) as the tests against a ``ringod`` process — on a trio-asyncio loop
 under ``trio.testing.MockClock(autojump_threshold=0)``. `virtual_daemon`
 serves a real `Daemon` on that loop in memory (``serve(in_memory=True)``: its
 gRPC server, gate, codec, services and Work stream, HTTP/2 through in-memory
