@@ -118,7 +118,7 @@ Three things the simulation found are pinned rather than hidden:
   concurrency 3 (a random draw in CI: two workers of concurrency 3, both
   paused). Every minor now offers that slot only once the renewal is
   answered (`test_absolute_credit_waits_for_the_renewal_of_a_lease_lost_meanwhile`
-  in tests/sdk/test_session.py);
+  in tests/contract/test_client_session.py);
 * `WorkSession.settle` trusts the state of the last `poll`: when a handler
   finishes in the same loop step that ends a freeze, before the timer runs,
   its ack goes out although the local deadline has passed (storage refuses

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 import pytest
 
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-from tests._kit.work_stream import push_minor as push_minor
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import trio
 
 from ringo_trio import Ringo, TaskSpec
 from ringo_trio.testing import DaemonProcess
-from tests._kit.cli import daemon as daemon  # the fixture, found by name
 from tests._kit.cli import run_ringo
 
 

@@ -1,6 +1,6 @@
 """Where trio may raise a Ctrl-C's KeyboardInterrupt (ringo_trio._interrupts).
 
-The random-moment proof is tests/sdk/test_ctrl_c.py (slow set); these pin the
+The random-moment proof is tests/work/test_ctrl_c.py (slow set); these pin the
 two rules it rests on, deterministically.
 """
 

@@ -5,5 +5,3 @@ from tests._kit.sdk_fixtures import daemon as daemon
 from tests._kit.sdk_fixtures import make_client as make_client
 from tests._kit.sdk_fixtures import no_leaked_daemons as no_leaked_daemons
 from tests._kit.sdk_fixtures import sdk_minor as sdk_minor
-from tests._kit.workers import old_daemon as old_daemon
-from tests._kit.workers import proxied_daemon as proxied_daemon

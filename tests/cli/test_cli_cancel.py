@@ -13,7 +13,6 @@ import trio
 from ringo_trio import PermanentTaskError, Ringo, Task, TaskContext
 from ringo_trio._contract import limits
 from ringo_trio.testing import DaemonProcess, run_worker
-from tests._kit.cli import daemon as daemon  # the fixture, found by name
 from tests._kit.cli import run_ringo, run_ringo_json
 
 TIMEOUT = 30

@@ -1,6 +1,6 @@
 """`ringo_trio.server.rpc.reply_bounds`: the size bounds, the Claim helper, and
 each bounded reply built by the daemon's own code (no sockets; the grpcio
-client's view is tests/server/test_reply_bounds.py)."""
+client's view is tests/server/rpc/test_reply_bounds.py)."""
 
 from __future__ import annotations
 
