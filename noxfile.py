@@ -52,7 +52,7 @@ def typecheck(session: nox.Session) -> None:
 def proto(session: nox.Session) -> None:
     """Regenerate ringo_trio/_proto from protos/ (commit the result)."""
     session.install("-e", ".[test]")
-    session.run("python", "tests/_codegen.py", str(ROOT / "ringo_trio" / "_proto"))
+    session.run("python", "tests/_kit/codegen.py", str(ROOT / "ringo_trio" / "_proto"))
 
 
 @nox.session(python=PYTHON)

@@ -9,7 +9,7 @@ Three columns per row:
 
 * **generic**: `ringo_trio._wire.codec` over each frame's message (the
   daemon's frames in `ringo_trio._wire.work`, the references of the
-  unrolled ones in ``tests/_generic_frames.py``), including the SDK's model
+  unrolled ones in ``tests/_kit/generic_frames.py``), including the SDK's model
   conversion where the SDK applies one;
 * **tree unrolled**: this tree's hand-unrolled twin of the generic path,
   where it has one (`ringo_trio._wire.work`, `ringo_trio._work._frames`,
@@ -68,7 +68,7 @@ from ringo_trio._work import _frames as _work_wire
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the generic references live with the tests
-from tests import _generic_frames as generic_frames  # noqa: E402
+from tests._kit import generic_frames as generic_frames  # noqa: E402
 
 T0 = datetime(2026, 12, 2, 15, 30, 12, 345678, tzinfo=UTC)
 TOKEN = "9f86d081884c7d659a2feaa0c55ad015"

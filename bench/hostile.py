@@ -51,14 +51,14 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequest,
 )
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-from tests.hostile._h2raw import (
+from tests._kit.grpc_client import Client, connect, split_endpoint
+from tests._kit.h2raw import (
     ENQUEUE_METHOD,
     NEGOTIATE_METHOD,
     WORK_METHOD,
     RawH2,
     grpc_frame,
 )
-from tests.server._client import Client, connect, split_endpoint
 
 
 def rss_kib(pid: int) -> int:

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests._postgres import fresh_database
+from tests._kit.postgres import fresh_database
 
 
 @pytest.fixture

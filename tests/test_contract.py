@@ -9,8 +9,7 @@ import pathlib
 import pytest
 
 import ringo_trio
-
-from ._codegen import ROOT, generate
+from tests._kit.codegen import ROOT, generate
 
 EXPECTED_PUBLIC = {
     "Worker",

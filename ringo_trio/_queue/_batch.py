@@ -36,7 +36,7 @@ why it is not in `ringo_trio._wire`: the daemon imports that package, never
 the SDK. The daemon's encoder of the same reply is
 `ringo_trio.server.rpc.enqueue_reply`. Property tests hold both directions to
 the generic path on arbitrary and corrupted input
-(tests/sdk/test_batch_wire.py, against tests/_generic_frames.py).
+(tests/wire/test_batch_wire.py, against tests/_kit/generic_frames.py).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ generic codec's encoding of the message the docstring names (`.codec.build`
 makes it without the dataclass ``__init__``). The worker's commands (credit,
 ack, nack, reject, extend) run once per task, so they are written inline:
 byte for byte the generic encoding of the same message, which property tests
-hold them to (tests/sdk/test_work_wire.py, against the generic references in
-tests/_generic_frames.py); docs/architecture.md, "Codec", has the figures.
+hold them to (tests/wire/test_work_wire.py, against the generic references in
+tests/_kit/generic_frames.py); docs/architecture.md, "Codec", has the figures.
 A batch of either direction (minor >= 10) is a join of its elements' bytes.
 
 Decoding is the codec's (`.codec.decode`) on the daemon's side; the SDK reads

@@ -10,7 +10,7 @@ right to have one task on its way to the worker or running in it.
 
 *The sans-IO core* (`ringo_trio._work._permits`) is `PermitPool` plus a control law (`AimdLaw`,
 `ResourceLaw`): plain classes, no clock, no I/O, driven by hypothesis in
-``tests/sdk/test_concurrency.py``.
+``tests/work/test_concurrency.py``.
 
 *Shares.* The pool's capacity ``C`` is split by weight with the largest
 remainder method: member ``i`` gets ``floor(C * w_i / W)`` and the
@@ -67,7 +67,7 @@ of tasks, since the tasks already in flight when the limit was cut say
 nothing about the new limit. Capacity is ``floor(L)`` clamped to
 ``[min, max]``. Against a downstream that congests above ``K`` concurrent
 tasks the capacity settles into a sawtooth between about ``K/2`` and ``K+1``
-(``tests/sdk/test_concurrency.py`` states the measured band).
+(``tests/work/test_concurrency.py`` states the measured band).
 
 **ResourceConcurrency** (damped multiplicative tracking): every
 ``interval`` the sampler reports CPU (fraction of one core this process used

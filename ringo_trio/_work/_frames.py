@@ -23,7 +23,7 @@ always exactly the generic path's.
 This module is SDK-side (it builds `ringo_trio._models`), which is why it is
 not in `ringo_trio._wire`: the daemon imports that package, never the SDK.
 Property tests hold the decoder to the generic path on arbitrary and
-corrupted input (tests/sdk/test_work_wire.py).
+corrupted input (tests/wire/test_work_wire.py).
 """
 
 from __future__ import annotations

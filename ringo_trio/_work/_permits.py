@@ -4,7 +4,7 @@
 `AimdLaw` and `ResourceLaw`, and `balance` — what a worker does with its
 session after every event. Plain classes: no clock, no I/O, no event loop
 (a contract test checks the imports), so hypothesis drives them directly
-(``tests/sdk/test_concurrency.py``). The theory of operation is at the top of
+(``tests/work/test_concurrency.py``). The theory of operation is at the top of
 `ringo_trio._work._concurrency`.
 """
 

@@ -11,7 +11,7 @@ its lease (lost → cancelled), its timeouts (deadline), and the worker's
 drain (close past the grace period → cancelled). What a scope cannot do is make a handler *stop*:
 code that shields itself, swallows the cancellation, or blocks the event loop
 runs on. `Watchdog` keeps the books on that, without I/O or clocks (every
-call takes ``now``), so hypothesis can drive it (``tests/sdk/test_timeouts.py``):
+call takes ``now``), so hypothesis can drive it (``tests/work/test_timeouts.py``):
 
 * each handler's **cancellation moment** is the earliest of its
   ``start_to_close`` deadline, its ``heartbeat`` deadline (last progress plus

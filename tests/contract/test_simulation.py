@@ -1,6 +1,6 @@
 """Both halves of the Work protocol together, in virtual time, with faults.
 
-A deterministic discrete-event simulation (``tests/contract/_sim.py``): the
+A deterministic discrete-event simulation (``tests/_kit/simulation.py``): the
 client machine (`WorkSession`, one per stream, driven as ``ringo_trio._work``
 drives it) and the daemon machine (`ServerSession`, one per stream, driven as
 ``ringo_trio.server.rpc.work`` drives it), a storage engine with the LeaseRef
@@ -118,7 +118,7 @@ Three things the simulation found are pinned rather than hidden:
   concurrency 3 (a random draw in CI: two workers of concurrency 3, both
   paused). Every minor now offers that slot only once the renewal is
   answered (`test_absolute_credit_waits_for_the_renewal_of_a_lease_lost_meanwhile`
-  in tests/sdk/test_session.py);
+  in tests/contract/test_client_session.py);
 * `WorkSession.settle` trusts the state of the last `poll`: when a handler
   finishes in the same loop step that ends a freeze, before the timer runs,
   its ack goes out although the local deadline has passed (storage refuses
@@ -127,7 +127,7 @@ Three things the simulation found are pinned rather than hidden:
 
 Replaying a failure: hypothesis prints the falsifying ``scenario=Scenario(...)``
 and a ``@reproduce_failure(...)`` line. Paste the scenario into
-``replay(Scenario(...))`` (``from tests.contract._sim import *``) to run that
+``replay(Scenario(...))`` (``from tests._kit.simulation import *``) to run that
 exact simulation again — it is deterministic (its ``seed`` draws the wire's
 delays) — or put the printed decorator on the test. ``pytest
 --hypothesis-seed=N`` repeats a whole exploration. The default run is fast;
@@ -143,7 +143,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
 
-from tests.contract._sim import (
+from tests._kit.simulation import (
     COMMIT_CRASH,
     CRASH,
     CREDIT_FITS,

@@ -24,9 +24,8 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
 )
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-from tests.server._client import Client, connect, new_queue, split_endpoint
-
-from ._h2raw import ENQUEUE_METHOD, NEGOTIATE_METHOD, WORK_METHOD, RawH2, grpc_frame
+from tests._kit.grpc_client import Client, connect, new_queue, split_endpoint
+from tests._kit.h2raw import ENQUEUE_METHOD, NEGOTIATE_METHOD, WORK_METHOD, RawH2, grpc_frame
 
 pytestmark = pytest.mark.anyio
 

@@ -29,8 +29,7 @@ from ringo_trio._transport.grpclib import Transport
 from ringo_trio.server.flags import TOKEN_ENV
 from ringo_trio.server.rpc.throttle import AuthThrottle
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-
-from ..sdk.conftest import eventually, pid_alive
+from tests._kit.processes import eventually, pid_alive
 
 pytestmark = pytest.mark.trio
 

@@ -32,7 +32,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskState,
 )
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-from tests.server._client import connect, expect_status, new_queue, ref
+from tests._kit.grpc_client import connect, expect_status, new_queue, ref
 
 pytestmark = pytest.mark.anyio
 

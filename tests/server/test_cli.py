@@ -25,8 +25,7 @@ from ringo_trio._proto.grpc.health.v1 import (
 from ringo_trio.server import flags
 from ringo_trio.server import main as _main
 from ringo_trio.testing import DaemonStartError, spawn_daemon
-
-from ._client import connect, expect_status, new_queue
+from tests._kit.grpc_client import connect, expect_status, new_queue
 
 pytestmark = pytest.mark.anyio
 

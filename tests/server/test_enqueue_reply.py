@@ -1,7 +1,7 @@
 """`ringo_trio.server.rpc.enqueue_reply`: EnqueueMany replies encoded from the tasks.
 
-The reference is the generic encoder (`tests/_generic_frames.py`'s `encode_enqueue_many_response`):
-every reply is byte-equal to its encoding.
+The reference is the generic encoder (`tests/_kit/generic_frames.py`'s
+`encode_enqueue_many_response`): every reply is byte-equal to its encoding.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import RetryBackoff, Task, TaskState
 from ringo_trio.server.rpc.enqueue_reply import encode_enqueue_many_reply
-from tests._generic_frames import encode_enqueue_many_response
-from tests.test_codec import BETTERPROTO_DURATIONS, messages
+from tests._kit.generic_frames import encode_enqueue_many_response
+from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, messages
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -25,9 +25,8 @@ from ringo_trio._proto.grpc.health.v1 import (
 from ringo_trio._transport.grpclib import HEALTH_WATCH, Transport
 from ringo_trio.server.storage.base import StorageUnavailable
 from ringo_trio.server.storage.sqlite import SQLiteEngine
-
-from ._virtual import PROMPT, on_virtual_time, virtual_daemon
-from .test_scaleout import DatabaseProxy, daemons_off_loop
+from tests._kit.postgres import DatabaseProxy, daemons_off_loop
+from tests._kit.virtual_daemon import PROMPT, on_virtual_time, virtual_daemon
 
 SERVING = HealthCheckResponseServingStatus.SERVING
 NOT_SERVING = HealthCheckResponseServingStatus.NOT_SERVING

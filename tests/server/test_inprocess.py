@@ -1,6 +1,6 @@
 """The daemon in-process (same event loop as the test), for faults and shutdown
 races a child process cannot be made to show on cue; the shutdown timeout on
-virtual time (`_virtual`)."""
+virtual time (`tests/_kit/virtual_daemon.py`)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ from ringo_trio._proto.ringo.v1 import AckRequest, LeaseRef, Task, TaskSpec, Tas
 from ringo_trio.server.daemon import Daemon, DaemonConfig
 from ringo_trio.server.storage.base import EnqueueOutcome
 from ringo_trio.server.storage.sqlite import SQLiteEngine
-
-from ._client import connect, expect_status, new_queue, ref
-from ._virtual import PROMPT, now, on_virtual_time, virtual_daemon
+from tests._kit.grpc_client import connect, expect_status, new_queue, ref
+from tests._kit.virtual_daemon import PROMPT, now, on_virtual_time, virtual_daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -1,6 +1,6 @@
 """A daemon whose storage holds a poisoned row, or has no room to write.
 
-In-process on virtual time (`_virtual`), because the test reaches into the
+In-process on virtual time (`tests/_kit/virtual_daemon.py`), because the test reaches into the
 engine's own SQLite connection, and the long-poll and the room probe then
 cost no real time: to plant a row no request can write any more
 (a time past year 9999, as a backoff of millions of days left before the
@@ -29,9 +29,8 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio.server.daemon import _ROOM_PROBE_INTERVAL
 from ringo_trio.server.storage.sqlite import SQLiteEngine
-
-from ._client import Client, connect, expect_status, new_queue, open_work
-from ._virtual import PROMPT, Served, now, on_virtual_time, virtual_daemon
+from tests._kit.grpc_client import Client, connect, expect_status, new_queue, open_work
+from tests._kit.virtual_daemon import PROMPT, Served, now, on_virtual_time, virtual_daemon
 
 pytestmark = pytest.mark.anyio
 

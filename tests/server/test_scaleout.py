@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import subprocess
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import replace
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
@@ -35,7 +34,7 @@ from ringo_trio import (
     Worker,
 )
 from ringo_trio.testing import DaemonProcess
-from tests._postgres import ADMIN_DSN
+from tests._kit.postgres import ADMIN_DSN, DatabaseProxy, daemons_off_loop, postgres_daemons
 
 pytestmark = pytest.mark.trio
 
@@ -52,92 +51,6 @@ SPEC = TaskSpec(
 )
 
 Handler = Callable[[Task, TaskContext], Awaitable[None]]
-
-
-@contextmanager
-def postgres_daemons(
-    dsn: str, count: int, extra_args: Sequence[str] = ()
-) -> Iterator[list[DaemonProcess]]:
-    """`count` daemons on `dsn`, started concurrently; stopped on exit."""
-    daemons = [DaemonProcess(None, postgres_dsn=dsn, extra_args=extra_args) for _ in range(count)]
-    try:
-        with ThreadPoolExecutor(count) as pool:
-            for started in [pool.submit(d.start) for d in daemons]:
-                started.result()
-        yield daemons
-    finally:
-        for daemon in daemons:
-            daemon.stop()
-
-
-@asynccontextmanager
-async def daemons_off_loop(dsn: str, count: int) -> AsyncIterator[list[DaemonProcess]]:
-    """`postgres_daemons`, started and stopped in a thread: for a test whose
-    own event loop must keep serving (a proxy) while the daemons start."""
-    with ExitStack() as stack:
-        daemons = await trio.to_thread.run_sync(stack.enter_context, postgres_daemons(dsn, count))
-        try:
-            yield daemons
-        finally:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(stack.close)
-
-
-class DatabaseProxy:
-    """A TCP proxy between daemons and PostgreSQL on a fixed port: `down`
-    cuts every connection and closes the port (new connections are
-    refused, as by a database that is gone), `up` listens again."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.port = 0
-        self._nursery: trio.Nursery | None = None
-        self._scope = trio.CancelScope()
-
-    async def run(self, *, task_status: trio.TaskStatus[None]) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await self.up()
-            task_status.started()
-            await trio.sleep_forever()
-
-    async def up(self) -> None:
-        assert self._nursery is not None
-        listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
-        self._scope = trio.CancelScope()
-        self._nursery.start_soon(self._serve, listeners, self._scope)
-
-    def down(self) -> None:
-        self._scope.cancel()
-
-    async def _serve(self, listeners: list[trio.SocketListener], scope: trio.CancelScope) -> None:
-        with scope:
-            try:
-                await trio.serve_listeners(self._forward, listeners)
-            finally:
-                for listener in listeners:
-                    await listener.aclose()
-
-    async def _forward(self, client: trio.SocketStream) -> None:
-        async with client:
-            try:
-                upstream = await trio.open_tcp_stream(*self.target)
-            except OSError:
-                return
-            async with upstream, trio.open_nursery() as nursery:
-                nursery.start_soon(_pump, client, upstream, nursery.cancel_scope)
-                nursery.start_soon(_pump, upstream, client, nursery.cancel_scope)
-
-
-async def _pump(source: trio.SocketStream, sink: trio.SocketStream, both: trio.CancelScope) -> None:
-    try:
-        while data := await source.receive_some(65536):
-            await sink.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    finally:
-        both.cancel()
 
 
 def psql(sql: str) -> str:

@@ -3,7 +3,7 @@ every call, AttachLocal membership, and stopping by itself when nobody uses it.
 
 Raw grpclib clients: of real ``ringod`` processes (the flags, the token on the
 command line, process exits), every test under a `fail_after` guard; and, for
-membership and lingering, of in-process daemons on virtual time (`_virtual`),
+membership and lingering, of in-process daemons on virtual time (`tests/_kit/virtual_daemon.py`),
 where a linger or attach timeout is timed exactly and costs no real time.
 """
 
@@ -46,9 +46,8 @@ from ringo_trio._proto.ringo.v1 import (
 from ringo_trio.server import main as _main
 from ringo_trio.server.daemon import Daemon
 from ringo_trio.testing import DaemonProcess, spawn_daemon
-
-from ._client import expect_status, new_queue, split_endpoint
-from ._virtual import PROMPT, Served, now, on_virtual_time, quiet, virtual_daemon
+from tests._kit.grpc_client import expect_status, new_queue, split_endpoint
+from tests._kit.virtual_daemon import PROMPT, Served, now, on_virtual_time, quiet, virtual_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -299,7 +298,7 @@ async def test_a_daemon_that_is_not_shared_refuses_attach(daemon: DaemonProcess)
 
 
 def _virtual_shared(**config: Any) -> AbstractAsyncContextManager[Served]:
-    """An in-process shared daemon on virtual time (`_virtual`)."""
+    """An in-process shared daemon on virtual time (`tests/_kit/virtual_daemon.py`)."""
     return virtual_daemon(local_token=SECRET, generation=GENERATION, **config)
 
 

@@ -50,8 +50,7 @@ from ringo_trio.server.rpc.sessions import SessionTable
 from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.sqlite import SQLiteEngine
-
-from ._virtual import PROMPT, on_virtual_time, quiet
+from tests._kit.virtual_daemon import PROMPT, on_virtual_time, quiet
 
 pytestmark = pytest.mark.anyio
 

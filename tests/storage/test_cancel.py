@@ -14,8 +14,7 @@ import pytest
 from ringo_trio._proto.ringo.v1 import LeaseRef, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import FailedPrecondition, LeaseLost, NotFound
-
-from .conftest import LEASE, SyncEngine, claim_one, ref_of, spec
+from tests._kit.storage import LEASE, SyncEngine, claim_one, ref_of, spec
 
 
 def _lease_ops(engine: SyncEngine, ref: LeaseRef, clock: ManualClock) -> dict[str, object]:
@@ -249,7 +248,7 @@ def test_bulk_retry_wakes_other_postgres_daemons(storage_database: str) -> None:
     """PostgreSQL: a bulk retry that made tasks claimable notifies the other
     engines' watches (naming the queue), as a single retry does; one that
     changed nothing sends nothing."""
-    from .test_postgres import engines, run, watching
+    from tests._kit.storage import engines, run, watching
 
     clock = ManualClock()
 

@@ -9,8 +9,7 @@ import pytest
 from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import LeaseLost
-
-from .conftest import LEASE, SyncEngine, claim_one, ref_of, spec
+from tests._kit.storage import LEASE, SyncEngine, claim_one, ref_of, spec
 
 
 def _claim_ids(engine: SyncEngine, clock: ManualClock, limit: int, **kw: object) -> list[str]:

@@ -23,8 +23,7 @@ import pytest
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, Task, TaskState
 from ringo_trio.server.storage import base as _base
 from ringo_trio.server.storage.base import Push, Storage, TaskFilter, guard_claim
-
-from .conftest import LEASE, SyncEngine, ref_of, spec
+from tests._kit.storage import LEASE, SyncEngine, ref_of, spec
 
 # Past this many suspensions a claim is assumed to be looping, not claiming.
 _MOST_SUSPENSIONS = 200

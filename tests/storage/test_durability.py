@@ -2,72 +2,9 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import textwrap
-
 from ringo_trio._proto.ringo.v1 import LeaseRef, Task, TaskState
-
-from .conftest import LEASE, EngineKind, SyncEngine, ref_of, spec
-
-# Runs in a child process: every mutation kind, each awaited to completion
-# (committed), then the last task's bytes are printed and the process kills
-# itself with SIGKILL -- no close(), no checkpoint, no atexit.
-_CHILD = """
-import asyncio, os, pathlib, signal, sys
-from datetime import UTC, datetime, timedelta
-from ringo_trio._proto.ringo.v1 import LeaseRef, TaskSpec
-{imports}
-
-def ref(lt):
-    return LeaseRef(task_id=lt.lease.task_id, attempt=lt.lease.attempt,
-                    lease_token=lt.lease.lease_token)
-
-async def main():
-    engine = {source}
-    await engine.open()
-    now = datetime(2030, 1, 1, tzinfo=UTC)
-    tasks = {{}}
-    outs = await engine.enqueue(
-        "q", [TaskSpec(task_type="t", unique_key=f"k{{i}}", payload=bytes([i]))
-              for i in range(7)], now)
-    outs += await engine.enqueue("q", [TaskSpec(task_type="t", unique_key="k0")], now)
-    assert not outs[-1].created
-    leased = await engine.claim("q", [], 6, "w", timedelta(seconds=30), now)
-    tasks["acked"] = await engine.ack(ref(leased[0]), now)
-    tasks["nacked"] = await engine.nack(ref(leased[1]), "e", timedelta(hours=1), now)
-    tasks["rejected"] = await engine.reject(ref(leased[2]), "r", now)
-    await engine.extend_lease(ref(leased[3]), timedelta(minutes=9), now)
-    await engine.report_progress(ref(leased[3]), 3, 4, "p", now)
-    tasks["leased"] = await engine.get("q", task_id=leased[3].task.id)
-    await engine.ack(ref(leased[5]), now)
-    tasks["retried"] = await engine.retry("q", now, task_id=leased[5].task.id)
-    await engine.expire_leases(now + timedelta(seconds=30))
-    tasks["expired"] = await engine.get("q", task_id=leased[4].task.id)
-    tasks["pending"] = await engine.get("q", unique_key="k6")
-    # The last token, so the parent can prove the lease itself survived.
-    print("token", leased[3].lease.lease_token)
-    for name, task in tasks.items():
-        print(name, bytes(task).hex())
-    sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-asyncio.run(main())
-"""
-
-
-def _run_and_kill(kind: EngineKind, engine: SyncEngine) -> dict[str, str]:
-    script = _CHILD.format(imports=kind.imports, source=kind.source(engine.scratch))
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    return dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+from tests._kit.storage import LEASE, EngineKind, SyncEngine, ref_of, spec
+from tests._kit.storage import run_and_kill as _run_and_kill
 
 
 def test_committed_work_survives_kill_9(engine_kind: EngineKind, engine: SyncEngine) -> None:

@@ -16,8 +16,7 @@ from ringo_trio._contract.limits import (
 from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import NotFound
-
-from .conftest import SyncEngine, ref_of, spec
+from tests._kit.storage import SyncEngine, ref_of, spec
 
 
 def test_enqueue_creates_pending_tasks_with_the_spec_fields(

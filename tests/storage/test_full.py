@@ -16,46 +16,7 @@ import pytest
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import StorageFull
-from ringo_trio.server.storage.postgres import PostgresEngine
-from ringo_trio.server.storage.sqlite import SQLiteEngine
-
-from .conftest import LEASE, SyncEngine, spec
-
-
-def make_full(engine: SyncEngine, *, pages_left: int = 0, on_task: str | None = None) -> None:
-    """No room from now on; with `on_task`, room runs out when a write reaches
-    that task: SQLite after `pages_left` more pages, PostgreSQL at an update
-    of that row."""
-    raw = engine.raw
-    if isinstance(raw, SQLiteEngine):
-        db = raw._conn()
-        pages = db.execute("PRAGMA page_count").fetchone()[0]
-        db.execute(f"PRAGMA max_page_count = {pages + pages_left}")
-        return
-    assert isinstance(raw, PostgresEngine)
-    schema = raw._sql.tasks.rpartition(".")[0]
-    when = "INSERT OR UPDATE" if on_task is None else "UPDATE"
-    row = "" if on_task is None else f"WHEN (NEW.id = '{on_task}')"
-    engine.run(
-        raw._live_pool().execute(
-            f"""
-            CREATE FUNCTION {schema}.disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'
-                USING ERRCODE = 'disk_full'; END $$;
-            CREATE TRIGGER disk_full BEFORE {when} ON {raw._sql.tasks}
-                FOR EACH ROW {row} EXECUTE FUNCTION {schema}.disk_full();
-            """
-        )
-    )
-
-
-def make_room(engine: SyncEngine) -> None:
-    raw = engine.raw
-    if isinstance(raw, SQLiteEngine):
-        raw._conn().execute("PRAGMA max_page_count = 1073741823")
-        return
-    assert isinstance(raw, PostgresEngine)
-    engine.run(raw._live_pool().execute(f"DROP TRIGGER disk_full ON {raw._sql.tasks}"))
+from tests._kit.storage import LEASE, SyncEngine, make_full, make_room, spec
 
 
 def test_a_full_store_raises_storage_full_tells_the_listener_and_writes_nothing(

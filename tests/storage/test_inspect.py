@@ -4,11 +4,10 @@ introduced them; the listing and counting statements' plans."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import pathlib
 import tempfile
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,85 +15,31 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
-from ringo_trio._proto.ringo.v1 import Task, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage import listing as _listing
 from ringo_trio.server.storage.base import Ack, LeaseLost, Nack, Push, Reject, TaskFilter
 from ringo_trio.server.storage.sqlite import listing as sqlite_listing
 from ringo_trio.server.storage.sqlite import operate as sqlite_operate
 from ringo_trio.server.storage.sqlite import schema as sqlite_schema
-
-from .conftest import (
+from tests._kit.storage import (
+    CANCELLED,
+    DEAD,
     ENGINE_KINDS,
     LEASE,
+    LEASED,
+    PENDING,
+    SUCCEEDED,
     EngineKind,
     SyncEngine,
+    brute,
+    counts_of,
+    expected_counts,
     open_engine,
     postgres_kind,
     ref_of,
     spec,
+    walk,
 )
-
-PENDING, LEASED, SUCCEEDED, DEAD, CANCELLED = (
-    int(TaskState.PENDING),
-    int(TaskState.LEASED),
-    int(TaskState.SUCCEEDED),
-    int(TaskState.DEAD),
-    int(TaskState.CANCELLED),
-)
-
-
-def walk(
-    engine: SyncEngine,
-    queue: str = "q",
-    where: TaskFilter | None = None,
-    *,
-    newest_first: bool = False,
-    limit: int = 7,
-    between: Any = None,
-) -> list[Task]:
-    """Every page of a listing, calling `between()` after each page."""
-    where = where or TaskFilter()
-    seen: list[Task] = []
-    after = None
-    while True:
-        page = engine.list_tasks(queue, where, newest_first=newest_first, after=after, limit=limit)
-        assert len(page.tasks) <= limit
-        seen += page.tasks
-        if page.next_after is None:
-            return seen
-        after = page.next_after
-        if between is not None:
-            between()
-
-
-def brute(engine: SyncEngine, queue: str = "q") -> list[Task]:
-    """Every task of the queue, read one by one (the reference)."""
-    ids = [t.id for t in walk(engine, queue, limit=1000)]
-    return [engine.get(queue, task_id=i) for i in ids]
-
-
-def counts_of(engine: SyncEngine, queue: str, now: datetime) -> dict[str, dict[int, int]]:
-    stats = engine.queue_stats(queue, now, by_type=True)
-    return {
-        t.task_type: {
-            s: n
-            for s, n in zip(
-                (PENDING, LEASED, SUCCEEDED, DEAD, CANCELLED),
-                (t.pending, t.leased, t.succeeded, t.dead, t.cancelled),
-                strict=True,
-            )
-            if n
-        }
-        for t in stats.by_type
-    }
-
-
-def expected_counts(tasks: list[Task]) -> dict[str, dict[int, int]]:
-    out: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
-    for t in tasks:
-        out[t.task_type][int(t.state)] += 1
-    return {k: dict(v) for k, v in out.items()}
 
 
 def test_paging_never_repeats_or_skips_while_tasks_change(

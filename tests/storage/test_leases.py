@@ -12,8 +12,7 @@ import pytest
 from ringo_trio._proto.ringo.v1 import LeaseRef, Progress, RetryBackoff, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import LeaseLost
-
-from .conftest import LEASE, SyncEngine, claim_one, ref_of, spec
+from tests._kit.storage import LEASE, SyncEngine, claim_one, ref_of, spec
 
 # Every LeaseRef operation, as (name, call(engine, ref, now)).
 OPERATIONS: list[tuple[str, Callable[[SyncEngine, LeaseRef, Any], Any]]] = [

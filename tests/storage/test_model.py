@@ -41,8 +41,7 @@ from ringo_trio.server.storage.base import (
     Settlement,
 )
 from ringo_trio.server.storage.retry import backoff_us
-
-from .conftest import EngineKind, SyncEngine
+from tests._kit.storage import EngineKind, SyncEngine
 
 QUEUES = ("q", "r")
 TYPES = ("x", "y")

@@ -19,8 +19,7 @@ from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.postgres.schema import schedule_of
 from ringo_trio.server.storage.sqlite import SQLiteEngine
-
-from .conftest import LEASE, SyncEngine, claim_one, ref_of, spec
+from tests._kit.storage import LEASE, SyncEngine, claim_one, ref_of, spec
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Coroutine
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,21 +22,8 @@ from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import SchemaTooNew, StorageUnavailable
 from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine
 from ringo_trio.server.storage.postgres import schema as pg
-from tests._postgres import ADMIN_DSN
-
-from .conftest import LEASE, ref_of, spec
-
-GUARD = 60  # seconds: every test here uses sockets
-
-
-def run(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run `coro` on a fresh asyncio loop under the socket guard."""
-
-    async def guarded() -> Any:
-        async with asyncio.timeout(GUARD):
-            return await coro
-
-    return asyncio.run(guarded())
+from tests._kit.postgres import ADMIN_DSN
+from tests._kit.storage import LEASE, engines, ref_of, run, spec, watching
 
 
 @pytest.fixture
@@ -49,18 +35,6 @@ def dsn(storage_database: str) -> str:
 @pytest.fixture
 def schema(request: pytest.FixtureRequest) -> str:
     return "x_" + request.node.name.replace("[", "_").replace("]", "")[:40].lower()
-
-
-@contextlib.asynccontextmanager
-async def engines(dsn: str, schema: str, n: int, **kw: Any) -> AsyncIterator[list[PostgresEngine]]:
-    opened = [PostgresEngine(dsn, schema=schema, **kw) for _ in range(n)]
-    try:
-        for e in opened:
-            await e.open()
-        yield opened
-    finally:
-        for e in opened:
-            await e.close()
 
 
 async def admin(dsn: str) -> asyncpg.Connection:
@@ -307,35 +281,6 @@ def test_two_schemas_in_one_database_are_separate(dsn: str, schema: str) -> None
 # -- wake-ups across daemons -----------------------------------------------------
 
 
-class Notes:
-    """What a watch reported, with a way to wait for the next report."""
-
-    def __init__(self) -> None:
-        self.seen: list[str | None] = []
-        self._changed = asyncio.Event()
-
-    def __call__(self, queue: str | None) -> None:
-        self.seen.append(queue)
-        self._changed.set()
-
-    async def wait_for(self, queue: str | None, count: int = 1) -> None:
-        while self.seen.count(queue) < count:
-            self._changed.clear()
-            await self._changed.wait()
-
-
-@contextlib.asynccontextmanager
-async def watching(engine: PostgresEngine) -> AsyncIterator[Notes]:
-    notes = Notes()
-    async with asyncio.TaskGroup() as tg:
-        task = tg.create_task(engine.watch(notes))
-        try:
-            await notes.wait_for(None)  # listening
-            yield notes
-        finally:
-            task.cancel()
-
-
 def test_notifications_reach_other_engines_but_not_their_sender(dsn: str, schema: str) -> None:
     """Cross-daemon wake-ups: every change that may make a task claimable (enqueue,
     nack back to PENDING, retry, release, expiry back to PENDING) reaches another
@@ -538,7 +483,7 @@ def test_an_unreachable_server_is_storage_unavailable(unused_tcp_port: int) -> N
 def test_a_database_refusing_connections_is_storage_unavailable(postgres_dsn: str) -> None:
     """A database that exists but refuses connections (ALLOW_CONNECTIONS false,
     as during maintenance or a shutdown) is a retryable outage, not an internal error."""
-    from tests._postgres import ADMIN_DSN
+    from tests._kit.postgres import ADMIN_DSN
 
     name = postgres_dsn.rsplit("/", 1)[1]
 

@@ -17,8 +17,7 @@ from ringo_trio.server.retention import Retention, RetentionPolicy
 from ringo_trio.server.storage.base import NotFound
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import operate as engine_module
-
-from .conftest import (
+from tests._kit.storage import (
     ENGINE_KINDS,
     EngineKind,
     SyncEngine,

@@ -37,8 +37,7 @@ from ringo_trio.server.storage.rows import (
 )
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.server.storage.sqlite import engine as sqlite_engine
-
-from .conftest import ENGINE_KINDS, LEASE, SyncEngine, open_engine, spec
+from tests._kit.storage import ENGINE_KINDS, LEASE, SyncEngine, open_engine, spec
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 # Instants where seconds/nanos go wrong first: the epoch and just before it

@@ -9,8 +9,7 @@ import pytest
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import FailedPrecondition, NotFound
-
-from .conftest import LEASE, SyncEngine, claim_one, ref_of, spec
+from tests._kit.storage import LEASE, SyncEngine, claim_one, ref_of, spec
 
 # -- retry ---------------------------------------------------------------------
 

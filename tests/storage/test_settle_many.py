@@ -32,10 +32,18 @@ from ringo_trio.server.storage.base import (
     StorageFull,
 )
 from ringo_trio.server.storage.postgres import PostgresEngine
-
-from .conftest import SyncEngine, open_engine, postgres_kind, ref_of, spec
-from .test_full import make_full, make_room
-from .test_inspect import brute, counts_of, expected_counts
+from tests._kit.storage import (
+    SyncEngine,
+    brute,
+    counts_of,
+    expected_counts,
+    make_full,
+    make_room,
+    open_engine,
+    postgres_kind,
+    ref_of,
+    spec,
+)
 
 _queues = itertools.count()
 

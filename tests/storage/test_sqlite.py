@@ -8,7 +8,6 @@ import contextlib
 import pathlib
 import re
 import sqlite3
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -26,9 +25,10 @@ from ringo_trio.server.storage.sqlite import engine as sqlite_engine
 from ringo_trio.server.storage.sqlite import schema as sqlite_schema
 from ringo_trio.server.storage.sqlite import settle as sqlite_settle
 from ringo_trio.server.storage.sqlite import upkeep as sqlite_upkeep
-
-from .conftest import ENGINE_KINDS, LEASE, SyncEngine, claim_one, open_engine, ref_of, spec
-from .test_durability import _run_and_kill
+from tests._kit.storage import ENGINE_KINDS, LEASE, SyncEngine, claim_one, open_engine, ref_of, spec
+from tests._kit.storage import checkpointed as _checkpointed
+from tests._kit.storage import run_and_kill as _run_and_kill
+from tests._kit.storage import wal_header as _wal_header
 
 
 @pytest.fixture
@@ -439,15 +439,3 @@ def test_a_failed_checkpoint_is_logged_and_retried(
     assert [r.getMessage() for r in caplog.records] == [
         "WAL checkpoint failed (will retry): database or disk is full"
     ]
-
-
-def _wal_header(scratch: pathlib.Path) -> tuple[int, int]:
-    """(mxFrame, nBackfill) of the WAL-index header in the -shm file, read
-    without a connection (asking through one could checkpoint)."""
-    raw = (scratch / "ringo.db-shm").read_bytes()[:100]
-    return int.from_bytes(raw[16:20], sys.byteorder), int.from_bytes(raw[96:100], sys.byteorder)
-
-
-def _checkpointed(scratch: pathlib.Path) -> bool:
-    logged, backfilled = _wal_header(scratch)
-    return logged > 0 and backfilled == logged

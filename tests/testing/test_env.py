@@ -12,7 +12,7 @@ import trio.testing
 
 from ringo_trio import RetryBackoff, Task, TaskContext, TaskState
 from ringo_trio.testing import RingoTestEnv
-from tests.storage.test_sqlite import _checkpointed
+from tests._kit.storage import checkpointed
 
 pytestmark = pytest.mark.trio
 
@@ -122,7 +122,7 @@ async def test_storage_upkeep_runs_on_a_real_clock_only(tmp_path: Path) -> None:
         async with RingoTestEnv.start(time="real", data_dir=real_dir) as env:
             assert env.daemon.config.storage_upkeep
             await env.client.queue("q").enqueue(task_type="t", payload=bytes(16 * 1024))
-            while not _checkpointed(real_dir):  # noqa: ASYNC110 (SQLite's -shm is the witness)
+            while not checkpointed(real_dir):  # noqa: ASYNC110 (SQLite's -shm is the witness)
                 await trio.sleep(0.01)
         async with RingoTestEnv.start(data_dir=loop_dir) as env:
             assert not env.daemon.config.storage_upkeep

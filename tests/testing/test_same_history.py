@@ -15,8 +15,7 @@ import trio.testing
 
 from ringo_trio import Ringo
 from ringo_trio.testing import AutojumpEventLoop, DaemonProcess, RingoTestEnv, spawn_daemon
-
-from ._scenario import EXPECTED, retry_scenario
+from tests._kit.scenario import EXPECTED, retry_scenario
 
 HOUR = timedelta(hours=1)
 

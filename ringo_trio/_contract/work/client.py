@@ -10,7 +10,7 @@ events to act on (`StartHandler`, `CancelHandler`, `CommandDone`). It never
 reads a clock: every call that depends on time takes ``now`` (a monotonic
 reading in seconds). It imports nothing from trio, anyio, asyncio, grpclib or
 the generated wire code, so hypothesis can drive it through millions of
-interleavings without a socket (``tests/sdk/test_session.py``).
+interleavings without a socket (``tests/contract/test_client_session.py``).
 
 What it owns:
 

@@ -27,7 +27,7 @@ encoding it (a property test holds it above the real encoding):
 * **GetQueueStats** counts at most `MAX_STATS_TASK_TYPES` task types one by one.
 
 ListQueues pages, RetryTasks, DeleteTasks and the Work stream's frames fit
-by their limits; tests/server/test_reply_bounds.py calls every RPC at its
+by their limits; tests/server/rpc/test_reply_bounds.py calls every RPC at its
 limits with a default grpcio client.
 """
 

@@ -1,0 +1,234 @@
+"""`ringo_trio._queue._batch`: EnqueueMany replies decoded straight into models.
+
+The reference is the generic decoder (tests/_kit/generic_frames.py's
+`decode_enqueue_many_response`: the shared codec plus `batch_result`): on any reply, valid or
+corrupted, the fast decoder gives the same `BatchResult` or the same error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ringo_trio._errors import InvalidArgumentError
+from ringo_trio._models import TaskSpec as ModelTaskSpec
+from ringo_trio._proto.ringo.v1 import (
+    EnqueueManyResponse,
+    EnqueueResult,
+    RequestContext,
+    RetryBackoff,
+    Task,
+)
+from ringo_trio._queue import _batch as _batch_wire
+from ringo_trio._queue._batch import encode_enqueue_many_request
+from ringo_trio._wire.codec import encode
+from ringo_trio.testing.strategies import names, retry_backoffs
+from tests._kit.generic_frames import (
+    decode_enqueue_many_response,
+    encode_enqueue_many_request_from_specs,
+)
+from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, hot_task, messages
+
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Any reply: every field of every level, unknown fields included (most of
+# these leave the fast path somewhere; the generic decoder decides).
+ANY_REPLY = messages(EnqueueManyResponse, BETTERPROTO_DURATIONS, nan=False)
+
+# What the daemon sends for fresh and most duplicate tasks: fields 1-15 only.
+
+
+def _fresh(task: Task) -> Task:
+    """What an EnqueueMany reply carries: a pushed task's fields, never leased."""
+    task = hot_task(task)
+    task.worker_id = ""
+    task.lease_until = None
+    return task
+
+
+FRESH_REPLY = st.builds(
+    lambda results, created, duplicates: EnqueueManyResponse(
+        results=[EnqueueResult(task=_fresh(task), created=was) for task, was in results],
+        created_count=created,
+        duplicate_count=duplicates,
+    ),
+    st.lists(
+        st.tuples(messages(Task, BETTERPROTO_DURATIONS, nan=False), st.booleans()), max_size=5
+    ),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**32 - 1),
+)
+
+
+def _outcome(decoder: Any, data: bytes) -> Any:
+    try:
+        return decoder(data)
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+@PROPERTY
+@given(ANY_REPLY)
+def test_any_reply_decodes_as_the_generic_decoder_does(reply: EnqueueManyResponse) -> None:
+    """Property (same answer): on any reply the result is the generic decoder's."""
+    data = encode(reply)
+    assert _outcome(_batch_wire.decode_enqueue_many_reply, data) == _outcome(
+        decode_enqueue_many_response, data
+    )
+
+
+@PROPERTY
+@given(FRESH_REPLY)
+def test_replies_of_fresh_tasks_take_the_fast_path(reply: EnqueueManyResponse) -> None:
+    """Property (fast path taken, same answer): replies whose tasks carry fields
+    1-15 only — what an enqueue creates — are read without the generic
+    decoder, into the very models it would build."""
+    data = encode(reply)
+    assert _batch_wire._decode(data) == decode_enqueue_many_response(data)
+
+
+@PROPERTY
+@given(st.one_of(ANY_REPLY, FRESH_REPLY), st.data())
+def test_corrupted_replies_fail_or_decode_as_the_generic_decoder(
+    reply: EnqueueManyResponse, data: st.DataObject
+) -> None:
+    """Property (same error): a corrupted byte gives the generic decoder's
+    result or exactly its error."""
+    encoded = bytearray(encode(reply))
+    if not encoded:
+        return
+    for _ in range(data.draw(st.integers(1, 3))):
+        index = data.draw(st.integers(0, len(encoded) - 1))
+        encoded[index] = data.draw(st.integers(0, 255))
+    cut = bytes(encoded[: data.draw(st.integers(0, len(encoded)))])
+    for attempt in (bytes(encoded), cut):
+        assert _outcome(_batch_wire.decode_enqueue_many_reply, attempt) == _outcome(
+            decode_enqueue_many_response, attempt
+        )
+
+
+def test_a_result_without_its_task_is_refused_as_before() -> None:
+    """Example: a result missing its task is the generic decoder's error."""
+    data = encode(EnqueueManyResponse(results=[EnqueueResult(created=True)]))
+    with pytest.raises(InvalidArgumentError, match="no task"):
+        _batch_wire.decode_enqueue_many_reply(data)
+
+
+def test_repeated_backoffs_are_shared_values() -> None:
+    """Example: a 1,000-task reply with one retry policy builds it once (the
+    models are frozen, so sharing never changes a result)."""
+    task = Task(id="a", queue="q", task_type="t", state=1, max_attempts=3)
+    task.retry_backoff = RetryBackoff(
+        initial=timedelta(seconds=1), maximum=timedelta(seconds=300), multiplier=2.0
+    )
+    data = encode(EnqueueManyResponse(results=[EnqueueResult(task=task, created=True)] * 3))
+    batch = _batch_wire._decode(data)
+    backoffs = {id(result.task.retry_backoff) for result in batch.results}
+    assert len(backoffs) == 1
+    assert batch == decode_enqueue_many_response(data)
+
+
+# -- payloads of created tasks ----------------------------------------------------------
+
+
+def _sent_payloads(reply: EnqueueManyResponse, data: st.DataObject) -> list[bytes]:
+    """What a client may have sent for `reply`'s results: one payload per
+    result (sometimes fewer or more)."""
+    count = len(reply.results) + data.draw(st.integers(-1, 1))
+    return data.draw(
+        st.lists(st.binary(max_size=20), min_size=max(count, 0), max_size=max(count, 0))
+    )
+
+
+def _reference(data: bytes, payloads: list[bytes]) -> Any:
+    """The generic decoder's result, each created task without a payload
+    given the one sent for it."""
+    try:
+        batch = decode_enqueue_many_response(data)
+    except Exception as exc:
+        return (type(exc), str(exc))
+    results = list(batch.results)
+    for index, result in enumerate(results):
+        if index < len(payloads) and result.created and not result.task.payload:
+            results[index] = dataclasses.replace(
+                result, task=dataclasses.replace(result.task, payload=payloads[index])
+            )
+    return dataclasses.replace(batch, results=tuple(results))
+
+
+def _compact(reply: EnqueueManyResponse) -> EnqueueManyResponse:
+    """`reply` as the daemon sends it from minor 11: no payloads."""
+    for result in reply.results:
+        if result.task is not None:
+            result.task.payload = b""
+    return reply
+
+
+@PROPERTY
+@given(st.one_of(ANY_REPLY, FRESH_REPLY, FRESH_REPLY.map(_compact)), st.data())
+def test_created_tasks_without_a_payload_get_the_one_sent(
+    reply: EnqueueManyResponse, data: st.DataObject
+) -> None:
+    """Property (a created task is what was sent): decoded with the payloads
+    sent, a created task the reply carries without a payload has the one
+    sent for it; every other task is exactly the generic decoder's (a
+    duplicate keeps what the reply says), on the fast path or not."""
+    encoded = encode(reply)
+    payloads = _sent_payloads(reply, data)
+    assert _outcome(
+        lambda d: _batch_wire.decode_enqueue_many_reply(d, payloads), encoded
+    ) == _reference(encoded, payloads)
+
+
+@PROPERTY
+@given(FRESH_REPLY.map(_compact), st.data())
+def test_compact_replies_of_fresh_tasks_take_the_fast_path(
+    reply: EnqueueManyResponse, data: st.DataObject
+) -> None:
+    """Property (fast path taken): a compact reply of fresh tasks is read
+    without the generic decoder, the payloads sent filled in."""
+    encoded = encode(reply)
+    payloads = _sent_payloads(reply, data)
+    assert _batch_wire._decode(encoded, payloads) == _reference(encoded, payloads)
+
+
+# -- the request ----------------------------------------------------------------------
+
+_SPECS = st.builds(
+    ModelTaskSpec,
+    task_type=names(),
+    payload=st.binary(max_size=200),
+    unique_key=st.none()
+    | st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8).filter(bool),
+    max_attempts=st.none() | st.integers(1, 100),
+    retry_backoff=st.none() | retry_backoffs(),
+    priority=st.integers(-(2**31), 2**31 - 1),
+).flatmap(
+    lambda spec: st.one_of(
+        st.just(spec),
+        st.timedeltas(timedelta(0), timedelta(days=3)).map(
+            lambda delay: dataclasses.replace(spec, delay=delay)
+        ),
+        st.datetimes(max_value=datetime(8999, 1, 1), timezones=st.just(UTC)).map(
+            lambda moment: dataclasses.replace(spec, not_before=moment)
+        ),
+    )
+)
+
+
+@PROPERTY
+@given(st.lists(_SPECS, max_size=8), st.none() | messages(RequestContext), names())
+def test_requests_encode_byte_equal_to_the_generic_encoder(
+    specs: list[ModelTaskSpec], context: RequestContext | None, queue: str
+) -> None:
+    """Property (same bytes): any specs — shared and distinct attempts,
+    policies, schedules, priorities — encode as the generic encoder does."""
+    specs = specs + specs[:3]  # repeats hit the request's memo
+    assert encode_enqueue_many_request(
+        context, queue, specs
+    ) == encode_enqueue_many_request_from_specs(context, queue, specs)
