@@ -24,7 +24,7 @@ not an integer (SQLite may hold a REAL), a state not in `TaskState` — goes
 the reference way (the caller's `reference`, storage's ``Push.of(leased(row))``),
 so every frame is the one the generic encoder writes, and a row the
 reference rejects is rejected alike. Property tests hold the two byte-equal
-on random rows and on both engines (tests/storage/test_push_rows.py).
+on random rows and on both engines (tests/server/storage/test_push_rows.py).
 
 Storage calls `push_rows` inside the claim's transaction (SQLite) or its
 hand-back guard (PostgreSQL), so a push that cannot be encoded leaves no

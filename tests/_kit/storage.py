@@ -3,7 +3,7 @@ in a schema of a shared database) behind a synchronous facade on a private async
 loop, and the helpers the storage test modules share (specs, claims, lease refs,
 brute-force listings, a full store, a kill -9 child, PostgreSQL notifications).
 
-The fixtures built on these live in tests/storage/conftest.py."""
+The fixtures built on these live in tests/server/storage/conftest.py."""
 
 from __future__ import annotations
 

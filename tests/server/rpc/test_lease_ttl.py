@@ -121,7 +121,7 @@ async def test_below_minor_11_push_frames_are_the_bytes_they_were(
     frame per push at minor 9, a batch frame at minor 10 — is byte for byte
     the generic encoding of its LeasedTasks without a ttl, which is what
     the daemon wrote before leases carried one (its pushes were encoded
-    from rows byte-equal to the generic encoder, tests/storage)."""
+    from rows byte-equal to the generic encoder, tests/server/storage)."""
     clock = ManualClock()
     stream = await _push_three(tmp_path, minor, clock)
     assert stream.raw

@@ -24,7 +24,7 @@ ACTIVE = f"state IN ({PENDING}, {LEASED})"
 # SQLite evaluates a partial index's term for the old and the new row of
 # every write, and an IN list of three builds a lookup table per statement
 # execution (settling: about 9 us CPU less per task, docs/operations.md).
-# The finished states are the highest ones (tests/storage/test_sqlite.py
+# The finished states are the highest ones (tests/server/storage/test_sqlite.py
 # checks it). The unary `+` keeps the term out of the planner's index
 # constraints, where a range on `state` would win over a query's own
 # `state = ?` and sort what it finds; the index's own term carries it too,

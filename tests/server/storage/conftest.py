@@ -2,7 +2,7 @@
 
 Every test in this directory that takes `engine` (or `engine_kind`) runs once
 per engine kind: "sqlite" (a file in the test's scratch dir) and "postgres"
-(the real server of tests/_postgres.py). PostgreSQL tests share one database
+(the real server of tests/_kit/postgres.py). PostgreSQL tests share one database
 per test session and each scratch dir gets a schema of its own in it: a
 schema is ~15 ms to create and migrate, a fresh database ~150 ms, and the
 schema is exactly the unit the engine isolates deployments by.
@@ -10,7 +10,7 @@ schema is exactly the unit the engine isolates deployments by.
 Engines belong to the daemon, which is asyncio: a PostgreSQL engine will sit
 on an asyncio driver and could not run under trio. So the suite drives every
 engine on one `asyncio.Runner` per test, behind a thin synchronous facade
-(`SyncEngine`): tests read as plain calls, and the hypothesis state machine
+(`SyncEngine`, in tests/_kit/storage.py): tests read as plain calls, and the hypothesis state machine
 can call the engine from its synchronous rules.
 """
 

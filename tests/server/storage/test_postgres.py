@@ -1,7 +1,7 @@
 """What only the PostgreSQL engine has: several engines (daemons) on one database at
 once, versioned migrations, LISTEN/NOTIFY wake-ups and connection loss.
 
-Every test talks to the real server (tests/_postgres.py). Several engines on one
+Every test talks to the real server (tests/_kit/postgres.py). Several engines on one
 database stand for several daemons on several machines: each has its own pool and
 sessions, exactly as separate processes would.
 """
