@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, Task, TaskSpec, TaskState
 from ringo_trio.server.storage.base import (
     Storage,
     TaskFilter,
 )
-
-from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, Task, TaskSpec, TaskState
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 

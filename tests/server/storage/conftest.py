@@ -10,8 +10,8 @@ schema is exactly the unit the engine isolates deployments by.
 Engines belong to the daemon, which is asyncio: a PostgreSQL engine will sit
 on an asyncio driver and could not run under trio. So the suite drives every
 engine on one `asyncio.Runner` per test, behind a thin synchronous facade
-(`SyncEngine`, in tests/_kit/storage.py): tests read as plain calls, and the hypothesis state machine
-can call the engine from its synchronous rules.
+(`SyncEngine`, in tests/_kit/storage.py): tests read as plain calls, and the
+hypothesis state machine can call the engine from its synchronous rules.
 """
 
 from __future__ import annotations
