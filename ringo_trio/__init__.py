@@ -2,6 +2,7 @@
 
 from ._client import Ringo as Ringo
 from ._client import RingoClient as RingoClient
+from ._contract.versions import __version__ as __version__
 from ._errors import FailedPreconditionError as FailedPreconditionError
 from ._errors import IncompatibleVersionError as IncompatibleVersionError
 from ._errors import InvalidArgumentError as InvalidArgumentError
@@ -32,7 +33,6 @@ from ._supervise.parent import RestartPolicy as RestartPolicy
 from ._supervise.parent import SupervisedProcess as SupervisedProcess
 from ._supervise.parent import Supervisor as Supervisor
 from ._supervise.parent import SupervisorError as SupervisorError
-from ._version import __version__ as __version__
 from ._work._concurrency import AdaptiveConcurrency as AdaptiveConcurrency
 from ._work._concurrency import ResourceConcurrency as ResourceConcurrency
 from ._work._concurrency import ResourceSample as ResourceSample

@@ -47,6 +47,7 @@ import anyio
 import anyio.abc
 
 from ._contract import versions as _versions
+from ._contract.versions import SDK_NAME, SDK_VERSION
 from ._endpoint import Endpoint, parse_endpoint
 from ._errors import (
     IncompatibleVersionError,
@@ -70,7 +71,6 @@ from ._transport.base import (
     StreamChannels,
 )
 from ._transport.grpclib import Transport
-from ._version import SDK_NAME, SDK_VERSION
 
 if TYPE_CHECKING:
     from ._local.shared import SharedLocalDaemon

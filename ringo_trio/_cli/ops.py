@@ -18,8 +18,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._client import Ringo, RingoClient
+from .._contract.durations import parse_duration
 from .._contract.limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
-from .._durations import parse_duration
 from .._errors import InvalidArgumentError
 from .._models import QueueStats, Task, TaskSpec, TaskState
 from .._supervise.parent import TOKEN_ENV

@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+#: The package (SDK and daemon alike): what the SDK negotiates as and the
+#: daemon reports as its own version.
+SDK_NAME: Final = "ringo-trio"
+SDK_VERSION: Final = "0.1.0"
+__version__ = SDK_VERSION
 MAJOR: Final = 1
 #: Newest minor this package speaks (client) and serves (daemon).
 MINOR: Final = 11

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 
 from .._contract import limits as _limits
+from .._contract.durations import MAX_RETENTION
 from .._contract.versions import Feature
-from .._durations import MAX_RETENTION
 from .._errors import InvalidArgumentError, RingoError, require
 from .._models import (
     BatchResult,

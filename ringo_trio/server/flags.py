@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from ringo_trio._contract import limits, versions
-from ringo_trio._durations import FOREVER, format_retention, parse_retention
-from ringo_trio._version import SDK_VERSION
+from ringo_trio._contract.durations import FOREVER, format_retention, parse_retention
+from ringo_trio._contract.versions import SDK_VERSION
 
 from .logs import LOG_FORMATS
 from .retention import (

@@ -39,7 +39,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from ringo_trio._contract import readiness, versions
-from ringo_trio._version import SDK_VERSION
+from ringo_trio._contract.versions import SDK_VERSION
 
 from .daemon import Daemon, DaemonConfig, ListenError, format_endpoint
 from .flags import (

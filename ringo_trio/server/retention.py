@@ -40,8 +40,8 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
+from ringo_trio._contract.durations import format_retention
 from ringo_trio._contract.limits import MAX_DELETE_BATCH
-from ringo_trio._durations import format_retention
 from ringo_trio._proto.ringo.v1 import TaskState
 
 from .clock import Clock

@@ -95,7 +95,7 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
 from ringo_trio._contract import limits, reasons, versions
-from ringo_trio._contract.versions import Feature, FeatureMissing, Features
+from ringo_trio._contract.versions import SDK_VERSION, Feature, FeatureMissing, Features
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     AckResponse,
@@ -146,7 +146,6 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
-from ringo_trio._version import SDK_VERSION
 
 from ..clock import Clock
 from ..storage.base import (

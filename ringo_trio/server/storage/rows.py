@@ -20,7 +20,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from ringo_trio._contract.limits import (
     DEFAULT_BACKOFF_INITIAL,
@@ -69,8 +69,13 @@ def task_row(cells: Iterable[Any]) -> TaskRow:
 
 _new_tuple = tuple.__new__
 # Positions in COLS that the engines read by name.
-C_SEQ, C_ID, C_QUEUE, C_TASK_TYPE, C_ATTEMPT, C_PRIORITY, C_AVAILABLE = 0, 1, 2, 3, 7, 9, 15
-C_WORKER, C_LEASE_UNTIL, C_TOKEN = 22, 23, 24
+C_SEQ, C_ID, C_QUEUE, C_TASK_TYPE, C_ATTEMPT, C_PRIORITY, C_AVAILABLE = (
+    TaskRow._fields.index(name)
+    for name in ("seq", "id", "queue", "task_type", "attempt", "priority", "available_at")
+)
+C_WORKER, C_LEASE_UNTIL, C_TOKEN = (
+    TaskRow._fields.index(name) for name in ("worker_id", "lease_until", "lease_token")
+)
 
 
 def new_lease_token() -> str:
@@ -114,36 +119,42 @@ def opt_from_us(us: int | None) -> datetime | None:
 
 
 def row_task(row: Sequence[Any]) -> Task:
-    # Literal positions of _COLS: this runs for every row a call returns.
+    # By name: TaskRow is the one statement of the column order (COLS is
+    # its fields), so no position is written twice.
+    r = task_row(row)
     progress = None
-    if row[21] is not None:
+    if r.progress_at is not None:
+        # The engines write the four progress columns together.
         progress = Progress(
-            current=row[18], total=row[19], message=row[20], updated_at=from_us(row[21])
+            current=cast(float, r.progress_current),
+            total=cast(float, r.progress_total),
+            message=cast(str, r.progress_message),
+            updated_at=from_us(r.progress_at),
         )
     return Task(
-        id=row[1],
-        queue=row[2],
-        task_type=row[3],
-        payload=row[4],
-        unique_key=row[5],
-        state=STATES[row[6]],
-        attempt=row[7],
-        max_attempts=row[8],
-        priority=row[9],
+        id=r.id,
+        queue=r.queue,
+        task_type=r.task_type,
+        payload=r.payload,
+        unique_key=r.unique_key,
+        state=STATES[r.state],
+        attempt=r.attempt,
+        max_attempts=r.max_attempts,
+        priority=r.priority,
         retry_backoff=RetryBackoff(
-            initial=duration_from_us(row[10]),
-            maximum=duration_from_us(row[11]),
-            multiplier=row[12],
+            initial=duration_from_us(r.backoff_initial_us),
+            maximum=duration_from_us(r.backoff_max_us),
+            multiplier=r.backoff_multiplier,
         ),
-        created_at=from_us(row[13]),
-        updated_at=from_us(row[14]),
-        available_at=from_us(row[15]),
-        finished_at=opt_from_us(row[16]),
-        last_error=row[17],
+        created_at=from_us(r.created_at),
+        updated_at=from_us(r.updated_at),
+        available_at=from_us(r.available_at),
+        finished_at=opt_from_us(r.finished_at),
+        last_error=r.last_error,
         progress=progress,
-        worker_id=row[22],
-        lease_until=opt_from_us(row[23]),
-        result=None if row[25] is None else bytes(row[25]),
+        worker_id=r.worker_id,
+        lease_until=opt_from_us(r.lease_until),
+        result=None if r.result is None else bytes(r.result),
     )
 
 

@@ -73,7 +73,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from ringo_trio._contract import limits, versions
-from ringo_trio._durations import parse_duration
+from ringo_trio._contract.durations import parse_duration
 from ringo_trio._proto.ringo.v1 import (
     CancelTaskRequest,
     DeleteTasksRequest,

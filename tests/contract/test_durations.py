@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ringo_trio._durations import (
+from ringo_trio._contract.durations import (
     FOREVER,
     MAX_RETENTION,
     format_duration,
