@@ -1083,17 +1083,9 @@ class SimWorker:
         self._resuming = False
 
     def _call(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        session = self.session
-        live = session is not None and session.state not in (State.ENDED, State.ERROR)
-        if fn != self._tick and live:
-            when = session.next_deadline()  # type: ignore[union-attr]
-            if when is not None and when <= self.clock():
-                # After a freeze, the timer runs before anything else that
-                # was due meanwhile. (The SDK may run a finished handler's
-                # settlement first: `settle` trusts the last `poll`, so an ack
-                # can go out past the local deadline — refused by storage if
-                # the daemon's lease ran out too; see the module docstring.)
-                self._tick(self._timer)
+        # After a freeze, what was due runs in the order it fell due: a
+        # handler may finish before the timer sees a deadline that passed
+        # meanwhile (`WorkSession.settle` checks the deadline itself).
         fn(*args)
 
     def _true_time(self, when: float) -> float:

@@ -1570,6 +1570,32 @@ def test_local_deadline_without_a_renewal_in_flight_hands_the_lease_back() -> No
     assert credit.available == 1
 
 
+@pytest.mark.parametrize("renewing", [False, True], ids=["no-renewal", "renewal-out"])
+def test_a_handler_finishing_past_the_local_deadline_does_not_ack(renewing: bool) -> None:
+    """Property: a lease that expired is never acked, even when the handler
+    finishes in the step that ends a freeze, before any `poll` saw the
+    deadline (before, `settle` trusted the last `poll` and the ack went out
+    past the local deadline). The lease is given up as `poll` gives it up —
+    handed back when no renewal is out — and the finished handler's slot is
+    free at once."""
+    session, _ = active(1, lease=9.0)
+    session.task_pushed(A, "tok", 9.0, 0.0)
+    if renewing:
+        (extend,) = session.poll(6.0)
+        assert isinstance(extend, Extend)
+    outputs = session.settle(A, Outcome.ACK, 9.5)
+    settles = of_type(outputs, Settle)
+    assert all(settle.outcome is not Outcome.ACK for settle in settles)
+    assert of_type(outputs, CancelHandler) == []  # nothing left to cancel
+    if renewing:
+        assert settles == []  # the renewal's answer ends it (nacked if renewed)
+    else:
+        (nack,) = settles
+        assert (nack.key, nack.lease_token, nack.outcome) == (A, "tok", Outcome.NACK)
+    assert session.in_flight == 0
+    assert not session.holds(A)
+
+
 def test_a_settled_lease_is_not_cancelled_when_its_progress_report_is_refused() -> None:
     """Found by the state machine: progress on A, then A settled, then the
     progress result LEASE_LOST used to cancel a handler that had returned."""

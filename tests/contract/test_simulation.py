@@ -105,7 +105,7 @@ Mutation witnesses (each break made in the machine, the tests run with
   successes; an ack after expiry: a lease that expired is never acked; a
   release that spends the attempt: no attempt spent by our own stopping.
 
-Three things the simulation found are pinned rather than hidden:
+Three things the simulation found are pinned rather than hidden (and fixed):
 
 * before the client machine took orphans as *outside slots*, a stream
   registered while orphans held every slot asked for ``max(1, 0)`` = 1 and
@@ -119,11 +119,14 @@ Three things the simulation found are pinned rather than hidden:
   paused). Every minor now offers that slot only once the renewal is
   answered (`test_absolute_credit_waits_for_the_renewal_of_a_lease_lost_meanwhile`
   in tests/contract/test_client_session.py);
-* `WorkSession.settle` trusts the state of the last `poll`: when a handler
-  finishes in the same loop step that ends a freeze, before the timer runs,
-  its ack goes out although the local deadline has passed (storage refuses
-  it if the daemon's lease ran out too; the task is retried). The
-  simulation lets the timer run first after a freeze.
+* `WorkSession.settle` trusted the state of the last `poll`: a handler
+  that finished in the step ending a freeze, before the timer ran, had its
+  ack sent past the local deadline. The simulation used to run the timer
+  first after a freeze to keep this out of view; now `settle` checks the
+  deadline itself (gives the lease up as `poll` would), the simulation runs
+  what fell due in order, and without the check ``[a lease that expired is
+  never acked]`` fails within the default run
+  (`test_a_handler_finishing_past_the_local_deadline_does_not_ack`).
 
 Replaying a failure: hypothesis prints the falsifying ``scenario=Scenario(...)``
 and a ``@reproduce_failure(...)`` line. Paste the scenario into

@@ -862,6 +862,21 @@ class WorkSession:
         lease = self._leases.get(key)
         if lease is None or lease.state is not LeaseState.HELD:
             raise LocalProtocolError(f"task {key.task_id} attempt {key.attempt} is not held")
+        if now >= lease.deadline:
+            # The deadline passed and no `poll` has seen it yet (a freeze that
+            # ended in this very step): the outcome is not sent — an ack would
+            # outlive the lease — the lease is given up as `poll` gives it up,
+            # and the handler, finished, frees its slot.
+            out: list[Output] = [
+                output
+                for output in self._lose(key, "lease expired before it could be renewed")
+                if not isinstance(output, CancelHandler)
+            ]
+            if not lease.renewing:
+                out += self._release_renewed(
+                    key, lease, now, "the worker's local lease deadline passed"
+                )
+            return out + self._free_exited(key, now)
         settle = self._send_settle(key, lease, outcome, now, error, retry_delay, result)
         self._slots.discard(key)
         credit = self._maybe_credit(now)
@@ -898,6 +913,10 @@ class WorkSession:
             raise LocalProtocolError(
                 f"task {key.task_id}: a handler with a live lease must settle, not exit"
             )
+        return self._free_exited(key, now)
+
+    def _free_exited(self, key: LeaseKey, now: float) -> list[Output]:
+        lease = self._leases.get(key)
         self._slots.discard(key)
         if lease is not None and lease.renewing:
             # Lost here, but the daemon counts it until its renewal is answered.
