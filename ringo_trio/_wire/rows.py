@@ -42,14 +42,24 @@ from .._proto.ringo.v1 import LeasedTask, TaskState
 from .codec import encode
 from .primitives import SMALL, seconds_nanos_body, varint
 
-__all__ = ["MAX_DURATION_US", "MAX_US", "MIN_US", "Push", "TaskRow", "push_rows"]
+__all__ = [
+    "EPOCH",
+    "MAX_DURATION_US",
+    "MAX_US",
+    "MICRO",
+    "MIN_US",
+    "Push",
+    "TaskRow",
+    "from_us",
+    "push_rows",
+]
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICRO = timedelta(microseconds=1)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICRO = timedelta(microseconds=1)
 # The range a protobuf Timestamp (and `datetime`) can express, in µs since
 # the epoch.
-MIN_US = (datetime(1, 1, 1, tzinfo=UTC) - _EPOCH) // _MICRO
-MAX_US = (datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC) - _EPOCH) // _MICRO
+MIN_US = (datetime(1, 1, 1, tzinfo=UTC) - EPOCH) // MICRO
+MAX_US = (datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC) - EPOCH) // MICRO
 # A protobuf Duration's range is +-10,000 years; stored durations are >= 0.
 MAX_DURATION_US = 315_576_000_000 * 1_000_000
 
@@ -202,11 +212,12 @@ def _timestamp(us: int) -> bytes:
     return seconds_nanos_body(seconds, micros * 1000)
 
 
-def _instant(us: int) -> datetime:
-    """`us` µs since the epoch as a datetime, clamped as `_timestamp` clamps."""
+def from_us(us: int) -> datetime:
+    """`us` µs since the epoch as a datetime, clamped as `_timestamp` clamps
+    (`not a <= us <= b` also catches a NaN: a REAL that SQLite stored)."""
     if not MIN_US <= us <= MAX_US:
         us = MAX_US if us > 0 else MIN_US
-    return _EPOCH + timedelta(microseconds=us)
+    return EPOCH + timedelta(microseconds=us)
 
 
 def _duration(us: int) -> bytes:
@@ -326,7 +337,7 @@ def push_rows(rows: Sequence[TaskRow], reference: Callable[[TaskRow], Push]) -> 
             shared = leases[owner] = (
                 _text(b"\x8a\x01", worker_id) + b"\x92\x01" + until,
                 _text(b"\x22", worker_id) + b"\x2a" + until,
-                _instant(lease_until),
+                from_us(lease_until),
             )
         id_field = _text(b"\x0a", task_id)
         task = b"".join(

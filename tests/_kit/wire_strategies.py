@@ -206,3 +206,13 @@ def hot_task(task: Task) -> Task:
     if task.retry_backoff is not None:
         task.retry_backoff._unknown_fields = b""
     return task
+
+
+def outcome(decoder: Any, data: bytes) -> Any:
+    """What ``decoder`` makes of ``data``: its result, or the type and text of
+    what it raised (so a hand-unrolled decoder and the generic one compare
+    equal on bad input too)."""
+    try:
+        return decoder(data)
+    except Exception as exc:
+        return (type(exc), str(exc))

@@ -32,7 +32,7 @@ from tests._kit.generic_frames import (
     decode_enqueue_many_response,
     encode_enqueue_many_request_from_specs,
 )
-from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, hot_task, messages
+from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, hot_task, messages, outcome
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -65,19 +65,12 @@ FRESH_REPLY = st.builds(
 )
 
 
-def _outcome(decoder: Any, data: bytes) -> Any:
-    try:
-        return decoder(data)
-    except Exception as exc:
-        return (type(exc), str(exc))
-
-
 @PROPERTY
 @given(ANY_REPLY)
 def test_any_reply_decodes_as_the_generic_decoder_does(reply: EnqueueManyResponse) -> None:
     """Property (same answer): on any reply the result is the generic decoder's."""
     data = encode(reply)
-    assert _outcome(_batch_wire.decode_enqueue_many_reply, data) == _outcome(
+    assert outcome(_batch_wire.decode_enqueue_many_reply, data) == outcome(
         decode_enqueue_many_response, data
     )
 
@@ -107,7 +100,7 @@ def test_corrupted_replies_fail_or_decode_as_the_generic_decoder(
         encoded[index] = data.draw(st.integers(0, 255))
     cut = bytes(encoded[: data.draw(st.integers(0, len(encoded)))])
     for attempt in (bytes(encoded), cut):
-        assert _outcome(_batch_wire.decode_enqueue_many_reply, attempt) == _outcome(
+        assert outcome(_batch_wire.decode_enqueue_many_reply, attempt) == outcome(
             decode_enqueue_many_response, attempt
         )
 
@@ -180,7 +173,7 @@ def test_created_tasks_without_a_payload_get_the_one_sent(
     duplicate keeps what the reply says), on the fast path or not."""
     encoded = encode(reply)
     payloads = _sent_payloads(reply, data)
-    assert _outcome(
+    assert outcome(
         lambda d: _batch_wire.decode_enqueue_many_reply(d, payloads), encoded
     ) == _reference(encoded, payloads)
 

@@ -12,7 +12,6 @@ bytes.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,7 +31,7 @@ from ringo_trio._work import _frames as _work_wire
 from ringo_trio._work._frames import PushedTask
 from tests._kit import generic_frames as generic
 from tests._kit.generic_frames import decode_work_response as generic_decode
-from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, DURATIONS, hot_task, messages
+from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, DURATIONS, hot_task, messages, outcome
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -66,19 +65,12 @@ HOT_FRAME = st.one_of(
 )
 
 
-def _outcome(decoder: Any, data: bytes) -> Any:
-    try:
-        return decoder(data)
-    except Exception as exc:
-        return (type(exc), str(exc))
-
-
 @PROPERTY
 @given(ANY_FRAME)
 def test_any_frame_decodes_as_the_generic_decoder_does(frame: WorkResponse) -> None:
     """Property (same answer): on any frame the result is the generic decoder's."""
     data = encode(frame)
-    assert _outcome(_work_wire.decode_work_response, data) == _outcome(generic_decode, data)
+    assert outcome(_work_wire.decode_work_response, data) == outcome(generic_decode, data)
 
 
 @PROPERTY
@@ -106,9 +98,7 @@ def test_corrupted_frames_fail_or_decode_as_the_generic_decoder(
         encoded[index] = data.draw(st.integers(0, 255))
     cut = bytes(encoded[: data.draw(st.integers(0, len(encoded)))])
     for attempt in (bytes(encoded), cut):
-        assert _outcome(_work_wire.decode_work_response, attempt) == _outcome(
-            generic_decode, attempt
-        )
+        assert outcome(_work_wire.decode_work_response, attempt) == outcome(generic_decode, attempt)
 
 
 @PROPERTY
@@ -121,7 +111,7 @@ def test_concatenated_frames_decode_as_the_generic_decoder(
     one member twice, where the last wins) give the generic decoder's result
     or error."""
     data = encode(first) + encode(second)
-    assert _outcome(_work_wire.decode_work_response, data) == _outcome(generic_decode, data)
+    assert outcome(_work_wire.decode_work_response, data) == outcome(generic_decode, data)
 
 
 def _field(number: int, body: bytes) -> bytes:
@@ -150,7 +140,7 @@ def test_merged_pushes_decode_as_the_generic_decoder(
     else:
         body = _field(1, encode(a.task)) + _field(2, encode(a.lease) + encode(b.lease))
     data = _field(2, body)
-    assert _outcome(_work_wire.decode_work_response, data) == _outcome(generic_decode, data)
+    assert outcome(_work_wire.decode_work_response, data) == outcome(generic_decode, data)
 
 
 # Any Duration a ttl's bytes can hold: whole microseconds (what a daemon
@@ -188,8 +178,8 @@ def test_a_pushed_lease_s_ttl_reads_as_the_generic_decoder_reads_it(
     ttl = _field(6, b"\x08" + varint(seconds) + b"\x10" + varint(nanos))
     lease = encode(leased.lease) + ttl if last else ttl + encode(leased.lease)
     data = _field(2, _field(1, encode(leased.task)) + _field(2, lease))
-    generic_outcome = _outcome(generic_decode, data)
-    assert _outcome(_work_wire.decode_work_response, data) == generic_outcome
+    generic_outcome = outcome(generic_decode, data)
+    assert outcome(_work_wire.decode_work_response, data) == generic_outcome
     if last and not isinstance(generic_outcome, tuple):
         assert _work_wire._decode(data) == generic_outcome
 

@@ -139,17 +139,36 @@ emit another frame.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import functools
 import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 from .. import reasons
 from ..versions import Feature, FeatureMissing, Features
+from .client_events import (
+    Answered,
+    CancelHandler,
+    CommandDone,
+    CommandError,
+    CommandKind,
+    Credit,
+    Drain,
+    Extend,
+    Frame,
+    LeaseKey,
+    Outcome,
+    Output,
+    Progress,
+    Pushed,
+    Register,
+    Settle,
+    StartHandler,
+    TaskCancelled,
+)
 
 __all__ = [
     "Answered",
@@ -196,38 +215,6 @@ MAX_CREDIT_REFUSALS = 20
 # slot waited for 127 others before it was asked for).
 GRANT_FRACTION = 2
 GRANT_CAP = 32
-
-
-_E = TypeVar("_E")
-
-
-def _fast_init(cls: type[_E]) -> type[_E]:
-    """A frozen dataclass built per task, with an ``__init__`` that fills
-    each slot through its own descriptor: the generated one goes through
-    ``object.__setattr__`` per field, about twice the cost (0.8 µs for a
-    `Settle`, 0.5 µs this way). Same signature and defaults; the class
-    stays what it was — frozen, compared and hashed by its fields (the
-    tests hold both to the generated ``__init__``)."""
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    scope: dict[str, Any] = {}
-    params = []
-    for field in fields:
-        if field.default_factory is not dataclasses.MISSING:
-            raise TypeError(f"{cls.__name__}.{field.name}: a default factory is not supported")
-        if field.default is not dataclasses.MISSING:
-            scope[f"default_{field.name}"] = field.default
-            params.append(f"{field.name}=default_{field.name}")
-        else:
-            params.append(field.name)
-        scope[f"set_{field.name}"] = getattr(cls, field.name).__set__
-    body = "".join(f"    set_{field.name}(self, {field.name})\n" for field in fields)
-    exec(f"def __init__(self, {', '.join(params)}):\n{body}", scope)
-    init = scope["__init__"]
-    init.generated = cls.__init__  # the reference (tests)
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
-    cls.__init__ = init  # type: ignore[method-assign]
-    return cls
 
 
 class LocalProtocolError(Exception):
@@ -309,23 +296,6 @@ _TRANSITIONS: dict[tuple[State, Input], State] = {
 _LOCAL = frozenset(i for i in Input if i.name.startswith("SEND_")) | {_I.FREE_OUTSIDE}
 
 
-class CommandKind(enum.Enum):
-    CREDIT = "credit"
-    SETTLE = "settle"
-    EXTEND = "extend"
-    PROGRESS = "progress"
-    DRAIN = "drain"
-
-
-class Outcome(enum.Enum):
-    ACK = "ack"
-    NACK = "nack"
-    REJECT = "reject"
-    #: The worker stops before the handler finished: give the lease back
-    #: without spending the attempt (a nack below minor 7).
-    RELEASE = "release"
-
-
 class LeaseState(enum.Enum):
     __hash__ = object.__hash__  # see `_TRANSITIONS`
 
@@ -351,163 +321,6 @@ _LEASE_TRANSITIONS: dict[tuple[LeaseState, _LeaseInput], LeaseState] = {
     # Its settlement in flight ends it, whatever else happens meanwhile.
     (_L.SETTLING, _LeaseInput.GIVE_UP): _L.SETTLING,
 }
-
-
-class LeaseKey(NamedTuple):
-    """One lease: a task's attempt. A tuple, so that hashing and comparing
-    it — it keys every lease table, a few lookups per task — run in C: as a
-    frozen dataclass its Python-level ``__hash__`` was ~1.5 % of a worker's
-    CPU. Only LeaseKeys are ever compared with it."""
-
-    task_id: str
-    attempt: int
-
-
-# -- what the driver feeds in ----------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CommandError:
-    """An ``ErrorDetail``: ``code`` is the ErrorCode name without its prefix
-    (``"LEASE_LOST"``), ``reason`` is ``metadata["reason"]`` if any."""
-
-    code: str
-    message: str = ""
-    reason: str = ""
-
-
-# -- frames out -------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Register:
-    ordered_request_ids: bool
-    #: What the stream asks for: its free share of the concurrency, at least
-    #: 1 (the wire refuses 0) — credit, not this, is what lets work in.
-    max_concurrency: int
-
-
-@dataclass(frozen=True, slots=True)
-class Credit:
-    """A credit update: absolute (``available`` replaces what is left) or,
-    with ``grant`` set (minor >= 10, ``available`` then 0), additive."""
-
-    request_id: int
-    available: int
-    target_concurrency: int | None
-    grant: int | None = None
-
-
-@_fast_init
-@dataclass(frozen=True, slots=True)
-class Settle:
-    request_id: int
-    key: LeaseKey
-    lease_token: str
-    outcome: Outcome
-    error: str = ""
-    retry_delay: float | None = None
-    result: bytes | None = None
-    """An ACK's result value (minor >= 9; the session drops it below)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Extend:
-    request_id: int
-    key: LeaseKey
-    lease_token: str
-    extension: float
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    request_id: int
-    key: LeaseKey
-    lease_token: str
-    current: float
-    total: float
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Drain:
-    request_id: int
-
-
-Frame = Register | Credit | Settle | Extend | Progress | Drain
-
-
-# -- the elements of a batch frame (minor >= 10) ------------------------------
-
-
-@_fast_init
-@dataclass(frozen=True, slots=True)
-class Pushed:
-    """A pushed task in a batch: `WorkSession.task_pushed`'s arguments."""
-
-    key: LeaseKey
-    lease_token: str
-    lease_remaining: float
-
-
-@_fast_init
-@dataclass(frozen=True, slots=True)
-class Answered:
-    """A command result in a batch: `WorkSession.result`'s arguments."""
-
-    request_id: int
-    error: CommandError | None
-
-
-# -- events out ---------------------------------------------------------------
-
-
-@_fast_init
-@dataclass(frozen=True, slots=True)
-class StartHandler:
-    key: LeaseKey
-
-
-@dataclass(frozen=True, slots=True)
-class CancelHandler:
-    """The lease is gone (lost, expired locally, or the stream ended)."""
-
-    key: LeaseKey
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class TaskCancelled:
-    """The daemon answered a command on this lease ``LEASE_LOST`` with reason
-    ``cancelled``: an operator cancelled the task (CancelTask). Told once per
-    lease, before the `CancelHandler` that follows when its handler runs."""
-
-    key: LeaseKey
-
-
-@_fast_init
-@dataclass(frozen=True, slots=True)
-class CommandDone:
-    """The result of a command the driver may be waiting for (settle,
-    progress, drain); ``error`` None means success."""
-
-    request_id: int
-    kind: CommandKind
-    error: CommandError | None
-
-
-Output = (
-    Register
-    | Credit
-    | Settle
-    | Extend
-    | Progress
-    | Drain
-    | StartHandler
-    | CancelHandler
-    | TaskCancelled
-    | CommandDone
-)
 
 
 @dataclass(slots=True)
@@ -867,15 +680,7 @@ class WorkSession:
             # ended in this very step): the outcome is not sent — an ack would
             # outlive the lease — the lease is given up as `poll` gives it up,
             # and the handler, finished, frees its slot.
-            out: list[Output] = [
-                output
-                for output in self._lose(key, "lease expired before it could be renewed")
-                if not isinstance(output, CancelHandler)
-            ]
-            if not lease.renewing:
-                out += self._release_renewed(
-                    key, lease, now, "the worker's local lease deadline passed"
-                )
+            out = [o for o in self._expire(key, lease, now) if not isinstance(o, CancelHandler)]
             return out + self._free_exited(key, now)
         settle = self._send_settle(key, lease, outcome, now, error, retry_delay, result)
         self._slots.discard(key)
@@ -986,14 +791,7 @@ class WorkSession:
             if lease is None:
                 continue
             if now >= lease.deadline:
-                out += self._lose(key, "lease expired before it could be renewed")
-                if not lease.renewing:
-                    # No command is in flight that would tell the daemon this
-                    # lease is gone from here: hand it back explicitly (a
-                    # stale ref is answered LEASE_LOST, a live one released).
-                    out += self._release_renewed(
-                        key, lease, now, "the worker's local lease deadline passed"
-                    )
+                out += self._expire(key, lease, now)
             elif not lease.renewing and self.state in (State.ACTIVE, State.DRAINING):
                 self._step(Input.SEND_EXTEND)
                 request_id = self._take_id()
@@ -1036,6 +834,18 @@ class WorkSession:
         if lease is None or lease.state is not LeaseState.HELD or lease.timer_at != when:
             return None
         return lease
+
+    def _expire(self, key: LeaseKey, lease: _Lease, now: float) -> list[Output]:
+        """The local deadline passed: the lease is given up and, when no
+        command is in flight that would tell the daemon it is gone from here,
+        handed back explicitly (a stale ref is answered LEASE_LOST, a live one
+        released)."""
+        out = self._lose(key, "lease expired before it could be renewed")
+        if not lease.renewing:
+            out += self._release_renewed(
+                key, lease, now, "the worker's local lease deadline passed"
+            )
+        return out
 
     def _lose(self, key: LeaseKey, reason: str) -> list[Output]:
         lease = self._leases.get(key)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from ringo_trio._contract.limits import (
@@ -41,7 +41,11 @@ from ringo_trio._proto.ringo.v1 import (
     TaskState,
 )
 from ringo_trio._wire.codec import build
-from ringo_trio._wire.rows import MAX_DURATION_US, MAX_US, MIN_US, Push, TaskRow
+from ringo_trio._wire.rows import EPOCH, MAX_DURATION_US, Push, TaskRow
+
+# The storage's times are the wire's: µs since the epoch, one clamp (re-exported).
+from ringo_trio._wire.rows import MICRO as MICRO
+from ringo_trio._wire.rows import from_us as from_us
 
 PENDING = int(TaskState.PENDING)
 LEASED = int(TaskState.LEASED)
@@ -51,8 +55,6 @@ CANCELLED = int(TaskState.CANCELLED)
 FINISHED = (SUCCEEDED, DEAD, CANCELLED)
 STATES = {int(s): s for s in TaskState}
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-MICRO = timedelta(microseconds=1)
 UINT32_MAX = 2**32 - 1
 LEASE_EXPIRED = "lease expired"
 
@@ -84,6 +86,13 @@ def new_lease_token() -> str:
     return secrets.token_hex(16)
 
 
+def new_lease_tokens(count: int) -> list[str]:
+    """`count` tokens as `new_lease_token` mints them, from one draw of the
+    system's randomness (a claim mints one per task it may lease)."""
+    digits = secrets.token_hex(16 * count)
+    return [digits[start : start + 32] for start in range(0, 32 * count, 32)]
+
+
 def to_us(moment: datetime) -> int:
     if moment.tzinfo is None:
         raise ValueError(f"naive datetime {moment!r}: the storage needs aware (UTC) times")
@@ -92,13 +101,6 @@ def to_us(moment: datetime) -> int:
 
 LATEST_US = to_us(MAX_NOT_BEFORE + MAX_DELAY + MAX_LEASE)
 """No time written within the limits is later than this."""
-
-
-def from_us(us: int) -> datetime:
-    # `not a <= us <= b` also catches a NaN (a REAL that SQLite stored).
-    if not MIN_US <= us <= MAX_US:
-        us = MAX_US if us > 0 else MIN_US
-    return EPOCH + timedelta(microseconds=us)
 
 
 def duration_from_us(us: int) -> timedelta:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -121,6 +122,18 @@ def test_a_lease_bumps_attempt_mints_a_token_and_records_the_worker(
         assert engine.get("q", task_id=out.task.id) == lt.task
         engine.nack(ref_of(lt), "again", timedelta(0), clock.now())
     assert len(tokens) == 3
+
+
+def test_one_claim_mints_a_distinct_token_per_lease(engine: SyncEngine, clock: ManualClock) -> None:
+    """Property (both engines, one minter): every lease of a claim gets its
+    own token, 32 lowercase hex digits — the n-th task PostgreSQL leases
+    takes the n-th token of one draw, SQLite calls the minter per row."""
+    engine.enqueue("q", [spec() for _ in range(20)], clock.now())
+    claimed = engine.claim("q", [], 20, "w", LEASE, clock.now())
+    tokens = [lt.lease.lease_token for lt in claimed]
+    assert len(tokens) == 20
+    assert len(set(tokens)) == 20
+    assert all(re.fullmatch(r"[0-9a-f]{32}", token) for token in tokens)
 
 
 def test_an_expired_lease_is_never_handed_out_again_for_the_same_attempt(

@@ -20,21 +20,12 @@ from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, RetryBackoff, TaskState, WorkResponse
 from ringo_trio._wire.codec import decode
-from ringo_trio._wire.rows import TaskRow
+from ringo_trio._wire.rows import MAX_DURATION_US, MAX_US, MIN_US, TaskRow
 from ringo_trio._wire.rows import push_rows as encode_rows
 from ringo_trio._wire.work import encode_work_push
 from ringo_trio.server.storage.base import Push, Storage, lease_ttl, ttl_field
 from ringo_trio.server.storage.postgres import PostgresEngine
-from ringo_trio.server.storage.rows import (
-    COLS,
-    MAX_DURATION_US,
-    MAX_US,
-    MIN_US,
-    from_us,
-    leased,
-    reference_push,
-    to_us,
-)
+from ringo_trio.server.storage.rows import COLS, from_us, leased, reference_push, to_us
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.server.storage.sqlite import engine as sqlite_engine
 from tests._kit.storage import ENGINE_KINDS, LEASE, SyncEngine, open_engine, spec

@@ -88,7 +88,7 @@ class ClaimSql:
         # The claim: expire the queue's overdue leases; when none were,
         # lease the first $3 due tasks in claim order, the n-th picked one
         # with the n-th of the $7 lease tokens (minted in Python, as SQLite's
-        # are: `rows.new_lease_token`). Always one row out: (leased columns
+        # are: `rows.new_lease_tokens`). Always one row out: (leased columns
         # or NULLs, number of leases expired).
         types = types_filter(6)
         self.claim = f"""

@@ -28,7 +28,7 @@ pages merged from index streams) hold the statements; `listen` the
 cross-daemon wake-ups, `pool` connection loss, `schema` the migrations.
 
 Time: the caller's `now` (microseconds, as in SQLite); never the database's
-clock. A lease token is `rows.new_lease_token` (32 lowercase hex digits,
+clock. A lease token is minted by `rows.new_lease_tokens` (32 lowercase hex digits,
 128 random bits), as in SQLite: the claim passes one per task it may lease
 and the statement hands the n-th picked task the n-th token, so leasing a
 batch stays one statement.
@@ -82,7 +82,7 @@ from ..rows import (
     finished_states,
     from_us,
     lease,
-    new_lease_token,
+    new_lease_tokens,
     row_task,
     stuck,
     task_row,
@@ -466,7 +466,7 @@ class PostgresEngine(Storage):
         types = type_list(task_types)
         rows: list[Any] = []
         for _ in range(_CLAIM_ROUNDS):
-            tokens = [new_lease_token() for _ in range(limit)]
+            tokens = new_lease_tokens(limit)
             rows = await self._fetch(
                 self._sql.claim.claim, queue, now_us, limit, worker_id, until, types, tokens
             )
