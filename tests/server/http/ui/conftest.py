@@ -55,13 +55,28 @@ from tests._kit.browser import (
 from tests._kit.ui_ops import Ops
 
 
+@pytest.fixture(scope="package")
+def _real_stderr(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """The terminal's stderr, not pytest's capture of it: pytest's fd-level
+    capture points fd 2 (``sys.__stderr__`` too) at a temporary file while a
+    test runs, and an exit by `faulthandler` would take the dump with it (a
+    CI run once ended that way with no trace). Duplicated while capture is
+    off, so the copy is the real stream."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        yield sys.__stderr__
+        return
+    with capture.global_and_fixture_disabled():
+        stream = os.fdopen(os.dup(2), "w")
+    with stream:
+        yield stream
+
+
 @pytest.fixture(autouse=True)
-def _bounded() -> Iterator[None]:
+def _bounded(_real_stderr: Any) -> Iterator[None]:
     # A hung browser or daemon must not hang the suite: dump every thread's
     # stack and exit the run, loudly.
-    # To the real stderr: pytest captures the test's own, and the exit would
-    # lose the dump with the capture.
-    faulthandler.dump_traceback_later(TEST_TIMEOUT, exit=True, file=sys.__stderr__)
+    faulthandler.dump_traceback_later(TEST_TIMEOUT, exit=True, file=_real_stderr)
     yield
     faulthandler.cancel_dump_traceback_later()
 
