@@ -9,8 +9,11 @@ from ._errors import InvalidArgumentError as InvalidArgumentError
 from ._errors import LeaseLostError as LeaseLostError
 from ._errors import NotFoundError as NotFoundError
 from ._errors import PermanentTaskError as PermanentTaskError
+from ._errors import ResourceExhaustedError as ResourceExhaustedError
 from ._errors import RetryTaskError as RetryTaskError
 from ._errors import RingoError as RingoError
+from ._errors import TaskCancelledError as TaskCancelledError
+from ._errors import TaskFailedError as TaskFailedError
 from ._errors import UnauthenticatedError as UnauthenticatedError
 from ._errors import UnavailableError as UnavailableError
 from ._errors import WorkerAlreadyRunError as WorkerAlreadyRunError

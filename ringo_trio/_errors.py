@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from ._contract.limits import MAX_DELAY
 from ._contract.versions import Feature, FeatureMissing, Features
+
+if TYPE_CHECKING:
+    from ._models import Task
 
 __all__ = [
     "FailedPreconditionError",
@@ -21,8 +25,11 @@ __all__ = [
     "LeaseLostError",
     "NotFoundError",
     "PermanentTaskError",
+    "ResourceExhaustedError",
     "RetryTaskError",
     "RingoError",
+    "TaskCancelledError",
+    "TaskFailedError",
     "UnauthenticatedError",
     "UnavailableError",
     "WorkerFencedError",
@@ -56,6 +63,11 @@ class UnavailableError(RingoError):
 
 class UnauthenticatedError(RingoError):
     """The daemon refused the bearer token (or the shared-daemon local token)."""
+
+
+class ResourceExhaustedError(RingoError):
+    """The daemon refused a request that would pass one of its documented
+    bounds (a waiter too many, a message too large, storage full)."""
 
 
 class IncompatibleVersionError(RingoError):
@@ -118,6 +130,26 @@ class PermanentTaskError(Exception):
     """Raised by a handler to reject its task: it becomes DEAD, no more attempts."""
 
 
+class TaskFailedError(RingoError):
+    """The awaited task ended DEAD: ``task`` is its final snapshot and
+    ``last_error`` what its last attempt failed with."""
+
+    def __init__(self, task: Task) -> None:
+        super().__init__(
+            f"task {task.id} ({task.task_type}) is DEAD: {task.last_error or 'no error'}"
+        )
+        self.task = task
+        self.last_error = task.last_error
+
+
+class TaskCancelledError(RingoError):
+    """The awaited task was cancelled by an operator (``task`` is its final snapshot)."""
+
+    def __init__(self, task: Task) -> None:
+        super().__init__(f"task {task.id} ({task.task_type}) was cancelled")
+        self.task = task
+
+
 # Keyed by the ErrorCode / gRPC status *name* so that this module imports no
 # transport or generated code.
 _BY_CODE: dict[str, type[RingoError]] = {
@@ -137,6 +169,7 @@ _BY_CODE: dict[str, type[RingoError]] = {
     "PERMISSION_DENIED": UnauthenticatedError,
     "INCOMPATIBLE_VERSION": IncompatibleVersionError,
     "UNIMPLEMENTED": IncompatibleVersionError,
+    "RESOURCE_EXHAUSTED": ResourceExhaustedError,
 }
 
 

@@ -47,6 +47,7 @@ from tests._kit.browser import (
     Dashboard,
     EvilSite,
     Shot,
+    close_context,
     log_in,
     new_context,
     serve_dashboard,
@@ -168,14 +169,14 @@ def auth_state(browser: Browser, ui_url: str) -> dict[str, Any]:
         expect(page).to_have_url(re.compile(r"/queues$"))
         return dict(context.storage_state())
     finally:
-        context.close()
+        close_context(context)
 
 
 @pytest.fixture
 def anonymous_context(browser: Browser, ui_url: str) -> Iterator[BrowserContext]:
     context = new_context(browser, ui_url)
     yield context
-    context.close()
+    close_context(context)
 
 
 @pytest.fixture
@@ -183,7 +184,7 @@ def page(browser: Browser, ui_url: str, auth_state: dict[str, Any]) -> Iterator[
     """A logged-in page in a context of its own."""
     context = new_context(browser, ui_url, storage_state=auth_state)
     yield context.new_page()
-    context.close()
+    close_context(context)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import re
 
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
-from tests._kit.browser import TOKEN, Dashboard, Shot, log_in, new_context
+from tests._kit.browser import TOKEN, Dashboard, Shot, close_context, log_in, new_context
 
 
 def test_pages_need_a_login(anonymous_context: BrowserContext) -> None:
@@ -86,4 +86,4 @@ def test_without_a_token_the_dashboard_is_open(
             page.locator("form#cancel button, form#cancel [type=submit]").first.click()
         expect(page.locator("#task-state")).to_have_text("CANCELLED")
     finally:
-        context.close()
+        close_context(context)

@@ -17,6 +17,7 @@ from tests._kit.browser import (
     TOKEN,
     Dashboard,
     EvilSite,
+    close_context,
     log_in,
     new_context,
     serve_dashboard,
@@ -176,7 +177,7 @@ def read_only_page(browser: Browser, read_only: Dashboard) -> Iterator[Page]:
     log_in(page, TOKEN)
     expect(page).to_have_url(re.compile(r"/queues$"))
     yield page
-    context.close()
+    close_context(context)
 
 
 def test_read_only_has_no_actions(read_only_page: Page, read_only: Dashboard, queue: str) -> None:
