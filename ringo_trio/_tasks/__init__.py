@@ -1,0 +1,1 @@
+"""Typed tasks: a task function's signature, its arguments and result as JSON bytes (`codec`)."""
