@@ -157,20 +157,27 @@ class TaskSignature:
         "_arguments",
         "_bind",
         "_names",
-        "_required",
         "_result",
         "_task",
         "context_parameter",
+        "parameter_types",
         "parameters",
+        "required_parameters",
         "return_type",
     )
 
+    #: The name of the `TaskContext` parameter, or None.
     context_parameter: str | None
+    #: The payload's parameters (all but the context), in the function's order.
     parameters: tuple[str, ...]
+    #: Each payload parameter's annotation (resolved, ``Annotated`` kept).
+    parameter_types: Mapping[str, Any]
+    #: The payload parameters without a default: a payload must have them.
+    required_parameters: frozenset[str]
+    #: The return annotation (``Any`` when there is none).
     return_type: Any
     _task: str
     _names: frozenset[str]
-    _required: frozenset[str]
     _bind: inspect.Signature
     _arguments: msgspec.json.Decoder[Any]
     _result: msgspec.json.Decoder[Any] | None
@@ -190,6 +197,7 @@ class TaskSignature:
         context: str | None = None
         payload: list[inspect.Parameter] = []
         fields: dict[str, Any] = {}
+        types_: dict[str, Any] = {}
         for parameter in signature.parameters.values():
             where = f"task {name}: parameter {parameter.name!r}"
             if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
@@ -219,6 +227,7 @@ class TaskSignature:
                     f"{where}: annotation {_describe(tp)} is not supported: {why}"
                 )
             payload.append(parameter)
+            types_[parameter.name] = tp
             has_default = parameter.default is not parameter.empty
             fields[parameter.name] = NotRequired[tp] if has_default else Required[tp]
         return_type = hints.get("return", Any)
@@ -233,9 +242,12 @@ class TaskSignature:
         self._task = name
         self.context_parameter = context
         self.parameters = tuple(fields)
+        self.parameter_types = types.MappingProxyType(types_)
         self.return_type = return_type
         self._names = frozenset(fields)
-        self._required = frozenset(p.name for p in payload if p.default is inspect.Parameter.empty)
+        self.required_parameters = frozenset(
+            p.name for p in payload if p.default is inspect.Parameter.empty
+        )
         self._bind = signature.replace(parameters=payload)
         self._arguments = msgspec.json.Decoder(arguments, dec_hook=_dec_hook)
         self._result = (
@@ -255,7 +267,7 @@ class TaskSignature:
         a JSON object of the arguments passed (defaults are not filled in),
         checked to decode. `InvalidArgumentError` for a wrong call or an
         argument that does not encode or validate."""
-        if not args and self._required <= kwargs.keys() <= self._names:
+        if not args and self.required_parameters <= kwargs.keys() <= self._names:
             values = kwargs if type(kwargs) is dict else dict(kwargs)
         else:
             try:
