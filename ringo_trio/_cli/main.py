@@ -26,7 +26,6 @@ that cannot be imported), 75 a worker fenced (a handler would not stop),
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import math
 import os
@@ -55,10 +54,12 @@ from .._supervise.child import (
     watch_event_loop,
 )
 from .._supervise.parent import TOKEN_ENV, RestartPolicy, Supervisor
+from .._tasks.registry import TaskRegistry
 from .._work._handlers import Handler
 from .._work._timeouts import TaskTimeouts
 from . import demo as _demo
 from . import ops as _ops
+from .load import UsageError, load_object
 from .ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 #: The defaults `ringo supervise` shows and starts from.
@@ -97,31 +98,17 @@ def _run_demo(args: argparse.Namespace) -> int:
 # -- ringo worker -------------------------------------------------------------
 
 
-class _UsageError(Exception):
-    pass
-
-
-def load_handler(spec: str) -> Handler:
-    """Import ``module:function`` (also from the current directory); `_UsageError` if it fails."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise _UsageError(f"handler {spec!r} must look like module:function")
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+def load_handler(spec: str) -> Handler | TaskRegistry:
+    """Import ``module:function`` or ``module:registry`` (a `TaskRegistry`);
+    `UsageError` if it fails."""
     try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise _UsageError(
-            f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise _UsageError(f"module {module_name!r} has no attribute {attr!r}") from None
+        target = load_object(spec)
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"cannot import module {exc.name!r}: {exc}") from None
+    if isinstance(target, TaskRegistry):
+        return target
     if not callable(target):
-        raise _UsageError(f"{spec} is a {type(target).__name__}, not a callable")
+        raise UsageError(f"{spec} is a {type(target).__name__}, not a callable or a TaskRegistry")
     handler: Handler = target
     return handler
 
@@ -213,7 +200,7 @@ def _stall(args: argparse.Namespace, timeouts: TaskTimeouts | None) -> timedelta
     return stall_threshold(timeouts, timedelta(seconds=args.lease_duration), explicit)
 
 
-async def _worker_main(args: argparse.Namespace, handler: Handler) -> int:
+async def _worker_main(args: argparse.Namespace, handler: Handler | TaskRegistry) -> int:
     _log_handler_outcomes()
     state = _WorkerState()
     grace = float(args.grace_period)
@@ -239,15 +226,19 @@ async def _worker_main(args: argparse.Namespace, handler: Handler) -> int:
                     else Ringo.local(args.data_dir, shared=args.shared)
                 )
                 async with client:
-                    worker = client.queue(args.queue).worker(
-                        handler,
-                        task_types=args.task_type or None,
+                    options: dict[str, Any] = dict(
                         concurrency=args.concurrency,
                         lease_duration=timedelta(seconds=args.lease_duration),
                         grace_period=timedelta(seconds=grace),
                         stop_timeout=timedelta(seconds=args.stop_timeout),
                         task_timeouts=timeouts,
                     )
+                    if isinstance(handler, TaskRegistry):
+                        worker = handler.worker(client, queue=args.queue, **options)
+                    else:
+                        worker = client.queue(args.queue).worker(
+                            handler, task_types=args.task_type or None, **options
+                        )
                     async with trio.open_nursery() as nursery:
                         await nursery.start(worker.run)
                         _line(
@@ -305,7 +296,12 @@ def _run_worker(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         handler = load_handler(args.handler)
-    except _UsageError as exc:
+        if isinstance(handler, TaskRegistry):
+            if args.task_type:
+                raise UsageError("--task-type does not apply to a TaskRegistry (it runs its tasks)")
+            if not handler.on_queue(args.queue):
+                raise UsageError(f"{args.handler} has no task on queue {args.queue!r}")
+    except UsageError as exc:
         _line(f"ringo worker: {exc}", err=True)
         return EXIT_USAGE
     return _trio_main("ringo worker", _worker_main, args, handler)
@@ -462,8 +458,9 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser(
         "worker",
-        help="run module:function as a worker of a queue until Ctrl-C / SIGTERM",
-        description="Run a handler `async def handle(task, ctx)` as a worker. The first SIGINT"
+        help="run module:function or module:registry as a worker of a queue until Ctrl-C",
+        description="Run a handler `async def handle(task, ctx)`, or every task of a"
+        " TaskRegistry on the queue, as a worker. The first SIGINT"
         " or SIGTERM drains (no new tasks; running handlers get the grace period), a second"
         " one stops at once.",
     )
@@ -514,7 +511,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _worker_options(parser: argparse.ArgumentParser) -> None:
     """The options of one worker, shared by `ringo worker` and `ringo supervise`."""
-    parser.add_argument("handler", help="the handler, as module:function (module may be in .)")
+    parser.add_argument(
+        "handler",
+        help="the handler, as module:function, or a TaskRegistry, as module:registry"
+        " (module may be in .)",
+    )
     parser.add_argument("-q", "--queue", required=True, help="queue to work on")
     parser.add_argument("--endpoint", default=None, help="daemon to connect to (host:port or URL)")
     parser.add_argument("--data-dir", default=None, help="run a local daemon on this data dir")

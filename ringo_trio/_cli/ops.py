@@ -23,6 +23,8 @@ from .._contract.limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
 from .._errors import InvalidArgumentError
 from .._models import QueueStats, Task, TaskSpec, TaskState
 from .._supervise.parent import TOKEN_ENV
+from .._tasks.registry import TaskCall
+from .load import UsageError, load_object
 
 #: Exit statuses of every ``ringo`` command (``ringo_trio._cli.main`` lists them).
 EXIT_OK = 0
@@ -65,7 +67,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
 # -- connecting ---------------------------------------------------------------
 
 
-def _connection_options(parser: argparse.ArgumentParser) -> None:
+def _connection_options(parser: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--endpoint", default=None, help="daemon to talk to (host:port or URL)")
     where.add_argument(
@@ -75,7 +77,8 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
         "--token", default=None, help=f"bearer token for --endpoint (default: ${TOKEN_ENV})"
     )
     tls_options(parser)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    if json_flag:
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def tls_options(parser: argparse.ArgumentParser) -> None:
@@ -395,18 +398,65 @@ def _read_payload(source: str) -> bytes:
     return data
 
 
-async def _enqueue(args: argparse.Namespace) -> int:
-    spec = TaskSpec(
-        task_type=args.task_type,
-        payload=_read_payload(args.payload),
+def _typed_spec(args: argparse.Namespace, arguments_json: str) -> TaskSpec:
+    """``--json ARGUMENTS``: the arguments of a typed task (docs/tasks.md).
+
+    When TASK names an importable task function (``module:qualname``), the
+    arguments are checked and encoded as its registry does; when its module
+    cannot be imported here (an operator's machine without the app), the
+    JSON object goes as it is and the worker validates it.
+    """
+    try:
+        arguments = json.loads(arguments_json)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"--json is not JSON: {exc}") from None
+    if not isinstance(arguments, dict):
+        raise InvalidArgumentError("--json must be a JSON object of the task's arguments")
+    try:
+        target = load_object(args.task_type, what="task")
+    except ModuleNotFoundError:
+        target = None
+    except UsageError as exc:
+        raise InvalidArgumentError(str(exc)) from None
+    if target is None:
+        return TaskSpec(
+            task_type=args.task_type,
+            payload=json.dumps(arguments, separators=(",", ":")).encode(),
+            unique_key=args.key,
+            max_attempts=args.max_attempts,
+            delay=args.delay,
+            priority=args.priority or 0,
+        )
+    if not isinstance(target, TaskCall):
+        raise InvalidArgumentError(f"{args.task_type} is not a task (a @registry.task function)")
+    call = target.configure(
+        queue=args.queue,
         unique_key=args.key,
-        max_attempts=args.max_attempts,
         delay=args.delay,
         priority=args.priority,
+        max_attempts=args.max_attempts,
     )
+    return call.spec(**arguments)
+
+
+async def _enqueue(args: argparse.Namespace) -> int:
+    typed = isinstance(args.json, str)
+    if typed:
+        if args.payload:
+            raise InvalidArgumentError("give --payload or --json ARGUMENTS, not both")
+        spec = _typed_spec(args, args.json)
+    else:
+        spec = TaskSpec(
+            task_type=args.task_type,
+            payload=_read_payload(args.payload),
+            unique_key=args.key,
+            max_attempts=args.max_attempts,
+            delay=args.delay,
+            priority=args.priority or 0,
+        )
     async with open_client(args) as client:
         result = await client.queue(args.queue).enqueue(spec)
-    if args.json:
+    if args.json is True:
         print_json({**task_document(result.task), "created": result.created})
     else:
         how = "created" if result.created else "duplicate (the existing task)"
@@ -436,9 +486,12 @@ def _duration(text: str) -> timedelta:
 
 
 def _command(
-    parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], Awaitable[int]]
+    parser: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], Awaitable[int]],
+    *,
+    json_flag: bool = True,
 ) -> None:
-    _connection_options(parser)
+    _connection_options(parser, json_flag=json_flag)
     parser.set_defaults(ops_run=run)
 
 
@@ -511,16 +564,29 @@ def add_commands(commands: Any) -> None:
     )
     _command(purge, _tasks_purge)
 
-    enqueue = commands.add_parser("enqueue", help="enqueue one task")
+    enqueue = commands.add_parser(
+        "enqueue",
+        help="enqueue one task",
+        description="Enqueue one task: raw (TASK_TYPE and --payload) or typed (TASK is a"
+        " task function's name, module:qualname, and --json '{...}' its arguments).",
+    )
     enqueue.add_argument("queue")
-    enqueue.add_argument("task_type")
+    enqueue.add_argument("task_type", metavar="TASK_TYPE")
     enqueue.add_argument(
         "--payload", default="", help="the payload: text, @FILE for a file's bytes, - for stdin"
+    )
+    enqueue.add_argument(
+        "--json",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="ARGUMENTS",
+        help="with a JSON object: the typed task's arguments; alone: print the task as JSON",
     )
     enqueue.add_argument("--key", default=None, help="unique key (dedupe)")
     enqueue.add_argument(
         "--delay", type=_duration, default=None, help="run after this long, e.g. 5m, 2h"
     )
-    enqueue.add_argument("--priority", type=int, default=0)
+    enqueue.add_argument("--priority", type=int, default=None)
     enqueue.add_argument("--max-attempts", type=int, default=None)
-    _command(enqueue, _enqueue)
+    _command(enqueue, _enqueue, json_flag=False)

@@ -44,6 +44,7 @@ from .._client import RingoClient
 from .._errors import InvalidArgumentError
 from .._models import Task, TaskState
 from .._queue.queue import TaskQueue
+from .._tasks.registry import TaskRegistry
 from .._transport.memory import RunOnDaemonLoop, serving_in_memory
 from .._work._handlers import Handler, TaskContext
 from ..server.clock import Clock, LoopClock
@@ -129,8 +130,8 @@ class RingoTestEnv:
 
     async def run_worker(
         self,
-        queue: TaskQueue,
-        handler: Handler,
+        queue: TaskQueue | TaskRegistry,
+        handler: Handler | None = None,
         *,
         until: Until = "settled",
         task_types: Iterable[str] | None = None,
@@ -138,6 +139,10 @@ class RingoTestEnv:
     ) -> int:
         """Run a worker of ``queue`` with ``handler`` until ``until`` holds, then
         close it (gracefully); return how many handler calls finished.
+
+        ``env.run_worker(registry, queue="emails")`` runs a `TaskRegistry`'s
+        tasks of that queue instead, as ``registry.worker`` would (``queue``
+        may be left out when all its tasks share one).
 
         ``until``:
 
@@ -159,6 +164,9 @@ class RingoTestEnv:
         `TaskQueue.worker` (``concurrency``, ``lease_duration``, ...).
         """
         daemon = self.daemon
+        queue, handler, task_types = _what_to_run(
+            self.client, queue, handler, task_types, worker_options
+        )
 
         async def nothing_due(types: list[str]) -> bool:
             now = daemon.clock.now()
@@ -170,7 +178,7 @@ class RingoTestEnv:
 
 async def run_worker(
     queue: TaskQueue,
-    handler: Handler,
+    handler: Handler | TaskRegistry,
     *,
     until: Literal["settled"] | int = "settled",
     task_types: Iterable[str] | None = None,
@@ -178,12 +186,36 @@ async def run_worker(
 ) -> int:
     """`RingoTestEnv.run_worker` for a queue of any client (a real ``ringod`` too).
 
+    ``handler`` may be a `TaskRegistry`: its tasks of ``queue`` run.
     ``until="idle"`` needs to see the daemon's schedule, so only the
     environment's own method offers it.
     """
     if until == "idle":  # type: ignore[comparison-overlap]  # untyped callers
         raise InvalidArgumentError('until="idle" needs RingoTestEnv.run_worker')
+    if isinstance(handler, TaskRegistry):
+        if task_types is not None:
+            raise InvalidArgumentError("a TaskRegistry is its own handler and task types")
+        router = handler.handler(queue.name)
+        return await _run_worker(queue, router, until, router.task_types, worker_options, None)
     return await _run_worker(queue, handler, until, task_types, worker_options, None)
+
+
+def _what_to_run(
+    client: RingoClient,
+    queue: TaskQueue | TaskRegistry,
+    handler: Handler | None,
+    task_types: Iterable[str] | None,
+    worker_options: dict[str, Any],
+) -> tuple[TaskQueue, Handler, Iterable[str] | None]:
+    """A queue and its handler, or a registry's tasks of one queue and their router."""
+    if not isinstance(queue, TaskRegistry):
+        if handler is None:
+            raise InvalidArgumentError("run_worker needs a handler for a TaskQueue")
+        return queue, handler, task_types
+    if handler is not None or task_types is not None:
+        raise InvalidArgumentError("a TaskRegistry is its own handler and task types")
+    router = queue.handler(worker_options.pop("queue", None))
+    return client.queue(router.queue), router, router.task_types
 
 
 async def _run_worker(
