@@ -37,6 +37,18 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_LEASE = timedelta(seconds=60)
 MAX_LEASE = timedelta(days=1)
 MAX_WAIT_TIMEOUT = timedelta(seconds=60)
+MAX_TASK_WAIT = timedelta(seconds=60)
+"""Longest one WaitTask call parks (a longer ``timeout`` is clamped to it):
+a waiting caller asks again, so a parked call never outlives proxies' idle
+limits and a daemon restart costs it at most one call."""
+MAX_WAITS_PER_CONNECTION = 1_000
+"""Parked WaitTask calls one connection may hold; one more is
+RESOURCE_EXHAUSTED (HTTP/2 already bounds concurrent streams; this keeps one
+client from taking the daemon's whole budget)."""
+DEFAULT_MAX_WAITS = 10_000
+"""Parked WaitTask calls a daemon holds by default (``ringod --max-waits``);
+one more is RESOURCE_EXHAUSTED. A parked call costs the daemon about a
+kilobyte and a half of its own (grpclib's stream and task dominate)."""
 DEFAULT_BACKOFF_INITIAL = timedelta(seconds=1)
 DEFAULT_BACKOFF_MAX = timedelta(minutes=5)
 DEFAULT_BACKOFF_MULTIPLIER = 2.0

@@ -23,7 +23,7 @@ SDK_VERSION: Final = "0.1.0"
 __version__ = SDK_VERSION
 MAJOR: Final = 1
 #: Newest minor this package speaks (client) and serves (daemon).
-MINOR: Final = 11
+MINOR: Final = 12
 
 
 class Feature(enum.Enum):
@@ -41,6 +41,7 @@ class Feature(enum.Enum):
     CREDIT_GRANT = "credit grant"
     LEASE_TTL = "lease time to live"
     COMPACT_ENQUEUE_REPLY = "compact EnqueueMany reply"
+    WAIT_TASK = "WaitTask"
 
 
 #: The minor that brought each feature.
@@ -71,6 +72,8 @@ FEATURES: Final[Mapping[Feature, int]] = MappingProxyType(
         Feature.LEASE_TTL: 11,
         # EnqueueMany answers each task without payload, result or long error.
         Feature.COMPACT_ENQUEUE_REPLY: 11,
+        # WaitTask: a task's outcome without polling GetTask.
+        Feature.WAIT_TASK: 12,
     }
 )
 assert all(0 <= minor <= MINOR for minor in FEATURES.values())

@@ -2,9 +2,11 @@
 
 Every operation validates its arguments before touching the network and
 goes through `Connection.call`, which owns the retry rules: only lookups
-(`TaskQueue.get_by_id`, `TaskQueue.get_by_unique_key`) are ever re-sent after
-the daemon became unavailable; every other call here is a mutation and
-surfaces `UnavailableError` instead of risking a double apply.
+(`TaskQueue.get_by_id`, `TaskQueue.get_by_unique_key`, each WaitTask of
+`TaskQueue.wait`) are ever re-sent after the daemon became unavailable; every
+other call here is a mutation and surfaces `UnavailableError` instead of
+risking a double apply. `TaskQueue.wait` alone goes on asking through an
+outage until its own timeout: it only reads.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import anyio
 from .._contract import limits as _limits
 from .._contract.durations import MAX_RETENTION
 from .._contract.versions import Feature
-from .._errors import InvalidArgumentError, RingoError, require
+from .._errors import InvalidArgumentError, RingoError, UnavailableError, require
 from .._models import (
     BatchResult,
     EnqueueResult,
@@ -57,6 +59,8 @@ from .._proto.ringo.v1 import (
     RetryTaskResponse,
     RetryTasksRequest,
     RetryTasksResponse,
+    WaitTaskRequest,
+    WaitTaskResponse,
 )
 from .._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from .._work._timeouts import TaskTimeouts
@@ -71,6 +75,21 @@ if TYPE_CHECKING:
 __all__ = ["TaskPage", "TaskQueue"]
 
 _FINISHED = (TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED)
+# `wait`: the longest one WaitTask call parks (the daemon clamps to it too),
+# and the pauses between asks while the daemon is away (restarting).
+_MAX_PARK = _limits.MAX_TASK_WAIT.total_seconds()
+_AWAY_RETRY_INITIAL = 0.2
+_AWAY_RETRY_MAX = 2.0
+
+
+def _wait_limit(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise InvalidArgumentError("timeout must be None or a non-negative number of seconds")
+    return float(timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +393,67 @@ class TaskQueue:
             read_only=True,
         )
         return Task.from_wire(reply.task)
+
+    # The timeout is part of the answer (TimeoutError, and the same rule
+    # across asks), not a cancel scope around one call.
+    async def wait(
+        self,
+        task_id: str,
+        *,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109
+    ) -> Task:
+        """The task with this id once it is terminal (SUCCEEDED, DEAD or
+        CANCELLED): a SUCCEEDED task carries its `Task.result`.
+
+        The daemon holds each call until the task ends (no polling), up to a
+        minute per call; this asks again until then. ``timeout`` (seconds or
+        a timedelta; None waits as long as it takes) elapsing first raises the
+        builtin `TimeoutError`, and the task is left as it is. The daemon
+        going away meanwhile (a restart, a failover) is ridden out: asked
+        again once it is back, until the timeout (past it, `UnavailableError`).
+        `NotFoundError` if there is no such task (or it was deleted meanwhile);
+        `ResourceExhaustedError` when the daemon holds as many waits as it
+        allows. Needs protocol minor >= 12 (`IncompatibleVersionError`
+        before anything is sent)."""
+        task_id = check_name("task_id", task_id)
+        limit = _wait_limit(timeout)
+        deadline = None if limit is None else anyio.current_time() + limit
+        away = _AWAY_RETRY_INITIAL
+        while True:
+            # Asked each round: a daemon back from a restart may speak older.
+            require(self._connection.protocol_minor, Feature.WAIT_TASK, "TaskQueue.wait")
+            left = _MAX_PARK if deadline is None else deadline - anyio.current_time()
+            park = min(max(left, 0.0), _MAX_PARK)
+            try:
+                reply = await self._connection.call(
+                    "WaitTask",
+                    WaitTaskRequest(
+                        queue=self.name, task_id=task_id, timeout=timedelta(seconds=park)
+                    ),
+                    WaitTaskResponse,
+                    read_only=True,
+                    extra_timeout=park,
+                )
+            except UnavailableError:
+                # The call recovered the connection once already; a daemon
+                # restarting may take longer: ask again until the deadline.
+                if self._connection.closed or (
+                    deadline is not None and anyio.current_time() >= deadline
+                ):
+                    raise
+                pause = away if deadline is None else min(away, deadline - anyio.current_time())
+                await anyio.sleep(pause)
+                away = min(away * 2, _AWAY_RETRY_MAX)
+                continue
+            away = _AWAY_RETRY_INITIAL
+            task = Task.from_wire(reply.task)
+            if task.state.is_terminal:
+                return task
+            if deadline is not None and anyio.current_time() >= deadline:
+                raise TimeoutError(
+                    f"task {task_id!r} of queue {self.name!r} is still {task.state.name}"
+                    f" after {limit:g}s"
+                )
 
     # -- retry --------------------------------------------------------------
 

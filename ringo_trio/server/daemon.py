@@ -99,6 +99,8 @@ from .rpc.memory import InMemoryChannel
 from .rpc.service import QueueService
 from .rpc.sessions import SessionTable
 from .rpc.throttle import DEFAULT_CAP, AuthThrottle
+from .rpc.waits import DEFAULT_RECHECK_INTERVAL as DEFAULT_WAIT_RECHECK
+from .rpc.waits import TaskWaits
 from .rpc.wakeups import LeaseReaper, QueueWakeups
 from .storage.base import Storage, StorageFull
 from .storage.sqlite import SQLiteEngine
@@ -151,6 +153,10 @@ class DaemonConfig:
     # pings, and the longest a ping may take before storage counts as down.
     storage_probe: float = 1.0
     storage_probe_timeout: float = 2.0
+    # WaitTask: parked calls at most (``--max-waits``), and seconds between
+    # the batched rechecks of their tasks while any are parked.
+    max_waits: int = limits.DEFAULT_MAX_WAITS
+    wait_recheck: float = DEFAULT_WAIT_RECHECK
 
     @property
     def shared(self) -> bool:
@@ -219,6 +225,13 @@ class Daemon:
             storage, self.clock, self.wakeups, backstop=config.reaper_backstop
         )
         self.retention = Retention(storage, self.clock, config.retention)
+        self.waits = TaskWaits(
+            storage, max_waits=config.max_waits, recheck_interval=config.wait_recheck
+        )
+        # Expiry and purges count what they changed without naming it: a
+        # recheck finds the waited tasks among them.
+        self.reaper.expired_listener = self.waits.recheck
+        self.retention.deleted_listener = self.waits.recheck
         self.sessions = SessionTable(config.session_ttl)
         self.health = HealthService()
         self.members = Members(
@@ -241,6 +254,7 @@ class Daemon:
             heartbeat_interval=config.heartbeat_interval,
             members=self.members,
             commit=self.commit,
+            waits=self.waits,
         )
         self.queue_service.work_streams.metrics = self.metrics
         self.dashboard: Dashboard | None = None
@@ -337,6 +351,7 @@ class Daemon:
                 background = [
                     tasks.create_task(self.reaper.run(), name="ringod lease reaper"),
                     tasks.create_task(self.commit.run(), name="ringod group commit"),
+                    tasks.create_task(self.waits.run(), name="ringod task waits"),
                     tasks.create_task(self._watch(), name="ringod storage watch"),
                     tasks.create_task(self._room_probe(), name="ringod room probe"),
                     tasks.create_task(self._reach_probe(), name="ringod reach probe"),
@@ -504,6 +519,7 @@ class Daemon:
         self.gate.draining = True
         self.members.close()
         self.wakeups.close()
+        self.waits.close()
         # Idle Work streams end at once; one whose worker still holds leases
         # stays (counted by the gate) until they are settled or time runs out.
         self.queue_service.work_streams.shutdown()

@@ -34,6 +34,7 @@ from .rpc.connections import (
 )
 from .rpc.members import DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, MAX_GENERATION_CHARS
 from .rpc.throttle import DEFAULT_CAP as DEFAULT_AUTH_FAILURE_DELAY
+from .rpc.waits import DEFAULT_RECHECK_INTERVAL as DEFAULT_WAIT_RECHECK
 from .storage.base import Storage
 
 __all__ = [
@@ -167,6 +168,16 @@ def _retention_batch(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
     if not 1 <= size <= limits.MAX_DELETE_BATCH:
         raise argparse.ArgumentTypeError(f"{size} is outside 1..{limits.MAX_DELETE_BATCH}")
+    return size
+
+
+def _max_waits(value: str) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if size < 0:
+        raise argparse.ArgumentTypeError(f"{size} is negative")
     return size
 
 
@@ -388,6 +399,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="tasks deleted per storage transaction; the event loop serves other calls"
         f" between batches (default {DEFAULT_RETENTION_BATCH} with SQLite,"
         f" {DEFAULT_POSTGRES_RETENTION_BATCH} with PostgreSQL)",
+    )
+    parser.add_argument(
+        "--max-waits",
+        metavar="N",
+        type=_max_waits,
+        default=limits.DEFAULT_MAX_WAITS,
+        help="WaitTask calls the daemon holds parked at once; one more is answered"
+        f" RESOURCE_EXHAUSTED (default {limits.DEFAULT_MAX_WAITS}; each connection holds"
+        f" at most {limits.MAX_WAITS_PER_CONNECTION}; 0 refuses every WaitTask)",
+    )
+    parser.add_argument(
+        "--wait-recheck",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=DEFAULT_WAIT_RECHECK,
+        help="while WaitTask calls are parked, check all their tasks in one query this"
+        " often: the safety net under the wake-ups settlements send"
+        f" (default {DEFAULT_WAIT_RECHECK:g})",
     )
     parser.add_argument(
         "--idle-timeout",

@@ -215,6 +215,8 @@ async def _amain(args: argparse.Namespace, choice: StorageChoice, loop_name: str
             metrics_listen=args.metrics_listen,
             ui_listen=args.ui_listen,
             ui_read_only=args.ui_read_only,
+            max_waits=args.max_waits,
+            wait_recheck=args.wait_recheck,
             connections=ConnectionLimits(
                 idle_timeout=args.idle_timeout,
                 keepalive_interval=args.keepalive_interval,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -126,6 +127,9 @@ class Retention:
         self._storage = storage
         self._clock = clock
         self.policy = policy
+        # Told after a pass deleted tasks (the daemon rechecks its WaitTask
+        # callers' tasks: a deleted one is NOT_FOUND).
+        self.deleted_listener: Callable[[], None] | None = None
 
     async def purge(self) -> dict[TaskState, int]:
         """One pass: how many tasks of each retained state it deleted.
@@ -159,6 +163,8 @@ class Retention:
             log.exception("retention pass failed; trying again in %gs", self.policy.interval)
             return 0
         total = sum(deleted.values())
+        if total and self.deleted_listener is not None:
+            self.deleted_listener()
         if total:
             log.info(
                 "retention deleted %d finished task(s) in %.2fs: %s",

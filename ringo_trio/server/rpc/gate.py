@@ -45,7 +45,7 @@ from grpclib.server import Server, Stream
 
 from .throttle import AuthThrottle, Verdict
 
-__all__ = ["LOCAL_TOKEN_HEADER", "Gate", "time_remaining"]
+__all__ = ["LOCAL_TOKEN_HEADER", "Gate", "current_connection", "time_remaining"]
 
 LOCAL_TOKEN_HEADER = "x-ringo-local-token"
 
@@ -64,6 +64,18 @@ class _MethodFunc(Protocol):
 _deadline: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
     "ringod_call_deadline", default=None
 )
+
+
+# The connection the call running in this task came on (its transport), by
+# which WaitTask counts parked calls per connection.
+_connection: contextvars.ContextVar[object] = contextvars.ContextVar(
+    "ringod_call_connection", default=None
+)
+
+
+def current_connection() -> object:
+    """What identifies the current call's connection (None outside a call)."""
+    return _connection.get()
 
 
 def time_remaining() -> float | None:
@@ -184,6 +196,7 @@ class Gate:
             # grpclib runs each call in its own task, so this value is seen by
             # that call's method only.
             _deadline.set(stream.deadline)
+            _connection.set(getattr(stream.peer, "_transport", None))
             self._in_flight += 1
             self._idle.clear()
             try:

@@ -38,6 +38,7 @@ from ringo_trio._proto.ringo.v1 import (
 from ..storage.base import Storage, TaskFilter
 from . import validate as v
 from .reply_bounds import fitting, task_bound
+from .waits import TaskWaits
 from .wakeups import QueueWakeups
 
 __all__ = ["Operations"]
@@ -46,9 +47,10 @@ log = logging.getLogger("ringo_trio.server")
 
 
 class Operations:
-    def __init__(self, storage: Storage, wakeups: QueueWakeups) -> None:
+    def __init__(self, storage: Storage, wakeups: QueueWakeups, waits: TaskWaits) -> None:
         self._storage = storage
         self._wakeups = wakeups
+        self._waits = waits
 
     # -- inspection ----------------------------------------------------------
 
@@ -105,8 +107,10 @@ class Operations:
         task = await self._storage.cancel(
             queue, reason, now, task_id=task_id, unique_key=unique_key
         )
-        # Nothing to wake: a cancel makes no task claimable. A LEASED task's
-        # worker learns it at its next renewal or settlement (LeaseLost).
+        # No claimer to wake: a cancel makes no task claimable. A LEASED
+        # task's worker learns it at its next renewal or settlement
+        # (LeaseLost); its WaitTask callers learn it now.
+        self._waits.settled((task.id,))
         return CancelTaskResponse(task=task)
 
     async def retry_tasks(self, message: RetryTasksRequest, now: datetime) -> RetryTasksResponse:
@@ -131,6 +135,8 @@ class Operations:
         limit = v.batch_limit(message.limit)
         deleted = await self._storage.delete_finished(queue, states, message.finished_before, limit)
         if deleted:
+            # The deleted ids are not named: a waiter on one reads NOT_FOUND.
+            self._waits.recheck()
             # Deleting is for good: leave a trace an operator can find.
             log.info("DeleteTasks deleted %d finished task(s) of queue %r", deleted, queue)
         return DeleteTasksResponse(deleted_count=deleted, more=deleted == limit)

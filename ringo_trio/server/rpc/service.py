@@ -72,6 +72,21 @@ call, and its lease commands run the very operations the unary RPCs run
 (`apply_ack` … `apply_progress`), so both paths validate, store and wake up
 alike; only the error channel differs (`ErrorDetail` instead of a status).
 
+WaitTask
+--------
+``WaitTask`` (minor 12) parks the call on its task id in `waits.TaskWaits`
+(refused ``RESOURCE_EXHAUSTED`` past the per-connection or per-daemon limit)
+and reads the task: terminal (SUCCEEDED, DEAD, CANCELLED) it answers at once,
+else it waits for a wake-up and reads again, until its timeout (clamped to
+``MAX_TASK_WAIT`` and to shortly before the client's deadline), when it
+answers the task as it stands. Every path that settles tasks here names them
+to `TaskWaits.settled` after its commit (`apply_ack` … `apply_settlements`,
+CancelTask); paths that only count what they changed (lease expiry, purge,
+retention) ask for `TaskWaits.recheck`; other daemons' settlements arrive
+through the store (see `waits`). A task deleted while waited on is
+``NOT_FOUND``; a daemon shutting down answers its parked calls with the task
+as it stands, and the client asks again elsewhere or later.
+
 AttachLocal
 -----------
 ``AttachLocal`` (a shared daemon's membership stream) is served by
@@ -143,6 +158,8 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTasksResponse,
     Task,
     TaskState,
+    WaitTaskRequest,
+    WaitTaskResponse,
     WorkRequest,
     WorkResponse,
 )
@@ -164,11 +181,12 @@ from . import validate as v
 from .codec import Preencoded
 from .commit import GroupCommit
 from .enqueue_reply import encode_enqueue_many_reply
-from .gate import time_remaining
+from .gate import current_connection, time_remaining
 from .members import ATTACH_LOCAL_METHOD, Members
 from .operate import Operations
 from .reply_bounds import claim_within, enqueue_results_fit
 from .sessions import SessionTable
+from .waits import TaskWaits, WaitLimitReached
 from .wakeups import LeaseReaper, QueueWakeups
 from .work import WorkStreams
 
@@ -188,6 +206,7 @@ _SCHEDULE_SLACK = 0.002
 _INCONSISTENT_WAKEUP_RETRY = 0.05
 # How long before the client's own deadline a long-poll gives up waiting.
 _DEADLINE_MARGIN = 0.25
+_TERMINAL = frozenset((TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED))
 
 
 def _as_seen_at(minor: int, task: Task) -> Task:
@@ -266,6 +285,8 @@ def _rpc(method: _Method[_Service, _Req, _Resp]) -> _Method[_Service, _Req, _Res
             raise GRPCError(
                 Status.FAILED_PRECONDITION, str(exc) or "not allowed in this state"
             ) from None
+        except WaitLimitReached as exc:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, str(exc)) from None
         except StorageFull as exc:
             # Not UNAVAILABLE: the outcome is known (nothing was written), and
             # the SDK answers UNAVAILABLE by reconnecting, even restarting a
@@ -306,6 +327,7 @@ class QueueService(QueueServiceBase):
         heartbeat_interval: float = 10.0,
         members: Members | None = None,
         commit: GroupCommit | None = None,
+        waits: TaskWaits | None = None,
     ) -> None:
         if not 0 <= served_minor <= versions.MINOR:
             raise ValueError(f"served minor must be within 0..{versions.MINOR}")
@@ -320,7 +342,10 @@ class QueueService(QueueServiceBase):
         # transaction.
         self._commit = commit
         self.members = members if members is not None else Members(None)
-        self._operations = Operations(storage, wakeups)
+        # Without the daemon's (in-process tests), one whose `run` nobody
+        # runs: settlements wake its calls, nothing rechecks them.
+        self.waits = waits if waits is not None else TaskWaits(storage)
+        self._operations = Operations(storage, wakeups, self.waits)
         # Leases of a claim nobody received, handed back by the engine itself:
         # their tasks are claimable again, so the queue's claimers are woken
         # as after any release.
@@ -464,6 +489,33 @@ class QueueService(QueueServiceBase):
         task = await self._storage.retry(queue, now, task_id=task_id, unique_key=unique_key)
         self._wakeups.notify(queue)
         return RetryTaskResponse(task=_as_seen_at(minor, task))
+
+    # -- waiting (minor 12) ------------------------------------------------
+
+    @_rpc
+    async def wait_task(self, message: WaitTaskRequest) -> WaitTaskResponse:
+        _, minor = self._admit_at(message.context)
+        _require(minor, Feature.WAIT_TASK, "WaitTask")
+        queue = v.name(message.queue, "queue")
+        task_id = v.name(message.task_id, "task_id", limits.MAX_UNIQUE_KEY_BYTES)
+        timeout = v.wait_timeout(message.timeout)
+        client_left = time_remaining()
+        if client_left is not None:
+            # Answer (the task as it stands) before the client gives up.
+            timeout = min(timeout, client_left - _DEADLINE_MARGIN)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        with self.waits.park(task_id, current_connection()) as waiter:
+            await waiter.ready()
+            while True:
+                # Armed before the read: a settlement racing it sets this
+                # very event, so the wait below returns at once.
+                armed = waiter.arm()
+                task = await self._storage.get(queue, task_id=task_id)
+                remaining = deadline - loop.time()
+                if task.state in _TERMINAL or remaining <= 0 or waiter.closed:
+                    return WaitTaskResponse(task=task)
+                await waiter.wait(armed, remaining)
 
     # -- leases ------------------------------------------------------------
 
@@ -619,15 +671,19 @@ class QueueService(QueueServiceBase):
         """The caller has checked that its minor allows a result."""
         ack = v.ack_settlement(message)
         await self._storage.ack(ack.ref, now, ack.result)
+        self.waits.settled((ack.ref.task_id,))
 
     async def apply_nack(self, message: NackRequest, now: datetime) -> None:
         nack = v.nack_settlement(message)
         task = await self._storage.nack(nack.ref, nack.error, nack.retry_delay, now)
         self._wakeups.notify(task.queue)
+        # DEAD when that was the last attempt; a waiter reads which.
+        self.waits.settled((task.id,))
 
     async def apply_reject(self, message: RejectRequest, now: datetime) -> None:
         reject = v.reject_settlement(message)
         await self._storage.reject(reject.ref, reject.error, now)
+        self.waits.settled((reject.ref.task_id,))
 
     async def apply_settlements(
         self, settlements: Sequence[Settlement], now: datetime
@@ -647,6 +703,12 @@ class QueueService(QueueServiceBase):
         }
         for queue in refilled:
             self._wakeups.notify(queue)
+        if self.waits.parked:
+            self.waits.settled(
+                item.ref.task_id
+                for item, answer in zip(settlements, answers, strict=True)
+                if isinstance(answer, str)
+            )
         return answers
 
     async def apply_extend(self, message: ExtendLeaseRequest, now: datetime) -> Lease:

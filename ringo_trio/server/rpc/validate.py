@@ -125,6 +125,15 @@ def duration(
     return value
 
 
+def wait_timeout(value: timedelta | None, path: str = "timeout") -> float:
+    """WaitTask's timeout in seconds: unset is 0 (answer at once); longer
+    than `limits.MAX_TASK_WAIT` is clamped to it (a caller asks again)."""
+    checked = duration(value, path)
+    if checked is None:
+        return 0.0
+    return min(checked, limits.MAX_TASK_WAIT).total_seconds()
+
+
 def _fmt(value: timedelta) -> str:
     seconds = value.total_seconds()
     return f"{int(seconds)}s" if seconds.is_integer() else f"{seconds:g}s"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -145,6 +145,9 @@ class LeaseReaper:
         self._deadlines: list[datetime] = []
         self._last_noted: datetime | None = None
         self._changed = asyncio.Event()
+        # Told after a sweep expired leases (some may have gone DEAD): the
+        # daemon rechecks its WaitTask callers' tasks.
+        self.expired_listener: Callable[[], None] | None = None
 
     def note(self, until: datetime | None) -> None:
         """A lease now ends at `until`; make sure a sweep happens then."""
@@ -172,6 +175,8 @@ class LeaseReaper:
         if expired:
             log.debug("expired %d lease(s)", expired)
             self._wakeups.notify_all()
+            if self.expired_listener is not None:
+                self.expired_listener()
         return expired
 
     async def run(self) -> None:

@@ -288,6 +288,39 @@ class Storage(abc.ABC):
         return at once (this default)."""
         return
 
+    # -- waiting for outcomes (WaitTask, minor 12) --------------------------
+
+    waits_across_processes: ClassVar[bool] = False
+    """Other processes settle this store's tasks too (PostgreSQL), so a
+    waiting daemon registers its waited ids (`register_waits`) and hears
+    their settlements (`watch_settled`)."""
+
+    async def task_states(self, task_ids: Sequence[str]) -> dict[str, int]:
+        """The wire `TaskState` of each of these tasks that exists, in one
+        query (the daemon's batched recheck of waited tasks); a task that
+        does not exist is absent."""
+        raise NotImplementedError
+
+    async def register_waits(self, *, add: Sequence[str], remove: Sequence[str]) -> None:
+        """(`waits_across_processes` engines) Tell the store this daemon now
+        waits on the tasks `add` and no longer on `remove`, in one short
+        transaction: settlements of waited tasks, by any process, notify
+        `watch_settled`. Engines no other process writes do nothing (this
+        default)."""
+        return
+
+    async def watch_settled(
+        self, notify: Callable[[str | None], None], ready: Callable[[], None]
+    ) -> None:
+        """Run until cancelled, calling `notify(task_id)` whenever any process
+        settled, cancelled or deleted a task registered with `register_waits`
+        (by any daemon: the caller ignores ids it does not wait on), `ready()`
+        once it listens, and `notify(None)` at each reconnect (anything may
+        have changed meanwhile). Never raises but cancellation; reconnects
+        with capped backoff. Engines no other process writes call `ready`
+        and return (this default)."""
+        ready()
+
     async def maintain(self) -> None:
         """Run until cancelled: the engine's own upkeep that must not run on
         the daemon's event loop (the daemon runs it in its task group while

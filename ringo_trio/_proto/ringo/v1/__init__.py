@@ -62,6 +62,8 @@ __all__ = (
     "TaskSpec",
     "TaskState",
     "TaskTypeStats",
+    "WaitTaskRequest",
+    "WaitTaskResponse",
     "WorkRequest",
     "WorkRequestBatch",
     "WorkResponse",
@@ -1244,6 +1246,48 @@ default_message_pool.register_message("ringo.v1", "TaskTypeStats", TaskTypeStats
 
 
 @dataclass(eq=False, repr=False)
+class WaitTaskRequest(betterproto2.Message):
+    """
+    ---------------------------------------------------------------------------
+    Waiting for an outcome (minor >= 12)
+
+    Parks until the task is terminal (SUCCEEDED, DEAD or CANCELLED) and answers
+    it; answers at once when it already is. Without a change by `timeout` the
+    answer is the task as it stands then (not terminal): the caller asks again.
+    An unknown task, or one deleted while waited on, is NOT_FOUND. Waiters past
+    the daemon's limits (per connection, per daemon) are RESOURCE_EXHAUSTED.
+    """
+
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    task_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    timeout: "datetime.timedelta | None" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
+    )
+    """
+    How long this call may park; unset or zero answers at once, above
+    MAX_TASK_WAIT (60 s) is clamped to it. The daemon answers shortly before
+    the call's own deadline rather than be cut off by it.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "WaitTaskRequest", WaitTaskRequest)
+
+
+@dataclass(eq=False, repr=False)
+class WaitTaskResponse(betterproto2.Message):
+    task: "Task | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message("ringo.v1", "WaitTaskResponse", WaitTaskResponse)
+
+
+@dataclass(eq=False, repr=False)
 class WorkerDrain(betterproto2.Message):
     """
     Stop pushing; the stream stays open for results of running tasks.
@@ -1805,6 +1849,28 @@ class QueueServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def wait_task(
+        self,
+        message: "WaitTaskRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "WaitTaskResponse":
+        """
+        Minor >= 12: the task once it is terminal, or as it stands at the
+        timeout. Read-only.
+        """
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/WaitTask",
+            message,
+            WaitTaskResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
     async def work(
         self,
         messages: "AsyncIterable[WorkRequest] | Iterable[WorkRequest]",
@@ -1954,6 +2020,14 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
     async def retry_tasks(self, message: "RetryTasksRequest") -> "RetryTasksResponse":
         """
         Reactivates DEAD tasks in bulk, at most `limit` per call.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def wait_task(self, message: "WaitTaskRequest") -> "WaitTaskResponse":
+        """
+        Minor >= 12: the task once it is terminal, or as it stands at the
+        timeout. Read-only.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
@@ -2116,6 +2190,14 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.retry_tasks(request)
         await stream.send_message(response)
 
+    async def __rpc_wait_task(
+        self, stream: "grpclib.server.Stream[WaitTaskRequest, WaitTaskResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.wait_task(request)
+        await stream.send_message(response)
+
     async def __rpc_work(self, stream: "grpclib.server.Stream[WorkRequest, WorkResponse]") -> None:
         request = stream.__aiter__()
         await self._call_rpc_handler_server_stream(
@@ -2244,6 +2326,12 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 RetryTasksRequest,
                 RetryTasksResponse,
+            ),
+            "/ringo.v1.QueueService/WaitTask": grpclib.const.Handler(
+                self.__rpc_wait_task,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                WaitTaskRequest,
+                WaitTaskResponse,
             ),
             "/ringo.v1.QueueService/Work": grpclib.const.Handler(
                 self.__rpc_work,

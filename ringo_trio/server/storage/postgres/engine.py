@@ -105,6 +105,7 @@ from .pool import (
 from .schema import delays_text, migrate, schedule_of
 from .settle import ACK, NACK, REJECT, SettleSql, lease_lost, settlement_row
 from .sql import Spelling, type_list
+from .waits import STALE_WAITS, WaitSql
 
 __all__ = ["PostgresEngine"]
 
@@ -137,6 +138,7 @@ class Sql:
         self.settle = SettleSql(s)
         self.operate = OperateSql(s)
         self.listing = ListingSql(s)
+        self.waits = WaitSql(schema)
 
 
 class PostgresEngine(Storage):
@@ -180,6 +182,7 @@ class PostgresEngine(Storage):
         try:
             async with pool.acquire() as conn:
                 await migrate(conn, self.schema)
+                await conn.execute(self._sql.waits.stale, STALE_WAITS)
         except BaseException:
             pool.terminate()
             raise
@@ -613,6 +616,20 @@ class PostgresEngine(Storage):
         return from_us(max(soonest, now_us))
 
     # -- cross-daemon wake-ups ----------------------------------------------
+
+    # WaitTask (`waits`); the listener runs only while the daemon has waiters.
+    waits_across_processes = True
+
+    async def task_states(self, task_ids: Sequence[str]) -> dict[str, int]:
+        return dict(await self._fetch(self._sql.waits.task_states, list(task_ids)))
+
+    async def register_waits(self, *, add: Sequence[str], remove: Sequence[str]) -> None:
+        await self._fetch(self._sql.waits.update, list(add), list(remove), self.instance)
+
+    async def watch_settled(
+        self, notify: Callable[[str | None], None], ready: Callable[[], None]
+    ) -> None:
+        await listen.watch_settled(self.dsn, self._sql.waits.channel, notify, ready)
 
     async def watch(self, notify: Callable[[str | None], None]) -> None:
         """LISTEN on the schema's channel over a connection of its own (see

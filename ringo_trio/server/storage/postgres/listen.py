@@ -111,3 +111,61 @@ async def _listen(
     finally:
         # Not awaited: a graceful close can hang on a dead peer.
         conn.terminate()
+
+
+async def watch_settled(
+    dsn: str,
+    channel_sql: str,
+    notify: Callable[[str | None], None],
+    ready: Callable[[], None],
+) -> None:
+    """LISTEN on the wait channel (named by the SQL expression
+    `channel_sql`) until cancelled, telling `notify` every task id notified
+    there, `ready` once listening, and `notify(None)` at each (re)connect;
+    reconnects as `watch` does. Run only while the daemon has waiters."""
+    delay = WATCH_RETRY_INITIAL
+    while True:
+        try:
+            await _listen_settled(dsn, channel_sql, notify, ready)
+        except asyncio.CancelledError:
+            raise
+        except Listened as exc:
+            delay = WATCH_RETRY_INITIAL
+            log.warning("wait listener lost its PostgreSQL connection: %s", exc.__cause__)
+        except Exception as exc:
+            log.warning("wait listener cannot listen on PostgreSQL: %s", exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, WATCH_RETRY_MAX)
+
+
+async def _listen_settled(
+    dsn: str,
+    channel_sql: str,
+    notify: Callable[[str | None], None],
+    ready: Callable[[], None],
+) -> None:
+    lost = asyncio.Event()
+
+    def on_note(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        notify(payload)
+
+    conn: asyncpg.Connection = await asyncpg.connect(
+        dsn, timeout=CONNECT_TIMEOUT, server_settings=SERVER_SETTINGS
+    )
+    try:
+        conn.add_termination_listener(lambda _conn: lost.set())
+        channel = await conn.fetchval(f"SELECT {channel_sql}")
+        await conn.add_listener(channel, on_note)
+        ready()
+        notify(None)
+        try:
+            while not lost.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lost.wait(), WATCH_PING)
+                if not lost.is_set():
+                    await conn.fetchval("SELECT 1", timeout=WATCH_PING)
+            raise StorageUnavailable("the listening connection closed")
+        except Exception as exc:
+            raise Listened from exc
+    finally:
+        conn.terminate()

@@ -246,7 +246,59 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             f"DROP FUNCTION IF EXISTS {s}.ringo_backoff_us("
             "bigint, bigint, double precision, bigint)",
         ),
+        # Minor 12, WaitTask across daemons: the ids daemons wait on
+        # (`register_waits`), and statement triggers notifying the terminal
+        # updates and deletions of those ids, whichever statement of
+        # whichever daemon made them (settle, expiry, cancel, purge). With
+        # nobody waiting a statement pays one probe of an empty table.
+        (
+            f"""
+            CREATE TABLE {s}.task_waits (
+                task_id     text        NOT NULL,
+                instance    text        NOT NULL,
+                since       timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (task_id, instance)
+            )
+            """,
+            wait_function(s, "ringo_wait_update", "new_rows", f"AND c.{FINISHED_TERM}"),
+            wait_function(s, "ringo_wait_delete", "old_rows", ""),
+            f"CREATE TRIGGER task_waits_update AFTER UPDATE ON {s}.tasks"
+            " REFERENCING NEW TABLE AS new_rows"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {s}.ringo_wait_update()",
+            f"CREATE TRIGGER task_waits_delete AFTER DELETE ON {s}.tasks"
+            " REFERENCING OLD TABLE AS old_rows"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {s}.ringo_wait_delete()",
+        ),
     )
+
+
+WAIT_CHANNEL_PREFIX = "ringo_wait:"
+"""A waited task's notifications go to this plus the tasks table's oid
+(`wait_channel`): one channel per schema, short whatever its name."""
+
+
+def wait_channel(s: str) -> str:
+    """The SQL expression of schema `s`'s (quoted) wait channel."""
+    return f"{literal(WAIT_CHANNEL_PREFIX)} || '{s}.tasks'::regclass::oid::text"
+
+
+def wait_function(s: str, name: str, rows: str, condition: str) -> str:
+    """A statement trigger's function notifying every id of the transition
+    table `rows` (meeting `condition` on its alias ``c``) that a daemon
+    waits on; the payload is the task id."""
+    return f"""
+        CREATE FUNCTION {s}.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF EXISTS (SELECT 1 FROM {s}.task_waits) THEN
+                PERFORM pg_notify({literal(WAIT_CHANNEL_PREFIX)} || TG_RELID::text, c.id)
+                FROM {rows} c
+                WHERE EXISTS (SELECT 1 FROM {s}.task_waits w WHERE w.task_id = c.id)
+                    {condition};
+            END IF;
+            RETURN NULL;
+        END
+        $$
+    """
 
 
 def schedule_of(initial_us: int, max_us: int, multiplier: float, max_attempts: int) -> list[int]:

@@ -364,6 +364,19 @@ class SQLiteEngine(Storage):
     ) -> Task:
         return row_task(find(self._conn(), COLS, queue, task_id, unique_key))
 
+    async def task_states(self, task_ids: Sequence[str]) -> dict[str, int]:
+        db = self._conn()
+        found: dict[str, int] = {}
+        # Within SQLite's bound on host parameters; one tasks_id probe each.
+        for start in range(0, len(task_ids), 500):
+            chunk = task_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for task_id, state in db.execute(
+                f"SELECT id, state FROM tasks WHERE id IN ({marks})", chunk
+            ):
+                found[task_id] = state
+        return found
+
     async def retry(
         self,
         queue: str,

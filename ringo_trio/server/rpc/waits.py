@@ -1,0 +1,336 @@
+"""Parked WaitTask calls, and what wakes them.
+
+Theory of operation
+-------------------
+A WaitTask call *parks* on its task id (`TaskWaits.park`): one `_Entry` per
+waited id, shared by every call waiting on it, holds the event the next
+wake-up sets (armed before the call reads the task, so a settlement landing
+between the read and the wait is never lost — `wakeups.QueueWakeups`'
+scheme, keyed by task). A woken call reads its task again; terminal (or
+gone), it answers, otherwise it parks again until its own timeout.
+
+What wakes a parked call, cheapest first:
+
+1. **The settlement itself** (`settled`): the service calls it with the ids
+   an ack, nack, reject (unary, Work stream, group commit) or CancelTask
+   just changed. With nobody parked that is one empty-dict test, so the
+   settle hot path pays nothing for this feature; a nack that left its task
+   PENDING wakes its waiters for nothing (they read it and park again).
+2. **A batched recheck** (`recheck`, and every `recheck_interval` seconds
+   while anyone is parked): ONE storage query (`Storage.task_states`) for
+   every waited id, waking those that are terminal or gone. Paths that do
+   not name their tasks ask for it at once — an expired lease (the reaper),
+   a purge or retention pass — and the interval is the safety net for
+   whatever no hook sees.
+3. **Other daemons** on a shared store (PostgreSQL): `Storage.register_waits`
+   tells the store which ids this daemon waits on, the store notifies those
+   ids' settlements (docs: the engine's listen module), and
+   `Storage.watch_settled` delivers them here. Both run only while someone
+   is parked: registrations go out in batches from `run`, and the listening
+   connection is opened for the first waiter and closed `linger` seconds
+   after the last, so a daemon nobody waits on holds no extra connection. A
+   call reads its task only after its id's registration went out and the
+   listener is up (bounded: past `READY_TIMEOUT` the recheck covers it).
+
+Every exit of a parked call (answer, timeout, client gone, cancellation,
+shutdown) leaves `park`'s ``with``; the slot counts and the entry are
+released there, synchronously, so nothing leaks whatever ended the call. An
+entry costs a dict slot, one small object and one `asyncio.Event`.
+
+Limits: `max_waits` per daemon and `per_connection` per HTTP/2 connection;
+one more is `WaitLimitReached` (RESOURCE_EXHAUSTED), refused before it
+costs anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Final
+
+from ringo_trio._contract import limits
+
+from ..storage.base import Storage, StorageError
+from ..storage.rows import FINISHED
+
+__all__ = ["TaskWaits", "WaitLimitReached", "Waiter"]
+
+log = logging.getLogger("ringo_trio.server")
+
+DEFAULT_RECHECK_INTERVAL: Final = 2.0
+DEFAULT_LINGER: Final = 5.0
+# The longest a call waits for its registration and the listener before it
+# reads its task anyway (the recheck then covers another daemon's settle).
+READY_TIMEOUT: Final = 2.0
+# Seconds between re-sending a shared store every waited id: a registration
+# older than the engine's staleness bound may be cleared by a daemon starting.
+REFRESH: Final = 60.0
+# Ids per recheck query: a bounded statement however many calls are parked.
+_CHECK_CHUNK = 1000
+
+
+class WaitLimitReached(Exception):
+    """Parking one more call would pass a limit; nothing was parked."""
+
+
+class _Entry:
+    __slots__ = ("event", "registered", "waiters")
+
+    def __init__(self, registered: bool) -> None:
+        self.event = asyncio.Event()
+        self.waiters = 0
+        # Set once a shared store knows this daemon waits on the id.
+        self.registered = asyncio.Event()
+        if registered:
+            self.registered.set()
+
+
+class Waiter:
+    """One parked call's handle (see `TaskWaits.park`)."""
+
+    __slots__ = ("_entry", "_owner")
+
+    def __init__(self, owner: TaskWaits, entry: _Entry) -> None:
+        self._owner = owner
+        self._entry = entry
+
+    def arm(self) -> asyncio.Event:
+        """The event the next wake-up sets. Call before reading the task."""
+        return self._entry.event
+
+    @property
+    def closed(self) -> bool:
+        return self._owner.closed
+
+    async def ready(self) -> None:
+        """Until other daemons' settlements of this id reach this one (or
+        `READY_TIMEOUT`): at once on a store no other daemon writes."""
+        if not self._owner.shared or self._owner.closed:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(READY_TIMEOUT):
+                await self._entry.registered.wait()
+                await self._owner.listening.wait()
+
+    async def wait(self, armed: asyncio.Event, seconds: float) -> None:
+        """Until `armed` is set or `seconds` pass."""
+        if armed.is_set() or seconds <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await armed.wait()
+
+
+class TaskWaits:
+    """The daemon's parked WaitTask calls by task id (see the module docstring)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        max_waits: int = limits.DEFAULT_MAX_WAITS,
+        per_connection: int = limits.MAX_WAITS_PER_CONNECTION,
+        recheck_interval: float = DEFAULT_RECHECK_INTERVAL,
+        linger: float = DEFAULT_LINGER,
+    ) -> None:
+        if max_waits < 0 or per_connection < 0:
+            raise ValueError("wait limits must not be negative")
+        if not recheck_interval > 0:
+            raise ValueError("recheck_interval must be positive")
+        self._storage = storage
+        self.max_waits = max_waits
+        self.per_connection = per_connection
+        self._recheck_interval = recheck_interval
+        self._linger = linger
+        self.shared = storage.waits_across_processes
+        self._by_id: dict[str, _Entry] = {}
+        self._by_connection: dict[object, int] = {}
+        self.parked = 0
+        self.closed = False
+        # Set while `run`'s listener hears other daemons' settlements.
+        self.listening = asyncio.Event()
+        self._busy = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._recheck_due = False
+        # Shared store: ids whose registration is still to be sent / withdrawn.
+        self._to_register: set[str] = set()
+        self._to_withdraw: set[str] = set()
+
+    # -- parked calls --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def park(self, task_id: str, connection: object) -> Iterator[Waiter]:
+        """A parked call on `task_id` from `connection` for the ``with``
+        block; `WaitLimitReached` when a limit is reached."""
+        if self.parked >= self.max_waits:
+            raise WaitLimitReached(
+                f"this daemon holds {self.parked} waiting calls, its limit"
+                " (ringod --max-waits); retry later"
+            )
+        on_connection = self._by_connection.get(connection, 0)
+        if on_connection >= self.per_connection:
+            raise WaitLimitReached(
+                f"this connection holds {on_connection} waiting calls, the limit per"
+                " connection; retry later or open another connection"
+            )
+        entry = self._by_id.get(task_id)
+        if entry is None:
+            entry = self._by_id[task_id] = _Entry(registered=not self.shared)
+            if self.shared:
+                self._to_register.add(task_id)
+                self._to_withdraw.discard(task_id)
+        entry.waiters += 1
+        self._by_connection[connection] = on_connection + 1
+        self.parked += 1
+        self._busy.set()
+        self._kick.set()
+        try:
+            yield Waiter(self, entry)
+        finally:
+            self.parked -= 1
+            left = self._by_connection[connection] - 1
+            if left:
+                self._by_connection[connection] = left
+            else:
+                del self._by_connection[connection]
+            entry.waiters -= 1
+            if entry.waiters == 0:
+                del self._by_id[task_id]
+                if self.shared:
+                    if task_id in self._to_register:
+                        self._to_register.discard(task_id)
+                    else:
+                        self._to_withdraw.add(task_id)
+                    self._kick.set()
+
+    def connections(self) -> int:
+        """Connections holding at least one parked call."""
+        return len(self._by_connection)
+
+    def waited_ids(self) -> int:
+        return len(self._by_id)
+
+    # -- wake-ups ------------------------------------------------------------
+
+    def settled(self, task_ids: Iterable[str]) -> None:
+        """These tasks changed state (settled, cancelled): wake their waiters."""
+        if not self._by_id:
+            return
+        for task_id in task_ids:
+            entry = self._by_id.get(task_id)
+            if entry is not None:
+                _fire(entry)
+
+    def recheck(self) -> None:
+        """Tasks changed that no hook names (expired leases, deletions):
+        check every waited id now, in one query."""
+        if self._by_id:
+            self._recheck_due = True
+            self._kick.set()
+
+    def close(self) -> None:
+        """Shutdown: wake every parked call; each sees `closed` and answers
+        the task as it stands."""
+        self.closed = True
+        for entry in list(self._by_id.values()):
+            _fire(entry)
+
+    # -- background ----------------------------------------------------------
+
+    async def run(self) -> None:
+        """Recheck, register and listen while calls are parked; run once, in
+        a TaskGroup the daemon owns, until cancelled."""
+        while True:
+            await self._busy.wait()
+            async with asyncio.TaskGroup() as tasks:
+                listener = tasks.create_task(self._listen(), name="ringod wait listener")
+                try:
+                    await self._serve()
+                finally:
+                    listener.cancel()
+                    self.listening.clear()
+
+    async def _listen(self) -> None:
+        try:
+            await self._storage.watch_settled(self._heard, self.listening.set)
+        except Exception:
+            log.exception("listening for other daemons' settlements failed; relying on rechecks")
+        if not self.shared:
+            self.listening.set()
+
+    def _heard(self, task_id: str | None) -> None:
+        # None: the listener (re)connected; anything may have settled meanwhile.
+        if task_id is None:
+            self.recheck()
+        else:
+            self.settled((task_id,))
+
+    async def _serve(self) -> None:
+        """Until nobody has been parked for `linger` seconds."""
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + self._recheck_interval
+        next_refresh = loop.time() + REFRESH
+        idle_since: float | None = None
+        while True:
+            self._kick.clear()
+            if self.shared:
+                if loop.time() >= next_refresh:
+                    next_refresh = loop.time() + REFRESH
+                    self._to_register.update(self._by_id)
+                await self._sync_registrations()
+            now = loop.time()
+            if self._by_id and (self._recheck_due or now >= next_check):
+                self._recheck_due = False
+                await self._check_all()
+                next_check = loop.time() + self._recheck_interval
+            if self._by_id:
+                idle_since = None
+                wake_at = next_check
+            else:
+                if idle_since is None:
+                    idle_since = now
+                if now - idle_since >= self._linger and not self._to_withdraw:
+                    self._busy.clear()
+                    return
+                wake_at = idle_since + self._linger
+            if self._kick.is_set():
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(wake_at - loop.time(), 0.0)):
+                    await self._kick.wait()
+
+    async def _sync_registrations(self) -> None:
+        add, self._to_register = self._to_register, set()
+        gone, self._to_withdraw = self._to_withdraw, set()
+        if not add and not gone:
+            return
+        try:
+            await self._storage.register_waits(add=sorted(add), remove=sorted(gone))
+        except (StorageError, OSError) as exc:
+            log.warning("registering waited tasks failed (%s); relying on rechecks", exc)
+            # Not retried in a loop: the recheck covers these ids, and a
+            # stale registration costs only a notification nobody hears.
+        for task_id in add:
+            entry = self._by_id.get(task_id)
+            if entry is not None:
+                entry.registered.set()
+
+    async def _check_all(self) -> None:
+        ids = list(self._by_id)
+        for start in range(0, len(ids), _CHECK_CHUNK):
+            chunk = ids[start : start + _CHECK_CHUNK]
+            try:
+                states = await self._storage.task_states(chunk)
+            except Exception as exc:
+                log.warning("rechecking waited tasks failed (%s); trying again later", exc)
+                return
+            self.settled(
+                task_id for task_id in chunk if task_id not in states or states[task_id] in FINISHED
+            )
+
+
+def _fire(entry: _Entry) -> None:
+    event, entry.event = entry.event, asyncio.Event()
+    event.set()

@@ -1,0 +1,120 @@
+"""`TaskQueue.wait`: a task's outcome without polling, on both engines, through
+a daemon restart."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+import trio
+
+from ringo_trio import (
+    IncompatibleVersionError,
+    NotFoundError,
+    Ringo,
+    Task,
+    TaskState,
+)
+from ringo_trio._contract import versions
+from ringo_trio.testing import DaemonProcess, spawn_daemon
+from tests._kit.processes import free_port
+
+pytestmark = pytest.mark.trio
+
+GUARD = 40
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine_daemon(
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path
+) -> Iterator[DaemonProcess]:
+    """A ringod on a fixed port (a restart comes back where the client looks),
+    on SQLite or on a PostgreSQL database of its own."""
+    listen = ["--listen", f"127.0.0.1:{free_port()}"]
+    if request.param == "sqlite":
+        with spawn_daemon(tmp_path / "data", extra_args=listen) as d:
+            yield d
+        return
+    dsn = request.getfixturevalue("postgres_dsn")
+    with spawn_daemon(None, postgres_dsn=dsn, extra_args=listen) as d:
+        yield d
+
+
+async def test_wait_returns_the_task_once_it_succeeds(engine_daemon: DaemonProcess) -> None:
+    """Property (both engines): wait returns the task once a worker acks it,
+    with its result; waiting on it again answers at once; an unknown id is
+    NotFoundError."""
+    with trio.fail_after(GUARD):
+        async with Ringo.connect(engine_daemon.endpoint) as client:
+            queue = client.queue("q")
+            task = (await queue.enqueue(task_type="t")).task
+            got: list[Task] = []
+            async with trio.open_nursery() as nursery:
+
+                async def wait() -> None:
+                    got.append(await queue.wait(task.id, timeout=GUARD))
+
+                nursery.start_soon(wait)
+                [leased] = await queue.claim()
+                await leased.ack(result=b"done")
+            [done] = got
+            assert done.state is TaskState.SUCCEEDED
+            assert done.result == b"done"
+            assert (await queue.wait(task.id)).state is TaskState.SUCCEEDED
+            with pytest.raises(NotFoundError):
+                await queue.wait("0" * 32, timeout=GUARD)
+
+
+async def test_a_timeout_raises_and_leaves_the_task_alone(engine_daemon: DaemonProcess) -> None:
+    """Property (both engines): a wait whose timeout elapses raises the builtin
+    TimeoutError and the task is exactly as it was (still PENDING, never
+    claimed); timeout=0 is one look."""
+    with trio.fail_after(GUARD):
+        async with Ringo.connect(engine_daemon.endpoint) as client:
+            queue = client.queue("q")
+            task = (await queue.enqueue(task_type="t")).task
+            with pytest.raises(TimeoutError):
+                await queue.wait(task.id, timeout=0.5)
+            with pytest.raises(TimeoutError):
+                await queue.wait(task.id, timeout=0)
+            assert await queue.get_by_id(task.id) == task
+
+
+async def test_wait_needs_minor_12(
+    engine_daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: an SDK session below minor 12 refuses wait before sending
+    anything (IncompatibleVersionError)."""
+    monkeypatch.setattr(versions, "MINOR", versions.FEATURES[versions.Feature.WAIT_TASK] - 1)
+    with trio.fail_after(GUARD):
+        async with Ringo.connect(engine_daemon.endpoint) as client:
+            queue = client.queue("q")
+            task = (await queue.enqueue(task_type="t")).task
+            with pytest.raises(IncompatibleVersionError, match="minor 12"):
+                await queue.wait(task.id, timeout=GUARD)
+
+
+async def test_wait_rides_out_a_daemon_restart(engine_daemon: DaemonProcess) -> None:
+    """Property (both engines): a daemon restarting while wait is parked does
+    not surface: the wait asks again once the daemon is back and returns the
+    task when it is acked afterwards."""
+    with trio.fail_after(GUARD):
+        async with Ringo.connect(engine_daemon.endpoint) as client:
+            queue = client.queue("q")
+            task = (await queue.enqueue(task_type="t")).task
+            got: list[Task] = []
+            async with trio.open_nursery() as nursery:
+
+                async def wait() -> None:
+                    got.append(await queue.wait(task.id, timeout=GUARD))
+
+                nursery.start_soon(wait)
+                await trio.sleep(0.3)
+                await trio.to_thread.run_sync(engine_daemon.kill)
+                # Down longer than one call's own recovery (0.2 + 0.6 + 1.5 s).
+                await trio.sleep(3.0)
+                await trio.to_thread.run_sync(engine_daemon.start)
+                [leased] = await queue.claim()
+                await leased.ack()
+            assert [t.state for t in got] == [TaskState.SUCCEEDED]
