@@ -36,6 +36,11 @@ from ._supervise.parent import RestartPolicy as RestartPolicy
 from ._supervise.parent import SupervisedProcess as SupervisedProcess
 from ._supervise.parent import Supervisor as Supervisor
 from ._supervise.parent import SupervisorError as SupervisorError
+from ._tasks.registry import TaskCall as TaskCall
+from ._tasks.registry import TaskFunction as TaskFunction
+from ._tasks.registry import TaskHandle as TaskHandle
+from ._tasks.registry import TaskRegistry as TaskRegistry
+from ._tasks.registry import TaskRouter as TaskRouter
 from ._work._concurrency import AdaptiveConcurrency as AdaptiveConcurrency
 from ._work._concurrency import ResourceConcurrency as ResourceConcurrency
 from ._work._concurrency import ResourceSample as ResourceSample

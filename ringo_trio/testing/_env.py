@@ -132,6 +132,7 @@ class RingoTestEnv:
         self,
         queue: TaskQueue | TaskRegistry,
         handler: Handler | None = None,
+        /,
         *,
         until: Until = "settled",
         task_types: Iterable[str] | None = None,

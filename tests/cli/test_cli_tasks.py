@@ -89,12 +89,13 @@ def test_arguments_are_checked_before_anything_is_sent(
     and nothing is enqueued."""
     for arguments in ('{"times": 2}', '{"name": 1}', "[1]", "not json"):
         refused = run_ringo(
-            daemon, "enqueue", "typed", "ringo_test_app:greet", "--json", arguments, cwd=app_dir
+            daemon, "enqueue", "refused", "ringo_test_app:greet", "--json", arguments, cwd=app_dir
         )
         assert refused.returncode == 1, (arguments, refused.stdout, refused.stderr)
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-    listed = run_ringo(daemon, "tasks", "list", "typed", cwd=app_dir)
-    assert "ringo_test_app:greet" not in listed.stdout
+    listed = run_ringo(daemon, "queues", cwd=app_dir)
+    assert listed.returncode == 0, listed.stderr
+    assert "refused" not in listed.stdout
 
 
 def test_without_the_module_the_worker_validates(

@@ -25,7 +25,7 @@ tasks = TaskRegistry()
 
 @tasks.task(queue="emails", max_attempts=5)
 async def send_email(to: str, subject: str, ctx: TaskContext) -> Receipt:
-    await ctx.report_progress(message=f"to {to}")
+    await ctx.report_progress(0, 1, f"to {to}")
     return Receipt(message_id=f"{to}/{subject}")
 
 

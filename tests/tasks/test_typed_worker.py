@@ -120,13 +120,20 @@ async def test_arguments_that_do_not_validate_are_dead_at_once(
 
 async def test_the_router_takes_only_its_task_types(autojump_clock: trio.testing.MockClock) -> None:
     """Property: a registry's worker registers only its tasks' types; a task
-    of another type on the same queue stays PENDING for another worker."""
+    of another type on the same queue is never leased to it (PENDING, no
+    attempt spent) and stays for another worker."""
     async with RingoTestEnv.start() as env:
         queue = env.client.queue("emails")
         other = await queue.enqueue(task_type="someone-else", payload=b"raw")
         mine = await shout.enqueue(env.client, "x")
-        await env.run_worker(tasks, until="idle")
-        assert (await queue.get_by_id(other.task.id)).state is TaskState.PENDING
+        async with trio.open_nursery() as nursery:
+            worker = tasks.worker(env.client)
+            await nursery.start(worker.run)
+            assert await mine.result(timeout=30) == "X"
+            await env.sleep(minutes=5)
+            await worker.close()
+        untouched = await queue.get_by_id(other.task.id)
+        assert (untouched.state, untouched.attempt) == (TaskState.PENDING, 0)
         assert await mine.result(timeout=0) == "X"
 
 
