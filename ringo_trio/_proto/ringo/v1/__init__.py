@@ -13,6 +13,10 @@ __all__ = (
     "ClaimRequest",
     "ClaimResponse",
     "CreditUpdate",
+    "DeleteLimitRequest",
+    "DeleteLimitResponse",
+    "DeleteScheduleRequest",
+    "DeleteScheduleResponse",
     "DeleteTasksRequest",
     "DeleteTasksResponse",
     "EnqueueManyRequest",
@@ -34,16 +38,26 @@ __all__ = (
     "Lease",
     "LeaseRef",
     "LeasedTask",
+    "LimitKeyState",
+    "LimitRule",
+    "LimitStatus",
+    "ListLimitsRequest",
+    "ListLimitsResponse",
     "ListOrder",
     "ListQueuesRequest",
     "ListQueuesResponse",
+    "ListSchedulesRequest",
+    "ListSchedulesResponse",
     "ListTasksRequest",
     "ListTasksResponse",
+    "MisfirePolicy",
     "NackRequest",
     "NackResponse",
     "NegotiateRequest",
     "NegotiateResponse",
     "Progress",
+    "PutScheduleRequest",
+    "PutScheduleResponse",
     "QueueServiceBase",
     "QueueServiceStub",
     "QueueStats",
@@ -58,6 +72,13 @@ __all__ = (
     "RetryTaskResponse",
     "RetryTasksRequest",
     "RetryTasksResponse",
+    "Schedule",
+    "SetLimitRequest",
+    "SetLimitResponse",
+    "SetQueuePausedRequest",
+    "SetQueuePausedResponse",
+    "SetSchedulePausedRequest",
+    "SetSchedulePausedResponse",
     "Task",
     "TaskSpec",
     "TaskState",
@@ -175,6 +196,39 @@ class ListOrder(betterproto2.Enum):
             "LIST_ORDER_UNSPECIFIED": 0,
             "LIST_ORDER_OLDEST_FIRST": 1,
             "LIST_ORDER_NEWEST_FIRST": 2,
+        }
+
+
+class MisfirePolicy(betterproto2.Enum):
+    UNSPECIFIED = 0
+    """
+    The daemon's default: MISFIRE_POLICY_SKIP.
+    """
+
+    SKIP = 1
+    """
+    Ticks missed while no daemon ran are skipped; the next one fires.
+    """
+
+    CATCH_UP = 2
+    """
+    The missed ticks fire, at most Schedule.catch_up ones (the latest).
+    """
+
+    @classmethod
+    def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
+        return {
+            0: "MISFIRE_POLICY_UNSPECIFIED",
+            1: "MISFIRE_POLICY_SKIP",
+            2: "MISFIRE_POLICY_CATCH_UP",
+        }
+
+    @classmethod
+    def betterproto_renamed_proto_names_to_value(cls) -> dict[str, int]:
+        return {
+            "MISFIRE_POLICY_UNSPECIFIED": 0,
+            "MISFIRE_POLICY_SKIP": 1,
+            "MISFIRE_POLICY_CATCH_UP": 2,
         }
 
 
@@ -393,6 +447,50 @@ class CreditUpdate(betterproto2.Message):
 
 
 default_message_pool.register_message("ringo.v1", "CreditUpdate", CreditUpdate)
+
+
+@dataclass(eq=False, repr=False)
+class DeleteLimitRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    prefix: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("ringo.v1", "DeleteLimitRequest", DeleteLimitRequest)
+
+
+@dataclass(eq=False, repr=False)
+class DeleteLimitResponse(betterproto2.Message):
+    deleted: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ringo.v1", "DeleteLimitResponse", DeleteLimitResponse)
+
+
+@dataclass(eq=False, repr=False)
+class DeleteScheduleRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    name: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("ringo.v1", "DeleteScheduleRequest", DeleteScheduleRequest)
+
+
+@dataclass(eq=False, repr=False)
+class DeleteScheduleResponse(betterproto2.Message):
+    deleted: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ringo.v1", "DeleteScheduleResponse", DeleteScheduleResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -715,6 +813,104 @@ default_message_pool.register_message("ringo.v1", "LeaseRef", LeaseRef)
 
 
 @dataclass(eq=False, repr=False)
+class LimitKeyState(betterproto2.Message):
+    key: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    waiting: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+    """
+    PENDING and due tasks of the key.
+    """
+
+    leased: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+
+    next_start_at: "datetime.datetime | None" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+    """
+    When the key's rate lets the next task start; unset when it may now.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "LimitKeyState", LimitKeyState)
+
+
+@dataclass(eq=False, repr=False)
+class LimitRule(betterproto2.Message):
+    """
+    A rule of one queue: it applies separately to every distinct limit_key
+    that starts with `prefix` (the longest matching prefix wins; "" matches
+    every key). A task over its key's rate or concurrency waits PENDING: it is
+    neither pushed nor claimed, nor failed.
+    """
+
+    prefix: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    rate: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
+    """
+    At most `rate` task starts per `per` (GCRA), with bursts of `burst`
+    (0 means 1); rate 0 means no rate limit.
+    """
+
+    per: "datetime.timedelta | None" = betterproto2.field(
+        3, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
+    )
+
+    burst: "int" = betterproto2.field(4, betterproto2.TYPE_UINT32)
+
+    concurrency: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
+    """
+    At most this many LEASED tasks per key; 0 means no concurrency limit.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "LimitRule", LimitRule)
+
+
+@dataclass(eq=False, repr=False)
+class LimitStatus(betterproto2.Message):
+    queue: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    rule: "LimitRule | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    keys: "list[LimitKeyState]" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    ListLimitsRequest.with_keys only: the keys that have tasks waiting or
+    leased, the most waiting first, at most MAX_LIMIT_KEYS_LISTED.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "LimitStatus", LimitStatus)
+
+
+@dataclass(eq=False, repr=False)
+class ListLimitsRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Empty: every queue's rules.
+    """
+
+    with_keys: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ringo.v1", "ListLimitsRequest", ListLimitsRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ListLimitsResponse(betterproto2.Message):
+    limits: "list[LimitStatus]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    In (queue, prefix) order.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "ListLimitsResponse", ListLimitsResponse)
+
+
+@dataclass(eq=False, repr=False)
 class ListQueuesRequest(betterproto2.Message):
     context: "RequestContext | None" = betterproto2.field(
         1, betterproto2.TYPE_MESSAGE, optional=True
@@ -746,6 +942,29 @@ class ListQueuesResponse(betterproto2.Message):
 
 
 default_message_pool.register_message("ringo.v1", "ListQueuesResponse", ListQueuesResponse)
+
+
+@dataclass(eq=False, repr=False)
+class ListSchedulesRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Empty: every queue's schedules.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "ListSchedulesRequest", ListSchedulesRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ListSchedulesResponse(betterproto2.Message):
+    schedules: "list[Schedule]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+
+
+default_message_pool.register_message("ringo.v1", "ListSchedulesResponse", ListSchedulesResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -894,6 +1113,28 @@ default_message_pool.register_message("ringo.v1", "Progress", Progress)
 
 
 @dataclass(eq=False, repr=False)
+class PutScheduleRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    schedule: "Schedule | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message("ringo.v1", "PutScheduleRequest", PutScheduleRequest)
+
+
+@dataclass(eq=False, repr=False)
+class PutScheduleResponse(betterproto2.Message):
+    schedule: "Schedule | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    created: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ringo.v1", "PutScheduleResponse", PutScheduleResponse)
+
+
+@dataclass(eq=False, repr=False)
 class QueueStats(betterproto2.Message):
     queue: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -928,6 +1169,11 @@ class QueueStats(betterproto2.Message):
     )
     """
     The daemon's clock when the figures were read.
+    """
+
+    paused: "bool" = betterproto2.field(10, betterproto2.TYPE_BOOL)
+    """
+    Minor >= 13: SetQueuePaused.
     """
 
 
@@ -1120,6 +1366,166 @@ default_message_pool.register_message("ringo.v1", "RetryTasksResponse", RetryTas
 
 
 @dataclass(eq=False, repr=False)
+class Schedule(betterproto2.Message):
+    """
+    A schedule of one queue: each tick enqueues one task of `task_type` with
+    `payload`, whatever the number of daemons (unique key per tick).
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    task_type: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    cron: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    Exactly one of cron (5 fields, or 6 with seconds first) and every.
+    """
+
+    every: "datetime.timedelta | None" = betterproto2.field(
+        5, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Duration, optional=True
+    )
+
+    payload: "bytes" = betterproto2.field(6, betterproto2.TYPE_BYTES)
+
+    timezone: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+    """
+    IANA name; empty means UTC. Cron fields are read in this zone.
+    """
+
+    misfire: "MisfirePolicy" = betterproto2.field(
+        8, betterproto2.TYPE_ENUM, default_factory=lambda: MisfirePolicy(0)
+    )
+
+    catch_up: "int" = betterproto2.field(9, betterproto2.TYPE_UINT32)
+    """
+    MISFIRE_POLICY_CATCH_UP: at most this many missed ticks fire.
+    """
+
+    paused: "bool" = betterproto2.field(10, betterproto2.TYPE_BOOL)
+
+    priority: "int" = betterproto2.field(11, betterproto2.TYPE_INT32)
+    """
+    The options of each tick's task.
+    """
+
+    max_attempts: "int" = betterproto2.field(12, betterproto2.TYPE_UINT32)
+
+    next_fire_at: "datetime.datetime | None" = betterproto2.field(
+        13, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+    """
+    Read-only (set by the daemon; ignored in PutSchedule).
+    """
+
+    last_fired_at: "datetime.datetime | None" = betterproto2.field(
+        14, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+
+    last_task_id: "str" = betterproto2.field(15, betterproto2.TYPE_STRING)
+
+    fired: "int" = betterproto2.field(16, betterproto2.TYPE_UINT64)
+
+    skipped: "int" = betterproto2.field(17, betterproto2.TYPE_UINT64)
+
+    created_at: "datetime.datetime | None" = betterproto2.field(
+        18, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+
+    updated_at: "datetime.datetime | None" = betterproto2.field(
+        19, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+
+
+default_message_pool.register_message("ringo.v1", "Schedule", Schedule)
+
+
+@dataclass(eq=False, repr=False)
+class SetLimitRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    rule: "LimitRule | None" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message("ringo.v1", "SetLimitRequest", SetLimitRequest)
+
+
+@dataclass(eq=False, repr=False)
+class SetLimitResponse(betterproto2.Message):
+    rule: "LimitRule | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    created: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ringo.v1", "SetLimitResponse", SetLimitResponse)
+
+
+@dataclass(eq=False, repr=False)
+class SetQueuePausedRequest(betterproto2.Message):
+    """
+    ---------------------------------------------------------------------------
+    Minor >= 13: pausing queues, keyed limits, schedules
+    """
+
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    paused: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("ringo.v1", "SetQueuePausedRequest", SetQueuePausedRequest)
+
+
+@dataclass(eq=False, repr=False)
+class SetQueuePausedResponse(betterproto2.Message):
+    paused: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
+
+    changed: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    False when the queue already was in that state.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "SetQueuePausedResponse", SetQueuePausedResponse)
+
+
+@dataclass(eq=False, repr=False)
+class SetSchedulePausedRequest(betterproto2.Message):
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    name: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    paused: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message(
+    "ringo.v1", "SetSchedulePausedRequest", SetSchedulePausedRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class SetSchedulePausedResponse(betterproto2.Message):
+    schedule: "Schedule | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message(
+    "ringo.v1", "SetSchedulePausedResponse", SetSchedulePausedResponse
+)
+
+
+@dataclass(eq=False, repr=False)
 class Task(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -1183,6 +1589,11 @@ class Task(betterproto2.Message):
     AckRequest.result); set only while SUCCEEDED. ListTasks leaves it out.
     """
 
+    limit_key: "str" = betterproto2.field(20, betterproto2.TYPE_STRING)
+    """
+    Minor >= 13: TaskSpec.limit_key.
+    """
+
 
 default_message_pool.register_message("ringo.v1", "Task", Task)
 
@@ -1221,6 +1632,12 @@ class TaskSpec(betterproto2.Message):
     priority: "int" = betterproto2.field(8, betterproto2.TYPE_INT32)
     """
     Higher first; ties in available_at order.
+    """
+
+    limit_key: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
+    """
+    Minor >= 13: the key the queue's limit rules apply to (the rule with the
+    longest prefix of it); empty means no limit applies.
     """
 
 
@@ -1871,6 +2288,161 @@ class QueueServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def set_queue_paused(
+        self,
+        message: "SetQueuePausedRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "SetQueuePausedResponse":
+        """
+        Minor >= 13: a paused queue takes enqueues but pushes and claims
+        nothing; running handlers finish (docs/operations.md).
+        """
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/SetQueuePaused",
+            message,
+            SetQueuePausedResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def set_limit(
+        self,
+        message: "SetLimitRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "SetLimitResponse":
+        """
+        Minor >= 13: keyed rate and concurrency limits per queue (docs/limits.md).
+        """
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/SetLimit",
+            message,
+            SetLimitResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def list_limits(
+        self,
+        message: "ListLimitsRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ListLimitsResponse":
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/ListLimits",
+            message,
+            ListLimitsResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def delete_limit(
+        self,
+        message: "DeleteLimitRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "DeleteLimitResponse":
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/DeleteLimit",
+            message,
+            DeleteLimitResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def put_schedule(
+        self,
+        message: "PutScheduleRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "PutScheduleResponse":
+        """
+        Minor >= 13: schedules stored in the daemon, each tick one task
+        whatever the number of daemons (docs/schedules.md).
+        """
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/PutSchedule",
+            message,
+            PutScheduleResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def list_schedules(
+        self,
+        message: "ListSchedulesRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ListSchedulesResponse":
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/ListSchedules",
+            message,
+            ListSchedulesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def delete_schedule(
+        self,
+        message: "DeleteScheduleRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "DeleteScheduleResponse":
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/DeleteSchedule",
+            message,
+            DeleteScheduleResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def set_schedule_paused(
+        self,
+        message: "SetSchedulePausedRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "SetSchedulePausedResponse":
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/SetSchedulePaused",
+            message,
+            SetSchedulePausedResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
     async def work(
         self,
         messages: "AsyncIterable[WorkRequest] | Iterable[WorkRequest]",
@@ -2029,6 +2601,51 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
         Minor >= 12: the task once it is terminal, or as it stands at the
         timeout. Read-only.
         """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def set_queue_paused(self, message: "SetQueuePausedRequest") -> "SetQueuePausedResponse":
+        """
+        Minor >= 13: a paused queue takes enqueues but pushes and claims
+        nothing; running handlers finish (docs/operations.md).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def set_limit(self, message: "SetLimitRequest") -> "SetLimitResponse":
+        """
+        Minor >= 13: keyed rate and concurrency limits per queue (docs/limits.md).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def list_limits(self, message: "ListLimitsRequest") -> "ListLimitsResponse":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def delete_limit(self, message: "DeleteLimitRequest") -> "DeleteLimitResponse":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def put_schedule(self, message: "PutScheduleRequest") -> "PutScheduleResponse":
+        """
+        Minor >= 13: schedules stored in the daemon, each tick one task
+        whatever the number of daemons (docs/schedules.md).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def list_schedules(self, message: "ListSchedulesRequest") -> "ListSchedulesResponse":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def delete_schedule(self, message: "DeleteScheduleRequest") -> "DeleteScheduleResponse":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def set_schedule_paused(
+        self, message: "SetSchedulePausedRequest"
+    ) -> "SetSchedulePausedResponse":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
@@ -2198,6 +2815,70 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.wait_task(request)
         await stream.send_message(response)
 
+    async def __rpc_set_queue_paused(
+        self, stream: "grpclib.server.Stream[SetQueuePausedRequest, SetQueuePausedResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.set_queue_paused(request)
+        await stream.send_message(response)
+
+    async def __rpc_set_limit(
+        self, stream: "grpclib.server.Stream[SetLimitRequest, SetLimitResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.set_limit(request)
+        await stream.send_message(response)
+
+    async def __rpc_list_limits(
+        self, stream: "grpclib.server.Stream[ListLimitsRequest, ListLimitsResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.list_limits(request)
+        await stream.send_message(response)
+
+    async def __rpc_delete_limit(
+        self, stream: "grpclib.server.Stream[DeleteLimitRequest, DeleteLimitResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.delete_limit(request)
+        await stream.send_message(response)
+
+    async def __rpc_put_schedule(
+        self, stream: "grpclib.server.Stream[PutScheduleRequest, PutScheduleResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.put_schedule(request)
+        await stream.send_message(response)
+
+    async def __rpc_list_schedules(
+        self, stream: "grpclib.server.Stream[ListSchedulesRequest, ListSchedulesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.list_schedules(request)
+        await stream.send_message(response)
+
+    async def __rpc_delete_schedule(
+        self, stream: "grpclib.server.Stream[DeleteScheduleRequest, DeleteScheduleResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.delete_schedule(request)
+        await stream.send_message(response)
+
+    async def __rpc_set_schedule_paused(
+        self, stream: "grpclib.server.Stream[SetSchedulePausedRequest, SetSchedulePausedResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.set_schedule_paused(request)
+        await stream.send_message(response)
+
     async def __rpc_work(self, stream: "grpclib.server.Stream[WorkRequest, WorkResponse]") -> None:
         request = stream.__aiter__()
         await self._call_rpc_handler_server_stream(
@@ -2332,6 +3013,54 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 WaitTaskRequest,
                 WaitTaskResponse,
+            ),
+            "/ringo.v1.QueueService/SetQueuePaused": grpclib.const.Handler(
+                self.__rpc_set_queue_paused,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetQueuePausedRequest,
+                SetQueuePausedResponse,
+            ),
+            "/ringo.v1.QueueService/SetLimit": grpclib.const.Handler(
+                self.__rpc_set_limit,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetLimitRequest,
+                SetLimitResponse,
+            ),
+            "/ringo.v1.QueueService/ListLimits": grpclib.const.Handler(
+                self.__rpc_list_limits,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListLimitsRequest,
+                ListLimitsResponse,
+            ),
+            "/ringo.v1.QueueService/DeleteLimit": grpclib.const.Handler(
+                self.__rpc_delete_limit,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                DeleteLimitRequest,
+                DeleteLimitResponse,
+            ),
+            "/ringo.v1.QueueService/PutSchedule": grpclib.const.Handler(
+                self.__rpc_put_schedule,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                PutScheduleRequest,
+                PutScheduleResponse,
+            ),
+            "/ringo.v1.QueueService/ListSchedules": grpclib.const.Handler(
+                self.__rpc_list_schedules,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListSchedulesRequest,
+                ListSchedulesResponse,
+            ),
+            "/ringo.v1.QueueService/DeleteSchedule": grpclib.const.Handler(
+                self.__rpc_delete_schedule,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                DeleteScheduleRequest,
+                DeleteScheduleResponse,
+            ),
+            "/ringo.v1.QueueService/SetSchedulePaused": grpclib.const.Handler(
+                self.__rpc_set_schedule_paused,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetSchedulePausedRequest,
+                SetSchedulePausedResponse,
             ),
             "/ringo.v1.QueueService/Work": grpclib.const.Handler(
                 self.__rpc_work,
