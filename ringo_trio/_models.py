@@ -345,6 +345,9 @@ class QueueStats:
     by_type: tuple[TaskTypeStats, ...] = ()
     """`TaskQueue.stats` only (`RingoClient.queues` leaves it empty); at most
     10,000 task types, the first by name (the counts above cover every type)."""
+    paused: bool = False
+    """`TaskQueue.pause`d: nothing is pushed or claimed (always False from a
+    daemon below protocol minor 13)."""
 
     @classmethod
     def from_wire(cls, wire: _WireQueueStats | None) -> QueueStats:
@@ -361,6 +364,7 @@ class QueueStats:
             oldest_pending_at=wire.oldest_pending_at,
             as_of=wire.as_of,
             by_type=tuple(TaskTypeStats.from_wire(t) for t in wire.by_type),
+            paused=wire.paused,
         )
 
     @property

@@ -69,6 +69,7 @@ ALLOWED: dict[str, tuple[frozenset[str], str]] = {
 LARGE: dict[str, str] = {
     "_contract/work/client.py": "the client's half of the Work stream: one machine",
     "server/rpc/work.py": "the driver of the daemon's half of the Work stream",
+    "server/storage/postgres/engine.py": "the Storage interface on PostgreSQL",
 }
 MAX_LINES = 800
 

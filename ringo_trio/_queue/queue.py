@@ -59,6 +59,8 @@ from .._proto.ringo.v1 import (
     RetryTaskResponse,
     RetryTasksRequest,
     RetryTasksResponse,
+    SetQueuePausedRequest,
+    SetQueuePausedResponse,
     WaitTaskRequest,
     WaitTaskResponse,
 )
@@ -574,6 +576,33 @@ class TaskQueue:
             read_only=True,
         )
         return QueueStats.from_wire(reply.stats)
+
+    # -- pausing (protocol minor >= 13) -------------------------------------
+
+    async def pause(self) -> bool:
+        """Pause the queue: enqueues go on, but no daemon pushes or hands
+        out its tasks until `resume`; handlers already running finish and
+        settle as usual. True when this changed it (False: it was paused).
+        A queue needs no task to be paused; it stays paused across daemon
+        restarts. Other daemons on a shared PostgreSQL database follow at
+        once, within 5 seconds at worst (docs/operations.md). Protocol minor
+        >= 13 (`IncompatibleVersionError` before anything is sent)."""
+        return await self._set_paused(True, "TaskQueue.pause")
+
+    async def resume(self) -> bool:
+        """Undo `pause`: waiting workers and claims get the queue's tasks at
+        once. True when this changed it (False: it was not paused).
+        Protocol minor >= 13."""
+        return await self._set_paused(False, "TaskQueue.resume")
+
+    async def _set_paused(self, paused: bool, what: str) -> bool:
+        require(self._connection.protocol_minor, Feature.PAUSE_QUEUES, what)
+        reply = await self._connection.call(
+            "SetQueuePaused",
+            SetQueuePausedRequest(queue=self.name, paused=paused),
+            SetQueuePausedResponse,
+        )
+        return bool(reply.changed)
 
     # -- operations (protocol minor >= 9) -----------------------------------
 

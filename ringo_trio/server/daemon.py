@@ -27,7 +27,10 @@ a notification lost some other way costs at most one period. Leases granted
 by another daemon that died need neither: `Storage.next_wakeup` includes
 every lease's expiry, so an idle dispatcher wakes when such a lease runs out
 and its claim takes the task over; the reaper's backstop sweep covers the
-rest.
+rest. Paused queues (`rpc.paused`) are read from storage before serving;
+another daemon's pause or resume arrives through the same watch, and the
+paused set is re-read at every reconnect and every
+`DaemonConfig.paused_refresh` seconds.
 
 **Storage full.** An engine reports every write that failed for want of
 room (`Storage.full_listener`); health turns NOT_SERVING at the first, so a
@@ -96,6 +99,7 @@ from .rpc.gate import Gate
 from .rpc.health import HealthService
 from .rpc.members import ATTACH_LOCAL_METHOD, DEFAULT_ATTACH_TIMEOUT, DEFAULT_LINGER, Members
 from .rpc.memory import InMemoryChannel
+from .rpc.paused import DEFAULT_PAUSED_REFRESH, PausedQueues
 from .rpc.service import QueueService
 from .rpc.sessions import SessionTable
 from .rpc.throttle import DEFAULT_CAP, AuthThrottle
@@ -156,6 +160,9 @@ class DaemonConfig:
     # WaitTask: parked calls at most (``--max-waits``), and seconds between
     # the batched rechecks of their tasks while any are parked.
     max_waits: int = limits.DEFAULT_MAX_WAITS
+    # Seconds between re-reads of the paused queues on a shared store (the
+    # staleness bound should a notification be lost, `rpc.paused`).
+    paused_refresh: float = DEFAULT_PAUSED_REFRESH
     wait_recheck: float = DEFAULT_WAIT_RECHECK
 
     @property
@@ -232,6 +239,7 @@ class Daemon:
         # recheck finds the waited tasks among them.
         self.reaper.expired_listener = self.waits.recheck
         self.retention.deleted_listener = self.waits.recheck
+        self.paused = PausedQueues(storage, self.wakeups, refresh_interval=config.paused_refresh)
         self.sessions = SessionTable(config.session_ttl)
         self.health = HealthService()
         self.members = Members(
@@ -255,6 +263,7 @@ class Daemon:
             members=self.members,
             commit=self.commit,
             waits=self.waits,
+            paused=self.paused,
         )
         self.queue_service.work_streams.metrics = self.metrics
         self.dashboard: Dashboard | None = None
@@ -321,6 +330,9 @@ class Daemon:
     async def _serve_open(
         self, stop: asyncio.Event, on_ready: Callable[[Daemon], None], in_memory: bool
     ) -> None:
+        # Before any call can arrive: a paused queue stays paused across
+        # restarts (a failure here fails the start, like opening storage).
+        await self.paused.load()
         server = GuardedServer(
             [self.queue_service, self.health], codec=StrictCodec(), limits=self.config.connections
         )
@@ -353,6 +365,7 @@ class Daemon:
                     tasks.create_task(self.commit.run(), name="ringod group commit"),
                     tasks.create_task(self.waits.run(), name="ringod task waits"),
                     tasks.create_task(self._watch(), name="ringod storage watch"),
+                    tasks.create_task(self.paused.run(), name="ringod paused queues"),
                     tasks.create_task(self._room_probe(), name="ringod room probe"),
                     tasks.create_task(self._reach_probe(), name="ringod reach probe"),
                     tasks.create_task(self.retention.run(), name="ringod retention"),
@@ -442,13 +455,15 @@ class Daemon:
 
     def _other_daemon_changed(self, queue: str | None) -> None:
         if queue is None:
+            # Reconnected: a pause or resume may have been missed too.
+            self.paused.stale()
             self.wakeups.notify_all()
         else:
             self.wakeups.notify(queue)
 
     async def _watch(self) -> None:
         try:
-            await self.storage.watch(self._other_daemon_changed)
+            await self.storage.watch(self._other_daemon_changed, self.paused.changed_elsewhere)
         except Exception:
             # The engine promises not to raise; should it anyway, serving goes
             # on, with the safety poll as the only news from other daemons.

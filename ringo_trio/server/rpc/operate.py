@@ -1,5 +1,6 @@
 """The daemon's operator RPCs (protocol minor 9): inspect, cancel, purge and
-bulk-retry the tasks of a queue (docs/operations.md).
+bulk-retry the tasks of a queue; pause and resume it (minor 13, `paused`)
+(docs/operations.md).
 
 `QueueService` admits each call (session, minor) and hands it here with the
 daemon's `now`; these methods validate the request against the limits in
@@ -33,10 +34,13 @@ from ringo_trio._proto.ringo.v1 import (
     ListTasksResponse,
     RetryTasksRequest,
     RetryTasksResponse,
+    SetQueuePausedRequest,
+    SetQueuePausedResponse,
 )
 
 from ..storage.base import Storage, TaskFilter
 from . import validate as v
+from .paused import PausedQueues
 from .reply_bounds import fitting, task_bound
 from .waits import TaskWaits
 from .wakeups import QueueWakeups
@@ -47,10 +51,13 @@ log = logging.getLogger("ringo_trio.server")
 
 
 class Operations:
-    def __init__(self, storage: Storage, wakeups: QueueWakeups, waits: TaskWaits) -> None:
+    def __init__(
+        self, storage: Storage, wakeups: QueueWakeups, waits: TaskWaits, paused: PausedQueues
+    ) -> None:
         self._storage = storage
         self._wakeups = wakeups
         self._waits = waits
+        self._paused = paused
 
     # -- inspection ----------------------------------------------------------
 
@@ -126,6 +133,19 @@ class Operations:
         # SDK fixes finished_before first, so tasks dying meanwhile do not
         # keep it going).
         return RetryTasksResponse(retried_count=retried, more=retried >= limit)
+
+    async def set_queue_paused(
+        self, message: SetQueuePausedRequest, now: datetime
+    ) -> SetQueuePausedResponse:
+        queue = v.name(message.queue, "queue")
+        changed = await self._paused.set(queue, message.paused, now)
+        log.info(
+            "queue %r %s%s",
+            queue,
+            "paused" if message.paused else "resumed",
+            "" if changed else " (it already was)",
+        )
+        return SetQueuePausedResponse(paused=message.paused, changed=changed)
 
     # -- purge ---------------------------------------------------------------
 

@@ -156,6 +156,8 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTaskResponse,
     RetryTasksRequest,
     RetryTasksResponse,
+    SetQueuePausedRequest,
+    SetQueuePausedResponse,
     Task,
     TaskState,
     WaitTaskRequest,
@@ -184,6 +186,7 @@ from .enqueue_reply import encode_enqueue_many_reply
 from .gate import current_connection, time_remaining
 from .members import ATTACH_LOCAL_METHOD, Members
 from .operate import Operations
+from .paused import PausedQueues
 from .reply_bounds import claim_within, enqueue_results_fit
 from .sessions import SessionTable
 from .waits import TaskWaits, WaitLimitReached
@@ -328,6 +331,7 @@ class QueueService(QueueServiceBase):
         members: Members | None = None,
         commit: GroupCommit | None = None,
         waits: TaskWaits | None = None,
+        paused: PausedQueues | None = None,
     ) -> None:
         if not 0 <= served_minor <= versions.MINOR:
             raise ValueError(f"served minor must be within 0..{versions.MINOR}")
@@ -345,7 +349,9 @@ class QueueService(QueueServiceBase):
         # Without the daemon's (in-process tests), one whose `run` nobody
         # runs: settlements wake its calls, nothing rechecks them.
         self.waits = waits if waits is not None else TaskWaits(storage)
-        self._operations = Operations(storage, wakeups, self.waits)
+        # Without the daemon's (in-process tests), one nobody loads.
+        self.paused = paused or PausedQueues(storage, wakeups)
+        self._operations = Operations(storage, wakeups, self.waits, self.paused)
         # Leases of a claim nobody received, handed back by the engine itself:
         # their tasks are claimable again, so the queue's claimers are woken
         # as after any release.
@@ -357,6 +363,7 @@ class QueueService(QueueServiceBase):
             reaper=reaper,
             ops=self,
             heartbeat_interval=heartbeat_interval,
+            paused=self.paused,
         )
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
@@ -576,13 +583,16 @@ class QueueService(QueueServiceBase):
                     # never be delivered.
                     return []
                 now = self._clock.now()
-                leased = await self._claim_now(args, now)
+                paused = args.queue in self.paused.names  # claims nothing (`paused`)
+                leased = [] if paused else await self._claim_now(args, now)
                 if leased:
                     return leased
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return []
-                wake_at = await self._storage.next_wakeup(args.queue, args.task_types, now)
+                wake_at = None
+                if not paused:
+                    wake_at = await self._storage.next_wakeup(args.queue, args.task_types, now)
                 if wake_at is not None:
                     if wake_at <= now:
                         # Storage calls it due yet the claim found nothing:
@@ -747,10 +757,11 @@ class QueueService(QueueServiceBase):
 
     # -- operating the queues (minor 9; the work is in `operate`) ---------
 
-    def _operate_now(self, context: RequestContext | None, rpc: str) -> datetime:
+    def _operate_now(
+        self, context: RequestContext | None, rpc: str, feature: Feature = Feature.OPERATE
+    ) -> datetime:
         now = self._clock.now()
-        minor = self._session_minor(context, now)
-        _require(minor, Feature.OPERATE, rpc)
+        _require(self._session_minor(context, now), feature, rpc)
         return now
 
     @_rpc
@@ -782,3 +793,8 @@ class QueueService(QueueServiceBase):
     async def retry_tasks(self, message: RetryTasksRequest) -> RetryTasksResponse:
         now = self._operate_now(message.context, "RetryTasks")
         return await self._operations.retry_tasks(message, now)
+
+    @_rpc
+    async def set_queue_paused(self, message: SetQueuePausedRequest) -> SetQueuePausedResponse:
+        now = self._operate_now(message.context, "SetQueuePaused", Feature.PAUSE_QUEUES)
+        return await self._operations.set_queue_paused(message, now)

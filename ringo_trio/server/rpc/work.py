@@ -71,7 +71,8 @@ unsettled ≤ capacity. A lease leaves outstanding when the worker acks, nacks
 or rejects it on this stream (whatever the outcome), or when any command
 about it is answered ``LEASE_LOST``.
 
-**Dispatch** mirrors the long-poll Claim: arm the queue's wake-up, claim
+**Dispatch** mirrors the long-poll Claim: arm the queue's wake-up, skip a
+paused queue (`paused`: sleep until a wake-up, which a resume sends), claim
 ``min(credit, PUSH_BATCH)`` tasks in one storage call (fewer when payloads
 are big, see *Budget*), push them; when
 nothing is claimable, sleep until a wake-up or the queue's next scheduled
@@ -201,6 +202,7 @@ from ..storage.base import (
 )
 from . import validate as v
 from .connections import trailers_without_reset
+from .paused import PausedQueues
 from .wakeups import LeaseReaper, QueueWakeups
 from .work_frames import (
     answer_frame,
@@ -278,6 +280,7 @@ class WorkStreams:
         reaper: LeaseReaper,
         ops: LeaseOps,
         heartbeat_interval: float,
+        paused: PausedQueues | None = None,
     ) -> None:
         if not heartbeat_interval > 0:
             raise ValueError("heartbeat_interval must be positive")
@@ -287,6 +290,7 @@ class WorkStreams:
         self.reaper = reaper
         self.ops = ops
         self.heartbeat_interval = heartbeat_interval
+        self.paused = paused if paused is not None else PausedQueues(storage, wakeups)
         self.closing = False
         self.metrics: Metrics = NO_METRICS
         self._live: set[_WorkStream] = set()
@@ -758,6 +762,7 @@ class _WorkStream:
         task_types = self._task_types
         worker_id = self._worker_id
         lease_duration = self._lease
+        paused = owner.paused.names
         with owner.wakeups.watch(queue) as watch:
             while True:
                 limit = session.claim_size()
@@ -772,6 +777,11 @@ class _WorkStream:
                 armed = watch.arm()
                 if watch.closed:
                     return
+                if queue in paused:
+                    # Paused: nothing is pushed until a resume wakes the
+                    # queue (`paused`); leases out run on and settle.
+                    await armed.wait()
+                    continue
                 now = clock.now()
                 batch = await storage.claim_pushes(
                     queue, task_types, limit, worker_id, lease_duration, now

@@ -86,6 +86,7 @@ __all__ = [
     "FailedPrecondition",
     "LeaseLost",
     "NotFound",
+    "PausedChanged",
     "Push",
     "SchemaTooNew",
     "TaskFilter",
@@ -113,6 +114,10 @@ _T = TypeVar("_T")
 # if it ever commits, expire like those of any worker that vanished. Within
 # the daemon's default shutdown timeout, which waits for the cancelled calls.
 HAND_BACK_TIMEOUT = 5.0
+
+
+PausedChanged = Callable[[str, bool], None]
+"""`Storage.watch`'s report of another process's pause or resume: (queue, paused)."""
 
 
 class StorageError(Exception):
@@ -276,12 +281,19 @@ class Storage(abc.ABC):
     async def close(self) -> None:
         """Release everything; idempotent."""
 
-    async def watch(self, notify: Callable[[str | None], None]) -> None:
+    async def watch(
+        self,
+        notify: Callable[[str | None], None],
+        paused_changed: PausedChanged | None = None,
+    ) -> None:
         """Run until cancelled, calling `notify(queue)` whenever ANOTHER
         process may have made a task of `queue` claimable (an enqueue that
         created tasks, a nack back to PENDING, a retry, a release, a lease
-        expiry back to PENDING), and `notify(None)` each time the listener
-        (re)connects: anything may have changed while it was not listening.
+        expiry back to PENDING), `paused_changed(queue, paused)` when
+        another process paused or resumed `queue` (`set_queue_paused`), in
+        commit order with the rest, and
+        `notify(None)` each time the listener (re)connects: anything may
+        have changed while it was not listening, paused flags included.
 
         Never raises except cancellation; after losing its connection it
         reconnects with capped backoff. Engines no other process writes
@@ -524,14 +536,31 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
-        """Counts by state (and by task type when `by_type`), and the oldest
-        due PENDING task's available_at. A queue without tasks answers
-        zeros (not NotFound). Never a scan of the queue's tasks."""
+        """Counts by state (and by task type when `by_type`), the oldest
+        due PENDING task's available_at, and whether the queue is paused. A
+        queue without tasks answers zeros (not NotFound). Never a scan of
+        the queue's tasks."""
 
     @abc.abstractmethod
     async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
-        """The queues holding at least one task, by name, names > `after`;
-        their stats without `by_type`."""
+        """The queues holding at least one task or paused, by name, names >
+        `after`; their stats without `by_type`."""
+
+    # -- pausing queues (minor 13) -------------------------------------------
+
+    async def set_queue_paused(self, queue: str, paused: bool, now: datetime) -> bool:
+        """Store `queue`'s paused flag (a queue needs no task to be paused);
+        True when that changed it. The flag is all the engine keeps: the
+        daemon does not claim for a paused queue (`rpc.paused`), so the
+        claim statements never read it. On a store several daemons share,
+        the change is announced to the others' `watch` (``paused_changed``)
+        in the same transaction. Engines without the feature refuse it."""
+        raise FailedPrecondition("this storage engine cannot pause queues")
+
+    async def paused_queues(self) -> frozenset[str]:
+        """The names of every paused queue (few: an operator's choice), in
+        one query; the daemon's cache is filled from it."""
+        return frozenset()
 
     # -- operations (minor 9) ----------------------------------------------
 

@@ -154,6 +154,7 @@ def queue_stats(
     now: datetime,
     *,
     by_type: bool,
+    paused: bool = False,
 ) -> QueueStats:
     """The wire stats of `queue` from `by_state` counts and the earliest
     PENDING available_at (set in the reply only when it is due at `now`)."""
@@ -187,4 +188,5 @@ def queue_stats(
         oldest_pending_at=oldest,
         by_type=types,
         as_of=now,
+        paused=paused,
     )

@@ -356,6 +356,7 @@ def test_migration_backfills_the_stats_of_stored_tasks(
 
 _SQLITE_BEFORE_INSPECTION = 3
 _SQLITE_IN_LIST_INDEXES = 5
+_POSTGRES_BEFORE_INSPECTION = 4
 
 
 def _downgrade(engine: SyncEngine) -> None:
@@ -367,6 +368,7 @@ def _downgrade(engine: SyncEngine) -> None:
             db.execute(f"DROP TRIGGER {trigger}")
         for statement in (
             "DROP TABLE task_counts",
+            "DROP TABLE paused_queues",
             "DROP INDEX tasks_finished",
             "DROP INDEX tasks_finished_age",
             "DROP INDEX tasks_finished_queue",
@@ -374,8 +376,6 @@ def _downgrade(engine: SyncEngine) -> None:
             db.execute(statement)
         db.execute(f"PRAGMA user_version = {_SQLITE_BEFORE_INSPECTION}")
         return
-    from ringo_trio.server.storage.postgres import schema as postgres
-
     schema = engine.raw.schema  # type: ignore[attr-defined]
 
     async def down() -> None:
@@ -394,8 +394,13 @@ def _downgrade(engine: SyncEngine) -> None:
                 await conn.execute(f'DROP FUNCTION "{schema}".ringo_count_{kind}')
             # Migration 7 (each task's retry delays), undone too.
             await conn.execute(f'ALTER TABLE "{schema}".tasks DROP COLUMN retry_delays_us')
+            # The waits of minor 12 and the paused queues of minor 13.
+            for kind in ("update", "delete"):
+                await conn.execute(f'DROP TRIGGER task_waits_{kind} ON "{schema}".tasks')
+                await conn.execute(f'DROP FUNCTION "{schema}".ringo_wait_{kind}')
+            await conn.execute(f'DROP TABLE "{schema}".task_waits, "{schema}".paused_queues')
             await conn.execute(
-                f'UPDATE "{schema}".ringo_schema SET version = {postgres.SCHEMA_VERSION - 3}'
+                f'UPDATE "{schema}".ringo_schema SET version = {_POSTGRES_BEFORE_INSPECTION}'
             )
 
     engine.run(down())

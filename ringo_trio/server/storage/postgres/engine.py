@@ -23,8 +23,8 @@ Concurrency, operation by operation (READ COMMITTED), is told where each
 operation's statements are.
 
 Each concern has its module, and its part of this story there: `claim`,
-`settle`, `operate` and `listing` (inspection: exact counts from deltas,
-pages merged from index streams) hold the statements; `listen` the
+`settle`, `operate`, `listing` (inspection: exact counts from deltas,
+pages merged from index streams) and `paused` hold the statements; `listen` the
 cross-daemon wake-ups, `pool` connection loss, `schema` the migrations.
 
 Time: the caller's `now` (microseconds, as in SQLite); never the database's
@@ -56,6 +56,7 @@ from ..base import (
     FailedPrecondition,
     LeaseLost,
     NotFound,
+    PausedChanged,
     Push,
     Settlement,
     Storage,
@@ -93,6 +94,7 @@ from .claim import ClaimSql, claimed_refs, insert_columns, leased_rows, pushes
 from .listen import channel
 from .listing import LIST_COLS, WALK_COLS, ListingSql, inspect_transaction, list_sql, listed
 from .operate import OperateSql, one_lookup
+from .paused import PausedSql
 from .pool import (
     CLOSE_TIMEOUT,
     CONNECT_TIMEOUT,
@@ -139,6 +141,7 @@ class Sql:
         self.operate = OperateSql(s)
         self.listing = ListingSql(s)
         self.waits = WaitSql(schema)
+        self.paused = PausedSql(schema, channel, instance)
 
 
 class PostgresEngine(Storage):
@@ -631,10 +634,14 @@ class PostgresEngine(Storage):
     ) -> None:
         await listen.watch_settled(self.dsn, self._sql.waits.channel, notify, ready)
 
-    async def watch(self, notify: Callable[[str | None], None]) -> None:
+    async def watch(
+        self, notify: Callable[[str | None], None], paused_changed: PausedChanged | None = None
+    ) -> None:
         """LISTEN on the schema's channel over a connection of its own (see
         the interface and `listen.watch`)."""
-        await listen.watch(self.dsn, self.channel, self.instance, notify, self._fold)
+        await listen.watch(
+            self.dsn, self.channel, self.instance, notify, self._fold, paused_changed
+        )
 
     # -- inspection (ListTasks, GetQueueStats, ListQueues) -------------------
 
@@ -696,12 +703,20 @@ class PostgresEngine(Storage):
             ):
                 rows[queue].append((task_type, state, n))
             oldest = dict(list(r) for r in await conn.fetch(self._sql.listing.queues_oldest, names))
+            paused = {r[0] for r in await conn.fetch(self._sql.paused.among, names)}
         return [
             listing.queue_stats(
-                name, listing.by_state(rows[name]), oldest[name], now, by_type=by_type
+                n, listing.by_state(rows[n]), oldest[n], now, by_type=by_type, paused=n in paused
             )
-            for name in names
+            for n in names
         ]
+
+    async def set_queue_paused(self, queue: str, paused: bool, now: datetime) -> bool:
+        async with self._conn() as conn:
+            return await self._sql.paused.set(conn, queue, paused, to_us(now))
+
+    async def paused_queues(self) -> frozenset[str]:
+        return frozenset(row[0] for row in await self._fetch(self._sql.paused.all))
 
     async def _fold(self) -> None:
         """Sum the committed count deltas into task_counts (`watch` does it

@@ -6,6 +6,12 @@ the notification is delivered at commit and never for a rolled-back change.
 `watch` LISTENs on a dedicated connection and skips the engine's own
 notifications. One channel per schema (`ringo:<schema>`), so two
 deployments in one database do not wake each other.
+
+Pausing or resuming a queue (`set_queue_paused`) notifies the same channel
+as ``"<engine id>:paused <queue>"`` or ``"<engine id>:resumed <queue>"``
+(`paused_note`): `watch` hands those to `paused_changed` in order with the
+wake-ups, so a daemon has followed a pause before it hears of the tasks
+enqueued after it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg  # type: ignore[import-untyped]
 
-from ..base import StorageError, StorageUnavailable
+from ..base import PausedChanged, StorageError, StorageUnavailable
 from .pool import CONNECT_TIMEOUT, SERVER_SETTINGS
 
 log = logging.getLogger("ringo_trio.server")
@@ -28,6 +34,17 @@ log = logging.getLogger("ringo_trio.server")
 WATCH_RETRY_INITIAL = 0.1
 WATCH_RETRY_MAX = 5.0
 WATCH_PING = 15.0
+
+
+# Follow the engine id in the notification of a paused flag's change
+# (engine ids are hex, so neither can be part of one).
+_PAUSED = ":paused"
+_RESUMED = ":resumed"
+
+
+def paused_note(instance: str, queue: str, paused: bool) -> str:
+    """The payload announcing that `queue` was paused or resumed."""
+    return f"{instance}{_PAUSED if paused else _RESUMED} {queue}"
 
 
 def channel(schema: str) -> str:
@@ -49,15 +66,17 @@ async def watch(
     instance: str,
     notify: Callable[[str | None], None],
     fold: Callable[[], Awaitable[None]],
+    paused_changed: PausedChanged | None = None,
 ) -> None:
     """LISTEN on `channel` until cancelled, telling `notify` of every other
-    engine's notification (`instance` names this one). After a loss it waits
+    engine's wake-up and `paused_changed` of every other engine's paused
+    flag change (`instance` names this one). After a loss it waits
     `delay` before reconnecting; the delay doubles up to a cap while attempts
     keep failing and starts over once a listener was up."""
     delay = WATCH_RETRY_INITIAL
     while True:
         try:
-            await _listen(dsn, channel, instance, notify, fold)
+            await _listen(dsn, channel, instance, notify, fold, paused_changed)
         except asyncio.CancelledError:
             raise
         except Listened as exc:
@@ -75,6 +94,7 @@ async def _listen(
     instance: str,
     notify: Callable[[str | None], None],
     fold: Callable[[], Awaitable[None]],
+    paused_changed: PausedChanged | None,
 ) -> None:
     """One listening connection's life; raises when it is lost
     (`Listened` once it had been listening)."""
@@ -82,8 +102,13 @@ async def _listen(
 
     def on_note(_conn: object, _pid: int, _channel: str, payload: str) -> None:
         sender, _, queue = payload.partition(" ")
-        if sender != instance:
+        engine, mark, change = sender.partition(":")
+        if engine == instance:
+            return
+        if not mark:
             notify(queue or None)
+        elif paused_changed is not None:
+            paused_changed(queue, ":" + change == _PAUSED)
 
     conn: asyncpg.Connection = await asyncpg.connect(
         dsn, timeout=CONNECT_TIMEOUT, server_settings=SERVER_SETTINGS

@@ -88,10 +88,14 @@ class ListingSql:
             ) c GROUP BY task_type, state HAVING sum(n) > 0
         """
         # The queues after $1 holding a task, by the folded counts (a queue
-        # whose first tasks came after the fold shows up in the next call).
+        # whose first tasks came after the fold shows up in the next call),
+        # and the paused ones, which may hold none (paused ahead of time).
+        paused = f"{ident(s.schema)}.paused_queues"
         self.queue_names = f"""
             SELECT queue FROM {counts} WHERE queue > $1
-            GROUP BY queue HAVING sum(n) > 0 ORDER BY queue LIMIT $2
+            GROUP BY queue HAVING sum(n) > 0
+            UNION SELECT queue FROM {paused} WHERE queue > $1
+            ORDER BY queue LIMIT $2
         """
         self.listed_by_seq = (
             f"SELECT {LIST_COLS} FROM {t} WHERE seq = ANY($1::bigint[]) ORDER BY seq"

@@ -269,6 +269,17 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             " REFERENCING OLD TABLE AS old_rows"
             f" FOR EACH STATEMENT EXECUTE FUNCTION {s}.ringo_wait_delete()",
         ),
+        # Minor 13, paused queues: a row per paused queue (resuming deletes
+        # it), shared by every daemon of the database, read whole into each
+        # daemon's cache; the claim never reads it.
+        (
+            f"""
+            CREATE TABLE {s}.paused_queues (
+                queue       text    PRIMARY KEY,
+                paused_at   bigint  NOT NULL
+            )
+            """,
+        ),
     )
 
 

@@ -132,12 +132,17 @@ from .claim import (
     types_filter,
 )
 from .listing import (
+    IS_PAUSED,
     LIST_COLS,
     OLDEST_AT,
     OLDEST_REST,
+    PAUSE,
+    PAUSED,
+    PAUSED_NAMES,
     PRESENT,
     QUEUE_COUNTS,
     QUEUE_NAMES,
+    RESUME,
     WALK_COLS,
     arm_params,
     list_sql,
@@ -680,8 +685,9 @@ class SQLiteEngine(Storage):
         db = self._conn()
         db.execute("BEGIN")
         try:
-            names = [r[0] for r in db.execute(QUEUE_NAMES, (after, limit))]
-            return [self._stats(db, name, now, by_type=False) for name in names]
+            names = {r[0] for r in db.execute(QUEUE_NAMES, (after, limit))}
+            names.update(r[0] for r in db.execute(PAUSED_NAMES, (after, limit)))
+            return [self._stats(db, name, now, by_type=False) for name in sorted(names)[:limit]]
         finally:
             db.execute("COMMIT")
 
@@ -694,7 +700,20 @@ class SQLiteEngine(Storage):
                 first = db.execute(OLDEST_REST if rest else OLDEST_AT, (queue, prio)).fetchone()[0]
                 if first is not None and (oldest is None or first < oldest):
                     oldest = first
-        return listing.queue_stats(queue, counts, oldest, now, by_type=by_type)
+        paused = db.execute(IS_PAUSED, (queue,)).fetchone() is not None
+        return listing.queue_stats(queue, counts, oldest, now, by_type=by_type, paused=paused)
+
+    # -- pausing queues (minor 13) -------------------------------------------
+
+    async def set_queue_paused(self, queue: str, paused: bool, now: datetime) -> bool:
+        with self._write() as db:
+            cursor = (
+                db.execute(PAUSE, (queue, to_us(now))) if paused else db.execute(RESUME, (queue,))
+            )
+            return cursor.rowcount > 0
+
+    async def paused_queues(self) -> frozenset[str]:
+        return frozenset(row[0] for row in self._conn().execute(PAUSED))
 
     # -- operations (CancelTask, RetryTasks) ---------------------------------
 

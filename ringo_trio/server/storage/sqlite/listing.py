@@ -51,6 +51,13 @@ QUEUE_NAMES = (
     "SELECT queue FROM task_counts WHERE queue > ? GROUP BY queue HAVING sum(n) > 0"
     " ORDER BY queue LIMIT ?"
 )
+# The paused ones, which may hold none (paused ahead of time): merged with
+# the above by the engine (in SQL the union would sort).
+PAUSED_NAMES = "SELECT queue FROM paused_queues WHERE queue > ? ORDER BY queue LIMIT ?"
+IS_PAUSED = "SELECT 1 FROM paused_queues WHERE queue = ?"
+PAUSE = "INSERT INTO paused_queues (queue, paused_at) VALUES (?, ?) ON CONFLICT DO NOTHING"
+RESUME = "DELETE FROM paused_queues WHERE queue = ?"
+PAUSED = "SELECT queue FROM paused_queues"
 QUEUE_COUNTS = "SELECT task_type, state, n FROM task_counts WHERE queue = ?"
 OLDEST_AT = (
     f"SELECT min(available_at) FROM tasks WHERE queue = ? AND state = {PENDING} AND priority = ?"

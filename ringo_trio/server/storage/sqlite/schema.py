@@ -170,6 +170,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         END
         """,
     ),
+    # Minor 13, paused queues: a row per paused queue (resuming deletes
+    # it), read whole into the daemon's cache; the claim never reads it.
+    (
+        """
+        CREATE TABLE IF NOT EXISTS paused_queues (
+            queue       TEXT    PRIMARY KEY,
+            paused_at   INTEGER NOT NULL
+        ) WITHOUT ROWID
+        """,
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
