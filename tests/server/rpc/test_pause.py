@@ -131,7 +131,8 @@ async def test_leases_out_when_paused_still_renew_report_and_ack() -> None:
                 lease=lease_ref(leased), extension=timedelta(seconds=60)
             )
         )
-        assert extended.error is None and extended.lease is not None
+        assert extended.error is None
+        assert extended.lease is not None
         progress = await work.call(
             progress=ReportProgressRequest(lease=lease_ref(leased), current=1, total=2)
         )
@@ -160,12 +161,14 @@ async def test_stats_and_the_queue_list_show_paused_and_old_minors_are_refused()
         stats = await client.stub.get_queue_stats(
             GetQueueStatsRequest(context=client.context, queue=queue)
         )
-        assert stats.stats is not None and stats.stats.paused is False
+        assert stats.stats is not None
+        assert stats.stats.paused is False
         await _set(client, queue, True)
         stats = await client.stub.get_queue_stats(
             GetQueueStatsRequest(context=client.context, queue=queue)
         )
-        assert stats.stats is not None and stats.stats.paused is True
+        assert stats.stats is not None
+        assert stats.stats.paused is True
         listed = await client.stub.list_queues(ListQueuesRequest(context=client.context))
         assert [(q.queue, q.paused) for q in listed.queues] == [(queue, True)]
 
