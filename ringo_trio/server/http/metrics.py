@@ -26,8 +26,8 @@ daemons, the tests do) and is fed from four places:
 * **gRPC** (`install`): grpclib's ``RecvRequest`` / ``SendTrailingMetadata``
   events count every call by method and status and time it. A call's start
   rides a context variable: grpclib runs both events in the call's task.
-* **Storage at scrape time** (`refresh`): tasks by queue and state and the
-  oldest due task's age come from `Storage.list_queues`: the first
+* **Storage at scrape time** (`refresh`): tasks by queue and state, the
+  oldest due task's age and the paused flag come from `Storage.list_queues`: the first
   `limits.MAX_METRIC_QUEUES` queues, read on the daemon's loop in pages of
   `_REFRESH_PAGE` (on SQLite a page of 1,000 queues holds the loop ~26 ms,
   one of 100 ~3 ms), the loop free between pages, then a one-queue probe
@@ -458,6 +458,7 @@ class PrometheusMetrics(Metrics):
                         if stats.oldest_pending_at is not None
                         else 0.0
                     ),
+                    stats.paused,
                 )
                 for stats in queues
             ],
@@ -500,7 +501,7 @@ class _Snapshot:
 
     def __init__(
         self,
-        queues: list[tuple[str, dict[str, int], float]] | None = None,
+        queues: list[tuple[str, dict[str, int], float, bool]] | None = None,
         *,
         ok: bool = True,
         truncated: bool = False,
@@ -534,12 +535,19 @@ class _LiveCollector(Collector):
             "Age of the queue's oldest due PENDING task (0 when none is due).",
             labels=("queue",),
         )
-        for queue, counts, age in snapshot.queues:
+        paused = GaugeMetricFamily(
+            "ringo_queue_paused",
+            "1 while the queue is paused (nothing pushed or claimed), else 0.",
+            labels=("queue",),
+        )
+        for queue, counts, age, is_paused in snapshot.queues:
             for state, count in counts.items():
                 tasks.add_metric((queue, state), count)
             oldest.add_metric((queue,), age)
+            paused.add_metric((queue,), 1 if is_paused else 0)
         yield tasks
         yield oldest
+        yield paused
         yield GaugeMetricFamily(
             "ringo_queues_read_ok",
             "1 when this scrape read the queues from storage, 0 when that failed.",

@@ -306,6 +306,29 @@ async def test_queues_truncated_only_past_the_cap(
         await storage.close()
 
 
+async def test_the_paused_gauge_is_one_for_a_paused_queue(tmp_path: Path) -> None:
+    """Property: ringo_queue_paused{queue} is 1 for a paused queue (one
+    paused ahead of time, without tasks, too) and 0 for the others, beside
+    the per-queue task gauges."""
+    storage = SQLiteEngine(tmp_path / "ringo.db")
+    await storage.open()
+    try:
+        metrics = PrometheusMetrics()
+        now = datetime.now(UTC)
+        await storage.enqueue("busy", [TaskSpec(task_type="t")], now)
+        await storage.enqueue("held", [TaskSpec(task_type="t")], now)
+        await storage.set_queue_paused("held", True, now)
+        await storage.set_queue_paused("ahead", True, now)
+        await metrics.refresh(storage, now)
+        samples = parsed(metrics.exposition())
+        assert ("ringo_queue_paused", frozenset({("queue", "busy")})) in samples
+        assert value(samples, "ringo_queue_paused", queue="busy") == 0
+        assert value(samples, "ringo_queue_paused", queue="held") == 1
+        assert value(samples, "ringo_queue_paused", queue="ahead") == 1
+    finally:
+        await storage.close()
+
+
 async def test_a_scrape_renders_in_a_worker_thread_while_the_loop_runs() -> None:
     """Property: the exposition is rendered off the event loop: the render
     runs in another thread, and a coroutine on the loop runs while the
