@@ -439,8 +439,9 @@ async def test_on_loopback_only_loopback_host_names_are_answered(sqlite: Storage
 
 
 async def test_read_only_renders_no_action_and_refuses_every_post(sqlite: Storage) -> None:
-    """Property: --ui-read-only renders no action form and answers every
-    action POST 403 (even with a valid CSRF token) without changing storage."""
+    """Property: --ui-read-only renders no action form (no Pause either) and
+    answers every action POST 403 (even with a valid CSRF token) without
+    changing storage."""
     with anyio.fail_after(30):
         async with dashboard(sqlite, ui_read_only=True) as ui:
             queue = new_queue("ui")
@@ -452,9 +453,16 @@ async def test_read_only_renders_no_action_and_refuses_every_post(sqlite: Storag
             csrf = ui.daemon.dashboard.sessions.csrf(  # type: ignore[union-attr]
                 ui.daemon.dashboard.sessions.session(ui.cookie)  # type: ignore[union-attr,arg-type]
             )
-            for action in (f"{path}/retry", f"{path}/cancel", f"/queues/{queue}/purge"):
+            assert not Elements((await ui.get(f"/queues/{queue}")).body).find("form", id="pause")
+            for action in (
+                f"{path}/retry",
+                f"{path}/cancel",
+                f"/queues/{queue}/purge",
+                f"/queues/{queue}/pause",
+            ):
                 assert (await ui.post(action, {"_csrf": csrf})).status == 403
             assert (await sqlite.get(queue, task_id=task_id)).state == TaskState.DEAD
+            assert await sqlite.paused_queues() == frozenset()
 
 
 # -- escaping ------------------------------------------------------------------
@@ -656,6 +664,38 @@ async def test_a_retry_from_the_dashboard_wakes_an_idle_worker(engine: Storage) 
                 [pushed] = await work.wait_tasks(1)
                 assert pushed.task is not None
                 assert pushed.task.id == task_id
+
+
+async def test_pause_and_resume_from_the_queue_page(engine: Storage) -> None:
+    """Property: the queue page's Pause form pauses the queue (stored; the
+    page and the overview then say "paused" and offer Resume, CSRF needed
+    like every action); Resume goes through the RPC's code path, so an idle
+    Work stream of the queue is pushed its waiting task at once."""
+    with anyio.fail_after(30):
+        async with dashboard(engine) as ui, connect(f"127.0.0.1:{ui.daemon.port}") as client:
+            queue = new_queue("ui")
+            page = Elements((await ui.get(f"/queues/{queue}")).body)
+            assert page.find("form", id="pause")
+            assert not page.find("span", id="paused")
+            csrf = await ui.csrf(f"/queues/{queue}")
+            assert (await ui.post(f"/queues/{queue}/pause", {})).status == 403
+            assert (await ui.post(f"/queues/{queue}/pause", {"_csrf": csrf})).status == 303
+            assert await engine.paused_queues() == {queue}
+            body = (await ui.get(f"/queues/{queue}")).body
+            assert text_of(body, "paused") == "paused"
+            assert f'action="/queues/{queue}/resume"' in body
+            overview = (await ui.get("/queues")).body
+            assert Elements(overview).find("tr", data_queue=queue)
+            assert '<span class="badge">paused</span>' in overview
+            async with open_work(client) as work:
+                await work.register(queue)
+                await work.call(credit=CreditUpdate(available=1))
+                task = await client.enqueue(queue)
+                assert (await ui.post(f"/queues/{queue}/resume", {"_csrf": csrf})).status == 303
+                [pushed] = await work.wait_tasks(1)
+                assert pushed.task is not None
+                assert pushed.task.id == task.id
+            assert await engine.paused_queues() == frozenset()
 
 
 async def test_paging_walks_every_task_once_with_filters(engine: Storage) -> None:

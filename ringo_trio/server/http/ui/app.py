@@ -84,6 +84,7 @@ from ringo_trio._proto.ringo.v1 import (
     ListTasksRequest,
     RequestContext,
     RetryTaskRequest,
+    SetQueuePausedRequest,
     TaskState,
 )
 
@@ -413,6 +414,7 @@ class Dashboard:
                     "counts": {s: getattr(stats, s.lower()) for s in _STATES},
                     "oldest": views.age(stats.oldest_pending_at, now),
                     "spark": views.sparkline(succeeded, failed),
+                    "paused": stats.paused,
                 }
             )
         return view.render(
@@ -472,6 +474,7 @@ class Dashboard:
             "tasks.html",
             queue=queue,
             counts=counts,
+            paused=bool(stats and stats.paused),
             tasks=tasks,
             filters=filters,
             states=_STATES,
@@ -553,6 +556,13 @@ class Dashboard:
             case ["queues", queue, "purge"]:
                 purge = await self._purge(queue, form)
                 return _redirect(f"/queues/{_quote(queue)}?purge={purge.id}")
+            case ["queues", queue, ("pause" | "resume") as verb]:
+                await self._service.set_queue_paused(
+                    SetQueuePausedRequest(
+                        context=self.context(), queue=queue, paused=verb == "pause"
+                    )
+                )
+                return _redirect(f"/queues/{_quote(queue)}")
         raise _Refused(404, "no such action")
 
     async def _purge(self, queue: str, form: dict[str, list[str]]) -> _Purge:
