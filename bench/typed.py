@@ -34,8 +34,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._stats import percentile  # noqa: E402
-from ringo_trio import Ringo, RingoClient, Task, TaskContext, TaskRegistry, TaskSpec  # noqa: E402
+from bench._stats import percentile
+from ringo_trio import Ringo, RingoClient, Task, TaskContext, TaskRegistry, TaskSpec
 
 registry = TaskRegistry()
 
