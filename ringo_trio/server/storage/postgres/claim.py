@@ -94,7 +94,8 @@ class ClaimSql:
         self.claim = f"""
             WITH RECURSIVE expired AS ({expire(t, "$2", " AND queue = $1")}
             ), expired_n AS (
-                SELECT count(*) AS n, {notify_pending("expired")} AS notified FROM expired
+                SELECT count(*) AS n, {notify_pending("expired")} AS notified,
+                    {s.notify_settled("expired")} AS waited FROM expired
             ), {s.prios}, picked AS MATERIALIZED (
                 SELECT c.seq FROM prios CROSS JOIN LATERAL (
                     SELECT seq FROM {t}

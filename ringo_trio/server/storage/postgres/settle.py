@@ -74,7 +74,7 @@ def expire(t: str, now: str, queue_filter: str) -> str:
             SELECT seq FROM {t}
             WHERE state = {LEASED} AND lease_until <= {now}{queue_filter}
             FOR UPDATE SKIP LOCKED)
-        RETURNING queue, state
+        RETURNING queue, state, id AS wid
     """
 
 
@@ -85,32 +85,43 @@ class SettleSql:
         t = s.tasks
         note = s.note
         notify_pending = s.notify_pending
+        # Every statement that can end a task notifies the waited ones among
+        # them (`Spelling.notify_settled`; docs/protocol.md, "WaitTask").
+        notify_settled = s.notify_settled
         self.expire_all = f"""
             WITH expired AS ({expire(t, "$1", "")})
-            SELECT (SELECT count(*) FROM expired), {notify_pending("expired")}
+            SELECT (SELECT count(*) FROM expired), {notify_pending("expired")},
+                {notify_settled("expired")}
         """
 
         def ack(returning: str) -> str:
             return f"""
-                UPDATE {t} SET state = {SUCCEEDED}, finished_at = $4, worker_id = '',
-                    lease_token = '', lease_until = NULL, updated_at = $4, result = $5
-                WHERE {MATCH} RETURNING {returning}
+                WITH r AS (
+                    UPDATE {t} SET state = {SUCCEEDED}, finished_at = $4, worker_id = '',
+                        lease_token = '', lease_until = NULL, updated_at = $4, result = $5
+                    WHERE {MATCH} RETURNING {returning}, id AS wid
+                )
+                SELECT r.*, {notify_settled("r")} FROM r
             """
 
         def nack(returning: str) -> str:
             return f"""
                 WITH r AS (
                     UPDATE {t} SET {release("$4", "$5", "$6::bigint")}
-                    WHERE {MATCH} RETURNING {returning}
+                    WHERE {MATCH} RETURNING {returning}, id AS wid
                 )
-                SELECT r.*, CASE WHEN r.state = {PENDING} THEN {note("r.queue")} END FROM r
+                SELECT r.*, CASE WHEN r.state = {PENDING} THEN {note("r.queue")} END,
+                    {notify_settled("r")} FROM r
             """
 
         def reject(returning: str) -> str:
             return f"""
-                UPDATE {t} SET state = {DEAD}, finished_at = $4, last_error = $5,
-                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $4
-                WHERE {MATCH} RETURNING {returning}
+                WITH r AS (
+                    UPDATE {t} SET state = {DEAD}, finished_at = $4, last_error = $5,
+                        worker_id = '', lease_token = '', lease_until = NULL, updated_at = $4
+                    WHERE {MATCH} RETURNING {returning}, id AS wid
+                )
+                SELECT r.*, {notify_settled("r")} FROM r
             """
 
         self.ack, self.nack, self.reject = ack(COLS), nack(COLS), reject(COLS)
@@ -118,9 +129,9 @@ class SettleSql:
         # (the group statement's sort, lock step and join cost a lone item
         # more than they save).
         self.settle_one = {
-            ACK: ack("queue"),
+            ACK: ack("queue, state"),
             NACK: nack("queue, state"),
-            REJECT: reject("queue"),
+            REJECT: reject("queue, state"),
         }
         # Group commit, one statement: the group's live leases are locked in
         # task-id order (daemons whose groups meet on rows wait for each
@@ -161,9 +172,10 @@ class SettleSql:
                     result = CASE WHEN l.kind = {ACK} THEN l.result ELSE k.result END,
                     worker_id = '', lease_token = '', lease_until = NULL, updated_at = $8
                 FROM live l WHERE k.seq = l.seq
-                RETURNING l.ord, k.queue, k.state
+                RETURNING l.ord, k.queue, k.state, k.id AS wid
             )
-            SELECT array_agg(s.ord), array_agg(s.queue), {notify_pending("s")} FROM s
+            SELECT array_agg(s.ord), array_agg(s.queue), {notify_pending("s")},
+                {notify_settled("s")} FROM s
         """
         # The miss path of lease operations: which of these (id, attempt)
         # ended by CancelTask (their 1-based positions).
