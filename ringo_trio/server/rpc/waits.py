@@ -23,8 +23,8 @@ What wakes a parked call, cheapest first:
    a purge or retention pass — and the interval is the safety net for
    whatever no hook sees.
 3. **Other daemons** on a shared store (PostgreSQL): `Storage.register_waits`
-   tells the store which ids this daemon waits on, the store notifies those
-   ids' settlements (docs: the engine's listen module), and
+   tells the store which ids this daemon waits on, the statements that end
+   tasks notify those ids (`postgres.sql.Spelling.notify_settled`), and
    `Storage.watch_settled` delivers them here. Both run only while someone
    is parked: registrations go out in batches from `run`, and the listening
    connection is opened for the first waiter and closed `linger` seconds

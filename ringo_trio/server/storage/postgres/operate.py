@@ -60,12 +60,9 @@ class OperateSql:
         # A LEASED task's lease goes with it: the worker's next command on
         # it matches no row, and `cancelled_of` tells it why.
         self.cancel = f"""
-            WITH r AS (
-                UPDATE {t} SET state = {CANCELLED}, finished_at = $2, last_error = $3,
-                    worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
-                WHERE seq = $1 RETURNING {COLS}, id AS wid
-            )
-            SELECT r.*, {s.notify_settled("r")} FROM r
+            UPDATE {t} SET state = {CANCELLED}, finished_at = $2, last_error = $3,
+                worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
+            WHERE seq = $1 RETURNING {COLS}, {s.notify_ended()} AS waited
         """
         self.by_seq = f"SELECT {COLS} FROM {t} WHERE seq = $1"
         # The $3 oldest DEAD tasks of queue $1 finished before $2 back to

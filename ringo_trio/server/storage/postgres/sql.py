@@ -52,16 +52,17 @@ class Spelling:
             f" WHERE state = {PENDING}) q, LATERAL {self.note('q.queue')} n)"
         )
 
-    def notify_settled(self, cte: str) -> str:
-        """How many tasks of `cte` (its columns ``wid``, ``state``) ended
-        while a daemon waits on them (`task_waits`), notifying each id on
-        the wait channel. With nobody waiting: one probe of an empty index
-        per row, in the statement's own executor (a statement trigger would
-        cost a PL/pgSQL call and an SPI query per statement: ~16 µs)."""
+    def notify_ended(self, row: str = "") -> str:
+        """A RETURNING column of a statement that may end tasks: notifies
+        the row's id on the wait channel when it ended (SUCCEEDED, DEAD,
+        CANCELLED) and a daemon waits on it (`task_waits`). `row` qualifies
+        the columns (an UPDATE's alias and a dot). With nobody waiting: one
+        probe of an empty index per ended row, in the statement's own
+        executor (measured in bench/results.md, "WaitTask"; a subquery over
+        the statement's rows, or a statement trigger, cost far more)."""
         return (
-            f"(SELECT count(pg_notify({self._wait_channel}, c.wid)) FROM {cte} c"
-            f" WHERE c.{FINISHED_TERM}"
-            f" AND EXISTS (SELECT 1 FROM {self._waits} w WHERE w.task_id = c.wid))"
+            f"CASE WHEN {row}{FINISHED_TERM} AND EXISTS (SELECT 1 FROM {self._waits} w"
+            f" WHERE w.task_id = {row}id) THEN pg_notify({self._wait_channel}, {row}id) END"
         )
 
 
