@@ -247,9 +247,10 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             "bigint, bigint, double precision, bigint)",
         ),
         # Minor 12, WaitTask across daemons: the ids daemons wait on
-        # (`register_waits`). The statements that end tasks notify those ids
-        # themselves (`sql.Spelling.notify_settled`); a deletion (purge,
-        # retention: cold paths) by this statement trigger.
+        # (`register_waits`), and statement triggers notifying the terminal
+        # updates and deletions of those ids, whichever statement of
+        # whichever daemon made them (settle, expiry, cancel, purge); the
+        # UPDATE one is gone again in schema 9.
         (
             f"""
             CREATE TABLE {s}.task_waits (
@@ -259,10 +260,22 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
                 PRIMARY KEY (task_id, instance)
             )
             """,
-            wait_function(s, "ringo_wait_delete", "old_rows"),
+            wait_function(s, "ringo_wait_update", "new_rows", f"AND c.{FINISHED_TERM}"),
+            wait_function(s, "ringo_wait_delete", "old_rows", ""),
+            f"CREATE TRIGGER task_waits_update AFTER UPDATE ON {s}.tasks"
+            " REFERENCING NEW TABLE AS new_rows"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {s}.ringo_wait_update()",
             f"CREATE TRIGGER task_waits_delete AFTER DELETE ON {s}.tasks"
             " REFERENCING OLD TABLE AS old_rows"
             f" FOR EACH STATEMENT EXECUTE FUNCTION {s}.ringo_wait_delete()",
+        ),
+        # The statements that end tasks notify waited ids themselves
+        # (`sql.Spelling.notify_ended`): the UPDATE trigger of schema 8 cost
+        # every write statement a PL/pgSQL call and an SPI query (~16 µs of
+        # server CPU, bench/results.md "WaitTask"). Deletions keep theirs.
+        (
+            f"DROP TRIGGER IF EXISTS task_waits_update ON {s}.tasks",
+            f"DROP FUNCTION IF EXISTS {s}.ringo_wait_update()",
         ),
     )
 
@@ -277,16 +290,18 @@ def wait_channel(s: str) -> str:
     return f"{literal(WAIT_CHANNEL_PREFIX)} || '{s}.tasks'::regclass::oid::text"
 
 
-def wait_function(s: str, name: str, rows: str) -> str:
+def wait_function(s: str, name: str, rows: str, condition: str) -> str:
     """A statement trigger's function notifying every id of the transition
-    table `rows` that a daemon waits on; the payload is the task id."""
+    table `rows` (meeting `condition` on its alias ``c``) that a daemon
+    waits on; the payload is the task id."""
     return f"""
         CREATE FUNCTION {s}.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
             IF EXISTS (SELECT 1 FROM {s}.task_waits) THEN
                 PERFORM pg_notify({literal(WAIT_CHANNEL_PREFIX)} || TG_RELID::text, c.id)
                 FROM {rows} c
-                WHERE EXISTS (SELECT 1 FROM {s}.task_waits w WHERE w.task_id = c.id);
+                WHERE EXISTS (SELECT 1 FROM {s}.task_waits w WHERE w.task_id = c.id)
+                    {condition};
             END IF;
             RETURN NULL;
         END
