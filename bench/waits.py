@@ -8,7 +8,8 @@ PostgreSQL database with ``--postgres``) with ``--max-waits`` above
 ``--waiters``, enqueues one task per waiter, and parks ``--waiters`` WaitTask
 calls (60 s each) spread over ``--connections`` connections (at most
 64 per connection, the protocol's limit). Reports the daemon's RSS
-(``VmRSS``) before parking and once all are parked, and the p50 / p99 / max
+(``VmRSS``) before parking and ``--settle`` seconds later (6: all are
+parked by then), and the p50 / p99 / max
 of gRPC ``Health/Check`` calls made one after another on their own
 connection (one every ~10 ms) for ``--seconds`` while they stay parked
 (the same yardstick as bench/http_abuse.py); then acks nothing, and checks
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import statistics
 import sys
 import tempfile
@@ -114,7 +116,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 for i, task_id in enumerate(ids)
             ]
             # Parked: nothing answers for 60 s; give the daemon time to take them.
-            await asyncio.sleep(3.0)
+            await asyncio.sleep(args.settle)
             assert not any(c.done() for c in calls), [c for c in calls if c.done()][:1]
             after = rss_kib(daemon.pid)
             latencies: list[float] = []
@@ -130,6 +132,11 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             await asyncio.get_running_loop().run_in_executor(None, daemon.stop)
             answered = await asyncio.gather(*calls, return_exceptions=True)
             ok = sum(1 for a in answered if not isinstance(a, BaseException))
+            failures = collections.Counter(
+                f"{type(a).__name__}: {a}"[:120] for a in answered if isinstance(a, BaseException)
+            )
+            for failure, n in failures.most_common(3):
+                print(f"{n} calls failed at stop: {failure}", file=sys.stderr)
             ordered = sorted(latencies)
             return {
                 "rss_before_mib": before / 1024,
@@ -152,6 +159,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--claims", action="store_true")
+    parser.add_argument(
+        "--settle", type=float, default=6.0, help="seconds the daemon gets to park them all"
+    )
     args = parser.parse_args()
     if args.waiters > args.connections * MAX_WAITS_PER_CONNECTION:
         parser.error("more waiters than the connections may park")

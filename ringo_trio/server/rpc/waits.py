@@ -253,7 +253,12 @@ class TaskWaits:
         """Shutdown: wake every parked call; each sees `closed` and answers
         the task as it stands."""
         self.closed = True
+        # Calls still getting ready read their task now, without waiting for
+        # a registration or a listener shutdown may never bring.
+        self.listening.set()
         for entry in list(self._by_id.values()):
+            if entry.registered is not None and not entry.registered.done():
+                entry.registered.set_result(None)
             _fire(entry)
 
     # -- background ----------------------------------------------------------
