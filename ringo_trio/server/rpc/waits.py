@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 A WaitTask call *parks* on its task id (`TaskWaits.park`): one `_Entry` per
-waited id, shared by every call waiting on it, holds the event the next
-wake-up sets (armed before the call reads the task, so a settlement landing
+waited id, shared by every call waiting on it, holds the future the next
+wake-up resolves (armed before the call reads the task, so a settlement landing
 between the read and the wait is never lost — `wakeups.QueueWakeups`'
 scheme, keyed by task). A woken call reads its task again; terminal (or
 gone), it answers, otherwise it parks again until its own timeout.
