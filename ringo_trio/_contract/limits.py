@@ -41,10 +41,13 @@ MAX_TASK_WAIT = timedelta(seconds=60)
 """Longest one WaitTask call parks (a longer ``timeout`` is clamped to it):
 a waiting caller asks again, so a parked call never outlives proxies' idle
 limits and a daemon restart costs it at most one call."""
-MAX_WAITS_PER_CONNECTION = 1_000
+MAX_WAITS_PER_CONNECTION = 64
 """Parked WaitTask calls one connection may hold; one more is
-RESOURCE_EXHAUSTED (HTTP/2 already bounds concurrent streams; this keeps one
-client from taking the daemon's whole budget)."""
+RESOURCE_EXHAUSTED. The daemon's HTTP/2 connections carry at most 100
+concurrent streams (SETTINGS_MAX_CONCURRENT_STREAMS), and a client's other
+calls on the same connection (its Work stream, its acks) need streams too:
+parked waits past this would leave them queueing behind calls that wait on
+those very acks."""
 DEFAULT_MAX_WAITS = 10_000
 """Parked WaitTask calls a daemon holds by default (``ringod --max-waits``);
 one more is RESOURCE_EXHAUSTED. A parked call costs the daemon about a

@@ -85,13 +85,14 @@ async def test_wait_needs_minor_12(
     engine_daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Property: an SDK session below minor 12 refuses wait before sending
-    anything (IncompatibleVersionError)."""
+    anything (IncompatibleVersionError naming `TaskQueue.wait`: the daemon's
+    own refusal would name the RPC, WaitTask)."""
     monkeypatch.setattr(versions, "MINOR", versions.FEATURES[versions.Feature.WAIT_TASK] - 1)
     with trio.fail_after(GUARD):
         async with Ringo.connect(engine_daemon.endpoint) as client:
             queue = client.queue("q")
             task = (await queue.enqueue(task_type="t")).task
-            with pytest.raises(IncompatibleVersionError, match="minor 12"):
+            with pytest.raises(IncompatibleVersionError, match=r"TaskQueue\.wait needs .*minor 12"):
                 await queue.wait(task.id, timeout=GUARD)
 
 

@@ -515,8 +515,8 @@ class QueueService(QueueServiceBase):
         with self.waits.park(task_id, current_connection()) as waiter:
             await waiter.ready()
             while True:
-                # Armed before the read: a settlement racing it sets this
-                # very event, so the wait below returns at once.
+                # Armed before the read: a settlement racing it resolves
+                # this very future, so the wait below returns at once.
                 armed = waiter.arm()
                 task = await self._storage.get(queue, task_id=task_id)
                 remaining = deadline - loop.time()

@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 A WaitTask call *parks* on its task id (`TaskWaits.park`): one `_Entry` per
-waited id, shared by every call waiting on it, holds the event the next
-wake-up sets (armed before the call reads the task, so a settlement landing
+waited id, shared by every call waiting on it, holds the future the next
+wake-up resolves (armed before the call reads the task, so a settlement landing
 between the read and the wait is never lost — `wakeups.QueueWakeups`'
 scheme, keyed by task). A woken call reads its task again; terminal (or
 gone), it answers, otherwise it parks again until its own timeout.
@@ -23,8 +23,8 @@ What wakes a parked call, cheapest first:
    a purge or retention pass — and the interval is the safety net for
    whatever no hook sees.
 3. **Other daemons** on a shared store (PostgreSQL): `Storage.register_waits`
-   tells the store which ids this daemon waits on, the store notifies those
-   ids' settlements (docs: the engine's listen module), and
+   tells the store which ids this daemon waits on, the statements that end
+   tasks notify those ids (`postgres.sql.Spelling.notify_settled`), and
    `Storage.watch_settled` delivers them here. Both run only while someone
    is parked: registrations go out in batches from `run`, and the listening
    connection is opened for the first waiter and closed `linger` seconds
@@ -35,7 +35,8 @@ What wakes a parked call, cheapest first:
 Every exit of a parked call (answer, timeout, client gone, cancellation,
 shutdown) leaves `park`'s ``with``; the slot counts and the entry are
 released there, synchronously, so nothing leaks whatever ended the call. An
-entry costs a dict slot, one small object and one `asyncio.Event`.
+entry costs a dict slot, one small object and, while armed, one future;
+a parked call adds its `Waiter` (measured: bench/results.md, "WaitTask").
 
 Limits: `max_waits` per daemon and `per_connection` per HTTP/2 connection;
 one more is `WaitLimitReached` (RESOURCE_EXHAUSTED), refused before it
@@ -47,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Final
 
 from ringo_trio._contract import limits
@@ -76,29 +77,43 @@ class WaitLimitReached(Exception):
 
 
 class _Entry:
-    __slots__ = ("event", "registered", "waiters")
+    """The parked calls on one task id. Futures, not `asyncio.Event`s: an
+    Event allocates its waiters' deque up front, and an entry is kept per
+    waited id."""
 
-    def __init__(self, registered: bool) -> None:
-        self.event = asyncio.Event()
+    __slots__ = ("registered", "waiters", "wake")
+
+    def __init__(self, registered: asyncio.Future[None] | None) -> None:
+        # Resolved by the next wake-up; made when a call arms it.
+        self.wake: asyncio.Future[None] | None = None
         self.waiters = 0
-        # Set once a shared store knows this daemon waits on the id.
-        self.registered = asyncio.Event()
-        if registered:
-            self.registered.set()
+        # Shared store: resolved once it knows this daemon waits on the id.
+        self.registered = registered
 
 
 class Waiter:
-    """One parked call's handle (see `TaskWaits.park`)."""
+    """One parked call (`TaskWaits.park`); leaving its ``with`` unparks it."""
 
-    __slots__ = ("_entry", "_owner")
+    __slots__ = ("_connection", "_entry", "_owner", "_task_id")
 
-    def __init__(self, owner: TaskWaits, entry: _Entry) -> None:
+    def __init__(self, owner: TaskWaits, entry: _Entry, task_id: str, connection: object) -> None:
         self._owner = owner
         self._entry = entry
+        self._task_id = task_id
+        self._connection = connection
 
-    def arm(self) -> asyncio.Event:
-        """The event the next wake-up sets. Call before reading the task."""
-        return self._entry.event
+    def __enter__(self) -> Waiter:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._owner._unpark(self._entry, self._task_id, self._connection)
+
+    def arm(self) -> asyncio.Future[None]:
+        """What the next wake-up resolves. Call before reading the task."""
+        wake = self._entry.wake
+        if wake is None:
+            wake = self._entry.wake = asyncio.get_running_loop().create_future()
+        return wake
 
     @property
     def closed(self) -> bool:
@@ -107,20 +122,23 @@ class Waiter:
     async def ready(self) -> None:
         """Until other daemons' settlements of this id reach this one (or
         `READY_TIMEOUT`): at once on a store no other daemon writes."""
-        if not self._owner.shared or self._owner.closed:
+        registered = self._entry.registered
+        if registered is None or self._owner.closed:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(READY_TIMEOUT):
-                await self._entry.registered.wait()
+                # Shielded: the future is every waiter's of this id.
+                await asyncio.shield(registered)
                 await self._owner.listening.wait()
 
-    async def wait(self, armed: asyncio.Event, seconds: float) -> None:
-        """Until `armed` is set or `seconds` pass."""
-        if armed.is_set() or seconds <= 0:
+    async def wait(self, armed: asyncio.Future[None], seconds: float) -> None:
+        """Until `armed` is resolved or `seconds` pass."""
+        if armed.done() or seconds <= 0:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
-                await armed.wait()
+                # Shielded: a timeout must not cancel the other waiters' future.
+                await asyncio.shield(armed)
 
 
 class TaskWaits:
@@ -160,10 +178,10 @@ class TaskWaits:
 
     # -- parked calls --------------------------------------------------------
 
-    @contextlib.contextmanager
-    def park(self, task_id: str, connection: object) -> Iterator[Waiter]:
-        """A parked call on `task_id` from `connection` for the ``with``
-        block; `WaitLimitReached` when a limit is reached."""
+    def park(self, task_id: str, connection: object) -> Waiter:
+        """A parked call on `task_id` from `connection`, for a ``with``
+        block entered at once; `WaitLimitReached` (nothing parked) when a
+        limit is reached."""
         if self.parked >= self.max_waits:
             raise WaitLimitReached(
                 f"this daemon holds {self.parked} waiting calls, its limit"
@@ -177,7 +195,8 @@ class TaskWaits:
             )
         entry = self._by_id.get(task_id)
         if entry is None:
-            entry = self._by_id[task_id] = _Entry(registered=not self.shared)
+            registered = asyncio.get_running_loop().create_future() if self.shared else None
+            entry = self._by_id[task_id] = _Entry(registered)
             if self.shared:
                 self._to_register.add(task_id)
                 self._to_withdraw.discard(task_id)
@@ -186,24 +205,24 @@ class TaskWaits:
         self.parked += 1
         self._busy.set()
         self._kick.set()
-        try:
-            yield Waiter(self, entry)
-        finally:
-            self.parked -= 1
-            left = self._by_connection[connection] - 1
-            if left:
-                self._by_connection[connection] = left
-            else:
-                del self._by_connection[connection]
-            entry.waiters -= 1
-            if entry.waiters == 0:
-                del self._by_id[task_id]
-                if self.shared:
-                    if task_id in self._to_register:
-                        self._to_register.discard(task_id)
-                    else:
-                        self._to_withdraw.add(task_id)
-                    self._kick.set()
+        return Waiter(self, entry, task_id, connection)
+
+    def _unpark(self, entry: _Entry, task_id: str, connection: object) -> None:
+        self.parked -= 1
+        left = self._by_connection[connection] - 1
+        if left:
+            self._by_connection[connection] = left
+        else:
+            del self._by_connection[connection]
+        entry.waiters -= 1
+        if entry.waiters == 0:
+            del self._by_id[task_id]
+            if self.shared:
+                if task_id in self._to_register:
+                    self._to_register.discard(task_id)
+                else:
+                    self._to_withdraw.add(task_id)
+                self._kick.set()
 
     def connections(self) -> int:
         """Connections holding at least one parked call."""
@@ -234,7 +253,12 @@ class TaskWaits:
         """Shutdown: wake every parked call; each sees `closed` and answers
         the task as it stands."""
         self.closed = True
+        # Calls still getting ready read their task now, without waiting for
+        # a registration or a listener shutdown may never bring.
+        self.listening.set()
         for entry in list(self._by_id.values()):
+            if entry.registered is not None and not entry.registered.done():
+                entry.registered.set_result(None)
             _fire(entry)
 
     # -- background ----------------------------------------------------------
@@ -314,8 +338,9 @@ class TaskWaits:
             # stale registration costs only a notification nobody hears.
         for task_id in add:
             entry = self._by_id.get(task_id)
-            if entry is not None:
-                entry.registered.set()
+            registered = None if entry is None else entry.registered
+            if registered is not None and not registered.done():
+                registered.set_result(None)
 
     async def _check_all(self) -> None:
         ids = list(self._by_id)
@@ -332,5 +357,6 @@ class TaskWaits:
 
 
 def _fire(entry: _Entry) -> None:
-    event, entry.event = entry.event, asyncio.Event()
-    event.set()
+    wake, entry.wake = entry.wake, None
+    if wake is not None and not wake.done():
+        wake.set_result(None)

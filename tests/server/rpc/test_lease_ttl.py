@@ -80,7 +80,7 @@ async def _push_three(tmp_path: Path, minor: int, clock: ManualClock) -> RawStre
     return stream
 
 
-@pytest.mark.parametrize("minor", [versions.MINOR, 10], ids=["minor11", "minor10"])
+@pytest.mark.parametrize("minor", [versions.MINOR, 10], ids=["newest", "minor10"])
 async def test_a_pushed_lease_s_ttl_is_its_until_minus_the_send_time(
     tmp_path: Path, minor: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -134,7 +134,7 @@ async def test_below_minor_11_push_frames_are_the_bytes_they_were(
         assert raw == (frames[0] if message.batch is None else encode_work_response_batch(frames))
 
 
-@pytest.mark.parametrize("minor", [versions.MINOR, 10], ids=["minor11", "minor10"])
+@pytest.mark.parametrize("minor", [versions.MINOR, 10], ids=["newest", "minor10"])
 async def test_replies_carry_the_lease_s_ttl_from_minor_11(tmp_path: Path, minor: int) -> None:
     """Property: the unary Claim and ExtendLease replies and the Work
     stream's extend_lease result carry ``ttl = until - now`` at minor >= 11

@@ -4,7 +4,7 @@ grpcio refuses a received message over 4 MiB (``RESOURCE_EXHAUSTED``), and
 so do most gRPC clients: the daemon must never send a bigger reply, above
 all after it committed something (an enqueue the client then retries, a
 lease nobody receives). Every documented RPC is called here at the
-documented limits, at protocol minor 11 and at minor 10, against a real
+documented limits, at the newest protocol minor and at minor 10, against a real
 ``ringod``; after each call the daemon holds no lease the client did not
 receive.
 

@@ -399,7 +399,7 @@ def test_enqueue_many_commits_and_answers_a_batch_of_any_echo(
     tmp_path: pathlib.Path, minor: int
 ) -> None:
     """Property: EnqueueMany of 64 tasks of 1 MiB (an echo of 64 MiB) is
-    stored whole and answered within MAX_REPLY_BYTES, compact — at minor 11
+    stored whole and answered within MAX_REPLY_BYTES, compact — at the newest minor
     as always, at minor 10 because the echo would not fit — and a small
     batch at minor 10 still gets its full echo."""
 

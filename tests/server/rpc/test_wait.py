@@ -220,6 +220,34 @@ async def test_the_daemon_limit_answers_resource_exhausted_and_frees_its_slots()
 
 
 @on_virtual_time
+async def test_the_connection_limit_answers_resource_exhausted_and_frees_its_slots() -> None:
+    """Property: one connection parks at most MAX_WAITS_PER_CONNECTION calls;
+    one more on it is RESOURCE_EXHAUSTED while another connection still
+    parks, and once they are answered the connection parks again."""
+    queue = new_queue()
+    per_connection = limits.MAX_WAITS_PER_CONNECTION
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon) as busy,
+        connect(served.daemon) as other,
+    ):
+        task, leased = await _leased(other, queue)
+        parked = [asyncio.create_task(_wait(busy, queue, task.id)) for _ in range(per_connection)]
+        await quiet()
+        assert served.daemon.waits.parked == per_connection
+        await expect_status(_wait(busy, queue, task.id), Status.RESOURCE_EXHAUSTED, "connection")
+        elsewhere = asyncio.create_task(_wait(other, queue, task.id))
+        await quiet()
+        assert served.daemon.waits.parked == per_connection + 1
+        await other.stub.ack(AckRequest(context=other.context, lease=ref(leased)))
+        answers = await asyncio.gather(*parked, elsewhere)
+        assert {t.state for t in answers} == {TaskState.SUCCEEDED}
+        assert served.daemon.waits.parked == 0
+        assert served.daemon.waits.connections() == 0
+        assert (await _wait(busy, queue, task.id)).state == TaskState.SUCCEEDED
+
+
+@on_virtual_time
 async def test_shutdown_answers_parked_waits_with_the_snapshot() -> None:
     """Property: a daemon shutting down answers its parked WaitTask calls at
     once with the task as it stands (the client asks again elsewhere)."""

@@ -92,9 +92,10 @@ class ClaimSql:
         # or NULLs, number of leases expired).
         types = types_filter(6)
         self.claim = f"""
-            WITH RECURSIVE expired AS ({expire(t, "$2", " AND queue = $1")}
+            WITH RECURSIVE expired AS ({expire(s, "$2", " AND queue = $1")}
             ), expired_n AS (
-                SELECT count(*) AS n, {notify_pending("expired")} AS notified FROM expired
+                SELECT count(*) AS n, {notify_pending("expired")} AS notified,
+                    count(waited) AS waited FROM expired
             ), {s.prios}, picked AS MATERIALIZED (
                 SELECT c.seq FROM prios CROSS JOIN LATERAL (
                     SELECT seq FROM {t}

@@ -62,7 +62,7 @@ class OperateSql:
         self.cancel = f"""
             UPDATE {t} SET state = {CANCELLED}, finished_at = $2, last_error = $3,
                 worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
-            WHERE seq = $1 RETURNING {COLS}
+            WHERE seq = $1 RETURNING {COLS}, {s.notify_ended()} AS waited
         """
         self.by_seq = f"SELECT {COLS} FROM {t} WHERE seq = $1"
         # The $3 oldest DEAD tasks of queue $1 finished before $2 back to

@@ -249,8 +249,8 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
         # Minor 12, WaitTask across daemons: the ids daemons wait on
         # (`register_waits`), and statement triggers notifying the terminal
         # updates and deletions of those ids, whichever statement of
-        # whichever daemon made them (settle, expiry, cancel, purge). With
-        # nobody waiting a statement pays one probe of an empty table.
+        # whichever daemon made them (settle, expiry, cancel, purge); the
+        # UPDATE one is gone again in schema 9.
         (
             f"""
             CREATE TABLE {s}.task_waits (
@@ -268,6 +268,14 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             f"CREATE TRIGGER task_waits_delete AFTER DELETE ON {s}.tasks"
             " REFERENCING OLD TABLE AS old_rows"
             f" FOR EACH STATEMENT EXECUTE FUNCTION {s}.ringo_wait_delete()",
+        ),
+        # The statements that end tasks notify waited ids themselves
+        # (`sql.Spelling.notify_ended`): the UPDATE trigger of schema 8 cost
+        # every write statement a PL/pgSQL call and an SPI query (~16 µs of
+        # server CPU, bench/results.md "WaitTask"). Deletions keep theirs.
+        (
+            f"DROP TRIGGER IF EXISTS task_waits_update ON {s}.tasks",
+            f"DROP FUNCTION IF EXISTS {s}.ringo_wait_update()",
         ),
         # Minor 13, paused queues: a row per paused queue (resuming deletes
         # it), shared by every daemon of the database, read whole into each

@@ -65,16 +65,18 @@ def release(now: str, error: str, delay: str) -> str:
     """
 
 
-def expire(t: str, now: str, queue_filter: str) -> str:
-    """An UPDATE returning (queue, state) of every lease overdue at
-    `now`, each locked by exactly one expiring transaction."""
+def expire(s: Spelling, now: str, queue_filter: str) -> str:
+    """An UPDATE returning (queue, state, waited) of every lease overdue at
+    `now`, each locked by exactly one expiring transaction (`waited`: the
+    WaitTask notification of one gone DEAD, `Spelling.notify_ended`)."""
+    t = s.tasks
     return f"""
         UPDATE {t} SET {release(now, literal(LEASE_EXPIRED), "NULL::bigint")}
         WHERE seq IN (
             SELECT seq FROM {t}
             WHERE state = {LEASED} AND lease_until <= {now}{queue_filter}
             FOR UPDATE SKIP LOCKED)
-        RETURNING queue, state
+        RETURNING queue, state, {s.notify_ended()} AS waited
     """
 
 
@@ -85,23 +87,28 @@ class SettleSql:
         t = s.tasks
         note = s.note
         notify_pending = s.notify_pending
+        # Every statement that may end tasks notifies the waited ones among
+        # them in a RETURNING column (`Spelling.notify_ended`), read by the
+        # statement itself, so no planner ever leaves it uncomputed.
+        ended = s.notify_ended()
         self.expire_all = f"""
-            WITH expired AS ({expire(t, "$1", "")})
-            SELECT (SELECT count(*) FROM expired), {notify_pending("expired")}
+            WITH expired AS ({expire(s, "$1", "")})
+            SELECT (SELECT count(*) FROM expired), {notify_pending("expired")},
+                (SELECT count(waited) FROM expired)
         """
 
         def ack(returning: str) -> str:
             return f"""
                 UPDATE {t} SET state = {SUCCEEDED}, finished_at = $4, worker_id = '',
                     lease_token = '', lease_until = NULL, updated_at = $4, result = $5
-                WHERE {MATCH} RETURNING {returning}
+                WHERE {MATCH} RETURNING {returning}, {ended} AS waited
             """
 
         def nack(returning: str) -> str:
             return f"""
                 WITH r AS (
                     UPDATE {t} SET {release("$4", "$5", "$6::bigint")}
-                    WHERE {MATCH} RETURNING {returning}
+                    WHERE {MATCH} RETURNING {returning}, {ended} AS waited
                 )
                 SELECT r.*, CASE WHEN r.state = {PENDING} THEN {note("r.queue")} END FROM r
             """
@@ -110,7 +117,7 @@ class SettleSql:
             return f"""
                 UPDATE {t} SET state = {DEAD}, finished_at = $4, last_error = $5,
                     worker_id = '', lease_token = '', lease_until = NULL, updated_at = $4
-                WHERE {MATCH} RETURNING {returning}
+                WHERE {MATCH} RETURNING {returning}, {ended} AS waited
             """
 
         self.ack, self.nack, self.reject = ack(COLS), nack(COLS), reject(COLS)
@@ -161,9 +168,10 @@ class SettleSql:
                     result = CASE WHEN l.kind = {ACK} THEN l.result ELSE k.result END,
                     worker_id = '', lease_token = '', lease_until = NULL, updated_at = $8
                 FROM live l WHERE k.seq = l.seq
-                RETURNING l.ord, k.queue, k.state
+                RETURNING l.ord, k.queue, k.state, {s.notify_ended("k.")} AS waited
             )
-            SELECT array_agg(s.ord), array_agg(s.queue), {notify_pending("s")} FROM s
+            SELECT array_agg(s.ord), array_agg(s.queue), {notify_pending("s")},
+                count(s.waited) FROM s
         """
         # The miss path of lease operations: which of these (id, attempt)
         # ended by CancelTask (their 1-based positions).

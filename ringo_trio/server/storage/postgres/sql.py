@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..rows import PENDING
-from .schema import ident, literal
+from .schema import FINISHED_TERM, ident, literal, wait_channel
 
 # pg_notify refuses payloads of 8000 bytes or more; queue names are far
 # shorter (MAX_NAME_BYTES), this only keeps a bad one from failing a write.
@@ -24,6 +24,8 @@ class Spelling:
         t = self.tasks = f"{ident(schema)}.tasks"
         self._channel = literal(channel)
         self._sender = literal(instance + " ")
+        self._waits = f"{ident(schema)}.task_waits"
+        self._wait_channel = wait_channel(ident(schema))
         # The queue's distinct PENDING priorities, highest first, one index
         # seek each (a recursive walk), so far-future tasks are never scanned.
         self.prios = f"""prios(p) AS (
@@ -48,6 +50,19 @@ class Spelling:
         return (
             f"(SELECT count(*) FROM (SELECT DISTINCT queue FROM {cte}"
             f" WHERE state = {PENDING}) q, LATERAL {self.note('q.queue')} n)"
+        )
+
+    def notify_ended(self, row: str = "") -> str:
+        """A RETURNING column of a statement that may end tasks: notifies
+        the row's id on the wait channel when it ended (SUCCEEDED, DEAD,
+        CANCELLED) and a daemon waits on it (`task_waits`). `row` qualifies
+        the columns (an UPDATE's alias and a dot). With nobody waiting: one
+        probe of an empty index per ended row, in the statement's own
+        executor (measured in bench/results.md, "WaitTask"; a subquery over
+        the statement's rows, or a statement trigger, cost far more)."""
+        return (
+            f"CASE WHEN {row}{FINISHED_TERM} AND EXISTS (SELECT 1 FROM {self._waits} w"
+            f" WHERE w.task_id = {row}id) THEN pg_notify({self._wait_channel}, {row}id) END"
         )
 
 

@@ -1,6 +1,8 @@
 """WaitTask across daemons: the statements of `register_waits` and the
-batched recheck (the table and its notifying triggers are schema
-migration 8, `schema.wait_function`; the listener is `listen.watch_settled`)."""
+batched recheck (the table is schema migration 8; the notifications come
+from the statements that end tasks, `sql.Spelling.notify_settled`, and a
+deletion trigger, `schema.wait_function`; the listener is
+`listen.watch_settled`)."""
 
 from __future__ import annotations
 
