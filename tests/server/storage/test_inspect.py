@@ -395,9 +395,9 @@ def _downgrade(engine: SyncEngine) -> None:
             # Migration 7 (each task's retry delays), undone too.
             await conn.execute(f'ALTER TABLE "{schema}".tasks DROP COLUMN retry_delays_us')
             # The waits of minor 12 and the paused queues of minor 13.
-            for kind in ("update", "delete"):
-                await conn.execute(f'DROP TRIGGER task_waits_{kind} ON "{schema}".tasks')
-                await conn.execute(f'DROP FUNCTION "{schema}".ringo_wait_{kind}')
+            # (schema 9 already dropped schema 8's UPDATE trigger).
+            await conn.execute(f'DROP TRIGGER task_waits_delete ON "{schema}".tasks')
+            await conn.execute(f'DROP FUNCTION "{schema}".ringo_wait_delete')
             await conn.execute(f'DROP TABLE "{schema}".task_waits, "{schema}".paused_queues')
             await conn.execute(
                 f'UPDATE "{schema}".ringo_schema SET version = {_POSTGRES_BEFORE_INSPECTION}'

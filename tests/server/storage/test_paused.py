@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import pathlib
 
-import pytest
-
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.postgres import PostgresEngine
-from tests._kit.storage import LEASE, EngineKind, SyncEngine, open_engine, spec
+from tests._kit.storage import LEASE, SyncEngine, open_engine, postgres_kind, spec
 
 
 def test_a_flag_is_stored_and_reports_whether_it_changed(
@@ -75,15 +73,15 @@ def test_the_flag_is_not_read_by_the_claim(engine: SyncEngine, clock: ManualCloc
 
 
 def test_another_engine_hears_a_pause_and_a_resume(
-    engine_kind: EngineKind, tmp_path: pathlib.Path, clock: ManualClock
+    storage_database: str, tmp_path: pathlib.Path, clock: ManualClock
 ) -> None:
     """Property (PostgreSQL): a pause or resume by one engine reaches the
     `watch` of another engine on the same database as paused_changed(queue,
     flag), in commit order with the wake-ups (the pause before the enqueue
     after it), and never its own engine's; a change that changed nothing
     announces nothing."""
-    if engine_kind.name != "postgres":
-        pytest.skip("only PostgreSQL is shared by several daemons")
+    # Only PostgreSQL is shared by several daemons.
+    engine_kind = postgres_kind(storage_database)
     with open_engine(engine_kind, tmp_path) as a, open_engine(engine_kind, tmp_path) as b:
         assert isinstance(a.raw, PostgresEngine)
         assert isinstance(b.raw, PostgresEngine)
