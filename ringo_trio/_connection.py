@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 
+from ._contract import limits as _limits
 from ._contract import versions as _versions
 from ._contract.versions import SDK_NAME, SDK_VERSION
 from ._endpoint import Endpoint, parse_endpoint
@@ -140,6 +141,10 @@ class Connection:
         self._session = NO_SESSION
         self._closed = False
         self._recovery_lock = anyio.Lock()
+        # WaitTask calls this client has parked: the daemon holds at most
+        # MAX_WAITS_PER_CONNECTION per connection, so more wait here, in
+        # order, instead of failing with RESOURCE_EXHAUSTED.
+        self.wait_slots = anyio.Semaphore(_limits.MAX_WAITS_PER_CONNECTION)
         self._daemon_restarts = 0
         # Shared mode: the generation this client is a member of (None: not attached).
         self._member_of: str | None = None

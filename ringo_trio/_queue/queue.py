@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import math
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -424,9 +425,10 @@ class TaskQueue:
         while True:
             # Asked each round: a daemon back from a restart may speak older.
             require(self._connection.protocol_minor, Feature.WAIT_TASK, "TaskQueue.wait")
-            left = _MAX_PARK if deadline is None else deadline - anyio.current_time()
-            park = min(max(left, 0.0), _MAX_PARK)
+            await self._wait_slot(task_id, deadline, limit)
             try:
+                left = _MAX_PARK if deadline is None else deadline - anyio.current_time()
+                park = min(max(left, 0.0), _MAX_PARK)
                 reply = await self._connection.call(
                     "WaitTask",
                     WaitTaskRequest(
@@ -444,8 +446,12 @@ class TaskQueue:
                 ):
                     raise
                 pause = away if deadline is None else min(away, deadline - anyio.current_time())
-                await anyio.sleep(pause)
                 away = min(away * 2, _AWAY_RETRY_MAX)
+                reply = None
+            finally:
+                self._connection.wait_slots.release()
+            if reply is None:
+                await anyio.sleep(pause)
                 continue
             away = _AWAY_RETRY_INITIAL
             task = Task.from_wire(reply.task)
@@ -456,6 +462,26 @@ class TaskQueue:
                     f"task {task_id!r} of queue {self.name!r} is still {task.state.name}"
                     f" after {limit:g}s"
                 )
+
+    async def _wait_slot(self, task_id: str, deadline: float | None, limit: float | None) -> None:
+        """One of the client's parked-wait slots (the daemon holds at most
+        MAX_WAITS_PER_CONNECTION per connection: more wait here, in order,
+        rather than fail with RESOURCE_EXHAUSTED), taken before the wait's
+        own deadline."""
+        slots = self._connection.wait_slots
+        try:
+            slots.acquire_nowait()
+            return
+        except anyio.WouldBlock:
+            pass
+        left = math.inf if deadline is None else deadline - anyio.current_time()
+        with anyio.move_on_after(left):
+            await slots.acquire()
+            return
+        raise TimeoutError(
+            f"task {task_id!r} of queue {self.name!r}: no answer within {limit:g}s (every one"
+            f" of this client's {_limits.MAX_WAITS_PER_CONNECTION} parked waits was taken)"
+        )
 
     # -- retry --------------------------------------------------------------
 

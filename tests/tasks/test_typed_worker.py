@@ -20,6 +20,7 @@ from ringo_trio import (
     TaskRegistry,
     TaskState,
 )
+from ringo_trio._contract.limits import MAX_WAITS_PER_CONNECTION
 from ringo_trio.testing import RingoTestEnv
 
 pytestmark = pytest.mark.trio
@@ -179,3 +180,32 @@ async def test_two_registries_may_not_split_a_task_name_on_one_queue(
         tasks.worker(env.client)
         with pytest.raises(InvalidArgumentError, match="another registry"):
             other.worker(env.client)
+
+
+async def test_more_waits_than_the_daemon_parks_per_connection_all_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: awaiting more results at once than the daemon parks per
+    connection (MAX_WAITS_PER_CONNECTION) neither fails with
+    RESOURCE_EXHAUSTED nor loses an answer: the extra waits queue in the
+    client until a slot frees."""
+    count = MAX_WAITS_PER_CONNECTION * 2 + 5
+    async with RingoTestEnv.start() as env:
+        handles = await shout.enqueue_many(env.client, [{"text": f"t{i}"} for i in range(count)])
+        results: dict[int, str] = {}
+        all_answered = trio.Event()
+
+        async def wait(i: int) -> None:
+            results[i] = await handles[i].result(timeout=600)
+            if len(results) == count:
+                all_answered.set()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(count):
+                nursery.start_soon(wait, i)
+            await trio.sleep(1)
+            worker = tasks.worker(env.client, concurrency=16)
+            await nursery.start(worker.run)
+            await all_answered.wait()
+            await worker.close()
+        assert results == {i: f"T{i}" for i in range(count)}
