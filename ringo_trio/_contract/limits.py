@@ -111,6 +111,9 @@ schedule fires it; an older one was missed (skipped)."""
 MAX_SKIPPED_COUNTED = 10_000
 """Missed ticks of a cron schedule one firing counts one by one; an outage
 of more counts this many (an ``every`` schedule's are counted exactly)."""
+MAX_METRIC_SCHEDULES = 1000
+"""Schedules a metrics scrape reports ``ringo_schedule_ticks_total`` of (the
+first ones by queue and name), so a scrape does not grow with them."""
 MAX_SCHEDULE_SLEEP = 1.0
 """Seconds the daemon's schedule loop sleeps at most on a database other
 daemons share (PostgreSQL): a schedule put or resumed on another daemon is

@@ -609,8 +609,9 @@ class Storage(abc.ABC):
         of a queue that holds `max_per_queue` already."""
         raise FailedPrecondition("this storage engine keeps no schedules")
 
-    async def list_schedules(self, queue: str | None) -> list[Schedule]:
-        """The schedules of `queue` (None: every queue), in (queue, name) order."""
+    async def list_schedules(self, queue: str | None, limit: int | None = None) -> list[Schedule]:
+        """The schedules of `queue` (None: every queue), in (queue, name)
+        order; the first `limit` of them (None: all)."""
         return []
 
     async def delete_schedule(self, queue: str, name: str) -> bool:

@@ -87,13 +87,18 @@ class PostgresSchedules:
             )
         return stored, old is None
 
-    async def list_schedules(self, queue: str | None) -> list[Schedule]:
+    async def list_schedules(self, queue: str | None, limit: int | None = None) -> list[Schedule]:
         t = self._schedules()
+        # LIMIT NULL: no limit.
         if queue is None:
-            rows = await self._fetch(f"SELECT {SCHEDULE_COLS} FROM {t} ORDER BY queue, name")
+            rows = await self._fetch(
+                f"SELECT {SCHEDULE_COLS} FROM {t} ORDER BY queue, name LIMIT $1", limit
+            )
         else:
             rows = await self._fetch(
-                f"SELECT {SCHEDULE_COLS} FROM {t} WHERE queue = $1 ORDER BY name", queue
+                f"SELECT {SCHEDULE_COLS} FROM {t} WHERE queue = $1 ORDER BY name LIMIT $2",
+                queue,
+                limit,
             )
         return [row_schedule(row) for row in rows]
 

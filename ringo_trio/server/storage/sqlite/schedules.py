@@ -73,13 +73,18 @@ class SQLiteSchedules:
             )
         return stored, old is None
 
-    async def list_schedules(self, queue: str | None) -> list[Schedule]:
+    async def list_schedules(self, queue: str | None, limit: int | None = None) -> list[Schedule]:
         db = self._conn()
+        # LIMIT -1: no limit.
+        bound = -1 if limit is None else limit
         if queue is None:
-            rows = db.execute(f"SELECT {SCHEDULE_COLS} FROM schedules ORDER BY queue, name")
+            rows = db.execute(
+                f"SELECT {SCHEDULE_COLS} FROM schedules ORDER BY queue, name LIMIT ?", (bound,)
+            )
         else:
             rows = db.execute(
-                f"SELECT {SCHEDULE_COLS} FROM schedules WHERE queue = ? ORDER BY name", (queue,)
+                f"SELECT {SCHEDULE_COLS} FROM schedules WHERE queue = ? ORDER BY name LIMIT ?",
+                (queue, bound),
             )
         return [row_schedule(row) for row in rows]
 
