@@ -28,6 +28,7 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio.testing import spawn_daemon
 from tests._kit.grpc_client import Client, connect, expect_status, new_queue
+from tests._kit.postgres import fresh_database, postgres_daemons
 from tests._kit.virtual_daemon import on_virtual_time, virtual_daemon
 
 SCHEDULES_MINOR = FEATURES[Feature.SCHEDULES]
@@ -221,3 +222,66 @@ def _check_restart(
     # And the ticks went on after it, one a second.
     assert len(ticks) - 1 - end >= 1
     assert operator.le(ticks[-1], datetime.now(UTC))
+
+
+# -- slow: three daemons on one PostgreSQL database, one killed again and again --
+
+SOAK_TICKS = 60
+SOAK_GUARD = 240
+
+
+@pytest.mark.slow
+@pytest.mark.trio
+async def test_three_daemons_with_kills_fire_each_tick_once() -> None:
+    """Property: an every-1s CATCH_UP schedule (catch_up 100) on three
+    daemons sharing one PostgreSQL database, for SOAK_TICKS ticks while one
+    of two daemons is SIGKILLed and restarted again and again, and once all
+    three are killed at the same time for a few seconds: every tick from the
+    first to the last became exactly one task (consecutive tick keys, none
+    missing), the schedule's fired count equals the number of tasks (no
+    firing was counted twice: the compare-and-set let one daemon per tick
+    through) and nothing was skipped."""
+    with trio.fail_after(SOAK_GUARD), fresh_database() as dsn:
+        with postgres_daemons(dsn, 3) as daemons:
+            steady, *victims = daemons
+            async with Ringo.connect(steady.endpoint) as client:
+                await client.queue("soak").put_schedule(
+                    "beat", "t", every=timedelta(seconds=1), misfire="catch_up", catch_up=100
+                )
+            kills = 0
+            started = trio.current_time()
+            round_ = 0
+            while trio.current_time() - started < SOAK_TICKS:
+                round_ += 1
+                down = daemons if round_ == 6 else [victims[round_ % 2]]
+                for daemon in down:
+                    await trio.to_thread.run_sync(daemon.kill)
+                    kills += 1
+                await trio.sleep(3.0 if round_ == 6 else 1.5)
+                for daemon in down:
+                    await trio.to_thread.run_sync(daemon.start)
+                await trio.sleep(2.0)
+            # Every daemon up for a moment (catch-up of the last outage), then stop ticking.
+            await trio.sleep(2.0)
+            async with Ringo.connect(steady.endpoint) as client:
+                queue = client.queue("soak")
+                await queue.pause_schedule("beat")
+                tasks = await _tasks(client, "soak")
+                [schedule] = await queue.schedules()
+        ticks = [_tick(t) for t in tasks]
+        second = timedelta(seconds=1)
+        late = [
+            (t.created_at - tick).total_seconds()
+            for t, tick in zip(tasks, ticks, strict=True)
+            if t.created_at is not None
+        ]
+        print(
+            f"\nsoak: {len(ticks)} ticks, {kills} SIGKILLs in {round_} rounds, fired"
+            f" {schedule.fired}, skipped {schedule.skipped}, firing lateness max"
+            f" {max(late):.3f}s median {sorted(late)[len(late) // 2]:.3f}s"
+        )
+        assert len(ticks) >= SOAK_TICKS
+        assert len(set(ticks)) == len(ticks)
+        assert all(b - a == second for a, b in itertools.pairwise(ticks))
+        assert schedule.fired == len(ticks)
+        assert schedule.skipped == 0
