@@ -15,7 +15,6 @@ from ringo_trio import InvalidArgumentError, TaskContext, TaskRegistry
 from ringo_trio.server.storage.schedules import tick_key
 from ringo_trio.testing import RingoTestEnv
 
-
 START = datetime(2030, 1, 1, tzinfo=UTC)
 
 
