@@ -24,6 +24,7 @@ from ._models import PostgresStorage as PostgresStorage
 from ._models import Progress as Progress
 from ._models import QueueStats as QueueStats
 from ._models import RetryBackoff as RetryBackoff
+from ._models import Schedule as Schedule
 from ._models import SQLiteStorage as SQLiteStorage
 from ._models import Task as Task
 from ._models import TaskSpec as TaskSpec

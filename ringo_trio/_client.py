@@ -45,8 +45,13 @@ from ._errors import (
     require,
 )
 from ._local.process import LocalDaemon
-from ._models import PostgresStorage, QueueStats, SQLiteStorage, check_name
-from ._proto.ringo.v1 import ListQueuesRequest, ListQueuesResponse
+from ._models import PostgresStorage, QueueStats, Schedule, SQLiteStorage, check_name
+from ._proto.ringo.v1 import (
+    ListQueuesRequest,
+    ListQueuesResponse,
+    ListSchedulesRequest,
+    ListSchedulesResponse,
+)
 from ._queue.queue import TaskQueue
 from ._transport.base import DEFAULT_KEEPALIVE, ClientTransport, Keepalive
 from ._transport.grpclib import client_tls_context
@@ -332,6 +337,15 @@ class RingoClient:
             token = reply.next_page_token
             if not token:
                 return found
+
+    async def schedules(self) -> list[Schedule]:
+        """Every queue's schedules, by (queue, name); `TaskQueue.schedules`
+        has one queue's. Protocol minor >= 13."""
+        require(self._connection.protocol_minor, Feature.SCHEDULES, "RingoClient.schedules")
+        reply = await self._connection.call(
+            "ListSchedules", ListSchedulesRequest(), ListSchedulesResponse, read_only=True
+        )
+        return [Schedule.from_wire(s) for s in reply.schedules]
 
 
 class Ringo:

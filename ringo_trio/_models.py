@@ -17,9 +17,11 @@ from datetime import datetime, timedelta
 from ._contract import limits as _limits
 from ._errors import InvalidArgumentError
 from ._proto.ringo.v1 import EnqueueResult as _WireEnqueueResult
+from ._proto.ringo.v1 import MisfirePolicy as _WireMisfirePolicy
 from ._proto.ringo.v1 import Progress as _WireProgress
 from ._proto.ringo.v1 import QueueStats as _WireQueueStats
 from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
+from ._proto.ringo.v1 import Schedule as _WireSchedule
 from ._proto.ringo.v1 import Task as _WireTask
 from ._proto.ringo.v1 import TaskSpec as _WireTaskSpec
 from ._proto.ringo.v1 import TaskState as _WireTaskState
@@ -27,6 +29,7 @@ from ._proto.ringo.v1 import TaskTypeStats as _WireTaskTypeStats
 
 __all__ = [
     "BatchResult",
+    "Schedule",
     "EnqueueResult",
     "PostgresStorage",
     "Progress",
@@ -373,6 +376,63 @@ class QueueStats:
         if self.oldest_pending_at is None or self.as_of is None:
             return None
         return max(self.as_of - self.oldest_pending_at, timedelta(0))
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A schedule stored in the daemon (docs/schedules.md): each tick of
+    `cron` (in `timezone`) or of `every` enqueues one task of `task_type`
+    with `payload`, however many daemons and workers there are."""
+
+    name: str
+    queue: str
+    task_type: str
+    cron: str | None = None
+    every: timedelta | None = None
+    payload: bytes = b""
+    timezone: str = "UTC"
+    misfire: str = "skip"
+    """"skip" or "catch_up" (docs/schedules.md, Misfire)."""
+    catch_up: int = 1
+    paused: bool = False
+    priority: int = 0
+    max_attempts: int | None = None
+    next_fire_at: datetime | None = None
+    """None while paused."""
+    last_fired_at: datetime | None = None
+    last_task_id: str | None = None
+    fired: int = 0
+    """Ticks that became tasks."""
+    skipped: int = 0
+    """Ticks missed by the misfire policy."""
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+    @classmethod
+    def from_wire(cls, wire: _WireSchedule | None) -> Schedule:
+        if wire is None:
+            raise InvalidArgumentError("daemon reply carried no schedule")
+        return cls(
+            name=wire.name,
+            queue=wire.queue,
+            task_type=wire.task_type,
+            cron=wire.cron or None,
+            every=wire.every,
+            payload=wire.payload,
+            timezone=wire.timezone or "UTC",
+            misfire="catch_up" if wire.misfire == _WireMisfirePolicy.CATCH_UP else "skip",
+            catch_up=wire.catch_up,
+            paused=wire.paused,
+            priority=wire.priority,
+            max_attempts=wire.max_attempts or None,
+            next_fire_at=wire.next_fire_at,
+            last_fired_at=wire.last_fired_at,
+            last_task_id=wire.last_task_id or None,
+            fired=wire.fired,
+            skipped=wire.skipped,
+            created_at=wire.created_at,
+            updated_at=wire.updated_at,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ EXPECTED_PUBLIC = {
     "RetryBackoff",
     "Progress",
     "QueueStats",
+    "Schedule",
     "TaskTypeStats",
     "TaskPage",
     "EnqueueResult",
@@ -244,11 +245,14 @@ def test_contract_package_is_sans_io_and_shared() -> None:
     forbidden = {"trio", "anyio", "asyncio", "grpclib", "time", "datetime", "sniffio", "socket"}
     # json: the ready line (`_contract.readiness`) is a JSON object; parsing it is pure.
     pure = {"__future__", "enum", "dataclasses", "collections.abc", "typing", "types", "json"}
+    # calendar, zoneinfo: the cron module's weekdays and IANA zones (data, no clock).
+    pure |= {"calendar", "zoneinfo"}
     for module in sorted((ROOT / "ringo_trio" / "_contract").rglob("*.py")):
         relative = str(module.relative_to(ROOT / "ringo_trio"))
         imported = _imports(relative)
-        if relative in ("_contract/limits.py", "_contract/durations.py"):
-            # Durations (timedelta) and one date, as values; nothing reads the clock.
+        if relative in ("_contract/limits.py", "_contract/durations.py", "_contract/cron.py"):
+            # Durations (timedelta), dates and (cron) instants as values;
+            # nothing reads the clock.
             imported -= {"datetime"}
         assert not {name.split(".")[0] for name in imported} & forbidden, (relative, imported)
         assert not {name for name in imported if name.startswith("ringo_trio")}, relative

@@ -70,6 +70,7 @@ LARGE: dict[str, str] = {
     "_contract/work/client.py": "the client's half of the Work stream: one machine",
     "server/rpc/work.py": "the driver of the daemon's half of the Work stream",
     "server/storage/postgres/engine.py": "the Storage interface on PostgreSQL",
+    "server/rpc/service.py": "the unary RPCs: a thin method each, the work in validate and storage",
 }
 MAX_LINES = 800
 

@@ -234,6 +234,8 @@ async def _worker_main(args: argparse.Namespace, handler: Handler | TaskRegistry
                         task_timeouts=timeouts,
                     )
                     if isinstance(handler, TaskRegistry):
+                        # Its tasks' schedules stored before it takes work.
+                        await handler.apply_schedules(client, queue=args.queue)
                         worker = handler.worker(client, queue=args.queue, **options)
                     else:
                         worker = client.queue(args.queue).worker(

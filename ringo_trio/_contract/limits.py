@@ -98,3 +98,26 @@ MAX_METRIC_QUEUES = MAX_LIST_PAGE
 later queues share the label ``queue=""``, and a scrape reports the tasks of
 this many queues (one ListQueues page), so neither the daemon's memory nor a
 scrape grows with the number of queue names clients make up."""
+
+# -- schedules (minor 13, docs/schedules.md) --------------------------------
+
+MAX_SCHEDULES_PER_QUEUE = 1000
+"""Schedules one queue holds; putting one more is FAILED_PRECONDITION (an
+existing one can still be changed)."""
+MAX_CRON_BYTES = 200
+"""A schedule's cron expression."""
+MAX_CATCH_UP = 100
+"""Missed ticks one CATCH_UP schedule fires at most after an outage."""
+SCHEDULE_GRACE = timedelta(seconds=60)
+"""A tick this old or younger when a daemon fires it is on time: a SKIP
+schedule fires it; an older one was missed (skipped)."""
+MAX_SKIPPED_COUNTED = 10_000
+"""Missed ticks of a cron schedule one firing counts one by one; an outage
+of more counts this many (an ``every`` schedule's are counted exactly)."""
+MAX_METRIC_SCHEDULES = 1000
+"""Schedules a metrics scrape reports ``ringo_schedule_ticks_total`` of (the
+first ones by queue and name), so a scrape does not grow with them."""
+MAX_SCHEDULE_SLEEP = 1.0
+"""Seconds the daemon's schedule loop sleeps at most on a database other
+daemons share (PostgreSQL): a schedule put or resumed on another daemon is
+fired within this (plus the tick's own time)."""

@@ -43,6 +43,7 @@ class Feature(enum.Enum):
     COMPACT_ENQUEUE_REPLY = "compact EnqueueMany reply"
     WAIT_TASK = "WaitTask"
     PAUSE_QUEUES = "pausing queues"
+    SCHEDULES = "schedules"
 
 
 #: The minor that brought each feature.
@@ -77,6 +78,8 @@ FEATURES: Final[Mapping[Feature, int]] = MappingProxyType(
         Feature.WAIT_TASK: 12,
         # SetQueuePaused and QueueStats.paused.
         Feature.PAUSE_QUEUES: 13,
+        # PutSchedule, ListSchedules, DeleteSchedule, SetSchedulePaused.
+        Feature.SCHEDULES: 13,
     }
 )
 assert all(0 <= minor <= MINOR for minor in FEATURES.values())

@@ -70,6 +70,7 @@ from .._work._timeouts import TaskTimeouts
 from .._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
 from ._batch import decode_enqueue_many_reply, encode_enqueue_many_request
 from .leased import LeasedTask
+from .schedules import ScheduleCalls
 
 if TYPE_CHECKING:
     from .._connection import Connection
@@ -185,7 +186,7 @@ class _EnqueueManyReply:
             raise RingoError(f"malformed EnqueueMany reply from the daemon: {exc}") from None
 
 
-class TaskQueue:
+class TaskQueue(ScheduleCalls):
     """One named queue of a client. Get it with `RingoClient.queue`."""
 
     def __init__(self, connection: Connection, name: str) -> None:

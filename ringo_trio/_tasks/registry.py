@@ -20,6 +20,16 @@ is not ``async`` runs in a worker thread, so it cannot stall the event loop.
 
 `TaskHandle.result` is `TaskQueue.wait` (the ``WaitTask`` call: no polling)
 plus the decoding of the result against the function's return annotation.
+
+A task declared with ``schedule=`` (a cron expression) is a schedule stored
+in the daemon (docs/schedules.md), named like the task, whose ticks enqueue
+the task with no arguments (so every payload parameter needs a default,
+checked at decoration). Declaring it stores nothing: the daemon learns of it
+from `TaskRegistry.apply_schedules`, an async call (a worker is made
+synchronously, so it cannot be the worker's), which ``ringo worker
+module:registry`` and the testing kit's ``run_worker`` make before the
+worker starts. The daemon fires it exactly once per tick however many
+workers applied it.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import anyio
 
+from .._contract.cron import CronError, parse_cron, zone
 from .._errors import (
     InvalidArgumentError,
     PermanentTaskError,
@@ -41,12 +52,13 @@ from .._errors import (
     TaskCancelledError,
     TaskFailedError,
 )
-from .._models import RetryBackoff, Task, TaskSpec, TaskState, check_name
+from .._models import RetryBackoff, Schedule, Task, TaskSpec, TaskState, check_name
 from .._work._handlers import TaskContext
 from .codec import CodecError, TaskSignature
 
 if TYPE_CHECKING:
     from .._client import RingoClient
+    from .._queue.queue import TaskQueue
     from .._work.worker import Worker
 
 __all__ = [
@@ -56,6 +68,7 @@ __all__ = [
     "TaskHandle",
     "TaskRegistry",
     "TaskRouter",
+    "apply_queue_schedules",
 ]
 
 R = TypeVar("R")
@@ -259,9 +272,14 @@ class TaskFunction(TaskCall[R]):
         name: str,
         options: _Options,
         registry: TaskRegistry,
+        schedule: str | None = None,
+        schedule_timezone: str = "UTC",
     ) -> None:
         self.fn = fn
         self.signature = TaskSignature.of(fn)
+        #: The cron expression of the task's schedule (None: not scheduled).
+        self.schedule = schedule
+        self.schedule_timezone = schedule_timezone
         # Asked once: `inspect.iscoroutinefunction` costs ~1 us a call.
         self._is_async = inspect.iscoroutinefunction(fn)
         self._name = check_name("name", name)
@@ -377,6 +395,8 @@ class TaskRegistry:
         max_attempts: int | None = None,
         retry_backoff: RetryBackoff | None = None,
         priority: int | None = None,
+        schedule: str | None = None,
+        schedule_timezone: str = "UTC",
     ) -> _Decorator: ...
     def task(
         self,
@@ -387,6 +407,8 @@ class TaskRegistry:
         max_attempts: int | None = None,
         retry_backoff: RetryBackoff | None = None,
         priority: int | None = None,
+        schedule: str | None = None,
+        schedule_timezone: str = "UTC",
     ) -> Any:
         """Register a function (``async def`` or plain) as a task:
         ``@tasks.task`` or ``@tasks.task(queue=..., ...)``.
@@ -394,6 +416,13 @@ class TaskRegistry:
         ``name`` (default ``module:qualname``) is the task type stored with
         each task: keep it stable while tasks of it may be queued. A name
         registered twice is an `InvalidArgumentError`.
+
+        ``schedule`` (a cron expression, read in ``schedule_timezone``) runs
+        the task with no arguments at each tick, once whatever the number of
+        workers: a schedule of the task's queue named like the task, stored
+        by `apply_schedules` (docs/tasks.md, Schedules). Every payload
+        parameter must then have a default (`InvalidArgumentError` here,
+        as for a cron error, which names the field and position).
         """
         options = self._defaults
         changes: dict[str, Any] = {
@@ -409,6 +438,8 @@ class TaskRegistry:
         if queue is not None:
             check_name("queue", queue)
         options = replace(options, **changes)
+        if schedule is not None:
+            _check_schedule(schedule, schedule_timezone)
 
         def register(fn: Callable[..., Any]) -> TaskFunction[Any]:
             if not callable(fn):
@@ -420,14 +451,44 @@ class TaskRegistry:
                     f" ({self._tasks[task_name].fn!r}); give one of them another name="
                 )
             function: TaskFunction[Any] = TaskFunction(
-                fn, name=task_name, options=options, registry=self
+                fn,
+                name=task_name,
+                options=options,
+                registry=self,
+                schedule=schedule,
+                schedule_timezone=schedule_timezone,
             )
+            required = function.signature.required_parameters
+            if schedule is not None and required:
+                raise InvalidArgumentError(
+                    f"a scheduled task runs with no arguments: {task_name}'s parameters"
+                    f" {', '.join(sorted(required))} need defaults"
+                )
             self._tasks[task_name] = function
             return function
 
         if fn is not None:
             return register(fn)
         return register
+
+    async def apply_schedules(
+        self, client: RingoClient, *, queue: str | None = None
+    ) -> list[Schedule]:
+        """Store (create or replace) the daemon's schedule of each task of
+        the registry declared with ``schedule=`` (of ``queue``, or of every
+        queue): named like the task, of its queue, its payload the empty
+        arguments ``{}``, the task's priority and max attempts. Replacing an
+        unchanged schedule keeps its next tick, so every worker may call
+        this as it starts (``ringo worker module:registry`` and the testing
+        kit's ``run_worker`` do). A schedule whose task left the registry
+        is not deleted here (``ringo schedules rm``). Needs protocol minor
+        >= 13. The stored schedules, in the registry's order."""
+        queues = {task.queue for task in self._tasks.values() if task.schedule is not None}
+        stored = []
+        for name in sorted(queues):
+            if queue is None or name == queue:
+                stored += await apply_queue_schedules(self, client.queue(name))
+        return stored
 
     def on_queue(self, queue: str) -> dict[str, TaskFunction[Any]]:
         """The registry's tasks whose queue is ``queue``, by name."""
@@ -502,3 +563,39 @@ class TaskRouter:
             # another is wrong, and the task belongs to someone else's worker.
             raise RetryTaskError(f"this worker runs no task named {task.task_type!r}")
         return await function.run(task, ctx)
+
+
+async def apply_queue_schedules(registry: TaskRegistry, queue: TaskQueue) -> list[Schedule]:
+    """`TaskRegistry.apply_schedules` for the registry's tasks of `queue`
+    (the testing kit's ``run_worker`` holds a queue, not a client)."""
+    stored = []
+    for task in registry:
+        if task.schedule is None or task.queue != queue.name:
+            continue
+        options = task._options
+        stored.append(
+            await queue.put_schedule(
+                task.name,
+                task.name,
+                cron=task.schedule,
+                timezone=task.schedule_timezone,
+                payload=task.signature.encode_arguments((), {}),
+                priority=options.priority,
+                max_attempts=options.max_attempts,
+            )
+        )
+    return stored
+
+
+def _check_schedule(cron: str, timezone: str) -> None:
+    """A task's ``schedule=``, checked as `TaskQueue.put_schedule` will."""
+    if not isinstance(cron, str):
+        raise InvalidArgumentError("schedule must be a cron expression (a str)")
+    try:
+        tz = zone(timezone)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"schedule_timezone: {exc}") from None
+    try:
+        parse_cron(cron, tz)
+    except CronError as exc:
+        raise InvalidArgumentError(f"schedule: {exc}") from None

@@ -1,7 +1,8 @@
 """One serving lifetime of the daemon: storage, gRPC server, background tasks.
 
 `Daemon.serve` owns everything it starts. The background tasks — the lease
-reaper, the storage watch, the safety poll, retention (`retention`) and
+reaper, the storage watch, the safety poll, retention (`retention`), the
+schedule loop (`schedules`: due schedules become tasks) and
 the storage's upkeep (`Storage.maintain`: SQLite's WAL checkpoints in a
 worker thread, whose wait it bounds) — run in an `asyncio.TaskGroup` that
 cannot outlive the call; grpclib's per-call tasks are drained and then
@@ -106,6 +107,7 @@ from .rpc.throttle import DEFAULT_CAP, AuthThrottle
 from .rpc.waits import DEFAULT_RECHECK_INTERVAL as DEFAULT_WAIT_RECHECK
 from .rpc.waits import TaskWaits
 from .rpc.wakeups import LeaseReaper, QueueWakeups
+from .schedules import ScheduleLoop
 from .storage.base import Storage, StorageFull
 from .storage.sqlite import SQLiteEngine
 
@@ -240,6 +242,8 @@ class Daemon:
         self.reaper.expired_listener = self.waits.recheck
         self.retention.deleted_listener = self.waits.recheck
         self.paused = PausedQueues(storage, self.wakeups, refresh_interval=config.paused_refresh)
+        # Schedules: each tick one task, enqueued here and woken like an enqueue.
+        self.schedules = ScheduleLoop(storage, self.clock, self.wakeups.notify)
         self.sessions = SessionTable(config.session_ttl)
         self.health = HealthService()
         self.members = Members(
@@ -264,6 +268,7 @@ class Daemon:
             commit=self.commit,
             waits=self.waits,
             paused=self.paused,
+            schedules=self.schedules,
         )
         self.queue_service.work_streams.metrics = self.metrics
         self.dashboard: Dashboard | None = None
@@ -369,6 +374,7 @@ class Daemon:
                     tasks.create_task(self._room_probe(), name="ringod room probe"),
                     tasks.create_task(self._reach_probe(), name="ringod reach probe"),
                     tasks.create_task(self.retention.run(), name="ringod retention"),
+                    tasks.create_task(self.schedules.run(), name="ringod schedules"),
                 ]
                 if self.config.storage_upkeep:
                     background.append(

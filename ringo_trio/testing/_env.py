@@ -44,7 +44,7 @@ from .._client import RingoClient
 from .._errors import InvalidArgumentError
 from .._models import Task, TaskState
 from .._queue.queue import TaskQueue
-from .._tasks.registry import TaskRegistry
+from .._tasks.registry import TaskRegistry, apply_queue_schedules
 from .._transport.memory import RunOnDaemonLoop, serving_in_memory
 from .._work._handlers import Handler, TaskContext
 from ..server.clock import Clock, LoopClock
@@ -165,9 +165,13 @@ class RingoTestEnv:
         `TaskQueue.worker` (``concurrency``, ``lease_duration``, ...).
         """
         daemon = self.daemon
+        registry = queue if isinstance(queue, TaskRegistry) else None
         queue, handler, task_types = _what_to_run(
             self.client, queue, handler, task_types, worker_options
         )
+        if registry is not None:
+            # As ``ringo worker module:registry`` does before its worker starts.
+            await apply_queue_schedules(registry, queue)
 
         async def nothing_due(types: list[str]) -> bool:
             now = daemon.clock.now()
@@ -197,6 +201,7 @@ async def run_worker(
         if task_types is not None:
             raise InvalidArgumentError("a TaskRegistry is its own handler and task types")
         router = handler.handler(queue.name)
+        await apply_queue_schedules(handler, queue)
         return await _run_worker(queue, router, until, router.task_types, worker_options, None)
     return await _run_worker(queue, handler, until, task_types, worker_options, None)
 

@@ -31,7 +31,11 @@ daemons, the tests do) and is fed from four places:
   `limits.MAX_METRIC_QUEUES` queues, read on the daemon's loop in pages of
   `_REFRESH_PAGE` (on SQLite a page of 1,000 queues holds the loop ~26 ms,
   one of 100 ~3 ms), the loop free between pages, then a one-queue probe
-  past the cap for ``ringo_queues_truncated``.
+  past the cap for ``ringo_queues_truncated``. Schedule ticks fired and
+  skipped come from the stored schedules (`Storage.list_schedules`, the
+  first `limits.MAX_METRIC_SCHEDULES`): the counts are the store's, so
+  every daemon sharing it reports the same totals (sum with ``max``, not
+  ``sum``, across daemons).
 
 **Bounded memory.** Queue names come from clients, so labelled children are
 made for at most `limits.MAX_METRIC_QUEUES` queues; later queues share the
@@ -73,7 +77,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ringo_trio._contract import limits
@@ -442,6 +446,15 @@ class PrometheusMetrics(Metrics):
                 log.warning("metrics: reading the queues failed: %r", exc)
             self._snapshot = _Snapshot(ok=False)
             return
+        try:
+            schedules = [
+                ((s.queue, s.name), s.fired, s.skipped)
+                for s in await storage.list_schedules(None, limits.MAX_METRIC_SCHEDULES)
+            ]
+        except Exception as exc:
+            if self._snapshot.ok:
+                log.warning("metrics: reading the schedules failed: %r", exc)
+            schedules = []
         self._snapshot = _Snapshot(
             [
                 (
@@ -463,6 +476,7 @@ class PrometheusMetrics(Metrics):
                 for stats in queues
             ],
             truncated=truncated,
+            schedules=schedules,
         )
 
     def _read_streams(self) -> None:
@@ -497,7 +511,7 @@ _REFRESH_PAGE = 100
 
 
 class _Snapshot:
-    __slots__ = ("ok", "queues", "truncated")
+    __slots__ = ("ok", "queues", "schedules", "truncated")
 
     def __init__(
         self,
@@ -505,8 +519,11 @@ class _Snapshot:
         *,
         ok: bool = True,
         truncated: bool = False,
+        schedules: list[tuple[tuple[str, str], int, int]] | None = None,
     ) -> None:
         self.queues = queues or []
+        # ((queue, schedule), fired, skipped)
+        self.schedules = schedules or []
         self.ok = ok
         self.truncated = truncated
 
@@ -548,6 +565,16 @@ class _LiveCollector(Collector):
         yield tasks
         yield oldest
         yield paused
+        ticks = CounterMetricFamily(
+            "ringo_schedule_ticks",
+            "Ticks of each stored schedule that fired (became a task) or were skipped"
+            " (misfire policy), read from storage when scraped (the store's totals).",
+            labels=("queue", "schedule", "outcome"),
+        )
+        for (queue, name), fired, skipped in snapshot.schedules:
+            ticks.add_metric((queue, name, "fired"), fired)
+            ticks.add_metric((queue, name, "skipped"), skipped)
+        yield ticks
         yield GaugeMetricFamily(
             "ringo_queues_read_ok",
             "1 when this scrape read the queues from storage, 0 when that failed.",

@@ -87,6 +87,13 @@ through the store (see `waits`). A task deleted while waited on is
 ``NOT_FOUND``; a daemon shutting down answers its parked calls with the task
 as it stands, and the client asks again elsewhere or later.
 
+Schedules
+---------
+The four schedule RPCs (minor 13) validate (`validate.schedule`: the cron
+expression parsed in its zone, names, payload, the bounds of
+`limits`) and call storage; a put or a resume pokes the daemon's
+`schedules.ScheduleLoop`, which fires due schedules exactly once per tick.
+
 AttachLocal
 -----------
 ``AttachLocal`` (a shared daemon's membership stream) is served by
@@ -120,6 +127,8 @@ from ringo_trio._proto.ringo.v1 import (
     CancelTaskResponse,
     ClaimRequest,
     ClaimResponse,
+    DeleteScheduleRequest,
+    DeleteScheduleResponse,
     DeleteTasksRequest,
     DeleteTasksResponse,
     EnqueueManyRequest,
@@ -140,12 +149,16 @@ from ringo_trio._proto.ringo.v1 import (
     LeaseRef,
     ListQueuesRequest,
     ListQueuesResponse,
+    ListSchedulesRequest,
+    ListSchedulesResponse,
     ListTasksRequest,
     ListTasksResponse,
     NackRequest,
     NackResponse,
     NegotiateRequest,
     NegotiateResponse,
+    PutScheduleRequest,
+    PutScheduleResponse,
     QueueServiceBase,
     RejectRequest,
     RejectResponse,
@@ -158,6 +171,8 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTasksResponse,
     SetQueuePausedRequest,
     SetQueuePausedResponse,
+    SetSchedulePausedRequest,
+    SetSchedulePausedResponse,
     Task,
     TaskState,
     WaitTaskRequest,
@@ -167,6 +182,7 @@ from ringo_trio._proto.ringo.v1 import (
 )
 
 from ..clock import Clock
+from ..schedules import ScheduleLoop
 from ..storage.base import (
     FailedPrecondition,
     LeaseLost,
@@ -332,6 +348,7 @@ class QueueService(QueueServiceBase):
         commit: GroupCommit | None = None,
         waits: TaskWaits | None = None,
         paused: PausedQueues | None = None,
+        schedules: ScheduleLoop | None = None,
     ) -> None:
         if not 0 <= served_minor <= versions.MINOR:
             raise ValueError(f"served minor must be within 0..{versions.MINOR}")
@@ -352,6 +369,8 @@ class QueueService(QueueServiceBase):
         # Without the daemon's (in-process tests), one nobody loads.
         self.paused = paused or PausedQueues(storage, wakeups)
         self._operations = Operations(storage, wakeups, self.waits, self.paused)
+        # Without the daemon's loop (in-process tests), nothing is poked.
+        self._schedules = schedules
         # Leases of a claim nobody received, handed back by the engine itself:
         # their tasks are claimable again, so the queue's claimers are woken
         # as after any release.
@@ -798,3 +817,49 @@ class QueueService(QueueServiceBase):
     async def set_queue_paused(self, message: SetQueuePausedRequest) -> SetQueuePausedResponse:
         now = self._operate_now(message.context, "SetQueuePaused", Feature.PAUSE_QUEUES)
         return await self._operations.set_queue_paused(message, now)
+
+    # -- schedules (minor 13; the firing is `schedules.ScheduleLoop`) -----
+
+    def _schedules_now(self, context: RequestContext | None, rpc: str) -> datetime:
+        now = self._clock.now()
+        minor = self._session_minor(context, now)
+        _require(minor, Feature.SCHEDULES, rpc)
+        return now
+
+    def _poke(self) -> None:
+        if self._schedules is not None:
+            self._schedules.poke()
+
+    @_rpc
+    async def put_schedule(self, message: PutScheduleRequest) -> PutScheduleResponse:
+        now = self._schedules_now(message.context, "PutSchedule")
+        schedule = v.schedule(message.schedule)
+        stored, created = await self._storage.put_schedule(
+            schedule, now, max_per_queue=limits.MAX_SCHEDULES_PER_QUEUE
+        )
+        self._poke()
+        return PutScheduleResponse(schedule=stored, created=created)
+
+    @_rpc
+    async def list_schedules(self, message: ListSchedulesRequest) -> ListSchedulesResponse:
+        self._schedules_now(message.context, "ListSchedules")
+        queue = v.name(message.queue, "queue") if message.queue else None
+        return ListSchedulesResponse(schedules=await self._storage.list_schedules(queue))
+
+    @_rpc
+    async def delete_schedule(self, message: DeleteScheduleRequest) -> DeleteScheduleResponse:
+        self._schedules_now(message.context, "DeleteSchedule")
+        queue = v.name(message.queue, "queue")
+        name = v.name(message.name, "name")
+        return DeleteScheduleResponse(deleted=await self._storage.delete_schedule(queue, name))
+
+    @_rpc
+    async def set_schedule_paused(
+        self, message: SetSchedulePausedRequest
+    ) -> SetSchedulePausedResponse:
+        now = self._schedules_now(message.context, "SetSchedulePaused")
+        queue = v.name(message.queue, "queue")
+        name = v.name(message.name, "name")
+        stored = await self._storage.set_schedule_paused(queue, name, message.paused, now)
+        self._poke()
+        return SetSchedulePausedResponse(schedule=stored)

@@ -18,15 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ringo_trio._contract import limits
+from ringo_trio._contract import cron, limits
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     ClaimRequest,
     LeaseRef,
     ListOrder,
+    MisfirePolicy,
     NackRequest,
     RejectRequest,
     RetryBackoff,
+    Schedule,
     TaskSpec,
     TaskState,
 )
@@ -377,3 +379,66 @@ def nack_settlement(message: NackRequest) -> Nack:
 
 def reject_settlement(message: RejectRequest) -> Reject:
     return Reject(lease_ref(message.lease), error_text(message.error))
+
+
+def schedule(value: Schedule | None, path: str = "schedule") -> Schedule:
+    """A PutSchedule's schedule: its writable fields checked and defaulted
+    (misfire SKIP, catch_up 1, timezone UTC), the read-only ones dropped."""
+    if value is None:
+        raise FieldError(path, "is required")
+    name(value.name, f"{path}.name")
+    queue = name(value.queue, f"{path}.queue")
+    task_type = name(value.task_type, f"{path}.task_type")
+    if len(value.payload) > limits.MAX_PAYLOAD_BYTES:
+        raise FieldError(
+            f"{path}.payload",
+            f"{len(value.payload)} bytes exceeds the {limits.MAX_PAYLOAD_BYTES}-byte limit",
+        )
+    timezone = value.timezone or "UTC"
+    _bounded_text(timezone, f"{path}.timezone", limits.MAX_NAME_BYTES)
+    try:
+        tz = cron.zone(timezone)
+    except ValueError as exc:
+        raise FieldError(f"{path}.timezone", f"{exc}; use an IANA name") from None
+    if bool(value.cron) == (value.every is not None):
+        raise FieldError(path, "needs exactly one of cron and every")
+    if value.cron:
+        _bounded_text(value.cron, f"{path}.cron", limits.MAX_CRON_BYTES)
+        try:
+            cron.parse_cron(value.cron, tz)
+        except cron.CronError as exc:
+            raise FieldError(f"{path}.cron", str(exc)) from None
+    else:
+        assert value.every is not None
+        if not cron.MIN_EVERY <= value.every <= cron.MAX_EVERY:
+            raise FieldError(
+                f"{path}.every",
+                f"must be within {_fmt(cron.MIN_EVERY)}..{_fmt(cron.MAX_EVERY)}",
+            )
+    misfire = value.misfire or MisfirePolicy.SKIP
+    if misfire not in (MisfirePolicy.SKIP, MisfirePolicy.CATCH_UP):
+        raise FieldError(f"{path}.misfire", f"unknown policy {int(misfire)}")
+    catch_up = value.catch_up or 1
+    if catch_up > limits.MAX_CATCH_UP:
+        raise FieldError(
+            f"{path}.catch_up", f"{catch_up} exceeds the limit of {limits.MAX_CATCH_UP}"
+        )
+    if value.max_attempts > limits.MAX_ATTEMPTS_LIMIT:
+        raise FieldError(
+            f"{path}.max_attempts",
+            f"{value.max_attempts} exceeds the limit of {limits.MAX_ATTEMPTS_LIMIT}",
+        )
+    return Schedule(
+        name=value.name,
+        queue=queue,
+        task_type=task_type,
+        cron=value.cron.strip(),
+        every=value.every,
+        payload=value.payload,
+        timezone=timezone,
+        misfire=MisfirePolicy(misfire),
+        catch_up=catch_up,
+        paused=value.paused,
+        priority=value.priority,
+        max_attempts=value.max_attempts,
+    )

@@ -73,9 +73,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import ClassVar, TypeVar
 
-from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
+from ringo_trio._proto.ringo.v1 import (
+    Lease,
+    LeasedTask,
+    LeaseRef,
+    QueueStats,
+    Schedule,
+    Task,
+    TaskSpec,
+)
 from ringo_trio._wire.primitives import seconds_nanos_body as _seconds_nanos_body
 from ringo_trio._wire.rows import Push
+
+from .schedules import FiringReport
 
 __all__ = [
     "Ack",
@@ -608,6 +618,46 @@ class Storage(abc.ABC):
         (None: every queue; retention), oldest finished first, in one short
         transaction; how many were deleted. A deleted task's unique key can
         be used again."""
+
+    # -- schedules (minor 13; storage/schedules.py has the firing's story) --
+
+    #: Whether other daemons may share this store (and put schedules the
+    #: schedule loop hears of only by looking again).
+    shared_store: ClassVar[bool] = False
+    #: Tests only: called at each point of a firing's transaction ("read",
+    #: "cas", "insert", "commit"); what it raises rolls the firing back.
+    schedule_fault: Callable[[str], None] | None = None
+
+    async def put_schedule(
+        self, schedule: Schedule, now: datetime, *, max_per_queue: int
+    ) -> tuple[Schedule, bool]:
+        """Create or replace the schedule (queue, name), its read-only fields
+        ignored; (the stored schedule, created). A changed timing (cron,
+        every, timezone) or a resume recomputes ``next_fire_at`` from `now`;
+        an unchanged one keeps it. `FailedPrecondition` for a new schedule
+        of a queue that holds `max_per_queue` already."""
+        raise FailedPrecondition("this storage engine keeps no schedules")
+
+    async def list_schedules(self, queue: str | None, limit: int | None = None) -> list[Schedule]:
+        """The schedules of `queue` (None: every queue), in (queue, name)
+        order; the first `limit` of them (None: all)."""
+        return []
+
+    async def delete_schedule(self, queue: str, name: str) -> bool:
+        """Whether (queue, name) existed (its tasks stay)."""
+        return False
+
+    async def set_schedule_paused(
+        self, queue: str, name: str, paused: bool, now: datetime
+    ) -> Schedule:
+        """Pause (``next_fire_at`` unset) or resume (recomputed from `now`:
+        the ticks missed while paused never fire); `NotFound`."""
+        raise NotFound(f"schedule {name!r} in queue {queue!r}")
+
+    async def fire_schedules(self, now: datetime, limit: int) -> FiringReport:
+        """Fire up to `limit` due schedules, each exactly once per tick
+        (storage/schedules.py)."""
+        return FiringReport()
 
 
 def storage_full(storage: Storage, cause: BaseException) -> StorageFull:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -34,6 +35,7 @@ from ringo_trio._proto.ringo.v1 import (
     NackRequest,
     RejectRequest,
     ReleaseRequest,
+    Schedule,
     TaskSpec,
 )
 from ringo_trio.server.http import metrics as _metrics
@@ -41,6 +43,7 @@ from ringo_trio.server.http import scrape as _scrape
 from ringo_trio.server.http.metrics import PrometheusMetrics
 from ringo_trio.server.logs import JsonFormatter
 from ringo_trio.server.main import EXIT_FAILURE
+from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests._kit.grpc_client import connect, new_queue, open_work, ref
@@ -529,3 +532,49 @@ def test_metrics_address_in_use_fails_with_a_message(tmp_path: Path) -> None:
     assert result.returncode == EXIT_FAILURE
     assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+async def test_schedule_ticks_are_read_from_storage(engine: str, tmp_path: Path) -> None:
+    """Property: ringo_schedule_ticks_total{queue,schedule,outcome} is each
+    stored schedule's fired and skipped count as storage has it at the
+    scrape (a SKIP schedule that missed ticks shows them skipped, the one it
+    fired fired); a deleted schedule is no longer reported; at most
+    MAX_METRIC_SCHEDULES schedules are."""
+    with contextlib.ExitStack() as stack:
+        if engine == "sqlite":
+            storage: Any = SQLiteEngine(tmp_path / "ringo.db")
+        else:
+            storage = PostgresEngine(stack.enter_context(fresh_database()))
+        await storage.open()
+        try:
+            now = datetime(2030, 1, 1, tzinfo=UTC)
+            for queue, name in (("qa", "often"), ("qb", "hourly")):
+                every = timedelta(seconds=10) if name == "often" else timedelta(hours=1)
+                await storage.put_schedule(
+                    Schedule(name=name, queue=queue, task_type="t", every=every, catch_up=1),
+                    now,
+                    max_per_queue=10,
+                )
+            # Six ticks of "often" due, only the latest on time: 1 fired, 5 skipped.
+            await storage.fire_schedules(now + timedelta(seconds=60), 100)
+            metrics = PrometheusMetrics()
+            await metrics.refresh(storage, now + timedelta(seconds=60))
+            samples = parsed(metrics.exposition())
+            ticks = "ringo_schedule_ticks_total"
+            assert value(samples, ticks, queue="qa", schedule="often", outcome="fired") == 1
+            assert value(samples, ticks, queue="qa", schedule="often", outcome="skipped") == 5
+            assert (ticks, frozenset({("queue", "qb"), ("schedule", "hourly"),
+                                      ("outcome", "fired")})) in samples  # fmt: skip
+            assert value(samples, ticks, queue="qb", schedule="hourly", outcome="fired") == 0
+            await storage.delete_schedule("qa", "often")
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(limits, "MAX_METRIC_SCHEDULES", 0)
+                await metrics.refresh(storage, now + timedelta(seconds=61))
+                assert not [k for k in parsed(metrics.exposition()) if k[0] == ticks]
+            await metrics.refresh(storage, now + timedelta(seconds=61))
+            reported = {dict(labels)["schedule"] for n, labels in parsed(metrics.exposition())
+                        if n == ticks}  # fmt: skip
+            assert reported == {"hourly"}
+        finally:
+            await storage.close()

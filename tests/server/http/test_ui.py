@@ -34,6 +34,7 @@ from ringo_trio._proto.ringo.v1 import (
     CreditUpdate,
     DeleteTasksRequest,
     DeleteTasksResponse,
+    Schedule,
     TaskSpec,
     TaskState,
 )
@@ -331,6 +332,68 @@ async def test_workers_page_lists_live_work_streams(sqlite: Storage) -> None:
             # The ack shows in the queue's sparkline.
             queues = (await ui.get("/queues")).body
             assert "1 succeeded, 0 failed in the last hour" in queues
+
+
+async def test_schedules_page_shows_each_stored_schedule(engine: Storage) -> None:
+    """Property: /schedules lists every stored schedule (queue, name, task
+    type, cron + zone or every, next fire, last fired linked to the task it
+    made, paused, fired and skipped counts), /queues/Q/schedules only Q's;
+    the overview and the queue page link to them; what clients named is
+    escaped."""
+    with anyio.fail_after(60):
+        qa, qb = new_queue("ui-sa"), new_queue("ui-sb")
+        now = datetime.now(UTC)
+        # Stored and fired before the daemon starts, an hour apart, so its
+        # own schedule loop changes nothing while the pages are read: the
+        # three hourly ticks due at `now` are one on time (fired) and two
+        # missed (skipped).
+        await engine.open()
+        await engine.put_schedule(
+            Schedule(name="hourly", queue=qa, task_type=XSS, every=timedelta(hours=1), catch_up=1),
+            now - timedelta(hours=3, seconds=1),
+            max_per_queue=10,
+        )
+        await engine.put_schedule(
+            Schedule(name="nightly", queue=qb, task_type="report", cron="30 2 * * *",
+                     timezone="Europe/Paris", paused=True, catch_up=1),
+            now,
+            max_per_queue=10,
+        )  # fmt: skip
+        report = await engine.fire_schedules(now, 100)
+        [made] = report.created
+        async with dashboard(engine) as ui:
+            page = await ui.get("/schedules")
+            assert page.status == 200, page
+            elements = Elements(page.body)
+            assert elements.find("a", href="/schedules")
+            [_a] = elements.find("tr", data_schedule=f"{qa}/hourly")
+            [_b] = elements.find("tr", data_schedule=f"{qb}/nightly")
+            row_a = page.body[page.body.index(f'data-schedule="{qa}/hourly"') :].split("</tr>")[0]
+            assert '<td class="timing">every 1h</td>' in row_a
+            assert '<td class="fired count">1</td>' in row_a
+            assert '<td class="skipped count">2</td>' in row_a
+            assert '<td class="paused"></td>' in row_a
+            assert f'href="/queues/{qa}/tasks/{made.id}"' in row_a
+            assert "(in 59m" in row_a
+            row_b = page.body[page.body.index(f'data-schedule="{qb}/nightly"') :].split("</tr>")[0]
+            assert "30 2 * * * (Europe/Paris)" in row_b
+            assert '<td class="paused">paused</td>' in row_b
+            assert '<td class="last-fired">never</td>' in row_b
+            assert XSS not in page.body
+            assert html.escape(XSS) in page.body
+            task = await ui.get(f"/queues/{qa}/tasks/{made.id}")
+            assert task.status == 200
+            one = Elements((await ui.get(f"/queues/{qb}/schedules")).body)
+            assert [r["data-schedule"] for r in one.find("tr", data_schedule="*")] == [
+                f"{qb}/nightly"
+            ]
+            overview = Elements((await ui.get("/queues")).body)
+            assert overview.find("a", id="schedules-link", href="/schedules")
+            queue_page = Elements((await ui.get(f"/queues/{qa}")).body)
+            assert queue_page.find("a", id="schedules-link", href=f"/queues/{qa}/schedules")
+            empty = await ui.get(f"/queues/{new_queue('ui-none')}/schedules")
+            assert empty.status == 200
+            assert "No schedule in this queue." in empty.body
 
 
 # -- authentication and CSRF ---------------------------------------------------

@@ -369,6 +369,7 @@ def _downgrade(engine: SyncEngine) -> None:
         for statement in (
             "DROP TABLE task_counts",
             "DROP TABLE paused_queues",
+            "DROP TABLE schedules",
             "DROP INDEX tasks_finished",
             "DROP INDEX tasks_finished_age",
             "DROP INDEX tasks_finished_queue",
@@ -398,7 +399,9 @@ def _downgrade(engine: SyncEngine) -> None:
             # (schema 9 already dropped schema 8's UPDATE trigger).
             await conn.execute(f'DROP TRIGGER task_waits_delete ON "{schema}".tasks')
             await conn.execute(f'DROP FUNCTION "{schema}".ringo_wait_delete')
-            await conn.execute(f'DROP TABLE "{schema}".task_waits, "{schema}".paused_queues')
+            await conn.execute(
+                f'DROP TABLE "{schema}".task_waits, "{schema}".paused_queues, "{schema}".schedules'
+            )
             await conn.execute(
                 f'UPDATE "{schema}".ringo_schema SET version = {_POSTGRES_BEFORE_INSPECTION}'
             )

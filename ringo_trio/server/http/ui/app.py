@@ -81,6 +81,7 @@ from ringo_trio._proto.ringo.v1 import (
     GetTaskRequest,
     ListOrder,
     ListQueuesRequest,
+    ListSchedulesRequest,
     ListTasksRequest,
     RequestContext,
     RetryTaskRequest,
@@ -391,6 +392,10 @@ class Dashboard:
                 return await self._tasks(view, queue)
             case ["queues", queue, "tasks", task_id]:
                 return await self._task(view, queue, task_id)
+            case ["queues", queue, "schedules"]:
+                return await self._schedules(view, queue)
+            case ["schedules"]:
+                return await self._schedules(view, None)
             case ["workers"]:
                 return self._workers(view)
         raise _Refused(404, "no such page")
@@ -517,6 +522,35 @@ class Dashboard:
             can_retry=task.state.name in _FINISHED,
             can_cancel=task.state.name in ("PENDING", "LEASED"),
             now=self._clock.now(),
+        )
+
+    async def _schedules(self, view: _View, queue: str | None) -> Response:
+        """Read-only: the stored schedules (of every queue, or of one)."""
+        answer = await self._service.list_schedules(
+            ListSchedulesRequest(context=self.context(), queue=queue or "")
+        )
+        now = self._clock.now()
+        rows = [
+            {
+                "queue": s.queue,
+                "name": s.name,
+                "type": s.task_type,
+                "timing": views.timing(s.cron, s.every, s.timezone),
+                "next": views.moment(s.next_fire_at),
+                "next_in": views.age(now, s.next_fire_at) if s.next_fire_at else "",
+                "last": views.moment(s.last_fired_at),
+                "last_task": s.last_task_id,
+                "paused": s.paused,
+                "fired": s.fired,
+                "skipped": s.skipped,
+            }
+            for s in answer.schedules[: limits.MAX_LIST_PAGE]
+        ]
+        return view.render(
+            "schedules.html",
+            queue=queue,
+            schedules=rows,
+            truncated=len(answer.schedules) > limits.MAX_LIST_PAGE,
         )
 
     def _workers(self, view: _View) -> Response:

@@ -7,9 +7,9 @@ Everything returned here is plain text or numbers; the templates escape it
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
-__all__ = ["PREVIEW_BYTES", "HEX_BYTES", "age", "preview", "sparkline"]
+__all__ = ["PREVIEW_BYTES", "HEX_BYTES", "age", "moment", "preview", "sparkline", "timing"]
 
 # A payload (or result) is up to 1 MiB; a page shows its start only.
 PREVIEW_BYTES = 64 * 1024
@@ -99,3 +99,25 @@ def age(since: datetime | None, now: datetime) -> str:
     if hours < 48:
         return f"{hours}h {minutes}m"
     return f"{hours // 24}d {hours % 24}h"
+
+
+def moment(when: datetime | None) -> str:
+    """'2030-01-01 02:30:00 UTC' (empty for None)."""
+    if when is None:
+        return ""
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def timing(cron: str, every: timedelta | None, timezone: str) -> str:
+    """A schedule's ticks: '30 2 * * * (Europe/Paris)' or 'every 5m'."""
+    if cron:
+        return f"{cron} ({timezone or 'UTC'})"
+    if every is None:
+        return ""
+    seconds = int(every.total_seconds())
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "every " + ("".join(parts) or "0s")

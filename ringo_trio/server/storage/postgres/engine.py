@@ -104,6 +104,7 @@ from .pool import (
     reported,
     unreachable,
 )
+from .schedules import PostgresSchedules
 from .schema import delays_text, migrate, schedule_of
 from .settle import ACK, NACK, REJECT, SettleSql, lease_lost, settlement_row
 from .sql import Spelling, type_list
@@ -144,12 +145,13 @@ class Sql:
         self.paused = PausedSql(schema, channel, instance)
 
 
-class PostgresEngine(Storage):
+class PostgresEngine(PostgresSchedules, Storage):
     """`Storage` on a PostgreSQL database: the tables live in `schema`
     (created if missing); up to `pool_size` connections at once, plus one
     while `watch` runs and one for `ping`."""
 
     can_be_unreachable = True
+    shared_store = True
 
     def __init__(self, dsn: str, *, schema: str = "public", pool_size: int = 10) -> None:
         if pool_size < 1:
@@ -713,7 +715,7 @@ class PostgresEngine(Storage):
 
     async def set_queue_paused(self, queue: str, paused: bool, now: datetime) -> bool:
         async with self._conn() as conn:
-            return await self._sql.paused.set(conn, queue, paused, to_us(now))
+            return bool(await self._sql.paused.set(conn, queue, paused, to_us(now)))
 
     async def paused_queues(self) -> frozenset[str]:
         return frozenset(row[0] for row in await self._fetch(self._sql.paused.all))

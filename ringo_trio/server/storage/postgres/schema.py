@@ -288,6 +288,37 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             )
             """,
         ),
+        # Minor 13, schedules (storage/schedules.py): one row per (queue,
+        # name); next_fire_at is NULL while paused, so the firing's index
+        # holds the active ones only.
+        (
+            f"""
+            CREATE TABLE {s}.schedules (
+                queue           text     NOT NULL,
+                name            text     NOT NULL,
+                task_type       text     NOT NULL,
+                cron            text     NOT NULL,
+                every_us        bigint,
+                payload         bytea    NOT NULL,
+                timezone        text     NOT NULL,
+                misfire         smallint NOT NULL,
+                catch_up        bigint   NOT NULL,
+                paused          boolean  NOT NULL,
+                priority        integer  NOT NULL,
+                max_attempts    bigint   NOT NULL,
+                next_fire_at    bigint,
+                last_fired_at   bigint,
+                last_task_id    text     NOT NULL,
+                fired           bigint   NOT NULL,
+                skipped         bigint   NOT NULL,
+                created_at      bigint   NOT NULL,
+                updated_at      bigint   NOT NULL,
+                PRIMARY KEY (queue, name)
+            )
+            """,
+            f"CREATE INDEX schedules_due ON {s}.schedules (next_fire_at)"
+            " WHERE next_fire_at IS NOT NULL",
+        ),
     )
 
 

@@ -157,6 +157,7 @@ from .operate import (
     find,
     retry_dead_sql,
 )
+from .schedules import SQLiteSchedules
 from .schema import ACTIVE, immediate, migrate
 from .settle import (
     ACK,
@@ -211,7 +212,7 @@ def _make_private(path: Path) -> None:
             os.chmod(f"{path}{suffix}", 0o600)
 
 
-class SQLiteEngine(Storage):
+class SQLiteEngine(SQLiteSchedules, Storage):
     """`Storage` on one SQLite file (`path` is the database file itself)."""
 
     def __init__(self, path: Path) -> None:
@@ -327,26 +328,38 @@ class SQLiteEngine(Storage):
         now_us = to_us(now)
         # Normalised to UTC so a returned Task equals what `get` reads back.
         now = from_us(now_us)
+        with self._write() as db:
+            return self._enqueue_in(db, queue, specs, now, now_us)
+
+    def _enqueue_in(
+        self,
+        db: sqlite3.Connection,
+        queue: str,
+        specs: Sequence[TaskSpec],
+        now: datetime,
+        now_us: int,
+    ) -> list[EnqueueOutcome]:
+        """`enqueue` within the caller's write transaction (a schedule's
+        firing enqueues its ticks in its own)."""
         new_tasks = NewTasks(queue, now, now_us, len(specs))
         keys = {s.unique_key for s in specs if s.unique_key}
-        with self._write() as db:
-            existing = self._tasks_by_key(db, queue, keys) if keys else {}
-            outcomes: list[EnqueueOutcome] = []
-            rows: list[tuple[Any, ...]] = []
-            for spec in specs:
-                key = spec.unique_key
-                if key:
-                    found = existing.get(key)
-                    if found is not None:
-                        outcomes.append(EnqueueOutcome(found, created=False))
-                        continue
-                task, row = new_tasks.make(spec)
-                if key:
-                    # A later spec with the same key in this batch resolves here.
-                    existing[key] = task
-                rows.append(row)
-                outcomes.append(EnqueueOutcome(task, created=True))
-            insert_all(db, rows)
+        existing = self._tasks_by_key(db, queue, keys) if keys else {}
+        outcomes: list[EnqueueOutcome] = []
+        rows: list[tuple[Any, ...]] = []
+        for spec in specs:
+            key = spec.unique_key
+            if key:
+                found = existing.get(key)
+                if found is not None:
+                    outcomes.append(EnqueueOutcome(found, created=False))
+                    continue
+            task, row = new_tasks.make(spec)
+            if key:
+                # A later spec with the same key in this batch resolves here.
+                existing[key] = task
+            rows.append(row)
+            outcomes.append(EnqueueOutcome(task, created=True))
+        insert_all(db, rows)
         return outcomes
 
     @staticmethod

@@ -180,6 +180,36 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID
         """,
     ),
+    # Minor 13, schedules (storage/schedules.py): one row per (queue, name);
+    # next_fire_at is NULL while paused, so the firing's index holds the
+    # active ones only.
+    (
+        """
+        CREATE TABLE IF NOT EXISTS schedules (
+            queue           TEXT    NOT NULL,
+            name            TEXT    NOT NULL,
+            task_type       TEXT    NOT NULL,
+            cron            TEXT    NOT NULL,
+            every_us        INTEGER,
+            payload         BLOB    NOT NULL,
+            timezone        TEXT    NOT NULL,
+            misfire         INTEGER NOT NULL,
+            catch_up        INTEGER NOT NULL,
+            paused          INTEGER NOT NULL,
+            priority        INTEGER NOT NULL,
+            max_attempts    INTEGER NOT NULL,
+            next_fire_at    INTEGER,
+            last_fired_at   INTEGER,
+            last_task_id    TEXT    NOT NULL,
+            fired           INTEGER NOT NULL,
+            skipped         INTEGER NOT NULL,
+            created_at      INTEGER NOT NULL,
+            updated_at      INTEGER NOT NULL,
+            PRIMARY KEY (queue, name)
+        ) WITHOUT ROWID
+        """,
+        "CREATE INDEX IF NOT EXISTS schedules_due ON schedules (next_fire_at) WHERE next_fire_at IS NOT NULL",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,304 @@
+"""Schedules in storage, both engines: put/list/delete/pause, the firing's
+exactly-once (compare-and-set, unique tick keys), misfire policies, and a
+model of random operations with faults injected into the firing."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from ringo_trio._contract import limits
+from ringo_trio._contract.cron import Every, parse_cron
+from ringo_trio._proto.ringo.v1 import MisfirePolicy, Schedule
+from ringo_trio.server.storage.base import FailedPrecondition, NotFound
+from ringo_trio.server.storage.schedules import tick_key
+from tests._kit.storage import EngineKind, SyncEngine, open_engine, walk
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+LIMIT = 100
+
+
+def sched(name: str = "s", **fields: Any) -> Schedule:
+    fields.setdefault("task_type", "tick")
+    fields.setdefault("queue", "q")
+    fields.setdefault("misfire", MisfirePolicy.SKIP)
+    fields.setdefault("catch_up", 1)
+    return Schedule(name=name, **fields)
+
+
+def keys(engine: SyncEngine, queue: str = "q") -> list[str]:
+    return sorted(t.unique_key for t in walk(engine, queue, limit=1000))
+
+
+def put(engine: SyncEngine, s: Schedule, now: datetime) -> Schedule:
+    stored, _ = engine.put_schedule(s, now, max_per_queue=limits.MAX_SCHEDULES_PER_QUEUE)
+    return stored  # type: ignore[no-any-return]
+
+
+def test_put_list_delete(engine: SyncEngine) -> None:
+    """Property: a put schedule is listed with next_fire_at from now; a
+    re-put with the same timing keeps next_fire_at and counters; a changed
+    expression recomputes it; delete says whether it existed."""
+    stored, created = engine.put_schedule(
+        sched(cron="0 * * * *"), T0 + timedelta(minutes=5), max_per_queue=10
+    )
+    assert created
+    assert stored.next_fire_at == T0 + timedelta(hours=1)
+    assert engine.list_schedules(None) == [stored]
+    again, created = engine.put_schedule(
+        sched(cron="0 * * * *", priority=3), T0 + timedelta(minutes=59), max_per_queue=10
+    )
+    assert not created
+    assert again.next_fire_at == T0 + timedelta(hours=1)
+    assert again.priority == 3
+    changed = put(engine, sched(cron="30 * * * *"), T0 + timedelta(minutes=40))
+    assert changed.next_fire_at == T0 + timedelta(hours=1, minutes=30)
+    assert changed.created_at == stored.created_at
+    assert engine.list_schedules("other") == []
+    assert engine.delete_schedule("q", "s") is True
+    assert engine.delete_schedule("q", "s") is False
+    assert engine.list_schedules(None) == []
+
+
+def test_schedules_per_queue_are_bounded(engine: SyncEngine) -> None:
+    """Property: past max_per_queue a new schedule is refused; an existing one changes."""
+    for i in range(3):
+        engine.put_schedule(sched(f"s{i}", every=timedelta(seconds=5)), T0, max_per_queue=3)
+    with pytest.raises(FailedPrecondition):
+        engine.put_schedule(sched("s9", every=timedelta(seconds=5)), T0, max_per_queue=3)
+    engine.put_schedule(sched("s0", every=timedelta(seconds=9)), T0, max_per_queue=3)
+    engine.put_schedule(sched("s0", every=timedelta(seconds=9)), T0, max_per_queue=3)
+    engine.put_schedule(sched("x", queue="other", every=timedelta(1)), T0, max_per_queue=3)
+
+
+def _run_until(engine: SyncEngine, end: datetime) -> int:
+    """Fire at every next_due up to `end`, as the daemon's loop does; the firings."""
+    firings = 0
+    report = engine.fire_schedules(T0, LIMIT)
+    while report.next_due is not None and report.next_due <= end:
+        report = engine.fire_schedules(report.next_due, LIMIT)
+        firings += 1
+    return firings
+
+
+def test_daily_for_a_month(engine: SyncEngine) -> None:
+    """Property: a daily schedule fired at its own times for 30 days makes 30
+    tasks, one per day, keyed by the tick."""
+    put(engine, sched(cron="0 9 * * *", timezone="Europe/Berlin"), T0)
+    _run_until(engine, T0 + timedelta(days=30))
+    ticks = [datetime(2030, 1, d, 8, tzinfo=UTC) for d in range(1, 31)]
+    assert keys(engine) == sorted(tick_key("s", t) for t in ticks)
+    [stored] = engine.list_schedules("q")
+    assert (stored.fired, stored.skipped) == (30, 0)
+    assert stored.last_task_id == engine.get("q", unique_key=tick_key("s", ticks[-1])).id
+
+
+def test_pause_resume_has_no_burst(engine: SyncEngine) -> None:
+    """Property: ticks due while paused never fire; resume starts from now."""
+    put(engine, sched(every=timedelta(minutes=1), misfire=MisfirePolicy.CATCH_UP, catch_up=50), T0)
+    engine.fire_schedules(T0 + timedelta(minutes=1), LIMIT)
+    paused = engine.set_schedule_paused("q", "s", True, T0 + timedelta(minutes=1, seconds=1))
+    assert paused.paused
+    assert paused.next_fire_at is None
+    assert engine.fire_schedules(T0 + timedelta(minutes=30), LIMIT).created == []
+    resumed = engine.set_schedule_paused("q", "s", False, T0 + timedelta(minutes=30, seconds=30))
+    assert resumed.next_fire_at == T0 + timedelta(minutes=31)
+    report = engine.fire_schedules(T0 + timedelta(minutes=31), LIMIT)
+    assert [t.unique_key for t in report.created] == [tick_key("s", T0 + timedelta(minutes=31))]
+    with pytest.raises(NotFound):
+        engine.set_schedule_paused("q", "nope", True, T0)
+
+
+@pytest.mark.parametrize(
+    ("misfire", "catch_up", "fired_minutes", "skipped"),
+    [
+        (MisfirePolicy.SKIP, 1, [], 10),
+        (MisfirePolicy.CATCH_UP, 3, [8, 9, 10], 7),
+        (MisfirePolicy.CATCH_UP, 50, list(range(1, 11)), 0),
+    ],
+)
+def test_misfire_after_an_outage(
+    engine: SyncEngine,
+    misfire: MisfirePolicy,
+    catch_up: int,
+    fired_minutes: list[int],
+    skipped: int,
+) -> None:
+    """Property: after an outage SKIP fires none of the stale ticks, CATCH_UP
+    the latest `catch_up`; the rest are counted skipped; the next tick is in
+    the future."""
+    put(engine, sched(cron="1-10 * * * *", misfire=misfire, catch_up=catch_up), T0)
+    now = T0 + timedelta(minutes=10, seconds=61)  # tick 10 is just past the grace
+    report = engine.fire_schedules(now, LIMIT)
+    assert keys(engine) == sorted(tick_key("s", T0 + timedelta(minutes=m)) for m in fired_minutes)
+    assert report.skipped == {("q", "s"): skipped}
+    [stored] = engine.list_schedules("q")
+    assert stored.next_fire_at == T0 + timedelta(hours=1, minutes=1)
+    assert (stored.fired, stored.skipped) == (len(fired_minutes), skipped)
+
+
+def test_skip_fires_the_tick_on_time(engine: SyncEngine) -> None:
+    """Property: SKIP fires the latest tick when it is within the grace."""
+    put(engine, sched(every=timedelta(seconds=10)), T0)
+    report = engine.fire_schedules(T0 + timedelta(seconds=35), LIMIT)
+    assert [t.unique_key for t in report.created] == [tick_key("s", T0 + timedelta(seconds=30))]
+    assert report.skipped == {("q", "s"): 2}
+
+
+def test_two_engines_fire_each_tick_once(engine_kind: EngineKind, tmp_path: pathlib.Path) -> None:
+    """Property: two engines on one store firing at once (PostgreSQL: two
+    pools racing; SQLite: two connections) make one task per tick."""
+    with open_engine(engine_kind, tmp_path) as a:
+        b = engine_kind.make(tmp_path)
+        a.run(b.open())
+        try:
+            put(
+                a, sched(every=timedelta(seconds=1), misfire=MisfirePolicy.CATCH_UP, catch_up=5), T0
+            )
+
+            async def race(now: datetime) -> None:
+                await asyncio.gather(
+                    a.raw.fire_schedules(now, LIMIT),
+                    b.fire_schedules(now, LIMIT),
+                    a.raw.fire_schedules(now, LIMIT),
+                    b.fire_schedules(now, LIMIT),
+                )
+
+            for second in range(1, 41, 2):
+                a.run(race(T0 + timedelta(seconds=second)))
+            expected = sorted(tick_key("s", T0 + timedelta(seconds=s)) for s in range(1, 40))
+            assert keys(a) == expected
+            [stored] = a.list_schedules("q")
+            assert stored.fired == 39
+        finally:
+            a.run(b.close())
+
+
+class _Fault(Exception):
+    pass
+
+
+_POINTS = ["read", "cas", "insert", "commit"]
+_TIMINGS = st.one_of(
+    st.integers(1, 20).map(lambda s: {"every": timedelta(seconds=s)}),
+    st.sampled_from(["*/7 * * * * *", "0,30 * * * * *", "*/3 * * * * *", "* * * * *"]).map(
+        lambda c: {"cron": c}
+    ),
+)
+
+
+class ScheduleModel(RuleBasedStateMachine):
+    """Random puts, pauses, resumes, time steps and firings, some failing at
+    a point of their transaction, against a model from the tick expansion.
+
+    Property: the set of tick tasks is exactly the model's: every tick of an
+    active stretch up to its last successful firing (CATCH_UP; catch_up
+    covers every step), or the latest tick at each successful firing (SKIP);
+    a failed firing adds nothing and loses nothing."""
+
+    engine: SyncEngine
+    cases = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = T0
+        # name -> (timing, misfire, marker: ticks after it are still to fire, active)
+        self.model: dict[str, dict[str, Any]] = {}
+        self.expected: set[str] = set()
+
+    @initialize()
+    def clean(self) -> None:
+        self.engine.raw.schedule_fault = None
+        for s in self.engine.list_schedules(None):
+            self.engine.delete_schedule(s.queue, s.name)
+        ScheduleModel.cases += 1
+        self.queue = f"model{self.cases}"
+
+    @rule(
+        timing=_TIMINGS,
+        catch_up=st.booleans(),
+        name=st.sampled_from(["a", "b", "c"]),
+    )
+    def put_new(self, timing: dict[str, Any], catch_up: bool, name: str) -> None:
+        if name in self.model:
+            return
+        misfire = MisfirePolicy.CATCH_UP if catch_up else MisfirePolicy.SKIP
+        stored = put(
+            self.engine,
+            sched(name, queue=self.queue, misfire=misfire, catch_up=100, **timing),
+            self.now,
+        )
+        t = (
+            parse_cron(timing["cron"])
+            if "cron" in timing
+            else Every(timing["every"], stored.created_at)
+        )
+        self.model[name] = {"timing": t, "misfire": misfire, "marker": self.now, "active": True}
+
+    @rule(name=st.sampled_from(["a", "b", "c"]), paused=st.booleans())
+    def pause(self, name: str, paused: bool) -> None:
+        if name not in self.model:
+            return
+        self.engine.set_schedule_paused(self.queue, name, paused, self.now)
+        m = self.model[name]
+        if m["active"] == (not paused):
+            return
+        m["active"] = not paused
+        m["marker"] = self.now
+
+    @rule(seconds=st.integers(1, 50))
+    def advance(self, seconds: int) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    @rule(fault=st.sampled_from([None, None, *_POINTS]))
+    def fire(self, fault: str | None) -> None:
+        def hook(point: str) -> None:
+            if point == fault:
+                raise _Fault(point)
+
+        self.engine.raw.schedule_fault = hook
+        try:
+            self.engine.fire_schedules(self.now, LIMIT)
+        except _Fault:
+            return  # rolled back: the model stays as it is
+        finally:
+            self.engine.raw.schedule_fault = None
+        for name, m in self.model.items():
+            if not m["active"]:
+                continue
+            ticks = []
+            t = m["timing"].next_fire(m["marker"])
+            while t <= self.now:
+                ticks.append(t)
+                t = m["timing"].next_fire(t)
+            if m["misfire"] == MisfirePolicy.SKIP:
+                ticks = ticks[-1:]
+            self.expected |= {tick_key(name, tick) for tick in ticks}
+            if ticks:
+                m["marker"] = ticks[-1]
+
+    @invariant()
+    def tasks_are_the_models(self) -> None:
+        assert set(keys(self.engine, self.queue)) == self.expected
+
+
+def test_schedule_model(engine: SyncEngine) -> None:
+    ScheduleModel.engine = engine
+
+    class Case(ScheduleModel):
+        pass
+
+    Case.TestCase.settings = settings(
+        max_examples=25,
+        stateful_step_count=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    Case.TestCase().runTest()
