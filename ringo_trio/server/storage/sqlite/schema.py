@@ -208,7 +208,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (queue, name)
         ) WITHOUT ROWID
         """,
-        "CREATE INDEX IF NOT EXISTS schedules_due ON schedules (next_fire_at) WHERE next_fire_at IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS schedules_due ON schedules (next_fire_at)"
+        " WHERE next_fire_at IS NOT NULL",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
