@@ -95,3 +95,23 @@ MAX_METRIC_QUEUES = MAX_LIST_PAGE
 later queues share the label ``queue=""``, and a scrape reports the tasks of
 this many queues (one ListQueues page), so neither the daemon's memory nor a
 scrape grows with the number of queue names clients make up."""
+
+# Keyed limits (minor 13, docs/limits.md).
+MAX_LIMIT_KEY_BYTES = 200
+"""A task's ``limit_key`` and a rule's ``prefix``, in UTF-8 bytes."""
+MAX_LIMIT_RULES = 100
+"""Rules one queue holds: a claim on a limited queue matches every key it
+meets against them (longest prefix)."""
+MAX_LIMIT_PER = timedelta(days=1)
+"""Longest ``per`` of a rate (a rate of 1 per day is the slowest)."""
+MAX_LIMIT_RATE = 1_000_000.0
+"""Largest ``rate`` (starts per ``per``)."""
+MAX_LIMIT_BURST = 100_000
+"""Largest ``burst``."""
+MAX_LIMIT_CONCURRENCY = 1_000_000
+"""Largest ``concurrency``."""
+MAX_LIMIT_KEYS_LISTED = 1000
+"""Keys one ListLimits rule reports (``with_keys``), the most waiting first."""
+MAX_LIMIT_KEYS_PER_CLAIM = 1000
+"""Distinct keys with waiting tasks one claim on a limited queue looks at (in
+key order); keys past it wait for a claim after the first ones drained."""

@@ -23,7 +23,7 @@ SDK_VERSION: Final = "0.1.0"
 __version__ = SDK_VERSION
 MAJOR: Final = 1
 #: Newest minor this package speaks (client) and serves (daemon).
-MINOR: Final = 12
+MINOR: Final = 13
 
 
 class Feature(enum.Enum):
@@ -42,6 +42,7 @@ class Feature(enum.Enum):
     LEASE_TTL = "lease time to live"
     COMPACT_ENQUEUE_REPLY = "compact EnqueueMany reply"
     WAIT_TASK = "WaitTask"
+    LIMITS = "keyed limits"
 
 
 #: The minor that brought each feature.
@@ -74,6 +75,8 @@ FEATURES: Final[Mapping[Feature, int]] = MappingProxyType(
         Feature.COMPACT_ENQUEUE_REPLY: 11,
         # WaitTask: a task's outcome without polling GetTask.
         Feature.WAIT_TASK: 12,
+        # TaskSpec.limit_key, Task.limit_key, SetLimit, ListLimits, DeleteLimit.
+        Feature.LIMITS: 13,
     }
 )
 assert all(0 <= minor <= MINOR for minor in FEATURES.values())

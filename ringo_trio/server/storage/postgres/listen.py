@@ -49,15 +49,17 @@ async def watch(
     instance: str,
     notify: Callable[[str | None], None],
     fold: Callable[[], Awaitable[None]],
+    also: tuple[str, Callable[[str], None]] | None = None,
 ) -> None:
-    """LISTEN on `channel` until cancelled, telling `notify` of every other
+    """LISTEN on `channel` (and on `also`'s channel, telling its callback
+    each payload and "" at each connect) until cancelled, telling `notify` of every other
     engine's notification (`instance` names this one). After a loss it waits
     `delay` before reconnecting; the delay doubles up to a cap while attempts
     keep failing and starts over once a listener was up."""
     delay = WATCH_RETRY_INITIAL
     while True:
         try:
-            await _listen(dsn, channel, instance, notify, fold)
+            await _listen(dsn, channel, instance, notify, fold, also)
         except asyncio.CancelledError:
             raise
         except Listened as exc:
@@ -75,6 +77,7 @@ async def _listen(
     instance: str,
     notify: Callable[[str | None], None],
     fold: Callable[[], Awaitable[None]],
+    also: tuple[str, Callable[[str], None]] | None = None,
 ) -> None:
     """One listening connection's life; raises when it is lost
     (`Listened` once it had been listening)."""
@@ -91,6 +94,11 @@ async def _listen(
     try:
         conn.add_termination_listener(lambda _conn: lost.set())
         await conn.add_listener(channel, on_note)
+        if also is not None:
+            told = also[1]
+            await conn.add_listener(also[0], lambda _c, _p, _ch, payload: told(payload))
+            # Whatever was said while nobody listened.
+            told("")
         notify(None)
         try:
             while not lost.is_set():
