@@ -298,7 +298,10 @@ def encode_enqueue_many_request(
             body += _field(b"\x12", spec.payload)
         if spec.unique_key:
             body += _field(b"\x1a", spec.unique_key.encode())
-        out += _field(b"\x1a", body + tail)
+        body += tail
+        if spec.limit_key:
+            body += _field(b"\x4a", spec.limit_key.encode())
+        out += _field(b"\x1a", body)
     return bytes(out)
 
 
@@ -308,4 +311,5 @@ def _spec_tail(spec: TaskSpec) -> bytes:
     wire.task_type = ""
     wire.payload = b""
     wire.unique_key = ""
+    wire.limit_key = ""
     return encode(wire)

@@ -331,7 +331,8 @@ def push_rows(rows: Sequence[TaskRow], reference: Callable[[TaskRow], Push]) -> 
                     encoded = instants[us] = _timestamp(us)
                 stamps.append(tag)
                 stamps.append(encoded)
-        # Task fields 17-18 (and 20, limit_key, below) and Lease fields 4-5: worker and lease deadline.
+        # Task fields 17-18 and Lease fields 4-5: worker and lease deadline
+        # (Task field 20, limit_key, follows them).
         owner = (worker_id, lease_until)
         shared = leases.get(owner)
         if shared is None:

@@ -120,6 +120,8 @@ from ringo_trio._proto.ringo.v1 import (
     CancelTaskResponse,
     ClaimRequest,
     ClaimResponse,
+    DeleteLimitRequest,
+    DeleteLimitResponse,
     DeleteTasksRequest,
     DeleteTasksResponse,
     EnqueueManyRequest,
@@ -138,6 +140,8 @@ from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
     LeaseRef,
+    ListLimitsRequest,
+    ListLimitsResponse,
     ListQueuesRequest,
     ListQueuesResponse,
     ListTasksRequest,
@@ -156,6 +160,8 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTaskResponse,
     RetryTasksRequest,
     RetryTasksResponse,
+    SetLimitRequest,
+    SetLimitResponse,
     Task,
     TaskState,
     WaitTaskRequest,
@@ -182,6 +188,7 @@ from .codec import Preencoded
 from .commit import GroupCommit
 from .enqueue_reply import encode_enqueue_many_reply
 from .gate import current_connection, time_remaining
+from .limits import Limits
 from .members import ATTACH_LOCAL_METHOD, Members
 from .operate import Operations
 from .reply_bounds import claim_within, enqueue_results_fit
@@ -346,6 +353,7 @@ class QueueService(QueueServiceBase):
         # runs: settlements wake its calls, nothing rechecks them.
         self.waits = waits if waits is not None else TaskWaits(storage)
         self._operations = Operations(storage, wakeups, self.waits)
+        self._limits = Limits(storage, wakeups)
         # Leases of a claim nobody received, handed back by the engine itself:
         # their tasks are claimable again, so the queue's claimers are woken
         # as after any release.
@@ -752,6 +760,28 @@ class QueueService(QueueServiceBase):
         minor = self._session_minor(context, now)
         _require(minor, Feature.OPERATE, rpc)
         return now
+
+    # -- keyed limits (minor 13) ----------------------------------------------
+
+    def _limits_now(self, context: Any, what: str) -> datetime:
+        now, minor = self._admit_at(context)
+        _require(minor, Feature.LIMITS, what)
+        return now
+
+    @_rpc
+    async def set_limit(self, message: SetLimitRequest) -> SetLimitResponse:
+        now = self._limits_now(message.context, "SetLimit")
+        return await self._limits.set_limit(message, now)
+
+    @_rpc
+    async def list_limits(self, message: ListLimitsRequest) -> ListLimitsResponse:
+        now = self._limits_now(message.context, "ListLimits")
+        return await self._limits.list_limits(message, now)
+
+    @_rpc
+    async def delete_limit(self, message: DeleteLimitRequest) -> DeleteLimitResponse:
+        now = self._limits_now(message.context, "DeleteLimit")
+        return await self._limits.delete_limit(message, now)
 
     @_rpc
     async def list_tasks(self, message: ListTasksRequest) -> ListTasksResponse:
