@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 from ringo_trio._proto.ringo.v1 import TaskSpec
@@ -34,7 +35,7 @@ def test_rate_spaces_starts_of_one_key(engine: SyncEngine) -> None:
             assert wake >= now + timedelta(milliseconds=100)
         now += timedelta(milliseconds=50)
     assert len(starts) == 50
-    assert all(b - a >= timedelta(milliseconds=100) for a, b in zip(starts, starts[1:]))
+    assert all(b - a >= timedelta(milliseconds=100) for a, b in itertools.pairwise(starts))
 
 
 def test_concurrency_caps_leased_per_key_and_settling_frees_it(engine: SyncEngine) -> None:
@@ -45,7 +46,9 @@ def test_concurrency_caps_leased_per_key_and_settling_frees_it(engine: SyncEngin
     engine.set_limit("q", Rule("c:", 0.0, 1_000_000, 1, 2), T0)
     got = engine.claim("q", [], 100, "w", LEASE, T0)
     keys = [g.task.limit_key for g in got]
-    assert keys.count("c:a") == 2 and keys.count("c:b") == 2 and keys.count("") == 3
+    assert keys.count("c:a") == 2
+    assert keys.count("c:b") == 2
+    assert keys.count("") == 3
     assert engine.claim("q", [], 100, "w", LEASE, T0) == []
     first = next(g for g in got if g.task.limit_key == "c:a")
     engine.ack(first.lease_ref if hasattr(first, "lease_ref") else _ref(first), T0)
@@ -60,7 +63,8 @@ def test_longest_prefix_wins_and_no_rule_queue_unaffected(engine: SyncEngine) ->
     engine.set_limit("q", Rule("api:", 0.0, 1_000_000, 1, 1), T0)
     engine.set_limit("q", Rule("api:vip:", 0.0, 1_000_000, 1, 3), T0)
     keys = [g.task.limit_key for g in engine.claim("q", [], 100, "w", LEASE, T0)]
-    assert keys.count("api:vip:1") == 3 and keys.count("api:x") == 1
+    assert keys.count("api:vip:1") == 3
+    assert keys.count("api:x") == 1
     engine.enqueue("free", _specs("api:x", 5), T0)
     assert len(engine.claim("free", [], 100, "w", LEASE, T0)) == 5
 
