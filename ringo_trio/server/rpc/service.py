@@ -678,7 +678,8 @@ class QueueService(QueueServiceBase):
     async def apply_ack(self, message: AckRequest, now: datetime) -> None:
         """The caller has checked that its minor allows a result."""
         ack = v.ack_settlement(message)
-        await self._storage.ack(ack.ref, now, ack.result)
+        task = await self._storage.ack(ack.ref, now, ack.result)
+        self._freed(task.queue, task.limit_key)
         self.waits.settled((ack.ref.task_id,))
 
     async def apply_nack(self, message: NackRequest, now: datetime) -> None:
@@ -690,8 +691,18 @@ class QueueService(QueueServiceBase):
 
     async def apply_reject(self, message: RejectRequest, now: datetime) -> None:
         reject = v.reject_settlement(message)
-        await self._storage.reject(reject.ref, reject.error, now)
+        task = await self._storage.reject(reject.ref, reject.error, now)
+        self._freed(task.queue, task.limit_key)
         self.waits.settled((reject.ref.task_id,))
+
+    def _freed(self, queue: str, limit_key: str | None) -> None:
+        """A lease of `queue` ended without making its task claimable: on a
+        queue with limit rules that frees a slot of its key's concurrency,
+        so the queue's claimers are woken as after an enqueue (the engine's
+        concurrency recheck stays as the backstop for leases that end on
+        another daemon)."""
+        if limit_key and self._storage.limited(queue):
+            self._wakeups.notify(queue)
 
     async def apply_settlements(
         self, settlements: Sequence[Settlement], now: datetime
@@ -704,12 +715,14 @@ class QueueService(QueueServiceBase):
             answers = await self._commit.settle(settlements, now)
         else:
             answers = await self._storage.settle_many(settlements, now)
-        refilled = {
+        # A nack makes its task claimable again; any settlement on a queue
+        # with limit rules may free its key's concurrency (`_freed`).
+        woken = {
             answer
             for item, answer in zip(settlements, answers, strict=True)
-            if type(item) is Nack and isinstance(answer, str)
+            if isinstance(answer, str) and (type(item) is Nack or self._storage.limited(answer))
         }
-        for queue in refilled:
+        for queue in woken:
             self._wakeups.notify(queue)
         if self.waits.parked:
             self.waits.settled(
