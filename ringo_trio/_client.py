@@ -45,8 +45,13 @@ from ._errors import (
     require,
 )
 from ._local.process import LocalDaemon
-from ._models import PostgresStorage, QueueStats, SQLiteStorage, check_name
-from ._proto.ringo.v1 import ListQueuesRequest, ListQueuesResponse
+from ._models import LimitStatus, PostgresStorage, QueueStats, SQLiteStorage, check_name
+from ._proto.ringo.v1 import (
+    ListLimitsRequest,
+    ListLimitsResponse,
+    ListQueuesRequest,
+    ListQueuesResponse,
+)
 from ._queue.queue import TaskQueue
 from ._transport.base import DEFAULT_KEEPALIVE, ClientTransport, Keepalive
 from ._transport.grpclib import client_tls_context
@@ -332,6 +337,18 @@ class RingoClient:
             token = reply.next_page_token
             if not token:
                 return found
+
+    async def limits(self, *, with_keys: bool = False) -> list[LimitStatus]:
+        """Every queue's limit rules, in (queue, prefix) order
+        (`TaskQueue.limits` for one queue's). Protocol minor >= 13."""
+        require(self._connection.protocol_minor, Feature.LIMITS, "RingoClient.limits")
+        reply = await self._connection.call(
+            "ListLimits",
+            ListLimitsRequest(with_keys=with_keys),
+            ListLimitsResponse,
+            read_only=True,
+        )
+        return [LimitStatus.from_wire(s) for s in reply.limits]
 
 
 class Ringo:
