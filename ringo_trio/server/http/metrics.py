@@ -31,7 +31,9 @@ daemons, the tests do) and is fed from four places:
   `limits.MAX_METRIC_QUEUES` queues, read on the daemon's loop in pages of
   `_REFRESH_PAGE` (on SQLite a page of 1,000 queues holds the loop ~26 ms,
   one of 100 ~3 ms), the loop free between pages, then a one-queue probe
-  past the cap for ``ringo_queues_truncated``.
+  past the cap for ``ringo_queues_truncated``; then the limit rules of
+  those queues (`Storage.list_limits` with keys) for
+  ``ringo_limit_waiting_tasks``.
 
 **Bounded memory.** Queue names come from clients, so labelled children are
 made for at most `limits.MAX_METRIC_QUEUES` queues; later queues share the
@@ -89,6 +91,7 @@ from ..storage.base import (
     Storage,
     StorageUnavailable,
 )
+from ..storage.rows import to_us
 from .scrape import render_text
 
 __all__ = [
@@ -436,6 +439,7 @@ class PrometheusMetrics(Metrics):
             truncated = len(queues) >= cap and bool(
                 await storage.list_queues(now, after=queues[-1].queue, limit=1)
             )
+            held = await _held_by_rules(storage, now, {q.queue for q in queues})
         except Exception as exc:
             # Once per outage, not once per scrape.
             if self._snapshot.ok:
@@ -462,6 +466,7 @@ class PrometheusMetrics(Metrics):
                 for stats in queues
             ],
             truncated=truncated,
+            held=held,
         )
 
     def _read_streams(self) -> None:
@@ -495,8 +500,37 @@ class PrometheusMetrics(Metrics):
 _REFRESH_PAGE = 100
 
 
+async def _held_by_rules(
+    storage: Storage, now: datetime, reported: set[str]
+) -> list[tuple[str, str, int]]:
+    """(queue, prefix, tasks held) of every rule of the reported queues: the
+    due waiting tasks of the rule's keys that may not start now, the key's
+    rate not letting it yet or its concurrency full. Reads ListLimits'
+    figures, so a rule counts its `MAX_LIMIT_KEYS_LISTED` keys with the
+    most waiting."""
+    held: list[tuple[str, str, int]] = []
+    now_us = to_us(now)
+    for status in await storage.list_limits(None, now, with_keys=True):
+        if status.queue not in reported:
+            continue
+        rule = status.rule
+        held.append(
+            (
+                status.queue,
+                rule.prefix,
+                sum(
+                    key.waiting
+                    for key in status.keys
+                    if (key.next_start_us is not None and key.next_start_us > now_us)
+                    or (rule.concurrency and key.leased >= rule.concurrency)
+                ),
+            )
+        )
+    return held
+
+
 class _Snapshot:
-    __slots__ = ("ok", "queues", "truncated")
+    __slots__ = ("held", "ok", "queues", "truncated")
 
     def __init__(
         self,
@@ -504,10 +538,12 @@ class _Snapshot:
         *,
         ok: bool = True,
         truncated: bool = False,
+        held: list[tuple[str, str, int]] | None = None,
     ) -> None:
         self.queues = queues or []
         self.ok = ok
         self.truncated = truncated
+        self.held = held or []
 
 
 class _LiveCollector(Collector):
@@ -540,6 +576,15 @@ class _LiveCollector(Collector):
             oldest.add_metric((queue,), age)
         yield tasks
         yield oldest
+        held = GaugeMetricFamily(
+            "ringo_limit_waiting_tasks",
+            "Due PENDING tasks a limit rule holds back (their key's rate or"
+            " concurrency does not let them start yet), by queue and rule prefix.",
+            labels=("queue", "prefix"),
+        )
+        for queue, prefix, count in snapshot.held:
+            held.add_metric((queue, prefix), count)
+        yield held
         yield GaugeMetricFamily(
             "ringo_queues_read_ok",
             "1 when this scrape read the queues from storage, 0 when that failed.",

@@ -38,6 +38,7 @@ from tests._kit.storage import (
     postgres_kind,
     ref_of,
     spec,
+    undo_limits,
     walk,
 )
 
@@ -372,6 +373,8 @@ def _downgrade(engine: SyncEngine) -> None:
             "DROP INDEX tasks_finished_queue",
         ):
             db.execute(statement)
+        for statement in undo_limits():
+            db.execute(statement)
         db.execute(f"PRAGMA user_version = {_SQLITE_BEFORE_INSPECTION}")
         return
     from ringo_trio.server.storage.postgres import schema as postgres
@@ -394,8 +397,11 @@ def _downgrade(engine: SyncEngine) -> None:
                 await conn.execute(f'DROP FUNCTION "{schema}".ringo_count_{kind}')
             # Migration 7 (each task's retry delays), undone too.
             await conn.execute(f'ALTER TABLE "{schema}".tasks DROP COLUMN retry_delays_us')
+            # The keyed-limits migration (the newest), undone too.
+            for statement in undo_limits(f'"{schema}"'):
+                await conn.execute(statement)
             await conn.execute(
-                f'UPDATE "{schema}".ringo_schema SET version = {postgres.SCHEMA_VERSION - 3}'
+                f'UPDATE "{schema}".ringo_schema SET version = {postgres.SCHEMA_VERSION - 4}'
             )
 
     engine.run(down())
@@ -420,6 +426,8 @@ def test_sqlite_finished_indexes_are_rebuilt_on_upgrade(tmp_path: pathlib.Path) 
             db.execute(
                 f"CREATE INDEX {name} ON tasks ({columns}) WHERE {sqlite_schema.FINISHED_IN}"
             )
+        for statement in undo_limits():
+            db.execute(statement)
         db.execute(f"PRAGMA user_version = {_SQLITE_IN_LIST_INDEXES}")
         engine.reopen()
         db = engine.raw._db  # type: ignore[attr-defined]
