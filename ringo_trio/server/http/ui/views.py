@@ -7,7 +7,9 @@ Everything returned here is plain text or numbers; the templates escape it
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
+
+from ringo_trio._contract.durations import format_duration
 
 __all__ = ["PREVIEW_BYTES", "HEX_BYTES", "age", "preview", "sparkline"]
 
@@ -99,3 +101,16 @@ def age(since: datetime | None, now: datetime) -> str:
     if hours < 48:
         return f"{hours}h {minutes}m"
     return f"{hours // 24}d {hours % 24}h"
+
+
+def rate(starts: float, per: timedelta | None) -> str:
+    """'10/1s': a limit rule's rate."""
+    return f"{starts:g}/{format_duration(per or timedelta(seconds=1))}"
+
+
+def until(moment: datetime | None, now: datetime) -> str:
+    """'in 250ms' until `moment`; 'now' for None or a past moment."""
+    if moment is None or moment <= now:
+        return "now"
+    ms = (moment - now) / timedelta(milliseconds=1)
+    return f"in {ms:.0f}ms" if ms < 1000 else f"in {age(now, moment)}"
