@@ -20,6 +20,9 @@ from ._errors import WorkerAlreadyRunError as WorkerAlreadyRunError
 from ._errors import WorkerFencedError as WorkerFencedError
 from ._models import BatchResult as BatchResult
 from ._models import EnqueueResult as EnqueueResult
+from ._models import LimitKeyState as LimitKeyState
+from ._models import LimitRule as LimitRule
+from ._models import LimitStatus as LimitStatus
 from ._models import PostgresStorage as PostgresStorage
 from ._models import Progress as Progress
 from ._models import QueueStats as QueueStats

@@ -45,8 +45,17 @@ from ._errors import (
     require,
 )
 from ._local.process import LocalDaemon
-from ._models import PostgresStorage, QueueStats, Schedule, SQLiteStorage, check_name
+from ._models import (
+    LimitStatus,
+    PostgresStorage,
+    QueueStats,
+    Schedule,
+    SQLiteStorage,
+    check_name,
+)
 from ._proto.ringo.v1 import (
+    ListLimitsRequest,
+    ListLimitsResponse,
     ListQueuesRequest,
     ListQueuesResponse,
     ListSchedulesRequest,
@@ -346,6 +355,18 @@ class RingoClient:
             "ListSchedules", ListSchedulesRequest(), ListSchedulesResponse, read_only=True
         )
         return [Schedule.from_wire(s) for s in reply.schedules]
+
+    async def limits(self, *, with_keys: bool = False) -> list[LimitStatus]:
+        """Every queue's limit rules, in (queue, prefix) order
+        (`TaskQueue.limits` for one queue's). Protocol minor >= 13."""
+        require(self._connection.protocol_minor, Feature.LIMITS, "RingoClient.limits")
+        reply = await self._connection.call(
+            "ListLimits",
+            ListLimitsRequest(with_keys=with_keys),
+            ListLimitsResponse,
+            read_only=True,
+        )
+        return [LimitStatus.from_wire(s) for s in reply.limits]
 
 
 class Ringo:

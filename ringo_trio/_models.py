@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from ._contract import limits as _limits
 from ._errors import InvalidArgumentError
@@ -168,7 +169,8 @@ class TaskSpec:
     returns the existing task with ``created=False``. ``max_attempts`` and
     ``retry_backoff`` default to the daemon's policy. ``delay`` and
     ``not_before`` (timezone-aware) schedule the first attempt; give at most
-    one. Higher ``priority`` runs first.
+    one. Higher ``priority`` runs first. ``limit_key`` names the key the
+    queue's limit rules apply to (docs/limits.md; protocol minor >= 13).
     """
 
     task_type: str
@@ -179,6 +181,7 @@ class TaskSpec:
     delay: timedelta | None = None
     not_before: datetime | None = None
     priority: int = 0
+    limit_key: str | None = None
 
     def __post_init__(self) -> None:
         check_name("task_type", self.task_type)
@@ -216,6 +219,8 @@ class TaskSpec:
                     f"not_before must be at most {_limits.MAX_NOT_BEFORE.isoformat()}"
                 )
         check_int("priority", self.priority, _INT32_MIN, _INT32_MAX)
+        if self.limit_key is not None:
+            check_name("limit_key", self.limit_key, _limits.MAX_LIMIT_KEY_BYTES)
 
     def to_wire(self) -> _WireTaskSpec:
         return _WireTaskSpec(
@@ -227,6 +232,7 @@ class TaskSpec:
             delay=self.delay,
             not_before=self.not_before,
             priority=self.priority,
+            limit_key=self.limit_key or "",
         )
 
 
@@ -279,6 +285,8 @@ class Task:
     result: bytes | None = None
     """What the successful attempt's handler returned (a str is stored as
     its UTF-8 bytes); set only while SUCCEEDED, and never on listed tasks."""
+    limit_key: str | None = None
+    """`TaskSpec.limit_key` (protocol minor >= 13)."""
 
     @classmethod
     def from_wire(cls, wire: _WireTask | None) -> Task:
@@ -305,6 +313,7 @@ class Task:
             worker_id=wire.worker_id or None,
             lease_until=wire.lease_until,
             result=wire.result,
+            limit_key=wire.limit_key or None,
         )
 
 
@@ -487,3 +496,59 @@ class PostgresStorage:
             raise InvalidArgumentError("PostgresStorage needs a non-empty dsn")
         # PostgreSQL truncates identifiers beyond 63 bytes.
         check_name("PostgresStorage.schema", self.schema, 63)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRule:
+    """A limit rule of a queue (docs/limits.md): it applies separately to
+    every ``limit_key`` starting with ``prefix`` (the longest matching
+    prefix wins). ``rate`` starts per ``per`` with bursts of ``burst``
+    (None: no rate limit); ``concurrency`` leased tasks at once (None: no
+    concurrency limit)."""
+
+    prefix: str
+    rate: float | None = None
+    per: timedelta = timedelta(seconds=1)
+    burst: int = 1
+    concurrency: int | None = None
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> LimitRule:
+        return cls(
+            prefix=wire.prefix,
+            rate=wire.rate or None,
+            per=wire.per or timedelta(seconds=1),
+            burst=wire.burst or 1,
+            concurrency=wire.concurrency or None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LimitKeyState:
+    """One key of a rule: its due waiting and its leased tasks, and when
+    its rate lets it start the next one (None: now)."""
+
+    key: str
+    waiting: int
+    leased: int
+    next_start_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitStatus:
+    """A rule of a queue and, when asked for, its keys with tasks waiting
+    or leased (the most waiting first)."""
+
+    queue: str
+    rule: LimitRule
+    keys: tuple[LimitKeyState, ...] = ()
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> LimitStatus:
+        return cls(
+            queue=wire.queue,
+            rule=LimitRule.from_wire(wire.rule),
+            keys=tuple(
+                LimitKeyState(k.key, k.waiting, k.leased, k.next_start_at) for k in wire.keys
+            ),
+        )

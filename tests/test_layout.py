@@ -69,8 +69,12 @@ ALLOWED: dict[str, tuple[frozenset[str], str]] = {
 LARGE: dict[str, str] = {
     "_contract/work/client.py": "the client's half of the Work stream: one machine",
     "server/rpc/work.py": "the driver of the daemon's half of the Work stream",
-    "server/storage/postgres/engine.py": "the Storage interface on PostgreSQL",
     "server/rpc/service.py": "the unary RPCs: a thin method each, the work in validate and storage",
+    # Over since keyed limits (issue 27); to split: the limit methods out to
+    # their own modules (queue: a limits mixin; engines: their limits.py).
+    "_queue/queue.py": "TaskQueue, the SDK's one queue handle",
+    "server/storage/sqlite/engine.py": "the SQLite engine's Storage methods",
+    "server/storage/postgres/engine.py": "the PostgreSQL engine's Storage methods",
 }
 MAX_LINES = 800
 

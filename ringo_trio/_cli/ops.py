@@ -1,6 +1,6 @@
 """The operator commands of `ringo`: queues, tasks (list, show, retry, cancel,
-purge), enqueue and schedules (list, put, rm, pause, resume), against
-``--endpoint`` or ``--data-dir``.
+purge), enqueue, schedules (list, put, rm, pause, resume) and limits (list, set,
+rm), against ``--endpoint`` or ``--data-dir``.
 
 Every command prints a human table by default and one JSON document with
 ``--json`` (for scripts); a task or queue that does not exist is one line on
@@ -10,6 +10,7 @@ stderr and exit status 1. docs/operations.md is the reference.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -20,10 +21,10 @@ from typing import Any
 
 from .._client import Ringo, RingoClient
 from .._contract.cron import CronError, parse_cron, zone
-from .._contract.durations import parse_duration
+from .._contract.durations import format_duration, parse_duration
 from .._contract.limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
 from .._errors import InvalidArgumentError
-from .._models import QueueStats, Schedule, Task, TaskSpec, TaskState
+from .._models import LimitRule, LimitStatus, QueueStats, Schedule, Task, TaskSpec, TaskState
 from .._supervise.parent import TOKEN_ENV
 from .._tasks.registry import TaskCall
 from .load import UsageError, load_object
@@ -36,7 +37,7 @@ EXIT_INTERRUPTED = 130
 
 __all__ = ["add_commands", "OPS_COMMANDS"]
 
-OPS_COMMANDS = frozenset({"queues", "tasks", "enqueue", "schedules"})
+OPS_COMMANDS = frozenset({"queues", "tasks", "enqueue", "schedules", "limits"})
 
 _FINISHED = [TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED]
 
@@ -333,6 +334,7 @@ def task_document(task: Task) -> dict[str, Any]:
         "progress": progress,
         "worker_id": task.worker_id,
         "lease_until": _iso(task.lease_until),
+        "limit_key": task.limit_key,
     }
 
 
@@ -483,6 +485,7 @@ def _typed_spec(args: argparse.Namespace, arguments_json: str) -> TaskSpec:
             max_attempts=args.max_attempts,
             delay=args.delay,
             priority=args.priority or 0,
+            limit_key=args.limit_key,
         )
     if not isinstance(target, TaskCall):
         raise InvalidArgumentError(f"{args.task_type} is not a task (a @registry.task function)")
@@ -493,7 +496,8 @@ def _typed_spec(args: argparse.Namespace, arguments_json: str) -> TaskSpec:
         priority=args.priority,
         max_attempts=args.max_attempts,
     )
-    return call.spec(**arguments)
+    spec = call.spec(**arguments)
+    return spec if args.limit_key is None else dataclasses.replace(spec, limit_key=args.limit_key)
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
@@ -510,6 +514,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts,
             delay=args.delay,
             priority=args.priority or 0,
+            limit_key=args.limit_key,
         )
     async with open_client(args) as client:
         result = await client.queue(args.queue).enqueue(spec)
@@ -730,6 +735,91 @@ def _add_schedule_commands(commands: Any) -> None:
         _command(parser, _schedules_pause)
 
 
+async def _limits_list(args: argparse.Namespace) -> int:
+    async with open_client(args) as client:
+        if args.queue is not None:
+            found = await client.queue(args.queue).limits(with_keys=args.keys)
+        else:
+            found = await client.limits(with_keys=args.keys)
+    if args.json:
+        print_json([limit_document(status) for status in found])
+        return 0
+    print_table(
+        ["queue", "prefix", "rate", "burst", "concurrency"],
+        [
+            [s.queue, repr(s.rule.prefix), _rate(s.rule), s.rule.burst, s.rule.concurrency or "-"]
+            for s in found
+        ],
+    )
+    if args.keys:
+        rows = [
+            [s.queue, k.key, k.waiting, k.leased, _when(k.next_start_at) or "now"]
+            for s in found
+            for k in s.keys
+        ]
+        sys.stdout.write("\n")
+        print_table(["queue", "key", "waiting", "leased", "next start"], rows)
+    return 0
+
+
+def _rate(rule: LimitRule) -> str:
+    if rule.rate is None:
+        return "-"
+    return f"{rule.rate:g}/{format_duration(rule.per)}"
+
+
+def limit_document(status: LimitStatus) -> dict[str, Any]:
+    rule = status.rule
+    return {
+        "queue": status.queue,
+        "prefix": rule.prefix,
+        "rate": rule.rate,
+        "per_seconds": rule.per.total_seconds(),
+        "burst": rule.burst,
+        "concurrency": rule.concurrency,
+        "keys": [
+            {
+                "key": k.key,
+                "waiting": k.waiting,
+                "leased": k.leased,
+                "next_start_at": _iso(k.next_start_at),
+            }
+            for k in status.keys
+        ],
+    }
+
+
+async def _limits_set(args: argparse.Namespace) -> int:
+    async with open_client(args) as client:
+        rule = await client.queue(args.queue).set_limit(
+            args.prefix,
+            rate=args.rate,
+            per=args.per,
+            burst=args.burst,
+            concurrency=args.concurrency,
+        )
+    if args.json:
+        print_json(limit_document(LimitStatus(args.queue, rule)))
+    else:
+        what = [f"rate {_rate(rule)} burst {rule.burst}"] if rule.rate is not None else []
+        if rule.concurrency is not None:
+            what.append(f"concurrency {rule.concurrency}")
+        sys.stdout.write(f"queue {args.queue} prefix {rule.prefix!r}: {', '.join(what)}\n")
+    return 0
+
+
+async def _limits_rm(args: argparse.Namespace) -> int:
+    async with open_client(args) as client:
+        deleted = await client.queue(args.queue).delete_limit(args.prefix)
+    if args.json:
+        print_json({"queue": args.queue, "prefix": args.prefix, "deleted": deleted})
+    elif deleted:
+        sys.stdout.write(f"deleted the rule of prefix {args.prefix!r} of queue {args.queue}\n")
+    else:
+        sys.stderr.write(f"queue {args.queue} has no rule of prefix {args.prefix!r}\n")
+    return EXIT_OK if deleted else EXIT_FAILURE
+
+
 # -- parsing ------------------------------------------------------------------
 
 
@@ -857,6 +947,36 @@ def add_commands(commands: Any) -> None:
     )
     enqueue.add_argument("--priority", type=int, default=None)
     enqueue.add_argument("--max-attempts", type=int, default=None)
+    enqueue.add_argument(
+        "--limit-key", default=None, help="the key the queue's limit rules apply to"
+    )
     _command(enqueue, _enqueue, json_flag=False)
 
     _add_schedule_commands(commands)
+
+    limit = commands.add_parser(
+        "limits", help="list, set or remove keyed rate and concurrency limits (docs/limits.md)"
+    )
+    limit_verbs = limit.add_subparsers(dest="limits_command", required=True)
+    listing = limit_verbs.add_parser("list", help="the rules of a queue (or of every queue)")
+    listing.add_argument("queue", nargs="?", default=None)
+    listing.add_argument(
+        "--keys", action="store_true", help="also each key with tasks waiting or leased"
+    )
+    _command(listing, _limits_list)
+    setting = limit_verbs.add_parser(
+        "set", help="create or replace the rule of the keys starting with PREFIX"
+    )
+    setting.add_argument("queue")
+    setting.add_argument("prefix", help="the keys it applies to ('' for every key)")
+    setting.add_argument("--rate", type=float, default=None, help="starts per --per, per key")
+    setting.add_argument(
+        "--per", type=_duration, default=timedelta(seconds=1), help="the rate's period (1s)"
+    )
+    setting.add_argument("--burst", type=int, default=1, help="starts at once (1)")
+    setting.add_argument("--concurrency", type=int, default=None, help="leased tasks per key")
+    _command(setting, _limits_set)
+    removing = limit_verbs.add_parser("rm", help="delete the rule of PREFIX")
+    removing.add_argument("queue")
+    removing.add_argument("prefix")
+    _command(removing, _limits_rm)

@@ -121,3 +121,22 @@ MAX_SCHEDULE_SLEEP = 1.0
 """Seconds the daemon's schedule loop sleeps at most on a database other
 daemons share (PostgreSQL): a schedule put or resumed on another daemon is
 fired within this (plus the tick's own time)."""
+# Keyed limits (minor 13, docs/limits.md).
+MAX_LIMIT_KEY_BYTES = 200
+"""A task's ``limit_key`` and a rule's ``prefix``, in UTF-8 bytes."""
+MAX_LIMIT_RULES = 100
+"""Rules one queue holds: a claim on a limited queue matches every key it
+meets against them (longest prefix)."""
+MAX_LIMIT_PER = timedelta(days=1)
+"""Longest ``per`` of a rate (a rate of 1 per day is the slowest)."""
+MAX_LIMIT_RATE = 1_000_000.0
+"""Largest ``rate`` (starts per ``per``)."""
+MAX_LIMIT_BURST = 100_000
+"""Largest ``burst``."""
+MAX_LIMIT_CONCURRENCY = 1_000_000
+"""Largest ``concurrency``."""
+MAX_LIMIT_KEYS_LISTED = 1000
+"""Keys one ListLimits rule reports (``with_keys``), the most waiting first."""
+MAX_LIMIT_KEYS_PER_CLAIM = 1000
+"""Distinct keys with waiting tasks one claim on a limited queue looks at (in
+key order); keys past it wait for a claim after the first ones drained."""

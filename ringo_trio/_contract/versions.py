@@ -44,6 +44,7 @@ class Feature(enum.Enum):
     WAIT_TASK = "WaitTask"
     PAUSE_QUEUES = "pausing queues"
     SCHEDULES = "schedules"
+    LIMITS = "keyed limits"
 
 
 #: The minor that brought each feature.
@@ -80,6 +81,8 @@ FEATURES: Final[Mapping[Feature, int]] = MappingProxyType(
         Feature.PAUSE_QUEUES: 13,
         # PutSchedule, ListSchedules, DeleteSchedule, SetSchedulePaused.
         Feature.SCHEDULES: 13,
+        # TaskSpec.limit_key, Task.limit_key, SetLimit, ListLimits, DeleteLimit.
+        Feature.LIMITS: 13,
     }
 )
 assert all(0 <= minor <= MINOR for minor in FEATURES.values())

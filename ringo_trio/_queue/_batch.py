@@ -217,16 +217,18 @@ def _task(
         None,
         None,
         None,
+        tail[10],
     )
 
 
 def _tail(buf: bytes, pos: int, end: int) -> _Tail:
     """(state, attempt, max_attempts, priority, retry_backoff, created_at,
-    updated_at, available_at, finished_at, last_error) from fields 6-15."""
+    updated_at, available_at, finished_at, last_error, limit_key) from fields
+    6-15 and 20."""
     state = attempt = max_attempts = priority = 0
     backoff: RetryBackoff | None = None
     moments: list[datetime | None] = [None, None, None, None]
-    last_error = ""
+    last_error = limit_key = ""
     while pos < end:
         key = buf[pos]
         if key == 0x30 or key == 0x38 or key == 0x40 or key == 0x48:
@@ -249,8 +251,12 @@ def _tail(buf: bytes, pos: int, end: int) -> _Tail:
         elif key == 0x7A:
             start, pos = read_len(buf, pos + 1, end)
             last_error = buf[start:pos].decode()
+        elif key == 0xA2 and pos + 1 < end and buf[pos + 1] == 0x01:
+            # Field 20, limit_key (minor 13): an enqueue's own field.
+            start, pos = read_len(buf, pos + 2, end)
+            limit_key = buf[start:pos].decode()
         else:
-            # Fields 16+ (two-byte keys), 1-5 out of order, unknown fields.
+            # Fields 16-19 (two-byte keys), 1-5 out of order, unknown fields.
             raise _Generic
     # Values this SDK does not know (a newer daemon) are UNSPECIFIED, as in
     # `TaskState.from_wire`.
@@ -262,6 +268,7 @@ def _tail(buf: bytes, pos: int, end: int) -> _Tail:
         backoff,
         *moments,
         last_error or None,
+        limit_key or None,
     )
 
 
@@ -298,7 +305,10 @@ def encode_enqueue_many_request(
             body += _field(b"\x12", spec.payload)
         if spec.unique_key:
             body += _field(b"\x1a", spec.unique_key.encode())
-        out += _field(b"\x1a", body + tail)
+        body += tail
+        if spec.limit_key:
+            body += _field(b"\x4a", spec.limit_key.encode())
+        out += _field(b"\x1a", body)
     return bytes(out)
 
 
@@ -308,4 +318,5 @@ def _spec_tail(spec: TaskSpec) -> bytes:
     wire.task_type = ""
     wire.payload = b""
     wire.unique_key = ""
+    wire.limit_key = ""
     return encode(wire)

@@ -28,6 +28,8 @@ from .._errors import InvalidArgumentError, RingoError, UnavailableError, requir
 from .._models import (
     BatchResult,
     EnqueueResult,
+    LimitRule,
+    LimitStatus,
     QueueStats,
     Task,
     TaskSpec,
@@ -42,6 +44,8 @@ from .._proto.ringo.v1 import (
     CancelTaskResponse,
     ClaimRequest,
     ClaimResponse,
+    DeleteLimitRequest,
+    DeleteLimitResponse,
     DeleteTasksRequest,
     DeleteTasksResponse,
     EnqueueRequest,
@@ -52,6 +56,8 @@ from .._proto.ringo.v1 import (
     GetQueueStatsResponse,
     GetTaskRequest,
     GetTaskResponse,
+    ListLimitsRequest,
+    ListLimitsResponse,
     ListOrder,
     ListTasksRequest,
     ListTasksResponse,
@@ -60,11 +66,14 @@ from .._proto.ringo.v1 import (
     RetryTaskResponse,
     RetryTasksRequest,
     RetryTasksResponse,
+    SetLimitRequest,
+    SetLimitResponse,
     SetQueuePausedRequest,
     SetQueuePausedResponse,
     WaitTaskRequest,
     WaitTaskResponse,
 )
+from .._proto.ringo.v1 import LimitRule as _WireLimitRule
 from .._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from .._work._timeouts import TaskTimeouts
 from .._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
@@ -314,6 +323,8 @@ class TaskQueue(ScheduleCalls):
             raise InvalidArgumentError("pass either a TaskSpec or keyword arguments, not both")
         elif not isinstance(spec, TaskSpec):
             raise InvalidArgumentError(f"spec must be a TaskSpec, got {type(spec).__name__}")
+        if spec.limit_key is not None:
+            require(self._connection.protocol_minor, Feature.LIMITS, "TaskSpec.limit_key")
         reply = await self._connection.call(
             "Enqueue", EnqueueRequest(queue=self.name, task=spec.to_wire()), EnqueueResponse
         )
@@ -338,6 +349,8 @@ class TaskQueue(ScheduleCalls):
         for spec in specs:
             if not isinstance(spec, TaskSpec):
                 raise InvalidArgumentError(f"specs must be TaskSpecs, got {type(spec).__name__}")
+        if any(spec.limit_key is not None for spec in specs):
+            require(self._connection.protocol_minor, Feature.LIMITS, "TaskSpec.limit_key")
         results: list[EnqueueResult] = []
         created = duplicates = 0
         for start in range(0, len(specs), _limits.MAX_BATCH):
@@ -354,6 +367,66 @@ class TaskQueue(ScheduleCalls):
         return BatchResult(
             results=tuple(results), created_count=created, duplicate_count=duplicates
         )
+
+    # -- keyed limits (docs/limits.md) ----------------------------------------
+
+    async def set_limit(
+        self,
+        prefix: str,
+        *,
+        rate: float | None = None,
+        per: timedelta = timedelta(seconds=1),
+        burst: int = 1,
+        concurrency: int | None = None,
+    ) -> LimitRule:
+        """Set (create or replace) this queue's rule for the keys starting
+        with `prefix`: at most `rate` task starts per `per` per key, in
+        bursts of `burst`, and at most `concurrency` leased tasks per key.
+        Needs protocol minor >= 13 (`IncompatibleVersionError`)."""
+        require(self._connection.protocol_minor, Feature.LIMITS, "TaskQueue.set_limit")
+        if not isinstance(prefix, str):
+            raise InvalidArgumentError("prefix must be a string")
+        if rate is None and concurrency is None:
+            raise InvalidArgumentError("give a rate, a concurrency or both")
+        check_duration("per", per)
+        check_int("burst", burst, 1, _limits.MAX_LIMIT_BURST)
+        if concurrency is not None:
+            check_int("concurrency", concurrency, 1, _limits.MAX_LIMIT_CONCURRENCY)
+        reply = await self._connection.call(
+            "SetLimit",
+            SetLimitRequest(
+                queue=self.name,
+                rule=_WireLimitRule(
+                    prefix=prefix,
+                    rate=float(rate or 0.0),
+                    per=per,
+                    burst=burst,
+                    concurrency=concurrency or 0,
+                ),
+            ),
+            SetLimitResponse,
+        )
+        return LimitRule.from_wire(reply.rule)
+
+    async def limits(self, *, with_keys: bool = False) -> list[LimitStatus]:
+        """This queue's rules, in prefix order; with `with_keys`, each with
+        the keys that have tasks waiting or leased (the most waiting first)."""
+        require(self._connection.protocol_minor, Feature.LIMITS, "TaskQueue.limits")
+        reply = await self._connection.call(
+            "ListLimits",
+            ListLimitsRequest(queue=self.name, with_keys=with_keys),
+            ListLimitsResponse,
+            read_only=True,
+        )
+        return [LimitStatus.from_wire(s) for s in reply.limits]
+
+    async def delete_limit(self, prefix: str) -> bool:
+        """Delete this queue's rule for `prefix`; False when there was none."""
+        require(self._connection.protocol_minor, Feature.LIMITS, "TaskQueue.delete_limit")
+        reply = await self._connection.call(
+            "DeleteLimit", DeleteLimitRequest(queue=self.name, prefix=prefix), DeleteLimitResponse
+        )
+        return reply.deleted
 
     # -- lookup -------------------------------------------------------------
 

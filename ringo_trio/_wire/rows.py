@@ -94,6 +94,7 @@ class TaskRow(NamedTuple):
     lease_until: int | None
     lease_token: str
     result: bytes | None
+    limit_key: str
 
 
 class Push:
@@ -272,6 +273,7 @@ def push_rows(rows: Sequence[TaskRow], reference: Callable[[TaskRow], Push]) -> 
             lease_until,
             lease_token,
             result,
+            limit_key,
         ) = r
         state = _STATE_FIELD.get(state_number)
         if (
@@ -329,7 +331,8 @@ def push_rows(rows: Sequence[TaskRow], reference: Callable[[TaskRow], Push]) -> 
                     encoded = instants[us] = _timestamp(us)
                 stamps.append(tag)
                 stamps.append(encoded)
-        # Task fields 17-18 and Lease fields 4-5: worker and lease deadline.
+        # Task fields 17-18 and Lease fields 4-5: worker and lease deadline
+        # (Task field 20, limit_key, follows them).
         owner = (worker_id, lease_until)
         shared = leases.get(owner)
         if shared is None:
@@ -350,6 +353,7 @@ def push_rows(rows: Sequence[TaskRow], reference: Callable[[TaskRow], Push]) -> 
                 *stamps,
                 _text(b"\x7a", last_error),
                 shared[0],
+                _text(b"\xa2\x01", limit_key),
             )
         )
         lease = b"".join(

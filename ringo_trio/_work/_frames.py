@@ -278,7 +278,7 @@ def _seconds(buf: bytes, pos: int, end: int) -> tuple[float, int]:
 def _task(buf: bytes, pos: int, end: int) -> Task:
     """Fields 1-15, 17 and 18 of a Task, each optional, in that order;
     progress (16) or a result (19) sends the frame to the generic path."""
-    task_id = queue = task_type = unique_key = last_error = worker_id = ""
+    task_id = queue = task_type = unique_key = last_error = worker_id = limit_key = ""
     payload = b""
     state = attempt = max_attempts = priority = 0
     backoff = None
@@ -374,6 +374,9 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
         worker_id = buf[start:pos].decode()
     if pos + 1 < end and buf[pos] == 0x92 and buf[pos + 1] == 0x01:
         lease_until, pos = read_timestamp(buf, pos + 2, end, None)
+    if pos + 1 < end and buf[pos] == 0xA2 and buf[pos + 1] == 0x01:
+        start, pos = read_len(buf, pos + 2, end)
+        limit_key = buf[start:pos].decode()
     if pos != end:
         raise _Generic
     # Positional, in the dataclass's field order (the property test checks it).
@@ -399,6 +402,7 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
         worker_id or None,
         lease_until,
         None,
+        limit_key or None,
     )
 
 

@@ -358,3 +358,18 @@ def wal_header(scratch: pathlib.Path) -> tuple[int, int]:
 def checkpointed(scratch: pathlib.Path) -> bool:
     logged, backfilled = wal_header(scratch)
     return logged > 0 and backfilled == logged
+
+
+def undo_limits(schema: str | None = None) -> list[str]:
+    """The statements that undo the keyed-limits migration (minor 13): for a
+    test that makes a store look as an older daemon left it, whose
+    migrations then run again. `schema`: PostgreSQL's (quoted), None for
+    SQLite."""
+    s = "" if schema is None else f"{schema}."
+    return [
+        f"DROP INDEX {s}tasks_limit_pending",
+        f"DROP INDEX {s}tasks_limit_leased",
+        f"DROP TABLE {s}limit_rules",
+        f"DROP TABLE {s}limit_keys",
+        f"ALTER TABLE {s}tasks DROP COLUMN limit_key",
+    ]

@@ -35,7 +35,9 @@ daemons, the tests do) and is fed from four places:
   skipped come from the stored schedules (`Storage.list_schedules`, the
   first `limits.MAX_METRIC_SCHEDULES`): the counts are the store's, so
   every daemon sharing it reports the same totals (sum with ``max``, not
-  ``sum``, across daemons).
+  ``sum``, across daemons). Then the limit rules of
+  those queues (`Storage.list_limits` with keys) for
+  ``ringo_limit_waiting_tasks``.
 
 **Bounded memory.** Queue names come from clients, so labelled children are
 made for at most `limits.MAX_METRIC_QUEUES` queues; later queues share the
@@ -93,6 +95,7 @@ from ..storage.base import (
     Storage,
     StorageUnavailable,
 )
+from ..storage.rows import to_us
 from .scrape import render_text
 
 __all__ = [
@@ -440,6 +443,7 @@ class PrometheusMetrics(Metrics):
             truncated = len(queues) >= cap and bool(
                 await storage.list_queues(now, after=queues[-1].queue, limit=1)
             )
+            held = await _held_by_rules(storage, now, {q.queue for q in queues})
         except Exception as exc:
             # Once per outage, not once per scrape.
             if self._snapshot.ok:
@@ -477,6 +481,7 @@ class PrometheusMetrics(Metrics):
             ],
             truncated=truncated,
             schedules=schedules,
+            held=held,
         )
 
     def _read_streams(self) -> None:
@@ -510,8 +515,37 @@ class PrometheusMetrics(Metrics):
 _REFRESH_PAGE = 100
 
 
+async def _held_by_rules(
+    storage: Storage, now: datetime, reported: set[str]
+) -> list[tuple[str, str, int]]:
+    """(queue, prefix, tasks held) of every rule of the reported queues: the
+    due waiting tasks of the rule's keys that may not start now, the key's
+    rate not letting it yet or its concurrency full. Reads ListLimits'
+    figures, so a rule counts its `MAX_LIMIT_KEYS_LISTED` keys with the
+    most waiting."""
+    held: list[tuple[str, str, int]] = []
+    now_us = to_us(now)
+    for status in await storage.list_limits(None, now, with_keys=True):
+        if status.queue not in reported:
+            continue
+        rule = status.rule
+        held.append(
+            (
+                status.queue,
+                rule.prefix,
+                sum(
+                    key.waiting
+                    for key in status.keys
+                    if (key.next_start_us is not None and key.next_start_us > now_us)
+                    or (rule.concurrency and key.leased >= rule.concurrency)
+                ),
+            )
+        )
+    return held
+
+
 class _Snapshot:
-    __slots__ = ("ok", "queues", "schedules", "truncated")
+    __slots__ = ("held", "ok", "queues", "schedules", "truncated")
 
     def __init__(
         self,
@@ -520,12 +554,14 @@ class _Snapshot:
         ok: bool = True,
         truncated: bool = False,
         schedules: list[tuple[tuple[str, str], int, int]] | None = None,
+        held: list[tuple[str, str, int]] | None = None,
     ) -> None:
         self.queues = queues or []
         # ((queue, schedule), fired, skipped)
         self.schedules = schedules or []
         self.ok = ok
         self.truncated = truncated
+        self.held = held or []
 
 
 class _LiveCollector(Collector):
@@ -575,6 +611,15 @@ class _LiveCollector(Collector):
             ticks.add_metric((queue, name, "fired"), fired)
             ticks.add_metric((queue, name, "skipped"), skipped)
         yield ticks
+        held = GaugeMetricFamily(
+            "ringo_limit_waiting_tasks",
+            "Due PENDING tasks a limit rule holds back (their key's rate or"
+            " concurrency does not let them start yet), by queue and rule prefix.",
+            labels=("queue", "prefix"),
+        )
+        for queue, prefix, count in snapshot.held:
+            held.add_metric((queue, prefix), count)
+        yield held
         yield GaugeMetricFamily(
             "ringo_queues_read_ok",
             "1 when this scrape read the queues from storage, 0 when that failed.",

@@ -6,7 +6,7 @@ The reply echoes every task of the batch, so the generic encoder
 (`encode(build(EnqueueManyResponse, ...))`: a message walk per
 result, task and backoff) was ~5 ms per 1,000 tasks of the daemon's CPU. The
 tasks of one batch share their queue, task types, timestamps and retry
-policy; this encoder writes a task's fields 1-15 in field order (the order
+policy; this encoder writes a task's fields 1-15 and 20 in field order (the order
 the generic encoder writes) and encodes what repeats once per reply: the
 queue and task type, and fields 6-15 (numbers, backoff, timestamps, last
 error) keyed by their values, since equal values encode alike.
@@ -106,6 +106,10 @@ def encode_enqueue_many_reply(
             if text:
                 body += _field(b"\x2a", text.encode())
             body += tail
+            # Fields 16-19 are absent on this path: field 20 follows the tail.
+            text = values["limit_key"]
+            if text:
+                body += _field(b"\xa2\x01", text.encode())
         size = len(body)
         # EnqueueResult: field 1 the task, field 2 `created` when true.
         result = b"\x0a" + (SMALL[size] if size < 0x80 else varint(size)) + body

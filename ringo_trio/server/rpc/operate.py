@@ -114,9 +114,12 @@ class Operations:
         task = await self._storage.cancel(
             queue, reason, now, task_id=task_id, unique_key=unique_key
         )
-        # No claimer to wake: a cancel makes no task claimable. A LEASED
-        # task's worker learns it at its next renewal or settlement
+        # A cancel makes no task claimable, but a LEASED keyed task's end
+        # frees a slot of its key's concurrency: the queue's claimers are
+        # woken then. Its worker learns it at its next renewal or settlement
         # (LeaseLost); its WaitTask callers learn it now.
+        if task.limit_key and self._storage.limited(queue):
+            self._wakeups.notify(queue)
         self._waits.settled((task.id,))
         return CancelTaskResponse(task=task)
 

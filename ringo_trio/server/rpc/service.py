@@ -127,6 +127,8 @@ from ringo_trio._proto.ringo.v1 import (
     CancelTaskResponse,
     ClaimRequest,
     ClaimResponse,
+    DeleteLimitRequest,
+    DeleteLimitResponse,
     DeleteScheduleRequest,
     DeleteScheduleResponse,
     DeleteTasksRequest,
@@ -147,6 +149,8 @@ from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
     LeaseRef,
+    ListLimitsRequest,
+    ListLimitsResponse,
     ListQueuesRequest,
     ListQueuesResponse,
     ListSchedulesRequest,
@@ -169,6 +173,8 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTaskResponse,
     RetryTasksRequest,
     RetryTasksResponse,
+    SetLimitRequest,
+    SetLimitResponse,
     SetQueuePausedRequest,
     SetQueuePausedResponse,
     SetSchedulePausedRequest,
@@ -200,6 +206,7 @@ from .codec import Preencoded
 from .commit import GroupCommit
 from .enqueue_reply import encode_enqueue_many_reply
 from .gate import current_connection, time_remaining
+from .limits import Limits
 from .members import ATTACH_LOCAL_METHOD, Members
 from .operate import Operations
 from .paused import PausedQueues
@@ -371,6 +378,7 @@ class QueueService(QueueServiceBase):
         self._operations = Operations(storage, wakeups, self.waits, self.paused)
         # Without the daemon's loop (in-process tests), nothing is poked.
         self._schedules = schedules
+        self._limits = Limits(storage, wakeups)
         # Leases of a claim nobody received, handed back by the engine itself:
         # their tasks are claimable again, so the queue's claimers are woken
         # as after any release.
@@ -699,7 +707,8 @@ class QueueService(QueueServiceBase):
     async def apply_ack(self, message: AckRequest, now: datetime) -> None:
         """The caller has checked that its minor allows a result."""
         ack = v.ack_settlement(message)
-        await self._storage.ack(ack.ref, now, ack.result)
+        task = await self._storage.ack(ack.ref, now, ack.result)
+        self._freed(task.queue, task.limit_key)
         self.waits.settled((ack.ref.task_id,))
 
     async def apply_nack(self, message: NackRequest, now: datetime) -> None:
@@ -711,8 +720,18 @@ class QueueService(QueueServiceBase):
 
     async def apply_reject(self, message: RejectRequest, now: datetime) -> None:
         reject = v.reject_settlement(message)
-        await self._storage.reject(reject.ref, reject.error, now)
+        task = await self._storage.reject(reject.ref, reject.error, now)
+        self._freed(task.queue, task.limit_key)
         self.waits.settled((reject.ref.task_id,))
+
+    def _freed(self, queue: str, limit_key: str | None) -> None:
+        """A lease of `queue` ended without making its task claimable: on a
+        queue with limit rules that frees a slot of its key's concurrency,
+        so the queue's claimers are woken as after an enqueue (the engine's
+        concurrency recheck stays as the backstop for leases that end on
+        another daemon)."""
+        if limit_key and self._storage.limited(queue):
+            self._wakeups.notify(queue)
 
     async def apply_settlements(
         self, settlements: Sequence[Settlement], now: datetime
@@ -725,12 +744,14 @@ class QueueService(QueueServiceBase):
             answers = await self._commit.settle(settlements, now)
         else:
             answers = await self._storage.settle_many(settlements, now)
-        refilled = {
+        # A nack makes its task claimable again; any settlement on a queue
+        # with limit rules may free its key's concurrency (`_freed`).
+        woken = {
             answer
             for item, answer in zip(settlements, answers, strict=True)
-            if type(item) is Nack and isinstance(answer, str)
+            if isinstance(answer, str) and (type(item) is Nack or self._storage.limited(answer))
         }
-        for queue in refilled:
+        for queue in woken:
             self._wakeups.notify(queue)
         if self.waits.parked:
             self.waits.settled(
@@ -782,6 +803,28 @@ class QueueService(QueueServiceBase):
         now = self._clock.now()
         _require(self._session_minor(context, now), feature, rpc)
         return now
+
+    # -- keyed limits (minor 13) ----------------------------------------------
+
+    def _limits_now(self, context: Any, what: str) -> datetime:
+        now, minor = self._admit_at(context)
+        _require(minor, Feature.LIMITS, what)
+        return now
+
+    @_rpc
+    async def set_limit(self, message: SetLimitRequest) -> SetLimitResponse:
+        now = self._limits_now(message.context, "SetLimit")
+        return await self._limits.set_limit(message, now)
+
+    @_rpc
+    async def list_limits(self, message: ListLimitsRequest) -> ListLimitsResponse:
+        now = self._limits_now(message.context, "ListLimits")
+        return await self._limits.list_limits(message, now)
+
+    @_rpc
+    async def delete_limit(self, message: DeleteLimitRequest) -> DeleteLimitResponse:
+        now = self._limits_now(message.context, "DeleteLimit")
+        return await self._limits.delete_limit(message, now)
 
     @_rpc
     async def list_tasks(self, message: ListTasksRequest) -> ListTasksResponse:

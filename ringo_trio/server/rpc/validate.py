@@ -23,6 +23,7 @@ from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     ClaimRequest,
     LeaseRef,
+    LimitRule,
     ListOrder,
     MisfirePolicy,
     NackRequest,
@@ -34,6 +35,7 @@ from ringo_trio._proto.ringo.v1 import (
 )
 
 from ..storage.base import Ack, Nack, Reject
+from ..storage.limits import Rule
 
 __all__ = [
     "ClaimArgs",
@@ -184,6 +186,7 @@ def task_spec(spec: TaskSpec | None, path: str, now: datetime) -> TaskSpec:
             f"{len(spec.payload)} bytes exceeds the {limits.MAX_PAYLOAD_BYTES}-byte limit",
         )
     _bounded_text(spec.unique_key, f"{path}.unique_key", limits.MAX_UNIQUE_KEY_BYTES)
+    _bounded_text(spec.limit_key, f"{path}.limit_key", limits.MAX_LIMIT_KEY_BYTES)
     if spec.max_attempts > limits.MAX_ATTEMPTS_LIMIT:
         raise FieldError(
             f"{path}.max_attempts",
@@ -211,6 +214,45 @@ def task_spec(spec: TaskSpec | None, path: str, now: datetime) -> TaskSpec:
     normalized: TaskSpec = object.__new__(TaskSpec)
     object.__setattr__(normalized, "__dict__", values)
     return normalized
+
+
+def limit_prefix(prefix: str, path: str) -> None:
+    _bounded_text(prefix, path, limits.MAX_LIMIT_KEY_BYTES)
+
+
+def limit_rule(rule: LimitRule | None, path: str) -> Rule:
+    """A SetLimit rule as storage keeps it (see docs/limits.md for the bounds)."""
+    if rule is None:
+        raise FieldError(path, "is required")
+    _bounded_text(rule.prefix, f"{path}.prefix", limits.MAX_LIMIT_KEY_BYTES)
+    rate = rule.rate
+    if not math.isfinite(rate) or rate < 0:
+        raise FieldError(f"{path}.rate", "must be a finite number >= 0")
+    if rate > limits.MAX_LIMIT_RATE:
+        raise FieldError(f"{path}.rate", f"{rate:g} exceeds the limit of {limits.MAX_LIMIT_RATE:g}")
+    per = duration(rule.per, f"{path}.per", maximum=limits.MAX_LIMIT_PER)
+    if per is None:
+        per = timedelta(seconds=1)
+    if per <= timedelta(0):
+        raise FieldError(f"{path}.per", "must be positive")
+    if rule.burst > limits.MAX_LIMIT_BURST:
+        raise FieldError(
+            f"{path}.burst", f"{rule.burst} exceeds the limit of {limits.MAX_LIMIT_BURST}"
+        )
+    if rule.concurrency > limits.MAX_LIMIT_CONCURRENCY:
+        raise FieldError(
+            f"{path}.concurrency",
+            f"{rule.concurrency} exceeds the limit of {limits.MAX_LIMIT_CONCURRENCY}",
+        )
+    if rate == 0 and rule.concurrency == 0:
+        raise FieldError(path, "sets neither a rate nor a concurrency")
+    return Rule(
+        prefix=rule.prefix,
+        rate=float(rate),
+        per_us=per // timedelta(microseconds=1),
+        burst=max(rule.burst, 1),
+        concurrency=rule.concurrency,
+    )
 
 
 def task_specs(specs: Sequence[TaskSpec], path: str, now: datetime) -> list[TaskSpec]:

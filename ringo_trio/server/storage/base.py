@@ -85,6 +85,7 @@ from ringo_trio._proto.ringo.v1 import (
 from ringo_trio._wire.primitives import seconds_nanos_body as _seconds_nanos_body
 from ringo_trio._wire.rows import Push
 
+from .limits import Rule, RuleStatus
 from .schedules import FiringReport
 
 __all__ = [
@@ -658,6 +659,27 @@ class Storage(abc.ABC):
         """Fire up to `limit` due schedules, each exactly once per tick
         (storage/schedules.py)."""
         return FiringReport()
+
+    # -- keyed limits (minor 13, storage.limits) ------------------------------
+
+    @abc.abstractmethod
+    async def set_limit(self, queue: str, rule: Rule, now: datetime) -> bool:
+        """Upsert the rule of (queue, rule.prefix); True when it was new.
+        FailedPrecondition when the queue already holds `MAX_LIMIT_RULES`."""
+
+    @abc.abstractmethod
+    async def delete_limit(self, queue: str, prefix: str, now: datetime) -> bool: ...
+
+    @abc.abstractmethod
+    async def list_limits(
+        self, queue: str | None, now: datetime, *, with_keys: bool
+    ) -> list[RuleStatus]:
+        """In (queue, prefix) order; every queue's when `queue` is None."""
+
+    def limited(self, queue: str) -> bool:
+        """Whether `queue` had rules when this engine last read them (no
+        query; see `storage.limits` for how stale that may be)."""
+        return False
 
 
 def storage_full(storage: Storage, cause: BaseException) -> StorageFull:

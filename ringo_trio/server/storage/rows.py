@@ -157,6 +157,7 @@ def row_task(row: Sequence[Any]) -> Task:
         worker_id=r.worker_id,
         lease_until=opt_from_us(r.lease_until),
         result=None if r.result is None else bytes(r.result),
+        limit_key=r.limit_key,
     )
 
 
@@ -277,6 +278,7 @@ class NewTasks:
         values["unique_key"] = spec.unique_key
         values["max_attempts"] = max_attempts
         values["priority"] = spec.priority
+        values["limit_key"] = spec.limit_key
         values["retry_backoff"] = policy[3]
         values["available_at"] = (
             values["created_at"] if available_us == now_us else from_us(available_us)
@@ -299,6 +301,7 @@ class NewTasks:
             now_us,
             now_us,
             available_us,
+            spec.limit_key,
         )
         return task, row
 

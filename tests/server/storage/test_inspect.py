@@ -38,6 +38,7 @@ from tests._kit.storage import (
     postgres_kind,
     ref_of,
     spec,
+    undo_limits,
     walk,
 )
 
@@ -375,6 +376,8 @@ def _downgrade(engine: SyncEngine) -> None:
             "DROP INDEX tasks_finished_queue",
         ):
             db.execute(statement)
+        for statement in undo_limits():
+            db.execute(statement)
         db.execute(f"PRAGMA user_version = {_SQLITE_BEFORE_INSPECTION}")
         return
     schema = engine.raw.schema  # type: ignore[attr-defined]
@@ -402,6 +405,9 @@ def _downgrade(engine: SyncEngine) -> None:
             await conn.execute(
                 f'DROP TABLE "{schema}".task_waits, "{schema}".paused_queues, "{schema}".schedules'
             )
+            # The keyed-limits migration, undone too.
+            for statement in undo_limits(f'"{schema}"'):
+                await conn.execute(statement)
             await conn.execute(
                 f'UPDATE "{schema}".ringo_schema SET version = {_POSTGRES_BEFORE_INSPECTION}'
             )
@@ -428,6 +434,8 @@ def test_sqlite_finished_indexes_are_rebuilt_on_upgrade(tmp_path: pathlib.Path) 
             db.execute(
                 f"CREATE INDEX {name} ON tasks ({columns}) WHERE {sqlite_schema.FINISHED_IN}"
             )
+        for statement in undo_limits():
+            db.execute(statement)
         db.execute(f"PRAGMA user_version = {_SQLITE_IN_LIST_INDEXES}")
         engine.reopen()
         db = engine.raw._db  # type: ignore[attr-defined]

@@ -117,6 +117,7 @@ def rows(draw: st.DrawFn) -> tuple[Any, ...]:
         instant(),
         draw(st.one_of(st.none(), TEXT)),
         draw(st.one_of(st.none(), PAYLOADS)) if draw(st.booleans()) else None,
+        draw(st.sampled_from(["", "api:tenant-42", "日本"])),
     )
 
 

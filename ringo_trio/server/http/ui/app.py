@@ -79,6 +79,7 @@ from ringo_trio._proto.ringo.v1 import (
     DeleteTasksRequest,
     GetQueueStatsRequest,
     GetTaskRequest,
+    ListLimitsRequest,
     ListOrder,
     ListQueuesRequest,
     ListSchedulesRequest,
@@ -398,6 +399,10 @@ class Dashboard:
                 return await self._schedules(view, None)
             case ["workers"]:
                 return self._workers(view)
+            case ["limits"]:
+                return await self._limits(view, None)
+            case ["queues", queue, "limits"]:
+                return await self._limits(view, queue)
         raise _Refused(404, "no such page")
 
     async def _queues(self, view: _View) -> Response:
@@ -552,6 +557,42 @@ class Dashboard:
             schedules=rows,
             truncated=len(answer.schedules) > limits.MAX_LIST_PAGE,
         )
+
+    async def _limits(self, view: _View, queue: str | None) -> Response:
+        """The limit rules of one queue (or of every queue), each with its
+        keys the rule holds back now (docs/limits.md)."""
+        answer = await self._service.list_limits(
+            ListLimitsRequest(context=self.context(), queue=queue or "", with_keys=True)
+        )
+        now = self._clock.now()
+        rules = []
+        for status in answer.limits:
+            rule = status.rule
+            assert rule is not None
+            rules.append(
+                {
+                    "queue": status.queue,
+                    "prefix": rule.prefix,
+                    "rate": views.rate(rule.rate, rule.per) if rule.rate else "",
+                    "burst": rule.burst if rule.rate else "",
+                    "concurrency": rule.concurrency or "",
+                    "keys": [
+                        {
+                            "key": k.key,
+                            "waiting": k.waiting,
+                            "leased": k.leased,
+                            "next": views.until(k.next_start_at, now),
+                        }
+                        for k in status.keys
+                        if k.waiting
+                        and (
+                            (k.next_start_at is not None and k.next_start_at > now)
+                            or (rule.concurrency and k.leased >= rule.concurrency)
+                        )
+                    ],
+                }
+            )
+        return view.render("limits.html", queue=queue, rules=rules)
 
     def _workers(self, view: _View) -> Response:
         workers = [

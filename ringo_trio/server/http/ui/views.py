@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+from ringo_trio._contract.durations import format_duration
+
 __all__ = ["PREVIEW_BYTES", "HEX_BYTES", "age", "moment", "preview", "sparkline", "timing"]
 
 # A payload (or result) is up to 1 MiB; a page shows its start only.
@@ -121,3 +123,16 @@ def timing(cron: str, every: timedelta | None, timezone: str) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return "every " + ("".join(parts) or "0s")
+
+
+def rate(starts: float, per: timedelta | None) -> str:
+    """'10/1s': a limit rule's rate."""
+    return f"{starts:g}/{format_duration(per or timedelta(seconds=1))}"
+
+
+def until(moment: datetime | None, now: datetime) -> str:
+    """'in 250ms' until `moment`; 'now' for None or a past moment."""
+    if moment is None or moment <= now:
+        return "now"
+    ms = (moment - now) / timedelta(milliseconds=1)
+    return f"in {ms:.0f}ms" if ms < 1000 else f"in {age(now, moment)}"

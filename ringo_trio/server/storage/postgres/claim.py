@@ -51,15 +51,17 @@ class ClaimSql:
                 INSERT INTO {t} (id, queue, task_type, payload, unique_key, state, attempt,
                     max_attempts, base_max_attempts, priority, backoff_initial_us,
                     backoff_max_us, backoff_multiplier, created_at, updated_at, available_at,
-                    last_error, worker_id, lease_token, retry_delays_us)
+                    last_error, worker_id, lease_token, retry_delays_us, limit_key)
                 SELECT u.id, $1, u.task_type, u.payload, u.unique_key, {PENDING}, 0,
                     u.max_attempts, u.max_attempts, u.priority, u.initial_us, u.max_us,
-                    u.multiplier, $2, $2, u.available_at, '', '', '', u.delays::bigint[]
+                    u.multiplier, $2, $2, u.available_at, '', '', '', u.delays::bigint[],
+                    u.limit_key
                 FROM unnest($3::text[], $4::text[], $5::bytea[], $6::text[], $7::bigint[],
                     $8::integer[], $9::bigint[], $10::bigint[], $11::float8[], $12::bigint[],
-                    $13::text[])
+                    $13::text[], $14::text[])
                     WITH ORDINALITY AS u(id, task_type, payload, unique_key, max_attempts,
-                        priority, initial_us, max_us, multiplier, available_at, delays, ord)
+                        priority, initial_us, max_us, multiplier, available_at, delays,
+                        limit_key, ord)
                 ORDER BY u.ord
                 ON CONFLICT (queue, unique_key) WHERE unique_key <> '' DO NOTHING
                 RETURNING unique_key
@@ -70,14 +72,14 @@ class ClaimSql:
             )
             SELECT n.keys, CASE WHEN n.created > 0 THEN {note("$1")} END FROM n
         """
-        # `NewTasks`'s INSERT row, as it is ($1..$15), and its schedule ($16).
+        # `NewTasks`'s INSERT row, as it is ($1..$16), and its schedule ($17).
         self.probe_insert = f"""
             INSERT INTO {t} (id, queue, task_type, payload, unique_key, state, attempt,
                 max_attempts, base_max_attempts, priority, backoff_initial_us, backoff_max_us,
                 backoff_multiplier, created_at, updated_at, available_at, last_error,
-                worker_id, lease_token, retry_delays_us)
+                worker_id, lease_token, limit_key, retry_delays_us)
             VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                '', '', '', $16)
+                '', '', '', $16, $17)
             RETURNING seq
         """
         self.probe_delete = f"DELETE FROM {t} WHERE seq = $1"
@@ -154,9 +156,9 @@ def leased_rows(rows: Sequence[Any]) -> list[LeasedTask]:
 
 def insert_columns(rows: Any) -> list[list[Any]]:
     """INSERT rows (as `NewTasks` builds them) as the insert statement's
-    column arrays ($3..$13: the last is each task's schedule)."""
-    cols: list[list[Any]] = [[] for _ in range(11)]
-    (ids, types, payloads, keys, attempts, prios, initials, maxima, mults, avail, delays) = cols
+    column arrays ($3..$14: each task's schedule, then its limit key)."""
+    cols: list[list[Any]] = [[] for _ in range(12)]
+    (ids, types, payloads, keys, attempts, prios, initials, maxima, mults, avail, delays, lk) = cols
     # A batch shares a handful of policies (most often one).
     schedules: dict[tuple[Any, ...], str] = {}
     for r in rows:
@@ -175,4 +177,5 @@ def insert_columns(rows: Any) -> list[list[Any]]:
         maxima.append(r[10])
         mults.append(r[11])
         avail.append(r[14])
+        lk.append(r[15])
     return cols

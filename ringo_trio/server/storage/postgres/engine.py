@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 
+from ringo_trio._contract.limits import MAX_LIMIT_RULES
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
 from ringo_trio._wire.rows import TaskRow
 
@@ -66,6 +67,7 @@ from ..base import (
     guard_claim,
     storage_full,
 )
+from ..limits import Rule, RuleCache, RuleStatus
 from ..retry import override_us
 from ..rows import (
     C_SEQ,
@@ -89,8 +91,9 @@ from ..rows import (
     task_row,
     to_us,
 )
-from . import listen
+from . import limits, listen
 from .claim import ClaimSql, claimed_refs, insert_columns, leased_rows, pushes
+from .limits import LimitSql
 from .listen import channel
 from .listing import LIST_COLS, WALK_COLS, ListingSql, inspect_transaction, list_sql, listed
 from .operate import OperateSql, one_lookup
@@ -143,6 +146,7 @@ class Sql:
         self.listing = ListingSql(s)
         self.waits = WaitSql(schema)
         self.paused = PausedSql(schema, channel, instance)
+        self.limits = LimitSql(s)
 
 
 class PostgresEngine(PostgresSchedules, Storage):
@@ -167,6 +171,9 @@ class PostgresEngine(PostgresSchedules, Storage):
         self._sql = Sql(schema, self.channel, self.instance)
         self._pool: asyncpg.Pool | None = None
         self._ping_conn: asyncpg.Connection | None = None
+        self._rules = RuleCache()
+        # Rule changes, told to every daemon of the schema (`storage.limits`).
+        self.limits_channel = "ringo_limits:" + self.channel.removeprefix("ringo:")[:40]
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -473,6 +480,27 @@ class PostgresEngine(PostgresSchedules, Storage):
         until = now_us + lease_duration // MICRO
         types = type_list(task_types)
         rows: list[Any] = []
+        rules = await self._limit_rules(queue, now_us)
+        if rules:
+            for _ in range(_CLAIM_ROUNDS):
+                async with self._conn() as conn:
+                    rows, expired = await limits.claim(
+                        conn,
+                        self._sql.limits,
+                        rules,
+                        queue,
+                        types,
+                        limit,
+                        worker_id,
+                        now_us,
+                        until,
+                        new_lease_tokens(limit),
+                    )
+                if not expired:
+                    break
+            claimed = [task_row(r) for r in rows]
+            claimed.sort(key=lambda r: (-r.priority, r.available_at, r.seq))
+            return claimed
         for _ in range(_CLAIM_ROUNDS):
             tokens = new_lease_tokens(limit)
             rows = await self._fetch(
@@ -614,6 +642,13 @@ class PostgresEngine(PostgresSchedules, Storage):
         """As the interface says; a moment that has already come (a due task,
         an expired lease not yet reaped) is reported as `now`."""
         now_us = to_us(now)
+        rules = await self._limit_rules(queue, now_us)
+        if rules:
+            async with self._conn() as conn:
+                soonest = await limits.next_wakeup(
+                    conn, self._sql.limits, rules, queue, type_list(task_types), now_us
+                )
+            return None if soonest is None else from_us(max(soonest, now_us))
         row = await self._fetchrow(self._sql.claim.next_wakeup, queue, type_list(task_types))
         soonest = row[0]
         if soonest is None:
@@ -642,8 +677,79 @@ class PostgresEngine(PostgresSchedules, Storage):
         """LISTEN on the schema's channel over a connection of its own (see
         the interface and `listen.watch`)."""
         await listen.watch(
-            self.dsn, self.channel, self.instance, notify, self._fold, paused_changed
+            self.dsn,
+            self.channel,
+            self.instance,
+            notify,
+            self._fold,
+            paused_changed,
+            (self.limits_channel, lambda queue: self._rules_changed(queue, notify)),
         )
+
+    def _rules_changed(self, queue: str, notify: Callable[[str | None], None]) -> None:
+        self._rules.invalidate()
+        if queue:
+            # Its dispatchers claim again under the new rule.
+            notify(queue)
+
+    # -- keyed limits (storage.limits) ---------------------------------------
+
+    async def _limit_rules(self, queue: str, now_us: int) -> tuple[Rule, ...]:
+        if self._rules.stale(now_us):
+            self._rules.load(await self._fetch(self._sql.limits.rules), now_us)
+        return self._rules.get(queue)
+
+    def limited(self, queue: str) -> bool:
+        return bool(self._rules.get(queue))
+
+    async def _tell_rules(self, conn: asyncpg.Connection, queue: str) -> None:
+        await conn.execute("SELECT pg_notify($1, $2)", self.limits_channel, queue)
+
+    async def set_limit(self, queue: str, rule: Rule, now: datetime) -> bool:
+        sql = self._sql.limits
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute(sql.lock_queue, queue)
+            exists = await conn.fetchval(sql.rule_exists, queue, rule.prefix)
+            if exists is None:
+                held = await conn.fetchval(sql.rule_count, queue)
+                if held >= MAX_LIMIT_RULES:
+                    raise FailedPrecondition(
+                        f"queue {queue!r} already has {held} limit rules (at most"
+                        f" {MAX_LIMIT_RULES}); delete one first"
+                    )
+            await conn.execute(
+                sql.upsert,
+                queue,
+                rule.prefix,
+                rule.rate,
+                rule.per_us,
+                rule.burst,
+                rule.concurrency,
+            )
+            await self._tell_rules(conn, queue)
+        self._rules.invalidate()
+        return exists is None
+
+    async def delete_limit(self, queue: str, prefix: str, now: datetime) -> bool:
+        sql = self._sql.limits
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute(sql.lock_queue, queue)
+            deleted = await conn.execute(sql.delete, queue, prefix)
+            await conn.execute(sql.drop_keys, queue)
+            await self._tell_rules(conn, queue)
+        self._rules.invalidate()
+        return bool(deleted != "DELETE 0")
+
+    async def list_limits(
+        self, queue: str | None, now: datetime, *, with_keys: bool
+    ) -> list[RuleStatus]:
+        now_us = to_us(now)
+        self._rules.load(await self._fetch(self._sql.limits.rules), now_us)
+        by_queue = dict(self._rules.queues)
+        if queue is not None:
+            by_queue = {queue: by_queue[queue]} if queue in by_queue else {}
+        async with self._conn() as conn:
+            return await limits.statuses(conn, self._sql.limits, by_queue, now_us, with_keys)
 
     # -- inspection (ListTasks, GetQueueStats, ListQueues) -------------------
 

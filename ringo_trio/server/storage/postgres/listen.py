@@ -67,16 +67,18 @@ async def watch(
     notify: Callable[[str | None], None],
     fold: Callable[[], Awaitable[None]],
     paused_changed: PausedChanged | None = None,
+    also: tuple[str, Callable[[str], None]] | None = None,
 ) -> None:
-    """LISTEN on `channel` until cancelled, telling `notify` of every other
-    engine's wake-up and `paused_changed` of every other engine's paused
-    flag change (`instance` names this one). After a loss it waits
+    """LISTEN on `channel` (and on `also`'s channel, telling its callback
+    each payload and "" at each connect) until cancelled, telling `notify`
+    of every other engine's wake-up and `paused_changed` of every other
+    engine's paused flag change (`instance` names this one). After a loss it waits
     `delay` before reconnecting; the delay doubles up to a cap while attempts
     keep failing and starts over once a listener was up."""
     delay = WATCH_RETRY_INITIAL
     while True:
         try:
-            await _listen(dsn, channel, instance, notify, fold, paused_changed)
+            await _listen(dsn, channel, instance, notify, fold, paused_changed, also)
         except asyncio.CancelledError:
             raise
         except Listened as exc:
@@ -95,6 +97,7 @@ async def _listen(
     notify: Callable[[str | None], None],
     fold: Callable[[], Awaitable[None]],
     paused_changed: PausedChanged | None,
+    also: tuple[str, Callable[[str], None]] | None = None,
 ) -> None:
     """One listening connection's life; raises when it is lost
     (`Listened` once it had been listening)."""
@@ -116,6 +119,11 @@ async def _listen(
     try:
         conn.add_termination_listener(lambda _conn: lost.set())
         await conn.add_listener(channel, on_note)
+        if also is not None:
+            told = also[1]
+            await conn.add_listener(also[0], lambda _c, _p, _ch, payload: told(payload))
+            # Whatever was said while nobody listened.
+            told("")
         notify(None)
         try:
             while not lost.is_set():

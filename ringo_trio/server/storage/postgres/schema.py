@@ -45,6 +45,8 @@ def lock_key(schema: str) -> int:
 
 # Spelled in the partial indexes and in their queries alike: a generic plan
 # cannot prove `state = $n` implies the index's predicate, this literal term can.
+LIMIT_PENDING = f"state = {PENDING} AND limit_key <> ''"
+LIMIT_LEASED = f"state = {LEASED} AND limit_key <> ''"
 FINISHED_TERM = f"state IN ({', '.join(map(str, FINISHED))})"
 
 
@@ -318,6 +320,36 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             """,
             f"CREATE INDEX schedules_due ON {s}.schedules (next_fire_at)"
             " WHERE next_fire_at IS NOT NULL",
+        ),
+        # Minor 13, keyed limits (docs/limits.md): each task's key (a
+        # constant default: no table rewrite); the rules of each queue; each
+        # limited key's GCRA state, whose row a claim locks to serialize the
+        # key's claims across daemons. The partial indexes hold keyed tasks
+        # only, so a task without a key adds no entry.
+        (
+            f"ALTER TABLE {s}.tasks ADD COLUMN limit_key text NOT NULL DEFAULT ''",
+            f"CREATE INDEX tasks_limit_pending ON {s}.tasks"
+            f" (queue, limit_key, priority DESC, available_at, seq) WHERE {LIMIT_PENDING}",
+            f"CREATE INDEX tasks_limit_leased ON {s}.tasks (queue, limit_key) WHERE {LIMIT_LEASED}",
+            f"""
+            CREATE TABLE {s}.limit_rules (
+                queue       text             NOT NULL,
+                prefix      text             NOT NULL,
+                rate        double precision NOT NULL,
+                per_us      bigint           NOT NULL,
+                burst       bigint           NOT NULL,
+                concurrency bigint           NOT NULL,
+                PRIMARY KEY (queue, prefix)
+            )
+            """,
+            f"""
+            CREATE TABLE {s}.limit_keys (
+                queue       text    NOT NULL,
+                key         text    NOT NULL,
+                tat_us      bigint  NOT NULL,
+                PRIMARY KEY (queue, key)
+            )
+            """,
         ),
     )
 

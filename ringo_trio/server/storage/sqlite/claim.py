@@ -34,9 +34,9 @@ _INSERT_HEAD = (
     "INSERT INTO tasks (id, queue, task_type, payload, unique_key, state, attempt,"
     " max_attempts, base_max_attempts, priority, backoff_initial_us, backoff_max_us,"
     " backoff_multiplier, created_at, updated_at, available_at, last_error, worker_id,"
-    " lease_token) VALUES "
+    " lease_token, limit_key) VALUES "
 )
-_INSERT_ROW = "(?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', '', '')"
+_INSERT_ROW = "(?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', '', '', ?)"
 INSERT = _INSERT_HEAD + _INSERT_ROW
 # Rows per multi-row INSERT, largest first: a batch is cut into these so
 # that only four statements (each prepared once, in the statement cache)
@@ -45,7 +45,7 @@ INSERT = _INSERT_HEAD + _INSERT_ROW
 # builds once per statement execution, i.e. once per row (measured: 9.9 ->
 # 4.4 ms per 1,000 rows, engine alone, before schema 6 put the finished-task
 # indexes on a range term).
-INSERT_CHUNKS = (512, 64, 8, 1)  # 512 rows x 16 parameters, far below 32766
+INSERT_CHUNKS = (512, 64, 8, 1)  # 512 rows x 17 parameters, far below 32766
 
 
 @functools.cache

@@ -70,7 +70,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT
+from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT, MAX_LIMIT_RULES
 from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
@@ -95,6 +95,7 @@ from ..base import (
     TaskPage,
     storage_full,
 )
+from ..limits import Rule, RuleCache, RuleStatus
 from ..retry import delay_us, override_us
 from ..rows import (
     C_QUEUE,
@@ -122,6 +123,7 @@ from ..rows import (
     task_row,
     to_us,
 )
+from . import limits
 from .claim import (
     INSERT,
     claim_sql,
@@ -220,6 +222,7 @@ class SQLiteEngine(SQLiteSchedules, Storage):
         self._db: sqlite3.Connection | None = None
         # Write transactions committed: upkeep checkpoints only after one.
         self._commits = 0
+        self._rules = RuleCache()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -466,14 +469,18 @@ class SQLiteEngine(SQLiteSchedules, Storage):
             "error": LEASE_EXPIRED,
         }
         rows: list[TaskRow] = []
+        rules = self._limit_rules(queue, now_us)
         with self._write() as db:
             db.execute(EXPIRE_QUEUE, args)
-            for prio, rest in priority_steps(db, queue):
-                args["prio"] = prio
-                args["limit"] = limit - len(rows)
-                rows += map(task_row, db.execute(claim_sql(types_clause, rest), args))
-                if len(rows) >= limit:
-                    break
+            if rules:
+                rows = list(map(task_row, limits.claim(db, rules, types_clause, args, limit)))
+            else:
+                for prio, rest in priority_steps(db, queue):
+                    args["prio"] = prio
+                    args["limit"] = limit - len(rows)
+                    rows += map(task_row, db.execute(claim_sql(types_clause, rest), args))
+                    if len(rows) >= limit:
+                        break
             move_counts(db, [(queue, r.task_type) for r in rows], PENDING, LEASED)
             # RETURNING yields rows in no promised order.
             rows.sort(key=lambda r: (-r.priority, r.available_at, r.seq))
@@ -616,9 +623,13 @@ class SQLiteEngine(SQLiteSchedules, Storage):
         types_clause, params = types_filter(task_types)
         args: dict[str, Any] = {**params, "queue": queue}
         db = self._conn()
+        rules = self._limit_rules(queue, now_us)
         # A read transaction, so the several queries see one snapshot.
         db.execute("BEGIN")
         try:
+            if rules:
+                soonest = limits.next_wakeup(db, rules, types_clause, {**args, "now": now_us})
+                return None if soonest is None else from_us(max(soonest, now_us))
             soonest = db.execute(
                 f"SELECT min(lease_until) FROM tasks WHERE queue = :queue"
                 f" AND state = {LEASED}{types_clause}",
@@ -641,6 +652,61 @@ class SQLiteEngine(SQLiteSchedules, Storage):
         if soonest is None:
             return None
         return from_us(max(soonest, now_us))
+
+    # -- keyed limits (storage.limits) ---------------------------------------
+
+    def _limit_rules(self, queue: str, now_us: int) -> tuple[Rule, ...]:
+        if self._rules.stale(now_us):
+            self._rules.load(self._conn().execute(limits.RULES).fetchall(), now_us)
+        return self._rules.get(queue)
+
+    def limited(self, queue: str) -> bool:
+        return bool(self._rules.get(queue))
+
+    async def set_limit(self, queue: str, rule: Rule, now: datetime) -> bool:
+        with self._write() as db:
+            exists = db.execute(
+                "SELECT 1 FROM limit_rules WHERE queue = ? AND prefix = ?", (queue, rule.prefix)
+            ).fetchone()
+            if exists is None:
+                held = db.execute(
+                    "SELECT count(*) FROM limit_rules WHERE queue = ?", (queue,)
+                ).fetchone()[0]
+                if held >= MAX_LIMIT_RULES:
+                    raise FailedPrecondition(
+                        f"queue {queue!r} already has {held} limit rules (at most"
+                        f" {MAX_LIMIT_RULES}); delete one first"
+                    )
+            db.execute(
+                "INSERT INTO limit_rules (queue, prefix, rate, per_us, burst, concurrency)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET rate = excluded.rate,"
+                " per_us = excluded.per_us, burst = excluded.burst,"
+                " concurrency = excluded.concurrency",
+                (queue, rule.prefix, rule.rate, rule.per_us, rule.burst, rule.concurrency),
+            )
+        self._rules.invalidate()
+        return exists is None
+
+    async def delete_limit(self, queue: str, prefix: str, now: datetime) -> bool:
+        with self._write() as db:
+            deleted = db.execute(
+                "DELETE FROM limit_rules WHERE queue = ? AND prefix = ?", (queue, prefix)
+            ).rowcount
+            if not db.execute("SELECT 1 FROM limit_rules WHERE queue = ?", (queue,)).fetchone():
+                # No rule left: the keys' rate states mean nothing any more.
+                db.execute("DELETE FROM limit_keys WHERE queue = ?", (queue,))
+        self._rules.invalidate()
+        return bool(deleted)
+
+    async def list_limits(
+        self, queue: str | None, now: datetime, *, with_keys: bool
+    ) -> list[RuleStatus]:
+        now_us = to_us(now)
+        self._rules.load(self._conn().execute(limits.RULES).fetchall(), now_us)
+        by_queue = dict(self._rules.queues)
+        if queue is not None:
+            by_queue = {queue: by_queue[queue]} if queue in by_queue else {}
+        return limits.statuses(self._conn(), by_queue, now_us, with_keys)
 
     # -- inspection (ListTasks, GetQueueStats, ListQueues) -------------------
 

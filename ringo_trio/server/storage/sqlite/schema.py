@@ -57,6 +57,10 @@ _COUNT_DOWN = (
     " WHERE queue = {row}.queue AND task_type = {row}.task_type AND state = {row}.state"
 )
 
+# The keyed-limit index terms, spelled alike in their queries.
+LIMIT_PENDING = f"state = {PENDING} AND limit_key != ''"
+LIMIT_LEASED = f"state = {LEASED} AND limit_key != ''"
+
 FINISHED_INDEXES = (
     ("tasks_finished", "queue, task_type, state"),
     ("tasks_finished_age", "state, finished_at"),
@@ -210,6 +214,35 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """,
         "CREATE INDEX IF NOT EXISTS schedules_due ON schedules (next_fire_at)"
         " WHERE next_fire_at IS NOT NULL",
+    ),
+    # Minor 13, keyed limits (docs/limits.md): each task's key; the rules of
+    # each queue; each limited key's GCRA state. The two partial indexes
+    # hold keyed tasks only, so a task without a key adds no entry: the
+    # claim walks the keys with waiting tasks and counts a key's leases.
+    (
+        "ALTER TABLE tasks ADD COLUMN limit_key TEXT NOT NULL DEFAULT ''",
+        f"CREATE INDEX tasks_limit_pending ON tasks (queue, limit_key, priority DESC,"
+        f" available_at) WHERE {LIMIT_PENDING}",
+        f"CREATE INDEX tasks_limit_leased ON tasks (queue, limit_key) WHERE {LIMIT_LEASED}",
+        """
+        CREATE TABLE limit_rules (
+            queue       TEXT    NOT NULL,
+            prefix      TEXT    NOT NULL,
+            rate        REAL    NOT NULL,
+            per_us      INTEGER NOT NULL,
+            burst       INTEGER NOT NULL,
+            concurrency INTEGER NOT NULL,
+            PRIMARY KEY (queue, prefix)
+        ) WITHOUT ROWID
+        """,
+        """
+        CREATE TABLE limit_keys (
+            queue       TEXT    NOT NULL,
+            key         TEXT    NOT NULL,
+            tat_us      INTEGER NOT NULL,
+            PRIMARY KEY (queue, key)
+        ) WITHOUT ROWID
+        """,
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

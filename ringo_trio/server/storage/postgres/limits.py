@@ -1,0 +1,268 @@
+"""Keyed limits on PostgreSQL: the rules' storage, the limited claim and the
+limited next wakeup (the plan is `storage.limits`').
+
+Concurrency (READ COMMITTED): a limited claim runs in one transaction. It
+locks the `limit_keys` row of every limited key it considers (created when
+missing; in key order, so two claims never deadlock) BEFORE it reads the
+key's TAT and counts the key's leases, each in a statement of its own, so
+it sees every lease another daemon's claim of that key committed: the claims
+of one key are serialized across daemons while it holds that lock, and the
+rate and the concurrency hold globally. Heads are picked FOR UPDATE SKIP
+LOCKED as in the plain claim. Settling, expiry, cancel and release need no
+change: they end leases, which the next claim counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+
+from ringo_trio._contract.limits import MAX_LIMIT_KEYS_LISTED, MAX_LIMIT_KEYS_PER_CLAIM
+
+from ..limits import (
+    Candidate,
+    KeyState,
+    Rule,
+    RuleStatus,
+    advance,
+    grant,
+    key_states,
+    match,
+    next_start,
+    pick,
+)
+from ..rows import COLS, LEASED, PENDING
+from .schema import LIMIT_LEASED, LIMIT_PENDING, ident
+from .settle import expire
+from .sql import Spelling, types_filter
+
+
+class LimitSql:
+    def __init__(self, s: Spelling) -> None:
+        t = s.tasks
+        sc = ident(s.schema)
+        self.rules = f"SELECT queue, prefix, rate, per_us, burst, concurrency FROM {sc}.limit_rules"
+        self.rule_count = f"SELECT count(*) FROM {sc}.limit_rules WHERE queue = $1"
+        self.rule_exists = f"SELECT 1 FROM {sc}.limit_rules WHERE queue = $1 AND prefix = $2"
+        self.upsert = f"""
+            INSERT INTO {sc}.limit_rules (queue, prefix, rate, per_us, burst, concurrency)
+            VALUES ($1, $2, $3, $4, $5, $6)
+            ON CONFLICT (queue, prefix) DO UPDATE SET rate = excluded.rate,
+                per_us = excluded.per_us, burst = excluded.burst,
+                concurrency = excluded.concurrency
+        """
+        self.delete = f"DELETE FROM {sc}.limit_rules WHERE queue = $1 AND prefix = $2"
+        self.drop_keys = f"""
+            DELETE FROM {sc}.limit_keys WHERE queue = $1
+                AND NOT EXISTS (SELECT 1 FROM {sc}.limit_rules WHERE queue = $1)
+        """
+        # Serialize the rule's (queue) writers, so the count of rules holds.
+        self.lock_queue = "SELECT pg_advisory_xact_lock(hashtextextended($1, 27))"
+        self.expire = f"""
+            WITH expired AS ({expire(s, "$2", " AND queue = $1")})
+            SELECT count(*), {s.notify_pending("expired")}, count(waited) FROM expired
+        """
+        self.keys = f"""
+            WITH RECURSIVE k(key) AS (
+                (SELECT limit_key FROM {t} WHERE queue = $1 AND {LIMIT_PENDING}
+                 ORDER BY limit_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT limit_key FROM {t} WHERE queue = $1 AND {LIMIT_PENDING}
+                        AND limit_key > k.key ORDER BY limit_key LIMIT 1)
+                FROM k WHERE k.key IS NOT NULL
+            )
+            SELECT key FROM k WHERE key IS NOT NULL LIMIT {MAX_LIMIT_KEYS_PER_CLAIM}
+        """
+        self.ensure_keys = f"""
+            INSERT INTO {sc}.limit_keys (queue, key, tat_us)
+            SELECT $1, unnest($2::text[]), 0 ON CONFLICT DO NOTHING
+        """
+        self.lock_keys = f"""
+            SELECT key, tat_us FROM {sc}.limit_keys WHERE queue = $1 AND key = ANY($2::text[])
+            ORDER BY key FOR UPDATE
+        """
+        self.read_keys = f"""
+            SELECT key, tat_us FROM {sc}.limit_keys WHERE queue = $1 AND key = ANY($2::text[])
+        """
+        self.leased = f"""
+            SELECT limit_key, count(*) FROM {t}
+            WHERE queue = $1 AND {LIMIT_LEASED} AND limit_key = ANY($2::text[])
+            GROUP BY limit_key
+        """
+        self.heads = f"""
+            SELECT c.seq, c.priority, c.available_at, k.key
+            FROM unnest($2::text[], $3::bigint[]) AS k(key, n) CROSS JOIN LATERAL (
+                SELECT seq, priority, available_at FROM {t}
+                WHERE queue = $1 AND limit_key = k.key AND {LIMIT_PENDING}
+                    AND available_at <= $4 {types_filter(5)}
+                ORDER BY priority DESC, available_at, seq LIMIT k.n
+                FOR UPDATE SKIP LOCKED) c
+        """
+        self.unkeyed = f"""
+            SELECT seq, priority, available_at FROM {t}
+            WHERE queue = $1 AND state = {PENDING} AND limit_key = ''
+                AND available_at <= $2 {types_filter(4)}
+            ORDER BY priority DESC, available_at, seq LIMIT $3
+            FOR UPDATE SKIP LOCKED
+        """
+        self.lease = f"""
+            UPDATE {t} k SET state = {LEASED}, attempt = k.attempt + 1,
+                lease_token = u.token, worker_id = $3, lease_until = $4, updated_at = $5
+            FROM unnest($1::bigint[], $2::text[]) AS u(seq, token)
+            WHERE k.seq = u.seq
+            RETURNING {", ".join("k." + c.strip() for c in COLS.split(","))}
+        """
+        self.set_tats = f"""
+            UPDATE {sc}.limit_keys l SET tat_us = u.tat
+            FROM unnest($2::text[], $3::bigint[]) AS u(key, tat)
+            WHERE l.queue = $1 AND l.key = u.key
+        """
+        self.soonest_lease = f"""
+            SELECT min(lease_until) FROM {t} WHERE queue = $1 AND state = {LEASED}
+                {types_filter(2)}
+        """
+        self.unkeyed_head = f"""
+            SELECT min(available_at) FROM {t} WHERE queue = $1 AND state = {PENDING}
+                AND limit_key = '' {types_filter(2)}
+        """
+        self.key_heads = f"""
+            SELECT k.key, (SELECT min(available_at) FROM {t}
+                WHERE queue = $1 AND limit_key = k.key AND {LIMIT_PENDING} {types_filter(3)})
+            FROM unnest($2::text[]) AS k(key)
+        """
+        self.key_rows = f"""
+            SELECT t.limit_key,
+                count(*) FILTER (WHERE t.state = {PENDING} AND t.available_at <= $2),
+                count(*) FILTER (WHERE t.state = {LEASED}), max(k.tat_us)
+            FROM {t} t LEFT JOIN {sc}.limit_keys k ON k.queue = t.queue AND k.key = t.limit_key
+            WHERE t.queue = $1 AND t.state IN ({PENDING}, {LEASED}) AND t.limit_key <> ''
+            GROUP BY t.limit_key
+        """
+
+
+async def claim(
+    conn: asyncpg.Connection,
+    sql: LimitSql,
+    rules: Sequence[Rule],
+    queue: str,
+    types: list[str] | None,
+    limit: int,
+    worker_id: str,
+    now_us: int,
+    until: int,
+    tokens: list[str],
+) -> tuple[list[Any], int]:
+    """(leased rows, leases expired) of one limited claim, in one
+    transaction; a claim that expired leases leases nothing (the caller
+    claims again, as the plain claim does)."""
+    async with conn.transaction():
+        expired = await conn.fetchval(sql.expire, queue, now_us)
+        if expired:
+            return [], int(expired)
+        keys = [r[0] for r in await conn.fetch(sql.keys, queue)]
+        limited = sorted(k for k in keys if match(rules, k) is not None)
+        tats: dict[str, int] = {}
+        leased: dict[str, int] = {}
+        if limited:
+            await conn.execute(sql.ensure_keys, queue, limited)
+            tats = dict(await conn.fetch(sql.lock_keys, queue, limited))
+            # After the locks: a statement of its own sees the leases every
+            # other claim of these keys committed.
+            leased = dict(await conn.fetch(sql.leased, queue, limited))
+        found = [
+            Candidate(r[0], r[1], r[2], "")
+            for r in await conn.fetch(sql.unkeyed, queue, now_us, limit, types)
+        ]
+        grants: list[int] = []
+        for key in keys:
+            rule = match(rules, key)
+            grants.append(
+                limit
+                if rule is None
+                else grant(rule, tats.get(key, 0), leased.get(key, 0), now_us, limit)
+            )
+        asked = [(k, n) for k, n in zip(keys, grants, strict=True) if n]
+        if asked:
+            found += (
+                Candidate(r[0], r[1], r[2], r[3])
+                for r in await conn.fetch(
+                    sql.heads, queue, [k for k, _ in asked], [n for _, n in asked], now_us, types
+                )
+            )
+        chosen = pick(found, limit)
+        if not chosen:
+            return [], 0
+        started: dict[str, int] = {}
+        for c in chosen:
+            if c.key in tats:
+                started[c.key] = started.get(c.key, 0) + 1
+        moved = []
+        for key, count in started.items():
+            rule = match(rules, key)
+            assert rule is not None
+            if rule.interval_us:
+                moved.append((key, advance(rule, tats[key], now_us, count)))
+        if moved:
+            await conn.execute(
+                sql.set_tats, queue, [k for k, _ in moved], [tat for _, tat in moved]
+            )
+        rows = await conn.fetch(
+            sql.lease,
+            [c.seq for c in chosen],
+            tokens[: len(chosen)],
+            worker_id,
+            until,
+            now_us,
+        )
+        return rows, 0
+
+
+async def next_wakeup(
+    conn: asyncpg.Connection,
+    sql: LimitSql,
+    rules: Sequence[Rule],
+    queue: str,
+    types: list[str] | None,
+    now_us: int,
+) -> int | None:
+    moments: list[int] = []
+    async with conn.transaction(readonly=True, isolation="repeatable_read"):
+        for q in (sql.soonest_lease, sql.unkeyed_head):
+            value = await conn.fetchval(q, queue, types)
+            if value is not None:
+                moments.append(value)
+        keys = [r[0] for r in await conn.fetch(sql.keys, queue)]
+        if keys:
+            tats = dict(await conn.fetch(sql.read_keys, queue, keys))
+            leased = dict(await conn.fetch(sql.leased, queue, keys))
+            for key, head in await conn.fetch(sql.key_heads, queue, keys, types):
+                if head is None:
+                    continue
+                rule = match(rules, key)
+                if rule is not None:
+                    start = next_start(rule, tats.get(key), leased.get(key, 0), now_us)
+                    if start is not None:
+                        head = max(head, start)
+                moments.append(head)
+    return min(moments) if moments else None
+
+
+async def statuses(
+    conn: asyncpg.Connection,
+    sql: LimitSql,
+    by_queue: dict[str, tuple[Rule, ...]],
+    now_us: int,
+    with_keys: bool,
+) -> list[RuleStatus]:
+    out: list[RuleStatus] = []
+    for queue in sorted(by_queue):
+        rules = by_queue[queue]
+        states: dict[str, list[KeyState]] = {}
+        if with_keys:
+            rows = await conn.fetch(sql.key_rows, queue, now_us)
+            states = key_states(rules, [tuple(r) for r in rows], now_us, MAX_LIMIT_KEYS_LISTED)
+        for rule in sorted(rules, key=lambda r: r.prefix):
+            out.append(RuleStatus(queue, rule, tuple(states.get(rule.prefix, ()))))
+    return out
