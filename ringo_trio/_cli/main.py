@@ -58,7 +58,9 @@ from .._tasks.registry import TaskRegistry
 from .._work._handlers import Handler
 from .._work._timeouts import TaskTimeouts
 from . import demo as _demo
+from . import limits as _limits
 from . import ops as _ops
+from . import schedules as _schedules
 from .load import UsageError, load_object
 from .ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
@@ -508,6 +510,8 @@ def _parser() -> argparse.ArgumentParser:
         help=f"seconds the restart budget counts over ({_RESTARTS.window.total_seconds():g})",
     )
     _ops.add_commands(commands)
+    _schedules.add_commands(commands)
+    _limits.add_commands(commands)
     return parser
 
 

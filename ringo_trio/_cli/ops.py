@@ -20,11 +20,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._client import Ringo, RingoClient
-from .._contract.cron import CronError, parse_cron, zone
-from .._contract.durations import format_duration, parse_duration
+from .._contract.durations import parse_duration
 from .._contract.limits import MAX_LIST_PAGE, MAX_PAYLOAD_BYTES
 from .._errors import InvalidArgumentError
-from .._models import LimitRule, LimitStatus, QueueStats, Schedule, Task, TaskSpec, TaskState
+from .._models import QueueStats, Task, TaskSpec, TaskState
 from .._supervise.parent import TOKEN_ENV
 from .._tasks.registry import TaskCall
 from .load import UsageError, load_object
@@ -218,7 +217,7 @@ async def _tasks_list(args: argparse.Namespace) -> int:
                 t.state.value,
                 f"{t.attempt}/{t.max_attempts}",
                 t.unique_key or "",
-                _when(t.created_at),
+                when(t.created_at),
                 _one_line(t.last_error or "", 60),
             ]
             for t in tasks
@@ -249,11 +248,11 @@ async def _tasks_show(args: argparse.Namespace) -> int:
         ("unique key", task.unique_key or ""),
         ("attempts", f"{task.attempt} of {task.max_attempts}"),
         ("priority", task.priority),
-        ("created", _when(task.created_at)),
-        ("available", _when(task.available_at)),
-        ("finished", _when(task.finished_at)),
+        ("created", when(task.created_at)),
+        ("available", when(task.available_at)),
+        ("finished", when(task.finished_at)),
         ("worker", task.worker_id or ""),
-        ("lease until", _when(task.lease_until)),
+        ("lease until", when(task.lease_until)),
         (
             "progress",
             ""
@@ -315,7 +314,7 @@ def task_document(task: Task) -> dict[str, Any]:
             "current": task.progress.current,
             "total": task.progress.total,
             "message": task.progress.message,
-            "updated_at": _iso(task.progress.updated_at),
+            "updated_at": iso(task.progress.updated_at),
         }
     return {
         "id": task.id,
@@ -326,14 +325,14 @@ def task_document(task: Task) -> dict[str, Any]:
         "attempt": task.attempt,
         "max_attempts": task.max_attempts,
         "priority": task.priority,
-        "created_at": _iso(task.created_at),
-        "updated_at": _iso(task.updated_at),
-        "available_at": _iso(task.available_at),
-        "finished_at": _iso(task.finished_at),
+        "created_at": iso(task.created_at),
+        "updated_at": iso(task.updated_at),
+        "available_at": iso(task.available_at),
+        "finished_at": iso(task.finished_at),
         "last_error": task.last_error,
         "progress": progress,
         "worker_id": task.worker_id,
-        "lease_until": _iso(task.lease_until),
+        "lease_until": iso(task.lease_until),
         "limit_key": task.limit_key,
     }
 
@@ -347,18 +346,18 @@ def stats_document(stats: QueueStats) -> dict[str, Any]:
         "succeeded": stats.succeeded,
         "dead": stats.dead,
         "cancelled": stats.cancelled,
-        "oldest_pending_at": _iso(stats.oldest_pending_at),
+        "oldest_pending_at": iso(stats.oldest_pending_at),
         "oldest_pending_age_seconds": None if age is None else age.total_seconds(),
-        "as_of": _iso(stats.as_of),
+        "as_of": iso(stats.as_of),
         "paused": stats.paused,
     }
 
 
-def _iso(moment: datetime | None) -> str | None:
+def iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
-def _when(moment: datetime | None) -> str:
+def when(moment: datetime | None) -> str:
     return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -399,7 +398,7 @@ _OUTCOME_COLUMNS = (
 )
 
 
-def _print_task_outcome(args: argparse.Namespace, task: Task) -> None:
+def print_task_outcome(args: argparse.Namespace, task: Task) -> None:
     document = task_document(task)
     if args.json:
         print_json(document)
@@ -419,7 +418,7 @@ async def _tasks_retry(args: argparse.Namespace) -> int:
         else:
             task = await queue.retry_by_id(args.task_id)
     if not args.all_dead:
-        _print_task_outcome(args, task)
+        print_task_outcome(args, task)
     elif args.json:
         print_json({"queue": args.queue, "retried": retried})
     else:
@@ -434,11 +433,11 @@ async def _tasks_cancel(args: argparse.Namespace) -> int:
             task = await queue.cancel(args.key, reason=args.reason)
         else:
             task = await queue.cancel_by_id(args.task_id, reason=args.reason)
-    _print_task_outcome(args, task)
+    print_task_outcome(args, task)
     return 0
 
 
-def _read_payload(source: str) -> bytes:
+def read_payload(source: str) -> bytes:
     """--payload: text as UTF-8, ``@FILE`` a file's bytes, ``-`` stdin; read
     only up to one byte past the limit, so a huge input costs no memory."""
     if source == "-":
@@ -509,7 +508,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
     else:
         spec = TaskSpec(
             task_type=args.task_type,
-            payload=_read_payload(args.payload),
+            payload=read_payload(args.payload),
             unique_key=args.key,
             max_attempts=args.max_attempts,
             delay=args.delay,
@@ -537,300 +536,17 @@ async def _tasks_purge(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- schedules (docs/schedules.md) --------------------------------------------
-
-
-def schedule_document(schedule: Schedule) -> dict[str, Any]:
-    return {
-        "queue": schedule.queue,
-        "name": schedule.name,
-        "task_type": schedule.task_type,
-        "cron": schedule.cron,
-        "every_seconds": None if schedule.every is None else schedule.every.total_seconds(),
-        "timezone": schedule.timezone,
-        "payload": preview(schedule.payload),
-        "misfire": schedule.misfire,
-        "catch_up": schedule.catch_up,
-        "paused": schedule.paused,
-        "priority": schedule.priority,
-        "max_attempts": schedule.max_attempts,
-        "next_fire_at": _iso(schedule.next_fire_at),
-        "last_fired_at": _iso(schedule.last_fired_at),
-        "last_task_id": schedule.last_task_id,
-        "fired": schedule.fired,
-        "skipped": schedule.skipped,
-        "created_at": _iso(schedule.created_at),
-        "updated_at": _iso(schedule.updated_at),
-    }
-
-
-def timing_text(schedule: Schedule) -> str:
-    """``*/5 * * * * (Europe/Paris)`` or ``every 5m``."""
-    if schedule.cron is not None:
-        return f"{schedule.cron} ({schedule.timezone})"
-    assert schedule.every is not None
-    return f"every {_span(schedule.every)}"
-
-
-def _span(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        count, seconds = divmod(seconds, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts) or "0s"
-
-
-def _print_schedules(args: argparse.Namespace, schedules: Sequence[Schedule]) -> None:
-    if args.json:
-        print_json([schedule_document(s) for s in schedules])
-        return
-    print_table(
-        [
-            "queue",
-            "name",
-            "type",
-            "timing",
-            "next fire",
-            "last fired",
-            "paused",
-            "fired",
-            "skipped",
-        ],
-        [
-            [
-                s.queue,
-                s.name,
-                s.task_type,
-                timing_text(s),
-                _when(s.next_fire_at),
-                _when(s.last_fired_at),
-                "yes" if s.paused else "",
-                s.fired,
-                s.skipped,
-            ]
-            for s in schedules
-        ],
-    )
-
-
-async def _schedules_list(args: argparse.Namespace) -> int:
-    async with open_client(args) as client:
-        if args.queue is None:
-            found = await client.schedules()
-        else:
-            found = await client.queue(args.queue).schedules()
-    _print_schedules(args, found)
-    return 0
-
-
-async def _schedules_put(args: argparse.Namespace) -> int:
-    # Checked before connecting (no local daemon started for a typo); the
-    # SDK checks again, as does the daemon.
-    try:
-        tz = zone(args.timezone)
-    except ValueError as exc:
-        raise InvalidArgumentError(f"--timezone: {exc}") from None
-    if args.cron is not None:
-        try:
-            parse_cron(args.cron, tz)
-        except CronError as exc:
-            raise InvalidArgumentError(f"--cron: {exc}") from None
-    payload = _read_payload(args.payload)
-    async with open_client(args) as client:
-        schedule = await client.queue(args.queue).put_schedule(
-            args.name,
-            args.task_type,
-            cron=args.cron,
-            every=args.every,
-            payload=payload,
-            timezone=args.timezone,
-            misfire=args.misfire,
-            catch_up=args.catch_up,
-            paused=args.paused,
-            priority=args.priority,
-            max_attempts=args.max_attempts,
-        )
-    _print_schedules(args, [schedule])
-    return 0
-
-
-async def _schedules_rm(args: argparse.Namespace) -> int:
-    async with open_client(args) as client:
-        deleted = await client.queue(args.queue).delete_schedule(args.name)
-    if args.json:
-        print_json({"queue": args.queue, "name": args.name, "deleted": deleted})
-    elif deleted:
-        sys.stdout.write(f"deleted schedule {args.name!r} of queue {args.queue!r}\n")
-    if not deleted:
-        sys.stderr.write(f"no schedule {args.name!r} in queue {args.queue!r}\n")
-        return EXIT_FAILURE
-    return 0
-
-
-async def _schedules_pause(args: argparse.Namespace) -> int:
-    async with open_client(args) as client:
-        queue = client.queue(args.queue)
-        if args.schedules_command == "pause":
-            schedule = await queue.pause_schedule(args.name)
-        else:
-            schedule = await queue.resume_schedule(args.name)
-    _print_schedules(args, [schedule])
-    return 0
-
-
-def _add_schedule_commands(commands: Any) -> None:
-    schedules = commands.add_parser(
-        "schedules", help="list, put, rm, pause or resume the daemon's schedules"
-    )
-    verbs = schedules.add_subparsers(dest="schedules_command", required=True)
-
-    listing = verbs.add_parser("list", help="the schedules of QUEUE, or of every queue")
-    listing.add_argument("queue", nargs="?", default=None)
-    _command(listing, _schedules_list)
-
-    put = verbs.add_parser(
-        "put",
-        help="create or replace a schedule",
-        description="Create or replace the schedule NAME of QUEUE: each tick of --cron (in"
-        " --timezone) or of --every enqueues one task of TASK_TYPE (docs/schedules.md).",
-    )
-    put.add_argument("queue")
-    put.add_argument("name")
-    put.add_argument("task_type", metavar="TASK_TYPE")
-    timing = put.add_mutually_exclusive_group(required=True)
-    timing.add_argument(
-        "--cron", default=None, help="5 fields (or 6, seconds first), e.g. '*/5 * * * *'"
-    )
-    timing.add_argument("--every", type=_duration, default=None, help="e.g. 30s, 5m, 1h")
-    put.add_argument("--timezone", default="UTC", help="IANA zone --cron is read in (UTC)")
-    put.add_argument(
-        "--payload", default="", help="the payload: text, @FILE for a file's bytes, - for stdin"
-    )
-    put.add_argument(
-        "--misfire",
-        choices=["skip", "catch_up"],
-        default="skip",
-        help="ticks missed while no daemon ran: skip them, or catch up the latest --catch-up",
-    )
-    put.add_argument("--catch-up", type=int, default=1, help="missed ticks fired at most (1)")
-    put.add_argument("--paused", action="store_true", help="store it paused")
-    put.add_argument("--priority", type=int, default=0)
-    put.add_argument("--max-attempts", type=int, default=None)
-    _command(put, _schedules_put)
-
-    rm = verbs.add_parser("rm", help="delete a schedule (the tasks it made stay)")
-    rm.add_argument("queue")
-    rm.add_argument("name")
-    _command(rm, _schedules_rm)
-
-    for verb, text in (
-        ("pause", "stop a schedule's ticks"),
-        ("resume", "tick again from now (ticks due while paused never fire)"),
-    ):
-        parser = verbs.add_parser(verb, help=text)
-        parser.add_argument("queue")
-        parser.add_argument("name")
-        _command(parser, _schedules_pause)
-
-
-async def _limits_list(args: argparse.Namespace) -> int:
-    async with open_client(args) as client:
-        if args.queue is not None:
-            found = await client.queue(args.queue).limits(with_keys=args.keys)
-        else:
-            found = await client.limits(with_keys=args.keys)
-    if args.json:
-        print_json([limit_document(status) for status in found])
-        return 0
-    print_table(
-        ["queue", "prefix", "rate", "burst", "concurrency"],
-        [
-            [s.queue, repr(s.rule.prefix), _rate(s.rule), s.rule.burst, s.rule.concurrency or "-"]
-            for s in found
-        ],
-    )
-    if args.keys:
-        rows = [
-            [s.queue, k.key, k.waiting, k.leased, _when(k.next_start_at) or "now"]
-            for s in found
-            for k in s.keys
-        ]
-        sys.stdout.write("\n")
-        print_table(["queue", "key", "waiting", "leased", "next start"], rows)
-    return 0
-
-
-def _rate(rule: LimitRule) -> str:
-    if rule.rate is None:
-        return "-"
-    return f"{rule.rate:g}/{format_duration(rule.per)}"
-
-
-def limit_document(status: LimitStatus) -> dict[str, Any]:
-    rule = status.rule
-    return {
-        "queue": status.queue,
-        "prefix": rule.prefix,
-        "rate": rule.rate,
-        "per_seconds": rule.per.total_seconds(),
-        "burst": rule.burst,
-        "concurrency": rule.concurrency,
-        "keys": [
-            {
-                "key": k.key,
-                "waiting": k.waiting,
-                "leased": k.leased,
-                "next_start_at": _iso(k.next_start_at),
-            }
-            for k in status.keys
-        ],
-    }
-
-
-async def _limits_set(args: argparse.Namespace) -> int:
-    async with open_client(args) as client:
-        rule = await client.queue(args.queue).set_limit(
-            args.prefix,
-            rate=args.rate,
-            per=args.per,
-            burst=args.burst,
-            concurrency=args.concurrency,
-        )
-    if args.json:
-        print_json(limit_document(LimitStatus(args.queue, rule)))
-    else:
-        what = [f"rate {_rate(rule)} burst {rule.burst}"] if rule.rate is not None else []
-        if rule.concurrency is not None:
-            what.append(f"concurrency {rule.concurrency}")
-        sys.stdout.write(f"queue {args.queue} prefix {rule.prefix!r}: {', '.join(what)}\n")
-    return 0
-
-
-async def _limits_rm(args: argparse.Namespace) -> int:
-    async with open_client(args) as client:
-        deleted = await client.queue(args.queue).delete_limit(args.prefix)
-    if args.json:
-        print_json({"queue": args.queue, "prefix": args.prefix, "deleted": deleted})
-    elif deleted:
-        sys.stdout.write(f"deleted the rule of prefix {args.prefix!r} of queue {args.queue}\n")
-    else:
-        sys.stderr.write(f"queue {args.queue} has no rule of prefix {args.prefix!r}\n")
-    return EXIT_OK if deleted else EXIT_FAILURE
-
-
 # -- parsing ------------------------------------------------------------------
 
 
-def _duration(text: str) -> timedelta:
+def duration(text: str) -> timedelta:
     try:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _command(
+def command(
     parser: argparse.ArgumentParser,
     run: Callable[[argparse.Namespace], Awaitable[int]],
     *,
@@ -856,16 +572,16 @@ def add_commands(commands: Any) -> None:
     # Its subcommands take the connection options themselves: a required
     # choice here would be asked of `ringo queues pause Q --endpoint E` too,
     # so `_queues` asks for it (`ringo queues` alone lists, as it always did).
-    _command(queues, _queues, required=False)
+    command(queues, _queues, required=False)
     queue_verbs = queues.add_subparsers(dest="queues_command")
     pause = queue_verbs.add_parser(
         "pause", help="stop pushing and handing out a queue's tasks (enqueues go on)"
     )
     pause.add_argument("queue")
-    _command(pause, _queues_pause)
+    command(pause, _queues_pause)
     resume = queue_verbs.add_parser("resume", help="push a paused queue's tasks again")
     resume.add_argument("queue")
-    _command(resume, _queues_resume)
+    command(resume, _queues_resume)
 
     tasks = commands.add_parser("tasks", help="list, show, retry, cancel or purge tasks")
     verbs = tasks.add_subparsers(dest="tasks_command", required=True)
@@ -883,11 +599,11 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("--key-prefix", default="", help="only unique keys with this prefix")
     listing.add_argument("--newest-first", action="store_true")
     listing.add_argument("--limit", type=int, default=100, help="tasks to print (100)")
-    _command(listing, _tasks_list)
+    command(listing, _tasks_list)
 
     show = verbs.add_parser("show", help="one task in full (payload preview, result, ...)")
     _lookup(show)
-    _command(show, _tasks_show)
+    command(show, _tasks_show)
 
     retry = verbs.add_parser(
         "retry", help="reactivate a finished task, or every DEAD one with --all-dead"
@@ -898,12 +614,12 @@ def add_commands(commands: Any) -> None:
     target.add_argument("--key", default=None)
     target.add_argument("--all-dead", action="store_true", help="every DEAD task of the queue")
     retry.add_argument("--type", action="append", default=[], help="with --all-dead: this type")
-    _command(retry, _tasks_retry)
+    command(retry, _tasks_retry)
 
     cancel = verbs.add_parser("cancel", help="cancel a PENDING or LEASED task")
     _lookup(cancel)
     cancel.add_argument("--reason", default="", help="stored as the task's last error")
-    _command(cancel, _tasks_cancel)
+    command(cancel, _tasks_cancel)
 
     purge = verbs.add_parser("purge", help="delete finished tasks")
     purge.add_argument("queue")
@@ -916,11 +632,11 @@ def add_commands(commands: Any) -> None:
     )
     purge.add_argument(
         "--older-than",
-        type=_duration,
+        type=duration,
         default=None,
         help="only tasks finished longer ago, e.g. 7d, 12h, 30m",
     )
-    _command(purge, _tasks_purge)
+    command(purge, _tasks_purge)
 
     enqueue = commands.add_parser(
         "enqueue",
@@ -943,40 +659,11 @@ def add_commands(commands: Any) -> None:
     )
     enqueue.add_argument("--key", default=None, help="unique key (dedupe)")
     enqueue.add_argument(
-        "--delay", type=_duration, default=None, help="run after this long, e.g. 5m, 2h"
+        "--delay", type=duration, default=None, help="run after this long, e.g. 5m, 2h"
     )
     enqueue.add_argument("--priority", type=int, default=None)
     enqueue.add_argument("--max-attempts", type=int, default=None)
     enqueue.add_argument(
         "--limit-key", default=None, help="the key the queue's limit rules apply to"
     )
-    _command(enqueue, _enqueue, json_flag=False)
-
-    _add_schedule_commands(commands)
-
-    limit = commands.add_parser(
-        "limits", help="list, set or remove keyed rate and concurrency limits (docs/limits.md)"
-    )
-    limit_verbs = limit.add_subparsers(dest="limits_command", required=True)
-    listing = limit_verbs.add_parser("list", help="the rules of a queue (or of every queue)")
-    listing.add_argument("queue", nargs="?", default=None)
-    listing.add_argument(
-        "--keys", action="store_true", help="also each key with tasks waiting or leased"
-    )
-    _command(listing, _limits_list)
-    setting = limit_verbs.add_parser(
-        "set", help="create or replace the rule of the keys starting with PREFIX"
-    )
-    setting.add_argument("queue")
-    setting.add_argument("prefix", help="the keys it applies to ('' for every key)")
-    setting.add_argument("--rate", type=float, default=None, help="starts per --per, per key")
-    setting.add_argument(
-        "--per", type=_duration, default=timedelta(seconds=1), help="the rate's period (1s)"
-    )
-    setting.add_argument("--burst", type=int, default=1, help="starts at once (1)")
-    setting.add_argument("--concurrency", type=int, default=None, help="leased tasks per key")
-    _command(setting, _limits_set)
-    removing = limit_verbs.add_parser("rm", help="delete the rule of PREFIX")
-    removing.add_argument("queue")
-    removing.add_argument("prefix")
-    _command(removing, _limits_rm)
+    command(enqueue, _enqueue, json_flag=False)

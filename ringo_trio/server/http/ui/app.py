@@ -564,34 +564,7 @@ class Dashboard:
         answer = await self._service.list_limits(
             ListLimitsRequest(context=self.context(), queue=queue or "", with_keys=True)
         )
-        now = self._clock.now()
-        rules = []
-        for status in answer.limits:
-            rule = status.rule
-            assert rule is not None
-            rules.append(
-                {
-                    "queue": status.queue,
-                    "prefix": rule.prefix,
-                    "rate": views.rate(rule.rate, rule.per) if rule.rate else "",
-                    "burst": rule.burst if rule.rate else "",
-                    "concurrency": rule.concurrency or "",
-                    "keys": [
-                        {
-                            "key": k.key,
-                            "waiting": k.waiting,
-                            "leased": k.leased,
-                            "next": views.until(k.next_start_at, now),
-                        }
-                        for k in status.keys
-                        if k.waiting
-                        and (
-                            (k.next_start_at is not None and k.next_start_at > now)
-                            or (rule.concurrency and k.leased >= rule.concurrency)
-                        )
-                    ],
-                }
-            )
+        rules = views.limit_rules(answer.limits, self._clock.now())
         return view.render("limits.html", queue=queue, rules=rules)
 
     def _workers(self, view: _View) -> Response:

@@ -7,9 +7,12 @@ Everything returned here is plain text or numbers; the templates escape it
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from ringo_trio._contract.durations import format_duration
+from ringo_trio._proto.ringo.v1 import LimitStatus
 
 __all__ = ["PREVIEW_BYTES", "HEX_BYTES", "age", "moment", "preview", "sparkline", "timing"]
 
@@ -136,3 +139,37 @@ def until(moment: datetime | None, now: datetime) -> str:
         return "now"
     ms = (moment - now) / timedelta(milliseconds=1)
     return f"in {ms:.0f}ms" if ms < 1000 else f"in {age(now, moment)}"
+
+
+def limit_rules(statuses: Sequence[LimitStatus], now: datetime) -> list[dict[str, Any]]:
+    """The limits page's rows: each rule, with the keys it holds back now
+    (waiting, and over their rate or their concurrency)."""
+    rules = []
+    for status in statuses:
+        rule = status.rule
+        assert rule is not None
+        held = [
+            {
+                "key": k.key,
+                "waiting": k.waiting,
+                "leased": k.leased,
+                "next": until(k.next_start_at, now),
+            }
+            for k in status.keys
+            if k.waiting
+            and (
+                (k.next_start_at is not None and k.next_start_at > now)
+                or (rule.concurrency and k.leased >= rule.concurrency)
+            )
+        ]
+        rules.append(
+            {
+                "queue": status.queue,
+                "prefix": rule.prefix,
+                "rate": rate(rule.rate, rule.per) if rule.rate else "",
+                "burst": rule.burst if rule.rate else "",
+                "concurrency": rule.concurrency or "",
+                "keys": held,
+            }
+        )
+    return rules
