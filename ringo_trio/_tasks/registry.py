@@ -96,6 +96,7 @@ class _Options:
     unique_key: str | None = None
     delay: timedelta | None = None
     not_before: datetime | None = None
+    limit_key: str | None = None
 
     def spec(self, name: str, payload: bytes) -> TaskSpec:
         return TaskSpec(
@@ -107,6 +108,7 @@ class _Options:
             delay=self.delay,
             not_before=self.not_before,
             priority=self.priority,
+            limit_key=self.limit_key,
         )
 
 
@@ -197,9 +199,12 @@ class TaskCall(Generic[R]):
         priority: int | None = None,
         max_attempts: int | None = None,
         retry_backoff: RetryBackoff | None = None,
+        limit_key: str | None = None,
     ) -> TaskCall[R]:
         """The same task with some options changed for the enqueues of the
-        result (``delay`` and ``not_before`` replace each other)."""
+        result (``delay`` and ``not_before`` replace each other;
+        ``limit_key`` names the key the queue's limit rules apply to,
+        docs/limits.md)."""
         changes: dict[str, Any] = {
             name: value
             for name, value in (
@@ -208,6 +213,7 @@ class TaskCall(Generic[R]):
                 ("priority", priority),
                 ("max_attempts", max_attempts),
                 ("retry_backoff", retry_backoff),
+                ("limit_key", limit_key),
             )
             if value is not None
         }

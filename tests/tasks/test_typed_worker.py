@@ -209,3 +209,28 @@ async def test_more_waits_than_the_daemon_parks_per_connection_all_answer(
             await all_answered.wait()
             await worker.close()
         assert results == {i: f"T{i}" for i in range(count)}
+
+
+async def test_a_limit_key_per_call_is_the_tasks_key(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: ``configure(limit_key=...)`` sets the enqueued task's
+    limit_key, so the queue's rules apply to typed tasks too: at 1 start
+    per minute on a tenant's key, its two tasks start a minute apart while
+    another tenant's starts at once."""
+    limited = TaskRegistry(queue="limited")
+    started: dict[str, float] = {}
+
+    @limited.task(name="record")
+    async def record(text: str) -> None:
+        started[text] = trio.current_time()
+
+    async with RingoTestEnv.start() as env:
+        await env.client.queue("limited").set_limit("tenant:", rate=1, per=timedelta(minutes=1))
+        first = await record.configure(limit_key="tenant:a").enqueue(env.client, "a1")
+        await record.configure(limit_key="tenant:a").enqueue(env.client, "a2")
+        await record.configure(limit_key="tenant:b").enqueue(env.client, "b1")
+        assert (await first.status()).limit_key == "tenant:a"
+        await env.run_worker(limited)
+    assert started["a2"] - started["a1"] >= 60 - 0.05
+    assert abs(started["b1"] - started["a1"]) < 1
