@@ -24,6 +24,7 @@ from ..storage.base import Storage
 from ..storage.limits import Rule
 from ..storage.rows import from_us
 from . import validate as v
+from .reply_bounds import fitting
 from .wakeups import QueueWakeups
 
 __all__ = ["Limits", "wire_rule"]
@@ -55,26 +56,27 @@ class Limits:
     async def list_limits(self, message: ListLimitsRequest, now: datetime) -> ListLimitsResponse:
         queue = v.name(message.queue, "queue") if message.queue else None
         found = await self._storage.list_limits(queue, now, with_keys=message.with_keys)
-        return ListLimitsResponse(
-            limits=[
-                LimitStatus(
-                    queue=status.queue,
-                    rule=wire_rule(status.rule),
-                    keys=[
-                        LimitKeyState(
-                            key=k.key,
-                            waiting=k.waiting,
-                            leased=k.leased,
-                            next_start_at=None
-                            if k.next_start_us is None
-                            else from_us(k.next_start_us),
-                        )
-                        for k in status.keys[: limits.MAX_LIMIT_KEYS_LISTED]
-                    ],
-                )
-                for status in found
-            ]
-        )
+        statuses = [
+            LimitStatus(
+                queue=status.queue,
+                rule=wire_rule(status.rule),
+                keys=[
+                    LimitKeyState(
+                        key=k.key,
+                        waiting=k.waiting,
+                        leased=k.leased,
+                        next_start_at=None if k.next_start_us is None else from_us(k.next_start_us),
+                    )
+                    for k in status.keys[: limits.MAX_LIMIT_KEYS_LISTED]
+                ],
+            )
+            for status in found
+        ]
+        # Within MAX_REPLY_BYTES: the longest prefix of the rules that fits
+        # (every queue's rules with their keys could be more; one queue's
+        # fit: MAX_LIMIT_RULES x MAX_LIMIT_KEYS_LISTED keys is ~2 MiB).
+        fit = fitting([len(bytes(status)) for status in statuses])
+        return ListLimitsResponse(limits=statuses[:fit])
 
     async def delete_limit(self, message: DeleteLimitRequest, now: datetime) -> DeleteLimitResponse:
         queue = v.name(message.queue, "queue")

@@ -25,6 +25,10 @@ encoding it (a property test holds it above the real encoding):
 * **ListTasks** answers the longest prefix of its page that fits
   (`fitting`), with a page token after the last task it answers.
 * **GetQueueStats** counts at most `MAX_STATS_TASK_TYPES` task types one by one.
+* **ListSchedules** and **ListLimits** answer the longest prefix of their
+  list that fits (`fitting`): a schedule's payload may be 1 MiB, and every
+  queue's rules with their keys may be more than one reply; listing one
+  queue at a time gets the rest.
 
 ListQueues pages, RetryTasks, DeleteTasks and the Work stream's frames fit
 by their limits; tests/server/rpc/test_reply_bounds.py calls every RPC at its

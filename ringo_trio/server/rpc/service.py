@@ -210,7 +210,7 @@ from .limits import Limits
 from .members import ATTACH_LOCAL_METHOD, Members
 from .operate import Operations
 from .paused import PausedQueues
-from .reply_bounds import claim_within, enqueue_results_fit
+from .reply_bounds import claim_within, enqueue_results_fit, fitting
 from .sessions import SessionTable
 from .waits import TaskWaits, WaitLimitReached
 from .wakeups import LeaseReaper, QueueWakeups
@@ -887,7 +887,11 @@ class QueueService(QueueServiceBase):
     async def list_schedules(self, message: ListSchedulesRequest) -> ListSchedulesResponse:
         self._schedules_now(message.context, "ListSchedules")
         queue = v.name(message.queue, "queue") if message.queue else None
-        return ListSchedulesResponse(schedules=await self._storage.list_schedules(queue))
+        schedules = await self._storage.list_schedules(queue)
+        # Within MAX_REPLY_BYTES (a schedule's payload may be 1 MiB): the
+        # longest prefix that fits, in (queue, name) order.
+        fit = fitting([len(bytes(schedule)) for schedule in schedules])
+        return ListSchedulesResponse(schedules=schedules[:fit])
 
     @_rpc
     async def delete_schedule(self, message: DeleteScheduleRequest) -> DeleteScheduleResponse:

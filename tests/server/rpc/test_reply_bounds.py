@@ -49,12 +49,16 @@ from ringo_trio._proto.ringo.v1 import (
     LeaseRef,
     ListQueuesRequest,
     ListQueuesResponse,
+    ListSchedulesRequest,
+    ListSchedulesResponse,
     ListTasksRequest,
     ListTasksResponse,
     NackRequest,
     NackResponse,
     NegotiateRequest,
     NegotiateResponse,
+    PutScheduleRequest,
+    PutScheduleResponse,
     ReportProgressRequest,
     ReportProgressResponse,
     RequestContext,
@@ -62,6 +66,7 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTaskResponse,
     RetryTasksRequest,
     RetryTasksResponse,
+    Schedule,
     Task,
     TaskSpec,
     TaskState,
@@ -623,3 +628,32 @@ def test_work_stream_frames_stay_within_the_bound(client: Grpcio) -> None:
         work.close()
     client.assert_nothing_unseen_leased(queue)
     assert client.leases[queue] == set(ids)
+
+
+def test_schedules_with_large_payloads_are_listed_within_the_bound(ringod: DaemonProcess) -> None:
+    """Property: ListSchedules of schedules whose payloads are at their limit
+    (1 MiB each: six are over 4 MiB) is answered by a default grpcio client,
+    with the longest prefix that fits, in name order; one queue's listing
+    asks for the rest."""
+    queue = name("sched")
+    with _session(ringod, versions.MINOR) as client:
+        for index in range(6):
+            client.call(
+                "PutSchedule",
+                PutScheduleRequest(
+                    schedule=Schedule(
+                        name=f"s{index}",
+                        queue=queue,
+                        task_type="t",
+                        cron="0 0 1 1 *",
+                        payload=b"p" * limits.MAX_PAYLOAD_BYTES,
+                    )
+                ),
+                PutScheduleResponse,
+            )
+        listed = client.call(
+            "ListSchedules", ListSchedulesRequest(queue=queue), ListSchedulesResponse
+        ).schedules
+        assert 1 <= len(listed) < 6
+        assert [s.name for s in listed] == [f"s{i}" for i in range(len(listed))]
+        assert all(len(s.payload) == limits.MAX_PAYLOAD_BYTES for s in listed)
