@@ -98,6 +98,14 @@ class _Options:
     not_before: datetime | None = None
     limit_key: str | None = None
 
+    def changed(self, **values: Any) -> _Options:
+        """These options with every value given that is not None (a queue
+        name checked here, where it is written)."""
+        changes = {key: value for key, value in values.items() if value is not None}
+        if "queue" in changes:
+            check_name("queue", changes["queue"])
+        return replace(self, **changes)
+
     def spec(self, name: str, payload: bytes) -> TaskSpec:
         return TaskSpec(
             task_type=name,
@@ -205,23 +213,17 @@ class TaskCall(Generic[R]):
         result (``delay`` and ``not_before`` replace each other;
         ``limit_key`` names the key the queue's limit rules apply to,
         docs/limits.md)."""
-        changes: dict[str, Any] = {
-            name: value
-            for name, value in (
-                ("queue", queue),
-                ("unique_key", unique_key),
-                ("priority", priority),
-                ("max_attempts", max_attempts),
-                ("retry_backoff", retry_backoff),
-                ("limit_key", limit_key),
-            )
-            if value is not None
-        }
-        if queue is not None:
-            check_name("queue", queue)
+        options = self._options.changed(
+            queue=queue,
+            unique_key=unique_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff,
+            limit_key=limit_key,
+        )
         if delay is not None or not_before is not None:
-            changes.update(delay=delay, not_before=not_before)
-        return TaskCall(self._function, replace(self._options, **changes))
+            options = replace(options, delay=delay, not_before=not_before)
+        return TaskCall(self._function, options)
 
     def spec(self, *args: Any, **kwargs: Any) -> TaskSpec:
         """The `TaskSpec` an enqueue with these arguments sends (for the raw API)."""
@@ -430,20 +432,9 @@ class TaskRegistry:
         parameter must then have a default (`InvalidArgumentError` here,
         as for a cron error, which names the field and position).
         """
-        options = self._defaults
-        changes: dict[str, Any] = {
-            key: value
-            for key, value in (
-                ("queue", queue),
-                ("max_attempts", max_attempts),
-                ("retry_backoff", retry_backoff),
-                ("priority", priority),
-            )
-            if value is not None
-        }
-        if queue is not None:
-            check_name("queue", queue)
-        options = replace(options, **changes)
+        options = self._defaults.changed(
+            queue=queue, max_attempts=max_attempts, retry_backoff=retry_backoff, priority=priority
+        )
         if schedule is not None:
             _check_schedule(schedule, schedule_timezone)
 

@@ -75,17 +75,27 @@ async def watch(
     engine's paused flag change (`instance` names this one). After a loss it waits
     `delay` before reconnecting; the delay doubles up to a cap while attempts
     keep failing and starts over once a listener was up."""
+    await _keep_listening(
+        "storage watch",
+        lambda: _listen(dsn, channel, instance, notify, fold, paused_changed, also),
+    )
+
+
+async def _keep_listening(what: str, listen_once: Callable[[], Awaitable[None]]) -> None:
+    """Run `listen_once` again and again until cancelled: after a loss it
+    waits before reconnecting, the delay doubling up to a cap while attempts
+    keep failing and starting over once a listener was up."""
     delay = WATCH_RETRY_INITIAL
     while True:
         try:
-            await _listen(dsn, channel, instance, notify, fold, paused_changed, also)
+            await listen_once()
         except asyncio.CancelledError:
             raise
         except Listened as exc:
             delay = WATCH_RETRY_INITIAL
-            log.warning("storage watch lost its PostgreSQL connection: %s", exc.__cause__)
+            log.warning("%s lost its PostgreSQL connection: %s", what, exc.__cause__)
         except Exception as exc:
-            log.warning("storage watch cannot listen on PostgreSQL: %s", exc)
+            log.warning("%s cannot listen on PostgreSQL: %s", what, exc)
         await asyncio.sleep(delay)
         delay = min(delay * 2, WATCH_RETRY_MAX)
 
@@ -156,19 +166,7 @@ async def watch_settled(
     `channel_sql`) until cancelled, telling `notify` every task id notified
     there, `ready` once listening, and `notify(None)` at each (re)connect;
     reconnects as `watch` does. Run only while the daemon has waiters."""
-    delay = WATCH_RETRY_INITIAL
-    while True:
-        try:
-            await _listen_settled(dsn, channel_sql, notify, ready)
-        except asyncio.CancelledError:
-            raise
-        except Listened as exc:
-            delay = WATCH_RETRY_INITIAL
-            log.warning("wait listener lost its PostgreSQL connection: %s", exc.__cause__)
-        except Exception as exc:
-            log.warning("wait listener cannot listen on PostgreSQL: %s", exc)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, WATCH_RETRY_MAX)
+    await _keep_listening("wait listener", lambda: _listen_settled(dsn, channel_sql, notify, ready))
 
 
 async def _listen_settled(
