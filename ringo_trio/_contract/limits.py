@@ -140,3 +140,9 @@ MAX_LIMIT_KEYS_LISTED = 1000
 MAX_LIMIT_KEYS_PER_CLAIM = 1000
 """Distinct keys with waiting tasks one claim on a limited queue looks at (in
 key order); keys past it wait for a claim after the first ones drained."""
+
+#: Attempts kept per task in Task.history (the oldest dropped beyond it).
+MAX_TASK_HISTORY = 20
+#: Each history entry's error is cut to this (the task's last_error keeps up
+#: to MAX_ERROR_BYTES): 20 attempts stay under ~45 KiB per task.
+MAX_HISTORY_ERROR_BYTES = 2048

@@ -23,7 +23,7 @@ SDK_VERSION: Final = "0.1.0"
 __version__ = SDK_VERSION
 MAJOR: Final = 1
 #: Newest minor this package speaks (client) and serves (daemon).
-MINOR: Final = 13
+MINOR: Final = 14
 
 
 class Feature(enum.Enum):
@@ -45,6 +45,9 @@ class Feature(enum.Enum):
     PAUSE_QUEUES = "pausing queues"
     SCHEDULES = "schedules"
     LIMITS = "keyed limits"
+    TASK_HISTORY = "attempt history"
+    BULK_BY_FILTER = "bulk actions by filter"
+    WORKER_HOST = "the worker's host and pid"
 
 
 #: The minor that brought each feature.
@@ -83,6 +86,13 @@ FEATURES: Final[Mapping[Feature, int]] = MappingProxyType(
         Feature.SCHEDULES: 13,
         # TaskSpec.limit_key, Task.limit_key, SetLimit, ListLimits, DeleteLimit.
         Feature.LIMITS: 13,
+        # Task.history: every attempt's start, end, worker, outcome and error.
+        Feature.TASK_HISTORY: 14,
+        # CancelTasks; task_types and unique_key_prefix on DeleteTasks and
+        # RetryTasks.
+        Feature.BULK_BY_FILTER: 14,
+        # WorkerRegistration.host and pid.
+        Feature.WORKER_HOST: 14,
     }
 )
 assert all(0 <= minor <= MINOR for minor in FEATURES.values())

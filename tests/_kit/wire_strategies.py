@@ -199,9 +199,11 @@ def messages(
 
 
 def hot_task(task: Task) -> Task:
-    """What a push carries: no progress, no result, no unknown fields."""
+    """What a push carries: no progress, no result, no history, no unknown
+    fields."""
     task.progress = None
     task.result = None
+    task.history = []
     task._unknown_fields = b""
     if task.retry_backoff is not None:
         task.retry_backoff._unknown_fields = b""

@@ -8,8 +8,11 @@ __all__ = (
     "AckResponse",
     "AttachLocalRequest",
     "AttachLocalResponse",
+    "AttemptOutcome",
     "CancelTaskRequest",
     "CancelTaskResponse",
+    "CancelTasksRequest",
+    "CancelTasksResponse",
     "ClaimRequest",
     "ClaimResponse",
     "CreditUpdate",
@@ -80,6 +83,7 @@ __all__ = (
     "SetSchedulePausedRequest",
     "SetSchedulePausedResponse",
     "Task",
+    "TaskAttempt",
     "TaskSpec",
     "TaskState",
     "TaskTypeStats",
@@ -113,6 +117,72 @@ if TYPE_CHECKING:
 
 _COMPILER_VERSION = "0.10.1"
 betterproto2.check_compiler_version(_COMPILER_VERSION)
+
+
+class AttemptOutcome(betterproto2.Enum):
+    """
+    Minor >= 14: how one attempt ended.
+    """
+
+    UNSPECIFIED = 0
+    """
+    Still running: the task's current lease.
+    """
+
+    SUCCEEDED = 1
+    """
+    Acked.
+    """
+
+    FAILED = 2
+    """
+    Nacked: retried, or DEAD when it was the last attempt.
+    """
+
+    REJECTED = 3
+    """
+    Rejected: DEAD at once.
+    """
+
+    EXPIRED = 4
+    """
+    The lease ran out (the worker died, hung or lost its connection).
+    """
+
+    CANCELLED = 5
+    """
+    The task was cancelled while this attempt ran.
+    """
+
+    RELEASED = 6
+    """
+    Handed back by a stopping worker (WorkRequest release): the attempt is
+    not counted, so the next attempt carries the same number.
+    """
+
+    @classmethod
+    def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
+        return {
+            0: "ATTEMPT_OUTCOME_UNSPECIFIED",
+            1: "ATTEMPT_OUTCOME_SUCCEEDED",
+            2: "ATTEMPT_OUTCOME_FAILED",
+            3: "ATTEMPT_OUTCOME_REJECTED",
+            4: "ATTEMPT_OUTCOME_EXPIRED",
+            5: "ATTEMPT_OUTCOME_CANCELLED",
+            6: "ATTEMPT_OUTCOME_RELEASED",
+        }
+
+    @classmethod
+    def betterproto_renamed_proto_names_to_value(cls) -> dict[str, int]:
+        return {
+            "ATTEMPT_OUTCOME_UNSPECIFIED": 0,
+            "ATTEMPT_OUTCOME_SUCCEEDED": 1,
+            "ATTEMPT_OUTCOME_FAILED": 2,
+            "ATTEMPT_OUTCOME_REJECTED": 3,
+            "ATTEMPT_OUTCOME_EXPIRED": 4,
+            "ATTEMPT_OUTCOME_CANCELLED": 5,
+            "ATTEMPT_OUTCOME_RELEASED": 6,
+        }
 
 
 class ErrorCode(betterproto2.Enum):
@@ -372,6 +442,72 @@ default_message_pool.register_message("ringo.v1", "CancelTaskResponse", CancelTa
 
 
 @dataclass(eq=False, repr=False)
+class CancelTasksRequest(betterproto2.Message):
+    """
+    Minor >= 14: CancelTask for every task that matches, at most `limit` per
+    call, oldest enqueued first. LEASED tasks lose their lease as with
+    CancelTask (their workers are told LEASE_LOST "cancelled").
+    """
+
+    context: "RequestContext | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    states: "list[TaskState]" = betterproto2.field(3, betterproto2.TYPE_ENUM, repeated=True)
+    """
+    PENDING and/or LEASED; empty means both. Any other state is
+    INVALID_ARGUMENT.
+    """
+
+    task_types: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Empty means every type; at most MAX_TASK_TYPES.
+    """
+
+    unique_key_prefix: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    Only tasks whose unique_key starts with this; empty means no filter.
+    """
+
+    created_before: "datetime.datetime | None" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+    """
+    Only tasks enqueued before this; unset means any age. The SDK sets it to
+    the moment a bulk cancel began, so tasks enqueued while it pages are
+    left alone.
+    """
+
+    reason: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+    """
+    As CancelTaskRequest.reason.
+    """
+
+    limit: "int" = betterproto2.field(8, betterproto2.TYPE_UINT32)
+    """
+    1..MAX_DELETE_BATCH; 0 means MAX_DELETE_BATCH.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "CancelTasksRequest", CancelTasksRequest)
+
+
+@dataclass(eq=False, repr=False)
+class CancelTasksResponse(betterproto2.Message):
+    cancelled_count: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    more: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    True when the call stopped at `limit`: more tasks may match.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "CancelTasksResponse", CancelTasksResponse)
+
+
+@dataclass(eq=False, repr=False)
 class ClaimRequest(betterproto2.Message):
     """
     ---------------------------------------------------------------------------
@@ -516,6 +652,17 @@ class DeleteTasksRequest(betterproto2.Message):
     limit: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
     """
     1..MAX_DELETE_BATCH; 0 means MAX_DELETE_BATCH. Oldest finished first.
+    """
+
+    task_types: "list[str]" = betterproto2.field(6, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Minor >= 14: empty means every type; at most MAX_TASK_TYPES.
+    """
+
+    unique_key_prefix: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+    """
+    Minor >= 14: only tasks whose unique_key starts with this; empty means
+    no filter.
     """
 
 
@@ -1351,6 +1498,12 @@ class RetryTasksRequest(betterproto2.Message):
     1..MAX_DELETE_BATCH; 0 means MAX_DELETE_BATCH.
     """
 
+    unique_key_prefix: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    Minor >= 14: only tasks whose unique_key starts with this; empty means
+    no filter.
+    """
+
 
 default_message_pool.register_message("ringo.v1", "RetryTasksRequest", RetryTasksRequest)
 
@@ -1594,8 +1747,57 @@ class Task(betterproto2.Message):
     Minor >= 13: TaskSpec.limit_key.
     """
 
+    history: "list[TaskAttempt]" = betterproto2.field(21, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    Minor >= 14: the task's attempts, oldest first, the current one (LEASED)
+    last; at most MAX_TASK_HISTORY (the oldest dropped), each error cut to
+    MAX_HISTORY_ERROR_BYTES. Set by GetTask and WaitTask; ListTasks, the
+    EnqueueMany reply and pushed tasks leave it out.
+    """
+
 
 default_message_pool.register_message("ringo.v1", "Task", Task)
+
+
+@dataclass(eq=False, repr=False)
+class TaskAttempt(betterproto2.Message):
+    """
+    Minor >= 14: one attempt of a task (Task.history).
+    """
+
+    attempt: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+    """
+    The lease's attempt number (1-based).
+    """
+
+    worker_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    started_at: "datetime.datetime | None" = betterproto2.field(
+        3, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+    """
+    The daemon's wall clock when the lease was granted.
+    """
+
+    ended_at: "datetime.datetime | None" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
+    )
+    """
+    Unset while the attempt runs.
+    """
+
+    outcome: "AttemptOutcome" = betterproto2.field(
+        5, betterproto2.TYPE_ENUM, default_factory=lambda: AttemptOutcome(0)
+    )
+
+    error: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    The nack's or reject's error, the expiry or the cancel reason; empty on
+    success.
+    """
+
+
+default_message_pool.register_message("ringo.v1", "TaskAttempt", TaskAttempt)
 
 
 @dataclass(eq=False, repr=False)
@@ -1763,6 +1965,14 @@ class WorkerRegistration(betterproto2.Message):
     """
     Minor >= 6: the server refuses a non-increasing request_id.
     """
+
+    host: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    Minor >= 14: where the worker runs, for operators (the dashboard's
+    workers page); at most MAX_NAME_BYTES, not checked otherwise.
+    """
+
+    pid: "int" = betterproto2.field(9, betterproto2.TYPE_UINT32)
 
 
 default_message_pool.register_message("ringo.v1", "WorkerRegistration", WorkerRegistration)
@@ -2266,6 +2476,28 @@ class QueueServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def cancel_tasks(
+        self,
+        message: "CancelTasksRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "CancelTasksResponse":
+        """
+        Minor >= 14: PENDING or LEASED -> CANCELLED in bulk, at most `limit` per
+        call.
+        """
+
+        return await self._unary_unary(
+            "/ringo.v1.QueueService/CancelTasks",
+            message,
+            CancelTasksResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
     async def wait_task(
         self,
         message: "WaitTaskRequest",
@@ -2596,6 +2828,14 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def cancel_tasks(self, message: "CancelTasksRequest") -> "CancelTasksResponse":
+        """
+        Minor >= 14: PENDING or LEASED -> CANCELLED in bulk, at most `limit` per
+        call.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def wait_task(self, message: "WaitTaskRequest") -> "WaitTaskResponse":
         """
         Minor >= 12: the task once it is terminal, or as it stands at the
@@ -2807,6 +3047,14 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.retry_tasks(request)
         await stream.send_message(response)
 
+    async def __rpc_cancel_tasks(
+        self, stream: "grpclib.server.Stream[CancelTasksRequest, CancelTasksResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.cancel_tasks(request)
+        await stream.send_message(response)
+
     async def __rpc_wait_task(
         self, stream: "grpclib.server.Stream[WaitTaskRequest, WaitTaskResponse]"
     ) -> None:
@@ -3007,6 +3255,12 @@ class QueueServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 RetryTasksRequest,
                 RetryTasksResponse,
+            ),
+            "/ringo.v1.QueueService/CancelTasks": grpclib.const.Handler(
+                self.__rpc_cancel_tasks,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                CancelTasksRequest,
+                CancelTasksResponse,
             ),
             "/ringo.v1.QueueService/WaitTask": grpclib.const.Handler(
                 self.__rpc_wait_task,
