@@ -8,8 +8,9 @@ SUCCEEDED, 5% DEAD, 1% LEASED, the rest PENDING, plus 200 queues of 5 tasks),
 then runs a daemon in this process with the dashboard on and times each page
 end to end from an HTTP client thread on one keep-alive connection (request
 sent → whole body read): the overview, a queue's first page, a deep page
-(cursor at 90% of the queue), a filtered page (DEAD only), a task's detail,
-a fragment poll, and the workers page with 20 Work streams registered. Prints
+(cursor at 90% of the queue), a filtered page (DEAD only), a task's detail (and one of
+the 20 % of tasks given three failed attempts in their history), a fragment
+poll, and the workers page with 20 Work streams registered. Prints
 p50 / p99 / max in milliseconds, and a Markdown table.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.client
+import json
 import pathlib
 import secrets
 import statistics
@@ -32,7 +34,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import operate  # the fill and state mix of the inspection bench
 
-from ringo_trio._proto.ringo.v1 import ListOrder, ListTasksRequest, TaskState
+from ringo_trio._proto.ringo.v1 import (
+    AttemptOutcome,
+    GetTaskRequest,
+    ListOrder,
+    ListTasksRequest,
+    TaskState,
+)
 from ringo_trio.server.daemon import Daemon, DaemonConfig
 from ringo_trio.server.rpc.work import WorkStreams
 from ringo_trio.server.storage.base import Storage
@@ -45,9 +53,42 @@ PAGES = [
     ("queue, deep page (cursor at 90%)", "deep"),
     ("queue, filtered (DEAD only)", "dead"),
     ("task detail", "detail"),
+    ("task detail, 3 attempts in its history", "history"),
     ("queue counts fragment (the 1 s poll)", "fragment"),
     ("workers (20 Work streams)", "workers"),
 ]
+
+
+# Every fifth task of the big queue (20 %) gets three ended attempts, each
+# with an error as HTTP clients log them: a compact JSON body of ~300
+# characters without a space.
+_ERROR = json.dumps({"error": {"code": 503, "detail": "x" * 260}}, separators=(",", ":"))
+HISTORY = [
+    [
+        n,
+        f"worker-{n}",
+        1_700_000_000_000_000 + n * 10**6,
+        1_700_000_000_500_000 + n * 10**6,
+        int(AttemptOutcome.FAILED),
+        _ERROR,
+    ]
+    for n in (1, 2, 3)
+]
+
+
+def history_sql(table: str, placeholder: str) -> str:
+    return (
+        f"UPDATE {table} SET history = {placeholder}, leased_by = 'worker-3',"
+        f" leased_at = 1700000003000000 WHERE queue = 'big' AND seq % 5 = 0"
+    )
+
+
+class _FakeSession:
+    """What the workers page reads of a stream's session."""
+
+    capacity = 64
+    credit = 60
+    outstanding = 4
 
 
 class _FakeStream:
@@ -56,9 +97,7 @@ class _FakeStream:
     def __init__(self, n: int) -> None:
         self._worker_id = f"worker-{n}"
         self._queue = "big"
-        self._capacity = 64
-        self._credit = 60
-        self._outstanding = {f"lease-{n}-{i}" for i in range(4)}
+        self._session = _FakeSession()
 
 
 def _client(port: int, paths: dict[str, str], repeat: int) -> dict[str, list[float]]:
@@ -107,6 +146,15 @@ async def measure(engine: Storage, tasks: int, repeat: int) -> list[tuple[str, t
             )
         )
         task_id = first.tasks[0].id
+        with_history = ""
+        for listed in first.tasks:
+            answer = await service.get_task(
+                GetTaskRequest(context=dashboard.context(), queue="big", task_id=listed.id)
+            )
+            if answer.task is not None and len(answer.task.history) == len(HISTORY):
+                with_history = listed.id
+                break
+        assert with_history, "no task of the first page has the filled history"
         # A newest-first cursor 90% of the way down: below seq N/10.
         from ringo_trio.server.rpc.operate import _filters_digest, _task_token
         from ringo_trio.server.storage.base import TaskFilter
@@ -118,6 +166,7 @@ async def measure(engine: Storage, tasks: int, repeat: int) -> list[tuple[str, t
             "deep": f"/queues/big?page_token={deep_token}",
             "dead": f"/queues/big?state={TaskState.DEAD.name}",
             "detail": f"/queues/big/tasks/{task_id}",
+            "history": f"/queues/big/tasks/{with_history}",
             "fragment": "/queues/big?fragment=counts",
             "workers": "/workers",
         }
@@ -152,6 +201,10 @@ async def run_sqlite(tasks: int, repeat: int) -> list[tuple[str, tuple[float, ..
         try:
             await operate.fill(engine, tasks)
             await operate.mix_sqlite(engine)
+            db = engine._db
+            assert db is not None
+            with db:
+                db.execute(history_sql("tasks", "?"), (json.dumps(HISTORY),))
         finally:
             await engine.close()
         return await measure(SQLiteEngine(path), tasks, repeat)
@@ -164,6 +217,8 @@ async def run_postgres(dsn: str, tasks: int, repeat: int) -> list[tuple[str, tup
     try:
         await operate.fill(engine, tasks)
         await operate.mix_postgres(engine)
+        async with engine._conn() as conn:
+            await conn.execute(history_sql(engine._sql.tasks, "$1::jsonb"), json.dumps(HISTORY))
         await engine.close()
         return await measure(PostgresEngine(dsn, schema=schema), tasks, repeat)
     finally:

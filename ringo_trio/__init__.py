@@ -18,6 +18,7 @@ from ._errors import UnauthenticatedError as UnauthenticatedError
 from ._errors import UnavailableError as UnavailableError
 from ._errors import WorkerAlreadyRunError as WorkerAlreadyRunError
 from ._errors import WorkerFencedError as WorkerFencedError
+from ._models import AttemptOutcome as AttemptOutcome
 from ._models import BatchResult as BatchResult
 from ._models import EnqueueResult as EnqueueResult
 from ._models import LimitKeyState as LimitKeyState
@@ -30,6 +31,7 @@ from ._models import RetryBackoff as RetryBackoff
 from ._models import Schedule as Schedule
 from ._models import SQLiteStorage as SQLiteStorage
 from ._models import Task as Task
+from ._models import TaskAttempt as TaskAttempt
 from ._models import TaskSpec as TaskSpec
 from ._models import TaskState as TaskState
 from ._models import TaskTypeStats as TaskTypeStats

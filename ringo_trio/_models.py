@@ -17,6 +17,7 @@ from typing import Any
 
 from ._contract import limits as _limits
 from ._errors import InvalidArgumentError
+from ._proto.ringo.v1 import AttemptOutcome as _WireAttemptOutcome
 from ._proto.ringo.v1 import EnqueueResult as _WireEnqueueResult
 from ._proto.ringo.v1 import MisfirePolicy as _WireMisfirePolicy
 from ._proto.ringo.v1 import Progress as _WireProgress
@@ -24,6 +25,7 @@ from ._proto.ringo.v1 import QueueStats as _WireQueueStats
 from ._proto.ringo.v1 import RetryBackoff as _WireRetryBackoff
 from ._proto.ringo.v1 import Schedule as _WireSchedule
 from ._proto.ringo.v1 import Task as _WireTask
+from ._proto.ringo.v1 import TaskAttempt as _WireTaskAttempt
 from ._proto.ringo.v1 import TaskSpec as _WireTaskSpec
 from ._proto.ringo.v1 import TaskState as _WireTaskState
 from ._proto.ringo.v1 import TaskTypeStats as _WireTaskTypeStats
@@ -257,6 +259,64 @@ class Progress:
         )
 
 
+class AttemptOutcome(enum.Enum):
+    """How one attempt of a task ended (`TaskAttempt.outcome`)."""
+
+    RUNNING = "running"
+    """Not ended: the task's current lease."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    """The handler failed (nack): retried, or DEAD on the last attempt."""
+    REJECTED = "rejected"
+    """The handler refused the task (reject): DEAD at once."""
+    EXPIRED = "expired"
+    """The lease ran out: the worker died, hung or lost its connection."""
+    CANCELLED = "cancelled"
+    """The task was cancelled while this attempt ran."""
+    RELEASED = "released"
+    """Handed back by a stopping worker: not counted, so the next attempt
+    carries the same number."""
+
+    @classmethod
+    def from_wire(cls, value: int) -> AttemptOutcome:
+        # An outcome this SDK does not know (a newer daemon) reads as ended
+        # without a word on how: FAILED is the safe reading for an operator.
+        return _OUTCOMES.get(int(value), cls.FAILED)
+
+
+_OUTCOMES = {
+    int(_WireAttemptOutcome.UNSPECIFIED): AttemptOutcome.RUNNING,
+    **{int(w): AttemptOutcome[w.name] for w in _WireAttemptOutcome if w.name != "UNSPECIFIED"},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskAttempt:
+    """One attempt of a task (`Task.history`, protocol minor >= 14)."""
+
+    attempt: int
+    worker_id: str
+    started_at: datetime | None
+    """The daemon's clock when the lease was granted."""
+    ended_at: datetime | None
+    """None while the attempt runs."""
+    outcome: AttemptOutcome
+    error: str | None = None
+    """The nack's or reject's error, the expiry or the cancel reason (at
+    most 512 characters; the task's `last_error` keeps the whole last one)."""
+
+    @classmethod
+    def from_wire(cls, wire: _WireTaskAttempt) -> TaskAttempt:
+        return cls(
+            attempt=wire.attempt,
+            worker_id=wire.worker_id,
+            started_at=wire.started_at,
+            ended_at=wire.ended_at,
+            outcome=AttemptOutcome.from_wire(wire.outcome),
+            error=wire.error or None,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     """A snapshot of one task as the daemon stored it."""
@@ -287,6 +347,10 @@ class Task:
     its UTF-8 bytes); set only while SUCCEEDED, and never on listed tasks."""
     limit_key: str | None = None
     """`TaskSpec.limit_key` (protocol minor >= 13)."""
+    history: tuple[TaskAttempt, ...] = ()
+    """Every attempt, oldest first, the running one last (the newest 20):
+    filled by `TaskQueue.get_by_id`, `get_by_unique_key` and `wait` against a
+    daemon at protocol minor >= 14; empty on listed and pushed tasks."""
 
     @classmethod
     def from_wire(cls, wire: _WireTask | None) -> Task:
@@ -314,6 +378,7 @@ class Task:
             lease_until=wire.lease_until,
             result=wire.result,
             limit_key=wire.limit_key or None,
+            history=tuple(TaskAttempt.from_wire(a) for a in wire.history),
         )
 
 

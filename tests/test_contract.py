@@ -20,6 +20,8 @@ EXPECTED_PUBLIC = {
     "LeasedTask",
     "Task",
     "TaskState",
+    "TaskAttempt",
+    "AttemptOutcome",
     "LimitRule",
     "LimitStatus",
     "LimitKeyState",

@@ -26,6 +26,7 @@ from .._errors import InvalidArgumentError
 from .._models import QueueStats, Task, TaskSpec, TaskState
 from .._supervise.parent import TOKEN_ENV
 from .._tasks.registry import TaskCall
+from .history import history_document, history_table
 from .load import UsageError, load_object
 
 #: Exit statuses of every ``ringo`` command (``ringo_trio._cli.main`` lists them).
@@ -236,6 +237,7 @@ async def _tasks_show(args: argparse.Namespace) -> int:
     document = task_document(task)
     document["payload"] = preview(task.payload)
     document["result"] = None if task.result is None else preview(task.result)
+    document["history"] = history_document(task)
     if args.json:
         print_json(document)
         return 0
@@ -268,6 +270,9 @@ async def _tasks_show(args: argparse.Namespace) -> int:
         # Continuation lines (a multi-line error or payload) stay indented.
         text = str(value).replace("\n", "\n" + " " * (width + 1))
         sys.stdout.write(f"{label + ':':<{width}} {text}".rstrip() + "\n")
+    if task.history:
+        sys.stdout.write("\nattempts (oldest first):\n")
+        print_table(*history_table(task))
     return 0
 
 

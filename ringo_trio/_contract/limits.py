@@ -143,6 +143,7 @@ key order); keys past it wait for a claim after the first ones drained."""
 
 #: Attempts kept per task in Task.history (the oldest dropped beyond it).
 MAX_TASK_HISTORY = 20
-#: Each history entry's error is cut to this (the task's last_error keeps up
-#: to MAX_ERROR_BYTES): 20 attempts stay under ~45 KiB per task.
-MAX_HISTORY_ERROR_BYTES = 2048
+#: Each history entry's error is cut to this many characters (at most 2 KiB
+#: of UTF-8; the task's last_error keeps up to MAX_ERROR_BYTES), so 20
+#: attempts stay under ~45 KiB per task.
+MAX_HISTORY_ERROR_CHARS = 512

@@ -403,6 +403,7 @@ def _task(buf: bytes, pos: int, end: int) -> Task:
         lease_until,
         None,
         limit_key or None,
+        (),
     )
 
 

@@ -361,7 +361,8 @@ def checkpointed(scratch: pathlib.Path) -> bool:
 
 
 def undo_limits(schema: str | None = None) -> list[str]:
-    """The statements that undo the keyed-limits migration (minor 13): for a
+    """The statements that undo the keyed-limits migration (minor 13) and the
+    attempt history's (minor 14): for a
     test that makes a store look as an older daemon left it, whose
     migrations then run again. `schema`: PostgreSQL's (quoted), None for
     SQLite."""
@@ -372,4 +373,8 @@ def undo_limits(schema: str | None = None) -> list[str]:
         f"DROP TABLE {s}limit_rules",
         f"DROP TABLE {s}limit_keys",
         f"ALTER TABLE {s}tasks DROP COLUMN limit_key",
+        # Minor 14's attempt history.
+        f"ALTER TABLE {s}tasks DROP COLUMN leased_at",
+        f"ALTER TABLE {s}tasks DROP COLUMN leased_by",
+        f"ALTER TABLE {s}tasks DROP COLUMN history",
     ]

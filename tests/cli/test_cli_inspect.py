@@ -105,6 +105,25 @@ def test_tasks_show_previews_payloads_and_fails_with_one_line_when_missing(
     assert "not" in missing.stderr.lower()
 
 
+def test_tasks_show_prints_the_attempt_history(
+    daemon: DaemonProcess, filled: dict[str, str]
+) -> None:
+    """Property: `ringo tasks show` ends with one row per attempt (number,
+    worker, outcome, the error's first line), and --json carries the same
+    as `history`."""
+    shown = ringo(daemon, "tasks", "show", "mail", filled["dead"])
+    assert shown.returncode == 0, shown.stderr
+    head, table = shown.stdout.split("attempts (oldest first):\n")
+    header, _rule, row = table.splitlines()
+    assert header.split() == ["attempt", "worker", "started", "took", "outcome", "error"]
+    assert row.split()[:2] == ["1", "w"]
+    assert "rejected" in row and "boom" in row
+    document = json.loads(ringo(daemon, "tasks", "show", "mail", filled["done"], "--json").stdout)
+    [attempt] = document["history"]
+    assert (attempt["attempt"], attempt["worker_id"], attempt["outcome"]) == (1, "w", "succeeded")
+    assert attempt["started_at"] <= attempt["ended_at"]
+
+
 def test_tasks_list_on_a_missing_queue_is_an_empty_table(
     daemon: DaemonProcess, filled: dict[str, str], tmp_path: pathlib.Path
 ) -> None:

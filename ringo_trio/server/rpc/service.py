@@ -512,7 +512,12 @@ class QueueService(QueueServiceBase):
         _, minor = self._admit_at(message.context)
         queue = v.name(message.queue, "queue")
         task_id, unique_key = v.lookup(message.task_id, message.unique_key)
-        task = await self._storage.get(queue, task_id=task_id, unique_key=unique_key)
+        task = await self._storage.get(
+            queue,
+            task_id=task_id,
+            unique_key=unique_key,
+            history=Features(minor).has(Feature.TASK_HISTORY),
+        )
         return GetTaskResponse(task=_as_seen_at(minor, task))
 
     @_rpc
@@ -539,13 +544,14 @@ class QueueService(QueueServiceBase):
             timeout = min(timeout, client_left - _DEADLINE_MARGIN)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        history = Features(minor).has(Feature.TASK_HISTORY)
         with self.waits.park(task_id, current_connection()) as waiter:
             await waiter.ready()
             while True:
                 # Armed before the read: a settlement racing it resolves
                 # this very future, so the wait below returns at once.
                 armed = waiter.arm()
-                task = await self._storage.get(queue, task_id=task_id)
+                task = await self._storage.get(queue, task_id=task_id, history=history)
                 remaining = deadline - loop.time()
                 if task.state in _TERMINAL or remaining <= 0 or waiter.closed:
                     return WaitTaskResponse(task=task)

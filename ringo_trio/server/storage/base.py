@@ -375,9 +375,15 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def get(
-        self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
+        self,
+        queue: str,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+        history: bool = False,
     ) -> Task:
-        """Exactly one of task_id / unique_key. Raises NotFound."""
+        """Exactly one of task_id / unique_key. Raises NotFound. With
+        `history`, `Task.history` is filled (`storage.history`)."""
 
     @abc.abstractmethod
     async def retry(
@@ -603,6 +609,20 @@ class Storage(abc.ABC):
         finished before `finished_before`, None: any), oldest finished first,
         back to PENDING as `retry` does for one, in one transaction; how many
         changed. `watch` of other engines hears of it."""
+
+    # -- bulk by filter (minor 14; the walk that picks the ids is bulk.py) --
+
+    @abc.abstractmethod
+    async def cancel_ids(
+        self, queue: str, task_ids: Sequence[str], reason: str, now: datetime
+    ) -> list[tuple[str, str]]:
+        """`cancel` for each of `task_ids` of `queue` still PENDING or LEASED,
+        in one transaction; (id, limit_key) of each cancelled."""
+
+    @abc.abstractmethod
+    async def delete_ids(self, queue: str, task_ids: Sequence[str], states: Sequence[int]) -> int:
+        """Delete those of `task_ids` of `queue` in `states` (finished
+        ones), in one transaction; how many."""
 
     # -- purge and retention (minor 9) -------------------------------------
 

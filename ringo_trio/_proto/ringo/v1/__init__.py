@@ -1751,7 +1751,7 @@ class Task(betterproto2.Message):
     """
     Minor >= 14: the task's attempts, oldest first, the current one (LEASED)
     last; at most MAX_TASK_HISTORY (the oldest dropped), each error cut to
-    MAX_HISTORY_ERROR_BYTES. Set by GetTask and WaitTask; ListTasks, the
+    MAX_HISTORY_ERROR_CHARS characters. Set by GetTask and WaitTask; ListTasks, the
     EnqueueMany reply and pushed tasks leave it out.
     """
 

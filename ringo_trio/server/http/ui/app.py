@@ -526,6 +526,7 @@ class Dashboard:
             progress=progress,
             can_retry=task.state.name in _FINISHED,
             can_cancel=task.state.name in ("PENDING", "LEASED"),
+            attempts=views.attempts(task.history, self._clock.now()),
             now=self._clock.now(),
         )
 

@@ -12,9 +12,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ringo_trio._contract.durations import format_duration
-from ringo_trio._proto.ringo.v1 import LimitStatus
+from ringo_trio._proto.ringo.v1 import AttemptOutcome, LimitStatus, TaskAttempt
 
-__all__ = ["PREVIEW_BYTES", "HEX_BYTES", "age", "moment", "preview", "sparkline", "timing"]
+__all__ = [
+    "PREVIEW_BYTES",
+    "HEX_BYTES",
+    "age",
+    "attempts",
+    "moment",
+    "preview",
+    "sparkline",
+    "timing",
+]
 
 # A payload (or result) is up to 1 MiB; a page shows its start only.
 PREVIEW_BYTES = 64 * 1024
@@ -173,3 +182,43 @@ def limit_rules(statuses: Sequence[LimitStatus], now: datetime) -> list[dict[str
             }
         )
     return rules
+
+
+def attempts(history: Sequence[TaskAttempt], now: datetime) -> list[dict[str, Any]]:
+    """The task page's timeline: one entry per attempt, oldest first; the
+    running one's time counts up to `now`. The error's first line is the
+    summary, the whole (as stored) expands."""
+    shown = []
+    for a in history:
+        running = a.outcome == AttemptOutcome.UNSPECIFIED
+        took = ""
+        if a.started_at is not None:
+            took = _span((a.ended_at or now) - a.started_at)
+            took = f"running for {took}" if running else f"took {took}"
+        first = a.error.splitlines()[0] if a.error else ""
+        shown.append(
+            {
+                "attempt": a.attempt,
+                "outcome": "running" if running else a.outcome.name.lower(),
+                "worker_id": a.worker_id,
+                "started": moment(a.started_at) if a.started_at else "",
+                "took": took,
+                "error": a.error,
+                "summary": first if len(first) <= 120 else first[:119] + "…",
+            }
+        )
+    return shown
+
+
+def _span(delta: timedelta) -> str:
+    """'840 ms', '12.5 s', '3 m 20 s', '2 h 5 m' (clocks never run back here,
+    but a negative span reads as zero)."""
+    seconds = max(delta.total_seconds(), 0.0)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} m {secs} s"
+    return f"{minutes // 60} h {minutes % 60} m"

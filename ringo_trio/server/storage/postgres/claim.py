@@ -112,7 +112,8 @@ class ClaimSql:
             ), claimed AS (
                 UPDATE {t} k SET state = {LEASED}, attempt = k.attempt + 1,
                     lease_token = tokens.token,
-                    worker_id = $4, lease_until = $5, updated_at = $2
+                    worker_id = $4, lease_until = $5, updated_at = $2,
+                    leased_at = $2, leased_by = $4
                 FROM numbered JOIN unnest($7::text[]) WITH ORDINALITY AS tokens(token, n)
                     ON tokens.n = numbered.n
                 WHERE k.seq = numbered.seq

@@ -67,6 +67,7 @@ from ..base import (
     guard_claim,
     storage_full,
 )
+from ..history import with_history
 from ..limits import Rule, RuleCache, RuleStatus
 from ..retry import override_us
 from ..rows import (
@@ -377,16 +378,26 @@ class PostgresEngine(PostgresSchedules, Storage):
         return set(row[0] or ())
 
     async def get(
-        self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
+        self,
+        queue: str,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+        history: bool = False,
     ) -> Task:
         one_lookup(task_id, unique_key)
+        sql = self._sql.operate
         if task_id is not None:
-            row = await self._fetchrow(self._sql.operate.get_by_id, queue, task_id)
+            row = await self._fetchrow(
+                sql.history_by_id if history else sql.get_by_id, queue, task_id
+            )
         else:
-            row = await self._fetchrow(self._sql.operate.get_by_key, queue, unique_key)
+            row = await self._fetchrow(
+                sql.history_by_key if history else sql.get_by_key, queue, unique_key
+            )
         if row is None:
             raise NotFound(describe(queue, task_id, unique_key))
-        return row_task(row)
+        return with_history(row) if history else row_task(row)
 
     async def _lock(
         self, conn: asyncpg.Connection, queue: str, task_id: str | None, unique_key: str | None
@@ -861,6 +872,26 @@ class PostgresEngine(PostgresSchedules, Storage):
                 self._sql.operate.cancel, seq, to_us(now), cancelled_text(reason)
             )
             return row_task(row)
+
+    async def cancel_ids(
+        self, queue: str, task_ids: Sequence[str], reason: str, now: datetime
+    ) -> list[tuple[str, str]]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                self._sql.operate.cancel_ids,
+                queue,
+                to_us(now),
+                cancelled_text(reason),
+                list(task_ids),
+            )
+        return [(row[0], row[1]) for row in rows]
+
+    async def delete_ids(self, queue: str, task_ids: Sequence[str], states: Sequence[int]) -> int:
+        async with self._conn() as conn:
+            count: int = await conn.fetchval(
+                self._sql.operate.delete_ids, queue, list(task_ids), list(states)
+            )
+        return count
 
     async def retry_dead(
         self,

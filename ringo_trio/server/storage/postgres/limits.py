@@ -109,7 +109,8 @@ class LimitSql:
         """
         self.lease = f"""
             UPDATE {t} k SET state = {LEASED}, attempt = k.attempt + 1,
-                lease_token = u.token, worker_id = $3, lease_until = $4, updated_at = $5
+                lease_token = u.token, worker_id = $3, lease_until = $4, updated_at = $5,
+                leased_at = $5, leased_by = $3
             FROM unnest($1::bigint[], $2::text[]) AS u(seq, token)
             WHERE k.seq = u.seq
             RETURNING {", ".join("k." + c.strip() for c in COLS.split(","))}

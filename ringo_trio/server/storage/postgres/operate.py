@@ -22,7 +22,9 @@ Concurrency (READ COMMITTED):
 
 from __future__ import annotations
 
-from ..rows import CANCELLED, COLS, DEAD, PENDING, UINT32_MAX
+from .. import history
+from ..history import HISTORY_COLS, postgres_push
+from ..rows import CANCELLED, COLS, DEAD, LEASED, PENDING, SUCCEEDED, UINT32_MAX
 from .schema import FINISHED_TERM
 from .sql import Spelling, types_filter
 
@@ -37,6 +39,11 @@ class OperateSql:
         self.get_by_key = (
             f"SELECT {COLS} FROM {t} WHERE queue = $1 AND unique_key = $2 AND unique_key <> ''"
         )
+        self.history_by_id = f"SELECT {COLS}, {HISTORY_COLS} FROM {t} WHERE queue = $1 AND id = $2"
+        self.history_by_key = (
+            f"SELECT {COLS}, {HISTORY_COLS} FROM {t} WHERE queue = $1 AND unique_key = $2"
+            " AND unique_key <> ''"
+        )
         locked = (
             "seq, state, available_at, lease_until, attempt, base_max_attempts,"
             " backoff_initial_us, backoff_max_us, backoff_multiplier"
@@ -48,7 +55,10 @@ class OperateSql:
         )
         self.retry = f"""
             WITH r AS (
-                UPDATE {t} SET state = {PENDING}, available_at = $2, finished_at = NULL,
+                UPDATE {t} SET history = CASE WHEN state = {SUCCEEDED} AND leased_at IS NOT NULL
+                        THEN {postgres_push("finished_at", str(history.SUCCEEDED), "''")}
+                        ELSE history END,
+                    state = {PENDING}, available_at = $2, finished_at = NULL,
                     max_attempts = least(attempt + base_max_attempts, {UINT32_MAX}),
                     worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2,
                     result = NULL, retry_delays_us = $3
@@ -60,9 +70,27 @@ class OperateSql:
         # A LEASED task's lease goes with it: the worker's next command on
         # it matches no row, and `cancelled_of` tells it why.
         self.cancel = f"""
-            UPDATE {t} SET state = {CANCELLED}, finished_at = $2, last_error = $3,
+            UPDATE {t} SET history = CASE WHEN state = {LEASED}
+                    THEN {postgres_push("$2", str(history.CANCELLED), "$3")} ELSE history END,
+                state = {CANCELLED}, finished_at = $2, last_error = $3,
                 worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
             WHERE seq = $1 RETURNING {COLS}, {s.notify_ended()} AS waited
+        """
+        # Bulk by filter (minor 14): the ids were picked by a listing walk.
+        self.cancel_ids = f"""
+            UPDATE {t} SET history = CASE WHEN state = {LEASED}
+                    THEN {postgres_push("$2", str(history.CANCELLED), "$3")} ELSE history END,
+                state = {CANCELLED}, finished_at = $2, last_error = $3,
+                worker_id = '', lease_token = '', lease_until = NULL, updated_at = $2
+            WHERE queue = $1 AND id = ANY($4::text[]) AND state IN ({PENDING}, {LEASED})
+            RETURNING id, limit_key, {s.notify_ended()} AS waited
+        """
+        self.delete_ids = f"""
+            WITH gone AS (
+                DELETE FROM {t}
+                WHERE queue = $1 AND id = ANY($2::text[]) AND state = ANY($3::smallint[])
+                RETURNING 1)
+            SELECT count(*) FROM gone
         """
         self.by_seq = f"SELECT {COLS} FROM {t} WHERE seq = $1"
         # The $3 oldest DEAD tasks of queue $1 finished before $2 back to

@@ -351,6 +351,15 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             )
             """,
         ),
+        # Minor 14, attempt history (storage/history.py): who holds or last
+        # held the lease and since when (written by the claim, so a
+        # successful attempt needs no write of its own), and the ended
+        # attempts. Constant defaults: no table rewrite.
+        (
+            f"ALTER TABLE {s}.tasks ADD COLUMN leased_at bigint,"
+            " ADD COLUMN leased_by text NOT NULL DEFAULT '',"
+            " ADD COLUMN history jsonb NOT NULL DEFAULT '[]'",
+        ),
     )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from ringo_trio._proto.ringo.v1 import LeaseRef
 
 from ..base import Ack, LeaseLost, Nack, Reject, Settlement
+from ..history import EXPIRED, FAILED, REJECTED, RELEASED, postgres_push
 from ..retry import override_us
 from ..rows import CANCELLED, COLS, DEAD, LEASE_EXPIRED, LEASED, PENDING, SUCCEEDED
 from .schema import literal
@@ -52,10 +53,11 @@ def retry_at(now: str, delay: str) -> str:
         retry_delays_us[least(attempt, cardinality(retry_delays_us))])"""
 
 
-def release(now: str, error: str, delay: str) -> str:
+def release(now: str, error: str, delay: str, outcome: int = FAILED) -> str:
     # SET expressions see the row as it was before the UPDATE, so
     # `attempt` is the attempt that just ended.
     return f"""
+        history = {postgres_push(now, str(outcome), error)},
         state = CASE WHEN attempt >= max_attempts THEN {DEAD} ELSE {PENDING} END,
         available_at = CASE WHEN attempt >= max_attempts THEN available_at
             ELSE {retry_at(now, delay)} END,
@@ -71,7 +73,7 @@ def expire(s: Spelling, now: str, queue_filter: str) -> str:
     WaitTask notification of one gone DEAD, `Spelling.notify_ended`)."""
     t = s.tasks
     return f"""
-        UPDATE {t} SET {release(now, literal(LEASE_EXPIRED), "NULL::bigint")}
+        UPDATE {t} SET {release(now, literal(LEASE_EXPIRED), "NULL::bigint", EXPIRED)}
         WHERE seq IN (
             SELECT seq FROM {t}
             WHERE state = {LEASED} AND lease_until <= {now}{queue_filter}
@@ -115,7 +117,8 @@ class SettleSql:
 
         def reject(returning: str) -> str:
             return f"""
-                UPDATE {t} SET state = {DEAD}, finished_at = $4, last_error = $5,
+                UPDATE {t} SET history = {postgres_push("$4", str(REJECTED), "$5")},
+                    state = {DEAD}, finished_at = $4, last_error = $5,
                     worker_id = '', lease_token = '', lease_until = NULL, updated_at = $4
                 WHERE {MATCH} RETURNING {returning}, {ended} AS waited
             """
@@ -159,6 +162,14 @@ class SettleSql:
                 ORDER BY d.id
             ), s AS (
                 UPDATE {t} k SET
+                    history = CASE WHEN l.kind = {ACK} THEN k.history ELSE {
+            postgres_push(
+                "$8",
+                f"CASE WHEN l.kind = {NACK} THEN {FAILED} ELSE {REJECTED} END",
+                "l.error",
+                "k.",
+            )
+        } END,
                     state = CASE WHEN l.kind = {ACK} THEN {SUCCEEDED}
                         WHEN {again} THEN {PENDING} ELSE {DEAD} END,
                     available_at = CASE WHEN {again}
@@ -195,7 +206,8 @@ class SettleSql:
         # A ref listed twice matches its row once (UPDATE ... FROM).
         self.release = f"""
             WITH r AS (
-                UPDATE {t} k SET state = {PENDING}, attempt = k.attempt - 1, worker_id = '',
+                UPDATE {t} k SET history = {postgres_push("$4", str(RELEASED), "''", "k.")},
+                    state = {PENDING}, attempt = k.attempt - 1, worker_id = '',
                     lease_token = '', lease_until = NULL, updated_at = $4
                 FROM unnest($1::text[], $2::bigint[], $3::text[]) AS u(id, attempt, token)
                 WHERE k.id = u.id AND k.state = {LEASED} AND k.attempt = u.attempt

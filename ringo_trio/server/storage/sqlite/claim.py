@@ -92,7 +92,7 @@ def claim_sql(types_clause: str, rest: bool) -> str:
     return f"""
         UPDATE tasks SET state = {LEASED}, attempt = attempt + 1,
             lease_token = ringo_token(), worker_id = :worker, lease_until = :until,
-            updated_at = :now
+            updated_at = :now, leased_at = :now, leased_by = :worker
         WHERE seq IN (
             SELECT seq FROM tasks
             WHERE queue = :queue AND state = {PENDING} AND {prio}

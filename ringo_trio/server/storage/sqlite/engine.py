@@ -95,6 +95,7 @@ from ..base import (
     TaskPage,
     storage_full,
 )
+from ..history import HISTORY_COLS, with_history
 from ..limits import Rule, RuleCache, RuleStatus
 from ..retry import delay_us, override_us
 from ..rows import (
@@ -123,7 +124,7 @@ from ..rows import (
     task_row,
     to_us,
 )
-from . import limits
+from . import limits, operate
 from .claim import (
     INSERT,
     claim_sql,
@@ -381,9 +382,17 @@ class SQLiteEngine(SQLiteSchedules, Storage):
         return found
 
     async def get(
-        self, queue: str, *, task_id: str | None = None, unique_key: str | None = None
+        self,
+        queue: str,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+        history: bool = False,
     ) -> Task:
-        return row_task(find(self._conn(), COLS, queue, task_id, unique_key))
+        if not history:
+            return row_task(find(self._conn(), COLS, queue, task_id, unique_key))
+        row = find(self._conn(), f"{COLS}, {HISTORY_COLS}", queue, task_id, unique_key)
+        return with_history(row)
 
     async def task_states(self, task_ids: Sequence[str]) -> dict[str, int]:
         db = self._conn()
@@ -819,6 +828,16 @@ class SQLiteEngine(SQLiteSchedules, Storage):
                 )
             args = {"seq": seq, "now": now_us, "error": cancelled_text(reason)}
             return row_task(db.execute(CANCEL, args).fetchone())
+
+    async def cancel_ids(
+        self, queue: str, task_ids: Sequence[str], reason: str, now: datetime
+    ) -> list[tuple[str, str]]:
+        with self._write() as db:
+            return operate.cancel_ids(db, queue, task_ids, cancelled_text(reason), to_us(now))
+
+    async def delete_ids(self, queue: str, task_ids: Sequence[str], states: Sequence[int]) -> int:
+        with self._write() as db:
+            return operate.delete_ids(db, queue, task_ids, states)
 
     async def retry_dead(
         self,

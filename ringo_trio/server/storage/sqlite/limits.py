@@ -119,7 +119,8 @@ def claim(
     marks = ", ".join("?" * len(chosen))
     return db.execute(
         f"UPDATE tasks SET state = {LEASED}, attempt = attempt + 1,"
-        " lease_token = ringo_token(), worker_id = ?, lease_until = ?, updated_at = ?"
+        " lease_token = ringo_token(), worker_id = ?1, lease_until = ?2, updated_at = ?3,"
+        " leased_at = ?3, leased_by = ?1"
         f" WHERE seq IN ({marks}) RETURNING {COLS}",
         (args["worker"], args["until"], now_us, *(c.seq for c in chosen)),
     ).fetchall()

@@ -13,16 +13,22 @@ walks the finished-task index oldest finished first and updates at most
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
+from .. import history
 from ..base import NotFound
-from ..rows import CANCELLED, COLS, DEAD, PENDING, UINT32_MAX, describe
+from ..history import sqlite_push
+from ..rows import CANCELLED, COLS, DEAD, LEASED, PENDING, SUCCEEDED, UINT32_MAX, describe
 from .schema import FINISHED_TERM
 
 # The lease is cleared for a stuck LEASED task (see `rows.stuck`); a
 # finished task has none.
+# A SUCCEEDED attempt was never stored (`history`): it is, before it goes.
 RETRY = f"""
-    UPDATE tasks SET state = {PENDING}, available_at = :now, finished_at = NULL,
+    UPDATE tasks SET history = CASE WHEN state = {SUCCEEDED} AND leased_at IS NOT NULL
+            THEN {sqlite_push("finished_at", str(history.SUCCEEDED), "''")} ELSE history END,
+        state = {PENDING}, available_at = :now, finished_at = NULL,
         max_attempts = min(attempt + base_max_attempts, {UINT32_MAX}), worker_id = '',
         lease_token = '', lease_until = NULL, updated_at = :now, result = NULL
     WHERE seq = :seq RETURNING {COLS}
@@ -48,10 +54,56 @@ NO_CUTOFF = 2**63 - 1
 # A LEASED task's lease goes with it: the worker's next command on the lease
 # matches no row, and `lost` tells it why.
 CANCEL = f"""
-    UPDATE tasks SET state = {CANCELLED}, finished_at = :now, last_error = :error,
+    UPDATE tasks SET history = CASE WHEN state = {LEASED}
+            THEN {sqlite_push(":now", str(history.CANCELLED), ":error")} ELSE history END,
+        state = {CANCELLED}, finished_at = :now, last_error = :error,
         worker_id = '', lease_token = '', lease_until = NULL, updated_at = :now
     WHERE seq = :seq RETURNING {COLS}
 """
+
+
+def _ids(task_ids: Sequence[str]) -> tuple[str, dict[str, str]]:
+    names = [f"i{n}" for n in range(len(task_ids))]
+    return ", ".join(":" + n for n in names), dict(zip(names, task_ids, strict=True))
+
+
+# Named parameters per statement, far below SQLite's 32,766.
+IDS_CHUNK = 500
+
+
+def cancel_ids(
+    db: sqlite3.Connection, queue: str, task_ids: Sequence[str], error: str, now_us: int
+) -> list[tuple[str, str]]:
+    """CANCEL for each of `task_ids` still PENDING or LEASED, in the
+    caller's transaction."""
+    cancelled: list[tuple[str, str]] = []
+    for start in range(0, len(task_ids), IDS_CHUNK):
+        marks, params = _ids(task_ids[start : start + IDS_CHUNK])
+        cancelled += db.execute(
+            f"""UPDATE tasks SET history = CASE WHEN state = {LEASED}
+                    THEN {sqlite_push(":now", str(history.CANCELLED), ":error")}
+                    ELSE history END,
+                state = {CANCELLED}, finished_at = :now, last_error = :error,
+                worker_id = '', lease_token = '', lease_until = NULL, updated_at = :now
+            WHERE queue = :queue AND state IN ({PENDING}, {LEASED}) AND id IN ({marks})
+            RETURNING id, limit_key""",
+            {**params, "queue": queue, "now": now_us, "error": error},
+        ).fetchall()
+    return cancelled
+
+
+def delete_ids(
+    db: sqlite3.Connection, queue: str, task_ids: Sequence[str], states: Sequence[int]
+) -> int:
+    deleted = 0
+    allowed = ", ".join(str(int(s)) for s in states)
+    for start in range(0, len(task_ids), IDS_CHUNK):
+        marks, params = _ids(task_ids[start : start + IDS_CHUNK])
+        deleted += db.execute(
+            f"DELETE FROM tasks WHERE queue = :queue AND state IN ({allowed}) AND id IN ({marks})",
+            {**params, "queue": queue},
+        ).rowcount
+    return deleted
 
 
 def retry_dead_sql(types_clause: str) -> str:

@@ -244,6 +244,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID
         """,
     ),
+    # Minor 14, attempt history (storage/history.py): who holds or last held
+    # the lease and since when (written by the claim, so a successful attempt
+    # needs no write of its own), and the ended attempts as JSON (NULL: none).
+    (
+        "ALTER TABLE tasks ADD COLUMN leased_at INTEGER",
+        "ALTER TABLE tasks ADD COLUMN leased_by TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE tasks ADD COLUMN history TEXT",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -22,6 +22,7 @@ from typing import Any
 from ringo_trio._proto.ringo.v1 import LeaseRef
 
 from ..base import Ack, LeaseLost, Nack, Reject, Settlement
+from ..history import EXPIRED, FAILED, REJECTED, RELEASED, sqlite_push
 from ..retry import override_us
 from ..rows import CANCELLED, COLS, DEAD, LEASED, PENDING, SUCCEEDED
 from .claim import pieces
@@ -36,7 +37,12 @@ LEASE_MATCH = (
 # here is the attempt that just ended. The delay is the nack's own
 # (`retry.override_us`) or the task's policy (`retry.delay_us`, registered
 # as `ringo_retry_delay_us`): both capped in Python.
-RELEASE = f"""
+
+
+def ended(outcome: int) -> str:
+    """The SET of a nack (FAILED) or an expiry (EXPIRED): retry or DEAD."""
+    return f"""
+    history = {sqlite_push(":now", str(outcome), ":error")},
     state = CASE WHEN attempt >= max_attempts THEN {DEAD} ELSE {PENDING} END,
     available_at = CASE WHEN attempt >= max_attempts THEN available_at
         ELSE :now + coalesce(:delay, ringo_retry_delay_us(
@@ -45,11 +51,15 @@ RELEASE = f"""
     last_error = :error, worker_id = '', lease_token = '', lease_until = NULL,
     updated_at = :now
 """
+
+
+RELEASE = ended(FAILED)
 ACK_SET = f"""
     state = {SUCCEEDED}, finished_at = :now, worker_id = '', lease_token = '',
     lease_until = NULL, updated_at = :now, result = :result
 """
 REJECT_SET = f"""
+    history = {sqlite_push(":now", str(REJECTED), ":error")},
     state = {DEAD}, finished_at = :now, last_error = :error, worker_id = '',
     lease_token = '', lease_until = NULL, updated_at = :now
 """
@@ -74,7 +84,8 @@ EXTEND = f"""
 # `available_at` is kept: claim never moves it and it was due when claimed,
 # so the task is claimable now and keeps its place in claim order.
 RELEASE_UNSENT = f"""
-    UPDATE tasks SET state = {PENDING}, attempt = attempt - 1, worker_id = '',
+    UPDATE tasks SET history = {sqlite_push(":now", str(RELEASED), "''")},
+        state = {PENDING}, attempt = attempt - 1, worker_id = '',
         lease_token = '', lease_until = NULL, updated_at = :now
     WHERE {LEASE_MATCH}
 """
@@ -86,7 +97,7 @@ PROGRESS = f"""
 # INDEXED BY: without it the planner may prefer a table scan for the
 # queue-less form, and an expiry pass must only touch leased rows.
 EXPIRE_ALL = (
-    f"UPDATE tasks INDEXED BY tasks_leased SET {RELEASE}"
+    f"UPDATE tasks INDEXED BY tasks_leased SET {ended(EXPIRED)}"
     f" WHERE state = {LEASED} AND lease_until <= :now"
 )
 EXPIRE_QUEUE = f"{EXPIRE_ALL} AND queue = :queue"

@@ -114,6 +114,18 @@ def test_task_detail(page: Page, ops: Ops, queue: str, shot: Shot) -> None:
     expect(page.locator("#payload")).to_contain_text('"order"')
     expect(page.locator("form#cancel")).to_have_count(1)
     expect(page.locator("form#retry")).to_have_count(0)
+    # The attempt timeline: attempt 1 failed on first-worker (its error
+    # folded until asked for), attempt 2 running on the holder.
+    attempts = page.locator("#attempts-timeline li")
+    expect(attempts).to_have_count(2)
+    expect(attempts.nth(0)).to_have_class(re.compile(r"outcome-failed"))
+    expect(attempts.nth(0).locator(".worker")).to_have_text("first-worker")
+    expect(attempts.nth(0).locator("details pre")).not_to_be_visible()
+    attempts.nth(0).locator("summary").click()
+    expect(attempts.nth(0).locator("details pre")).to_have_text("carrier timed out")
+    expect(attempts.nth(1)).to_have_class(re.compile(r"outcome-running"))
+    expect(attempts.nth(1).locator(".worker")).to_have_text("holder-worker")
+    expect(attempts.nth(1).locator(".took")).to_contain_text("running for")
     shot(page, "task-detail")
 
     page.locator('a[data-view="json"]').click()
