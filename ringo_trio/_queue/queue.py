@@ -16,13 +16,12 @@ import collections
 import math
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
 from .._contract import limits as _limits
-from .._contract.durations import MAX_RETENTION
 from .._contract.versions import Feature
 from .._errors import InvalidArgumentError, RingoError, UnavailableError, require
 from .._models import (
@@ -46,8 +45,6 @@ from .._proto.ringo.v1 import (
     ClaimResponse,
     DeleteLimitRequest,
     DeleteLimitResponse,
-    DeleteTasksRequest,
-    DeleteTasksResponse,
     EnqueueRequest,
     EnqueueResponse,
     GetQueueActivityRequest,
@@ -64,8 +61,6 @@ from .._proto.ringo.v1 import (
     RequestContext,
     RetryTaskRequest,
     RetryTaskResponse,
-    RetryTasksRequest,
-    RetryTasksResponse,
     SetLimitRequest,
     SetLimitResponse,
     SetQueuePausedRequest,
@@ -78,6 +73,7 @@ from .._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from .._work._timeouts import TaskTimeouts
 from .._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
 from ._batch import decode_enqueue_many_reply, encode_enqueue_many_request
+from .bulk import BulkCalls, _task_types
 from .leased import LeasedTask
 from .schedules import ScheduleCalls
 
@@ -154,18 +150,6 @@ class _TaskIterator:
         return self._buffer.popleft()
 
 
-def _task_types(task_types: Iterable[str] | None) -> list[str]:
-    if task_types is None:
-        return []
-    # A bare string is an iterable of one-letter "types": always a mistake.
-    if isinstance(task_types, str | bytes):
-        raise InvalidArgumentError("task_types must be a collection of strings, not a string")
-    types = [check_name("task type", t) for t in task_types]
-    if len(types) > _limits.MAX_TASK_TYPES:
-        raise InvalidArgumentError(f"at most {_limits.MAX_TASK_TYPES} task types per call")
-    return types
-
-
 class _EnqueueManyCall:
     """An EnqueueMany request encoded by the shared codec when sent (so a
     renegotiated ``context`` set by the retry rules is the one encoded)."""
@@ -195,7 +179,7 @@ class _EnqueueManyReply:
             raise RingoError(f"malformed EnqueueMany reply from the daemon: {exc}") from None
 
 
-class TaskQueue(ScheduleCalls):
+class TaskQueue(ScheduleCalls, BulkCalls):
     """One named queue of a client. Get it with `RingoClient.queue`."""
 
     def __init__(self, connection: Connection, name: str) -> None:
@@ -741,108 +725,6 @@ class TaskQueue(ScheduleCalls):
             CancelTaskResponse,
         )
         return Task.from_wire(reply.task)
-
-    async def _daemon_now(self) -> datetime:
-        """The daemon's clock, as its stats read it (never this machine's)."""
-        as_of = (await self.stats()).as_of
-        if as_of is None:
-            raise InvalidArgumentError("daemon reply carried no time (stats.as_of)")
-        return as_of
-
-    async def retry_many(
-        self,
-        *,
-        task_types: Iterable[str] | None = None,
-        finished_before: datetime | None = None,
-        batch_size: int = _limits.DEFAULT_BULK_BATCH,
-    ) -> int:
-        """Reactivate every DEAD task (of ``task_types``; finished before
-        ``finished_before``), in batches; how many were retried.
-
-        Each batch of at most ``batch_size`` (1..10,000; 1,000 by default,
-        so an SQLite daemon's loop is held ~30 ms at a time) is one RetryTasks
-        call, oldest finished first, applied in one transaction; the loop
-        ends when the daemon reports nothing more. Without
-        ``finished_before`` the cutoff is the moment ``retry_many`` began,
-        by the daemon's clock (read with one `stats` call: the cutoff is
-        compared with times the daemon wrote, so this machine's clock, or a
-        test's virtual one, must not decide it), so a task that dies again
-        while it pages is not retried twice.
-        Like every mutation it is never re-sent after `UnavailableError`;
-        the batches before it stay applied. Protocol minor >= 9.
-        """
-        require(self._connection.protocol_minor, Feature.OPERATE, "retry_many")
-        types = _task_types(task_types)
-        check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
-        if finished_before is None:
-            finished_before = await self._daemon_now()
-        elif not isinstance(finished_before, datetime) or finished_before.tzinfo is None:
-            raise InvalidArgumentError("finished_before must be a timezone-aware datetime")
-        request = RetryTasksRequest(
-            queue=self.name,
-            task_types=types,
-            finished_before=finished_before,
-            limit=batch_size,
-        )
-        total = 0
-        while True:
-            reply = await self._connection.call("RetryTasks", request, RetryTasksResponse)
-            total += int(reply.retried_count)
-            if not reply.more:
-                return total
-
-    # -- purge (protocol minor >= 9) ----------------------------------------
-
-    async def purge(
-        self,
-        *,
-        states: Iterable[TaskState] = _FINISHED,
-        older_than: timedelta | None = None,
-        batch_size: int = _limits.DEFAULT_BULK_BATCH,
-    ) -> int:
-        """Delete finished tasks (SUCCEEDED, DEAD, CANCELLED) that finished
-        more than ``older_than`` ago (any age when None), in batches; how
-        many were deleted. Their unique keys can be used again.
-
-        Each batch (``batch_size`` tasks, at most 10,000, 1,000 by default:
-        an SQLite daemon's loop is held ~30 ms at a time) is one DeleteTasks
-        call and one transaction on the daemon, oldest finished first;
-        batches follow one another until the daemon finds no more. The age
-        is measured on the daemon's clock (one `stats` call), once, at the
-        start: it is compared with the finish times the daemon wrote. After an
-        error the batches already done stay done: call it again. Needs
-        protocol minor >= 9 (`IncompatibleVersionError` before anything is
-        sent)."""
-        require(self._connection.protocol_minor, Feature.OPERATE, "purge")
-        if isinstance(states, TaskState | str):
-            raise InvalidArgumentError("states must be a collection of TaskState")
-        wanted: builtins.list[TaskState] = []
-        for state in states:
-            if state not in _FINISHED:
-                raise InvalidArgumentError(
-                    f"states: {state!r} is not a finished state; only SUCCEEDED, DEAD"
-                    " or CANCELLED tasks can be purged"
-                )
-            wanted.append(state)
-        if not wanted:
-            raise InvalidArgumentError("states must name at least one finished state")
-        check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
-        finished_before = None
-        if older_than is not None:
-            check_duration("older_than", older_than, maximum=MAX_RETENTION)
-            finished_before = await self._daemon_now() - older_than
-        request = DeleteTasksRequest(
-            queue=self.name,
-            states=[state.to_wire() for state in dict.fromkeys(wanted)],
-            finished_before=finished_before,
-            limit=batch_size,
-        )
-        deleted = 0
-        while True:
-            reply = await self._connection.call("DeleteTasks", request, DeleteTasksResponse)
-            deleted += reply.deleted_count
-            if not reply.more:
-                return deleted
 
     # -- manual claim -------------------------------------------------------
 

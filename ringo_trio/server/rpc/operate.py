@@ -24,6 +24,8 @@ from ringo_trio._contract import limits
 from ringo_trio._proto.ringo.v1 import (
     CancelTaskRequest,
     CancelTaskResponse,
+    CancelTasksRequest,
+    CancelTasksResponse,
     DeleteTasksRequest,
     DeleteTasksResponse,
     GetQueueStatsRequest,
@@ -36,8 +38,10 @@ from ringo_trio._proto.ringo.v1 import (
     RetryTasksResponse,
     SetQueuePausedRequest,
     SetQueuePausedResponse,
+    TaskState,
 )
 
+from ..storage import bulk
 from ..storage.base import Storage, TaskFilter
 from . import validate as v
 from .paused import PausedQueues
@@ -127,15 +131,44 @@ class Operations:
         queue = v.name(message.queue, "queue")
         task_types = v.task_types(message.task_types)
         limit = v.batch_limit(message.limit)
-        retried = await self._storage.retry_dead(
-            queue, task_types, message.finished_before, limit, now
-        )
+        prefix = v.key_prefix(message.unique_key_prefix)
+        if prefix:
+            # Minor 14: the listing walk picks them (storage/bulk.py).
+            where = TaskFilter((int(TaskState.DEAD),), tuple(task_types), prefix)
+            retried, more = await bulk.retry_matching(
+                self._storage, queue, where, message.finished_before, limit, now
+            )
+        else:
+            retried = await self._storage.retry_dead(
+                queue, task_types, message.finished_before, limit, now
+            )
+            more = retried >= limit
         if retried:
             self._wakeups.notify(queue)
         # A full batch may have left more behind; the caller asks again (the
         # SDK fixes finished_before first, so tasks dying meanwhile do not
         # keep it going).
-        return RetryTasksResponse(retried_count=retried, more=retried >= limit)
+        return RetryTasksResponse(retried_count=retried, more=more)
+
+    async def cancel_tasks(self, message: CancelTasksRequest, now: datetime) -> CancelTasksResponse:
+        queue = v.name(message.queue, "queue")
+        where = TaskFilter(
+            tuple(v.active_states(message.states)),
+            tuple(v.task_types(message.task_types)),
+            v.key_prefix(message.unique_key_prefix),
+        )
+        reason = v.error_text(message.reason, "reason")
+        limit = v.batch_limit(message.limit)
+        cancelled, more = await bulk.cancel_matching(
+            self._storage, queue, where, message.created_before, reason, limit, now
+        )
+        # As CancelTask, per task: keyed leases free slots; waiters hear now.
+        if any(key for _, key in cancelled) and self._storage.limited(queue):
+            self._wakeups.notify(queue)
+        if cancelled:
+            self._waits.settled(tuple(task_id for task_id, _ in cancelled))
+            log.info("CancelTasks cancelled %d task(s) of queue %r", len(cancelled), queue)
+        return CancelTasksResponse(cancelled_count=len(cancelled), more=more)
 
     async def set_queue_paused(
         self, message: SetQueuePausedRequest, now: datetime
@@ -156,13 +189,25 @@ class Operations:
         queue = v.name(message.queue, "queue")
         states = v.finished_states(message.states)
         limit = v.batch_limit(message.limit)
-        deleted = await self._storage.delete_finished(queue, states, message.finished_before, limit)
+        task_types = v.task_types(message.task_types)
+        prefix = v.key_prefix(message.unique_key_prefix)
+        if task_types or prefix:
+            # Minor 14: the listing walk picks them (storage/bulk.py).
+            where = TaskFilter(tuple(states), tuple(task_types), prefix)
+            deleted, more = await bulk.delete_matching(
+                self._storage, queue, where, message.finished_before, limit
+            )
+        else:
+            deleted = await self._storage.delete_finished(
+                queue, states, message.finished_before, limit
+            )
+            more = deleted == limit
         if deleted:
             # The deleted ids are not named: a waiter on one reads NOT_FOUND.
             self._waits.recheck()
             # Deleting is for good: leave a trace an operator can find.
             log.info("DeleteTasks deleted %d finished task(s) of queue %r", deleted, queue)
-        return DeleteTasksResponse(deleted_count=deleted, more=deleted == limit)
+        return DeleteTasksResponse(deleted_count=deleted, more=more)
 
 
 # -- page tokens -------------------------------------------------------------

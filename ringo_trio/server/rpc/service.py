@@ -125,6 +125,8 @@ from ringo_trio._proto.ringo.v1 import (
     AttachLocalResponse,
     CancelTaskRequest,
     CancelTaskResponse,
+    CancelTasksRequest,
+    CancelTasksResponse,
     ClaimRequest,
     ClaimResponse,
     DeleteLimitRequest,
@@ -851,6 +853,11 @@ class QueueService(QueueServiceBase):
     async def cancel_task(self, message: CancelTaskRequest) -> CancelTaskResponse:
         now = self._operate_now(message.context, "CancelTask")
         return await self._operations.cancel_task(message, now)
+
+    @_rpc
+    async def cancel_tasks(self, message: CancelTasksRequest) -> CancelTasksResponse:
+        now = self._operate_now(message.context, "CancelTasks", Feature.BULK_BY_FILTER)
+        return await self._operations.cancel_tasks(message, now)
 
     @_rpc
     async def delete_tasks(self, message: DeleteTasksRequest) -> DeleteTasksResponse:

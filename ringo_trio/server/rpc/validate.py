@@ -367,6 +367,24 @@ def finished_states(values: Sequence[TaskState], path: str = "states") -> list[i
     return [int(state) for state in dict.fromkeys(values or _FINISHED_STATES)]
 
 
+_ACTIVE_STATES = (TaskState.PENDING, TaskState.LEASED)
+
+
+def active_states(values: Sequence[TaskState], path: str = "states") -> list[int]:
+    """A filter of active states (CancelTasks): PENDING and/or LEASED;
+    empty means both."""
+    if len(values) > len(_ACTIVE_STATES):
+        raise FieldError(path, f"{len(values)} entries exceeds the limit of {len(_ACTIVE_STATES)}")
+    for index, state in enumerate(values):
+        if state not in _ACTIVE_STATES:
+            label = getattr(state, "name", "") or str(int(state))
+            raise FieldError(
+                f"{path}[{index}]",
+                f"{label} is not an active state; only PENDING or LEASED tasks can be cancelled",
+            )
+    return [int(state) for state in dict.fromkeys(values or _ACTIVE_STATES)]
+
+
 # -- inspection (minor 9) ----------------------------------------------------
 
 _LISTABLE_STATES = frozenset(int(s) for s in TaskState if s != TaskState.UNSPECIFIED)

@@ -68,7 +68,10 @@ async def cancel_matching(
     """CancelTasks: (id, limit_key) of each cancelled task, and `more`."""
 
     def keep(task: Task) -> bool | None:
-        return True if _before(task.created_at, created_before) else None
+        # At the cutoff too: the SDK's cutoff is the daemon's clock when the
+        # call began, and a task enqueued in that microsecond is older.
+        at = task.created_at
+        return True if created_before is None or (at is not None and at <= created_before) else None
 
     ids, more = await matching(storage, queue, where, limit, keep)
     if not ids:

@@ -475,8 +475,8 @@ class CancelTasksRequest(betterproto2.Message):
         6, betterproto2.TYPE_MESSAGE, unwrap=lambda: __google__protobuf__.Timestamp, optional=True
     )
     """
-    Only tasks enqueued before this; unset means any age. The SDK sets it to
-    the moment a bulk cancel began, so tasks enqueued while it pages are
+    Only tasks enqueued at or before this; unset means any age. The SDK sets
+    it to the moment a bulk cancel began, so tasks enqueued while it pages are
     left alone.
     """
 
