@@ -14,8 +14,8 @@ import trio.testing
 from ringo_trio import (
     AttemptOutcome,
     PermanentTaskError,
-    Ringo,
     RetryTaskError,
+    Ringo,
     Task,
     TaskContext,
     TaskState,
@@ -67,7 +67,8 @@ async def test_a_workers_retries_are_in_the_history(
         assert "connection reset" in (done.history[1].error or "")
         assert done.history[2].error is None
         for a in done.history:
-            assert a.started_at is not None and a.ended_at is not None
+            assert a.started_at is not None
+            assert a.ended_at is not None
             assert a.started_at <= a.ended_at
         assert done.history[0].ended_at <= done.history[1].started_at  # type: ignore[operator]
         assert await queue.get_by_id(flaky.id) == done
