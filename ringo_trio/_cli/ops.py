@@ -40,6 +40,7 @@ __all__ = ["add_commands", "OPS_COMMANDS"]
 OPS_COMMANDS = frozenset({"queues", "tasks", "enqueue", "schedules", "limits"})
 
 _FINISHED = [TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED]
+_ACTIVE = [TaskState.PENDING, TaskState.LEASED]
 
 
 # -- output -------------------------------------------------------------------
@@ -412,12 +413,16 @@ def print_task_outcome(args: argparse.Namespace, task: Task) -> None:
 
 
 async def _tasks_retry(args: argparse.Namespace) -> int:
-    if args.type and not args.all_dead:
-        raise InvalidArgumentError("--type filters --all-dead; a single task is named exactly")
+    if (args.type or args.key_prefix) and not args.all_dead:
+        raise InvalidArgumentError(
+            "--type and --key-prefix filter --all-dead; a single task is named exactly"
+        )
     async with open_client(args) as client:
         queue = client.queue(args.queue)
         if args.all_dead:
-            retried = await queue.retry_many(task_types=args.type or None)
+            retried = await queue.retry_many(
+                task_types=args.type or None, unique_key_prefix=args.key_prefix
+            )
         elif args.key is not None:
             task = await queue.retry(args.key)
         else:
@@ -432,6 +437,23 @@ async def _tasks_retry(args: argparse.Namespace) -> int:
 
 
 async def _tasks_cancel(args: argparse.Namespace) -> int:
+    if (args.type or args.key_prefix or args.state) and not args.all_active:
+        raise InvalidArgumentError(
+            "--state, --type and --key-prefix filter --all-active; a single task is named exactly"
+        )
+    if args.all_active:
+        async with open_client(args) as client:
+            cancelled = await client.queue(args.queue).cancel_many(
+                states=[TaskState(s) for s in dict.fromkeys(args.state)] or _ACTIVE,
+                task_types=args.type or None,
+                unique_key_prefix=args.key_prefix,
+                reason=args.reason,
+            )
+        if args.json:
+            print_json({"queue": args.queue, "cancelled": cancelled})
+        else:
+            sys.stdout.write(f"cancelled {cancelled} task(s) of queue {args.queue!r}\n")
+        return 0
     async with open_client(args) as client:
         queue = client.queue(args.queue)
         if args.key is not None:
@@ -533,7 +555,12 @@ async def _enqueue(args: argparse.Namespace) -> int:
 async def _tasks_purge(args: argparse.Namespace) -> int:
     states = [TaskState(state) for state in args.state] or _FINISHED
     async with open_client(args) as client:
-        deleted = await client.queue(args.queue).purge(states=states, older_than=args.older_than)
+        deleted = await client.queue(args.queue).purge(
+            states=states,
+            older_than=args.older_than,
+            task_types=args.type or None,
+            unique_key_prefix=args.key_prefix,
+        )
     if args.json:
         print_json({"queue": args.queue, "deleted": deleted})
     else:
@@ -562,11 +589,12 @@ def command(
     parser.set_defaults(ops_run=run)
 
 
-def _lookup(parser: argparse.ArgumentParser) -> None:
+def _lookup(parser: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
     parser.add_argument("queue")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("task_id", nargs="?", default=None, help="the task's id")
     target.add_argument("--key", default=None, help="the task's unique key")
+    return target
 
 
 def add_commands(commands: Any) -> None:
@@ -619,11 +647,29 @@ def add_commands(commands: Any) -> None:
     target.add_argument("--key", default=None)
     target.add_argument("--all-dead", action="store_true", help="every DEAD task of the queue")
     retry.add_argument("--type", action="append", default=[], help="with --all-dead: this type")
+    retry.add_argument(
+        "--key-prefix", default="", help="with --all-dead: only unique keys with this prefix"
+    )
     command(retry, _tasks_retry)
 
-    cancel = verbs.add_parser("cancel", help="cancel a PENDING or LEASED task")
-    _lookup(cancel)
+    cancel = verbs.add_parser(
+        "cancel", help="cancel a PENDING or LEASED task, or every one with --all-active"
+    )
+    _lookup(cancel).add_argument(
+        "--all-active", action="store_true", help="every PENDING and LEASED task that matches"
+    )
     cancel.add_argument("--reason", default="", help="stored as the task's last error")
+    cancel.add_argument(
+        "--state",
+        action="append",
+        default=[],
+        choices=["pending", "leased"],
+        help="with --all-active: only this state (repeatable; default both)",
+    )
+    cancel.add_argument("--type", action="append", default=[], help="with --all-active: this type")
+    cancel.add_argument(
+        "--key-prefix", default="", help="with --all-active: only unique keys with this prefix"
+    )
     command(cancel, _tasks_cancel)
 
     purge = verbs.add_parser("purge", help="delete finished tasks")
@@ -641,6 +687,8 @@ def add_commands(commands: Any) -> None:
         default=None,
         help="only tasks finished longer ago, e.g. 7d, 12h, 30m",
     )
+    purge.add_argument("--type", action="append", default=[], help="only this task type")
+    purge.add_argument("--key-prefix", default="", help="only unique keys with this prefix")
     command(purge, _tasks_purge)
 
     enqueue = commands.add_parser(

@@ -140,3 +140,33 @@ def test_tasks_retry_all_dead(daemon: DaemonProcess) -> None:
 
 async def _get_all(queue: Any, ids: list[str]) -> list[Task]:
     return [await queue.get_by_id(i) for i in ids]
+
+
+def test_bulk_cancel_retry_and_purge_by_filter(daemon: DaemonProcess) -> None:
+    """`ringo tasks cancel Q --all-active [--state] [--type] [--key-prefix]`
+    cancels exactly the matching active tasks and says how many; `retry
+    --all-dead --key-prefix` and `purge --type --key-prefix` narrow likewise;
+    a filter without --all-active is refused."""
+
+    async def fill(queue: Any) -> None:
+        for n in range(3):
+            await queue.enqueue(task_type="a", unique_key=f"t1:{n}")
+        await queue.enqueue(task_type="b", unique_key="t1:b")
+        await queue.enqueue(task_type="a", unique_key="t2:0")
+
+    sdk(daemon, "cli-bulk", fill)
+    cancelled = ringo_json(
+        daemon, "tasks", "cancel", "cli-bulk", "--all-active", "--type", "a", "--key-prefix", "t1:"
+    )
+    assert cancelled == {"queue": "cli-bulk", "cancelled": 3}
+    assert sdk(daemon, "cli-bulk", lambda q: q.active_count()) == 2
+    retried = ringo_json(daemon, "tasks", "retry", "cli-bulk", "--all-dead", "--key-prefix", "t2:")
+    assert retried == {"queue": "cli-bulk", "retried": 0}
+    purged = ringo(daemon, "tasks", "purge", "cli-bulk", "--key-prefix", "t1:1", "--type", "a")
+    assert purged.returncode == 0, purged.stderr
+    assert "deleted 1 finished task(s)" in purged.stdout
+    rest = ringo(daemon, "tasks", "cancel", "cli-bulk", "--all-active", "--state", "pending")
+    assert "cancelled 2 task(s)" in rest.stdout
+    refused = ringo(daemon, "tasks", "cancel", "cli-bulk", "--key", "t2:0", "--type", "a")
+    assert refused.returncode == 1
+    assert "--all-active" in refused.stderr
