@@ -589,12 +589,15 @@ def command(
     parser.set_defaults(ops_run=run)
 
 
-def _lookup(parser: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
+def _lookup(parser: argparse.ArgumentParser, *, every: tuple[str, str] | None = None) -> None:
+    """QUEUE then the task's id or --key, or (`every`: flag, help) a flag
+    that names every matching task instead."""
     parser.add_argument("queue")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("task_id", nargs="?", default=None, help="the task's id")
     target.add_argument("--key", default=None, help="the task's unique key")
-    return target
+    if every is not None:
+        target.add_argument(every[0], action="store_true", help=every[1])
 
 
 def add_commands(commands: Any) -> None:
@@ -655,9 +658,7 @@ def add_commands(commands: Any) -> None:
     cancel = verbs.add_parser(
         "cancel", help="cancel a PENDING or LEASED task, or every one with --all-active"
     )
-    _lookup(cancel).add_argument(
-        "--all-active", action="store_true", help="every PENDING and LEASED task that matches"
-    )
+    _lookup(cancel, every=("--all-active", "every PENDING and LEASED task that matches"))
     cancel.add_argument("--reason", default="", help="stored as the task's last error")
     cancel.add_argument(
         "--state",

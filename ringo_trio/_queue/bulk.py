@@ -31,7 +31,7 @@ _FINISHED = (TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED)
 _ACTIVE = (TaskState.PENDING, TaskState.LEASED)
 
 
-def _task_types(task_types: Iterable[str] | None) -> builtins.list[str]:
+def check_task_types(task_types: Iterable[str] | None) -> builtins.list[str]:
     if task_types is None:
         return []
     # A bare string is an iterable of one-letter "types": always a mistake.
@@ -96,7 +96,7 @@ class BulkCalls:
         the batches before it stay applied. Protocol minor >= 9.
         """
         require(self._connection.protocol_minor, Feature.OPERATE, "retry_many")
-        types = _task_types(task_types)
+        types = check_task_types(task_types)
         prefix = _prefix(self._connection.protocol_minor, unique_key_prefix)
         check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
         if finished_before is None:
@@ -157,7 +157,7 @@ class BulkCalls:
         if not wanted:
             raise InvalidArgumentError("states must name at least one finished state")
         check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
-        types = _task_types(task_types)
+        types = check_task_types(task_types)
         if types:
             require(self._connection.protocol_minor, Feature.BULK_BY_FILTER, "purge(task_types)")
         prefix = _prefix(self._connection.protocol_minor, unique_key_prefix)
@@ -220,7 +220,7 @@ class BulkCalls:
         request = CancelTasksRequest(
             queue=self.name,
             states=[state.to_wire() for state in wanted],
-            task_types=_task_types(task_types),
+            task_types=check_task_types(task_types),
             unique_key_prefix=_prefix(self._connection.protocol_minor, unique_key_prefix),
             created_before=await self._daemon_now(),
             reason=reason,

@@ -73,7 +73,7 @@ from .._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from .._work._timeouts import TaskTimeouts
 from .._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
 from ._batch import decode_enqueue_many_reply, encode_enqueue_many_request
-from .bulk import BulkCalls, _task_types
+from .bulk import BulkCalls, check_task_types
 from .leased import LeasedTask
 from .schedules import ScheduleCalls
 
@@ -280,7 +280,7 @@ class TaskQueue(ScheduleCalls, BulkCalls):
             self._connection,
             self.name,
             handler,
-            task_types=_task_types(task_types),
+            task_types=check_task_types(task_types),
             concurrency=concurrency,
             weight=weight,
             lease_duration=lease_duration,
@@ -435,7 +435,7 @@ class TaskQueue(ScheduleCalls, BulkCalls):
         reply = await self._connection.call(
             "GetQueueActivity",
             GetQueueActivityRequest(
-                queue=self.name, task_types=_task_types(task_types), due_only=due_only
+                queue=self.name, task_types=check_task_types(task_types), due_only=due_only
             ),
             GetQueueActivityResponse,
             read_only=True,
@@ -640,7 +640,7 @@ class TaskQueue(ScheduleCalls, BulkCalls):
         return ListTasksRequest(
             queue=self.name,
             states=wire_states,
-            task_types=_task_types(task_types),
+            task_types=check_task_types(task_types),
             unique_key_prefix=unique_key_prefix,
             order=ListOrder.NEWEST_FIRST if newest_first else ListOrder.OLDEST_FIRST,
             page_size=page_size,
@@ -745,7 +745,7 @@ class TaskQueue(ScheduleCalls, BulkCalls):
         its lease ends, or it is handed out again.
         """
         check_int("limit", limit, 1, _limits.MAX_BATCH)
-        types = _task_types(task_types)
+        types = check_task_types(task_types)
         request = ClaimRequest(
             queue=self.name,
             worker_id=check_name("worker_id", worker_id)

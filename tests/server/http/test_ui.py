@@ -478,6 +478,8 @@ async def test_actions_need_the_sessions_csrf_token_and_same_origin(engine: Stor
             ):
                 reply = await ui.post(f"{path}/retry", form, headers=headers)
                 assert reply.status == 403, (form, headers)
+                bulk = await ui.post(f"/queues/{queue}/bulk/retry", form, headers=headers)
+                assert bulk.status == 403, (form, headers)
                 assert (await engine.get(queue, task_id=task_id)).state == TaskState.DEAD
             reply = await ui.post(f"{path}/retry", {"_csrf": csrf}, headers={"Origin": ""})
             assert reply.status == 403
@@ -516,12 +518,17 @@ async def test_read_only_renders_no_action_and_refuses_every_post(sqlite: Storag
             csrf = ui.daemon.dashboard.sessions.csrf(  # type: ignore[union-attr]
                 ui.daemon.dashboard.sessions.session(ui.cookie)  # type: ignore[union-attr,arg-type]
             )
-            assert not Elements((await ui.get(f"/queues/{queue}")).body).find("form", id="pause")
+            listing = Elements((await ui.get(f"/queues/{queue}")).body)
+            assert not listing.find("form", id="pause")
+            assert not listing.find("div", id="bulk")
             for action in (
                 f"{path}/retry",
                 f"{path}/cancel",
                 f"/queues/{queue}/purge",
                 f"/queues/{queue}/pause",
+                f"/queues/{queue}/bulk/retry",
+                f"/queues/{queue}/bulk/cancel",
+                f"/queues/{queue}/bulk/purge",
             ):
                 assert (await ui.post(action, {"_csrf": csrf})).status == 403
             assert (await sqlite.get(queue, task_id=task_id)).state == TaskState.DEAD

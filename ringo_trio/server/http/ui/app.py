@@ -35,36 +35,17 @@ metrics, wake-ups and PostgreSQL notifications are exactly the RPCs'; their
 autoescape on; a page's live part is the template block named by
 ``?fragment=``, which ``ui.js`` polls.
 
-**Purges run in the background.** A purge click may name a million tasks;
-deleted in the request, on SQLite (whose engine runs on the loop) that held
-the daemon for seconds. The click now starts a `_Purge`: a task of the
-dashboard's own task group (`Dashboard.serve`, itself a task of the daemon's
-group, so a purge never outlives the daemon: shutdown cancels it between
-two batches) that deletes batch after batch, each one DeleteTasks call of
-`purge_batch` tasks (one short transaction), pausing `purge_pause` seconds
-between batches so the calls that queued up meanwhile run first -- the
-batch and pause of retention, which were measured for this, except that on
-SQLite the pause is at least `SQLITE_PURGE_PAUSE` (why: there). The click waits
-for the first batch only (a small purge is done by then, and a refused one,
-a bad queue name say, is answered with its status), then redirects to the
-queue's page with ``?purge=ID``, whose live ``purge`` part shows the count so
-far and then the total. One purge per queue at a time: a click while one
-runs starts nothing and shows the running one. The cutoff is fixed at the
-click (``older_than`` from then; without it, tasks finished before the
-click), so tasks finishing during a long purge do not keep it going.
+**Purges and bulk actions run in the background** (jobs.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import ipaddress
-import itertools
 import logging
 import socket
 import time
 import urllib.parse
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +57,7 @@ from ringo_trio._contract import limits, versions
 from ringo_trio._contract.durations import parse_duration
 from ringo_trio._proto.ringo.v1 import (
     CancelTaskRequest,
+    CancelTasksRequest,
     DeleteTasksRequest,
     GetQueueStatsRequest,
     GetTaskRequest,
@@ -86,6 +68,7 @@ from ringo_trio._proto.ringo.v1 import (
     ListTasksRequest,
     RequestContext,
     RetryTaskRequest,
+    RetryTasksRequest,
     SetQueuePausedRequest,
     TaskState,
 )
@@ -108,6 +91,7 @@ from ..server import (
 from . import views
 from .activity import Activity
 from .auth import COOKIE, SESSION_SECONDS, Sessions, cookie_value
+from .jobs import Batch, Job, Jobs
 
 __all__ = ["SQLITE_PURGE_PAUSE", "TASKS_PAGE", "UI_HTTP", "Dashboard"]
 
@@ -128,8 +112,6 @@ UI_HTTP = HttpLimits(
     write_timeout=10.0,
 )
 QUEUES_PAGE = limits.DEFAULT_LIST_PAGE
-# Finished purges whose outcome a page can still show (by ?purge=ID).
-_PURGES_KEPT = 100
 # The pause between two purge batches on SQLite (the daemon passes it): at
 # retention's 5 ms, batches of 200 commit ~80 times a second and the WAL
 # checkpoint thread never finds the WAL idle to start it over, so every
@@ -138,6 +120,7 @@ _PURGES_KEPT = 100
 # (batch p99 11 ms, max 18) and 1,000,000 tasks take ~5 minutes.
 SQLITE_PURGE_PAUSE = 0.05
 _STATES = ("PENDING", "LEASED", "SUCCEEDED", "DEAD", "CANCELLED")
+
 _FINISHED = ("SUCCEEDED", "DEAD", "CANCELLED")
 _HERE = Path(__file__).parent
 _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
@@ -212,22 +195,17 @@ class Dashboard:
             if path.suffix in _STATIC_TYPES
         }
         self._purge_batch = purge_batch
-        self._purge_pause = purge_pause
-        # Set while `serve` runs: the purges' task group.
-        self._purge_tasks: asyncio.TaskGroup | None = None
-        self._purge_ids = itertools.count(1)
-        self._running: dict[str, _Purge] = {}
-        self._purges: collections.OrderedDict[int, _Purge] = collections.OrderedDict()
+        self.jobs = Jobs(purge_pause)
 
     async def serve(self, sock: socket.socket) -> None:
         """Serve the dashboard on the listening `sock` until cancelled, with
         the purges it starts; closes `sock`. Cancelled, it cancels them."""
-        async with asyncio.TaskGroup() as purges:
-            self._purge_tasks = purges
+        async with asyncio.TaskGroup() as jobs:
+            self.jobs.group = jobs
             try:
                 await serve_http(sock, self.handle, UI_HTTP, name="ui")
             finally:
-                self._purge_tasks = None
+                self.jobs.group = None
 
     # -- the pipeline ----------------------------------------------------------
 
@@ -433,7 +411,7 @@ class Dashboard:
 
     async def _tasks(self, view: _View, queue: str) -> Response:
         request = view.request
-        purge = self._shown_purge(queue, request.arg("purge"))
+        purge = self.jobs.shown(queue, request.arg("purge"))
         if request.arg("fragment") == "purge":
             return view.render("tasks.html", fragment="purge", purge=purge)
         stats = (
@@ -482,6 +460,7 @@ class Dashboard:
         ]
         return view.render(
             "tasks.html",
+            bulk=views.bulk_buttons(filters, counts, stats.by_type if stats else []),
             queue=queue,
             counts=counts,
             paused=bool(stats and stats.paused),
@@ -605,6 +584,10 @@ class Dashboard:
             case ["queues", queue, "purge"]:
                 purge = await self._purge(queue, form)
                 return _redirect(f"/queues/{_quote(queue)}?purge={purge.id}")
+            case ["queues", queue, "bulk", ("retry" | "cancel" | "purge") as kind]:
+                job = await self._bulk(queue, kind, form)
+                query = {**_filter_query(form), "purge": str(job.id)}
+                return _redirect(f"/queues/{_quote(queue)}?{urllib.parse.urlencode(query)}")
             case ["queues", queue, ("pause" | "resume") as verb]:
                 await self._service.set_queue_paused(
                     SetQueuePausedRequest(
@@ -614,7 +597,7 @@ class Dashboard:
                 return _redirect(f"/queues/{_quote(queue)}")
         raise _Refused(404, "no such action")
 
-    async def _purge(self, queue: str, form: dict[str, list[str]]) -> _Purge:
+    async def _purge(self, queue: str, form: dict[str, list[str]]) -> Job:
         """Start a purge of `queue` (or find the one running) and wait for
         its first batch."""
         names = form.get("state", []) or list(_FINISHED)
@@ -627,87 +610,86 @@ class Dashboard:
                 finished_before -= parse_duration(older_than)
             except (ValueError, OverflowError) as exc:
                 raise _Refused(400, f"older_than: {exc}") from None
-        running = self._running.get(queue)
-        if running is not None:
-            return running
-        group = self._purge_tasks
-        if group is None:
-            raise _Refused(503, "the dashboard is not serving")
-        purge = _Purge(next(self._purge_ids), queue)
-        self._running[queue] = purge
-        self._purges[purge.id] = purge
-        # The oldest finished ones go; running ones stay (one per queue).
-        excess = len(self._purges) - _PURGES_KEPT
-        for old in [p for p in self._purges.values() if p.done][: max(excess, 0)]:
-            del self._purges[old.id]
         request = DeleteTasksRequest(
             queue=queue,
             states=[TaskState[name] for name in names],
             finished_before=finished_before,
             limit=self._purge_batch,
         )
-        group.create_task(self._run_purge(purge, request), name=f"ringod ui purge {queue!r}")
-        await purge.first_batch.wait()
-        if purge.refused is not None:
-            raise purge.refused
-        return purge
+        return await self._start(queue, "purge", self._deleting(request))
 
-    async def _run_purge(self, purge: _Purge, request: DeleteTasksRequest) -> None:
-        started = time.monotonic()
-        try:
-            while True:
-                request.context = self.context()
-                answer = await self._service.delete_tasks(request)
-                purge.deleted += answer.deleted_count
-                if not answer.more:
-                    break
-                purge.first_batch.set()
-                # Between two batches the loop serves what queued up meanwhile
-                # (on SQLite a batch holds it).
-                await asyncio.sleep(self._purge_pause)
-        except GRPCError as exc:
-            purge.error = exc.message or exc.status.name
-            if not purge.first_batch.is_set():
-                # The click's own answer (a bad queue name: 400).
-                purge.refused = exc
-            else:
-                log.warning("dashboard: purging queue %r stopped: %s", purge.queue, purge.error)
-        except Exception:
-            # Never into the task group: that would end the dashboard.
-            log.exception("dashboard: purging queue %r failed", purge.queue)
-            purge.error = "internal error; see the daemon log"
-        finally:
-            purge.done = True
-            del self._running[purge.queue]
-            purge.first_batch.set()
-        if purge.deleted:
-            log.info(
-                "dashboard: purged %d finished task(s) of queue %r in %.1fs",
-                purge.deleted,
-                purge.queue,
-                time.monotonic() - started,
+    async def _bulk(self, queue: str, kind: str, form: dict[str, list[str]]) -> Job:
+        """Retry, cancel or purge every task the task list's filter (the
+        form's state, type and key prefix) shows, in the background."""
+        state = form.get("state", [""])[0]
+        task_types = [t for t in form.get("type", [""])[:1] if t]
+        prefix = form.get("key_prefix", [""])[0]
+        allowed = views.BULK_STATES[kind]
+        if state and state not in allowed:
+            raise _Refused(400, f"{kind} takes {', '.join(allowed)} tasks, not {state}")
+        states = [TaskState[s] for s in ([state] if state else allowed)]
+        now = self._clock.now()
+        batch: Batch
+        if kind == "purge":
+            batch = self._deleting(
+                DeleteTasksRequest(
+                    queue=queue,
+                    states=states,
+                    finished_before=now,
+                    limit=self._purge_batch,
+                    task_types=task_types,
+                    unique_key_prefix=prefix,
+                )
+            )
+        elif kind == "retry":
+            retry = RetryTasksRequest(
+                queue=queue,
+                task_types=task_types,
+                unique_key_prefix=prefix,
+                finished_before=now,
+                limit=self._purge_batch,
             )
 
-    def _shown_purge(self, queue: str, wanted: str) -> _Purge | None:
-        """The purge a queue's page shows: ?purge=ID's, else the running one."""
-        if wanted.isdecimal():
-            purge = self._purges.get(int(wanted))
-            if purge is not None and purge.queue == queue:
-                return purge
-        return self._running.get(queue)
+            async def batch() -> tuple[int, bool]:
+                retry.context = self.context()
+                answer = await self._service.retry_tasks(retry)
+                return answer.retried_count, answer.more
+
+        else:
+            cancel = CancelTasksRequest(
+                queue=queue,
+                states=states,
+                task_types=task_types,
+                unique_key_prefix=prefix,
+                created_before=now,
+                reason="cancelled from the dashboard",
+                limit=self._purge_batch,
+            )
+
+            async def batch() -> tuple[int, bool]:
+                cancel.context = self.context()
+                answer = await self._service.cancel_tasks(cancel)
+                return answer.cancelled_count, answer.more
+
+        return await self._start(queue, kind, batch)
+
+    def _deleting(self, request: DeleteTasksRequest) -> Batch:
+        async def batch() -> tuple[int, bool]:
+            request.context = self.context()
+            answer = await self._service.delete_tasks(request)
+            return answer.deleted_count, answer.more
+
+        return batch
+
+    async def _start(self, queue: str, kind: str, batch: Batch) -> Job:
+        if self.jobs.group is None:
+            raise _Refused(503, "the dashboard is not serving")
+        return await self.jobs.start(queue, kind, batch)
 
 
-@dataclass(eq=False)
-class _Purge:
-    """One purge click's background deletion, as its page shows it."""
-
-    id: int
-    queue: str
-    deleted: int = 0
-    done: bool = False
-    error: str = ""
-    refused: GRPCError | None = None
-    first_batch: asyncio.Event = field(default_factory=asyncio.Event)
+def _filter_query(form: dict[str, list[str]]) -> dict[str, str]:
+    """The task list's filter a bulk form carried, to show it again."""
+    return {k: form[k][0] for k in ("state", "type", "key_prefix") if form.get(k, [""])[0]}
 
 
 class _Unauthenticated(Exception):

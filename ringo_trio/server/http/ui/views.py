@@ -12,13 +12,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ringo_trio._contract.durations import format_duration
-from ringo_trio._proto.ringo.v1 import AttemptOutcome, LimitStatus, TaskAttempt
+from ringo_trio._proto.ringo.v1 import AttemptOutcome, LimitStatus, TaskAttempt, TaskTypeStats
 
 __all__ = [
+    "BULK_STATES",
     "PREVIEW_BYTES",
     "HEX_BYTES",
     "age",
     "attempts",
+    "bulk_buttons",
     "moment",
     "preview",
     "sparkline",
@@ -222,3 +224,49 @@ def _span(delta: timedelta) -> str:
     if minutes < 60:
         return f"{minutes} m {secs} s"
     return f"{minutes // 60} h {minutes % 60} m"
+
+
+STATES = ("PENDING", "LEASED", "SUCCEEDED", "DEAD", "CANCELLED")
+# The states each bulk action takes (an empty state filter means these).
+BULK_STATES = {
+    "retry": ["DEAD"],
+    "cancel": ["PENDING", "LEASED"],
+    "purge": ["SUCCEEDED", "DEAD", "CANCELLED"],
+}
+
+
+def bulk_buttons(
+    filters: dict[str, str], counts: dict[str, int], by_type: list[TaskTypeStats]
+) -> list[dict[str, Any]]:
+    """The bulk actions the list's filter allows, each with the count of
+    tasks it would touch: from the queue's counts (of the filtered type),
+    or None ("every matching") when a key prefix narrows it further."""
+    state, task_type, prefix = filters["state"], filters["type"], filters["key_prefix"]
+    if task_type:
+        found = next((t for t in by_type if t.task_type == task_type), None)
+        counts = {s: getattr(found, s.lower()) if found else 0 for s in STATES}
+    where = "".join(
+        [
+            f" of type {task_type}" if task_type else "",
+            f" whose key starts with {prefix!r}" if prefix else "",
+        ]
+    )
+    buttons = []
+    for kind, verb in (("retry", "Retry"), ("cancel", "Cancel"), ("purge", "Purge")):
+        allowed = BULK_STATES[kind]
+        if state and state not in allowed:
+            continue
+        states = [state] if state else allowed
+        count = None if prefix else sum(counts.get(s, 0) for s in states)
+        shown = "every" if count is None else f"all {count:,}"
+        what = "/".join(states)
+        buttons.append(
+            {
+                "kind": kind,
+                "count": count,
+                "label": f"{verb} {shown} {what}{where}",
+                "confirm": f"{verb} {shown} {what} task(s) of this queue{where}?"
+                + (" They are deleted for good." if kind == "purge" else ""),
+            }
+        )
+    return buttons

@@ -196,3 +196,36 @@ def test_counts_change_live(page: Page, ops: Ops, queue: str) -> None:
     ops.on_queue(queue, lambda q: q.cancel_by_id(task_id))
     expect(page.locator("#task-state")).to_have_text("CANCELLED")
     assert page.evaluate("window.__still_here") is True
+
+
+def test_bulk_actions_by_the_current_filter(page: Page, ops: Ops, queue: str) -> None:
+    """Property (the filter decides): with the list filtered by type, "Cancel
+    all 3" asks with the count, cancels exactly that type's active tasks
+    in the background and says how many; "Retry all 1 DEAD" and "Purge"
+    under their filters touch only what the filter shows."""
+    for n in range(3):
+        ops.enqueue(queue, task_type="bulk-a", unique_key=f"a{n}")
+    keep = ops.enqueue(queue, task_type="bulk-b", max_attempts=1)
+    asked = accept_confirms(page)
+    page.goto(f"/queues/{queue}?type=bulk-a")
+    button = page.locator("form#bulk-cancel button")
+    expect(button).to_have_text("Cancel all 3 PENDING/LEASED of type bulk-a")
+    expect(page.locator("form#bulk-retry button")).to_be_disabled()
+    submit(page, "form#bulk-cancel")
+    expect(page.locator("#purged")).to_have_text("Cancelled 3 active task(s).")
+    assert asked == ["Cancel all 3 PENDING/LEASED task(s) of this queue of type bulk-a?"]
+    assert ops.get(queue, keep).state is TaskState.PENDING
+    assert ops.on_queue(queue, lambda q: q.stats()).cancelled == 3
+
+    ops.settle(queue, "reject", error="poison")
+    page.goto(f"/queues/{queue}?state=DEAD")
+    expect(page.locator("form#bulk-cancel")).to_have_count(0)
+    submit(page, "form#bulk-retry")
+    expect(page.locator("#purged")).to_have_text("Retried 1 DEAD task(s).")
+    assert ops.get(queue, keep).state is TaskState.PENDING
+
+    page.goto(f"/queues/{queue}?type=bulk-a&state=CANCELLED")
+    submit(page, "form#bulk-purge")
+    expect(page.locator("#purged")).to_have_text("Deleted 3 finished task(s).")
+    page.goto(f"/queues/{queue}")
+    expect(page.locator("table#tasks tr[data-task-id]")).to_have_count(1)
