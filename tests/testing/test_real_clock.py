@@ -6,6 +6,12 @@ waited ten minutes before anyone noticed)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import anyio
 import pytest
@@ -13,6 +19,8 @@ import trio
 import trio.testing
 
 from ringo_trio.testing import AutojumpEventLoop, RealClockError, RingoTestEnv
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def an_hour_passes(limit: float = 2 * 3600) -> float:
@@ -71,3 +79,37 @@ async def test_real_time_when_asked_for() -> None:
         async with RingoTestEnv.start(time="real") as env:
             result = await env.client.queue("q").enqueue(task_type="t")
             assert (await env.client.queue("q").get_by_id(result.task.id)).id == result.task.id
+
+
+WRONG_MARKER = """
+import pytest
+
+
+@pytest.mark.anyio
+async def test_an_hour_of_backoff(ringo_env):
+    await ringo_env.sleep(hours=1)
+"""
+
+
+def test_the_fixture_under_a_wrong_anyio_marker_fails_at_once(tmp_path: Path) -> None:
+    """Property: the issue's case — a test of the ``ringo_env`` fixture under
+    anyio's plugin with its default backend (asyncio's own loop, real time)
+    — errors at once with RealClockError instead of sleeping the hour."""
+    (tmp_path / "test_wrong.py").write_text(WRONG_MARKER)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:trio"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "RealClockError" in done.stdout, done.stdout[-3000:]
+    # Every backend anyio's plugin runs it on (asyncio, and trio when installed).
+    assert re.search(r"\b\d+ errors? in", done.stdout), done.stdout[-3000:]
+    assert "passed" not in done.stdout, done.stdout[-3000:]
+    assert time.monotonic() - began < 60
