@@ -3,7 +3,8 @@
 * `RingoTestEnv` (``async with RingoTestEnv.start() as env``): a daemon in the
   test's own process and event loop, a client wired to it without sockets,
   and time that follows the event loop's clock — under trio's
-  ``autojump_clock`` a one-hour retry delay passes instantly. See
+  ``autojump_clock`` a one-hour retry delay passes instantly. On a real
+  clock it raises `RealClockError` (``time="real"`` if that is meant). See
   docs/testing.md.
 * `AutojumpEventLoop`: the same virtual time under asyncio (anyio's pytest
   plugin: ``anyio_backend = ("asyncio", {"loop_factory": AutojumpEventLoop})``).
@@ -17,11 +18,13 @@ from ._autojump import AutojumpEventLoop
 from ._context import TestTaskContext, task_context
 from ._env import RingoTestEnv, TimeMode, Until, run_worker
 from ._process import DaemonProcess, DaemonStartError, spawn_daemon
+from ._virtual import RealClockError
 
 __all__ = [
     "AutojumpEventLoop",
     "DaemonProcess",
     "DaemonStartError",
+    "RealClockError",
     "RingoTestEnv",
     "TestTaskContext",
     "TimeMode",

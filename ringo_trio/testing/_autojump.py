@@ -29,7 +29,7 @@ import asyncio
 import selectors
 from typing import Any
 
-__all__ = ["AutojumpEventLoop"]
+__all__ = ["AutojumpEventLoop", "running_on_autojump"]
 
 
 class _JumpingSelector(selectors.BaseSelector):
@@ -71,3 +71,8 @@ class AutojumpEventLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual[0]
+
+
+def running_on_autojump() -> bool:
+    """True if the running asyncio loop is an `AutojumpEventLoop` (virtual time)."""
+    return isinstance(asyncio.get_running_loop(), AutojumpEventLoop)

@@ -50,6 +50,7 @@ from .._work._handlers import Handler, TaskContext
 from ..server.clock import Clock, LoopClock
 from ..server.daemon import Daemon, DaemonConfig
 from ..server.storage.sqlite import SQLiteEngine
+from ._virtual import check_virtual_clock
 
 __all__ = ["RingoTestEnv", "TimeMode", "Until", "run_worker"]
 
@@ -78,13 +79,18 @@ class RingoTestEnv:
         """Start a daemon in this process and yield the environment.
 
         ``time="loop"`` (the default): the daemon's clock follows the running
-        event loop's, so under a mock clock (trio's ``autojump_clock``) time is
-        virtual and skips to whatever is next due; under a real clock it is
-        real time. ``time="real"``: the daemon reads the wall clock whatever
-        the loop's clock does. ``start`` is the daemon's date at the start
-        (default: now). ``data_dir`` keeps the SQLite database there (default:
-        a temporary directory, removed on exit).
+        event loop's, which must be virtual — trio's ``MockClock`` (pytest-trio's
+        ``autojump_clock`` or ``mock_clock``) or `AutojumpEventLoop` — so time
+        skips to whatever is next due; on a real clock this raises
+        `RealClockError` naming the fix (a test expecting virtual time would
+        otherwise sit out every delay in real time). ``time="real"``: the
+        daemon reads the wall clock whatever the loop's clock does. ``start``
+        is the daemon's date at the start (default: now). ``data_dir`` keeps
+        the SQLite database there (default: a temporary directory, removed on
+        exit).
         """
+        if time == "loop":
+            check_virtual_clock()
         async with AsyncExitStack() as stack:
             if data_dir is None:
                 data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="ringo-env-"))

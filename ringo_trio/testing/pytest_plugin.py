@@ -6,9 +6,10 @@
     async def test_send(ringo_client):              # a pytest-trio or anyio test
         await ringo_client.queue("emails").enqueue(task_type="send")
 
-``ringo_env`` is a `RingoTestEnv` started for the test (virtual time when
-the test runs on a mock clock: pytest-trio's ``autojump_clock``, or
-``anyio_backend = ("asyncio", {"loop_factory": AutojumpEventLoop})``);
+``ringo_env`` is a `RingoTestEnv` started for the test, on virtual time: the
+test must run on a mock clock (pytest-trio's ``autojump_clock``, or
+``anyio_backend = ("asyncio", {"loop_factory": AutojumpEventLoop})``), or the
+fixture raises `RealClockError` naming the fix;
 ``ringo_client`` is its client. Both are plain async fixtures, so whichever
 plugin runs the test runs them, in the test's own event loop.
 """
