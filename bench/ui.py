@@ -98,6 +98,11 @@ class _FakeStream:
         self._worker_id = f"worker-{n}"
         self._queue = "big"
         self._session = _FakeSession()
+        self._host = f"host-{n % 4}"
+        self._pid = 1000 + n
+        self._since = 0.0
+        self.succeeded = 1234 * n
+        self.failed = 5 * n
 
 
 def _client(port: int, paths: dict[str, str], repeat: int) -> dict[str, list[float]]:

@@ -91,6 +91,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -129,6 +130,9 @@ from ._handlers import Handler, Handlers, Running, TaskContext, handler_group
 from ._idle import IdleMonitor
 from ._permits import balance
 from ._timeouts import TaskTimeouts
+
+# Where this worker runs, as the daemon's workers page shows it (minor >= 14).
+_HOST = socket.gethostname()[: _limits.MAX_NAME_BYTES]
 
 if TYPE_CHECKING:
     from .._connection import Connection, NegotiatedSession
@@ -583,6 +587,9 @@ class Worker:
             max_concurrency=register.max_concurrency,
             ordered_request_ids=register.ordered_request_ids,
         )
+        if Features(sent.minor).has(Feature.WORKER_HOST):
+            registration.host = _HOST
+            registration.pid = os.getpid()
         if self._lease_duration > timedelta(0):
             registration.lease_duration = self._lease_duration
         async with self._connection.open_stream(

@@ -91,12 +91,17 @@ class Ops:
     def live_worker(self, queue: str, *, concurrency: int) -> Iterator[LiveWorker]:
         """A Worker of `queue` registered with the daemon while the block runs.
 
-        Its handler holds each task's lease until the block ends."""
+        Its handler holds each task's lease until the block ends, except a
+        task of type "quick-ok" (acked at once) or "quick-fail" (fails)."""
         ready: concurrent.futures.Future[tuple[trio.lowlevel.TrioToken, trio.Event, str]]
         ready = concurrent.futures.Future()
         handling = threading.Event()
 
         async def handler(task: Task, ctx: TaskContext) -> None:
+            if task.task_type == "quick-ok":
+                return
+            if task.task_type == "quick-fail":
+                raise RuntimeError("quick failure")
             handling.set()
             await trio.sleep_forever()
 

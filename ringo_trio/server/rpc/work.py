@@ -151,7 +151,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import betterproto2
 from grpclib.const import Status
@@ -236,6 +236,24 @@ _SHUTTING_DOWN = "the daemon is shutting down"
 # A placeholder in a list of answers being filled in (never sent).
 _NOT_RUN = WorkResponse()
 _STORAGE_UNAVAILABLE = "storage unavailable"
+
+
+class WorkerView(NamedTuple):
+    """One registered Work stream, for operators (the dashboard's /workers)."""
+
+    worker_id: str
+    queue: str
+    concurrency: int
+    credit: int
+    leases: int
+    #: The worker's host and pid (minor >= 14; else the peer's address, 0).
+    host: str
+    pid: int
+    #: Seconds since it registered, on the daemon's monotonic clock.
+    connected_for: float
+    #: Tasks it acked / nacked or rejected on this stream.
+    succeeded: int
+    failed: int
 
 
 class WorkStreamIO(Protocol):
@@ -329,15 +347,30 @@ class WorkStreams:
         for work in list(self._live):
             work.shutdown()
 
-    def snapshot(self) -> list[tuple[str, str, int, int, int]]:
-        """(worker id, queue, concurrency, unspent credit, leases held) of
-        every registered stream, read without changing anything (the
-        dashboard's /workers)."""
+    def snapshot(self) -> list[WorkerView]:
+        """Every registered stream as the dashboard's /workers shows it, read
+        without changing anything."""
+        now = self._loop_time()
         return [
-            (w._worker_id, w._queue, w._session.capacity, w._session.credit, w._session.outstanding)
+            WorkerView(
+                w._worker_id,
+                w._queue,
+                w._session.capacity,
+                w._session.credit,
+                w._session.outstanding,
+                w._host,
+                w._pid,
+                max(now - w._since, 0.0),
+                w.succeeded,
+                w.failed,
+            )
             for w in self._live
             if w._queue
         ]
+
+    @staticmethod
+    def _loop_time() -> float:
+        return asyncio.get_running_loop().time()
 
 
 class _WorkStream:
@@ -348,19 +381,24 @@ class _WorkStream:
         "_credit_changed",
         "_ended",
         "_handlers",
+        "_host",
         "_last_sent",
         "_lease",
         "_loop",
         "_outcome",
         "_owner",
+        "_pid",
         "_queue",
         "_send_lock",
         "_session",
+        "_since",
         "_stream",
         "_tap",
         "_task_types",
         "_tasks",
         "_worker_id",
+        "failed",
+        "succeeded",
     )
 
     def __init__(self, owner: WorkStreams, stream: WorkStreamIO) -> None:
@@ -379,6 +417,11 @@ class _WorkStream:
         self._credit_changed = asyncio.Event()
         self._queue = ""
         self._worker_id = ""
+        self._host = ""
+        self._pid = 0
+        self._since = self._loop.time()
+        self.succeeded = 0
+        self.failed = 0
         self._task_types: list[str] = []
         self._lease = limits.DEFAULT_LEASE
         self._tap: StreamTap = NO_TAP
@@ -530,6 +573,11 @@ class _WorkStream:
             raise GRPCError(Status[exc.status], exc.message) from None
         self._queue = queue
         self._worker_id = worker_id
+        # Informational only: cut, never refused (an older SDK sends none;
+        # its peer address stands in).
+        self._host = registration.host[: limits.MAX_NAME_BYTES] or _peer(self._stream)
+        self._pid = registration.pid
+        self._since = self._loop.time()
         self._task_types = task_types
         self._lease = lease
         self._tap = self._owner.metrics.work_stream(queue, lambda: session.credit)
@@ -635,6 +683,10 @@ class _WorkStream:
             request_id = requests[index].request_id
             if not isinstance(outcome, LeaseLost):
                 session.settled(item.ref.lease_token, Ending.SETTLED)
+                if name == "ack":
+                    self.succeeded += 1
+                else:
+                    self.failed += 1
                 tap.done(name, body)
                 answers[index] = ok_frame(request_id)
             else:
@@ -958,6 +1010,13 @@ async def _reset(stream: Any) -> None:
     except Exception as exc:
         # The connection is stuck too; keepalive will close it.
         log.debug("could not reset a stalled Work stream: %r", exc)
+
+
+def _peer(stream: WorkStreamIO) -> str:
+    """The worker's address as the connection shows it ("" in memory)."""
+    peer = getattr(stream, "peer", None)
+    address = peer.addr() if peer is not None else None
+    return str(address[0]) if address else ""
 
 
 def _registration_fields(

@@ -548,20 +548,10 @@ class Dashboard:
         return view.render("limits.html", queue=queue, rules=rules)
 
     def _workers(self, view: _View) -> Response:
-        workers = [
-            {
-                "id": worker_id,
-                "queue": queue,
-                "concurrency": concurrency,
-                "credit": credit,
-                "leases": leases,
-            }
-            for worker_id, queue, concurrency, credit, leases in (
-                self._service.work_streams.snapshot()
-            )
-        ]
-        workers.sort(key=lambda w: (str(w["queue"]), str(w["id"])))
-        return view.render("workers.html", workers=workers)
+        workers = sorted(
+            self._service.work_streams.snapshot(), key=lambda w: (w.queue, w.worker_id)
+        )
+        return view.render("workers.html", workers=[views.worker_row(w) for w in workers])
 
     # -- actions -----------------------------------------------------------------
 

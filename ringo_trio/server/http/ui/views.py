@@ -21,6 +21,7 @@ __all__ = [
     "age",
     "attempts",
     "bulk_buttons",
+    "worker_row",
     "moment",
     "preview",
     "sparkline",
@@ -270,3 +271,19 @@ def bulk_buttons(
             }
         )
     return buttons
+
+
+def worker_row(w: Any) -> dict[str, Any]:
+    """A `WorkerView` as the workers page shows it."""
+    return {
+        "id": w.worker_id,
+        "queue": w.queue,
+        "host": w.host,
+        "pid": w.pid or "",
+        "uptime": _span(timedelta(seconds=w.connected_for)),
+        "concurrency": w.concurrency,
+        "credit": w.credit,
+        "leases": w.leases,
+        "succeeded": w.succeeded,
+        "failed": w.failed,
+    }

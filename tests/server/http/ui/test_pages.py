@@ -4,7 +4,9 @@ selectors (docs/dashboard.md)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 from datetime import timedelta
 
 from playwright.sync_api import Page, expect
@@ -150,13 +152,22 @@ def test_task_detail(page: Page, ops: Ops, queue: str, shot: Shot) -> None:
 
 def test_workers(page: Page, ops: Ops, queue: str, shot: Shot) -> None:
     """Property: /workers shows a live Worker's Work stream: its queue,
-    concurrency and the leases it holds."""
+    host and pid, how long it has been connected, concurrency, the leases it
+    holds and the tasks it settled (succeeded, failed)."""
+    ops.enqueue(queue, task_type="quick-ok")
+    ops.enqueue(queue, task_type="quick-ok")
+    ops.enqueue(queue, task_type="quick-fail", max_attempts=1)
     ops.enqueue(queue, task_type="hold")
     with ops.live_worker(queue, concurrency=3) as worker:
         assert worker.handling.wait(CALL_TIMEOUT)
         page.goto("/workers")
         row = page.locator(f'table#workers tr[data-worker-id="{worker.worker_id}"]')
         expect(row.locator("td.queue")).to_have_text(queue)
+        expect(row.locator("td.host")).to_have_text(socket.gethostname())
+        expect(row.locator("td.pid")).to_have_text(str(os.getpid()))
+        expect(row.locator("td.uptime")).to_have_text(re.compile(r"\d"))
+        expect(row.locator("td.succeeded")).to_have_text("2")
+        expect(row.locator("td.failed")).to_have_text("1")
         expect(row.locator("td.concurrency")).to_have_text("3")
         expect(row.locator("td.leases")).to_have_text("1")
         # Credit is what the worker still grants: 3 slots, one task held.
