@@ -422,6 +422,9 @@ class Dashboard:
         counts = {s: getattr(stats, s.lower()) if stats else 0 for s in _STATES}
         if request.arg("fragment") == "counts":
             return view.render("tasks.html", fragment="counts", queue=queue, counts=counts)
+        found = request.arg("find").strip()
+        if found:
+            return await self._find(queue, found)
         state = request.arg("state")
         if state and state not in _STATES:
             raise _Refused(400, f"state must be one of {', '.join(_STATES)}")
@@ -446,18 +449,7 @@ class Dashboard:
             query["page_token"] = page.next_page_token
             next_url = f"/queues/{_quote(queue)}?{urllib.parse.urlencode(query)}"
         now = self._clock.now()
-        tasks = [
-            {
-                "id": t.id,
-                "type": t.task_type,
-                "key": t.unique_key,
-                "state": t.state.name,
-                "attempt": f"{t.attempt}/{t.max_attempts}",
-                "age": views.age(t.created_at, now),
-                "error": t.last_error,
-            }
-            for t in page.tasks
-        ]
+        tasks = [views.task_row(t, now) for t in page.tasks]
         return view.render(
             "tasks.html",
             bulk=views.bulk_buttons(filters, counts, stats.by_type if stats else []),
@@ -470,8 +462,28 @@ class Dashboard:
             finished=_FINISHED,
             next_url=next_url,
             paged=bool(request.arg("page_token")),
+            not_found=request.arg("not_found"),
             purge=purge,
         )
+
+    async def _find(self, queue: str, text: str) -> Response:
+        """The search box: a task id or a unique key opens that task; else
+        the list of tasks whose key starts with the text."""
+        for lookup in ({"task_id": text}, {"unique_key": text}):
+            try:
+                task = (
+                    await self._service.get_task(
+                        GetTaskRequest(context=self.context(), queue=queue, **lookup)
+                    )
+                ).task
+            except GRPCError as exc:
+                if exc.status not in (Status.NOT_FOUND, Status.INVALID_ARGUMENT):
+                    raise
+                continue
+            if task is not None:
+                return _redirect(f"/queues/{_quote(queue)}/tasks/{_quote(task.id)}")
+        query = urllib.parse.urlencode({"key_prefix": text, "not_found": text})
+        return _redirect(f"/queues/{_quote(queue)}?{query}")
 
     async def _task(self, view: _View, queue: str, task_id: str) -> Response:
         task = (
@@ -505,6 +517,7 @@ class Dashboard:
             progress=progress,
             can_retry=task.state.name in _FINISHED,
             can_cancel=task.state.name in ("PENDING", "LEASED"),
+            scheduled=views.scheduled(task, self._clock.now()),
             attempts=views.attempts(task.history, self._clock.now()),
             now=self._clock.now(),
         )

@@ -22,6 +22,8 @@ __all__ = [
     "attempts",
     "bulk_buttons",
     "worker_row",
+    "task_row",
+    "scheduled",
     "moment",
     "preview",
     "sparkline",
@@ -286,4 +288,37 @@ def worker_row(w: Any) -> dict[str, Any]:
         "leases": w.leases,
         "succeeded": w.succeeded,
         "failed": w.failed,
+    }
+
+
+# A listed error is cut to this many characters (the task page has it all).
+LISTED_ERROR_CHARS = 200
+
+
+def scheduled(task: Any, now: datetime) -> str:
+    """'scheduled for 2030-01-01 02:30:00 UTC (in 3 h 5 m)' for a PENDING
+    task not due yet; empty otherwise."""
+    at = task.available_at
+    if task.state.name != "PENDING" or at is None or at <= now:
+        return ""
+    return f"scheduled for {moment(at)} (in {_span(at - now)})"
+
+
+def task_row(task: Any, now: datetime) -> dict[str, Any]:
+    """A listed task as the task list shows it."""
+    error = task.last_error or ""
+    first = error.splitlines()[0] if error else ""
+    return {
+        "id": task.id,
+        "type": task.task_type,
+        "key": task.unique_key,
+        "state": task.state.name,
+        "scheduled": scheduled(task, now),
+        "priority": task.priority,
+        "attempt": f"{task.attempt}/{task.max_attempts}",
+        "age": age(task.created_at, now),
+        # Cut here and wrapped by the stylesheet: an unbroken run (a
+        # compact JSON body) must not widen the table past the window.
+        "error": first if len(first) <= LISTED_ERROR_CHARS else first[:LISTED_ERROR_CHARS] + "…",
+        "error_cut": len(first) > LISTED_ERROR_CHARS or first != error,
     }
