@@ -153,6 +153,8 @@ TIMED_OPERATIONS = (
     "queue_stats",
     "list_queues",
     "cancel",
+    "cancel_ids",
+    "delete_ids",
     "retry_dead",
     "delete_finished",
 )
@@ -314,7 +316,7 @@ class PrometheusMetrics(Metrics):
         )
         self.rejected = Counter("ringo_tasks_rejected", "Tasks rejected (DEAD).", q, registry=r)
         self.cancelled = Counter(
-            "ringo_tasks_cancelled", "Tasks cancelled (CancelTask).", q, registry=r
+            "ringo_tasks_cancelled", "Tasks cancelled (CancelTask, CancelTasks).", q, registry=r
         )
         self.retried = Counter(
             "ringo_tasks_retried", "Finished tasks made PENDING again (RetryTask, RetryTasks).",
@@ -700,6 +702,8 @@ _COUNTERS: dict[str, Callable[..., None]] = {
     "retry": lambda m, task, *_: m.queue(task.queue).retried.inc(),
     "settle_many": _count_settle_many,
     "cancel": _count_cancel,
+    "cancel_ids": lambda m, done, queue, *_: m.queue(queue).cancelled.inc(len(done)),
+    "delete_ids": lambda m, changed, *_: m.deleted.inc(changed),
     "retry_dead": _count_retry_dead,
     "expire_leases": lambda m, changed, *_: m.expired.inc(changed),
     "delete_finished": lambda m, changed, *_: m.deleted.inc(changed),
