@@ -70,10 +70,10 @@ def skewed_wall(offset: float, drift: float) -> Iterator[None]:
             return moment if tz is not None else moment.replace(tzinfo=None)  # type: ignore[return-value]
 
     with pytest.MonkeyPatch.context() as patch:
-        # raising=False: the driver no longer imports datetime; a change that
-        # read it again would read this one.
+        # raising=False: the driver and the queue no longer import datetime;
+        # a change that read it again would read this one.
         patch.setattr(_driver, "datetime", SkewedDatetime, raising=False)
-        patch.setattr(_queue, "datetime", SkewedDatetime)
+        patch.setattr(_queue, "datetime", SkewedDatetime, raising=False)
         patch.setattr(_leased, "datetime", SkewedDatetime)
         patch.setattr(time, "time", lambda: wall().timestamp())
         patch.setattr(time, "time_ns", lambda: int(wall().timestamp() * 1e9))

@@ -71,6 +71,15 @@ REPLY_BUDGET = limits.MAX_REPLY_BYTES - 256
 # Durations and a double, five Timestamps, progress numbers and time, and
 # the key and a 5-byte length prefix of each text and bytes field.
 _TASK_FIXED = 320
+# A TaskAttempt but its texts (minor 14): its element framing, attempt and
+# outcome as 10-byte varints, two Timestamps, two texts' keys and prefixes.
+_ATTEMPT_FIXED = 80
+# A task's whole history at its widest: MAX_TASK_HISTORY attempts, each with
+# a worker id of MAX_NAME_BYTES and an error of MAX_HISTORY_ERROR_CHARS
+# characters (4 UTF-8 bytes at most each).
+_HISTORY_BYTES = limits.MAX_TASK_HISTORY * (
+    _ATTEMPT_FIXED + limits.MAX_NAME_BYTES + 4 * limits.MAX_HISTORY_ERROR_CHARS
+)
 # A Lease but its texts (task id, token, worker id): attempt, until, ttl,
 # keys and length prefixes; plus the LeasedTask's own two keys and prefixes.
 _LEASE_FIXED = 128
@@ -92,8 +101,16 @@ def task_bound(task: Task) -> int:
         + _utf8(task.unique_key)
         + _utf8(task.last_error)
         + _utf8(task.worker_id)
+        + _utf8(task.limit_key)
         + len(task._unknown_fields)
     )
+    for attempt in task.history:
+        size += (
+            _ATTEMPT_FIXED
+            + _utf8(attempt.worker_id)
+            + _utf8(attempt.error)
+            + len(attempt._unknown_fields)
+        )
     if task.result is not None:
         size += len(task.result)
     if task.progress is not None:
@@ -127,14 +144,16 @@ ONE_TASK_BYTES = _worst_task(
     # A cancelled task's error is "cancelled: " and a reason of up to this.
     last_error=limits.MAX_ERROR_BYTES + 64,
     progress=limits.MAX_PROGRESS_MESSAGE_BYTES,
-    names=3 * limits.MAX_NAME_BYTES,
+    names=4 * limits.MAX_NAME_BYTES,
     unique_key=limits.MAX_UNIQUE_KEY_BYTES,
+    history=_HISTORY_BYTES,
 )
-"""A reply of one task (GetTask, RetryTask, CancelTask, Enqueue) is at most this."""
+"""A reply of one task (GetTask, RetryTask, CancelTask, Enqueue) is at most
+this (the names: type, queue, worker, limit key)."""
 COMPACT_TASK_BYTES = _worst_task(
     last_error=limits.MAX_LIST_ERROR_BYTES,
     progress=limits.MAX_LIST_ERROR_BYTES,
-    names=3 * limits.MAX_NAME_BYTES,
+    names=4 * limits.MAX_NAME_BYTES,
     unique_key=limits.MAX_UNIQUE_KEY_BYTES,
 )
 """A `compact` task is at most this."""
@@ -161,7 +180,12 @@ def compact(task: Task) -> Task:
     if progress is not None:
         progress = dataclasses.replace(progress, message=cut_error(progress.message))
     return dataclasses.replace(
-        task, payload=b"", result=None, last_error=cut_error(task.last_error), progress=progress
+        task,
+        payload=b"",
+        result=None,
+        last_error=cut_error(task.last_error),
+        progress=progress,
+        history=[],
     )
 
 
@@ -175,10 +199,16 @@ def enqueue_results_fit(tasks: Sequence[Task], budget: int = REPLY_BUDGET) -> bo
     return True
 
 
-# A claimed task has no result (a task holds one only while SUCCEEDED); its
-# lease adds a task id, a token (512 bytes each at most) and a worker id.
+# A claimed task has no result (a task holds one only while SUCCEEDED) and
+# no history (pushes and claims leave it out); its lease adds a task id, a
+# token (512 bytes each at most) and a worker id.
 _CLAIMED_TASK_BYTES = (
-    ONE_TASK_BYTES - limits.MAX_RESULT_BYTES + _LEASE_FIXED + 2 * 512 + limits.MAX_NAME_BYTES
+    ONE_TASK_BYTES
+    - limits.MAX_RESULT_BYTES
+    - _HISTORY_BYTES
+    + _LEASE_FIXED
+    + 2 * 512
+    + limits.MAX_NAME_BYTES
 )
 CLAIM_ROUND = limits.MAX_MESSAGE_BYTES // _CLAIMED_TASK_BYTES
 """The most tasks one storage round of a Claim leases: their rows hold at

@@ -458,7 +458,8 @@ async def test_wrong_tokens_wait_in_the_gates_throttle(sqlite: Storage) -> None:
 async def test_actions_need_the_sessions_csrf_token_and_same_origin(engine: Storage) -> None:
     """Property: a cookie-authenticated POST without the session's CSRF token,
     with another session's token, or from another Origin is 403 and changes
-    nothing; with the right token it acts."""
+    nothing (a task's retry, the bulk actions, pause); with the right token
+    it acts."""
     with anyio.fail_after(60):
         async with dashboard(engine, token=TOKEN) as ui:
             queue = new_queue("ui")
@@ -478,9 +479,11 @@ async def test_actions_need_the_sessions_csrf_token_and_same_origin(engine: Stor
             ):
                 reply = await ui.post(f"{path}/retry", form, headers=headers)
                 assert reply.status == 403, (form, headers)
-                bulk = await ui.post(f"/queues/{queue}/bulk/retry", form, headers=headers)
-                assert bulk.status == 403, (form, headers)
+                for action in ("bulk/retry", "bulk/cancel", "bulk/purge", "pause"):
+                    reply = await ui.post(f"/queues/{queue}/{action}", form, headers=headers)
+                    assert reply.status == 403, (action, form, headers)
                 assert (await engine.get(queue, task_id=task_id)).state == TaskState.DEAD
+                assert await engine.paused_queues() == frozenset()
             reply = await ui.post(f"{path}/retry", {"_csrf": csrf}, headers={"Origin": ""})
             assert reply.status == 403
             reply = await ui.post(
