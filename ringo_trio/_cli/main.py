@@ -8,8 +8,9 @@
 
 ``ringo worker module:function --queue Q``
     Run a handler as a worker of one queue, against a daemon (``--endpoint``)
-    or a private one (``--data-dir``; ``--shared``: the data dir's shared
-    daemon), until SIGINT or SIGTERM; the first signal drains gracefully
+    or the data dir's shared local daemon (``--data-dir``, which every other
+    ``ringo`` command on that dir attaches to; ``--private``: a daemon of its
+    own that holds the dir alone), until SIGINT or SIGTERM; the first signal drains gracefully
     (`Worker.close`), a second one stops at once. Started by a supervisor it
     also runs the loop watchdog (`ringo_trio._supervise.child`).
 
@@ -225,7 +226,7 @@ async def _worker_main(args: argparse.Namespace, handler: Handler | TaskRegistry
                 client = (
                     _ops.connect(args)
                     if args.endpoint is not None
-                    else Ringo.local(args.data_dir, shared=args.shared)
+                    else Ringo.local(args.data_dir, shared=not args.private)
                 )
                 async with client:
                     options: dict[str, Any] = dict(
@@ -295,6 +296,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     problems = _worker_problems(args)
     if args.shared and args.data_dir is None:
         problems.append("--shared needs --data-dir")
+    if args.private and args.data_dir is None:
+        problems.append("--private needs --data-dir")
     if problems:
         _line(f"ringo worker: {'; '.join(problems)}", err=True)
         return EXIT_USAGE
@@ -476,10 +479,22 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds a stopping worker waits for cancelled handlers to exit and their"
         " leases to be released (5)",
     )
-    worker.add_argument(
+    # Shared is the default with --data-dir: `ringo queues --data-dir D` and
+    # the other commands attach to the data dir's shared daemon, and a private
+    # one would hold D alone ("held by another ringod"), so the README's
+    # `ringo worker ... --data-dir D` then `ringo queues --data-dir D` failed.
+    sharing = worker.add_mutually_exclusive_group()
+    sharing.add_argument(
         "--shared",
         action="store_true",
-        help="with --data-dir: share the data dir's one daemon with other processes",
+        help="with --data-dir: the default (the data dir's one daemon, shared with the other"
+        " ringo commands and processes on it); kept for old scripts",
+    )
+    sharing.add_argument(
+        "--private",
+        action="store_true",
+        help="with --data-dir: a daemon of this worker's own, holding the data dir alone"
+        " (other ringo commands on it are refused while it runs)",
     )
 
     supervise = commands.add_parser(
@@ -524,7 +539,11 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("-q", "--queue", required=True, help="queue to work on")
     parser.add_argument("--endpoint", default=None, help="daemon to connect to (host:port or URL)")
-    parser.add_argument("--data-dir", default=None, help="run a local daemon on this data dir")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="use the data dir's shared local daemon (started if none runs)",
+    )
     parser.add_argument(
         "--token",
         default=None,
