@@ -21,7 +21,8 @@
 Exit codes: 0 success, 1 failure (a demo task unaccounted for, the daemon
 gone, a supervisor's restart budget spent), 2 usage (bad flags, a handler
 that cannot be imported), 75 a worker fenced (a handler would not stop),
-130 a second Ctrl-C.
+130 a second Ctrl-C, 141 (`EXIT_BROKEN_PIPE`, as if killed by SIGPIPE) the
+reader of stdout gone (``| head``), quietly.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from . import ops as _ops
 from . import schedules as _schedules
 from .load import UsageError, load_object
 from .ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .table import reader_gone
 
 #: The defaults `ringo supervise` shows and starts from.
 _RESTARTS = RestartPolicy()
@@ -419,6 +421,8 @@ def _trio_main(prog: str, fn: Callable[..., Awaitable[int]], *args: Any) -> int:
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             _line(f"{nl}{prog}: interrupted", err=True)
             return EXIT_INTERRUPTED
+        if any(isinstance(leaf, BrokenPipeError) for leaf in leaves):
+            raise BrokenPipeError from error  # `main` leaves quietly
         fenced = [leaf for leaf in leaves if isinstance(leaf, WorkerFencedError)]
         if fenced:
             _line(f"{prog}: {type(fenced[0]).__name__}: {fenced[0]}", err=True)
@@ -605,6 +609,17 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        status = _main(argv)
+        # Buffered output meets a closed pipe here at the latest.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `ringo tasks list Q | head`: the reader has what it wanted.
+        return reader_gone()
+    return status
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
         return _run_demo(args)
