@@ -46,7 +46,8 @@ def test_tasks_list_says_when_it_stops_short(daemon: DaemonProcess, many: str) -
     assert default.returncode == 0, default.stderr
     assert len(_rows(default.stdout)) == 100
     assert "showed the first 100 tasks; more match" in default.stderr
-    assert "--limit N" in default.stderr and "--all" in default.stderr
+    assert "--limit N" in default.stderr
+    assert "--all" in default.stderr
     assert "more match" not in default.stdout
     exact = run_ringo(daemon, "tasks", "list", many, "--limit", "1200", "--json")
     assert exact.returncode == 0, exact.stderr
@@ -71,7 +72,8 @@ def test_piping_into_head_exits_quietly(daemon: DaemonProcess, many: str) -> Non
         stderr=subprocess.PIPE,
     )
     try:
-        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout is not None
+        assert process.stderr is not None
         assert process.stdout.read(200)
         process.stdout.close()
         status = process.wait(TIMEOUT)
