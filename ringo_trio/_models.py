@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ._contract import limits as _limits
+from ._contract.durations import describe_duration
 from ._errors import InvalidArgumentError
 from ._proto.ringo.v1 import EnqueueResult as _WireEnqueueResult
 from ._proto.ringo.v1 import MisfirePolicy as _WireMisfirePolicy
@@ -76,7 +77,9 @@ def check_duration(
     if value < timedelta(0):
         raise InvalidArgumentError(f"{what} must not be negative")
     if maximum is not None and value > maximum:
-        raise InvalidArgumentError(f"{what} must be at most {maximum}")
+        raise InvalidArgumentError(
+            f"{what} must be at most {describe_duration(maximum)} (got {describe_duration(value)})"
+        )
     return value
 
 
