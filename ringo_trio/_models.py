@@ -170,7 +170,9 @@ class TaskSpec:
     ``payload`` is bytes (a ``str`` is stored as its UTF-8 encoding).
     ``unique_key`` dedupes within the queue: enqueueing an existing key
     returns the existing task with ``created=False``. ``max_attempts`` and
-    ``retry_backoff`` default to the daemon's policy. ``delay`` and
+    ``retry_backoff`` default to the daemon's policy (5 attempts);
+    ``max_attempts=0`` says the same as None, as on the wire (it reads back
+    as None), and a negative number is refused. ``delay`` and
     ``not_before`` (timezone-aware) schedule the first attempt; give at most
     one. Higher ``priority`` runs first. ``limit_key`` names the key the
     queue's limit rules apply to (docs/limits.md; protocol minor >= 13).
@@ -204,8 +206,13 @@ class TaskSpec:
         object.__setattr__(self, "payload", payload)
         if self.unique_key is not None:
             check_unique_key(self.unique_key)
-        if self.max_attempts is not None:
-            check_int("max_attempts", self.max_attempts, 1, _limits.MAX_ATTEMPTS_LIMIT)
+        # 0 is what the wire sends for "unset": the daemon's default, as None;
+        # one spelling of it, so that equal specs compare equal.
+        if (
+            self.max_attempts is not None
+            and check_int("max_attempts", self.max_attempts, 0, _limits.MAX_ATTEMPTS_LIMIT) == 0
+        ):
+            object.__setattr__(self, "max_attempts", None)
         if self.retry_backoff is not None and not isinstance(self.retry_backoff, RetryBackoff):
             raise InvalidArgumentError("retry_backoff must be a RetryBackoff")
         if self.delay is not None:

@@ -642,7 +642,12 @@ def add_commands(commands: Any) -> None:
         "--delay", type=duration, default=None, help="run after this long, e.g. 5m, 2h"
     )
     enqueue.add_argument("--priority", type=int, default=None)
-    enqueue.add_argument("--max-attempts", type=int, default=None)
+    enqueue.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        help="attempts before DEAD (0 or unset: the default, 5)",
+    )
     enqueue.add_argument(
         "--limit-key", default=None, help="the key the queue's limit rules apply to"
     )

@@ -61,7 +61,8 @@ class ScheduleCalls:
         timing keeps its next tick; a new timing counts from now.
         `InvalidArgumentError` (naming the field; a cron error names the
         position too) before anything is sent; `FailedPreconditionError`
-        past the queue's number of schedules. Needs protocol minor >= 13."""
+        past the queue's number of schedules. ``max_attempts`` None or 0: the
+        daemon's default for each task. Needs protocol minor >= 13."""
         require(self._connection.protocol_minor, Feature.SCHEDULES, "TaskQueue.put_schedule")
         wire = _schedule_wire(
             self.name,
@@ -169,7 +170,8 @@ def _schedule_wire(
         raise InvalidArgumentError("paused must be a bool")
     check_int("priority", priority, -(2**31), 2**31 - 1)
     if max_attempts is not None:
-        check_int("max_attempts", max_attempts, 1, _limits.MAX_ATTEMPTS_LIMIT)
+        # 0: the daemon's default, as None (the wire's "unset").
+        check_int("max_attempts", max_attempts, 0, _limits.MAX_ATTEMPTS_LIMIT)
     return WireSchedule(
         name=name,
         queue=queue,
