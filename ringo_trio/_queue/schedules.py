@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .._contract import limits as _limits
 from .._contract.cron import MAX_EVERY, MIN_EVERY, CronError, parse_cron, zone
+from .._contract.durations import describe_duration
 from .._contract.versions import Feature
 from .._errors import InvalidArgumentError, require
 from .._models import Schedule, check_int, check_name
@@ -155,8 +156,13 @@ def _schedule_wire(
         except ValueError as exc:
             raise InvalidArgumentError(f"timezone: {exc}") from None
     else:
-        if not isinstance(every, timedelta) or not MIN_EVERY <= every <= MAX_EVERY:
-            raise InvalidArgumentError(f"every must be a timedelta within {MIN_EVERY}..{MAX_EVERY}")
+        if not isinstance(every, timedelta):
+            raise InvalidArgumentError("every must be a datetime.timedelta")
+        if not MIN_EVERY <= every <= MAX_EVERY:
+            raise InvalidArgumentError(
+                f"every must be from {describe_duration(MIN_EVERY)} to"
+                f" {describe_duration(MAX_EVERY)} (got {describe_duration(every)})"
+            )
         try:
             zone(timezone)
         except ValueError as exc:

@@ -12,6 +12,7 @@ import pytest
 
 from ringo_trio import InvalidArgumentError, RetryBackoff, RetryTaskError, Ringo, TaskSpec
 from ringo_trio._contract.durations import describe_duration
+from ringo_trio._queue.schedules import _schedule_wire
 
 
 @pytest.mark.parametrize(
@@ -52,6 +53,23 @@ def test_describe_duration_is_exact_and_in_words(value: timedelta, words: str) -
             lambda: RetryTaskError("x", delay=400 * 86400.0),
             "RetryTaskError delay must be a finite number of seconds, at most 365 days"
             " (got 34560000.0 seconds)",
+        ),
+        (
+            lambda: _schedule_wire(
+                "q",
+                "s",
+                "t",
+                cron=None,
+                every=timedelta(milliseconds=500),
+                payload=b"",
+                timezone="UTC",
+                misfire="skip",
+                catch_up=0,
+                paused=False,
+                priority=0,
+                max_attempts=None,
+            ),
+            "every must be from 1 second to 366 days (got 0.5 seconds)",
         ),
         (
             lambda: (

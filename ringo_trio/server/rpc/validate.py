@@ -456,7 +456,7 @@ def schedule(value: Schedule | None, path: str = "schedule") -> Schedule:
         if not cron.MIN_EVERY <= value.every <= cron.MAX_EVERY:
             raise FieldError(
                 f"{path}.every",
-                f"must be within {_fmt(cron.MIN_EVERY)}..{_fmt(cron.MAX_EVERY)}",
+                f"{_fmt(value.every)} is not from {_fmt(cron.MIN_EVERY)} to {_fmt(cron.MAX_EVERY)}",
             )
     misfire = value.misfire or MisfirePolicy.SKIP
     if misfire not in (MisfirePolicy.SKIP, MisfirePolicy.CATCH_UP):
