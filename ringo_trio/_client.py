@@ -68,7 +68,11 @@ from ._transport.grpclib import client_tls_context
 if TYPE_CHECKING:
     from ._local.shared import SharedLocalDaemon
 
-__all__ = ["CompressionOption", "Ringo", "RingoClient"]
+__all__ = ["TOKEN_ENV", "CompressionOption", "Ringo", "RingoClient"]
+
+#: The bearer token `Ringo.connect` sends when given none, as every ``ringo``
+#: command reads it when ``--token`` is not given.
+TOKEN_ENV = "RINGO_TOKEN"
 
 
 CompressionOption = Literal["none", "gzip"]
@@ -475,7 +479,10 @@ class Ringo:
 
         ``endpoint`` is ``host``, ``host:port`` (default port 7233) or a URL
         with scheme ``grpc``/``http`` (plaintext) or ``grpcs``/``https``
-        (TLS). ``token`` is sent as a bearer token.
+        (TLS). ``token`` is sent as a bearer token; when it is None (not
+        given) the environment's ``$RINGO_TOKEN`` is, if set and not empty —
+        the argument wins over the environment, as ``--token`` does in the
+        ``ringo`` commands. ``token=""`` sends none, whatever the environment.
         ``compression`` accepts ``"none"`` or None: the transport cannot
         compress messages, so ``"gzip"`` is refused with
         `InvalidArgumentError` rather than silently ignored.
@@ -498,6 +505,9 @@ class Ringo:
         sends no pings (for a proxy in between that objects to them).
         """
         keepalive = _keepalive(keepalive_interval, keepalive_timeout)
+        if token is None:
+            # Read here, not at import: a token exported after the import counts.
+            token = os.environ.get(TOKEN_ENV) or None
         context: ssl.SSLContext | None = None
         if tls_ca is not None or tls_cert is not None or tls_key is not None:
             context = _tls_context(endpoint, tls_ca, tls_cert, tls_key)

@@ -12,6 +12,7 @@ import math
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from ._contract.durations import describe_duration
 from ._contract.limits import MAX_DELAY
 from ._contract.versions import Feature, FeatureMissing, Features
 
@@ -115,13 +116,17 @@ class RetryTaskError(Exception):
                 )
             if not math.isfinite(delay) or delay > MAX_DELAY.total_seconds():
                 raise InvalidArgumentError(
-                    f"RetryTaskError delay must be a finite number of seconds, at most {MAX_DELAY}"
+                    "RetryTaskError delay must be a finite number of seconds, at most"
+                    f" {describe_duration(MAX_DELAY)} (got {delay!r} seconds)"
                 )
             delay = timedelta(seconds=delay)
         if delay is not None and delay < timedelta(0):
             raise InvalidArgumentError("RetryTaskError delay must not be negative")
         if delay is not None and delay > MAX_DELAY:
-            raise InvalidArgumentError(f"RetryTaskError delay must be at most {MAX_DELAY}")
+            raise InvalidArgumentError(
+                f"RetryTaskError delay must be at most {describe_duration(MAX_DELAY)}"
+                f" (got {describe_duration(delay)})"
+            )
         self.delay: timedelta | None = delay
         self.congestion = congestion
 

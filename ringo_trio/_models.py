@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ._contract import limits as _limits
+from ._contract.durations import describe_duration
 from ._errors import InvalidArgumentError
 from ._proto.ringo.v1 import AttemptOutcome as _WireAttemptOutcome
 from ._proto.ringo.v1 import EnqueueResult as _WireEnqueueResult
@@ -78,7 +79,9 @@ def check_duration(
     if value < timedelta(0):
         raise InvalidArgumentError(f"{what} must not be negative")
     if maximum is not None and value > maximum:
-        raise InvalidArgumentError(f"{what} must be at most {maximum}")
+        raise InvalidArgumentError(
+            f"{what} must be at most {describe_duration(maximum)} (got {describe_duration(value)})"
+        )
     return value
 
 
@@ -169,7 +172,9 @@ class TaskSpec:
     ``payload`` is bytes (a ``str`` is stored as its UTF-8 encoding).
     ``unique_key`` dedupes within the queue: enqueueing an existing key
     returns the existing task with ``created=False``. ``max_attempts`` and
-    ``retry_backoff`` default to the daemon's policy. ``delay`` and
+    ``retry_backoff`` default to the daemon's policy (5 attempts);
+    ``max_attempts=0`` says the same as None, as on the wire (it reads back
+    as None), and a negative number is refused. ``delay`` and
     ``not_before`` (timezone-aware) schedule the first attempt; give at most
     one. Higher ``priority`` runs first. ``limit_key`` names the key the
     queue's limit rules apply to (docs/limits.md; protocol minor >= 13).
@@ -203,8 +208,13 @@ class TaskSpec:
         object.__setattr__(self, "payload", payload)
         if self.unique_key is not None:
             check_unique_key(self.unique_key)
-        if self.max_attempts is not None:
-            check_int("max_attempts", self.max_attempts, 1, _limits.MAX_ATTEMPTS_LIMIT)
+        # 0 is what the wire sends for "unset": the daemon's default, as None;
+        # one spelling of it, so that equal specs compare equal.
+        if (
+            self.max_attempts is not None
+            and check_int("max_attempts", self.max_attempts, 0, _limits.MAX_ATTEMPTS_LIMIT) == 0
+        ):
+            object.__setattr__(self, "max_attempts", None)
         if self.retry_backoff is not None and not isinstance(self.retry_backoff, RetryBackoff):
             raise InvalidArgumentError("retry_backoff must be a RetryBackoff")
         if self.delay is not None:

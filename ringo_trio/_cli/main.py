@@ -8,8 +8,9 @@
 
 ``ringo worker module:function --queue Q``
     Run a handler as a worker of one queue, against a daemon (``--endpoint``)
-    or a private one (``--data-dir``; ``--shared``: the data dir's shared
-    daemon), until SIGINT or SIGTERM; the first signal drains gracefully
+    or the data dir's shared local daemon (``--data-dir``, which every other
+    ``ringo`` command on that dir attaches to; ``--private``: a daemon of its
+    own that holds the dir alone), until SIGINT or SIGTERM; the first signal drains gracefully
     (`Worker.close`), a second one stops at once. Started by a supervisor it
     also runs the loop watchdog (`ringo_trio._supervise.child`).
 
@@ -20,7 +21,8 @@
 Exit codes: 0 success, 1 failure (a demo task unaccounted for, the daemon
 gone, a supervisor's restart budget spent), 2 usage (bad flags, a handler
 that cannot be imported), 75 a worker fenced (a handler would not stop),
-130 a second Ctrl-C.
+130 a second Ctrl-C, 141 (`EXIT_BROKEN_PIPE`, as if killed by SIGPIPE) the
+reader of stdout gone (``| head``), quietly.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from . import ops as _ops
 from . import schedules as _schedules
 from .load import UsageError, load_object
 from .ops import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .table import reader_gone
 
 #: The defaults `ringo supervise` shows and starts from.
 _RESTARTS = RestartPolicy()
@@ -225,7 +228,7 @@ async def _worker_main(args: argparse.Namespace, handler: Handler | TaskRegistry
                 client = (
                     _ops.connect(args)
                     if args.endpoint is not None
-                    else Ringo.local(args.data_dir, shared=args.shared)
+                    else Ringo.local(args.data_dir, shared=not args.private)
                 )
                 async with client:
                     options: dict[str, Any] = dict(
@@ -295,6 +298,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     problems = _worker_problems(args)
     if args.shared and args.data_dir is None:
         problems.append("--shared needs --data-dir")
+    if args.private and args.data_dir is None:
+        problems.append("--private needs --data-dir")
     if problems:
         _line(f"ringo worker: {'; '.join(problems)}", err=True)
         return EXIT_USAGE
@@ -416,6 +421,8 @@ def _trio_main(prog: str, fn: Callable[..., Awaitable[int]], *args: Any) -> int:
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             _line(f"{nl}{prog}: interrupted", err=True)
             return EXIT_INTERRUPTED
+        if any(isinstance(leaf, BrokenPipeError) for leaf in leaves):
+            raise BrokenPipeError from error  # `main` leaves quietly
         fenced = [leaf for leaf in leaves if isinstance(leaf, WorkerFencedError)]
         if fenced:
             _line(f"{prog}: {type(fenced[0]).__name__}: {fenced[0]}", err=True)
@@ -476,10 +483,22 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds a stopping worker waits for cancelled handlers to exit and their"
         " leases to be released (5)",
     )
-    worker.add_argument(
+    # Shared is the default with --data-dir: `ringo queues --data-dir D` and
+    # the other commands attach to the data dir's shared daemon, and a private
+    # one would hold D alone ("held by another ringod"), so the README's
+    # `ringo worker ... --data-dir D` then `ringo queues --data-dir D` failed.
+    sharing = worker.add_mutually_exclusive_group()
+    sharing.add_argument(
         "--shared",
         action="store_true",
-        help="with --data-dir: share the data dir's one daemon with other processes",
+        help="with --data-dir: the default (the data dir's one daemon, shared with the other"
+        " ringo commands and processes on it); kept for old scripts",
+    )
+    sharing.add_argument(
+        "--private",
+        action="store_true",
+        help="with --data-dir: a daemon of this worker's own, holding the data dir alone"
+        " (other ringo commands on it are refused while it runs)",
     )
 
     supervise = commands.add_parser(
@@ -524,7 +543,11 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("-q", "--queue", required=True, help="queue to work on")
     parser.add_argument("--endpoint", default=None, help="daemon to connect to (host:port or URL)")
-    parser.add_argument("--data-dir", default=None, help="run a local daemon on this data dir")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="use the data dir's shared local daemon (started if none runs)",
+    )
     parser.add_argument(
         "--token",
         default=None,
@@ -586,6 +609,17 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        status = _main(argv)
+        # Buffered output meets a closed pipe here at the latest.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `ringo tasks list Q | head`: the reader has what it wanted.
+        return reader_gone()
+    return status
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
         return _run_demo(args)

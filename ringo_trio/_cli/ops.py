@@ -28,6 +28,7 @@ from .._supervise.parent import TOKEN_ENV
 from .._tasks.registry import TaskCall
 from .history import history_document, history_table
 from .load import UsageError, load_object
+from .table import TASK_COLUMNS, progress_text, task_row, when
 
 #: Exit statuses of every ``ringo`` command (``ringo_trio._cli.main`` lists them).
 EXIT_OK = 0
@@ -35,7 +36,7 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-__all__ = ["add_commands", "OPS_COMMANDS"]
+__all__ = ["add_commands", "OPS_COMMANDS", "when"]
 
 OPS_COMMANDS = frozenset({"queues", "tasks", "enqueue", "schedules", "limits"})
 
@@ -192,39 +193,37 @@ def _yes(flag: bool) -> str:
 
 
 async def _tasks_list(args: argparse.Namespace) -> int:
-    if not 1 <= args.limit <= _MAX_CLI_LIST:
-        raise InvalidArgumentError(f"--limit must be between 1 and {_MAX_CLI_LIST}")
+    limit = None if args.all else args.limit
+    if limit is not None and limit < 1:
+        raise InvalidArgumentError("--limit must be >= 1 (or --all)")
     tasks: list[Task] = []
+    more = False
     async with open_client(args) as client:
         listing = client.queue(args.queue).list(
             states=[TaskState(s) for s in dict.fromkeys(args.state)],
             task_types=args.type,
             unique_key_prefix=args.key_prefix,
             newest_first=args.newest_first,
-            page_size=min(args.limit, MAX_LIST_PAGE),
+            # One past the limit: whether more match is worth a line.
+            page_size=MAX_LIST_PAGE if limit is None else min(limit + 1, MAX_LIST_PAGE),
         )
         async for task in listing:
-            tasks.append(task)
-            if len(tasks) == args.limit:
+            if limit is not None and len(tasks) == limit:
+                more = True
                 break
+            tasks.append(task)
     if args.json:
         print_json([task_document(t) for t in tasks])
-        return 0
-    print_table(
-        ["id", "type", "state", "attempt", "unique key", "created", "last error"],
-        [
-            [
-                t.id,
-                t.task_type,
-                t.state.value,
-                f"{t.attempt}/{t.max_attempts}",
-                t.unique_key or "",
-                when(t.created_at),
-                _one_line(t.last_error or "", 60),
-            ]
-            for t in tasks
-        ],
-    )
+    else:
+        print_table(TASK_COLUMNS, [task_row(t) for t in tasks])
+    if more:
+        # On stderr, so that a script's stdout (and --json) holds only tasks;
+        # a silent cut at the default 100 read as "that is all of them".
+        sys.stdout.flush()
+        sys.stderr.write(
+            f"ringo tasks list: showed the first {limit} tasks; more match"
+            " (--limit N for more, --all for every one)\n"
+        )
     return 0
 
 
@@ -242,7 +241,6 @@ async def _tasks_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(document)
         return 0
-    progress = document["progress"]
     lines = [
         ("id", task.id),
         ("queue", task.queue),
@@ -258,9 +256,7 @@ async def _tasks_show(args: argparse.Namespace) -> int:
         ("lease until", when(task.lease_until)),
         (
             "progress",
-            ""
-            if progress is None
-            else f"{progress['current']}/{progress['total']} {progress['message']}".rstrip(),
+            progress_text(task.progress),
         ),
         ("last error", task.last_error or ""),
         ("payload", _shown(document["payload"])),
@@ -279,7 +275,6 @@ async def _tasks_show(args: argparse.Namespace) -> int:
 
 # -- task and stats documents ---------------------------------------------------
 
-_MAX_CLI_LIST = 100_000
 PREVIEW_BYTES = 4096
 """`tasks show` prints at most this much of a payload or result."""
 
@@ -363,10 +358,6 @@ def iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
-def when(moment: datetime | None) -> str:
-    return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
-
-
 def _age(stats: QueueStats) -> str:
     """The oldest due task's wait, in its two largest units (``2h05m``)."""
     age = stats.oldest_pending_age
@@ -385,31 +376,13 @@ def _age(stats: QueueStats) -> str:
     return f"{seconds}s"
 
 
-def _one_line(text: str, width: int) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 3] + "..."
-
-
-# The columns retry and cancel print about the task they changed (their
-# --json is the whole `task_document`).
-_OUTCOME_COLUMNS = (
-    "id",
-    "queue",
-    "task_type",
-    "unique_key",
-    "state",
-    "attempt",
-    "max_attempts",
-    "last_error",
-)
-
-
 def print_task_outcome(args: argparse.Namespace, task: Task) -> None:
-    document = task_document(task)
+    """The task retry or cancel changed: `tasks list`'s row (its --json is the
+    whole `task_document`)."""
     if args.json:
-        print_json(document)
+        print_json(task_document(task))
     else:
-        print_table(_OUTCOME_COLUMNS, [[document[c] for c in _OUTCOME_COLUMNS]])
+        print_table(TASK_COLUMNS, [task_row(task)])
 
 
 async def _tasks_retry(args: argparse.Namespace) -> int:
@@ -634,7 +607,14 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("--type", action="append", default=[], help="only this task type")
     listing.add_argument("--key-prefix", default="", help="only unique keys with this prefix")
     listing.add_argument("--newest-first", action="store_true")
-    listing.add_argument("--limit", type=int, default=100, help="tasks to print (100)")
+    how_many = listing.add_mutually_exclusive_group()
+    how_many.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        help="tasks to print (100); when more match, a line on stderr says so",
+    )
+    how_many.add_argument("--all", action="store_true", help="every matching task")
     command(listing, _tasks_list)
 
     show = verbs.add_parser("show", help="one task in full (payload preview, result, ...)")
@@ -716,7 +696,12 @@ def add_commands(commands: Any) -> None:
         "--delay", type=duration, default=None, help="run after this long, e.g. 5m, 2h"
     )
     enqueue.add_argument("--priority", type=int, default=None)
-    enqueue.add_argument("--max-attempts", type=int, default=None)
+    enqueue.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        help="attempts before DEAD (0 or unset: the default, 5)",
+    )
     enqueue.add_argument(
         "--limit-key", default=None, help="the key the queue's limit rules apply to"
     )

@@ -205,7 +205,9 @@ def add_commands(commands: Any) -> None:
     put.add_argument("--catch-up", type=int, default=1, help="missed ticks fired at most (1)")
     put.add_argument("--paused", action="store_true", help="store it paused")
     put.add_argument("--priority", type=int, default=0)
-    put.add_argument("--max-attempts", type=int, default=None)
+    put.add_argument(
+        "--max-attempts", type=int, default=None, help="per task (0 or unset: the default, 5)"
+    )
     command(put, _schedules_put)
 
     rm = verbs.add_parser("rm", help="delete a schedule (the tasks it made stay)")

@@ -11,6 +11,7 @@ from datetime import timedelta
 __all__ = [
     "FOREVER",
     "MAX_RETENTION",
+    "describe_duration",
     "format_duration",
     "format_retention",
     "parse_duration",
@@ -49,6 +50,25 @@ def format_duration(value: timedelta) -> str:
     # Fixed-point: `:g` would write 1000000 seconds as "1e+06s", which
     # parse_duration (rightly) refuses.
     return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
+
+
+def describe_duration(value: timedelta) -> str:
+    """`value` in words, exactly, for messages: ``365 days``, ``1 day 2 hours``,
+    ``1 minute 30.5 seconds``. Python's own ``str(timedelta)`` reads
+    ``365 days, 0:00:00``, which in "must be at most 365 days, 0:00:00"
+    looks like two things."""
+    if value < timedelta(0):
+        return "minus " + describe_duration(-value)
+    micros = value // timedelta(microseconds=1)
+    parts = []
+    for name, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        count, micros = divmod(micros, size * 1_000_000)
+        if count:
+            parts.append(f"{count} {name}" + ("" if count == 1 else "s"))
+    if micros or not parts:
+        seconds = f"{micros / 1_000_000:.6f}".rstrip("0").rstrip(".")
+        parts.append(f"{seconds} second" + ("" if seconds == "1" else "s"))
+    return " ".join(parts)
 
 
 def parse_retention(text: str) -> timedelta | None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 
 from .._contract import limits as _limits
+from .._contract.durations import describe_duration
 from .._contract.versions import Feature
 from .._errors import InvalidArgumentError, RingoError, UnavailableError, require
 from .._models import (
@@ -267,7 +268,10 @@ class TaskQueue(ScheduleCalls, BulkCalls):
         if not isinstance(lease_duration, timedelta) or lease_duration < timedelta(0):
             raise InvalidArgumentError("lease_duration must be a non-negative timedelta")
         if lease_duration > _limits.MAX_LEASE:
-            raise InvalidArgumentError(f"lease_duration must be at most {_limits.MAX_LEASE}")
+            raise InvalidArgumentError(
+                f"lease_duration must be at most {describe_duration(_limits.MAX_LEASE)}"
+                f" (got {describe_duration(lease_duration)})"
+            )
         if not isinstance(grace_period, timedelta) or grace_period < timedelta(0):
             raise InvalidArgumentError("grace_period must be a non-negative timedelta")
         if not isinstance(stop_timeout, timedelta) or stop_timeout <= timedelta(0):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .._contract import limits as _limits
 from .._contract.cron import MAX_EVERY, MIN_EVERY, CronError, parse_cron, zone
+from .._contract.durations import describe_duration
 from .._contract.versions import Feature
 from .._errors import InvalidArgumentError, require
 from .._models import Schedule, check_int, check_name
@@ -61,7 +62,8 @@ class ScheduleCalls:
         timing keeps its next tick; a new timing counts from now.
         `InvalidArgumentError` (naming the field; a cron error names the
         position too) before anything is sent; `FailedPreconditionError`
-        past the queue's number of schedules. Needs protocol minor >= 13."""
+        past the queue's number of schedules. ``max_attempts`` None or 0: the
+        daemon's default for each task. Needs protocol minor >= 13."""
         require(self._connection.protocol_minor, Feature.SCHEDULES, "TaskQueue.put_schedule")
         wire = _schedule_wire(
             self.name,
@@ -154,8 +156,13 @@ def _schedule_wire(
         except ValueError as exc:
             raise InvalidArgumentError(f"timezone: {exc}") from None
     else:
-        if not isinstance(every, timedelta) or not MIN_EVERY <= every <= MAX_EVERY:
-            raise InvalidArgumentError(f"every must be a timedelta within {MIN_EVERY}..{MAX_EVERY}")
+        if not isinstance(every, timedelta):
+            raise InvalidArgumentError("every must be a datetime.timedelta")
+        if not MIN_EVERY <= every <= MAX_EVERY:
+            raise InvalidArgumentError(
+                f"every must be from {describe_duration(MIN_EVERY)} to"
+                f" {describe_duration(MAX_EVERY)} (got {describe_duration(every)})"
+            )
         try:
             zone(timezone)
         except ValueError as exc:
@@ -169,7 +176,8 @@ def _schedule_wire(
         raise InvalidArgumentError("paused must be a bool")
     check_int("priority", priority, -(2**31), 2**31 - 1)
     if max_attempts is not None:
-        check_int("max_attempts", max_attempts, 1, _limits.MAX_ATTEMPTS_LIMIT)
+        # 0: the daemon's default, as None (the wire's "unset").
+        check_int("max_attempts", max_attempts, 0, _limits.MAX_ATTEMPTS_LIMIT)
     return WireSchedule(
         name=name,
         queue=queue,

@@ -51,6 +51,7 @@ from datetime import timedelta
 import anyio
 import anyio.abc
 
+from .._client import TOKEN_ENV
 from .._contract import limits as _limits
 from .._errors import InvalidArgumentError, RingoError
 from .._work._timeouts import TaskTimeouts
@@ -67,8 +68,6 @@ __all__ = [
 
 _log = logging.getLogger("ringo_trio.supervise")
 
-#: Where `ringo worker` looks for its bearer token when ``--token`` is not given.
-TOKEN_ENV = "RINGO_TOKEN"
 
 #: Status of a worker process that could not start (bad options, a handler
 #: that cannot be imported): restarting cannot help.

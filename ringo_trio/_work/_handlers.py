@@ -314,9 +314,19 @@ def log_outcome(
     what: str,
     error: str,
     exc_info: BaseException | None = None,
+    *,
+    nacked: bool = False,
 ) -> None:
+    """One handler outcome. ``nacked``: the attempt failed and the task is
+    to be retried, unless that was its last attempt, when the daemon makes it
+    DEAD; the line says so then (at WARNING at least), since "asked for a
+    retry" alone read as if another attempt would come."""
     context = running.context
     task = context.task
+    dead = nacked and 0 < task.max_attempts <= context.attempt
+    if dead:
+        what = f"{what} on its last attempt, so the task is now DEAD"
+        level = max(level, logging.WARNING)
     log.log(
         level,
         "task %s (%s, attempt %d of %d) of queue %r %s: %s",
@@ -334,6 +344,7 @@ def log_outcome(
             "ringo_queue": queue_name,
             "ringo_attempt": context.attempt,
             "ringo_worker_id": context.worker_id,
+            "ringo_dead": dead,
         },
     )
 
@@ -502,6 +513,7 @@ class Handlers:
                         logging.ERROR,
                         "returned a value it cannot store",
                         error,
+                        nacked=True,
                     )
                 except RetryTaskError as exc:
                     outcome = Outcome.NACK
@@ -509,7 +521,14 @@ class Handlers:
                     error = error_text(exc)
                     if exc.delay is not None:
                         delay = exc.delay.total_seconds()
-                    log_outcome(self._queue_name, running, logging.INFO, "asked for a retry", error)
+                    log_outcome(
+                        self._queue_name,
+                        running,
+                        logging.INFO,
+                        "asked for a retry",
+                        error,
+                        nacked=True,
+                    )
                 except PermanentTaskError as exc:
                     outcome, error = Outcome.REJECT, error_text(exc)
                     log_outcome(
@@ -520,7 +539,13 @@ class Handlers:
                     error = f"{type(exc).__name__}: {error_text(exc)}"
                     if not (isinstance(exc, LeaseLostError) and running.by_operator):
                         log_outcome(
-                            self._queue_name, running, logging.ERROR, "crashed", error, exc_info=exc
+                            self._queue_name,
+                            running,
+                            logging.ERROR,
+                            "crashed",
+                            error,
+                            exc_info=exc,
+                            nacked=True,
                         )
                     # else: how the handler learnt of an operator's cancel,
                     # which `task_cancelled` logged at INFO; nobody's error.

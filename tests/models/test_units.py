@@ -140,7 +140,7 @@ def test_queue_names_are_validated_and_cached() -> None:
         ({"task_type": "t", "payload": b"x" * (MAX_PAYLOAD_BYTES + 1)}, "payload is"),
         ({"task_type": "t", "unique_key": ""}, "unique_key is required"),
         ({"task_type": "t", "unique_key": "k" * 513}, "512"),
-        ({"task_type": "t", "max_attempts": 0}, "max_attempts"),
+        ({"task_type": "t", "max_attempts": -1}, "max_attempts must be between 0 and"),
         ({"task_type": "t", "max_attempts": True}, "max_attempts must be an integer"),
         ({"task_type": "t", "delay": timedelta(seconds=-1)}, "delay must not be negative"),
         ({"task_type": "t", "not_before": datetime(2030, 1, 1)}, "timezone-aware"),

@@ -82,7 +82,7 @@ async def test_bad_options_and_arguments_are_refused_where_they_are_written() ->
     with pytest.raises(InvalidArgumentError):
         local.task(queue="")(add.fn)
     with pytest.raises(InvalidArgumentError):
-        add.configure(max_attempts=0)
+        add.configure(max_attempts=-1)
     with pytest.raises(InvalidArgumentError):
         add.configure(delay=timedelta(minutes=1), not_before=datetime(2030, 1, 1, tzinfo=UTC))
     with pytest.raises(InvalidArgumentError):

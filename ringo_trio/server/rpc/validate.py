@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from ringo_trio._contract import cron, limits
+from ringo_trio._contract.durations import describe_duration
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     ClaimRequest,
@@ -139,8 +140,8 @@ def wait_timeout(value: timedelta | None, path: str = "timeout") -> float:
 
 
 def _fmt(value: timedelta) -> str:
-    seconds = value.total_seconds()
-    return f"{int(seconds)}s" if seconds.is_integer() else f"{seconds:g}s"
+    # In words (``365 days``), as the SDK says it: 31536000s had to be divided out.
+    return describe_duration(value)
 
 
 # One object for every spec without a policy: validated specs only go to the
@@ -473,7 +474,7 @@ def schedule(value: Schedule | None, path: str = "schedule") -> Schedule:
         if not cron.MIN_EVERY <= value.every <= cron.MAX_EVERY:
             raise FieldError(
                 f"{path}.every",
-                f"must be within {_fmt(cron.MIN_EVERY)}..{_fmt(cron.MAX_EVERY)}",
+                f"{_fmt(value.every)} is not from {_fmt(cron.MIN_EVERY)} to {_fmt(cron.MAX_EVERY)}",
             )
     misfire = value.misfire or MisfirePolicy.SKIP
     if misfire not in (MisfirePolicy.SKIP, MisfirePolicy.CATCH_UP):

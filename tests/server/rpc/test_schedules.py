@@ -72,7 +72,10 @@ async def test_the_daemon_validates_put_schedule_itself() -> None:
                 _schedule(queue, misfire=MisfirePolicy.CATCH_UP, catch_up=limits.MAX_CATCH_UP + 1),
                 ("schedule.catch_up", str(limits.MAX_CATCH_UP)),
             ),
-            (_schedule(queue, every=timedelta(milliseconds=500)), ("schedule.every",)),
+            (
+                _schedule(queue, every=timedelta(milliseconds=500)),
+                ("schedule.every: 0.5 seconds is not from 1 second to 366 days",),
+            ),
             (_schedule(queue, name=""), ("schedule.name",)),
             (None, ("schedule", "required")),
         ]
