@@ -276,9 +276,11 @@ async def test_retry_delay_takes_seconds_as_the_asyncio_sdk_did() -> None:
 async def test_handler_outcomes_are_logged_at_the_level_a_user_expects(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Silent failures are gone: a RetryTaskError is INFO, a PermanentTaskError
-    WARNING, a crash ERROR with its traceback — each with the task id, queue
-    and attempt as structured ``extra`` — and a success logs nothing."""
+    """Silent failures are gone: a RetryTaskError on the last attempt is
+    WARNING saying the task is now DEAD (with attempts left it is INFO:
+    tests/work/test_last_attempt_log.py), a PermanentTaskError WARNING, a
+    crash ERROR with its traceback — each with the task id, queue and
+    attempt as structured ``extra`` — and a success logs nothing."""
     from ringo_trio import PermanentTaskError
 
     with trio.fail_after(30):
@@ -306,7 +308,8 @@ async def test_handler_outcomes_are_logged_at_the_level_a_user_expects(
     }
     assert ids[0] not in records
     retry, permanent, crash = (records[i] for i in ids[1:])
-    assert (retry.levelno, retry.exc_info) == (logging.INFO, None)
+    assert (retry.levelno, retry.exc_info) == (logging.WARNING, None)
+    assert "now DEAD" in retry.getMessage()
     assert permanent.levelno == logging.WARNING
     assert crash.levelno == logging.ERROR
     assert crash.exc_info is not None

@@ -63,6 +63,7 @@ def encode_enqueue_many_reply(
             or values["worker_id"]
             or values["lease_until"] is not None
             or values["result"] is not None
+            or values["history"]
             or values["_unknown_fields"]
         ):
             body = encode(_compact(task) if compact else task)

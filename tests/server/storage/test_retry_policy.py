@@ -53,10 +53,11 @@ def test_the_policy_is_the_old_formula_float_for_float(
     try:
         old = _old_backoff_us(initial, maximum, multiplier, attempt)
     except OverflowError:
-        # A negative initial times a huge power is -inf, which the old
-        # formula failed to convert (SQLite then failed the statement; the
-        # PL/pgSQL copy answered the maximum): a negative delay is 0.
-        assert initial < 0
+        # A negative delay overflowing to -inf (a negative initial times a
+        # huge power, or a huge negative multiplier), which the old formula
+        # failed to convert (SQLite then failed the statement; the PL/pgSQL
+        # copy answered the maximum): a negative delay is 0.
+        assert initial * multiplier ** max(attempt - 1, 0) == -math.inf
         assert backoff_us(initial, maximum, multiplier, attempt) == 0
         return
     assert backoff_us(initial, maximum, multiplier, attempt) == old
