@@ -6,7 +6,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._contract import limits as _limits
 from .._contract.durations import MAX_RETENTION
@@ -52,6 +52,16 @@ def _prefix(minor: int, prefix: str) -> str:
         require(minor, Feature.BULK_BY_FILTER, "unique_key_prefix")
         check_unique_key(prefix)
     return prefix
+
+
+def check_reason(reason: str) -> None:
+    """A cancel's reason: stored as the task's last_error, so an error's limit."""
+    if not isinstance(reason, str):
+        raise InvalidArgumentError(f"reason must be a string, got {type(reason).__name__}")
+    if len(reason.encode("utf-8", "surrogatepass")) > _limits.MAX_ERROR_BYTES:
+        raise InvalidArgumentError(
+            f"reason exceeds the {_limits.MAX_ERROR_BYTES}-byte limit (MAX_ERROR_BYTES)"
+        )
 
 
 class BulkCalls:
@@ -110,12 +120,7 @@ class BulkCalls:
             finished_before=finished_before,
             limit=batch_size,
         )
-        total = 0
-        while True:
-            reply = await self._connection.call("RetryTasks", request, RetryTasksResponse)
-            total += int(reply.retried_count)
-            if not reply.more:
-                return total
+        return await self._until_done("RetryTasks", request, RetryTasksResponse, "retried_count")
 
     # -- purge (protocol minor >= 9) ----------------------------------------
 
@@ -173,12 +178,7 @@ class BulkCalls:
             task_types=types,
             unique_key_prefix=prefix,
         )
-        deleted = 0
-        while True:
-            reply = await self._connection.call("DeleteTasks", request, DeleteTasksResponse)
-            deleted += reply.deleted_count
-            if not reply.more:
-                return deleted
+        return await self._until_done("DeleteTasks", request, DeleteTasksResponse, "deleted_count")
 
     async def cancel_many(
         self,
@@ -210,12 +210,7 @@ class BulkCalls:
                 )
         if not wanted:
             raise InvalidArgumentError("states must name PENDING, LEASED or both")
-        if not isinstance(reason, str):
-            raise InvalidArgumentError(f"reason must be a string, got {type(reason).__name__}")
-        if len(reason.encode("utf-8", "surrogatepass")) > _limits.MAX_ERROR_BYTES:
-            raise InvalidArgumentError(
-                f"reason exceeds the {_limits.MAX_ERROR_BYTES}-byte limit (MAX_ERROR_BYTES)"
-            )
+        check_reason(reason)
         check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
         request = CancelTasksRequest(
             queue=self.name,
@@ -226,9 +221,18 @@ class BulkCalls:
             reason=reason,
             limit=batch_size,
         )
-        cancelled = 0
+        return await self._until_done(
+            "CancelTasks", request, CancelTasksResponse, "cancelled_count"
+        )
+
+    async def _until_done(
+        self, method: str, request: Any, reply_type: type[Any], counted: str
+    ) -> int:
+        """Call `method` batch after batch until the daemon reports no more;
+        the sum of each reply's `counted`."""
+        total = 0
         while True:
-            reply = await self._connection.call("CancelTasks", request, CancelTasksResponse)
-            cancelled += int(reply.cancelled_count)
+            reply = await self._connection.call(method, request, reply_type)
+            total += int(getattr(reply, counted))
             if not reply.more:
-                return cancelled
+                return total

@@ -74,7 +74,7 @@ from .._work._concurrency import AdaptiveConcurrency, ResourceConcurrency
 from .._work._timeouts import TaskTimeouts
 from .._work.worker import DEFAULT_STOP_TIMEOUT, Worker, check_concurrency, new_worker_id
 from ._batch import decode_enqueue_many_reply, encode_enqueue_many_request
-from .bulk import BulkCalls, check_task_types
+from .bulk import BulkCalls, check_reason, check_task_types
 from .leased import LeasedTask
 from .schedules import ScheduleCalls
 
@@ -715,12 +715,7 @@ class TaskQueue(ScheduleCalls, BulkCalls):
         self, reason: str, *, task_id: str | None = None, unique_key: str | None = None
     ) -> Task:
         require(self._connection.protocol_minor, Feature.OPERATE, "cancel")
-        if not isinstance(reason, str):
-            raise InvalidArgumentError(f"reason must be a string, got {type(reason).__name__}")
-        if len(reason.encode("utf-8", "surrogatepass")) > _limits.MAX_ERROR_BYTES:
-            raise InvalidArgumentError(
-                f"reason exceeds the {_limits.MAX_ERROR_BYTES}-byte limit (MAX_ERROR_BYTES)"
-            )
+        check_reason(reason)
         reply = await self._connection.call(
             "CancelTask",
             CancelTaskRequest(

@@ -119,7 +119,7 @@ QUEUES_PAGE = limits.DEFAULT_LIST_PAGE
 # 1,000,000-task store: batch p99 98 ms). With 50 ms the checkpoints keep up
 # (batch p99 11 ms, max 18) and 1,000,000 tasks take ~5 minutes.
 SQLITE_PURGE_PAUSE = 0.05
-_STATES = ("PENDING", "LEASED", "SUCCEEDED", "DEAD", "CANCELLED")
+_STATES = views.STATES
 
 _FINISHED = ("SUCCEEDED", "DEAD", "CANCELLED")
 _HERE = Path(__file__).parent
