@@ -58,17 +58,20 @@ def proto(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: ours side by side with the peers, ratios against the
-    issue's targets; writes bench/results.md (10-15 minutes).
+    issue's targets; writes bench/results.md (20-30 minutes).
 
     ``nox -s bench -- --quick`` is a small smoke run; ``-- --only
     noop,huey,latency`` runs a subset of the rounds (names: noop, sleep,
-    enqueue_many, unary, postgres, huey, procrastinate, latency);
+    enqueue_many, unary, postgres, pg_noop, pg_sleep, huey, procrastinate,
+    graphile, bullmq, pgqueuer, latency);
     ``-- --baseline REV`` measures git revision REV and this tree side by side
     and reports current / baseline; ``-- --profile DIR`` profiles the no-op
     Worker run with py-spy. All knobs: ``python bench/run.py --help``.
     """
-    # The peers (huey on SQLite, procrastinate on PostgreSQL): bench-only dependencies.
-    session.install("-e", ".", "huey==3.5.4", "procrastinate==3.10.0")
+    # The Python peers (huey on SQLite; procrastinate and pgqueuer on PostgreSQL):
+    # bench-only dependencies. The Node.js peers (graphile-worker, BullMQ) are
+    # installed by bench/_node.py into a temporary directory, exact versions.
+    session.install("-e", ".", "huey==3.5.4", "procrastinate==3.10.0", "pgqueuer==1.6.0")
     if "--profile" in session.posargs:
         session.install("py-spy")
     session.run("python", "bench/run.py", *session.posargs)

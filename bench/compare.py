@@ -61,24 +61,39 @@ ROOT = HERE.parent
 RUN = HERE / "run.py"
 HEADING = "## Comparing two trees"
 # What `--only` picks from (run.py measures them): the no-op and the 10 ms
-# Worker runs, enqueue_many alone, the unary rows, the PostgreSQL scale-out,
-# and the peers: huey (bench/peer_huey.py), procrastinate
-# (bench/peer_procrastinate.py) and the low-load latency (ours and huey's).
+# Worker runs (on SQLite, and on PostgreSQL: pg_noop, pg_sleep), enqueue_many
+# alone, the unary rows, the PostgreSQL scale-out, and the peers: huey
+# (bench/peer_huey.py), BullMQ (bench/peer_bullmq.py), procrastinate
+# (bench/peer_procrastinate.py), graphile-worker (bench/peer_graphile.py),
+# pgqueuer (bench/peer_pgqueuer.py) and the low-load latency (ours and huey's).
 BENCHMARK_NAMES = (
     "noop",
     "sleep",
     "enqueue_many",
     "unary",
     "postgres",
+    "pg_noop",
+    "pg_sleep",
     "huey",
     "procrastinate",
+    "graphile",
+    "bullmq",
+    "pgqueuer",
     "latency",
 )
 # Benchmarks with a peer in them run on the current tree only: the peer does
 # not change with the tree.
-PEER_NAMES = ("huey", "procrastinate", "latency")
+PEER_NAMES = ("huey", "procrastinate", "latency", "graphile", "bullmq", "pgqueuer")
 # A peer is compared with our rows of the same run: naming it runs those too.
-COMPANIONS = {"huey": ("noop", "sleep"), "procrastinate": ("postgres",)}
+COMPANIONS = {
+    "huey": ("noop", "sleep"),
+    "bullmq": ("noop", "sleep"),
+    "procrastinate": ("postgres",),
+    "graphile": ("pg_noop", "pg_sleep"),
+    "pgqueuer": ("pg_noop", "pg_sleep"),
+}
+# What runs on PostgreSQL (skipped by --no-postgres).
+POSTGRES_NAMES = ("postgres", "pg_noop", "pg_sleep", "procrastinate", "graphile", "pgqueuer")
 PEER_HEADING = "## Targets: against the peers"
 # Written by hand from a `--profile` run: a run never touches it.
 ANALYSIS_HEADING = "## Where the time goes"

@@ -131,9 +131,17 @@ TARGET_ENQUEUE = 40_000.0  # tasks/s, enqueue_many in calls of 1000
 TARGET_RSS_MB = 60.0  # worker process peak RSS
 TARGET_PEER_RATIO = 2.0  # ours / huey's throughput ("twice the fastest embedded peer")
 TARGET_POSTGRES_RATIO = 3.0  # one daemon on PostgreSQL / procrastinate (issue 15)
-# The tree issue 15 was filed against: "no lower than today" for unary
-# Enqueue, and the "before" of the Worker runs' CPU per task.
-START_TREE = "cf773c5"
+# Issue 29: one daemon on PostgreSQL / graphile-worker (perf configuration)
+# and / pgqueuer; SQLite / BullMQ; worker + daemon CPU per no-op task; the
+# low-load enqueue → start latency no higher than before (2-3 ms).
+TARGET_GRAPHILE_RATIO = 0.75
+TARGET_PGQUEUER_RATIO = 2.0
+TARGET_BULLMQ_RATIO = 1.2
+TARGET_CPU_PER_TASK_US = 45.0
+TARGET_LATENCY_P50_MS = 3.0
+# The tree issue 29 was taken up on: "no lower than today" for unary
+# Enqueue, and the "before" of the Worker runs' throughput and CPU per task.
+START_TREE = "4ccc377"
 IDLE = 1.0  # seconds a latency run's worker (ours or huey's) idles before the trickle
 
 
@@ -223,6 +231,7 @@ class WorkRun:
     daemon_cpu: float  # CPU seconds of the daemon over the same span (about)
     first_handler: float  # seconds from registration to the 1st handler's return
     last_handler: float  # ... to the Nth's
+    server_cpu: float = 0.0  # CPU seconds of the PostgreSQL backends, same span (PostgreSQL runs)
 
     @property
     def rate(self) -> float:
@@ -313,6 +322,8 @@ def _work_run(
     wrap: list[str] | None = None,
     before_start: Callable[[], None] | None = None,
     trickle: float | None = None,
+    dsn: str | None = None,
+    prefetch: int = 0,
 ) -> WorkRun:
     """One worker process on `n` tasks: enqueued all at once before it starts
     (enqueue_many), or with `trickle`: once it has registered and been idle
@@ -332,9 +343,11 @@ def _work_run(
         str(concurrency),
         "--sleep",
         repr(sleep),
+        *(["--prefetch", str(prefetch)] if prefetch else []),
         *(["--stamp"] if trickle is not None else []),
     ]
     daemon_cpu_before = _proc.cpu_seconds(daemon.pid)
+    server_before = _pg.server_cpu(dsn) if dsn else {}
     spawned = time.perf_counter()
     # Its own process group, so that a wrapper (py-spy) and the worker go together.
     proc = subprocess.Popen(
@@ -351,6 +364,7 @@ def _work_run(
         done = lines.next(600)
         assert done["event"] == "done", done
         daemon_cpu = _proc.cpu_seconds(daemon.pid) - daemon_cpu_before
+        server_cpu = _pg.cpu_since(dsn, server_before) if dsn else 0.0
         if proc.wait(timeout=60) != 0:
             raise RuntimeError(f"the bench worker exited with status {proc.returncode}")
     finally:
@@ -376,6 +390,7 @@ def _work_run(
         daemon_cpu=daemon_cpu,
         first_handler=done["first_handler"],
         last_handler=done["last_handler"],
+        server_cpu=server_cpu,
     )
 
 
@@ -406,6 +421,7 @@ async def _scaleout_worker(endpoint: str, queue: str, concurrency: int) -> None:
 @dataclass
 class ScaleRun:
     daemons: int
+    workers: int  # worker processes in all (one or more per daemon)
     tasks: int
     elapsed: float  # the shared not_before → no active task left
     per_worker: list[int]  # tasks each worker (one per daemon) handled
@@ -439,20 +455,22 @@ class _HeadStartMissed(RuntimeError):
     pass
 
 
-def _scale_run(count: int, n: int, concurrency: int = 64) -> ScaleRun:
+def _scale_run(count: int, n: int, concurrency: int = 64, *, workers: int = 1) -> ScaleRun:
     """One scale-out run. Enqueueing must be over before the shared start;
     on a busy machine it can take longer than the first guess, so a run that
     misses it starts again (fresh database) with a longer head start. The
     head start is not timed: only a wasted wait when it is too long."""
     for rate in (5_000.0, 1_500.0, 500.0):
         try:
-            return _scale_attempt(count, n, concurrency, rate)
+            return _scale_attempt(count, n, concurrency, rate, workers)
         except _HeadStartMissed:
             print(f"scale-out: enqueueing {n:,} tasks took over {n / rate:.0f} s; again")
     raise RuntimeError(f"enqueueing {n:,} tasks never fit the head start; lower --tasks")
 
 
-def _scale_attempt(count: int, n: int, concurrency: int, enqueue_rate: float) -> ScaleRun:
+def _scale_attempt(
+    count: int, n: int, concurrency: int, enqueue_rate: float, workers_each: int
+) -> ScaleRun:
     queue = "bench-scaleout"
     with _pg.fresh_database() as dsn, ExitStack() as stack:
         daemons = [
@@ -468,7 +486,7 @@ def _scale_attempt(count: int, n: int, concurrency: int, enqueue_rate: float) ->
         ]
         workers: list[subprocess.Popen[bytes]] = []
         try:
-            for daemon in daemons:
+            for daemon in [d for d in daemons for _ in range(workers_each)]:
                 worker = subprocess.Popen(
                     [
                         *[*_tree.python(), str(pathlib.Path(__file__).resolve())],
@@ -512,6 +530,7 @@ def _scale_attempt(count: int, n: int, concurrency: int, enqueue_rate: float) ->
         raise RuntimeError(f"{count} daemons: {sum(per_worker)} of {n} tasks handled")
     return ScaleRun(
         daemons=count,
+        workers=len(per_worker),
         tasks=n,
         elapsed=elapsed,
         per_worker=per_worker,
@@ -534,7 +553,7 @@ def _scaleout_section(runs: Sequence[Sequence[ScaleRun]], repeat: int) -> str:
         " `not_before` after all workers registered, so the daemons start together;"
         " timed from that moment until no task of the queue is active.",
         "",
-        "| daemons (+ one worker process each) | throughput | vs 1 daemon"
+        "| daemons / worker processes | throughput | vs 1 daemon"
         " | tasks per worker | CPU per 1,000 tasks: workers / daemons / PostgreSQL"
         " | cores busy (sum) |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -543,7 +562,7 @@ def _scaleout_section(runs: Sequence[Sequence[ScaleRun]], repeat: int) -> str:
         per = 1000 / run.tasks
         cpu = run.worker_cpu + run.daemon_cpu + run.server_cpu
         lines.append(
-            f"| {run.daemons} | {run.rate:,.0f} tasks/s | {run.rate / base:.2f} x"
+            f"| {run.daemons} / {run.workers} | {run.rate:,.0f} tasks/s | {run.rate / base:.2f} x"
             f" | {' / '.join(f'{t:,}' for t in run.per_worker)}"
             f" | {run.worker_cpu * per:.2f} s / {run.daemon_cpu * per:.2f} s"
             f" / {run.server_cpu * per:.2f} s | {cpu / run.elapsed:.2f} |"
@@ -552,7 +571,8 @@ def _scaleout_section(runs: Sequence[Sequence[ScaleRun]], repeat: int) -> str:
         "",
         "Runs: "
         + "; ".join(
-            f"{group[0].daemons} daemon(s) {', '.join(f'{r.rate:,.0f}' for r in group)}"
+            f"{group[0].daemons} daemon(s) / {group[0].workers} worker(s)"
+            f" {', '.join(f'{r.rate:,.0f}' for r in group)}"
             for group in runs
         )
         + " tasks/s. PostgreSQL's CPU is that of the database's server backends,"
@@ -679,6 +699,21 @@ def _sqlite_daemon() -> Iterator[DaemonProcess]:
         yield daemon
 
 
+@contextmanager
+def _postgres_daemon() -> Iterator[tuple[DaemonProcess, str]]:
+    """A fresh ``ringod`` on a fresh PostgreSQL database (`_pg`); yields it and the DSN."""
+    with (
+        _pg.fresh_database() as dsn,
+        DaemonProcess(
+            None,
+            postgres_dsn=dsn,
+            extra_args=["--log-level", "warning"],
+            command=_tree.daemon_command(),
+        ) as daemon,
+    ):
+        yield daemon, dsn
+
+
 def _metric(name: str, value: float, unit: str, *, higher: bool = True) -> dict[str, Any]:
     return {"name": name, "value": value, "unit": unit, "higher_is_better": higher}
 
@@ -690,6 +725,17 @@ def _worker_metrics(run: WorkRun, what: str) -> list[dict[str, Any]]:
         _metric(f"{what}: {_STEADY}", run.steady_rate, "tasks/s"),
         _metric(f"{what}: worker CPU per 1,000 tasks", run.worker_cpu * per, "s", higher=False),
         _metric(f"{what}: daemon CPU per 1,000 tasks", run.daemon_cpu * per, "s", higher=False),
+        _metric(
+            f"{what}: {_CPU_PER_TASK}",
+            (run.worker_cpu + run.daemon_cpu) / run.tasks * 1e6,
+            "µs",
+            higher=False,
+        ),
+        *(
+            [_metric(f"{what}: {_SERVER_CPU}", run.server_cpu * per, "s", higher=False)]
+            if run.server_cpu
+            else []
+        ),
         _metric(f"{what}: worker peak RSS", run.peak_rss_mb, "MB", higher=False),
     ]
 
@@ -698,9 +744,23 @@ def _worker_metrics(run: WorkRun, what: str) -> list[dict[str, Any]]:
 _NOOP = "Worker, no-op handler, concurrency 64 ({tasks:,} tasks)"
 _SLEEP = "Worker, 10 ms-sleep handler, concurrency 256 ({tasks:,} tasks)"
 _STEADY = "steady rate after the first completion"
+_CPU_PER_TASK = "worker + daemon CPU per task"
+_SERVER_CPU = "PostgreSQL CPU per 1,000 tasks"
+_PG_NOOP = "PostgreSQL, one daemon, no-op handler, concurrency 64 ({tasks:,} tasks)"
+_PG_SLEEP = "PostgreSQL, one daemon, 10 ms-sleep handler, concurrency 256 ({tasks:,} tasks)"
+# The peers run as ours do: no-op at concurrency 64, a 10 ms sleep at 256.
+_PEER_RUNS = (("no-op", 64, 0.0), ("10 ms", 256, 0.010))
+_PEERS = {
+    # --only name: (module, what the rows call it, its server's CPU)
+    "graphile": ("peer_graphile", "graphile-worker", "PostgreSQL"),
+    "bullmq": ("peer_bullmq", "BullMQ", "Redis"),
+    "pgqueuer": ("peer_pgqueuer", "pgqueuer", "PostgreSQL"),
+}
+_PEER = "{who} {what}, one worker process, concurrency {concurrency} ({tasks:,} tasks)"
 _HUEY = "huey {what}, {threads} threads ({tasks:,} tasks)"
 _HUEY_RUNS = (("no-op", 16, 0.0), ("10 ms", 100, 0.010))
 _PG = "PostgreSQL scale-out, {daemons} daemon(s), {tasks:,} tasks"
+_PG_WORKERS = "PostgreSQL scale-out, 1 daemon, 2 worker processes, {tasks:,} tasks"
 _PROCRASTINATE = "procrastinate, one worker process, concurrency 64 ({tasks:,} tasks)"
 _LATENCY = "enqueue → handler start at low load, {who} ({tasks} tasks {gap:g} ms apart)"
 _ENQUEUE_MANY = "enqueue_many, calls of 1000 ({tasks:,} tasks)"
@@ -719,6 +779,32 @@ def _huey_metrics(tasks: int) -> list[dict[str, Any]]:
             _metric(f"{label}: {_STEADY}", run.rate, "tasks/s"),
             _metric(f"{label}: consumer CPU per 1,000 tasks", run.cpu_per_1000, "s", higher=False),
             _metric(f"{label}: consumer peak RSS", run.peak_rss_mb, "MB", higher=False),
+        ]
+    return metrics
+
+
+def _peer_metrics(name: str, tasks: int) -> list[dict[str, Any]]:
+    """A peer of `_PEERS`: its no-op run at concurrency 64 and its 10 ms run
+    at 256, each one worker process on a fresh database (or Redis queue)."""
+    import importlib
+
+    module_name, who, server = _PEERS[name]
+    module = importlib.import_module(module_name)  # bench-only dependencies
+    metrics = []
+    for what, concurrency, sleep in _PEER_RUNS:
+        run = module.run(tasks, concurrency, sleep)
+        label = _PEER.format(who=who, what=what, concurrency=concurrency, tasks=tasks)
+        per = 1000 / run.counted
+        metrics += [
+            _metric(f"{label}: {_STEADY}", run.rate, "tasks/s"),
+            _metric(f"{label}: enqueue, batches of 1000", run.enqueue_rate, "tasks/s"),
+            _metric(
+                f"{label}: worker CPU per 1,000 tasks", run.worker_cpu * per, "s", higher=False
+            ),
+            _metric(
+                f"{label}: {server} CPU per 1,000 tasks", run.server_cpu * per, "s", higher=False
+            ),
+            _metric(f"{label}: worker peak RSS", run.peak_rss_mb, "MB", higher=False),
         ]
     return metrics
 
@@ -768,12 +854,24 @@ def _tree_child(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         return _huey_metrics(args.peer_tasks)
     if name == "procrastinate":
         return _procrastinate_metrics(args.peer_tasks)
+    if name in _PEERS:
+        return _peer_metrics(name, args.peer_tasks)
+    if name in ("pg_noop", "pg_sleep"):
+        # One daemon on PostgreSQL, run exactly as the SQLite Worker runs.
+        with _postgres_daemon() as (daemon, dsn):
+            if name == "pg_noop":
+                run = _work_run(daemon, "bench-pg-noop", tasks, 64, 0.0, dsn=dsn)
+                return _worker_metrics(run, _PG_NOOP.format(tasks=tasks))
+            run = _work_run(daemon, "bench-pg-sleep", tasks // 2, 256, 0.010, dsn=dsn)
+            return _worker_metrics(run, _PG_SLEEP.format(tasks=tasks // 2))
     if name == "latency":
         return _latency_metrics(args.latency_tasks, args.latency_gap)
     if name == "postgres":
         runs = [_scale_run(count, tasks) for count in (1, 2, 3)]
+        two = _scale_run(1, tasks, workers=2)
         return [
-            _metric(_PG.format(daemons=r.daemons, tasks=tasks), r.rate, "tasks/s") for r in runs
+            *(_metric(_PG.format(daemons=r.daemons, tasks=tasks), r.rate, "tasks/s") for r in runs),
+            _metric(_PG_WORKERS.format(tasks=tasks), two.rate, "tasks/s"),
         ]
     with _sqlite_daemon() as daemon:
         if name == "enqueue_many":
@@ -803,17 +901,77 @@ _ON_START_TREE = ("unary", "noop", "sleep")
 def _targets(args: argparse.Namespace) -> list[compare.Target]:
     """The issue's targets, each with what it is held against in the same run."""
     Target = compare.Target
-    tasks, peer = args.tasks, args.peer_tasks
+    tasks, peer_tasks = args.tasks, args.peer_tasks
     noop, sleep = _NOOP.format(tasks=tasks), _SLEEP.format(tasks=tasks // 2)
-    huey = [_HUEY.format(what=w, threads=t, tasks=peer) for w, t, _ in _HUEY_RUNS]
-    procrastinate = f"{_PROCRASTINATE.format(tasks=peer)}: {_STEADY}"
+    huey = [_HUEY.format(what=w, threads=t, tasks=peer_tasks) for w, t, _ in _HUEY_RUNS]
+    procrastinate = f"{_PROCRASTINATE.format(tasks=peer_tasks)}: {_STEADY}"
     latency = [
         _LATENCY.format(who=who, tasks=args.latency_tasks, gap=args.latency_gap * 1000)
         for who in ("ringo_trio", "huey, 16 threads")
     ]
     pg = [_PG.format(daemons=d, tasks=tasks) for d in (1, 2, 3)]
+    pg_runs = (_PG_NOOP.format(tasks=tasks), _PG_SLEEP.format(tasks=tasks // 2))
     ratio = TARGET_PEER_RATIO
+
+    def peer(name: str, run: int) -> str:
+        what, concurrency, _ = _PEER_RUNS[run]
+        who = _PEERS[name][1]
+        return _PEER.format(who=who, what=what, concurrency=concurrency, tasks=peer_tasks)
+
+    against_peers = [
+        Target(
+            f"{engine}, {what} / {_PEERS[name][1]}, steady rate",
+            f"{ours}: {_STEADY}",
+            "tasks/s",
+            peer=f"{peer(name, i)}: {_STEADY}",
+            ratio_at_least=goal,
+        )
+        for name, engine, runs, goal in (
+            ("graphile", "PostgreSQL", pg_runs, TARGET_GRAPHILE_RATIO),
+            ("pgqueuer", "PostgreSQL", pg_runs, TARGET_PGQUEUER_RATIO),
+            ("bullmq", "SQLite", (noop, sleep), TARGET_BULLMQ_RATIO),
+        )
+        for i, (ours, what) in enumerate(zip(runs, ("no-op c=64", "10 ms c=256"), strict=True))
+    ]
+    cpu_per_task = [
+        Target(
+            f"{engine}, {what}, worker + daemon CPU per task",
+            f"{ours}: {_CPU_PER_TASK}",
+            "µs",
+            at_most=TARGET_CPU_PER_TASK_US if what == "no-op c=64" else None,
+        )
+        for engine, runs in (("SQLite", (noop, sleep)), ("PostgreSQL", pg_runs))
+        for ours, what in zip(runs, ("no-op c=64", "10 ms c=256"), strict=True)
+    ]
+    worker_cpu = [
+        Target(
+            f"worker CPU per 1,000 tasks, {what} ({engine}) / {_PEERS[name][1]}",
+            f"{ours}: worker CPU per 1,000 tasks",
+            "s",
+            peer=f"{peer(name, i)}: worker CPU per 1,000 tasks",
+        )
+        for name, engine, runs in (
+            ("graphile", "PostgreSQL", pg_runs),
+            ("pgqueuer", "PostgreSQL", pg_runs),
+            ("bullmq", "SQLite", (noop, sleep)),
+        )
+        for i, (ours, what) in enumerate(zip(runs, ("no-op c=64", "10 ms c=256"), strict=True))
+    ]
+    server_cpu = [
+        Target(
+            f"PostgreSQL CPU per 1,000 tasks, {what} / {_PEERS[name][1]}",
+            f"{ours}: {_SERVER_CPU}",
+            "s",
+            peer=f"{peer(name, i)}: PostgreSQL CPU per 1,000 tasks",
+        )
+        for name in ("graphile", "pgqueuer")
+        for i, (ours, what) in enumerate(zip(pg_runs, ("no-op c=64", "10 ms c=256"), strict=True))
+    ]
     return [
+        *against_peers,
+        *cpu_per_task,
+        *worker_cpu,
+        *server_cpu,
         Target(
             "no-op handler, c=64, one worker process / huey (16 threads), steady rate",
             f"{noop}: {_STEADY}",
@@ -837,6 +995,12 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
         ),
         Target("PostgreSQL, 2 daemons / procrastinate", pg[1], "tasks/s", peer=procrastinate),
         Target("PostgreSQL, 3 daemons / procrastinate", pg[2], "tasks/s", peer=procrastinate),
+        Target(
+            "PostgreSQL, 1 daemon + 2 worker processes / procrastinate",
+            _PG_WORKERS.format(tasks=tasks),
+            "tasks/s",
+            peer=procrastinate,
+        ),
         Target(
             "enqueue_many, calls of 1000",
             _ENQUEUE_MANY.format(tasks=tasks),
@@ -878,6 +1042,7 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
             f"{latency[0]}: p50",
             "ms",
             peer=f"{latency[1]}: p50",
+            at_most=TARGET_LATENCY_P50_MS,
         ),
         Target(
             "latency at low load, enqueue → handler start, p99 / huey",
@@ -1074,6 +1239,7 @@ def main() -> None:
         return
     if args.postgres_only:
         runs = [[_scale_run(count, args.tasks) for _ in range(repeat)] for count in (1, 2, 3)]
+        runs.append([_scale_run(1, args.tasks, workers=2) for _ in range(repeat)])
         write(POSTGRES_HEADING, _scaleout_section(runs, repeat))
         return
     names = args.only or list(compare.BENCHMARK_NAMES)
@@ -1082,7 +1248,7 @@ def main() -> None:
         parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
     names = compare.expand(names)
     if args.no_postgres:
-        names = [name for name in names if name not in ("postgres", "procrastinate")]
+        names = [name for name in names if name not in compare.POSTGRES_NAMES]
     sizes = (
         f"unary n={args.n}, {args.tasks:,} tasks per run of ours, {args.peer_tasks:,} per"
         f" peer run, latency {args.latency_tasks} tasks {args.latency_gap * 1000:g} ms apart"

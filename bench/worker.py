@@ -1,6 +1,7 @@
 """The benchmark's worker process: ONE `Worker` against a running daemon.
 
-    python bench/worker.py ENDPOINT QUEUE --expect N [--concurrency C] [--sleep S] [--stamp]
+    python bench/worker.py ENDPOINT QUEUE --expect N [--concurrency C] [--prefetch P]
+                           [--sleep S] [--stamp]
 
 Prints one JSON line ``{"event": "registered", ...}`` once the worker is
 registered, then works until its handler has seen N tasks, closes the worker
@@ -63,7 +64,9 @@ async def _main(args: argparse.Namespace) -> None:
             done.set()
 
     async with Ringo.connect(args.endpoint) as client:
-        worker = client.queue(args.queue).worker(handle, concurrency=args.concurrency)
+        worker = client.queue(args.queue).worker(
+            handle, concurrency=args.concurrency, prefetch=args.prefetch
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
             started = time.perf_counter()
@@ -94,6 +97,9 @@ def main() -> None:
     parser.add_argument("--expect", type=int, required=True, help="tasks to wait for")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per handler")
+    parser.add_argument(
+        "--prefetch", type=int, default=0, help="leases held beyond concurrency (Worker prefetch)"
+    )
     parser.add_argument(
         "--stamp", action="store_true", help="latency from the send time in the payload"
     )

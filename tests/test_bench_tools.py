@@ -186,6 +186,25 @@ def test_naming_a_peer_runs_the_rows_it_is_compared_with(compare: ModuleType) ->
     ]
 
 
+def test_each_peer_runs_with_our_rows_on_its_own_storage(compare: ModuleType) -> None:
+    """The PostgreSQL peers (graphile-worker, pgqueuer) are held against our
+    Worker runs on one PostgreSQL daemon, BullMQ against ours on SQLite; and
+    `--no-postgres` leaves out every PostgreSQL run, ours and theirs."""
+    assert compare.expand(["graphile", "pgqueuer", "bullmq"]) == [
+        "pg_noop",
+        "pg_sleep",
+        "graphile",
+        "pgqueuer",
+        "noop",
+        "sleep",
+        "bullmq",
+    ]
+    on_postgres = set(compare.POSTGRES_NAMES)
+    assert {"pg_noop", "pg_sleep", "graphile", "pgqueuer", "postgres"} <= on_postgres
+    assert not {"noop", "sleep", "bullmq", "huey"} & on_postgres
+    assert set(compare.PEER_NAMES) <= set(compare.BENCHMARK_NAMES)
+
+
 def test_a_run_replaces_its_own_section_of_results_md_only(compare: ModuleType) -> None:
     """A run rewrites the section it measured and leaves every other one,
     the hand-written analysis included, as it was; a new targets section goes

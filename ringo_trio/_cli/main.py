@@ -233,6 +233,7 @@ async def _worker_main(args: argparse.Namespace, handler: Handler | TaskRegistry
                 async with client:
                     options: dict[str, Any] = dict(
                         concurrency=args.concurrency,
+                        prefetch=args.prefetch,
                         lease_duration=timedelta(seconds=args.lease_duration),
                         grace_period=timedelta(seconds=grace),
                         stop_timeout=timedelta(seconds=args.stop_timeout),
@@ -300,6 +301,8 @@ def _run_worker(args: argparse.Namespace) -> int:
         problems.append("--shared needs --data-dir")
     if args.private and args.data_dir is None:
         problems.append("--private needs --data-dir")
+    if args.prefetch < 0:
+        problems.append("--prefetch must be >= 0")
     if problems:
         _line(f"ringo worker: {'; '.join(problems)}", err=True)
         return EXIT_USAGE
@@ -476,6 +479,13 @@ def _parser() -> argparse.ArgumentParser:
         " one stops at once.",
     )
     _worker_options(worker)
+    worker.add_argument(
+        "--prefetch",
+        type=int,
+        default=0,
+        help="leased tasks held beyond --concurrency, waiting for a slot (0); pays for many"
+        " short tasks",
+    )
     worker.add_argument(
         "--stop-timeout",
         type=float,

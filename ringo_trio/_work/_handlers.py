@@ -213,6 +213,22 @@ class TaskContext:
             self._waiter.set()
 
 
+class Limiter(Protocol):
+    """How many handlers run at once when a worker prefetches: trio's or
+    anyio's capacity limiter (FIFO: queued tasks start in push order)."""
+
+    total_tokens: float
+
+    @property
+    def available_tokens(self) -> float: ...
+
+    def acquire_nowait(self) -> None: ...
+
+    async def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
 class Scope(Protocol):
     """A handler's cancel scope: anyio's, or under trio trio's own."""
 
@@ -247,6 +263,7 @@ class Backend:
     spawn: Callable[..., object]
     scope: Callable[[], Scope]
     clock: Callable[[], float]
+    limiter: Callable[[float], Limiter]
 
 
 @asynccontextmanager
@@ -256,10 +273,14 @@ async def handler_group() -> AsyncIterator[Backend]:
         import trio  # here: an asyncio program never imports trio
 
         async with trio.open_nursery() as nursery:
-            yield Backend(nursery.start_soon, trio.CancelScope, trio.current_time)
+            yield Backend(
+                nursery.start_soon, trio.CancelScope, trio.current_time, trio.CapacityLimiter
+            )
     else:
         async with anyio.create_task_group() as group:
-            yield Backend(group.start_soon, anyio.CancelScope, anyio.current_time)
+            yield Backend(
+                group.start_soon, anyio.CancelScope, anyio.current_time, anyio.CapacityLimiter
+            )
 
 
 @dataclass(eq=False, slots=True)
@@ -271,10 +292,14 @@ class Running:
     arrived: float = 0.0  # when the push was read (no_start counts from here)
     ticket: int = 0  # its admission, for a shared controller's control law
     congested: bool = False  # it raised RetryTaskError(congestion=True)
+    # Prefetched and waiting for a slot: the scope of that wait.
+    wait: Scope | None = None
 
     def cancel(self, why: str = "") -> None:
         self.context._cancel(why)
         self.scope.cancel()
+        if self.wait is not None:
+            self.wait.cancel()
 
     @property
     def live(self) -> StreamDriver:
@@ -456,6 +481,9 @@ class Handlers:
         orphan_exited: Callable[[float], None],
     ) -> None:
         self.backend: Backend | None = None
+        # With ``prefetch``: the ``concurrency`` slots handlers run in; the
+        # prefetched pushes wait for one (`_slot`). None: every push runs.
+        self.limiter: Limiter | None = None
         self.running: dict[LeaseKey, Running] = {}
         self.orphans: set[Running] = set()
         self.membership: Membership | None = None
@@ -488,11 +516,22 @@ class Handlers:
         result: bytes | None = None
         finished = False
         fencing = self._fencing
+        limiter = self.limiter
+        slot = False
         try:
             if self._close_requested.is_set():
                 # Pushed before the daemon saw the drain: not started at all.
                 error = f"the worker is stopping; handed back unrun ({error})"
                 return
+            if limiter is not None:
+                slot = await self._slot(limiter, running)
+                if not slot or self._close_requested.is_set():
+                    error = f"the worker is stopping; handed back unrun ({error})"
+                    return
+                if fencing is not None:
+                    # no_start measures the event loop's delay in starting a
+                    # handler, not the wait for a slot a prefetch is made of.
+                    running.arrived = anyio.current_time()
             if fencing is not None:
                 refusal = fencing.admit(running)
                 if refusal is not None:
@@ -558,6 +597,9 @@ class Handlers:
             # group must not see it, or it would tear the stream down first.
             self._interrupted(exc)
         finally:
+            if slot:
+                assert limiter is not None
+                limiter.release()
             if fencing is not None:
                 watchdog = fencing.watchdog
                 now = anyio.current_time()
@@ -570,6 +612,32 @@ class Handlers:
                 if stuck is not None:
                     fencing.found_stuck(stuck)
             self.finish(live, key, running, outcome, error, delay, finished, result)
+
+    async def _slot(self, limiter: Limiter, running: Running) -> bool:
+        """Wait for one of the ``concurrency`` slots: True once taken, False
+        when the wait was cancelled (the worker is stopping, or the lease
+        was lost): the task is then handed back unrun."""
+        if limiter.available_tokens >= 1:
+            # A free slot: nobody waits (a released slot goes straight to the
+            # first waiter), and this task just started, so no checkpoint.
+            limiter.acquire_nowait()
+            return True
+        assert self.backend is not None
+        wait = running.wait = self.backend.scope()
+        try:
+            with wait:
+                await limiter.acquire()
+                return True
+            return False
+        finally:
+            running.wait = None
+
+    def hand_back_waiting(self) -> None:
+        """The worker is stopping: prefetched tasks still waiting for a slot
+        go back at once instead of at the end of the grace period."""
+        for running in self.running.values():
+            if running.wait is not None:
+                running.wait.cancel()
 
     @protected
     def finish(

@@ -213,6 +213,7 @@ class Worker:
         idle_counts_scheduled: bool = True,
         task_timeouts: TaskTimeouts | None = None,
         stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT,
+        prefetch: int = 0,
     ) -> None:
         self._connection = connection
         self._queue_name = queue_name
@@ -222,6 +223,8 @@ class Worker:
         # through its membership, held by its handlers while `run` runs.
         self._controller = None if isinstance(concurrency, int) else concurrency
         self._concurrency = concurrency if isinstance(concurrency, int) else 0
+        # Leases held beyond `concurrency`, waiting for a slot (`Handlers._slot`).
+        self._prefetch = prefetch
         self._weight = weight
         self._lease_duration = lease_duration
         self._grace = grace_period.total_seconds()
@@ -299,7 +302,8 @@ class Worker:
 
     @property
     def running(self) -> int:
-        """Handlers running now (including ones of an ended stream that ignore cancellation)."""
+        """Handlers running now (including ones of an ended stream that ignore
+        cancellation, and with ``prefetch`` the tasks waiting for a slot)."""
         return self._handlers.count
 
     async def set_concurrency(self, concurrency: int) -> None:
@@ -322,9 +326,12 @@ class Worker:
             )
         self._concurrency = concurrency
         self._dynamic = True
+        limiter = self._handlers.limiter
+        if limiter is not None:
+            limiter.total_tokens = max(concurrency, 1)
         live = self._live
         if live is not None and live.session.state is State.ACTIVE:
-            live.act(live.session.set_concurrency(concurrency, anyio.current_time()))
+            live.act(live.session.set_concurrency(self._credit_limit(), anyio.current_time()))
 
     @protected
     async def run(
@@ -422,6 +429,8 @@ class Worker:
                     run_group.start_soon(self._fencing.watch)
                 async with handler_group() as backend:
                     self._handlers.backend = backend
+                    if self._prefetch:
+                        self._handlers.limiter = backend.limiter(max(self._concurrency, 1))
                     try:
                         await self._serve()
                     except (RingoError, RemoteProtocolError, SessionBroken) as exc:
@@ -432,6 +441,7 @@ class Worker:
                 run_group.cancel_scope.cancel()
         finally:
             self._handlers.backend = None
+            self._handlers.limiter = None
             if self._handlers.membership is not None:
                 # No handler is left (the handler group has exited): every
                 # permit goes back and the other workers' shares grow.
@@ -445,6 +455,7 @@ class Worker:
             return
         self._handlers.stop_reason = why
         self._close_requested.set()
+        self._handlers.hand_back_waiting()
         live = self._live
         if live is not None and live.session.state is State.ACTIVE:
             # The drain goes out before any handler's release, so the daemon
@@ -471,6 +482,7 @@ class Worker:
             # push already on its way is handed back by `Fencing.admit`.
             live.send_command(live.session.drain(anyio.current_time()))
         self._close_requested.set()
+        self._handlers.hand_back_waiting()
 
     async def close(self) -> None:
         """Drain and stop: stop credit, wait ``grace_period``, cancel the rest.
@@ -506,10 +518,17 @@ class Worker:
         their grace periods together (`RingoClient.aclose` does); `close`
         then waits for each. Idempotent."""
         self._close_requested.set()
+        self._handlers.hand_back_waiting()
         if not self._run_started:
             self._closing = True
 
     # -- sessions ---------------------------------------------------------------
+
+    def _credit_limit(self) -> int:
+        """The leases the session may hold: ``concurrency`` running, plus
+        ``prefetch`` waiting for a slot (none while concurrency is 0: a
+        paused worker takes no work)."""
+        return self._concurrency + self._prefetch if self._concurrency else 0
 
     def _new_session(self, minor: int, concurrency: int, outside: int = 0) -> WorkSession:
         """A Work session for ``minor``, or `IncompatibleVersionError` when the
@@ -567,7 +586,7 @@ class Worker:
     async def _session(self, sent: NegotiatedSession, on_registered: Callable[[], None]) -> None:
         """One Work stream, from registration to its end."""
         session = self._new_session(
-            sent.minor, self._concurrency, outside=len(self._handlers.orphans)
+            sent.minor, self._credit_limit(), outside=len(self._handlers.orphans)
         )
         self._current = session
         try:

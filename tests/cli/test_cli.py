@@ -325,6 +325,7 @@ def test_worker_needs_exactly_one_daemon(handlers_dir: pathlib.Path) -> None:
         (["--endpoint", "127.0.0.1:1", "--no-start", "-1"], "--no-start must be > 0"),
         (["--endpoint", "127.0.0.1:1", "--cancel-grace", "nan"], "--cancel-grace must be > 0"),
         (["--endpoint", "127.0.0.1:1", "--stall-timeout", "0"], "--stall-timeout must be > 0"),
+        (["--endpoint", "127.0.0.1:1", "--prefetch", "-1"], "--prefetch must be >= 0"),
         (
             ["--endpoint", "127.0.0.1:1", "--heartbeat-timeout", "inf"],
             "--heartbeat-timeout must be > 0",

@@ -147,3 +147,40 @@ async def test_worker_asyncio(tmp_path: pathlib.Path) -> None:
             assert peak == 5
             assert (await queue.get_by_id(bad)).state is TaskState.DEAD
             assert {(await queue.get_by_id(t)).state for t in ids} == {TaskState.SUCCEEDED}
+
+
+async def test_prefetch_asyncio(tmp_path: pathlib.Path) -> None:
+    """Under asyncio too (anyio's capacity limiter), a prefetching worker runs
+    at most ``concurrency`` handlers while it holds more leases, and every
+    task runs exactly once."""
+    from ringo_trio import Task, TaskContext
+
+    with anyio.fail_after(40):
+        async with Ringo.local(tmp_path) as client:
+            queue = client.queue("asyncio-prefetch")
+            batch = await queue.enqueue_many([TaskSpec("t") for _ in range(40)])
+            ids = [r.task.id for r in batch.results]
+            seen: list[str] = []
+            now_running = peak = 0
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                nonlocal now_running, peak
+                now_running += 1
+                peak = max(peak, now_running)
+                try:
+                    seen.append(task.id)
+                    await anyio.sleep(0.005)
+                finally:
+                    now_running -= 1
+
+            worker = queue.worker(handle, concurrency=3, prefetch=5)
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.run)
+                while True:
+                    states = {(await queue.get_by_id(t)).state for t in ids}
+                    if states == {TaskState.SUCCEEDED}:
+                        break
+                    await anyio.sleep(0.05)
+                await worker.close()
+            assert peak == 3
+            assert sorted(seen) == sorted(ids)

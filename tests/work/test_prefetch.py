@@ -1,0 +1,140 @@
+"""A worker's ``prefetch``: leases held beyond ``concurrency``, waiting for a slot.
+
+Real daemons and streams; each test names the property a user relies on and
+runs under a ``fail_after`` guard.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from datetime import timedelta
+
+import pytest
+import trio
+
+from ringo_trio import (
+    AdaptiveConcurrency,
+    InvalidArgumentError,
+    Ringo,
+    Task,
+    TaskContext,
+    TaskQueue,
+    TaskState,
+)
+from tests._kit.processes import eventually
+from tests._kit.workers import enqueue, running, wait_states
+
+pytestmark = pytest.mark.trio
+
+
+async def _leased(queue: TaskQueue, ids: list[str]) -> int:
+    return sum([(await queue.get_by_id(i)).state is TaskState.LEASED for i in ids])
+
+
+async def _until_leased(queue: TaskQueue, ids: list[str], n: int) -> None:
+    with trio.fail_after(10):
+        while True:
+            if await _leased(queue, ids) >= n:
+                return
+            await trio.sleep(0.05)
+
+
+async def test_prefetched_tasks_wait_for_a_slot_and_run_exactly_once(
+    tmp_path: pathlib.Path, sdk_minor: int
+) -> None:
+    """The daemon leases ``concurrency + prefetch`` tasks to the worker, but
+    never more than ``concurrency`` handlers run at once; every task runs
+    exactly once, on its first attempt (no task lost or run twice, the bound
+    holds)."""
+    with trio.fail_after(60):
+        async with Ringo.local(tmp_path) as client:
+            queue = client.queue("prefetch")
+            ids = await enqueue(queue, 30)
+            gate = trio.Event()
+            seen: list[tuple[str, int]] = []
+            now_running = peak = 0
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                nonlocal now_running, peak
+                now_running += 1
+                peak = max(peak, now_running)
+                try:
+                    seen.append((task.id, ctx.attempt))
+                    await gate.wait()
+                finally:
+                    now_running -= 1
+
+            async with running(queue.worker(handle, concurrency=2, prefetch=3)):
+                await eventually(lambda: now_running == 2, within=10)
+                # Two run, three more wait here leased: five leases in all.
+                await _until_leased(queue, ids, 5)
+                await trio.sleep(0.2)
+                assert await _leased(queue, ids) == 5
+                assert now_running == 2
+                gate.set()
+                await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=40)
+            assert peak == 2
+            assert sorted(seen) == sorted((i, 1) for i in ids)
+
+
+async def test_a_stopping_worker_hands_prefetched_tasks_back_at_once(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Closing hands the tasks still waiting for a slot back unrun at once —
+    PENDING again while the running handler's grace period goes on — and
+    their attempt is not spent: the next worker runs them as attempt 1."""
+    with trio.fail_after(60):
+        async with Ringo.local(tmp_path) as client:
+            queue = client.queue("handback")
+            ids = await enqueue(queue, 4)
+            gate = trio.Event()
+            started: list[str] = []
+
+            async def slow(task: Task, ctx: TaskContext) -> None:
+                started.append(task.id)
+                await gate.wait()
+
+            worker = queue.worker(
+                slow, concurrency=1, prefetch=3, grace_period=timedelta(seconds=30)
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await _until_leased(queue, ids, 4)
+                assert len(started) == 1
+                nursery.start_soon(worker.close)
+                waiting = [i for i in ids if i not in started]
+                # Well within the 30 s grace: the running handler still runs.
+                await wait_states(queue, waiting, {TaskState.PENDING}, within=5)
+                assert not gate.is_set()
+                assert (await queue.get_by_id(started[0])).state is TaskState.LEASED
+                gate.set()
+            assert (await queue.get_by_id(started[0])).state is TaskState.SUCCEEDED
+
+            attempts: dict[str, int] = {}
+
+            async def record(task: Task, ctx: TaskContext) -> None:
+                attempts[task.id] = ctx.attempt
+
+            async with running(queue.worker(record, concurrency=4)):
+                await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=20)
+            assert attempts == {i: 1 for i in waiting}
+
+
+async def test_prefetch_arguments_are_checked(tmp_path: pathlib.Path) -> None:
+    """A negative or non-integer prefetch, or one with a shared controller
+    (whose permits count running handlers only), is refused when the worker
+    is made, naming the argument."""
+
+    async def handle(task: Task, ctx: TaskContext) -> None:
+        return None
+
+    with trio.fail_after(20):
+        async with Ringo.local(tmp_path) as client:
+            queue = client.queue("args")
+            for bad in (-1, True, 1.5, "2"):
+                with pytest.raises(InvalidArgumentError, match="prefetch"):
+                    queue.worker(handle, prefetch=bad)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentError, match="prefetch"):
+                queue.worker(handle, concurrency=AdaptiveConcurrency(max=8), prefetch=2)
+            with pytest.raises(InvalidArgumentError, match="concurrency"):
+                queue.worker(handle, concurrency=2**31 - 2, prefetch=2)
