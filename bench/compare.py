@@ -69,6 +69,8 @@ HEADING = "## Comparing two trees"
 BENCHMARK_NAMES = (
     "noop",
     "sleep",
+    "noop_prefetch",
+    "sleep_prefetch",
     "enqueue_many",
     "unary",
     "postgres",
@@ -87,7 +89,7 @@ PEER_NAMES = ("huey", "procrastinate", "latency", "graphile", "bullmq", "pgqueue
 # A peer is compared with our rows of the same run: naming it runs those too.
 COMPANIONS = {
     "huey": ("noop", "sleep"),
-    "bullmq": ("noop", "sleep"),
+    "bullmq": ("noop_prefetch", "sleep_prefetch"),
     "procrastinate": ("postgres",),
     "graphile": ("pg_noop", "pg_sleep"),
     "pgqueuer": ("pg_noop", "pg_sleep"),

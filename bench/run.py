@@ -1,9 +1,9 @@
 """Benchmarks: ours (one ``ringod`` and ONE separate worker process,
 ``bench/worker.py``, so the worker's peak RSS is its own) side by side with
-the peers, huey and procrastinate, in the same run; ratios against the
-issue's targets.
+the peers (graphile-worker, pgqueuer, BullMQ, huey, procrastinate) in the
+same run; ratios against the issues' targets.
 
-    python bench/run.py [--quick] [--repeat 3]            # everything (10-15 min)
+    python bench/run.py [--quick] [--repeat 3]            # everything (20-30 min)
     python bench/run.py --only NAME[,NAME] [--repeat 3]   # a subset of the rounds
     python bench/run.py --baseline REV [--only NAME[,NAME]]
     python bench/run.py --postgres-only | --profile DIR
@@ -26,14 +26,26 @@ A full run writes two sections of bench/results.md, in this order:
 
    * ``noop``, ``sleep``: the Worker runs above, also as the steady rate
      after the first completion (how the peers are measured);
+   * ``noop_prefetch``, ``sleep_prefetch``: the same with ``prefetch`` =
+     concurrency (the Worker's counterpart of the peers' perf settings);
+   * ``pg_noop``, ``pg_sleep``: those prefetch runs on ONE daemon on a fresh
+     PostgreSQL database, with the database backends' CPU;
+   * ``graphile`` (``bench/peer_graphile.py``), ``pgqueuer``
+     (``bench/peer_pgqueuer.py``): the same server, a fresh database per run,
+     ``--peer-tasks`` jobs added in bulk, then one worker process, no-op at
+     concurrency 64 and 10 ms at 256, steady rate after the first completion,
+     worker and database CPU; ``bullmq`` (``bench/peer_bullmq.py``) likewise
+     on Redis (127.0.0.1:6379), a fresh queue per run (their settings in
+     each module's docstring);
    * ``huey`` (``bench/peer_huey.py``): SQLite, WAL, ``synchronous=NORMAL``,
      one consumer process, no-op at 16 threads and 10 ms at 100 threads,
      ``--peer-tasks`` tasks (10,000), steady rate after the first completion;
    * ``postgres``: 1, 2 and 3 daemons on one fresh database (created on the
      server ``$RINGO_BENCH_POSTGRES`` names, default the local test server,
      and dropped afterwards), a worker process per daemon (no-op,
-     concurrency 64 each), the tasks due at one shared ``not_before`` after
-     every worker registered, timed from then until no task is active;
+     concurrency 64 each), and one daemon with two worker processes, the
+     tasks due at one shared ``not_before`` after every worker registered,
+     timed from then until no task is active;
    * ``procrastinate`` (``bench/peer_procrastinate.py``): the same server, a
      fresh database, ``--peer-tasks`` no-op jobs deferred in batches of 1,000,
      then one worker process at concurrency 64, steady rate after the first
@@ -52,7 +64,8 @@ A full run writes two sections of bench/results.md, in this order:
    tasks of each process before and after.
 
    Naming a peer runs the rows it is compared with too (huey: noop, sleep;
-   procrastinate: postgres). ``--only`` runs just those rounds and replaces
+   bullmq: noop_prefetch, sleep_prefetch; graphile, pgqueuer: pg_noop,
+   pg_sleep; procrastinate: postgres). ``--only`` runs just those rounds and replaces
    the targets section (rows not measured are left out of it).
 
 Knobs: ``--repeat`` (rounds and best-of, default 3), ``--tasks`` (ours per
@@ -746,8 +759,22 @@ _SLEEP = "Worker, 10 ms-sleep handler, concurrency 256 ({tasks:,} tasks)"
 _STEADY = "steady rate after the first completion"
 _CPU_PER_TASK = "worker + daemon CPU per task"
 _SERVER_CPU = "PostgreSQL CPU per 1,000 tasks"
-_PG_NOOP = "PostgreSQL, one daemon, no-op handler, concurrency 64 ({tasks:,} tasks)"
-_PG_SLEEP = "PostgreSQL, one daemon, 10 ms-sleep handler, concurrency 256 ({tasks:,} tasks)"
+# The Worker runs with `prefetch` = concurrency (docs/worker.md): our
+# counterpart of the peers' perf configurations (graphile-worker's local
+# queue, pgqueuer's batches), on SQLite and on one PostgreSQL daemon.
+_NOOP_PREFETCH = "Worker, no-op handler, concurrency 64, prefetch 64 ({tasks:,} tasks)"
+_SLEEP_PREFETCH = "Worker, 10 ms-sleep handler, concurrency 256, prefetch 256 ({tasks:,} tasks)"
+_PG_NOOP = "PostgreSQL, one daemon, no-op handler, concurrency 64, prefetch 64 ({tasks:,} tasks)"
+_PG_SLEEP = (
+    "PostgreSQL, one daemon, 10 ms-sleep handler, concurrency 256, prefetch 256 ({tasks:,} tasks)"
+)
+# --only name: (label, on PostgreSQL, concurrency, handler's sleep, prefetch)
+_PREFETCH_RUNS = {
+    "noop_prefetch": (_NOOP_PREFETCH, False, 64, 0.0, 64),
+    "sleep_prefetch": (_SLEEP_PREFETCH, False, 256, 0.010, 256),
+    "pg_noop": (_PG_NOOP, True, 64, 0.0, 64),
+    "pg_sleep": (_PG_SLEEP, True, 256, 0.010, 256),
+}
 # The peers run as ours do: no-op at concurrency 64, a 10 ms sleep at 256.
 _PEER_RUNS = (("no-op", 64, 0.0), ("10 ms", 256, 0.010))
 _PEERS = {
@@ -856,14 +883,19 @@ def _tree_child(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         return _procrastinate_metrics(args.peer_tasks)
     if name in _PEERS:
         return _peer_metrics(name, args.peer_tasks)
-    if name in ("pg_noop", "pg_sleep"):
-        # One daemon on PostgreSQL, run exactly as the SQLite Worker runs.
-        with _postgres_daemon() as (daemon, dsn):
-            if name == "pg_noop":
-                run = _work_run(daemon, "bench-pg-noop", tasks, 64, 0.0, dsn=dsn)
-                return _worker_metrics(run, _PG_NOOP.format(tasks=tasks))
-            run = _work_run(daemon, "bench-pg-sleep", tasks // 2, 256, 0.010, dsn=dsn)
-            return _worker_metrics(run, _PG_SLEEP.format(tasks=tasks // 2))
+    if name in _PREFETCH_RUNS:
+        # As the SQLite Worker runs, with a prefetch; on PostgreSQL, one daemon.
+        label, postgres, concurrency, sleep, prefetch = _PREFETCH_RUNS[name]
+        count = tasks if not sleep else tasks // 2
+        with ExitStack() as stack:
+            if postgres:
+                daemon, dsn = stack.enter_context(_postgres_daemon())
+            else:
+                daemon, dsn = stack.enter_context(_sqlite_daemon()), None
+            run = _work_run(
+                daemon, f"bench-{name}", count, concurrency, sleep, dsn=dsn, prefetch=prefetch
+            )
+        return _worker_metrics(run, label.format(tasks=count))
     if name == "latency":
         return _latency_metrics(args.latency_tasks, args.latency_gap)
     if name == "postgres":
@@ -911,6 +943,7 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
     ]
     pg = [_PG.format(daemons=d, tasks=tasks) for d in (1, 2, 3)]
     pg_runs = (_PG_NOOP.format(tasks=tasks), _PG_SLEEP.format(tasks=tasks // 2))
+    fast = (_NOOP_PREFETCH.format(tasks=tasks), _SLEEP_PREFETCH.format(tasks=tasks // 2))
     ratio = TARGET_PEER_RATIO
 
     def peer(name: str, run: int) -> str:
@@ -929,7 +962,7 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
         for name, engine, runs, goal in (
             ("graphile", "PostgreSQL", pg_runs, TARGET_GRAPHILE_RATIO),
             ("pgqueuer", "PostgreSQL", pg_runs, TARGET_PGQUEUER_RATIO),
-            ("bullmq", "SQLite", (noop, sleep), TARGET_BULLMQ_RATIO),
+            ("bullmq", "SQLite", fast, TARGET_BULLMQ_RATIO),
         )
         for i, (ours, what) in enumerate(zip(runs, ("no-op c=64", "10 ms c=256"), strict=True))
     ]
@@ -940,7 +973,11 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
             "µs",
             at_most=TARGET_CPU_PER_TASK_US if what == "no-op c=64" else None,
         )
-        for engine, runs in (("SQLite", (noop, sleep)), ("PostgreSQL", pg_runs))
+        for engine, runs in (
+            ("SQLite", (noop, sleep)),
+            ("SQLite, prefetch", fast),
+            ("PostgreSQL, prefetch", pg_runs),
+        )
         for ours, what in zip(runs, ("no-op c=64", "10 ms c=256"), strict=True)
     ]
     worker_cpu = [
@@ -953,7 +990,7 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
         for name, engine, runs in (
             ("graphile", "PostgreSQL", pg_runs),
             ("pgqueuer", "PostgreSQL", pg_runs),
-            ("bullmq", "SQLite", (noop, sleep)),
+            ("bullmq", "SQLite", fast),
         )
         for i, (ours, what) in enumerate(zip(runs, ("no-op c=64", "10 ms c=256"), strict=True))
     ]

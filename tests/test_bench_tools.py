@@ -188,20 +188,21 @@ def test_naming_a_peer_runs_the_rows_it_is_compared_with(compare: ModuleType) ->
 
 def test_each_peer_runs_with_our_rows_on_its_own_storage(compare: ModuleType) -> None:
     """The PostgreSQL peers (graphile-worker, pgqueuer) are held against our
-    Worker runs on one PostgreSQL daemon, BullMQ against ours on SQLite; and
+    Worker runs on one PostgreSQL daemon, BullMQ against ours on SQLite (both
+    with a prefetch, as the peers run in their perf configurations); and
     `--no-postgres` leaves out every PostgreSQL run, ours and theirs."""
     assert compare.expand(["graphile", "pgqueuer", "bullmq"]) == [
         "pg_noop",
         "pg_sleep",
         "graphile",
         "pgqueuer",
-        "noop",
-        "sleep",
+        "noop_prefetch",
+        "sleep_prefetch",
         "bullmq",
     ]
     on_postgres = set(compare.POSTGRES_NAMES)
     assert {"pg_noop", "pg_sleep", "graphile", "pgqueuer", "postgres"} <= on_postgres
-    assert not {"noop", "sleep", "bullmq", "huey"} & on_postgres
+    assert not {"noop", "sleep", "noop_prefetch", "bullmq", "huey"} & on_postgres
     assert set(compare.PEER_NAMES) <= set(compare.BENCHMARK_NAMES)
 
 
