@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
+import shutil
 import sys
+from collections.abc import Iterator
 
 import nox
 
-nox.options.sessions = ["tests", "hostile", "lint", "typecheck"]
+nox.options.sessions = ["tests", "hostile", "lint", "typecheck", "compiled"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = pathlib.Path(__file__).parent
@@ -48,6 +51,41 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "--strict", "ringo_trio")
 
 
+@contextlib.contextmanager
+def _compiled_in_place(session: nox.Session) -> Iterator[None]:
+    """The hot modules compiled with mypyc (setup.py, as ``pip install .``
+    does) next to their sources for the session, removed afterwards: left
+    behind, a stale extension would shadow the ``.py`` being edited."""
+    session.install("mypy[mypyc]>=1.11")
+    try:
+        session.run("python", "setup.py", "build_ext", "--inplace", env={"RINGO_TRIO_COMPILE": "1"})
+        yield
+    finally:
+        for built in [*ROOT.glob("*__mypyc*.so"), *(ROOT / "ringo_trio").rglob("*.so")]:
+            built.unlink()
+        shutil.rmtree(ROOT / "build", ignore_errors=True)
+
+
+@nox.session(python=PYTHON)
+def compiled(session: nox.Session) -> None:
+    """The mypyc-compiled build (what ``pip install .`` gives) against the
+    tests of the modules it compiles and of the Work stream around them."""
+    session.install("-e", ".[test]")
+    with _compiled_in_place(session):
+        session.run(
+            "pytest",
+            "-m",
+            "not slow and not hostile",
+            "tests/test_compiled.py",
+            "tests/wire",
+            "tests/contract",
+            "tests/work/test_worker.py",
+            "tests/work/test_prefetch.py",
+            "tests/work/test_batch_frames.py",
+            *session.posargs,
+        )
+
+
 @nox.session(python=PYTHON)
 def proto(session: nox.Session) -> None:
     """Regenerate ringo_trio/_proto from protos/ (commit the result)."""
@@ -74,4 +112,7 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".", "huey==3.5.4", "procrastinate==3.10.0", "pgqueuer==1.6.0")
     if "--profile" in session.posargs:
         session.install("py-spy")
-    session.run("python", "bench/run.py", *session.posargs)
+    # Ours as `pip install .` installs it: the hot modules compiled (the
+    # --start-tree and --baseline trees run as they are, pure Python).
+    with _compiled_in_place(session):
+        session.run("python", "bench/run.py", *session.posargs)
