@@ -246,9 +246,11 @@ def _lease(
     return task_id, attempt, token, worker_id, until, ttl
 
 
-# Seconds a timedelta holds, within which `_seconds` counts microseconds
-# itself (a day short of `timedelta`'s range: no rounding, no overflow).
-_SECONDS_SPAN: Final = 999_999_998 * 86_400
+# Seconds within which `_seconds` counts microseconds itself: a count of
+# microseconds below 2**53 is exact as a float, so the division is the same
+# correctly rounded one whether Python divides the ints or, compiled (mypyc),
+# their floats (~285 years; a timedelta holds far more: the codec reads those).
+_SECONDS_SPAN: Final = (1 << 53) // 1_000_000 - 1
 # The last ttl read, by its bytes: the pushes of one batch frame share one
 # (one claim, one moment of sending). A tuple, replaced whole.
 _last_ttl: tuple[bytes, float] = (b"", 0.0)

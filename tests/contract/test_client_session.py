@@ -1114,8 +1114,11 @@ def session_in(state: State) -> WorkSession:
 
 
 def session_state(session: WorkSession) -> dict[str, object]:
-    """Everything a session holds, comparable across copies."""
-    return {**vars(session), "_tiebreak": repr(session._tiebreak)}
+    """Everything a session holds, comparable across copies (``__getstate__``:
+    a mypyc-compiled session has no ``__dict__``)."""
+    state = session.__getstate__()
+    assert isinstance(state, dict)
+    return {**state, "_tiebreak": repr(session._tiebreak)}
 
 
 def _pending_id(session: WorkSession) -> int:

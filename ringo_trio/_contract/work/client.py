@@ -139,13 +139,14 @@ emit another frame.
 
 from __future__ import annotations
 
+import copy
 import enum
 import functools
 import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar, cast
 
 from .. import reasons
 from ..versions import Feature, FeatureMissing, Features
@@ -438,6 +439,17 @@ class WorkSession:
         # skipped when popped (cheaper than removing them).
         self._timers: list[tuple[float, int, LeaseKey]] = []
         self._tiebreak = itertools.count()
+
+    def __deepcopy__(self, memo: dict[int, object]) -> WorkSession:
+        """A copy of the whole state (the tests feed one a batch, the original
+        its elements). Spelled out for a mypyc-compiled build, where making an
+        instance runs ``__init__`` and there is no ``__dict__``:
+        ``__getstate__`` is every attribute in both builds."""
+        new = WorkSession(concurrency=0, minor=self.minor)
+        memo[id(self)] = new
+        for name, value in cast("dict[str, object]", self.__getstate__()).items():
+            setattr(new, name, copy.deepcopy(value, memo))
+        return new
 
     # -- observation ------------------------------------------------------
 
