@@ -83,6 +83,7 @@ def compiled(session: nox.Session) -> None:
             "tests/work/test_prefetch.py",
             "tests/work/test_batch_frames.py",
             *session.posargs,
+            env={"RINGO_TRIO_EXPECT_COMPILED": "1"},
         )
 
 
