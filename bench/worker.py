@@ -64,9 +64,9 @@ async def _main(args: argparse.Namespace) -> None:
             done.set()
 
     async with Ringo.connect(args.endpoint) as client:
-        worker = client.queue(args.queue).worker(
-            handle, concurrency=args.concurrency, prefetch=args.prefetch
-        )
+        # Named only when set: a --start-tree / --baseline tree may predate it.
+        options = {"prefetch": args.prefetch} if args.prefetch else {}
+        worker = client.queue(args.queue).worker(handle, concurrency=args.concurrency, **options)
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
             started = time.perf_counter()
