@@ -25,6 +25,13 @@ as for any lost lease, and the worker logs it at INFO, not as an error —
 once: the `LeaseLostError` a handler then gets from ``report_progress``
 and lets propagate is that news, not a crash (`Handlers.handle`).
 
+*Prefetch*: with ``prefetch`` the worker holds more leases than it runs;
+each pushed task still gets its task at once, which first waits for one of
+the ``concurrency`` slots (`Handlers.limiter`, FIFO) inside a cancel scope of
+its own (`Running.wait`): a stopping worker cancels those waits
+(`hand_back_waiting`) and the task goes back unrun, attempt kept; a lost
+lease cancels it too. Without it there is no limiter and no wait.
+
 *Timeouts*: ``TaskTimeouts(heartbeat=...)`` is fed by
 `TaskContext.mark_progress` (and ``report_progress``, which calls it): each
 call pushes the handler's scope deadline forward (``_beat``, set by
