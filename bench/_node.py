@@ -27,11 +27,9 @@ import hashlib
 import json
 import os
 import pathlib
-import selectors
 import shutil
 import subprocess
 import tempfile
-import time
 from typing import Any
 
 GRAPHILE_WORKER = "0.18.0"
@@ -107,30 +105,3 @@ def run_json(script: str, *args: str, timeout: float = 300) -> dict[str, Any]:
         raise RuntimeError(f"node {script} {' '.join(args)}: exit status {proc.returncode}")
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     return result
-
-
-class Lines:
-    """The JSON lines a running script writes to stdout, read one at a time
-    with a timeout."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        self._fd = proc.stdout.fileno()
-        self._buffer = bytearray()
-
-    def next(self, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._fd, selectors.EVENT_READ)
-            while b"\n" not in self._buffer:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not selector.select(remaining):
-                    raise TimeoutError(f"the node process said nothing for {timeout:g}s")
-                chunk = os.read(self._fd, 65536)
-                if not chunk:
-                    raise RuntimeError("the node process exited")
-                self._buffer += chunk
-        line, _, rest = bytes(self._buffer).partition(b"\n")
-        self._buffer[:] = rest
-        result: dict[str, Any] = json.loads(line)
-        return result

@@ -3,10 +3,14 @@ stopping a child."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import resource
+import selectors
 import subprocess
+import time
+from typing import Any
 
 
 def peak_rss_kb(pid: int | str = "self") -> float:
@@ -43,3 +47,34 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+class Lines:
+    """The JSON objects a child writes a line each on its stdout, read one at
+    a time with a deadline (other lines, e.g. py-spy's, are skipped)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], who: str = "the child") -> None:
+        assert proc.stdout is not None
+        self.proc = proc
+        self.who = who
+        self.fd = proc.stdout.fileno()
+        self.buffer = b""
+
+    def next(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.fd, selectors.EVENT_READ)
+            while True:
+                while b"\n" in self.buffer:
+                    line, _, self.buffer = self.buffer.partition(b"\n")
+                    if line.startswith(b"{"):
+                        result: dict[str, Any] = json.loads(line)
+                        return result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"{self.who} said nothing for {timeout:g}s")
+                if selector.select(remaining):
+                    chunk = os.read(self.fd, 65536)
+                    if not chunk:
+                        raise RuntimeError(f"{self.who} exited ({self.proc.wait()})")
+                    self.buffer += chunk

@@ -50,36 +50,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import secrets
-import signal
 import subprocess
-from dataclasses import dataclass
 
 import _node
+import _peer
 import _proc
 import _stats
 
 REDIS = os.environ.get("RINGO_BENCH_REDIS", "127.0.0.1:6379")
 JOBS = {0.0: "noop", 0.01: "sleep10"}  # --sleep → BullMQ job name
-
-
-@dataclass
-class PeerRun:
-    tasks: int
-    concurrency: int
-    enqueue_rate: float  # tasks/s, addBulk in calls of 1000
-    rate: float  # steady rate after the first completion
-    worker_cpu: float  # CPU seconds of the worker process, first → last completion
-    server_cpu: float  # CPU seconds of redis-server, same span
-    peak_rss_mb: float
-    elapsed: float  # first → last completion
-
-    @property
-    def counted(self) -> int:
-        """Tasks the CPU figures are about (those done after the first)."""
-        return max(1, round(self.rate * self.elapsed))
 
 
 def redis_pids() -> list[int]:
@@ -98,7 +79,7 @@ def redis_cpu(pids: list[int]) -> float:
     return sum(_proc.cpu_seconds(pid) for pid in pids)
 
 
-def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> PeerRun:
+def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> _peer.PeerRun:
     """Add `tasks` jobs, then one worker process runs them; measured as the
     module docstring says."""
     if tasks < 2:
@@ -113,7 +94,7 @@ def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> PeerRun:
         )
         proc = _node.spawn("bullmq_peer.mjs", "work", REDIS, queue, str(tasks), str(concurrency))
         try:
-            lines = _node.Lines(proc)
+            lines = _proc.Lines(proc, "the node worker")
             first = lines.next(120)
             worker_cpu0, server_cpu0 = _proc.cpu_seconds(proc.pid), redis_cpu(servers)
             assert first["event"] == "first", first
@@ -122,15 +103,8 @@ def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> PeerRun:
             assert done["event"] == "done", done
             peak_rss_mb = _proc.peak_rss_kb(proc.pid) / 1024
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            assert proc.stdout is not None
-            proc.stdout.close()
+            # SIGTERM: the peer's graceful stop (killed after 30 s).
+            _proc.stop(proc)
     except BaseException:
         # Obliterate the queue anyway; the first error is the one to see.
         with contextlib.suppress(Exception):
@@ -141,7 +115,7 @@ def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> PeerRun:
     if counts.get("completed") != tasks or others or done["failed"]:
         raise RuntimeError(f"bullmq: {counts} after {tasks} jobs, {done['failed']} failure(s)")
     elapsed = (done["t"] - first["t"]) / 1000
-    return PeerRun(
+    return _peer.PeerRun(
         tasks=tasks,
         concurrency=concurrency,
         enqueue_rate=enqueued["rate"],
@@ -162,14 +136,8 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0, help="job sleep, seconds: 0 or 0.01")
     args = parser.parse_args()
     result = run(args.tasks, args.concurrency, args.sleep)
-    per = 1000 / result.counted
-    print(
-        json.dumps(result.__dict__) + f"\nBullMQ {_node.BULLMQ}, concurrency {result.concurrency},"
-        f" sleep {args.sleep * 1000:g} ms, {result.tasks:,} tasks:"
-        f" {result.rate:,.0f} tasks/s steady ({result.elapsed:.2f} s), CPU per 1,000:"
-        f" worker {result.worker_cpu * per:.3f} s, redis-server {result.server_cpu * per:.3f} s;"
-        f" peak RSS {result.peak_rss_mb:.1f} MB; enqueue {result.enqueue_rate:,.0f} tasks/s"
-    )
+    what = f"BullMQ {_node.BULLMQ}, sleep {args.sleep * 1000:g} ms"
+    print(_peer.report(result, what, server="redis-server"))
 
 
 if __name__ == "__main__":

@@ -52,12 +52,9 @@ lost with the worker, running its job again.
 from __future__ import annotations
 
 import argparse
-import json
-import signal
-import subprocess
-from dataclasses import dataclass
 
 import _node
+import _peer
 import _pg
 import _proc
 import _stats
@@ -65,24 +62,7 @@ import _stats
 TASKS = {0.0: "noop", 0.01: "sleep10"}  # --sleep → graphile task name
 
 
-@dataclass
-class PeerRun:
-    tasks: int
-    concurrency: int
-    enqueue_rate: float  # tasks/s, addJobs in calls of 1000
-    rate: float  # steady rate after the first completion
-    worker_cpu: float  # CPU seconds of the worker process, first → last completion
-    server_cpu: float  # CPU seconds of the database's backends, same span
-    peak_rss_mb: float
-    elapsed: float  # first → last completion
-
-    @property
-    def counted(self) -> int:
-        """Tasks the CPU figures are about (those done after the first)."""
-        return max(1, round(self.rate * self.elapsed))
-
-
-def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> PeerRun:
+def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> _peer.PeerRun:
     """Add `tasks` jobs, then one worker process runs them; measured as the
     module docstring says."""
     if tasks < 2:
@@ -93,7 +73,7 @@ def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> PeerRun:
         enqueued = _node.run_json("graphile_peer.mjs", "enqueue", dsn, str(tasks), TASKS[sleep])
         proc = _node.spawn("graphile_peer.mjs", "work", dsn, str(tasks), str(concurrency))
         try:
-            lines = _node.Lines(proc)
+            lines = _proc.Lines(proc, "the node worker")
             ready = lines.next(60)
             assert ready["event"] == "ready", ready
             first = lines.next(120)
@@ -106,22 +86,15 @@ def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> PeerRun:
             server_cpu = _pg.cpu_since(dsn, server_cpu0)
             peak_rss_mb = _proc.peak_rss_kb(proc.pid) / 1024
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            assert proc.stdout is not None
-            proc.stdout.close()
+            # SIGTERM: the peer's graceful stop (killed after 30 s).
+            _proc.stop(proc)
         left = int(_pg.psql("SELECT count(*) FROM graphile_worker._private_jobs", dsn))
         if left or done["failed"]:
             raise RuntimeError(
                 f"graphile-worker: {left} job(s) left, {done['failed']} failure(s) reported"
             )
     elapsed = (done["t"] - first["t"]) / 1000
-    return PeerRun(
+    return _peer.PeerRun(
         tasks=tasks,
         concurrency=concurrency,
         enqueue_rate=enqueued["rate"],
@@ -142,15 +115,8 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0, help="task sleep, seconds: 0 or 0.01")
     args = parser.parse_args()
     result = run(args.tasks, args.concurrency, args.sleep)
-    per = 1000 / result.counted
-    print(
-        json.dumps(result.__dict__)
-        + f"\ngraphile-worker {_node.GRAPHILE_WORKER}, concurrency {result.concurrency},"
-        f" sleep {args.sleep * 1000:g} ms, {result.tasks:,} tasks:"
-        f" {result.rate:,.0f} tasks/s steady ({result.elapsed:.2f} s), CPU per 1,000:"
-        f" worker {result.worker_cpu * per:.3f} s, PostgreSQL {result.server_cpu * per:.3f} s;"
-        f" peak RSS {result.peak_rss_mb:.1f} MB; enqueue {result.enqueue_rate:,.0f} tasks/s"
-    )
+    what = f"graphile-worker {_node.GRAPHILE_WORKER}, sleep {args.sleep * 1000:g} ms"
+    print(_peer.report(result, what))
 
 
 if __name__ == "__main__":

@@ -68,17 +68,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
+import _peer
 import _pg
 import _proc
 import _stats
@@ -152,23 +150,6 @@ def worker(dsn: str, concurrency: int, sleep: float) -> None:
     )
 
 
-@dataclass
-class PeerRun:
-    tasks: int
-    concurrency: int
-    enqueue_rate: float  # tasks/s, Queries.enqueue in calls of 1000
-    rate: float  # steady rate after the first completion
-    worker_cpu: float  # CPU seconds of the worker process, first → last poll
-    server_cpu: float  # CPU seconds of the database's backends, same span
-    peak_rss_mb: float
-    elapsed: float  # first → last poll
-
-    @property
-    def counted(self) -> int:
-        """Tasks the CPU figures are about (those done after the first poll)."""
-        return max(1, round(self.rate * self.elapsed))
-
-
 async def _watch(
     dsn: str, tasks: int, proc: subprocess.Popen[bytes]
 ) -> tuple[tuple[float, int, float, dict[int, float]], float, float, float, float]:
@@ -219,7 +200,7 @@ async def _check(dsn: str, tasks: int) -> None:
         raise RuntimeError(f"pgqueuer: {queued} job(s) left in the queue table")
 
 
-def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> PeerRun:
+def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> _peer.PeerRun:
     """Enqueue `tasks`, then one worker process runs them; measured as the
     module docstring says."""
     with _pg.fresh_database() as dsn:
@@ -236,15 +217,10 @@ def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> PeerRun:
         try:
             first, now, worker_cpu, server_cpu, peak_rss_mb = asyncio.run(_watch(dsn, tasks, proc))
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            # SIGTERM: the peer's graceful stop (killed after 30 s).
+            _proc.stop(proc)
         asyncio.run(_check(dsn, tasks))
-    return PeerRun(
+    return _peer.PeerRun(
         tasks=tasks,
         concurrency=concurrency,
         enqueue_rate=enqueue_rate,
@@ -267,15 +243,7 @@ def main() -> None:
     if args.sleep not in (0.0, 0.01):
         parser.error("--sleep is 0 (entrypoint noop) or 0.01 (entrypoint sleep10)")
     result = run(args.tasks, args.concurrency, args.sleep)
-    per = 1000 / result.counted
-    print(
-        json.dumps(result.__dict__)
-        + f"\npgqueuer, {entrypoint_for(args.sleep)}, concurrency {result.concurrency},"
-        f" {result.tasks:,} tasks: {result.rate:,.0f} tasks/s steady ({result.elapsed:.2f} s),"
-        f" CPU per 1,000: worker {result.worker_cpu * per:.3f} s,"
-        f" PostgreSQL {result.server_cpu * per:.3f} s; peak RSS {result.peak_rss_mb:.1f} MB;"
-        f" enqueue {result.enqueue_rate:,.0f} tasks/s"
-    )
+    print(_peer.report(result, f"pgqueuer, {entrypoint_for(args.sleep)}"))
 
 
 if __name__ == "__main__":

@@ -40,16 +40,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
+import _peer
 import _pg
 import _proc
 import _stats
@@ -97,24 +95,7 @@ def worker(dsn: str, concurrency: int) -> None:
     asyncio.run(main())
 
 
-@dataclass
-class PeerRun:
-    tasks: int
-    concurrency: int
-    enqueue_rate: float  # tasks/s, batch_defer_async in calls of 1000
-    rate: float  # steady rate after the first completion
-    worker_cpu: float  # CPU seconds of the worker process, first → last poll
-    server_cpu: float  # CPU seconds of the database's backends, same span
-    peak_rss_mb: float
-    elapsed: float  # first → last poll
-
-    @property
-    def counted(self) -> int:
-        """Tasks the CPU figures are about (those done after the first poll)."""
-        return max(1, round(self.rate * self.elapsed))
-
-
-def run(tasks: int, concurrency: int = 64) -> PeerRun:
+def run(tasks: int, concurrency: int = 64) -> _peer.PeerRun:
     """Defer `tasks`, then one worker process runs them; measured as the
     module docstring says."""
     import psycopg
@@ -151,16 +132,11 @@ def run(tasks: int, concurrency: int = 64) -> PeerRun:
                     "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'"
                 ).fetchone()
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            # SIGTERM: the peer's graceful stop (killed after 30 s).
+            _proc.stop(proc)
         if left and left[0]:
             raise RuntimeError(f"procrastinate: {left[0]} job(s) not succeeded")
-    return PeerRun(
+    return _peer.PeerRun(
         tasks=tasks,
         concurrency=concurrency,
         enqueue_rate=enqueue_rate,
@@ -180,14 +156,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
     result = run(args.tasks, args.concurrency)
-    per = 1000 / result.counted
-    print(
-        json.dumps(result.__dict__)
-        + f"\nprocrastinate, concurrency {result.concurrency}, {result.tasks:,} tasks:"
-        f" {result.rate:,.0f} tasks/s steady ({result.elapsed:.2f} s), CPU per 1,000:"
-        f" worker {result.worker_cpu * per:.3f} s, PostgreSQL {result.server_cpu * per:.3f} s;"
-        f" peak RSS {result.peak_rss_mb:.1f} MB; deferral {result.enqueue_rate:,.0f} tasks/s"
-    )
+    print(_peer.report(result, "procrastinate"))
 
 
 if __name__ == "__main__":

@@ -108,7 +108,6 @@ import json
 import os
 import pathlib
 import platform
-import selectors
 import shutil
 import signal
 import struct
@@ -295,36 +294,6 @@ async def _active_count(client: RingoClient, queue: str) -> int:
     return int(reply.active_task_count)
 
 
-class _Lines:
-    """JSON lines from a child's stdout, with a deadline."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        self.proc = proc
-        self.fd = proc.stdout.fileno()
-        self.buffer = b""
-
-    def next(self, timeout: float) -> dict[str, Any]:
-        """The next JSON object line (other lines, e.g. py-spy's, are skipped)."""
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.fd, selectors.EVENT_READ)
-            while True:
-                while b"\n" in self.buffer:
-                    line, _, self.buffer = self.buffer.partition(b"\n")
-                    if line.startswith(b"{"):
-                        result: dict[str, Any] = json.loads(line)
-                        return result
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"the bench worker said nothing for {timeout:g}s")
-                if selector.select(remaining):
-                    chunk = os.read(self.fd, 65536)
-                    if not chunk:
-                        raise RuntimeError(f"the bench worker exited ({self.proc.wait()})")
-                    self.buffer += chunk
-
-
 def _work_run(
     daemon: DaemonProcess,
     queue: str,
@@ -367,7 +336,7 @@ def _work_run(
         [*(wrap or []), *command], stdout=subprocess.PIPE, start_new_session=True
     )
     try:
-        lines = _Lines(proc)
+        lines = _proc.Lines(proc, "the bench worker")
         registered = lines.next(60)
         assert registered["event"] == "registered", registered
         startup = time.perf_counter() - spawned
@@ -509,7 +478,7 @@ def _scale_attempt(
                     stdout=subprocess.PIPE,
                 )
                 workers.append(worker)
-            lines = [_Lines(worker) for worker in workers]
+            lines = [_proc.Lines(worker, "a bench worker") for worker in workers]
             for line in lines:
                 assert line.next(60)["event"] == "registered"
             # Time enough to enqueue everything before any of it is due.

@@ -54,6 +54,24 @@ def _prefix(minor: int, prefix: str) -> str:
     return prefix
 
 
+def _states(
+    states: Iterable[TaskState], allowed: tuple[TaskState, ...], other: str, empty: str
+) -> builtins.list[TaskState]:
+    """A bulk call's states, each once, in order: all of them in ``allowed``
+    (``other`` says what a state outside is), at least one (``empty``)."""
+    if isinstance(states, TaskState | str):
+        raise InvalidArgumentError("states must be a collection of TaskState")
+    wanted: builtins.list[TaskState] = []
+    for state in states:
+        if state not in allowed:
+            raise InvalidArgumentError(f"states: {state!r} is not {other}")
+        if state not in wanted:
+            wanted.append(state)
+    if not wanted:
+        raise InvalidArgumentError(empty)
+    return wanted
+
+
 def check_reason(reason: str) -> None:
     """A cancel's reason: stored as the task's last_error, so an error's limit."""
     if not isinstance(reason, str):
@@ -149,18 +167,12 @@ class BulkCalls:
         protocol minor >= 9 (`IncompatibleVersionError` before anything is
         sent)."""
         require(self._connection.protocol_minor, Feature.OPERATE, "purge")
-        if isinstance(states, TaskState | str):
-            raise InvalidArgumentError("states must be a collection of TaskState")
-        wanted: builtins.list[TaskState] = []
-        for state in states:
-            if state not in _FINISHED:
-                raise InvalidArgumentError(
-                    f"states: {state!r} is not a finished state; only SUCCEEDED, DEAD"
-                    " or CANCELLED tasks can be purged"
-                )
-            wanted.append(state)
-        if not wanted:
-            raise InvalidArgumentError("states must name at least one finished state")
+        wanted = _states(
+            states,
+            _FINISHED,
+            "a finished state; only SUCCEEDED, DEAD or CANCELLED tasks can be purged",
+            "states must name at least one finished state",
+        )
         check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
         types = check_task_types(task_types)
         if types:
@@ -172,7 +184,7 @@ class BulkCalls:
             finished_before = await self._daemon_now() - older_than
         request = DeleteTasksRequest(
             queue=self.name,
-            states=[state.to_wire() for state in dict.fromkeys(wanted)],
+            states=[state.to_wire() for state in wanted],
             finished_before=finished_before,
             limit=batch_size,
             task_types=types,
@@ -199,17 +211,12 @@ class BulkCalls:
         tasks enqueued while it pages are left alone. Protocol minor >= 14.
         """
         require(self._connection.protocol_minor, Feature.BULK_BY_FILTER, "cancel_many")
-        if isinstance(states, TaskState | str):
-            raise InvalidArgumentError("states must be a collection of TaskState")
-        wanted = list(dict.fromkeys(states))
-        for state in wanted:
-            if state not in _ACTIVE:
-                raise InvalidArgumentError(
-                    f"states: {state!r} is not an active state; only PENDING or LEASED"
-                    " tasks can be cancelled"
-                )
-        if not wanted:
-            raise InvalidArgumentError("states must name PENDING, LEASED or both")
+        wanted = _states(
+            states,
+            _ACTIVE,
+            "an active state; only PENDING or LEASED tasks can be cancelled",
+            "states must name PENDING, LEASED or both",
+        )
         check_reason(reason)
         check_int("batch_size", batch_size, 1, _limits.MAX_DELETE_BATCH)
         request = CancelTasksRequest(
