@@ -138,3 +138,37 @@ async def test_prefetch_arguments_are_checked(tmp_path: pathlib.Path) -> None:
                 queue.worker(handle, concurrency=AdaptiveConcurrency(max=8), prefetch=2)
             with pytest.raises(InvalidArgumentError, match="concurrency"):
                 queue.worker(handle, concurrency=2**31 - 2, prefetch=2)
+
+
+async def test_a_cancelled_run_hands_every_lease_back_unspent(tmp_path: pathlib.Path) -> None:
+    """A cancel scope around ``run`` (what a terminal's Ctrl-C or a parent's
+    cancellation does) while tasks wait for a slot and one runs: every lease
+    goes back at once — the running one and the prefetched ones — PENDING,
+    no attempt spent (the next worker sees attempt 1 for all of them)."""
+    with trio.fail_after(60):
+        async with Ringo.local(tmp_path) as client:
+            queue = client.queue("cancelled")
+            ids = await enqueue(queue, 4)
+            started = trio.Event()
+
+            async def stuck(task: Task, ctx: TaskContext) -> None:
+                started.set()
+                await trio.sleep_forever()
+
+            worker = queue.worker(stuck, concurrency=1, prefetch=3)
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(worker.run)
+                    await started.wait()
+                    await _until_leased(queue, ids, 4)
+                    scope.cancel()
+            await wait_states(queue, ids, {TaskState.PENDING}, within=5)
+
+            attempts: dict[str, int] = {}
+
+            async def record(task: Task, ctx: TaskContext) -> None:
+                attempts[task.id] = ctx.attempt
+
+            async with running(queue.worker(record, concurrency=4)):
+                await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=20)
+            assert attempts == {i: 1 for i in ids}
