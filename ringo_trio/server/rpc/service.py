@@ -474,6 +474,17 @@ class QueueService(QueueServiceBase):
 
     # -- submission --------------------------------------------------------
 
+    async def _enqueued(self, queue: str) -> None:
+        """New tasks of `queue` are committed: wake its waiting dispatchers
+        and let them start their claims before this reply is encoded and
+        written. One loop turn is all it takes for a dispatcher waiting on the
+        wake-up; the work, not the producer's answer, is what a waiting
+        worker waits on (bench/results.md, "Latency at low load": the push
+        leaves ~0.7 ms sooner, the reply ~0.4 ms later, with a worker idle;
+        nothing changes when none waits)."""
+        self._wakeups.notify(queue)
+        await asyncio.sleep(0)
+
     @_rpc
     async def enqueue(self, message: EnqueueRequest) -> EnqueueResponse:
         now, minor = self._admit_at(message.context)
@@ -481,7 +492,7 @@ class QueueService(QueueServiceBase):
         spec = v.task_spec(message.task, "task", now)
         [outcome] = await self._storage.enqueue(queue, [spec], now)
         if outcome.created:
-            self._wakeups.notify(queue)
+            await self._enqueued(queue)
         return EnqueueResponse(
             result=EnqueueResult(task=_as_seen_at(minor, outcome.task), created=outcome.created)
         )
@@ -494,7 +505,7 @@ class QueueService(QueueServiceBase):
         outcomes = await self._storage.enqueue(queue, specs, now)
         created = sum(1 for outcome in outcomes if outcome.created)
         if created:
-            self._wakeups.notify(queue)
+            await self._enqueued(queue)
         features = Features(minor)
         results = (
             [(o.task, o.created) for o in outcomes]
