@@ -44,6 +44,11 @@ closes the connection when a ping goes unacknowledged: a frozen daemon or a
 dead path then fails the pending calls and streams like any other drop,
 where it would otherwise hold them until their deadline, or forever.
 
+*Codec.* Messages go through `_Codec`: betterproto2 messages by the shared
+strict codec the daemon decodes with (`ringo_trio._wire.codec`), the
+pre-encoded frames and hand-written reply decoders by their own methods; a
+malformed reply is a `RingoError`, not a message made of part of the bytes.
+
 *Limits.* grpclib has no per-message compression, so the SDK refuses the
 ``compression`` option rather than accept and ignore it, and it has no
 receive-size limit to configure (`ringo_trio._contract.limits.MAX_MESSAGE_BYTES` is
@@ -62,9 +67,11 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import anyio
+import betterproto2
 import grpclib.client
 import grpclib.config
 import grpclib.const
+import grpclib.encoding.base
 import grpclib.exceptions
 import h2.exceptions
 import sniffio
@@ -82,6 +89,7 @@ from .._proto.grpc.health.v1 import (
     HealthCheckResponse,
     HealthCheckResponseServingStatus,
 )
+from .._wire.codec import WireError, decode, encode
 from .base import DEFAULT_KEEPALIVE, Keepalive, SessionRejectedError, StreamChannels
 
 __all__ = ["SessionRejectedError", "StreamChannels", "Transport", "client_tls_context"]
@@ -124,6 +132,34 @@ def _map_error(exc: Exception, endpoint: Endpoint) -> RingoError | None:
     else:
         return None
     return UnavailableError(f"daemon at {endpoint.authority} is unavailable: {detail}")
+
+
+class _Codec(grpclib.encoding.base.CodecBase):
+    """The SDK's messages on the wire: betterproto2 messages by the codec the
+    daemon uses (`ringo_trio._wire.codec`: strict, and ~4x faster than
+    betterproto2's own ``bytes()``/``parse``, which cost a unary Enqueue ~20 %
+    of its client CPU); anything else by its own ``SerializeToString`` /
+    ``FromString`` (the pre-encoded Work frames and the hand-written reply
+    decoders). A reply that is no valid encoding of its message is the
+    daemon's fault, raised as a `RingoError` naming it."""
+
+    __content_subtype__ = "proto"
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        if isinstance(message, betterproto2.Message):
+            return encode(message)
+        data: bytes = message.SerializeToString()
+        return data
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if isinstance(message_type, type) and issubclass(message_type, betterproto2.Message):
+            try:
+                return decode(data, message_type)
+            except WireError as exc:
+                raise RingoError(
+                    f"malformed {message_type.__name__} from the daemon: {exc}"
+                ) from None
+        return message_type.FromString(data)
 
 
 @functools.cache
@@ -370,7 +406,7 @@ class Transport:
         if endpoint.tls:
             context = endpoint.tls_context or client_tls_context()
         return grpclib.client.Channel(
-            endpoint.host, endpoint.port, ssl=context, config=self._channel_config
+            endpoint.host, endpoint.port, ssl=context, config=self._channel_config, codec=_Codec()
         )
 
     async def _aio_close(self) -> None:

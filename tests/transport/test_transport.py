@@ -34,19 +34,31 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from ringo_trio._transport.grpclib import HEALTH_WATCH, Transport
+from ringo_trio._transport.grpclib import HEALTH_CHECK, HEALTH_WATCH, Transport
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests._kit.processes import eventually, free_port
 
 WORK = "/ringo.v1.QueueService/Work"
 
 
+class RawReply:
+    """A reply sent as the test wrote it, byte for byte."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:
+        return self.data
+
+
 class EchoServer:
     """Answers every WorkRequest with a result carrying its request_id; a drain frame
-    fails the stream with FAILED_PRECONDITION. Runs on its own thread and loop."""
+    fails the stream with FAILED_PRECONDITION; a health check with the bytes of
+    ``health_reply``. Runs on its own thread and loop."""
 
     def __init__(self) -> None:
         self.port = 0
+        self.health_reply = b"\x08\x01"  # SERVING
         self.handler_ended = threading.Event()
         self.received = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -58,8 +70,15 @@ class EchoServer:
         return {
             WORK: grpclib.const.Handler(
                 self._work, grpclib.const.Cardinality.STREAM_STREAM, WorkRequest, WorkResponse
-            )
+            ),
+            HEALTH_CHECK: grpclib.const.Handler(
+                self._check, grpclib.const.Cardinality.UNARY_UNARY, HealthCheckRequest, RawReply
+            ),
         }
+
+    async def _check(self, stream: grpclib.server.Stream[HealthCheckRequest, RawReply]) -> None:
+        await stream.recv_message()
+        await stream.send_message(RawReply(self.health_reply))
 
     async def _work(self, stream: grpclib.server.Stream[WorkRequest, WorkResponse]) -> None:
         try:
@@ -215,6 +234,19 @@ async def health_watch(endpoint: str) -> None:
             assert first.status == HealthCheckResponseServingStatus.SERVING
 
 
+async def malformed_unary_reply(echo: EchoServer) -> None:
+    """Property: a unary reply that is no valid encoding of its message is a
+    RingoError naming it, never a message decoded from part of the bytes
+    (betterproto2's own parser dropped the truncated field and answered
+    "not serving"); the transport stays usable."""
+    echo.health_reply = b"\x08\x81"  # field 1, a varint cut short
+    async with Transport(endpoint_of(echo.port)) as transport:
+        with pytest.raises(RingoError, match="malformed HealthCheckResponse from the daemon"):
+            await transport.health_check(rpc_timeout=5)
+        echo.health_reply = b"\x08\x01"
+        assert await transport.health_check(rpc_timeout=5)
+
+
 async def unavailable_and_closed(port: int) -> None:
     async with Transport(endpoint_of(port)) as transport:
         with pytest.raises(UnavailableError, match=f"127.0.0.1:{port}"):
@@ -259,6 +291,12 @@ async def test_leaving_early_trio(echo: EchoServer) -> None:
 async def test_health_watch_trio(health_daemon: DaemonProcess) -> None:
     with trio.fail_after(20):
         await health_watch(health_daemon.endpoint)
+
+
+@pytest.mark.trio
+async def test_malformed_unary_reply_trio(echo: EchoServer) -> None:
+    with trio.fail_after(20):
+        await malformed_unary_reply(echo)
 
 
 @pytest.mark.trio
@@ -341,3 +379,9 @@ async def test_health_watch_asyncio(health_daemon: DaemonProcess) -> None:
 async def test_unavailable_and_closed_asyncio() -> None:
     with anyio.fail_after(20):
         await unavailable_and_closed(free_port())
+
+
+@pytest.mark.anyio
+async def test_malformed_unary_reply_asyncio(echo: EchoServer) -> None:
+    with anyio.fail_after(20):
+        await malformed_unary_reply(echo)
