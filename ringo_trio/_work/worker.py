@@ -103,6 +103,8 @@ import anyio.abc
 from .._contract import limits as _limits
 from .._contract.versions import Feature, Features
 from .._contract.work.client import (
+    GRANT_CAP,
+    PREFETCH_GRANT_CAP,
     FeatureMissing,
     LeaseKey,
     RemoteProtocolError,
@@ -544,6 +546,7 @@ class Worker:
                 dynamic_target=self._dynamic,
                 command_timeout=_COMMAND_TIMEOUT,
                 outside=outside,
+                grant_cap=PREFETCH_GRANT_CAP if self._prefetch else GRANT_CAP,
             )
         except FeatureMissing as exc:
             raise IncompatibleVersionError(str(exc)) from None

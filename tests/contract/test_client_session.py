@@ -55,6 +55,7 @@ from ringo_trio._contract.work.client import (
     GRANT_CAP,
     GRANT_FRACTION,
     MAX_CREDIT_REFUSALS,
+    PREFETCH_GRANT_CAP,
     Answered,
     CancelHandler,
     CommandDone,
@@ -403,7 +404,7 @@ class SessionMachine(RuleBasedStateMachine):
         timeout_leases=st.sampled_from([2.0, 5.0, 1000.0]),
         backlog=st.integers(0, 8),
         grant_fraction=st.sampled_from([1, 3, GRANT_FRACTION]),
-        grant_cap=st.sampled_from([1, 2, GRANT_CAP]),
+        grant_cap=st.sampled_from([1, 2, GRANT_CAP, PREFETCH_GRANT_CAP]),
     )
     def start(
         self,
@@ -1443,13 +1444,15 @@ def test_absolute_credit_waits_for_the_renewal_of_a_lease_lost_meanwhile(
     assert credit == Credit(credit.request_id, 1, None)
 
 
-def test_freed_slots_are_granted_in_batches_of_at_most_the_cap() -> None:
+@pytest.mark.parametrize("cap", [GRANT_CAP, PREFETCH_GRANT_CAP])
+def test_freed_slots_are_granted_in_batches_of_at_most_the_cap(cap: int) -> None:
     """Property (minor 10): at a large concurrency, with a grant already out,
-    freed slots are asked for once GRANT_CAP of them are free, not once half
-    the concurrency is, so a freed slot does not idle while a hundred others
-    finish; below the cap nothing more goes out."""
-    concurrency = 8 * GRANT_CAP
-    session = WorkSession(concurrency=concurrency, minor=BATCH_MINOR)
+    freed slots are asked for once the session's cap of them are free (the
+    Worker's: GRANT_CAP, PREFETCH_GRANT_CAP when it prefetches), not once
+    half the concurrency is, so a freed slot does not idle while a hundred
+    others finish; below the cap nothing more goes out."""
+    concurrency = 8 * cap
+    session = WorkSession(concurrency=concurrency, minor=BATCH_MINOR, grant_cap=cap)
     session.register()
     (first,) = session.registered(
         lease_duration=60.0, max_concurrency=concurrency, ordered_request_ids=True, now=0.0
@@ -1462,10 +1465,15 @@ def test_freed_slots_are_granted_in_batches_of_at_most_the_cap() -> None:
     # Nothing out at all: the first freed slot is asked for at once.
     (grant,) = of_type(session.settle(keys[0], Outcome.ACK, 1.0), Credit)
     assert grant.grant == 1
-    for key in keys[1:GRANT_CAP]:
+    for key in keys[1:cap]:
         assert of_type(session.settle(key, Outcome.ACK, 1.0), Credit) == []
-    (grant,) = of_type(session.settle(keys[GRANT_CAP], Outcome.ACK, 1.0), Credit)
-    assert grant == Credit(grant.request_id, 0, None, grant=GRANT_CAP)
+    (grant,) = of_type(session.settle(keys[cap], Outcome.ACK, 1.0), Credit)
+    assert grant == Credit(grant.request_id, 0, None, grant=cap)
+
+
+def test_a_grant_cap_below_one_is_refused() -> None:
+    with pytest.raises(LocalProtocolError, match="grant_cap"):
+        WorkSession(concurrency=4, minor=BATCH_MINOR, grant_cap=0)
 
 
 def test_renewal_moves_the_deadline_to_send_time_plus_extension() -> None:

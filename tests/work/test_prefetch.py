@@ -21,6 +21,8 @@ from ringo_trio import (
     TaskQueue,
     TaskState,
 )
+from ringo_trio._contract.versions import MINOR
+from ringo_trio._contract.work.client import GRANT_CAP, PREFETCH_GRANT_CAP
 from tests._kit.processes import eventually
 from tests._kit.workers import enqueue, running, wait_states
 
@@ -138,6 +140,27 @@ async def test_prefetch_arguments_are_checked(tmp_path: pathlib.Path) -> None:
                 queue.worker(handle, concurrency=AdaptiveConcurrency(max=8), prefetch=2)
             with pytest.raises(InvalidArgumentError, match="concurrency"):
                 queue.worker(handle, concurrency=2**31 - 2, prefetch=2)
+
+
+async def test_a_prefetching_worker_grants_credit_in_larger_batches(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A worker that prefetches asks for freed slots PREFETCH_GRANT_CAP at a
+    time (its waiting tasks keep the slots busy meanwhile), one that does
+    not GRANT_CAP at a time (a freed slot must not idle): the cap each
+    worker's Work session is made with."""
+
+    async def handle(task: Task, ctx: TaskContext) -> None:
+        return None
+
+    with trio.fail_after(20):
+        async with Ringo.local(tmp_path) as client:
+            queue = client.queue("grants")
+            plain = queue.worker(handle, concurrency=64)
+            prefetching = queue.worker(handle, concurrency=64, prefetch=64)
+            assert plain._new_session(MINOR, 64).grant_cap == GRANT_CAP
+            assert prefetching._new_session(MINOR, 128).grant_cap == PREFETCH_GRANT_CAP
+            assert PREFETCH_GRANT_CAP > GRANT_CAP
 
 
 async def test_a_cancelled_run_hands_every_lease_back_unspent(tmp_path: pathlib.Path) -> None:

@@ -32,7 +32,8 @@ From minor 10 the session grants freed slots as they free up, so the daemon
 claims and pushes while handlers run instead of waiting for the worker to
 run dry (the two processes then overlap instead of taking turns): a grant of
 every free slot goes out once ``free = capacity - slots - mirror -
-granted`` reaches ``capacity // GRANT_FRACTION``, at most ``GRANT_CAP``
+granted`` reaches ``capacity // GRANT_FRACTION``, at most the session's
+``grant_cap`` (``GRANT_CAP``; a prefetching worker's ``PREFETCH_GRANT_CAP``)
 (at least one; any free slot when nothing is out, so no slot idles
 unasked-for; *capacity* is below). Counting the mirror
 and every grant in flight as taken is what makes a grant impossible to
@@ -172,6 +173,8 @@ from .client_events import (
 )
 
 __all__ = [
+    "GRANT_CAP",
+    "PREFETCH_GRANT_CAP",
     "Answered",
     "CancelHandler",
     "CommandDone",
@@ -216,6 +219,15 @@ MAX_CREDIT_REFUSALS = 20
 # slot waited for 127 others before it was asked for).
 GRANT_FRACTION = 2
 GRANT_CAP = 32
+# The cap of a worker that prefetches (its credit limit above its
+# concurrency): its waiting tasks keep the slots busy while a grant makes its
+# round trip, so a grant may wait for more free slots and the daemon claims
+# in fewer, larger batches (one storage statement each). Measured
+# (bench/results.md, "Levers"): PostgreSQL no-op c=64 prefetch 64, 32 → 64:
+# +4-12 % tasks/s, database CPU per task -14 %, daemon -11 %; SQLite no-op
+# daemon CPU -17 %; 10 ms c=256 prefetch 256 unchanged. Without a prefetch
+# the 10 ms run lost 10 % at 64, hence two caps.
+PREFETCH_GRANT_CAP = 64
 
 
 class LocalProtocolError(Exception):
@@ -392,9 +404,12 @@ class WorkSession:
         dynamic_target: bool = False,
         command_timeout: float = 30.0,
         outside: int = 0,
+        grant_cap: int = GRANT_CAP,
     ) -> None:
         if concurrency < 0:
             raise LocalProtocolError("concurrency must not be negative")
+        if grant_cap < 1:
+            raise LocalProtocolError("grant_cap must be at least 1")
         if outside < 0:
             raise LocalProtocolError("outside slots must not be negative")
         features = Features(minor)
@@ -413,7 +428,7 @@ class WorkSession:
         self.can_store_result = features.has(Feature.RESULT_VALUES)
         self.can_grant = features.has(Feature.CREDIT_GRANT)
         self.grant_fraction = GRANT_FRACTION
-        self.grant_cap = GRANT_CAP
+        self.grant_cap = grant_cap
         self.dynamic_target = dynamic_target
         self.command_timeout = command_timeout
         self.lease_duration = 0.0
