@@ -479,9 +479,11 @@ class QueueService(QueueServiceBase):
         and let them start their claims before this reply is encoded and
         written. One loop turn is all it takes for a dispatcher waiting on the
         wake-up; the work, not the producer's answer, is what a waiting
-        worker waits on (bench/results.md, "Latency at low load": the push
+        worker waits on (bench/results.md, "Levers (issue 29)": the push
         leaves ~0.7 ms sooner, the reply ~0.4 ms later, with a worker idle;
-        nothing changes when none waits)."""
+        nothing changes when none waits). A call cancelled in this turn
+        leaves its tasks committed and unanswered, as one cancelled while its
+        reply is written always did."""
         self._wakeups.notify(queue)
         await asyncio.sleep(0)
 
