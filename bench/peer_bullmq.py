@@ -48,7 +48,6 @@ check (a lock of 30 s), not on a transaction.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import secrets
@@ -57,7 +56,6 @@ import subprocess
 import _node
 import _peer
 import _proc
-import _stats
 
 REDIS = os.environ.get("RINGO_BENCH_REDIS", "127.0.0.1:6379")
 JOBS = {0.0: "noop", 0.01: "sleep10"}  # --sleep → BullMQ job name
@@ -114,30 +112,25 @@ def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> _peer.PeerRun:
     others = {state: n for state, n in counts.items() if n and state != "completed"}
     if counts.get("completed") != tasks or others or done["failed"]:
         raise RuntimeError(f"bullmq: {counts} after {tasks} jobs, {done['failed']} failure(s)")
-    elapsed = (done["t"] - first["t"]) / 1000
-    return _peer.PeerRun(
+    return _peer.measured(
         tasks=tasks,
         concurrency=concurrency,
         enqueue_rate=enqueued["rate"],
-        rate=_stats.steady_rate(tasks, 1, 0.0, elapsed),
+        first=(0.0, 1),  # timed from the first completion (node reports ms)
+        last_at=(done["t"] - first["t"]) / 1000,
         worker_cpu=worker_cpu - worker_cpu0,
         server_cpu=server_cpu - server_cpu0,
         peak_rss_mb=peak_rss_mb,
-        elapsed=elapsed,
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    _peer.command(
+        __doc__,
+        run,
+        lambda sleep: f"BullMQ {_node.BULLMQ}, sleep {sleep * 1000:g} ms",
+        server="redis-server",
     )
-    parser.add_argument("--tasks", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--sleep", type=float, default=0.0, help="job sleep, seconds: 0 or 0.01")
-    args = parser.parse_args()
-    result = run(args.tasks, args.concurrency, args.sleep)
-    what = f"BullMQ {_node.BULLMQ}, sleep {args.sleep * 1000:g} ms"
-    print(_peer.report(result, what, server="redis-server"))
 
 
 if __name__ == "__main__":

@@ -51,13 +51,10 @@ lost with the worker, running its job again.
 
 from __future__ import annotations
 
-import argparse
-
 import _node
 import _peer
 import _pg
 import _proc
-import _stats
 
 TASKS = {0.0: "noop", 0.01: "sleep10"}  # --sleep → graphile task name
 
@@ -93,30 +90,24 @@ def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> _peer.PeerRun:
             raise RuntimeError(
                 f"graphile-worker: {left} job(s) left, {done['failed']} failure(s) reported"
             )
-    elapsed = (done["t"] - first["t"]) / 1000
-    return _peer.PeerRun(
+    return _peer.measured(
         tasks=tasks,
         concurrency=concurrency,
         enqueue_rate=enqueued["rate"],
-        rate=_stats.steady_rate(tasks, 1, 0.0, elapsed),
+        first=(0.0, 1),  # timed from the first completion (node reports ms)
+        last_at=(done["t"] - first["t"]) / 1000,
         worker_cpu=worker_cpu,
         server_cpu=server_cpu,
         peak_rss_mb=peak_rss_mb,
-        elapsed=elapsed,
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    _peer.command(
+        __doc__,
+        run,
+        lambda sleep: f"graphile-worker {_node.GRAPHILE_WORKER}, sleep {sleep * 1000:g} ms",
     )
-    parser.add_argument("--tasks", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--sleep", type=float, default=0.0, help="task sleep, seconds: 0 or 0.01")
-    args = parser.parse_args()
-    result = run(args.tasks, args.concurrency, args.sleep)
-    what = f"graphile-worker {_node.GRAPHILE_WORKER}, sleep {args.sleep * 1000:g} ms"
-    print(_peer.report(result, what))
 
 
 if __name__ == "__main__":

@@ -66,7 +66,6 @@ started as ``python -c "import peer_pgqueuer; ..."``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import pathlib
@@ -79,7 +78,6 @@ from contextlib import asynccontextmanager
 import _peer
 import _pg
 import _proc
-import _stats
 
 HERE = pathlib.Path(__file__).resolve().parent
 POLL = 0.020  # seconds between counts of the queue table
@@ -220,30 +218,20 @@ def run(tasks: int, concurrency: int = 64, sleep: float = 0.0) -> _peer.PeerRun:
             # SIGTERM: the peer's graceful stop (killed after 30 s).
             _proc.stop(proc)
         asyncio.run(_check(dsn, tasks))
-    return _peer.PeerRun(
+    return _peer.measured(
         tasks=tasks,
         concurrency=concurrency,
         enqueue_rate=enqueue_rate,
-        rate=_stats.steady_rate(tasks, first[1], first[0], now),
+        first=(first[0], first[1]),
+        last_at=now,
         worker_cpu=worker_cpu,
         server_cpu=server_cpu,
         peak_rss_mb=peak_rss_mb,
-        elapsed=now - first[0],
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--tasks", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--sleep", type=float, default=0.0, help="0 (no-op) or 0.01 (10 ms)")
-    args = parser.parse_args()
-    if args.sleep not in (0.0, 0.01):
-        parser.error("--sleep is 0 (entrypoint noop) or 0.01 (entrypoint sleep10)")
-    result = run(args.tasks, args.concurrency, args.sleep)
-    print(_peer.report(result, f"pgqueuer, {entrypoint_for(args.sleep)}"))
+    _peer.command(__doc__, run, lambda sleep: f"pgqueuer, {entrypoint_for(sleep)}")
 
 
 if __name__ == "__main__":

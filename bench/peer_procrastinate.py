@@ -38,7 +38,6 @@ as ``python -c "import peer_procrastinate; ..."``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import pathlib
@@ -50,7 +49,6 @@ from typing import Any
 import _peer
 import _pg
 import _proc
-import _stats
 
 HERE = pathlib.Path(__file__).resolve().parent
 POOL_SIZE = 10  # ringod's default PostgreSQL pool_size
@@ -136,27 +134,25 @@ def run(tasks: int, concurrency: int = 64) -> _peer.PeerRun:
             _proc.stop(proc)
         if left and left[0]:
             raise RuntimeError(f"procrastinate: {left[0]} job(s) not succeeded")
-    return _peer.PeerRun(
+    return _peer.measured(
         tasks=tasks,
         concurrency=concurrency,
         enqueue_rate=enqueue_rate,
-        rate=_stats.steady_rate(tasks, first[1], first[0], now),
+        first=(first[0], first[1]),
+        last_at=now,
         worker_cpu=worker_cpu,
         server_cpu=server_cpu,
         peak_rss_mb=peak_rss_mb,
-        elapsed=now - first[0],
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    _peer.command(
+        __doc__,
+        lambda tasks, concurrency, _: run(tasks, concurrency),
+        lambda _: "procrastinate",
+        sleeps=False,
     )
-    parser.add_argument("--tasks", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=64)
-    args = parser.parse_args()
-    result = run(args.tasks, args.concurrency)
-    print(_peer.report(result, "procrastinate"))
 
 
 if __name__ == "__main__":

@@ -920,6 +920,15 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
         who = _PEERS[name][1]
         return _PEER.format(who=who, what=what, concurrency=concurrency, tasks=peer_tasks)
 
+    # Each fast peer with the engine and the runs of ours it is held against,
+    # and what the two runs of each are.
+    companions = (
+        ("graphile", "PostgreSQL", pg_runs),
+        ("pgqueuer", "PostgreSQL", pg_runs),
+        ("bullmq", "SQLite", fast),
+    )
+    runs_of = ("no-op c=64", "10 ms c=256")
+
     against_peers = [
         Target(
             f"{engine}, {what} / {_PEERS[name][1]}, steady rate",
@@ -928,12 +937,12 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
             peer=f"{peer(name, i)}: {_STEADY}",
             ratio_at_least=goal,
         )
-        for name, engine, runs, goal in (
-            ("graphile", "PostgreSQL", pg_runs, TARGET_GRAPHILE_RATIO),
-            ("pgqueuer", "PostgreSQL", pg_runs, TARGET_PGQUEUER_RATIO),
-            ("bullmq", "SQLite", fast, TARGET_BULLMQ_RATIO),
+        for (name, engine, runs), goal in zip(
+            companions,
+            (TARGET_GRAPHILE_RATIO, TARGET_PGQUEUER_RATIO, TARGET_BULLMQ_RATIO),
+            strict=True,
         )
-        for i, (ours, what) in enumerate(zip(runs, ("no-op c=64", "10 ms c=256"), strict=True))
+        for i, (ours, what) in enumerate(zip(runs, runs_of, strict=True))
     ]
     cpu_per_task = [
         Target(
@@ -947,7 +956,7 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
             ("SQLite, prefetch", fast),
             ("PostgreSQL, prefetch", pg_runs),
         )
-        for ours, what in zip(runs, ("no-op c=64", "10 ms c=256"), strict=True)
+        for ours, what in zip(runs, runs_of, strict=True)
     ]
     worker_cpu = [
         Target(
@@ -956,12 +965,8 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
             "s",
             peer=f"{peer(name, i)}: worker CPU per 1,000 tasks",
         )
-        for name, engine, runs in (
-            ("graphile", "PostgreSQL", pg_runs),
-            ("pgqueuer", "PostgreSQL", pg_runs),
-            ("bullmq", "SQLite", fast),
-        )
-        for i, (ours, what) in enumerate(zip(runs, ("no-op c=64", "10 ms c=256"), strict=True))
+        for name, engine, runs in companions
+        for i, (ours, what) in enumerate(zip(runs, runs_of, strict=True))
     ]
     server_cpu = [
         Target(
@@ -971,7 +976,7 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
             peer=f"{peer(name, i)}: PostgreSQL CPU per 1,000 tasks",
         )
         for name in ("graphile", "pgqueuer")
-        for i, (ours, what) in enumerate(zip(pg_runs, ("no-op c=64", "10 ms c=256"), strict=True))
+        for i, (ours, what) in enumerate(zip(pg_runs, runs_of, strict=True))
     ]
     return [
         *against_peers,

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+import anyio
 from grpclib.client import Channel
 from grpclib.client import Stream as ClientStream
 from grpclib.const import Cardinality, Status
@@ -40,8 +42,27 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from ringo_trio.server.daemon import Daemon
+from ringo_trio.server.daemon import Daemon, DaemonConfig
+from ringo_trio.server.storage.base import Storage
 from ringo_trio.testing import DaemonProcess
+
+
+@asynccontextmanager
+async def serving(
+    engine: Storage, prepare: Callable[[Daemon], None] = lambda _daemon: None
+) -> AsyncIterator[Daemon]:
+    """The daemon on `engine`, in this loop; `prepare` runs before it serves."""
+    daemon = Daemon(DaemonConfig(host="127.0.0.1", port=0), engine)
+    prepare(daemon)
+    stop = asyncio.Event()
+    ready = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(daemon.serve, stop, lambda _daemon: ready.set())
+        await ready.wait()
+        try:
+            yield daemon
+        finally:
+            stop.set()
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 import trio
@@ -22,6 +22,24 @@ from ringo_trio import (
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests._kit.processes import free_port
 from tests._kit.proxy import CuttableProxy
+
+
+class Concurrent:
+    """Handlers running at once, as the handlers count themselves: each wraps
+    its body in `one`; ``now`` is how many are inside, ``peak`` the most."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    @contextmanager
+    def one(self) -> Iterator[None]:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            yield
+        finally:
+            self.now -= 1
 
 
 async def wait_states(

@@ -19,6 +19,7 @@ from ringo_trio import (
 )
 from ringo_trio.testing import DaemonProcess
 from tests._kit.processes import kill_local_daemon, pid_alive
+from tests._kit.workers import Concurrent
 
 pytestmark = pytest.mark.anyio
 
@@ -121,19 +122,14 @@ async def test_worker_asyncio(tmp_path: pathlib.Path) -> None:
             batch = await queue.enqueue_many([TaskSpec("t") for _ in range(60)])
             bad = (await queue.enqueue(task_type="bad")).task.id
             ids = [r.task.id for r in batch.results]
-            now_running = peak = 0
+            handlers = Concurrent()
 
             async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal now_running, peak
                 if task.task_type == "bad":
                     raise PermanentTaskError("no")
-                now_running += 1
-                peak = max(peak, now_running)
-                try:
+                with handlers.one():
                     await ctx.report_progress(1, 1)
                     await anyio.sleep(0.005)
-                finally:
-                    now_running -= 1
 
             worker = queue.worker(handle, concurrency=5)
             async with anyio.create_task_group() as tg:
@@ -144,7 +140,7 @@ async def test_worker_asyncio(tmp_path: pathlib.Path) -> None:
                         break
                     await anyio.sleep(0.05)
                 await worker.close()
-            assert peak == 5
+            assert handlers.peak == 5
             assert (await queue.get_by_id(bad)).state is TaskState.DEAD
             assert {(await queue.get_by_id(t)).state for t in ids} == {TaskState.SUCCEEDED}
 
@@ -161,17 +157,12 @@ async def test_prefetch_asyncio(tmp_path: pathlib.Path) -> None:
             batch = await queue.enqueue_many([TaskSpec("t") for _ in range(40)])
             ids = [r.task.id for r in batch.results]
             seen: list[str] = []
-            now_running = peak = 0
+            handlers = Concurrent()
 
             async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal now_running, peak
-                now_running += 1
-                peak = max(peak, now_running)
-                try:
+                with handlers.one():
                     seen.append(task.id)
                     await anyio.sleep(0.005)
-                finally:
-                    now_running -= 1
 
             worker = queue.worker(handle, concurrency=3, prefetch=5)
             async with anyio.create_task_group() as tg:
@@ -182,5 +173,5 @@ async def test_prefetch_asyncio(tmp_path: pathlib.Path) -> None:
                         break
                     await anyio.sleep(0.05)
                 await worker.close()
-            assert peak == 3
+            assert handlers.peak == 3
             assert sorted(seen) == sorted(ids)

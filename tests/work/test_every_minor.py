@@ -11,7 +11,7 @@ import trio
 
 from ringo_trio import PermanentTaskError, RetryTaskError, Ringo, Task, TaskContext, TaskState
 from ringo_trio._contract import versions
-from tests._kit.workers import enqueue, running, wait_states
+from tests._kit.workers import Concurrent, enqueue, running, wait_states
 
 pytestmark = pytest.mark.trio
 
@@ -31,21 +31,16 @@ async def test_every_minor_works_every_task_once(
             queue = client.queue("minors")
             ids = await enqueue(queue, 24, max_attempts=3)
             attempts: dict[str, list[int]] = {}
-            now_running = peak = 0
+            handlers = Concurrent()
 
             async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal now_running, peak
-                now_running += 1
-                peak = max(peak, now_running)
-                try:
+                with handlers.one():
                     attempts.setdefault(task.id, []).append(ctx.attempt)
                     await trio.sleep(0.002)
                     if task.id == ids[0]:
                         raise PermanentTaskError("refused")
                     if task.id == ids[1] and ctx.attempt == 1:
                         raise RetryTaskError("again", delay=0.0)
-                finally:
-                    now_running -= 1
 
             async with running(queue.worker(handle, concurrency=4, prefetch=prefetch)):
                 done = await wait_states(
@@ -56,4 +51,4 @@ async def test_every_minor_works_every_task_once(
             assert {states[i] for i in ids[1:]} == {TaskState.SUCCEEDED}
             assert attempts[ids[1]] == [1, 2]
             assert all(attempts[i] == [1] for i in ids if i != ids[1])
-            assert peak <= 4
+            assert handlers.peak <= 4

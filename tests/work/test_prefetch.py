@@ -24,7 +24,7 @@ from ringo_trio import (
 from ringo_trio._contract.versions import MINOR
 from ringo_trio._contract.work.client import GRANT_CAP, PREFETCH_GRANT_CAP
 from tests._kit.processes import eventually
-from tests._kit.workers import enqueue, running, wait_states
+from tests._kit.workers import Concurrent, enqueue, running, wait_states
 
 pytestmark = pytest.mark.trio
 
@@ -54,28 +54,23 @@ async def test_prefetched_tasks_wait_for_a_slot_and_run_exactly_once(
             ids = await enqueue(queue, 30)
             gate = trio.Event()
             seen: list[tuple[str, int]] = []
-            now_running = peak = 0
+            handlers = Concurrent()
 
             async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal now_running, peak
-                now_running += 1
-                peak = max(peak, now_running)
-                try:
+                with handlers.one():
                     seen.append((task.id, ctx.attempt))
                     await gate.wait()
-                finally:
-                    now_running -= 1
 
             async with running(queue.worker(handle, concurrency=2, prefetch=3)):
-                await eventually(lambda: now_running == 2, within=10)
+                await eventually(lambda: handlers.now == 2, within=10)
                 # Two run, three more wait here leased: five leases in all.
                 await _until_leased(queue, ids, 5)
                 await trio.sleep(0.2)
                 assert await _leased(queue, ids) == 5
-                assert now_running == 2
+                assert handlers.now == 2
                 gate.set()
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=40)
-            assert peak == 2
+            assert handlers.peak == 2
             assert sorted(seen) == sorted((i, 1) for i in ids)
 
 

@@ -32,7 +32,7 @@ from ringo_trio import (
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests._kit.processes import eventually, free_port, kill_local_daemon
 from tests._kit.proxy import CuttableProxy
-from tests._kit.workers import enqueue, enqueue_retrying, running, wait_states
+from tests._kit.workers import Concurrent, enqueue, enqueue_retrying, running, wait_states
 
 pytestmark = pytest.mark.trio
 
@@ -95,30 +95,25 @@ async def test_every_task_is_worked_exactly_once_and_concurrency_is_a_bound(
             queue = client.queue("bound")
             ids = await enqueue(queue, 300)
             seen: list[str] = []
-            now_running = peak = 0
+            handlers = Concurrent()
 
             all_in = trio.Event()
 
             async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal now_running, peak
-                now_running += 1
-                peak = max(peak, now_running)
-                try:
+                with handlers.one():
                     seen.append(task.id)
                     # The first credit covers 8 tasks: they all start before
                     # any finishes, so the worker demonstrably uses its bound.
-                    if now_running == 8:
+                    if handlers.now == 8:
                         all_in.set()
                     with trio.fail_after(10):
                         await all_in.wait()
                     await trio.sleep(0.005)
-                finally:
-                    now_running -= 1
 
             async with running(queue.worker(handle, concurrency=8)):
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=50)
             assert sorted(seen) == sorted(ids)
-            assert peak == 8
+            assert handlers.peak == 8
 
 
 async def test_report_progress_is_stored_and_correlated(
@@ -467,15 +462,12 @@ async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
             stubborn_started = trio.Event()
             stubborn_may_end = trio.Event()
             others_done: list[str] = []
-            now_running = peak = 0
+            handlers = Concurrent()
             gated: list[str] = []
             three_in = trio.Event()
 
             async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal now_running, peak
-                now_running += 1
-                peak = max(peak, now_running)
-                try:
+                with handlers.one():
                     if task.id == stubborn and ctx.attempt == 1:
                         stubborn_started.set()
                         with trio.CancelScope(shield=True):
@@ -489,8 +481,6 @@ async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
                             await three_in.wait()
                     await trio.sleep(0.01)
                     others_done.append(task.id)
-                finally:
-                    now_running -= 1
 
             worker = queue.worker(handle, concurrency=3, lease_duration=timedelta(seconds=2))
             async with running(worker):
@@ -499,7 +489,7 @@ async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
                 ids = await enqueue_retrying(queue, 30)
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=30)
                 assert worker.running == 1  # the stubborn one, still holding its slot
-                assert peak <= 3
+                assert handlers.peak <= 3
                 stubborn_may_end.set()
                 # Once it has exited, its slot is back: three run at once
                 # again (each gated task waits until all three are in).
@@ -511,7 +501,7 @@ async def test_a_handler_ignoring_cancellation_does_not_block_reconnect(
                 assert three_in.is_set()
                 assert len(gated) == 3  # at once, first try: none timed out and came back
             assert set(ids) <= set(others_done)
-            assert peak <= 3
+            assert handlers.peak <= 3
 
 
 async def test_reconnect_is_bounded(tmp_path: pathlib.Path) -> None:

@@ -24,7 +24,7 @@ from grpclib.exceptions import GRPCError
 from ringo_trio import Task, TaskContext, TaskState
 from ringo_trio.testing import RingoTestEnv
 from tests._kit.processes import eventually
-from tests._kit.workers import enqueue, running, wait_states
+from tests._kit.workers import Concurrent, enqueue, running, wait_states
 
 pytestmark = pytest.mark.trio
 
@@ -199,23 +199,18 @@ async def test_a_slot_held_by_a_zombie_is_never_offered_to_the_next_stream(
             [stubborn] = await enqueue(queue, 1)
             started = trio.Event()
             may_end = trio.Event()
-            now_running = peak = 0
+            handlers = Concurrent()
             seen: list[tuple[str, int]] = []
 
             async def handle(task: Task, ctx: TaskContext) -> None:
-                nonlocal now_running, peak
-                now_running += 1
-                peak = max(peak, now_running)
-                seen.append((task.id, ctx.attempt))
-                try:
+                with handlers.one():
+                    seen.append((task.id, ctx.attempt))
                     if task.id == stubborn and ctx.attempt == 1:
                         started.set()
                         with trio.CancelScope(shield=True):
                             await may_end.wait()
                         return
                     await trio.sleep(0.01)
-                finally:
-                    now_running -= 1
 
             worker = queue.worker(handle, concurrency=1, lease_duration=timedelta(seconds=2))
             async with running(worker):
@@ -226,7 +221,7 @@ async def test_a_slot_held_by_a_zombie_is_never_offered_to_the_next_stream(
                     # Long enough to reconnect, for the zombie's lease to expire
                     # (its task claimable again) and for many claims on the new stream.
                     await env.sleep(30)
-                    assert peak == 1
+                    assert handlers.peak == 1
                     assert seen == [(stubborn, 1)]
                     assert worker.running == 1  # the zombie, still holding the one slot
                     for task_id in others:
@@ -234,5 +229,5 @@ async def test_a_slot_held_by_a_zombie_is_never_offered_to_the_next_stream(
                 finally:
                     may_end.set()  # a failing test must not leave it running
                 await wait_states(queue, [stubborn, *others], {TaskState.SUCCEEDED}, within=30)
-            assert peak == 1
+            assert handlers.peak == 1
             assert (stubborn, 2) in seen  # its expired lease was worked again

@@ -13,10 +13,9 @@ replies were sent whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -36,30 +35,19 @@ from ringo_trio._proto.ringo.v1 import (
     TaskState,
 )
 from ringo_trio.server.clock import Clock
-from ringo_trio.server.daemon import Daemon, DaemonConfig
+from ringo_trio.server.daemon import Daemon
 from ringo_trio.server.http.metrics import Metrics, StreamTap
 from ringo_trio.server.rpc.service import QueueService
 from ringo_trio.server.rpc.sessions import SessionTable
 from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups
 from ringo_trio.server.storage.base import Push, Storage, StorageUnavailable, TaskFilter
 from ringo_trio.server.storage.postgres import PostgresEngine
-from ringo_trio.server.storage.sqlite import SQLiteEngine
-from tests._kit.grpc_client import Client, connect, new_queue, open_work
+from tests._kit.grpc_client import Client, connect, new_queue, open_work, serving
 from tests._kit.postgres import fresh_database
 
 pytestmark = pytest.mark.anyio
 
 _CLAIM = "/ringo.v1.QueueService/Claim"
-
-
-@pytest.fixture(params=["postgres", "sqlite"])
-def make_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Storage]]:
-    """A fresh engine of each kind (PostgreSQL: a database of this test's own)."""
-    if request.param == "sqlite":
-        yield lambda: SQLiteEngine(tmp_path / "ringo.db")
-        return
-    with fresh_database("ringo_cut") as dsn:
-        yield lambda: PostgresEngine(dsn)
 
 
 class _Tap(StreamTap):
@@ -114,24 +102,6 @@ class _Claims:
 
     def event(self, worker_id: str) -> asyncio.Event:
         return self.entered.setdefault(worker_id, asyncio.Event())
-
-
-@asynccontextmanager
-async def serving(
-    engine: Storage, prepare: Callable[[Daemon], None] = lambda _daemon: None
-) -> AsyncIterator[Daemon]:
-    """The daemon on `engine`, in this loop; `prepare` runs before it serves."""
-    daemon = Daemon(DaemonConfig(host="127.0.0.1", port=0), engine)
-    prepare(daemon)
-    stop = asyncio.Event()
-    ready = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(daemon.serve, stop, lambda _daemon: ready.set())
-        await ready.wait()
-        try:
-            yield daemon
-        finally:
-            stop.set()
 
 
 async def enqueue(client: Client, queue: str, count: int, **spec: Any) -> list[str]:

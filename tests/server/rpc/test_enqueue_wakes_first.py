@@ -10,8 +10,7 @@ order on the daemon's side, not as two sockets happen to deliver it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -26,22 +25,9 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio.server.daemon import Daemon
 from ringo_trio.server.storage.base import Storage
-from ringo_trio.server.storage.postgres import PostgresEngine
-from ringo_trio.server.storage.sqlite import SQLiteEngine
-from tests._kit.grpc_client import connect, new_queue, open_work
-from tests._kit.postgres import fresh_database
-from tests.server.rpc.test_claim_cancel import serving
+from tests._kit.grpc_client import connect, new_queue, open_work, serving
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["postgres", "sqlite"])
-def make_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Storage]]:
-    if request.param == "sqlite":
-        yield lambda: SQLiteEngine(tmp_path / "ringo.db")
-        return
-    with fresh_database("ringo_first") as dsn:
-        yield lambda: PostgresEngine(dsn)
 
 
 @pytest.mark.parametrize("rpc", ["enqueue", "enqueue_many"])
