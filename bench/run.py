@@ -127,6 +127,7 @@ import _stats
 import _tree
 import compare
 import trio
+import worker as _worker
 
 from ringo_trio import Ringo, RingoClient, Task, TaskContext, TaskSpec
 from ringo_trio._proto.ringo.v1 import GetQueueActivityRequest, GetQueueActivityResponse
@@ -1225,6 +1226,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.scaleout_worker is not None:
         endpoint, queue, concurrency = args.scaleout_worker
+        _worker.tune_gc_if_known()
         trio.run(_scaleout_worker, endpoint, queue, int(concurrency))
         return
     args.n = args.n or (300 if args.quick else 2000)

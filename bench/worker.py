@@ -30,6 +30,7 @@ import _proc
 import _stats
 import trio
 
+import ringo_trio
 from ringo_trio import Ringo, Task, TaskContext
 
 
@@ -90,6 +91,14 @@ async def _main(args: argparse.Namespace) -> None:
     )
 
 
+def tune_gc_if_known() -> None:
+    """What docs/worker.md asks of a process whose main job is a worker
+    (`ringo_trio.tune_gc`); a --start-tree / --baseline tree may predate it."""
+    tune = getattr(ringo_trio, "tune_gc", None)
+    if tune is not None:
+        tune()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("endpoint")
@@ -103,7 +112,9 @@ def main() -> None:
     parser.add_argument(
         "--stamp", action="store_true", help="latency from the send time in the payload"
     )
-    trio.run(_main, parser.parse_args())
+    args = parser.parse_args()
+    tune_gc_if_known()
+    trio.run(_main, args)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from ._tasks.registry import TaskRouter as TaskRouter
 from ._work._concurrency import AdaptiveConcurrency as AdaptiveConcurrency
 from ._work._concurrency import ResourceConcurrency as ResourceConcurrency
 from ._work._concurrency import ResourceSample as ResourceSample
+from ._work._gc import tune_gc as tune_gc
 from ._work._handlers import TaskContext as TaskContext
 from ._work._timeouts import TaskTimeouts as TaskTimeouts
 from ._work.worker import Worker as Worker

@@ -60,6 +60,7 @@ EXPECTED_PUBLIC = {
     "AdaptiveConcurrency",
     "ResourceConcurrency",
     "ResourceSample",
+    "tune_gc",
     "Supervisor",
     "SupervisorError",
     "RestartPolicy",

@@ -57,6 +57,7 @@ from .._supervise.child import (
 )
 from .._supervise.parent import TOKEN_ENV, RestartPolicy, Supervisor
 from .._tasks.registry import TaskRegistry
+from .._work._gc import tune_gc
 from .._work._handlers import Handler
 from .._work._timeouts import TaskTimeouts
 from . import demo as _demo
@@ -97,6 +98,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             data_dir = stack.enter_context(
                 tempfile.TemporaryDirectory(prefix="ringo-demo-", ignore_cleanup_errors=True)
             )
+        tune_gc()
         return _trio_main("ringo demo", _demo.demo, args, data_dir, sys.stdout, bar_out)
 
 
@@ -316,6 +318,7 @@ def _run_worker(args: argparse.Namespace) -> int:
     except UsageError as exc:
         _line(f"ringo worker: {exc}", err=True)
         return EXIT_USAGE
+    tune_gc()  # this process is the worker's: ringo_trio/_work/_gc.py
     return _trio_main("ringo worker", _worker_main, args, handler)
 
 
