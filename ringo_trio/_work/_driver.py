@@ -65,6 +65,7 @@ from .._proto.ringo.v1 import (
     WorkRequest,
     WorkResponse,
 )
+from .._wire.codec import encode
 from .._wire.work import (
     encode_ack,
     encode_credit,
@@ -214,9 +215,9 @@ def settle_frame(settle: Settle) -> Frame:
             settle.request_id, key.task_id, key.attempt, settle.lease_token, settle.error
         )
     else:
-        # Rare (a stopping worker), so betterproto2 rather than a hand encoder.
+        # Rare (a stopping worker), so the generic codec rather than a hand encoder.
         ref = LeaseRef(task_id=key.task_id, attempt=key.attempt, lease_token=settle.lease_token)
-        data = bytes(
+        data = encode(
             WorkRequest(
                 request_id=settle.request_id,
                 release=ReleaseRequest(lease=ref, reason=settle.error),
@@ -325,7 +326,7 @@ class StreamDriver:
             )
         else:
             request = WorkRequest(request_id=frame.request_id, drain=WorkerDrain(begin=True))
-        self.send.send_nowait(Frame(bytes(request)))
+        self.send.send_nowait(Frame(encode(request)))
         return waiter
 
     async def first_response(self, receive: MemoryObjectReceiveStream[Any]) -> WorkResponse:
