@@ -329,6 +329,11 @@ class Running:
         self.context._beat = beat
 
 
+def _handed_back_unrun(why: str) -> str:
+    """The error a lease goes back with when its handler never started."""
+    return f"the worker is stopping; handed back unrun ({why})"
+
+
 def error_text(error: BaseException) -> str:
     try:
         text = str(error) or type(error).__name__
@@ -523,18 +528,17 @@ class Handlers:
         fencing = self._fencing
         limiter = self.limiter
         slot = False
-        unrun = f"the worker is stopping; handed back unrun ({error})"
         try:
             if self._close_requested.is_set():
                 # Pushed before the daemon saw the drain: not started at all.
-                error = unrun
+                error = _handed_back_unrun(error)
                 return
             with running.scope:
                 if limiter is not None:
                     await self._slot(limiter, running)
                     slot = True
                     if self._close_requested.is_set():
-                        error = unrun
+                        error = _handed_back_unrun(error)
                         return
                     if fencing is not None:
                         # no_start measures the event loop's delay in starting a
@@ -598,7 +602,7 @@ class Handlers:
                 finished = True
             if limiter is not None and not slot:
                 # The wait was cancelled (the worker stopping, the lease lost).
-                error = unrun
+                error = _handed_back_unrun(error)
         except anyio.get_cancelled_exc_class():
             raise
         except BaseException as exc:

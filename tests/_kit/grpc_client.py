@@ -49,12 +49,19 @@ from ringo_trio.testing import DaemonProcess
 
 @asynccontextmanager
 async def serving(
-    engine: Storage, prepare: Callable[[Daemon], None] = lambda _daemon: None
+    engine: Storage,
+    prepare: Callable[[Daemon], None] = lambda _daemon: None,
+    *,
+    stop: asyncio.Event | None = None,
+    **config: Any,
 ) -> AsyncIterator[Daemon]:
-    """The daemon on `engine`, in this loop; `prepare` runs before it serves."""
-    daemon = Daemon(DaemonConfig(host="127.0.0.1", port=0), engine)
+    """The daemon on `engine` (`DaemonConfig` on 127.0.0.1, any port, with
+    `config`), in this loop; `prepare` runs before it serves. Setting `stop`
+    begins its shutdown while the block runs; leaving the block sets it."""
+    daemon = Daemon(DaemonConfig(host="127.0.0.1", port=0, **config), engine)
     prepare(daemon)
-    stop = asyncio.Event()
+    if stop is None:
+        stop = asyncio.Event()
     ready = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(daemon.serve, stop, lambda _daemon: ready.set())

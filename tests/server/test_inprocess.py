@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
@@ -21,10 +19,9 @@ from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckResponseServingStatus,
 )
 from ringo_trio._proto.ringo.v1 import AckRequest, LeaseRef, Task, TaskSpec, TaskState
-from ringo_trio.server.daemon import Daemon, DaemonConfig
 from ringo_trio.server.storage.base import EnqueueOutcome
 from ringo_trio.server.storage.sqlite import SQLiteEngine
-from tests._kit.grpc_client import connect, expect_status, new_queue, ref
+from tests._kit.grpc_client import connect, expect_status, new_queue, ref, serving
 from tests._kit.virtual_daemon import PROMPT, now, on_virtual_time, virtual_daemon
 
 pytestmark = pytest.mark.anyio
@@ -58,20 +55,6 @@ class FaultyEngine(SQLiteEngine):
         await super().close()
 
 
-@asynccontextmanager
-async def serving(engine: SQLiteEngine, **config: Any) -> AsyncIterator[tuple[Daemon, Any]]:
-    daemon = Daemon(DaemonConfig(host="127.0.0.1", port=0, **config), engine)
-    stop = asyncio.Event()
-    ready = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(daemon.serve, stop, lambda _daemon: ready.set())
-        await ready.wait()
-        try:
-            yield daemon, stop
-        finally:
-            stop.set()
-
-
 async def test_unexpected_exception_is_internal_logged_and_not_fatal(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -79,7 +62,7 @@ async def test_unexpected_exception_is_internal_logged_and_not_fatal(
     call INTERNAL, is logged with its traceback, and the daemon keeps serving."""
     engine = FaultyEngine(tmp_path / "ringo.db")
     with anyio.fail_after(10):
-        async with serving(engine) as (daemon, _), connect(daemon.endpoint) as client:
+        async with serving(engine) as daemon, connect(daemon.endpoint) as client:
             with caplog.at_level(logging.ERROR, logger="ringo_trio.server"):
                 await expect_status(
                     client.enqueue("boom"),
@@ -102,9 +85,10 @@ async def test_shutdown_drains_in_flight_calls_then_closes_storage(tmp_path: Pat
     answers OK), and closes storage only after that."""
     engine = FaultyEngine(tmp_path / "ringo.db")
     queue = new_queue()
+    stop = asyncio.Event()
     with anyio.fail_after(15):
         async with (
-            serving(engine) as (daemon, stop),
+            serving(engine, stop=stop) as daemon,
             connect(daemon.endpoint) as client,
             connect(daemon.endpoint) as other,
         ):

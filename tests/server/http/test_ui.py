@@ -38,7 +38,7 @@ from ringo_trio._proto.ringo.v1 import (
     TaskSpec,
     TaskState,
 )
-from ringo_trio.server.daemon import Daemon, DaemonConfig
+from ringo_trio.server.daemon import Daemon
 from ringo_trio.server.http.server import HttpLimits, Request, Response, serve_http
 from ringo_trio.server.http.ui import Activity, instrument_activity
 from ringo_trio.server.http.ui import app as app_module
@@ -49,7 +49,7 @@ from ringo_trio.server.storage.base import Ack, LeaseLost, Nack, Reject, Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import spawn_daemon
-from tests._kit.grpc_client import connect, new_queue, open_work, ref
+from tests._kit.grpc_client import connect, new_queue, open_work, ref, serving
 from tests._kit.postgres import fresh_database
 
 pytestmark = pytest.mark.anyio
@@ -163,16 +163,8 @@ class UI:
 @asynccontextmanager
 async def dashboard(storage: Storage, **config: Any) -> AsyncIterator[UI]:
     config.setdefault("ui_listen", ("127.0.0.1", 0))
-    daemon = Daemon(DaemonConfig(host="127.0.0.1", port=0, **config), storage)
-    stop = asyncio.Event()
-    ready = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(daemon.serve, stop, lambda _daemon: ready.set())
-        await ready.wait()
-        try:
-            yield UI(daemon)
-        finally:
-            stop.set()
+    async with serving(storage, **config) as daemon:
+        yield UI(daemon)
 
 
 class Elements(HTMLParser):

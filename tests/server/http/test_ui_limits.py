@@ -3,11 +3,10 @@ an in-process daemon with a real engine, a stdlib client in a worker thread."""
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import re
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,12 +14,12 @@ import anyio
 import pytest
 
 from ringo_trio._proto.ringo.v1 import TaskSpec
-from ringo_trio.server.daemon import Daemon, DaemonConfig
+from ringo_trio.server.daemon import Daemon
 from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.limits import Rule
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
-from tests._kit.grpc_client import new_queue
+from tests._kit.grpc_client import new_queue, serving
 from tests._kit.postgres import fresh_database
 
 pytestmark = pytest.mark.anyio
@@ -37,18 +36,8 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
         yield PostgresEngine(dsn)
 
 
-@asynccontextmanager
-async def dashboard(storage: Storage) -> AsyncIterator[Daemon]:
-    daemon = Daemon(DaemonConfig(host="127.0.0.1", port=0, ui_listen=("127.0.0.1", 0)), storage)
-    stop = asyncio.Event()
-    ready = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(daemon.serve, stop, lambda _daemon: ready.set())
-        await ready.wait()
-        try:
-            yield daemon
-        finally:
-            stop.set()
+def dashboard(storage: Storage) -> AbstractAsyncContextManager[Daemon]:
+    return serving(storage, ui_listen=("127.0.0.1", 0))
 
 
 async def get(daemon: Daemon, path: str) -> tuple[int, str]:
