@@ -25,13 +25,18 @@ as for any lost lease, and the worker logs it at INFO, not as an error —
 once: the `LeaseLostError` a handler then gets from ``report_progress``
 and lets propagate is that news, not a crash (`Handlers.handle`).
 
-*Prefetch*: with ``prefetch`` the worker holds more leases than it runs;
-each pushed task still gets its task at once, which first waits for one of
-the ``concurrency`` slots (`Handlers.limiter`, FIFO) inside the handler's own
-cancel scope (`Running.waiting` says it is there; a scope per wait cost ~5 %
-of a prefetching worker's CPU): a stopping worker cancels the waiting ones
-(`hand_back_waiting`) and the task goes back unrun, attempt kept; a lost
-lease cancels it too. Without it there is no limiter and no wait.
+*Prefetch*: with ``prefetch`` the worker holds more leases than it runs.
+A push that finds one of the ``concurrency`` slots free (`Slots`) starts
+at once; the others wait in the slots' FIFO *without a task*
+(`Running.waiting`), and the handler that frees a slot starts the next one
+in its ``finally``. A task parked on a capacity limiter per prefetched push
+cost ~6 µs of worker CPU per task (its park, its wake-up, a scheduler
+round), a tenth of a 10 ms task's (bench/results.md "Levers"). A waiting
+task's lease is tracked like a running one's; when it is cancelled — a
+stopping worker (`hand_back_waiting`), a lost lease, the stream's end — it
+starts without a slot, only to go back unrun in its ``finally``, attempt
+kept, so every exit still goes through `Handlers.handle`. Without prefetch
+there are no slots and no wait.
 
 *Timeouts*: ``TaskTimeouts(heartbeat=...)`` is fed by
 `TaskContext.mark_progress` (and ``report_progress``, which calls it): each
@@ -41,6 +46,7 @@ call pushes the handler's scope deadline forward (``_beat``, set by
 
 from __future__ import annotations
 
+import collections
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -73,6 +79,7 @@ __all__ = [
     "ResultRefused",
     "Running",
     "Scope",
+    "Slots",
     "TaskContext",
     "call_handler",
     "encode_result",
@@ -221,20 +228,17 @@ class TaskContext:
             self._waiter.set()
 
 
-class Limiter(Protocol):
-    """How many handlers run at once when a worker prefetches: trio's or
-    anyio's capacity limiter (FIFO: queued tasks start in push order)."""
+class Slots:
+    """The ``concurrency`` slots of a prefetching worker: how many run, and
+    the pushed tasks waiting for one, in push order (entries cancelled while
+    waiting are skipped when reached)."""
 
-    total_tokens: float
+    __slots__ = ("queue", "total", "used")
 
-    @property
-    def available_tokens(self) -> float: ...
-
-    def acquire_nowait(self) -> None: ...
-
-    async def acquire(self) -> None: ...
-
-    def release(self) -> None: ...
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.used = 0
+        self.queue: collections.deque[Running] = collections.deque()
 
 
 class Scope(Protocol):
@@ -271,7 +275,6 @@ class Backend:
     spawn: Callable[..., object]
     scope: Callable[[], Scope]
     clock: Callable[[], float]
-    limiter: Callable[[float], Limiter]
 
 
 @asynccontextmanager
@@ -281,14 +284,10 @@ async def handler_group() -> AsyncIterator[Backend]:
         import trio  # here: an asyncio program never imports trio
 
         async with trio.open_nursery() as nursery:
-            yield Backend(
-                nursery.start_soon, trio.CancelScope, trio.current_time, trio.CapacityLimiter
-            )
+            yield Backend(nursery.start_soon, trio.CancelScope, trio.current_time)
     else:
         async with anyio.create_task_group() as group:
-            yield Backend(
-                group.start_soon, anyio.CancelScope, anyio.current_time, anyio.CapacityLimiter
-            )
+            yield Backend(group.start_soon, anyio.CancelScope, anyio.current_time)
 
 
 @dataclass(eq=False, slots=True)
@@ -300,7 +299,7 @@ class Running:
     arrived: float = 0.0  # when the push was read (no_start counts from here)
     ticket: int = 0  # its admission, for a shared controller's control law
     congested: bool = False  # it raised RetryTaskError(congestion=True)
-    waiting: bool = False  # prefetched, waiting in its scope for a slot
+    waiting: bool = False  # prefetched, not started: waiting in `Slots.queue`
 
     def cancel(self, why: str = "") -> None:
         self.context._cancel(why)
@@ -492,8 +491,8 @@ class Handlers:
     ) -> None:
         self.backend: Backend | None = None
         # With ``prefetch``: the ``concurrency`` slots handlers run in; the
-        # prefetched pushes wait for one (`_slot`). None: every push runs.
-        self.limiter: Limiter | None = None
+        # prefetched pushes wait for one (`start`). None: every push runs.
+        self.slots: Slots | None = None
         self.running: dict[LeaseKey, Running] = {}
         self.orphans: set[Running] = set()
         self.membership: Membership | None = None
@@ -515,9 +514,73 @@ class Handlers:
         """Handlers running, orphans included."""
         return len(self.running) + len(self.orphans)
 
+    def start(self, running: Running) -> None:
+        """Start the handler of a push just tracked in ``running``: at once,
+        or with ``prefetch`` when one of the slots is free, else once a
+        handler frees one (`_slot_freed`)."""
+        slots = self.slots
+        if slots is None:
+            self._spawn(running, False)
+        elif slots.used < slots.total:
+            slots.used += 1
+            self._spawn(running, True)
+        elif self._close_requested.is_set():
+            # Pushed before the daemon saw the drain: back unrun at once.
+            self._spawn(running, False)
+        else:
+            running.waiting = True
+            slots.queue.append(running)
+
+    def _spawn(self, running: Running, slot: bool) -> None:
+        backend = self.backend
+        assert backend is not None
+        context = running.context
+        backend.spawn(self.handle, context._live, context._key, context.task, running, slot)
+
+    def resize(self, total: int) -> None:
+        """The number of slots changed (`Worker.set_concurrency`): waiting
+        tasks start if it grew; if it shrank, running ones finish first."""
+        slots = self.slots
+        if slots is not None:
+            slots.total = total
+            self._start_waiting(slots)
+
+    def _slot_freed(self) -> None:
+        slots = self.slots
+        if slots is not None:  # None: the run is over, and so are the slots
+            slots.used -= 1
+            self._start_waiting(slots)
+
+    def _start_waiting(self, slots: Slots) -> None:
+        queue = slots.queue
+        while queue and slots.used < slots.total:
+            running = queue.popleft()
+            if not running.waiting:
+                continue  # cancelled while waiting: started without a slot
+            running.waiting = False
+            slots.used += 1
+            if self._fencing is not None:
+                # no_start measures the event loop's delay in starting a
+                # handler, not the wait for a slot a prefetch is made of.
+                assert self.backend is not None
+                running.arrived = self.backend.clock()
+            self._spawn(running, True)
+
+    def _start_unrun(self, running: Running) -> None:
+        """A waiting task must go back: it starts without a slot, and its
+        handler goes straight to its ``finally`` (handed back unrun)."""
+        if running.waiting:
+            running.waiting = False
+            self._spawn(running, False)
+
     @protected
-    async def handle(self, live: StreamDriver, key: LeaseKey, task: Task, running: Running) -> None:
-        """Run one handler and settle its lease, whatever happens to it."""
+    async def handle(
+        self, live: StreamDriver, key: LeaseKey, task: Task, running: Running, slot: bool
+    ) -> None:
+        """Run one handler and settle its lease, whatever happens to it.
+        ``slot``: it holds one of the `Slots` (prefetch), to free when it
+        exits; a prefetching worker's handler without one was cancelled
+        while waiting for one, and goes back unrun."""
         # Unless the handler finishes, the worker stopped it: the lease goes
         # back without spending the attempt.
         outcome = Outcome.RELEASE
@@ -526,24 +589,13 @@ class Handlers:
         result: bytes | None = None
         finished = False
         fencing = self._fencing
-        limiter = self.limiter
-        slot = False
         try:
-            if self._close_requested.is_set():
-                # Pushed before the daemon saw the drain: not started at all.
+            if self._close_requested.is_set() or (self.slots is not None and not slot):
+                # Pushed before the daemon saw the drain, or cancelled while
+                # waiting for a slot: not started at all.
                 error = _handed_back_unrun(error)
                 return
             with running.scope:
-                if limiter is not None:
-                    await self._slot(limiter, running)
-                    slot = True
-                    if self._close_requested.is_set():
-                        error = _handed_back_unrun(error)
-                        return
-                    if fencing is not None:
-                        # no_start measures the event loop's delay in starting a
-                        # handler, not the wait for a slot a prefetch is made of.
-                        running.arrived = anyio.current_time()
                 if fencing is not None:
                     refusal = fencing.admit(running)
                     if refusal is not None:
@@ -600,9 +652,6 @@ class Handlers:
                     # else: how the handler learnt of an operator's cancel,
                     # which `task_cancelled` logged at INFO; nobody's error.
                 finished = True
-            if limiter is not None and not slot:
-                # The wait was cancelled (the worker stopping, the lease lost).
-                error = _handed_back_unrun(error)
         except anyio.get_cancelled_exc_class():
             raise
         except BaseException as exc:
@@ -612,8 +661,7 @@ class Handlers:
             self._interrupted(exc)
         finally:
             if slot:
-                assert limiter is not None
-                limiter.release()
+                self._slot_freed()
             if fencing is not None:
                 watchdog = fencing.watchdog
                 now = anyio.current_time()
@@ -627,26 +675,11 @@ class Handlers:
                     fencing.found_stuck(stuck)
             self.finish(live, key, running, outcome, error, delay, finished, result)
 
-    async def _slot(self, limiter: Limiter, running: Running) -> None:
-        """Take one of the ``concurrency`` slots, waiting in the handler's
-        scope if none is free (cancelled: the task is handed back unrun)."""
-        if limiter.available_tokens >= 1:
-            # A free slot: nobody waits (a released slot goes straight to the
-            # first waiter), and this task just started, so no checkpoint.
-            limiter.acquire_nowait()
-            return
-        running.waiting = True
-        try:
-            await limiter.acquire()
-        finally:
-            running.waiting = False
-
     def hand_back_waiting(self) -> None:
         """The worker is stopping: prefetched tasks still waiting for a slot
         go back at once instead of at the end of the grace period."""
-        for running in self.running.values():
-            if running.waiting:
-                running.scope.cancel()
+        for running in list(self.running.values()):
+            self._start_unrun(running)
 
     @protected
     def finish(
@@ -747,3 +780,4 @@ class Handlers:
         running.cancel(why)
         if self._fencing is not None:
             self._fencing.cancelled(running, why)
+        self._start_unrun(running)

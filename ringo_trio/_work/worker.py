@@ -129,7 +129,7 @@ from .._wire.codec import encode
 from ._concurrency import AdaptiveConcurrency, ResourceConcurrency, attach
 from ._driver import Frame, Inbound, StreamDriver, batch_frames
 from ._fencing import Fencing
-from ._handlers import Handler, Handlers, Running, TaskContext, handler_group
+from ._handlers import Handler, Handlers, Running, Slots, TaskContext, handler_group
 from ._idle import IdleMonitor
 from ._permits import balance
 from ._timeouts import TaskTimeouts
@@ -226,7 +226,7 @@ class Worker:
         # through its membership, held by its handlers while `run` runs.
         self._controller = None if isinstance(concurrency, int) else concurrency
         self._concurrency = concurrency if isinstance(concurrency, int) else 0
-        # Leases held beyond `concurrency`, waiting for a slot (`Handlers._slot`).
+        # Leases held beyond `concurrency`, waiting for a slot (`Handlers.start`).
         self._prefetch = prefetch
         self._weight = weight
         self._lease_duration = lease_duration
@@ -329,9 +329,7 @@ class Worker:
             )
         self._concurrency = concurrency
         self._dynamic = True
-        limiter = self._handlers.limiter
-        if limiter is not None:
-            limiter.total_tokens = max(concurrency, 1)
+        self._handlers.resize(max(concurrency, 1))
         live = self._live
         if live is not None and live.session.state is State.ACTIVE:
             live.act(live.session.set_concurrency(self._credit_limit(), anyio.current_time()))
@@ -433,7 +431,7 @@ class Worker:
                 async with handler_group() as backend:
                     self._handlers.backend = backend
                     if self._prefetch:
-                        self._handlers.limiter = backend.limiter(max(self._concurrency, 1))
+                        self._handlers.slots = Slots(max(self._concurrency, 1))
                     try:
                         await self._serve()
                     except (RingoError, RemoteProtocolError, SessionBroken) as exc:
@@ -444,7 +442,7 @@ class Worker:
                 run_group.cancel_scope.cancel()
         finally:
             self._handlers.backend = None
-            self._handlers.limiter = None
+            self._handlers.slots = None
             if self._handlers.membership is not None:
                 # No handler is left (the handler group has exited): every
                 # permit goes back and the other workers' shares grow.
@@ -718,7 +716,7 @@ class Worker:
             running.ticket = handlers.membership.admit()
         handlers.running[key] = running
         self._idle.since = None
-        backend.spawn(handlers.handle, live, key, task, running)
+        handlers.start(running)
 
     def _orphan_exited(self, now: float) -> None:
         """A handler of an ended stream finally exited: its slot is the newest

@@ -146,7 +146,7 @@ async def test_worker_asyncio(tmp_path: pathlib.Path) -> None:
 
 
 async def test_prefetch_asyncio(tmp_path: pathlib.Path) -> None:
-    """Under asyncio too (anyio's capacity limiter), a prefetching worker runs
+    """Under asyncio too (anyio's task group), a prefetching worker runs
     at most ``concurrency`` handlers while it holds more leases, and every
     task runs exactly once."""
     from ringo_trio import Task, TaskContext

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 import trio
+import trio.testing
 
 from ringo_trio import (
     AdaptiveConcurrency,
@@ -23,6 +24,7 @@ from ringo_trio import (
 )
 from ringo_trio._contract.versions import MINOR
 from ringo_trio._contract.work.client import GRANT_CAP, PREFETCH_GRANT_CAP
+from ringo_trio.testing import RingoTestEnv
 from tests._kit.processes import eventually
 from tests._kit.workers import Concurrent, enqueue, running, wait_states
 
@@ -190,3 +192,69 @@ async def test_a_cancelled_run_hands_every_lease_back_unspent(tmp_path: pathlib.
             async with running(queue.worker(record, concurrency=4)):
                 await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=20)
             assert attempts == {i: 1 for i in ids}
+
+
+async def test_raising_concurrency_starts_waiting_tasks_at_once(tmp_path: pathlib.Path) -> None:
+    """``set_concurrency`` on a prefetching worker whose slots are all busy:
+    the tasks already waiting start at once, up to the new bound, without
+    any running handler having to finish first (and never beyond it)."""
+    with trio.fail_after(60):
+        async with Ringo.local(tmp_path) as client:
+            queue = client.queue("resize")
+            ids = await enqueue(queue, 5)
+            gate = trio.Event()
+            handlers = Concurrent()
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                with handlers.one():
+                    await gate.wait()
+
+            worker = queue.worker(handle, concurrency=1, prefetch=4)
+            async with running(worker):
+                await _until_leased(queue, ids, 5)
+                assert handlers.now == 1
+                await worker.set_concurrency(3)
+                await eventually(lambda: handlers.now == 3, within=10)
+                await trio.sleep(0.2)
+                assert handlers.now == 3
+                gate.set()
+                await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=40)
+            assert handlers.peak == 3
+
+
+async def test_a_waiting_task_cancelled_by_an_operator_never_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Cancelling a task whose lease waits in a prefetching worker for a
+    slot: its handler never starts (not even once the slot frees), the task
+    stays CANCELLED with its one attempt, and the place it held is free
+    again — the task behind it, pushed later, runs (no slot or credit
+    leaked, no task lost)."""
+    lease = timedelta(seconds=9)
+    with trio.fail_after(100):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("cancel-waiting")
+            first = (await queue.enqueue(task_type="t", unique_key="first")).task.id
+            waiting = (await queue.enqueue(task_type="t", unique_key="waiting")).task.id
+            gate = trio.Event()
+            started: list[str] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                started.append(task.id)
+                if task.id == first:
+                    await gate.wait()
+
+            worker = queue.worker(handle, concurrency=1, prefetch=1, lease_duration=lease)
+            async with running(worker):
+                await _until_leased(queue, [first, waiting], 2)
+                await queue.cancel("waiting", reason="not needed")
+                # The lease's next renewal tells the worker; long past it:
+                await trio.sleep(3 * lease.total_seconds())
+                later = (await queue.enqueue(task_type="t", unique_key="later")).task.id
+                await _until_leased(queue, [later], 1)
+                gate.set()
+                await wait_states(queue, [first, later], {TaskState.SUCCEEDED}, within=60)
+            stored = await queue.get_by_id(waiting)
+    assert started == [first, later]
+    assert stored.state is TaskState.CANCELLED
+    assert stored.attempt == 1
