@@ -230,8 +230,7 @@ class TaskContext:
 
 class Slots:
     """The ``concurrency`` slots of a prefetching worker: how many run, and
-    the pushed tasks waiting for one, in push order (entries cancelled while
-    waiting are skipped when reached)."""
+    the pushed tasks waiting for one, in push order."""
 
     __slots__ = ("queue", "total", "used")
 
@@ -555,8 +554,6 @@ class Handlers:
         queue = slots.queue
         while queue and slots.used < slots.total:
             running = queue.popleft()
-            if not running.waiting:
-                continue  # cancelled while waiting: started without a slot
             running.waiting = False
             slots.used += 1
             if self._fencing is not None:
@@ -567,10 +564,14 @@ class Handlers:
             self._spawn(running, True)
 
     def _start_unrun(self, running: Running) -> None:
-        """A waiting task must go back: it starts without a slot, and its
-        handler goes straight to its ``finally`` (handed back unrun)."""
+        """A waiting task must go back: it leaves the queue (a worker whose
+        handlers never free a slot must not keep every task it was ever
+        pushed) and starts without a slot, its handler going straight to its
+        ``finally`` (handed back unrun)."""
         if running.waiting:
             running.waiting = False
+            if self.slots is not None:
+                self.slots.queue.remove(running)
             self._spawn(running, False)
 
     @protected
@@ -678,8 +679,9 @@ class Handlers:
     def hand_back_waiting(self) -> None:
         """The worker is stopping: prefetched tasks still waiting for a slot
         go back at once instead of at the end of the grace period."""
-        for running in list(self.running.values()):
-            self._start_unrun(running)
+        if self.slots is not None:
+            for running in list(self.slots.queue):
+                self._start_unrun(running)
 
     @protected
     def finish(

@@ -228,8 +228,8 @@ async def test_a_waiting_task_cancelled_by_an_operator_never_runs(
     """Cancelling a task whose lease waits in a prefetching worker for a
     slot: its handler never starts (not even once the slot frees), the task
     stays CANCELLED with its one attempt, and the place it held is free
-    again — the task behind it, pushed later, runs (no slot or credit
-    leaked, no task lost)."""
+    again — the task behind it, pushed later, runs (no slot, credit or
+    memory of it kept, no task lost)."""
     lease = timedelta(seconds=9)
     with trio.fail_after(100):
         async with RingoTestEnv.start() as env:
@@ -250,6 +250,9 @@ async def test_a_waiting_task_cancelled_by_an_operator_never_runs(
                 await queue.cancel("waiting", reason="not needed")
                 # The lease's next renewal tells the worker; long past it:
                 await trio.sleep(3 * lease.total_seconds())
+                slots = worker._handlers.slots
+                assert slots is not None
+                assert not slots.queue  # nothing kept of the cancelled task
                 later = (await queue.enqueue(task_type="t", unique_key="later")).task.id
                 await _until_leased(queue, [later], 1)
                 gate.set()
