@@ -533,8 +533,7 @@ class Handlers:
     def _spawn(self, running: Running, slot: bool) -> None:
         backend = self.backend
         assert backend is not None
-        context = running.context
-        backend.spawn(self.handle, context._live, context._key, context.task, running, slot)
+        backend.spawn(self.handle, running, slot)
 
     def resize(self, total: int) -> None:
         """The number of slots changed (`Worker.set_concurrency`): waiting
@@ -575,13 +574,13 @@ class Handlers:
             self._spawn(running, False)
 
     @protected
-    async def handle(
-        self, live: StreamDriver, key: LeaseKey, task: Task, running: Running, slot: bool
-    ) -> None:
+    async def handle(self, running: Running, slot: bool) -> None:
         """Run one handler and settle its lease, whatever happens to it.
         ``slot``: it holds one of the `Slots` (prefetch), to free when it
         exits; a prefetching worker's handler without one was cancelled
         while waiting for one, and goes back unrun."""
+        context = running.context
+        live, key, task = context._live, context._key, context.task
         # Unless the handler finishes, the worker stopped it: the lease goes
         # back without spending the attempt.
         outcome = Outcome.RELEASE
@@ -603,7 +602,7 @@ class Handlers:
                         error = refusal  # handed back unrun
                         return
                 try:
-                    returned = await call_handler(self._handler, task, running.context)
+                    returned = await call_handler(self._handler, task, context)
                     result = result_value(
                         returned, live.session.minor, self._queue_name, self._ignored_returns
                     )
