@@ -137,8 +137,11 @@ class LimitSql:
             SELECT t.limit_key,
                 count(*) FILTER (WHERE t.state = {PENDING} AND t.available_at <= $2),
                 count(*) FILTER (WHERE t.state = {LEASED}), max(k.tat_us)
-            FROM {t} t LEFT JOIN {sc}.limit_keys k ON k.queue = t.queue AND k.key = t.limit_key
-            WHERE t.queue = $1 AND t.state IN ({PENDING}, {LEASED}) AND t.limit_key <> ''
+            FROM (SELECT limit_key, state, available_at FROM {t}
+                    WHERE queue = $1 AND {LIMIT_PENDING}
+                UNION ALL SELECT limit_key, state, available_at FROM {t}
+                    WHERE queue = $1 AND {LIMIT_LEASED}) t
+            LEFT JOIN {sc}.limit_keys k ON k.queue = $1 AND k.key = t.limit_key
             GROUP BY t.limit_key
         """
 

@@ -16,7 +16,8 @@ and the deltas committed since the fold, in one snapshot: exact. An
 index-only count of the queue's index entries was measured first and
 dropped: 0.7 s at 1,000,000 tasks. Pages are a Merge Append of index scans
 on partial indexes (as in SQLite): `tasks_active_type (queue, task_type,
-seq)` for PENDING/LEASED, `tasks_finished (queue, task_type, state, seq)`
+seq)` for PENDING/LEASED (usable by a statement naming types only,
+`schema.ACTIVE_TYPED`), `tasks_finished (queue, task_type, state, seq)`
 for the finished states. A non-HOT UPDATE adds an entry to every index
 whose predicate the new row meets, so a claim adds none to them and an ack
 one, where full listing indexes cost two each. The inspection statements run

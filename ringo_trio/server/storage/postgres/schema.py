@@ -48,6 +48,12 @@ def lock_key(schema: str) -> int:
 LIMIT_PENDING = f"state = {PENDING} AND limit_key <> ''"
 LIMIT_LEASED = f"state = {LEASED} AND limit_key <> ''"
 FINISHED_TERM = f"state IN ({', '.join(map(str, FINISHED))})"
+# The predicates of `tasks_active_type`, `tasks_finished` and
+# `tasks_finished_queue` since schema 14 (see there): a statement can only
+# use them by comparing `task_type` (the first two) or `queue`.
+ACTIVE_TYPED = f"state IN ({PENDING}, {LEASED}) AND task_type IS NOT NULL"
+FINISHED_TYPED = f"{FINISHED_TERM} AND task_type IS NOT NULL"
+FINISHED_QUEUED = f"{FINISHED_TERM} AND queue IS NOT NULL"
 
 
 def count_function(s: str, name: str, changes: str) -> str:
@@ -65,6 +71,63 @@ def count_function(s: str, name: str, changes: str) -> str:
         END
         $$
     """
+
+
+def activity_functions(s: str) -> tuple[str, str]:
+    """GetQueueActivity's counts as the current schema answers them: up to
+    `cap` PENDING and LEASED tasks of queue `q` (`ringo_due_activity`:
+    leaving out PENDING tasks not due at `due`, microseconds as
+    `available_at`). Without types, one capped count per state on its own
+    index (`tasks_pending`, `tasks_leased`); with types, a seek per type on
+    `tasks_active_type`, which only a statement naming types can use
+    (`ACTIVE_TYPED`), so it never walks a backlog of other types. The
+    EXECUTE plans each count for the very values given: a generic plan
+    cannot tell an empty queue from a deep one and, under a LIMIT, would
+    scan the whole table."""
+    pending = f"SELECT 1 FROM {s}.tasks WHERE queue = $1 AND state = {PENDING}"
+    leased = f"SELECT 1 FROM {s}.tasks WHERE queue = $1 AND state = {LEASED}"
+    typed = (
+        f"SELECT 1 FROM {s}.tasks WHERE queue = $1 AND state IN ({PENDING}, {LEASED})"
+        " AND task_type = ANY($3)"
+    )
+    return (
+        f"""
+        CREATE OR REPLACE FUNCTION {s}.ringo_activity(q text, types text[], cap integer)
+        RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+        DECLARE
+            n bigint;
+        BEGIN
+            IF types IS NULL THEN
+                EXECUTE 'SELECT (SELECT count(*) FROM ({pending} LIMIT $2) p)
+                    + (SELECT count(*) FROM ({leased} LIMIT $2) l)' INTO n USING q, cap;
+                RETURN least(n, cap);
+            END IF;
+            EXECUTE 'SELECT count(*) FROM ({typed} LIMIT $2) a' INTO n USING q, cap, types;
+            RETURN n;
+        END
+        $$
+        """,
+        f"""
+        CREATE OR REPLACE FUNCTION {s}.ringo_due_activity(
+            q text, types text[], cap integer, due bigint)
+        RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+        DECLARE
+            n bigint;
+        BEGIN
+            IF types IS NULL THEN
+                EXECUTE 'SELECT (SELECT count(*) FROM ({pending} AND available_at <= $3
+                        LIMIT $2) p)
+                    + (SELECT count(*) FROM ({leased} LIMIT $2) l)' INTO n USING q, cap, due;
+                RETURN least(n, cap);
+            END IF;
+            EXECUTE 'SELECT count(*) FROM ({typed.replace("$3", "$4")}
+                    AND (state = {LEASED} OR available_at <= $3) LIMIT $2) a'
+                INTO n USING q, cap, due, types;
+            RETURN n;
+        END
+        $$
+        """,
+    )
 
 
 def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
@@ -359,6 +422,38 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             f"ALTER TABLE {s}.tasks ADD COLUMN leased_at bigint,"
             " ADD COLUMN leased_by text NOT NULL DEFAULT '',"
             " ADD COLUMN history jsonb NOT NULL DEFAULT '[]'",
+        ),
+        # Plans that do not depend on the statistics (docs/deployment.md,
+        # the section of that name). `tasks_active_type` competed with the state-specific
+        # indexes for every `queue = $1 AND state = n` statement: on a table
+        # never analyzed, or analyzed while the queue was drained, every
+        # partial index looks empty, and the generic plan the daemon makes
+        # once per connection could take it and sort -- a claim, a wake-up
+        # or an expiry then read every active task of the queue (a
+        # 40,000-task backlog: 27 ms a claim, a third of the throughput).
+        # `tasks_finished` did the same to purge and bulk retry, and
+        # `tasks_finished_queue` to retention (their oldest-first walks
+        # against a read and sort of every finished task of the queue, or
+        # of every queue).
+        # `task_type IS NOT NULL` is true of every row, but only a statement
+        # comparing `task_type` (a strict operator) proves it: each index
+        # serves the statements that name types (listing, activity by
+        # type) and no other; `queue IS NOT NULL` likewise keeps retention,
+        # which names no queue, on `tasks_finished_age`. Activity counts without types take the
+        # state-specific indexes, one capped count each. The same entries
+        # per task; the migration rebuilds both indexes, one pass each
+        # while writes wait.
+        (
+            f"DROP INDEX {s}.tasks_active_type",
+            f"CREATE INDEX tasks_active_type ON {s}.tasks (queue, task_type, seq)"
+            f" WHERE {ACTIVE_TYPED}",
+            f"DROP INDEX {s}.tasks_finished",
+            f"CREATE INDEX tasks_finished ON {s}.tasks (queue, task_type, state, seq)"
+            f" WHERE {FINISHED_TYPED}",
+            f"DROP INDEX {s}.tasks_finished_queue",
+            f"CREATE INDEX tasks_finished_queue ON {s}.tasks (queue, state, finished_at, seq)"
+            f" WHERE {FINISHED_QUEUED}",
+            *activity_functions(s),
         ),
     )
 
