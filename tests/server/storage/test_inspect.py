@@ -385,7 +385,8 @@ def _downgrade(engine: SyncEngine) -> None:
     async def down() -> None:
         async with engine.raw._conn() as conn:  # type: ignore[attr-defined]
             await conn.execute(f'DROP INDEX "{schema}".tasks_finished')
-            await conn.execute(f'DROP INDEX "{schema}".tasks_finished_age')
+            # (Gone since schema 14; the inspection migration makes it again.)
+            await conn.execute(f'DROP INDEX IF EXISTS "{schema}".tasks_finished_age')
             await conn.execute(f'DROP INDEX "{schema}".tasks_finished_queue')
             await conn.execute(f'DROP INDEX "{schema}".tasks_active_type')
             await conn.execute(

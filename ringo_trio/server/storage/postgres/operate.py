@@ -14,8 +14,9 @@ Concurrency (READ COMMITTED):
   task gets the longer retry schedule its new attempts need (`retry_delays`).
 * purge and retention (`delete_finished`) -- one `DELETE` of the rows a
   sub-select picked `FOR UPDATE SKIP LOCKED`, the oldest finished of each
-  asked state by an ordered walk of `tasks_finished_age` or
-  `tasks_finished_queue`: daemons purging at once, or a purge meeting a
+  asked state of each queue by an ordered walk of `tasks_finished_queue`
+  (retention: of every queue with finished tasks, found by seeks of the
+  same index): daemons purging at once, or a purge meeting a
   retry, skip each other's rows instead of waiting; a row retried after the
   snapshot fails the state re-check of the lock and stays.
 """
@@ -124,28 +125,44 @@ class OperateSql:
             FROM unnest($1::bigint[], $2::text[]) AS u(seq, delays) WHERE k.seq = u.seq
         """
 
-        def delete_finished(queue_filter: str) -> str:
+        def delete_finished(queues: str, queue: str) -> str:
             """Delete the $3 oldest tasks finished before $2 of the states
-            $1: each state's oldest by an ordered index walk, merged. SKIP
+            $1 in the queues `queues` (a CTE of `q`): each (queue, state)'s
+            oldest by a walk of `tasks_finished_queue`, merged. SKIP
             LOCKED: a row another daemon is deleting (or retrying) now is
             left to it, so purging daemons never wait for each other."""
             return f"""
-                WITH picked AS (
-                    SELECT c.seq FROM unnest($1::smallint[]) AS s(state) CROSS JOIN LATERAL (
+                WITH RECURSIVE {queues}, picked AS (
+                    SELECT c.seq FROM queues
+                    CROSS JOIN unnest($1::smallint[]) AS s(state) CROSS JOIN LATERAL (
                         SELECT seq, finished_at FROM {t}
-                        WHERE {FINISHED_TERM} AND state = s.state
-                            AND finished_at < $2{queue_filter}
+                        WHERE {FINISHED_TERM} AND queue = {queue} AND state = s.state
+                            AND finished_at < $2
                         ORDER BY finished_at, seq LIMIT $3
                         FOR UPDATE SKIP LOCKED) c
                     ORDER BY c.finished_at, c.seq LIMIT $3
                 ), gone AS (
-                    DELETE FROM {t} k USING picked WHERE k.seq = picked.seq RETURNING 1
+                    -- An array, not a join: the rows are found by the primary
+                    -- key however many the planner expects the walk to pick.
+                    DELETE FROM {t} WHERE seq = ANY(ARRAY(SELECT seq FROM picked)) RETURNING 1
                 )
                 SELECT count(*) FROM gone
             """
 
-        self.delete_finished = delete_finished("")
-        self.delete_finished_queue = delete_finished(" AND queue = $4")
+        # Retention names no queue: the queues with finished tasks, one
+        # seek each (a recursive walk of the same index), so its batches
+        # seek as a queue's purge does, whatever the statistics say.
+        self.delete_finished = delete_finished(
+            f"""queues(q) AS (
+                (SELECT queue FROM {t} WHERE {FINISHED_TERM} ORDER BY queue LIMIT 1)
+                UNION ALL
+                SELECT (SELECT queue FROM {t} WHERE {FINISHED_TERM} AND queue > queues.q
+                        ORDER BY queue LIMIT 1)
+                FROM queues WHERE queues.q IS NOT NULL
+            )""",
+            "queues.q",
+        )
+        self.delete_finished_queue = delete_finished("queues(q) AS (SELECT $4::text)", "$4")
 
 
 def one_lookup(task_id: str | None, unique_key: str | None) -> None:

@@ -48,12 +48,10 @@ def lock_key(schema: str) -> int:
 LIMIT_PENDING = f"state = {PENDING} AND limit_key <> ''"
 LIMIT_LEASED = f"state = {LEASED} AND limit_key <> ''"
 FINISHED_TERM = f"state IN ({', '.join(map(str, FINISHED))})"
-# The predicates of `tasks_active_type`, `tasks_finished` and
-# `tasks_finished_queue` since schema 14 (see there): a statement can only
-# use them by comparing `task_type` (the first two) or `queue`.
+# The predicates of `tasks_active_type` and `tasks_finished` since schema 14
+# (see there): a statement can only use them by comparing `task_type`.
 ACTIVE_TYPED = f"state IN ({PENDING}, {LEASED}) AND task_type IS NOT NULL"
 FINISHED_TYPED = f"{FINISHED_TERM} AND task_type IS NOT NULL"
-FINISHED_QUEUED = f"{FINISHED_TERM} AND queue IS NOT NULL"
 
 
 def count_function(s: str, name: str, changes: str) -> str:
@@ -424,25 +422,25 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             " ADD COLUMN history jsonb NOT NULL DEFAULT '[]'",
         ),
         # Plans that do not depend on the statistics (docs/deployment.md,
-        # the section of that name). `tasks_active_type` competed with the state-specific
-        # indexes for every `queue = $1 AND state = n` statement: on a table
-        # never analyzed, or analyzed while the queue was drained, every
-        # partial index looks empty, and the generic plan the daemon makes
-        # once per connection could take it and sort -- a claim, a wake-up
-        # or an expiry then read every active task of the queue (a
-        # 40,000-task backlog: 27 ms a claim, a third of the throughput).
-        # `tasks_finished` did the same to purge and bulk retry, and
-        # `tasks_finished_queue` to retention (their oldest-first walks
-        # against a read and sort of every finished task of the queue, or
-        # of every queue).
-        # `task_type IS NOT NULL` is true of every row, but only a statement
-        # comparing `task_type` (a strict operator) proves it: each index
-        # serves the statements that name types (listing, activity by
-        # type) and no other; `queue IS NOT NULL` likewise keeps retention,
-        # which names no queue, on `tasks_finished_age`. Activity counts without types take the
-        # state-specific indexes, one capped count each. The same entries
-        # per task; the migration rebuilds both indexes, one pass each
-        # while writes wait.
+        # the section of that name). On a table never analyzed, or analyzed
+        # while the queue was drained, every partial index looks empty, and
+        # the generic plan the daemon makes once per connection could take
+        # any index whose predicate the statement implies: the queue-led
+        # `tasks_active_type`, sorted, for a claim, a wake-up or an expiry
+        # (every active task of the queue read; a 40,000-task backlog: 27 ms
+        # a claim, a third of the throughput); `tasks_finished` for a purge
+        # or a bulk retry, `tasks_finished_queue` for retention (every
+        # finished task read and sorted); `tasks_finished_age` for a queue's
+        # purge (every other queue's old tasks walked). `task_type IS NOT
+        # NULL` is true of every row, but only a statement comparing
+        # `task_type` (a strict operator) proves it: the two typed indexes
+        # now serve the statements that name types (listing, activity by
+        # type) and no other; activity counts without types take the
+        # state-specific indexes, one capped count each. `tasks_finished_age`
+        # is gone (one index entry fewer per ack): retention walks
+        # `tasks_finished_queue` queue by queue
+        # (`operate.OperateSql.delete_finished`). Two indexes rebuilt, one
+        # pass each while writes wait.
         (
             f"DROP INDEX {s}.tasks_active_type",
             f"CREATE INDEX tasks_active_type ON {s}.tasks (queue, task_type, seq)"
@@ -450,9 +448,7 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             f"DROP INDEX {s}.tasks_finished",
             f"CREATE INDEX tasks_finished ON {s}.tasks (queue, task_type, state, seq)"
             f" WHERE {FINISHED_TYPED}",
-            f"DROP INDEX {s}.tasks_finished_queue",
-            f"CREATE INDEX tasks_finished_queue ON {s}.tasks (queue, state, finished_at, seq)"
-            f" WHERE {FINISHED_QUEUED}",
+            f"DROP INDEX {s}.tasks_finished_age",
             *activity_functions(s),
         ),
     )
