@@ -16,10 +16,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
 
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, Task, TaskSpec, TaskState
 from ringo_trio.server.storage.base import (
@@ -27,6 +29,7 @@ from ringo_trio.server.storage.base import (
     TaskFilter,
 )
 from ringo_trio.server.storage.postgres import PostgresEngine
+from ringo_trio.server.storage.postgres.pool import SERVER_SETTINGS
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
 
@@ -378,3 +381,23 @@ def undo_limits(schema: str | None = None) -> list[str]:
         f"ALTER TABLE {s}tasks DROP COLUMN leased_by",
         f"ALTER TABLE {s}tasks DROP COLUMN history",
     ]
+
+
+def generic_plans(engine: SyncEngine, statements: Mapping[str, tuple[str, str]]) -> dict[str, str]:
+    """EXPLAIN of each PostgreSQL statement with its arguments (SQL
+    literals), by name: the generic plan a daemon connection opened now
+    would run (the engine's connection settings: `force_generic_plan`)."""
+
+    async def explain() -> dict[str, str]:
+        conn = await asyncpg.connect(engine.raw.dsn, server_settings=SERVER_SETTINGS)  # type: ignore[attr-defined]
+        try:
+            plans = {}
+            for name, (statement, args) in statements.items():
+                await conn.execute(f"PREPARE {name} AS {statement}")
+                rows = await conn.fetch(f"EXPLAIN EXECUTE {name} ({args})")
+                plans[name] = "\n".join(r[0] for r in rows)
+            return plans
+        finally:
+            await conn.close()
+
+    return engine.run(explain())  # type: ignore[no-any-return]

@@ -13,12 +13,10 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Iterator
 
-import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from ringo_trio.server.storage.postgres.pool import SERVER_SETTINGS
 from ringo_trio.server.storage.rows import DEAD, LEASED, PENDING, SUCCEEDED
-from tests._kit.storage import SyncEngine, open_engine, postgres_kind
+from tests._kit.storage import SyncEngine, generic_plans, open_engine, postgres_kind
 
 #: A backlog whose `tasks_pending` is one B-tree level taller than the
 #: queue-led index the claim once competed with (the bench's 40,000-task
@@ -29,80 +27,54 @@ QUEUE = "bench-queue"
 
 @pytest.fixture
 def engine(storage_database: str, tmp_path: pathlib.Path) -> Iterator[SyncEngine]:
+    """A PostgreSQL engine whose table autovacuum never analyzes: its
+    statistics are the ones a test makes."""
     with open_engine(postgres_kind(storage_database), tmp_path) as engine:
+        _execute(engine, f"ALTER TABLE {_tasks(engine)} SET (autovacuum_enabled = false)")
         yield engine
+
+
+def _tasks(engine: SyncEngine) -> str:
+    return str(engine.raw._sql.tasks)  # type: ignore[attr-defined]
+
+
+def _execute(engine: SyncEngine, statement: str, *args: object) -> None:
+    async def execute() -> None:
+        async with engine.raw._conn() as conn:  # type: ignore[attr-defined]
+            await conn.execute(statement, *args)
+
+    engine.run(execute())
 
 
 def _fill(engine: SyncEngine, state: int) -> None:
     """`BACKLOG` tasks of one type in `state`, written in one statement."""
-    t = engine.raw._sql.tasks  # type: ignore[attr-defined]
-
-    async def fill() -> None:
-        async with engine.raw._conn() as conn:  # type: ignore[attr-defined]
-            await conn.execute(
-                f"""
-                INSERT INTO {t} (id, queue, task_type, payload, unique_key, state, attempt,
-                    max_attempts, base_max_attempts, priority, backoff_initial_us,
-                    backoff_max_us, backoff_multiplier, created_at, updated_at,
-                    available_at, last_error, worker_id, lease_token, retry_delays_us)
-                SELECT gen_random_uuid()::text, $1, 't', '\\x00', '', $2, 0, 3, 3, 0, 1, 1, 1,
-                    i, i, i, '', '', '', '{{1}}'
-                FROM generate_series(1, $3::integer) i
-                """,
-                QUEUE,
-                state,
-                BACKLOG,
-            )
-
-    engine.run(fill())
-
-
-def _generic_plans(engine: SyncEngine, *, finished: bool = False) -> dict[str, str]:
-    """The generic plans a daemon connection opened now would run: the
-    claim path's, or (`finished`) those of purge, retention and bulk retry."""
-    raw = engine.raw
-    sql = raw._sql  # type: ignore[attr-defined]
-    statements, args = (
-        (
-            {
-                "purge": (sql.operate.delete_finished_queue, "smallint[], bigint, bigint, text"),
-                "retention": (sql.operate.delete_finished, "smallint[], bigint, bigint"),
-                "retry_dead": (sql.operate.retry_dead, "text, bigint, bigint, bigint, text[]"),
-            },
-            {
-                "purge": f"ARRAY[4]::smallint[], 1000000, 100, '{QUEUE}'",
-                "retention": "ARRAY[4]::smallint[], 1000000, 100",
-                "retry_dead": f"'{QUEUE}', 1000000, 100, 2000000, NULL",
-            },
-        )
-        if finished
-        else (
-            {
-                "claim": (sql.claim.claim, "text, bigint, bigint, text, bigint, text[], text[]"),
-                "next_wakeup": (sql.claim.next_wakeup, "text, text[]"),
-                "limit_key_rows": (sql.limits.key_rows, "text, bigint"),
-            },
-            {
-                "claim": f"'{QUEUE}', 1000000, 64, 'w', 2000000, NULL, ARRAY['a']",
-                "next_wakeup": f"'{QUEUE}', NULL",
-                "limit_key_rows": f"'{QUEUE}', 1000000",
-            },
-        )
+    _execute(
+        engine,
+        f"""
+        INSERT INTO {_tasks(engine)} (id, queue, task_type, payload, unique_key, state,
+            attempt, max_attempts, base_max_attempts, priority, backoff_initial_us,
+            backoff_max_us, backoff_multiplier, created_at, updated_at, available_at,
+            last_error, worker_id, lease_token, retry_delays_us)
+        SELECT gen_random_uuid()::text, $1, 't', '\\x00', '', $2, 0, 3, 3, 0, 1, 1, 1,
+            i, i, i, '', '', '', '{{1}}'
+        FROM generate_series(1, $3::integer) i
+        """,
+        QUEUE,
+        state,
+        BACKLOG,
     )
 
-    async def explain() -> dict[str, str]:
-        conn = await asyncpg.connect(raw.dsn, server_settings=SERVER_SETTINGS)  # type: ignore[attr-defined]
-        try:
-            plans = {}
-            for name, (statement, types) in statements.items():
-                await conn.execute(f"PREPARE {name} ({types}) AS {statement}")
-                rows = await conn.fetch(f"EXPLAIN EXECUTE {name} ({args[name]})")
-                plans[name] = "\n".join(r[0] for r in rows)
-            return plans
-        finally:
-            await conn.close()
 
-    return engine.run(explain())  # type: ignore[no-any-return]
+def _claim_path_plans(engine: SyncEngine) -> dict[str, str]:
+    sql = engine.raw._sql  # type: ignore[attr-defined]
+    return generic_plans(
+        engine,
+        {
+            "claim": (sql.claim.claim, f"'{QUEUE}', 1000000, 64, 'w', 2000000, NULL, '{{a}}'"),
+            "next_wakeup": (sql.claim.next_wakeup, f"'{QUEUE}', NULL"),
+            "limit_key_rows": (sql.limits.key_rows, f"'{QUEUE}', 1000000"),
+        },
+    )
 
 
 def _assert_seeks(plans: dict[str, str]) -> None:
@@ -127,10 +99,8 @@ def test_a_backlog_on_a_table_never_analyzed_is_claimed_by_index_seeks(
     state-specific indexes; no plan reads and sorts the queue's active
     tasks (before schema 14: 27 ms a claim at 40,000 tasks, a third of the
     throughput)."""
-    t = engine.raw._sql.tasks  # type: ignore[attr-defined]
-    engine.run(_execute(engine, f"ALTER TABLE {t} SET (autovacuum_enabled = false)"))
     _fill(engine, PENDING)
-    _assert_seeks(_generic_plans(engine))
+    _assert_seeks(_claim_path_plans(engine))
 
 
 def test_a_backlog_after_a_drained_queue_was_analyzed_is_claimed_by_index_seeks(
@@ -139,28 +109,55 @@ def test_a_backlog_after_a_drained_queue_was_analyzed_is_claimed_by_index_seeks(
     """Property: statistics taken while the queue was drained (every task
     finished, none PENDING or LEASED) do not turn the claim of the next
     burst into a walk of the queue."""
-    t = engine.raw._sql.tasks  # type: ignore[attr-defined]
-    engine.run(_execute(engine, f"ALTER TABLE {t} SET (autovacuum_enabled = false)"))
     _fill(engine, SUCCEEDED)
-    engine.run(_execute(engine, f"ANALYZE {t}"))
+    _execute(engine, f"ANALYZE {_tasks(engine)}")
     _fill(engine, PENDING)
-    _assert_seeks(_generic_plans(engine))
+    _assert_seeks(_claim_path_plans(engine))
+
+
+def test_purge_and_retention_after_an_analyze_without_finished_tasks_walk_by_age(
+    engine: SyncEngine,
+) -> None:
+    """Property: statistics taken before any task finished do not turn a
+    purge, a retention pass or a bulk retry into a read and sort of every
+    finished task of the queue (or of every queue), nor into a walk of
+    other queues' old tasks: each walks `tasks_finished_queue`, the
+    queue's own oldest first."""
+    _fill(engine, PENDING)
+    _execute(engine, f"ANALYZE {_tasks(engine)}")
+    _fill(engine, DEAD)
+    operate = engine.raw._sql.operate  # type: ignore[attr-defined]
+    plans = generic_plans(
+        engine,
+        {
+            "purge": (operate.delete_finished_queue, f"'{{4}}', 1000000, 100, '{QUEUE}'"),
+            "retention": (operate.delete_finished, "'{4}', 1000000, 100"),
+            "retry_dead": (operate.retry_dead, f"'{QUEUE}', 1000000, 100, 2000000, NULL"),
+        },
+    )
+    for name, plan in plans.items():
+        assert "tasks_finished_queue" in plan, (name, plan)
+        for walk in ("Seq Scan on tasks", "tasks_finished ", "tasks_finished_age"):
+            assert walk not in plan, (name, plan)
+        # Sorted are the rows the walks picked (`c`), never a table's rows.
+        assert "Sort Key: tasks" not in plan, (name, plan)
 
 
 def test_activity_counts_without_types_stop_at_the_cap(engine: SyncEngine) -> None:
     """Property: GetQueueActivity without task types counts PENDING and
     LEASED tasks together, capped, and leaves out tasks not yet due when
     asked to (the counts moved to the state-specific indexes in schema 14)."""
-    schema = engine.raw.schema  # type: ignore[attr-defined]
-    t = engine.raw._sql.tasks  # type: ignore[attr-defined]
+    _fill(engine, PENDING)
+    t = _tasks(engine)
+    _execute(
+        engine,
+        f"UPDATE {t} SET state = {LEASED}, lease_until = 5"
+        f" WHERE seq IN (SELECT seq FROM {t} ORDER BY seq LIMIT 30)",
+    )
+    f = '"' + engine.raw.schema + '"'  # type: ignore[attr-defined]
 
     async def counts() -> list[int]:
         async with engine.raw._conn() as conn:  # type: ignore[attr-defined]
-            await conn.execute(
-                f"UPDATE {t} SET state = {LEASED}, lease_until = 5 WHERE seq IN"
-                f" (SELECT seq FROM {t} ORDER BY seq LIMIT 30)"
-            )
-            f = f'"{schema}"'
             return [
                 await conn.fetchval(f"SELECT {f}.ringo_activity($1, NULL, $2)", QUEUE, cap)
                 for cap in (10, 39_999, 40_000, 50_000)
@@ -173,34 +170,4 @@ def test_activity_counts_without_types_stop_at_the_cap(engine: SyncEngine) -> No
                 await conn.fetchval(f"SELECT {f}.ringo_activity($1, ARRAY['x'], 10)", QUEUE),
             ]
 
-    _fill(engine, PENDING)
     assert engine.run(counts()) == [10, 39_999, 40_000, 40_000, 100, 100, 0]
-
-
-async def _execute(engine: SyncEngine, statement: str) -> None:
-    async with engine.raw._conn() as conn:  # type: ignore[attr-defined]
-        await conn.execute(statement)
-
-
-def test_purge_and_retention_after_an_analyze_without_finished_tasks_walk_by_age(
-    engine: SyncEngine,
-) -> None:
-    """Property: statistics taken before any task finished do not turn a
-    purge, a retention pass or a bulk retry into a read and sort of every
-    finished task of the queue (or of every queue), nor into a walk of
-    other queues' old tasks: each walks `tasks_finished_queue`, the
-    queue's own oldest first."""
-    t = engine.raw._sql.tasks  # type: ignore[attr-defined]
-    engine.run(_execute(engine, f"ALTER TABLE {t} SET (autovacuum_enabled = false)"))
-    _fill(engine, PENDING)
-    engine.run(_execute(engine, f"ANALYZE {t}"))
-    _fill(engine, DEAD)
-    plans = _generic_plans(engine, finished=True)
-    for name, plan in plans.items():
-        assert "Seq Scan on tasks" not in plan, (name, plan)
-        assert "tasks_finished " not in plan, (name, plan)
-        # Sorted are the rows the walks picked (`c`), never a table's rows.
-        assert "Sort Key: tasks" not in plan, (name, plan)
-    for name, plan in plans.items():
-        assert "tasks_finished_queue" in plan, (name, plan)
-        assert "tasks_finished_age" not in plan, (name, plan)

@@ -22,6 +22,7 @@ from tests._kit.storage import (
     EngineKind,
     SyncEngine,
     claim_one,
+    generic_plans,
     open_engine,
     postgres_kind,
     ref_of,
@@ -236,12 +237,9 @@ def test_postgres_batches_walk_an_index(storage_database: str, tmp_path: pathlib
     its rows by the finished-task indexes, never by a sequential scan, even with
     plenty of rows to choose from."""
 
-    async def plans(statements: dict[str, str]) -> list[str]:
-        schema = schema_for(tmp_path)
-        conn = await asyncpg.connect(storage_database)
-        try:
-            await conn.execute(f'SET search_path TO "{schema}"')
-            await conn.execute("SET plan_cache_mode = force_generic_plan")
+    async def fill(engine: SyncEngine) -> None:
+        async with engine.raw._conn() as conn:  # type: ignore[attr-defined]
+            await conn.execute(f'SET search_path TO "{schema_for(tmp_path)}"')
             await conn.execute(
                 "INSERT INTO tasks (id, queue, task_type, payload, unique_key, state, attempt,"
                 " max_attempts, base_max_attempts, priority, backoff_initial_us,"
@@ -252,23 +250,19 @@ def test_postgres_batches_walk_an_index(storage_database: str, tmp_path: pathlib
                 " FROM generate_series(1, 20000) g"
             )
             await conn.execute("ANALYZE tasks")
-            found = []
-            for statement, args in statements.items():
-                await conn.execute(f"PREPARE p AS {statement}")
-                rows = await conn.fetch(f"EXPLAIN EXECUTE p({args})")
-                await conn.execute("DEALLOCATE p")
-                found.append("\n".join(r[0] for r in rows))
-            return found
-        finally:
-            await conn.close()
+            await conn.execute("RESET search_path")
 
     with open_engine(postgres_kind(storage_database), tmp_path) as engine:
+        engine.run(fill(engine))
         sql = engine.raw._sql  # type: ignore[attr-defined]
-        statements = {
-            sql.operate.delete_finished: "ARRAY[3,4]::smallint[], 5, 10",
-            sql.operate.delete_finished_queue: "ARRAY[3,4]::smallint[], 5, 10, 'q1'",
-        }
-        for plan in engine.run(plans(statements)):
+        plans = generic_plans(
+            engine,
+            {
+                "every_queue": (sql.operate.delete_finished, "'{3,4}', 5, 10"),
+                "one_queue": (sql.operate.delete_finished_queue, "'{3,4}', 5, 10, 'q1'"),
+            },
+        )
+        for plan in plans.values():
             assert "tasks_finished_queue" in plan, plan
             assert "Seq Scan" not in plan, plan
 

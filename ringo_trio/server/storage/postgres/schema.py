@@ -82,50 +82,36 @@ def activity_functions(s: str) -> tuple[str, str]:
     EXECUTE plans each count for the very values given: a generic plan
     cannot tell an empty queue from a deep one and, under a LIMIT, would
     scan the whole table."""
-    pending = f"SELECT 1 FROM {s}.tasks WHERE queue = $1 AND state = {PENDING}"
-    leased = f"SELECT 1 FROM {s}.tasks WHERE queue = $1 AND state = {LEASED}"
-    typed = (
-        f"SELECT 1 FROM {s}.tasks WHERE queue = $1 AND state IN ({PENDING}, {LEASED})"
-        " AND task_type = ANY($3)"
-    )
-    return (
-        f"""
-        CREATE OR REPLACE FUNCTION {s}.ringo_activity(q text, types text[], cap integer)
-        RETURNS bigint LANGUAGE plpgsql STABLE AS $$
-        DECLARE
-            n bigint;
-        BEGIN
-            IF types IS NULL THEN
-                EXECUTE 'SELECT (SELECT count(*) FROM ({pending} LIMIT $2) p)
-                    + (SELECT count(*) FROM ({leased} LIMIT $2) l)' INTO n USING q, cap;
-                RETURN least(n, cap);
-            END IF;
-            EXECUTE 'SELECT count(*) FROM ({typed} LIMIT $2) a' INTO n USING q, cap, types;
-            RETURN n;
-        END
-        $$
-        """,
-        f"""
-        CREATE OR REPLACE FUNCTION {s}.ringo_due_activity(
-            q text, types text[], cap integer, due bigint)
-        RETURNS bigint LANGUAGE plpgsql STABLE AS $$
-        DECLARE
-            n bigint;
-        BEGIN
-            IF types IS NULL THEN
-                EXECUTE 'SELECT (SELECT count(*) FROM ({pending} AND available_at <= $3
-                        LIMIT $2) p)
-                    + (SELECT count(*) FROM ({leased} LIMIT $2) l)' INTO n USING q, cap, due;
-                RETURN least(n, cap);
-            END IF;
-            EXECUTE 'SELECT count(*) FROM ({typed.replace("$3", "$4")}
-                    AND (state = {LEASED} OR available_at <= $3) LIMIT $2) a'
-                INTO n USING q, cap, due, types;
-            RETURN n;
-        END
-        $$
-        """,
-    )
+
+    def function(name: str, due: bool) -> str:
+        # Parameters of every count: $1 queue, $2 cap, $3 types, $4 due.
+        due_arg, using = (", due bigint", "q, cap, types, due") if due else ("", "q, cap, types")
+        pending_due = " AND available_at <= $4" if due else ""
+        typed_due = f" AND (state = {LEASED} OR available_at <= $4)" if due else ""
+        tasks = f"SELECT 1 FROM {s}.tasks WHERE queue = $1 AND state"
+        return f"""
+            CREATE OR REPLACE FUNCTION {s}.{name}(
+                q text, types text[], cap integer{due_arg})
+            RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+            DECLARE
+                n bigint;
+            BEGIN
+                IF types IS NULL THEN
+                    EXECUTE 'SELECT (SELECT count(*) FROM
+                            ({tasks} = {PENDING}{pending_due} LIMIT $2) p)
+                        + (SELECT count(*) FROM ({tasks} = {LEASED} LIMIT $2) l)'
+                        INTO n USING {using};
+                    RETURN least(n, cap);
+                END IF;
+                EXECUTE 'SELECT count(*) FROM ({tasks} IN ({PENDING}, {LEASED})
+                        AND task_type = ANY($3){typed_due} LIMIT $2) a'
+                    INTO n USING {using};
+                RETURN n;
+            END
+            $$
+        """
+
+    return function("ringo_activity", due=False), function("ringo_due_activity", due=True)
 
 
 def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
