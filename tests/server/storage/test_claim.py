@@ -46,19 +46,28 @@ def test_claim_order_is_priority_then_available_at_then_enqueue_order(
     assert _claim_ids(engine, clock, 10) == expected_ids[3:]
 
 
+@pytest.mark.parametrize("claimed", [[], ["a", "b"], ["b", "c"]])
 def test_order_holds_across_many_distinct_priorities(
-    engine: SyncEngine, clock: ManualClock
+    engine: SyncEngine, clock: ManualClock, claimed: list[str]
 ) -> None:
     """Claim order holds however many distinct priorities a queue has (engines may walk
-    priorities one by one and fall back to a scan past some number of them)."""
+    priorities one by one and fall back to a scan past some number of them), for a
+    claim of every type and for a claim of some types (which walks each type's own
+    tasks and takes the first of them all)."""
     now = clock.now()
     prios = [(i * 7919) % 61 - 30 for i in range(61)]  # every value in -30..30, shuffled
-    outs = engine.enqueue("q", [spec(priority=p) for p in prios for _ in range(2)], now)
+    # Two tasks of each priority, one per type, the first of the pair alternating.
+    types = [("a", "b") if i % 2 else ("b", "a") for i in range(61)]
+    specs = [spec(t, priority=p) for p, pair in zip(prios, types, strict=True) for t in pair]
+    outs = engine.enqueue("q", specs, now)
     by_id = {o.task.id: o.task for o in outs}
-    expected = sorted(outs, key=lambda o: -o.task.priority)  # stable: enqueue order kept
-    got = _claim_ids(engine, clock, 50) + _claim_ids(engine, clock, 1000)
+    wanted = [o for o in outs if not claimed or o.task.task_type in claimed]
+    expected = sorted(wanted, key=lambda o: -o.task.priority)  # stable: enqueue order kept
+    got = _claim_ids(engine, clock, 50, task_types=claimed)
+    got += _claim_ids(engine, clock, 1000, task_types=claimed)
     assert got == [o.task.id for o in expected]
-    assert [by_id[i].priority for i in got][:4] == [30, 30, 29, 29]
+    top = [30, 30, 29, 29] if len(wanted) == len(outs) else [30, 29, 28, 27]
+    assert [by_id[i].priority for i in got][:4] == top
 
 
 def test_scheduled_tasks_wait_for_their_time(engine: SyncEngine, clock: ManualClock) -> None:

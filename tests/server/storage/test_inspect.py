@@ -18,6 +18,7 @@ from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage import listing as _listing
 from ringo_trio.server.storage.base import Ack, LeaseLost, Nack, Push, Reject, TaskFilter
+from ringo_trio.server.storage.sqlite import claim as sqlite_claim
 from ringo_trio.server.storage.sqlite import listing as sqlite_listing
 from ringo_trio.server.storage.sqlite import operate as sqlite_operate
 from ringo_trio.server.storage.sqlite import schema as sqlite_schema
@@ -506,7 +507,7 @@ def test_sqlite_listing_is_index_streams_merged_without_sorting(
         for sql, args in [
             (sqlite_listing.QUEUE_COUNTS, ("q",)),
             (sqlite_listing.QUEUE_NAMES, ("", 10)),
-            (sqlite_listing.OLDEST_AT, ("q", 0)),
+            (sqlite_claim.soonest_sql(0, False), {"queue": "q", "prio": 0}),
             (sqlite_listing.PRESENT, ("q",)),
         ]:
             _assert_indexed(_sqlite_plan(engine, sql, args), "")

@@ -70,9 +70,14 @@ def _claim_path_plans(engine: SyncEngine) -> dict[str, str]:
     return generic_plans(
         engine,
         {
-            "claim": (sql.claim.claim, f"'{QUEUE}', 1000000, 64, 'w', 2000000, NULL, '{{a}}'"),
-            "next_wakeup": (sql.claim.next_wakeup, f"'{QUEUE}', NULL"),
+            "claim": (sql.claim.claim, f"'{QUEUE}', 1000000, 64, 'w', 2000000, '{{a}}'"),
+            "next_wakeup": (sql.claim.next_wakeup, f"'{QUEUE}'"),
             "limit_key_rows": (sql.limits.key_rows, f"'{QUEUE}', 1000000"),
+            "claim_typed": (
+                sql.claim.claim_typed,
+                f"'{QUEUE}', 1000000, 64, 'w', 2000000, '{{a}}', '{{t,u}}'",
+            ),
+            "next_wakeup_typed": (sql.claim.next_wakeup_typed, f"'{QUEUE}', '{{t,u}}'"),
         },
     )
 
@@ -81,12 +86,20 @@ def _assert_seeks(plans: dict[str, str]) -> None:
     for name, plan in plans.items():
         assert "tasks_active_type" not in plan, (name, plan)
         assert "Seq Scan on tasks" not in plan, (name, plan)
+        if name.endswith("_typed"):
+            # Sorted are the rows each type's walk picked (`d`), never a table's.
+            assert "Sort Key: tasks" not in plan, (name, plan)
+            assert "tasks_pending_type" in plan, (name, plan)
+        else:
+            assert "tasks_pending_type" not in plan, (name, plan)
     # (The keyed count groups what it read, keyed tasks only: its sort is not a walk.)
     for name in ("claim", "next_wakeup"):
         assert "Sort" not in plans[name], (name, plans[name])
     assert "tasks_pending" in plans["claim"], plans["claim"]
-    assert "tasks_leased" in plans["claim"], plans["claim"]  # the expiry's walk
+    for name in ("claim", "claim_typed"):
+        assert "tasks_leased" in plans[name], (name, plans[name])  # the expiry's walk
     assert "tasks_pending" in plans["next_wakeup"], plans["next_wakeup"]
+    assert "tasks_leased" in plans["next_wakeup_typed"], plans["next_wakeup_typed"]
     assert "tasks_limit_pending" in plans["limit_key_rows"], plans["limit_key_rows"]
 
 
@@ -98,7 +111,9 @@ def test_a_backlog_on_a_table_never_analyzed_is_claimed_by_index_seeks(
     the claim, the wake-up and the keyed limits' count seek the
     state-specific indexes; no plan reads and sorts the queue's active
     tasks (before schema 14: 27 ms a claim at 40,000 tasks, a third of the
-    throughput)."""
+    throughput). A claim and a wake-up of some task types seek each type's
+    own tasks (`tasks_pending_type`), never the backlog of its types or of
+    others (schema 15)."""
     _fill(engine, PENDING)
     _assert_seeks(_claim_path_plans(engine))
 

@@ -175,9 +175,17 @@ def test_next_wakeup_is_now_when_work_is_already_claimable(
 
 
 def test_next_wakeup_across_many_priorities(engine: SyncEngine, clock: ManualClock) -> None:
-    """The soonest moment is found however many distinct priorities the queue has."""
+    """The soonest moment is found however many distinct priorities the queue has,
+    of every task type or of the types asked for (each walked on its own)."""
     now = clock.now()
     specs = [spec(priority=p, delay=timedelta(seconds=100 + p)) for p in range(40, 0, -1)]
     specs.append(spec(priority=-1, delay=timedelta(seconds=7)))
+    specs += [spec("u", priority=p, delay=timedelta(seconds=50 + p)) for p in range(40, 0, -1)]
+    specs.append(spec("u", priority=-2, delay=timedelta(seconds=5)))
+    specs.append(spec("v", priority=-3, delay=timedelta(seconds=3)))
     engine.enqueue("q", specs, now)
-    assert engine.next_wakeup("q", [], now) == now + timedelta(seconds=7)
+    assert engine.next_wakeup("q", [], now) == now + timedelta(seconds=3)
+    assert engine.next_wakeup("q", ["t"], now) == now + timedelta(seconds=7)
+    assert engine.next_wakeup("q", ["t", "u"], now) == now + timedelta(seconds=5)
+    assert engine.next_wakeup("q", ["u", "w"], now) == now + timedelta(seconds=5)
+    assert engine.next_wakeup("q", ["w"], now) is None

@@ -11,6 +11,9 @@ Concurrency (READ COMMITTED):
   walk seeks the distinct PENDING priorities of the queue from the top (a
   recursive CTE, one index seek per priority) and takes the due tasks of
   each by `available_at`, so tasks scheduled far ahead are never scanned.
+  A claim of some task types (`claim_typed`) walks each type's own tasks
+  the same way (`tasks_pending_type`: one seek per type and priority) and
+  takes the first of those, so tasks of other types ahead cost it nothing.
   The same statement first expires the queue's overdue leases; when it did
   expire any, it leases nothing and the claim runs again, so a task whose
   expiry made it due at once is leased in order, exactly as in SQLite.
@@ -32,7 +35,7 @@ from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef
 from ringo_trio._wire.rows import Push, TaskRow, push_rows
 
 from ..rows import C_ATTEMPT, C_ID, C_TOKEN, COLS, LEASED, PENDING, leased, reference_push
-from .schema import delays_text, ident, schedule_of
+from .schema import PENDING_BY_TYPE, delays_text, ident, schedule_of
 from .settle import expire
 from .sql import Spelling, types_filter
 
@@ -43,7 +46,6 @@ class ClaimSql:
     def __init__(self, s: Spelling) -> None:
         t = s.tasks
         note = s.note
-        notify_pending = s.notify_pending
         # $1..$15 per column; unnest keeps array order and ORDER BY ord makes
         # `seq` (identity) follow it: seq is enqueue order.
         self.insert = f"""
@@ -89,22 +91,48 @@ class ClaimSql:
         )
         # The claim: expire the queue's overdue leases; when none were,
         # lease the first $3 due tasks in claim order, the n-th picked one
-        # with the n-th of the $7 lease tokens (minted in Python, as SQLite's
+        # with the n-th of the $6 lease tokens (minted in Python, as SQLite's
         # are: `rows.new_lease_tokens`). Always one row out: (leased columns
-        # or NULLs, number of leases expired).
-        types = types_filter(6)
-        self.claim = f"""
+        # or NULLs, number of leases expired). `claim_typed` takes only
+        # tasks of the types $7, each type walked on its own
+        # (`tasks_pending_type`): the first $3 of each type, then the first
+        # $3 of those.
+        self.claim = self._claim(s, typed=False)
+        self.claim_typed = self._claim(s, typed=True)
+        self.activity = (
+            f"SELECT {ident(s.schema)}.ringo_activity($1, $2::text[], {MAX_ACTIVITY_COUNT})"
+        )
+        self.due_activity = (
+            f"SELECT {ident(s.schema)}.ringo_due_activity($1, $2::text[], {MAX_ACTIVITY_COUNT}, $3)"
+        )
+        # The soonest lease deadline, and the soonest available_at of each
+        # distinct PENDING priority (one index seek each; `next_wakeup_typed`:
+        # of the types $2, one seek per type).
+        self.next_wakeup = self._next_wakeup(s, typed=False)
+        self.next_wakeup_typed = self._next_wakeup(s, typed=True)
+
+    @staticmethod
+    def _claim(s: Spelling, *, typed: bool) -> str:
+        t = s.tasks
+        due = "queue = $1 AND priority = prios.p AND available_at <= $2"
+        if typed:
+            walk = f"""SELECT d.seq FROM claimed_types CROSS JOIN LATERAL (
+                    SELECT seq, available_at FROM {t}
+                    WHERE {due} AND {PENDING_BY_TYPE} AND task_type = claimed_types.t
+                    ORDER BY available_at, seq LIMIT $3
+                    FOR UPDATE SKIP LOCKED) d
+                ORDER BY d.available_at, d.seq LIMIT $3"""
+        else:
+            walk = f"""SELECT seq FROM {t} WHERE {due} AND state = {PENDING}
+                ORDER BY available_at, seq LIMIT $3
+                FOR UPDATE SKIP LOCKED"""
+        return f"""
             WITH RECURSIVE expired AS ({expire(s, "$2", " AND queue = $1")}
             ), expired_n AS (
-                SELECT count(*) AS n, {notify_pending("expired")} AS notified,
+                SELECT count(*) AS n, {s.notify_pending("expired")} AS notified,
                     count(waited) AS waited FROM expired
-            ), {s.prios}, picked AS MATERIALIZED (
-                SELECT c.seq FROM prios CROSS JOIN LATERAL (
-                    SELECT seq FROM {t}
-                    WHERE queue = $1 AND state = {PENDING} AND priority = prios.p
-                        AND available_at <= $2 {types}
-                    ORDER BY available_at, seq LIMIT $3
-                    FOR UPDATE SKIP LOCKED) c
+            ), {s.typed_prios(7) if typed else s.prios}, picked AS MATERIALIZED (
+                SELECT c.seq FROM prios CROSS JOIN LATERAL ({walk}) c
                 WHERE NOT EXISTS (SELECT 1 FROM expired)
                 LIMIT $3
             ), numbered AS (
@@ -114,7 +142,7 @@ class ClaimSql:
                     lease_token = tokens.token,
                     worker_id = $4, lease_until = $5, updated_at = $2,
                     leased_at = $2, leased_by = $4
-                FROM numbered JOIN unnest($7::text[]) WITH ORDINALITY AS tokens(token, n)
+                FROM numbered JOIN unnest($6::text[]) WITH ORDINALITY AS tokens(token, n)
                     ON tokens.n = numbered.n
                 WHERE k.seq = numbered.seq
                 RETURNING k.*
@@ -122,24 +150,33 @@ class ClaimSql:
             SELECT {", ".join("c." + c.strip() for c in COLS.split(","))}, e.n
             FROM expired_n e LEFT JOIN claimed c ON true
         """
-        self.activity = (
-            f"SELECT {ident(s.schema)}.ringo_activity($1, $2::text[], {MAX_ACTIVITY_COUNT})"
-        )
-        self.due_activity = (
-            f"SELECT {ident(s.schema)}.ringo_due_activity($1, $2::text[], {MAX_ACTIVITY_COUNT}, $3)"
-        )
-        types = types_filter(2)
-        # The soonest lease deadline, and the soonest available_at of each
-        # distinct PENDING priority (one index seek each).
-        self.next_wakeup = f"""
-            WITH RECURSIVE {s.prios}
+
+    @staticmethod
+    def _next_wakeup(s: Spelling, *, typed: bool) -> str:
+        t = s.tasks
+        pending = "queue = $1 AND priority = prios.p"
+        if typed:
+            # The queue's leases are few (its workers' slots): `tasks_leased`,
+            # read whole. The filter passes NULL, so it proves nothing about
+            # `task_type` and the plan cannot take `tasks_active_type`, a
+            # walk of the types' whole backlog, instead.
+            leased = f"queue = $1 AND state = {LEASED} {types_filter(2)}"
+            first = f"""SELECT min(d.available_at) AS available_at
+                FROM claimed_types CROSS JOIN LATERAL (
+                    SELECT available_at FROM {t} WHERE {pending} AND {PENDING_BY_TYPE}
+                        AND task_type = claimed_types.t
+                    ORDER BY available_at LIMIT 1) d"""
+        else:
+            leased = f"queue = $1 AND state = {LEASED}"
+            first = (
+                f"SELECT available_at FROM {t} WHERE {pending} AND state = {PENDING}"
+                " ORDER BY available_at LIMIT 1"
+            )
+        return f"""
+            WITH RECURSIVE {s.typed_prios(2) if typed else s.prios}
             SELECT least(
-                (SELECT min(lease_until) FROM {t}
-                 WHERE queue = $1 AND state = {LEASED} {types}),
-                (SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL (
-                    SELECT available_at FROM {t}
-                    WHERE queue = $1 AND state = {PENDING} AND priority = prios.p {types}
-                    ORDER BY available_at LIMIT 1) f))
+                (SELECT min(lease_until) FROM {t} WHERE {leased}),
+                (SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL ({first}) f))
         """
 
 

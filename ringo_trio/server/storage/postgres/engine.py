@@ -512,11 +512,12 @@ class PostgresEngine(PostgresSchedules, Storage):
             claimed = [task_row(r) for r in rows]
             claimed.sort(key=lambda r: (-r.priority, r.available_at, r.seq))
             return claimed
+        claim, typed = (
+            (self._sql.claim.claim_typed, (types,)) if types else (self._sql.claim.claim, ())
+        )
         for _ in range(_CLAIM_ROUNDS):
             tokens = new_lease_tokens(limit)
-            rows = await self._fetch(
-                self._sql.claim.claim, queue, now_us, limit, worker_id, until, types, tokens
-            )
+            rows = await self._fetch(claim, queue, now_us, limit, worker_id, until, tokens, *typed)
             if not rows[0][-1]:
                 break
         # The last column is the expiry count; a claim that leased nothing
@@ -660,7 +661,10 @@ class PostgresEngine(PostgresSchedules, Storage):
                     conn, self._sql.limits, rules, queue, type_list(task_types), now_us
                 )
             return None if soonest is None else from_us(max(soonest, now_us))
-        row = await self._fetchrow(self._sql.claim.next_wakeup, queue, type_list(task_types))
+        if task_types:
+            row = await self._fetchrow(self._sql.claim.next_wakeup_typed, queue, list(task_types))
+        else:
+            row = await self._fetchrow(self._sql.claim.next_wakeup, queue)
         soonest = row[0]
         if soonest is None:
             return None

@@ -52,6 +52,16 @@ FINISHED_TERM = f"state IN ({', '.join(map(str, FINISHED))})"
 # (see there): a statement can only use them by comparing `task_type`.
 ACTIVE_TYPED = f"state IN ({PENDING}, {LEASED}) AND task_type IS NOT NULL"
 FINISHED_TYPED = f"{FINISHED_TERM} AND task_type IS NOT NULL"
+# How the statements of some task types spell PENDING (`tasks_pending_type`,
+# schema 15). No stored state is below PENDING, so this admits PENDING
+# alone, but unlike `state = PENDING` it implies neither `tasks_pending`'s
+# predicate nor `tasks_active_type`'s `state IN (PENDING, LEASED)`: those
+# statements have one index to seek whatever the statistics say (with
+# none, the shorter `tasks_active_type` won the tie and the claim read and
+# sorted every active task of its types). `task_type IS NOT NULL` keeps
+# the untyped statements, whose `state = PENDING` does imply this, off it.
+PENDING_BY_TYPE = f"state <= {PENDING}"
+PENDING_TYPED = f"{PENDING_BY_TYPE} AND task_type IS NOT NULL"
 
 
 def count_function(s: str, name: str, changes: str) -> str:
@@ -436,6 +446,17 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
             f" WHERE {FINISHED_TYPED}",
             f"DROP INDEX {s}.tasks_finished_age",
             *activity_functions(s),
+        ),
+        # The claim order of each task type: a worker of some types (every
+        # registry's worker) claims and finds its wake-up by one seek per
+        # type (`claim.ClaimSql.claim_typed`), not by a walk of
+        # `tasks_pending` through the tasks of other types ahead of its own.
+        # Typed (`PENDING_TYPED`, as schema 14's indexes): only a statement
+        # comparing `task_type` can use it, so the untyped claim keeps
+        # `tasks_pending` whatever the statistics say.
+        (
+            f"CREATE INDEX tasks_pending_type ON {s}.tasks"
+            f" (queue, task_type, priority DESC, available_at, seq) WHERE {PENDING_TYPED}",
         ),
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..rows import PENDING
-from .schema import FINISHED_TERM, ident, literal, wait_channel
+from .schema import FINISHED_TERM, PENDING_BY_TYPE, ident, literal, wait_channel
 
 # pg_notify refuses payloads of 8000 bytes or more; queue names are far
 # shorter (MAX_NAME_BYTES), this only keeps a bad one from failing a write.
@@ -35,6 +35,27 @@ class Spelling:
                 SELECT (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
                         AND priority < prios.p ORDER BY priority DESC LIMIT 1)
                 FROM prios WHERE prios.p IS NOT NULL
+            )"""
+
+    def typed_prios(self, n: int) -> str:
+        """`prios` of the tasks of the types $n only, each type once in
+        `claimed_types(t)`: the highest PENDING priority of any of them,
+        then the next lower one, one seek of `tasks_pending_type` per type
+        each, so no walk reads a task of another type."""
+        t = self.tasks
+
+        def highest(below: str) -> str:
+            return f"""(SELECT max(f.priority) FROM claimed_types CROSS JOIN LATERAL (
+                    SELECT priority FROM {t} WHERE queue = $1 AND {PENDING_BY_TYPE}
+                        AND task_type = claimed_types.t{below}
+                    ORDER BY priority DESC LIMIT 1) f)"""
+
+        return f"""claimed_types(t) AS (SELECT DISTINCT unnest(${n}::text[])),
+            prios(p) AS (
+                SELECT {highest("")}
+                UNION ALL
+                SELECT {highest(" AND priority < prios.p")} FROM prios
+                WHERE prios.p IS NOT NULL
             )"""
 
     def note(self, queue: str) -> str:

@@ -69,35 +69,80 @@ def insert_all(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
         db.execute(insert_rows(len(piece)), list(itertools.chain.from_iterable(piece)))
 
 
-TOP_PRIORITY = f"SELECT max(priority) FROM tasks WHERE queue = ? AND state = {PENDING}"
-NEXT_PRIORITY = (
-    f"SELECT max(priority) FROM tasks WHERE queue = ? AND state = {PENDING} AND priority < ?"
-)
-
-
 def types_filter(task_types: Sequence[str]) -> tuple[str, dict[str, str]]:
-    """An `AND task_type IN (...)` filter and its named parameters."""
+    """An `AND task_type IN (...)` filter and its named parameters :t0, :t1, ...
+    (each type once: `each_type` walks them one by one)."""
     if not task_types:
         return "", {}
-    names = [f"t{i}" for i in range(len(task_types))]
+    unique = list(dict.fromkeys(task_types))
+    names = [f"t{i}" for i in range(len(unique))]
     clause = " AND task_type IN (" + ", ".join(":" + n for n in names) + ")"
-    return clause, dict(zip(names, task_types, strict=True))
+    return clause, dict(zip(names, unique, strict=True))
+
+
+def each_type(arm: str, types: int, combine: str) -> str:
+    """`arm`, a SELECT of one task type's PENDING tasks naming it `:type`,
+    once per type (:t0, :t1, ...), UNION ALL'd into the `combine` template's
+    `{arms}` (one type: the arm alone). Each arm seeks `tasks_pending_type`
+    with its type in the key, so a typed walk never reads the tasks of other
+    types (an `IN` list on `tasks_pending` read every task of the queue
+    ahead of the first of its own types)."""
+    if types == 1:
+        return arm.replace(":type", ":t0")
+    return combine.format(
+        arms=" UNION ALL ".join(
+            f"SELECT * FROM ({arm.replace(':type', f':t{i}')})" for i in range(types)
+        )
+    )
 
 
 @functools.lru_cache(maxsize=256)
-def claim_sql(types_clause: str, rest: bool) -> str:
-    # `rest` covers every priority from :prio down in one ordered scan.
+def priority_sql(types: int, below: bool) -> str:
+    """The highest PENDING priority of the queue (of its `types`, when
+    any), below :prio when `below`: one index seek (per type)."""
+    where = f"queue = :queue AND state = {PENDING}" + (" AND priority < :prio" if below else "")
+    if not types:
+        return f"SELECT max(priority) FROM tasks WHERE {where}"
+    arm = f"SELECT max(priority) AS p FROM tasks WHERE {where} AND task_type = :type"
+    return each_type(arm, types, "SELECT max(p) FROM ({arms})")
+
+
+@functools.lru_cache(maxsize=256)
+def soonest_sql(types: int, rest: bool) -> str:
+    """The soonest `available_at` of the PENDING tasks at :prio (at and
+    below it when `rest`), of the queue's `types` when any."""
+    where = f"queue = :queue AND state = {PENDING} AND priority {'<=' if rest else '='} :prio"
+    if not types:
+        return f"SELECT min(available_at) FROM tasks WHERE {where}"
+    arm = f"SELECT min(available_at) AS a FROM tasks WHERE {where} AND task_type = :type"
+    return each_type(arm, types, "SELECT min(a) FROM ({arms})")
+
+
+@functools.lru_cache(maxsize=256)
+def claim_sql(types: int, rest: bool) -> str:
+    """Lease the first :limit due tasks at :prio (`rest`: at and below it,
+    in one ordered scan), of the queue's `types` when any: each type's
+    first :limit by its own walk, then the first :limit of those."""
     prio = "priority <= :prio" if rest else "priority = :prio"
     order = "priority DESC, available_at, seq" if rest else "available_at, seq"
+    where = f"queue = :queue AND state = {PENDING} AND {prio} AND available_at <= :now"
+    if not types:
+        picked = f"SELECT seq FROM tasks WHERE {where} ORDER BY {order} LIMIT :limit"
+    else:
+        # The merge (of two types or more) sorts what the arms picked: at
+        # most :limit per type.
+        keys = ", priority, available_at" if types > 1 else ""
+        arm = (
+            f"SELECT seq{keys} FROM tasks"
+            f" WHERE {where} AND task_type = :type ORDER BY {order} LIMIT :limit"
+        )
+        merged = f"SELECT seq FROM ({{arms}}) ORDER BY {order} LIMIT :limit"
+        picked = each_type(arm, types, merged)
     return f"""
         UPDATE tasks SET state = {LEASED}, attempt = attempt + 1,
             lease_token = ringo_token(), worker_id = :worker, lease_until = :until,
             updated_at = :now, leased_at = :now, leased_by = :worker
-        WHERE seq IN (
-            SELECT seq FROM tasks
-            WHERE queue = :queue AND state = {PENDING} AND {prio}
-                AND available_at <= :now{types_clause}
-            ORDER BY {order} LIMIT :limit)
+        WHERE seq IN ({picked})
         RETURNING {COLS}
     """
 
@@ -118,17 +163,22 @@ def leased_rows(rows: list[Any]) -> list[LeasedTask]:
     return [leased(r) for r in rows]
 
 
-def priority_steps(db: sqlite3.Connection, queue: str) -> Iterator[tuple[int, bool]]:
-    """The distinct PENDING priorities of `queue`, highest first, one index
-    seek each. After `PRIORITY_PROBES` of them the last step has
-    `rest=True`: it stands for its priority and every lower one. Stop
-    iterating as soon as you have enough; the next seek runs only on demand."""
-    prio = db.execute(TOP_PRIORITY, (queue,)).fetchone()[0]
+def priority_steps(
+    db: sqlite3.Connection, args: dict[str, Any], types: int = 0
+) -> Iterator[tuple[int, bool]]:
+    """The distinct PENDING priorities of queue `args["queue"]` (of its
+    `types` task types :t0, :t1, ... of `types_filter` when any), highest
+    first, one index seek (per type) each, also left in `args["prio"]`. After
+    `PRIORITY_PROBES` of them the last step has `rest=True`: it stands for
+    its priority and every lower one. Stop iterating as soon as you have
+    enough; the next seek runs only on demand."""
+    prio = db.execute(priority_sql(types, False), args).fetchone()[0]
     probes = 0
     while prio is not None:
         rest = probes == PRIORITY_PROBES
+        args["prio"] = prio
         yield prio, rest
         if rest:
             return
         probes += 1
-        prio = db.execute(NEXT_PRIORITY, (queue, prio)).fetchone()[0]
+        prio = db.execute(priority_sql(types, True), args).fetchone()[0]

@@ -24,6 +24,10 @@ Rows: one table `tasks`; times are integer microseconds since the Unix epoch
   (each step an index seek) and take the due tasks of each priority by a
   range seek, so tasks scheduled far in the future are never scanned. Past
   `PRIORITY_PROBES` distinct priorities the rest is one ordered scan.
+* `tasks_pending_type (queue, task_type, priority DESC, available_at) WHERE
+  state = PENDING` -- the same order per task type: a claim naming types
+  walks each type's own tasks (one seek per type and priority) and takes
+  the first of those, so a backlog of other types costs it nothing.
 * `tasks_leased (queue, lease_until) WHERE state = LEASED` -- lease expiry,
   which claim runs for its queue before leasing.
 * `tasks_unique_key (queue, unique_key) UNIQUE WHERE unique_key != ''` --
@@ -132,13 +136,12 @@ from .claim import (
     leased_rows,
     move_counts,
     priority_steps,
+    soonest_sql,
     types_filter,
 )
 from .listing import (
     IS_PAUSED,
     LIST_COLS,
-    OLDEST_AT,
-    OLDEST_REST,
     PAUSE,
     PAUSED,
     PAUSED_NAMES,
@@ -484,10 +487,9 @@ class SQLiteEngine(SQLiteSchedules, Storage):
             if rules:
                 rows = list(map(task_row, limits.claim(db, rules, types_clause, args, limit)))
             else:
-                for prio, rest in priority_steps(db, queue):
-                    args["prio"] = prio
+                for _, rest in priority_steps(db, args, len(params)):
                     args["limit"] = limit - len(rows)
-                    rows += map(task_row, db.execute(claim_sql(types_clause, rest), args))
+                    rows += map(task_row, db.execute(claim_sql(len(params), rest), args))
                     if len(rows) >= limit:
                         break
             move_counts(db, [(queue, r.task_type) for r in rows], PENDING, LEASED)
@@ -644,14 +646,8 @@ class SQLiteEngine(SQLiteSchedules, Storage):
                 f" AND state = {LEASED}{types_clause}",
                 args,
             ).fetchone()[0]
-            for prio, rest in priority_steps(db, queue):
-                args["prio"] = prio
-                cond = "priority <= :prio" if rest else "priority = :prio"
-                first = db.execute(
-                    f"SELECT min(available_at) FROM tasks WHERE queue = :queue"
-                    f" AND state = {PENDING} AND {cond}{types_clause}",
-                    args,
-                ).fetchone()[0]
+            for _, rest in priority_steps(db, args, len(params)):
+                first = db.execute(soonest_sql(len(params), rest), args).fetchone()[0]
                 if first is not None and (soonest is None or first < soonest):
                     soonest = first
                 if soonest is not None and soonest <= now_us:
@@ -784,8 +780,9 @@ class SQLiteEngine(SQLiteSchedules, Storage):
         counts = listing.by_state(db.execute(QUEUE_COUNTS, (queue,)))
         oldest: int | None = None
         if counts:
-            for prio, rest in priority_steps(db, queue):
-                first = db.execute(OLDEST_REST if rest else OLDEST_AT, (queue, prio)).fetchone()[0]
+            args: dict[str, Any] = {"queue": queue}
+            for _, rest in priority_steps(db, args):
+                first = db.execute(soonest_sql(0, rest), args).fetchone()[0]
                 if first is not None and (oldest is None or first < oldest):
                     oldest = first
         paused = db.execute(IS_PAUSED, (queue,)).fetchone() is not None

@@ -29,7 +29,7 @@ from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
 from ringo_trio._proto.ringo.v1 import Task
 
 from .. import listing
-from ..rows import COLS, PENDING, row_task
+from ..rows import COLS, row_task
 from .schema import ACTIVE, FINISHED_TERM
 
 # -- inspection ------------------------------------------------------------
@@ -59,12 +59,6 @@ PAUSE = "INSERT INTO paused_queues (queue, paused_at) VALUES (?, ?) ON CONFLICT 
 RESUME = "DELETE FROM paused_queues WHERE queue = ?"
 PAUSED = "SELECT queue FROM paused_queues"
 QUEUE_COUNTS = "SELECT task_type, state, n FROM task_counts WHERE queue = ?"
-OLDEST_AT = (
-    f"SELECT min(available_at) FROM tasks WHERE queue = ? AND state = {PENDING} AND priority = ?"
-)
-OLDEST_REST = (
-    f"SELECT min(available_at) FROM tasks WHERE queue = ? AND state = {PENDING} AND priority <= ?"
-)
 
 
 def list_sql(cols: str, arms: Sequence[listing.Arm], newest_first: bool) -> str:
