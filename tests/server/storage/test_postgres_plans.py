@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from ringo_trio._proto.ringo.v1 import TaskState
+from ringo_trio.server.storage.postgres.schema import PENDING_BY_TYPE
 from ringo_trio.server.storage.rows import DEAD, LEASED, PENDING, SUCCEEDED
 from tests._kit.storage import SyncEngine, generic_plans, open_engine, postgres_kind
 
@@ -186,3 +188,20 @@ def test_activity_counts_without_types_stop_at_the_cap(engine: SyncEngine) -> No
             ]
 
     assert engine.run(counts()) == [10, 39_999, 40_000, 40_000, 100, 100, 0]
+
+
+def test_the_typed_pending_term_admits_pending_alone(engine: SyncEngine) -> None:
+    """Property: `PENDING_BY_TYPE`, how the typed statements and
+    `tasks_pending_type` spell PENDING, admits PENDING and no other state a
+    task is stored in (a state numbered below PENDING would break it)."""
+    stored = [int(s) for s in TaskState if s != TaskState.UNSPECIFIED]
+
+    async def admitted() -> list[int]:
+        async with engine.raw._conn() as conn:  # type: ignore[attr-defined]
+            rows = await conn.fetch(
+                f"SELECT state FROM unnest($1::smallint[]) AS t(state) WHERE {PENDING_BY_TYPE}",
+                stored,
+            )
+            return [r[0] for r in rows]
+
+    assert engine.run(admitted()) == [PENDING]
