@@ -163,21 +163,20 @@ def leased_rows(rows: list[Any]) -> list[LeasedTask]:
     return [leased(r) for r in rows]
 
 
-def priority_steps(
-    db: sqlite3.Connection, args: dict[str, Any], types: int = 0
-) -> Iterator[tuple[int, bool]]:
-    """The distinct PENDING priorities of queue `args["queue"]` (of its
-    `types` task types :t0, :t1, ... of `types_filter` when any), highest
-    first, one index seek (per type) each, also left in `args["prio"]`. After
-    `PRIORITY_PROBES` of them the last step has `rest=True`: it stands for
-    its priority and every lower one. Stop iterating as soon as you have
-    enough; the next seek runs only on demand."""
+def priority_steps(db: sqlite3.Connection, args: dict[str, Any], types: int = 0) -> Iterator[bool]:
+    """Steps through the distinct PENDING priorities of queue `args["queue"]`
+    (of its `types` task types :t0, :t1, ... of `types_filter` when any),
+    highest first, one index seek (per type) each, setting `args["prio"]`
+    to each. After `PRIORITY_PROBES` of them the last step yields
+    `rest=True`: it stands for its priority and every lower one (the others
+    yield False). Stop iterating as soon as you have enough; the next seek
+    runs only on demand."""
     prio = db.execute(priority_sql(types, False), args).fetchone()[0]
     probes = 0
     while prio is not None:
         rest = probes == PRIORITY_PROBES
         args["prio"] = prio
-        yield prio, rest
+        yield rest
         if rest:
             return
         probes += 1

@@ -487,7 +487,7 @@ class SQLiteEngine(SQLiteSchedules, Storage):
             if rules:
                 rows = list(map(task_row, limits.claim(db, rules, types_clause, args, limit)))
             else:
-                for _, rest in priority_steps(db, args, len(params)):
+                for rest in priority_steps(db, args, len(params)):
                     args["limit"] = limit - len(rows)
                     rows += map(task_row, db.execute(claim_sql(len(params), rest), args))
                     if len(rows) >= limit:
@@ -646,7 +646,7 @@ class SQLiteEngine(SQLiteSchedules, Storage):
                 f" AND state = {LEASED}{types_clause}",
                 args,
             ).fetchone()[0]
-            for _, rest in priority_steps(db, args, len(params)):
+            for rest in priority_steps(db, args, len(params)):
                 first = db.execute(soonest_sql(len(params), rest), args).fetchone()[0]
                 if first is not None and (soonest is None or first < soonest):
                     soonest = first
@@ -781,7 +781,7 @@ class SQLiteEngine(SQLiteSchedules, Storage):
         oldest: int | None = None
         if counts:
             args: dict[str, Any] = {"queue": queue}
-            for _, rest in priority_steps(db, args):
+            for rest in priority_steps(db, args):
                 first = db.execute(soonest_sql(0, rest), args).fetchone()[0]
                 if first is not None and (oldest is None or first < oldest):
                     oldest = first
