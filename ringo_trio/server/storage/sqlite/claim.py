@@ -96,26 +96,29 @@ def each_type(arm: str, types: int, combine: str) -> str:
     )
 
 
+def _aggregate(fn: str, column: str, terms: str, types: int) -> str:
+    """`fn(column)` (min or max) over the PENDING tasks of the queue meeting
+    `terms` (each ` AND ...`), of its `types` when any: the same of each
+    type, combined."""
+    where = f"queue = :queue AND state = {PENDING}{terms}"
+    if not types:
+        return f"SELECT {fn}({column}) FROM tasks WHERE {where}"
+    arm = f"SELECT {fn}({column}) AS x FROM tasks WHERE {where} AND task_type = :type"
+    return each_type(arm, types, f"SELECT {fn}(x) FROM ({{arms}})")
+
+
 @functools.lru_cache(maxsize=256)
 def priority_sql(types: int, below: bool) -> str:
     """The highest PENDING priority of the queue (of its `types`, when
     any), below :prio when `below`: one index seek (per type)."""
-    where = f"queue = :queue AND state = {PENDING}" + (" AND priority < :prio" if below else "")
-    if not types:
-        return f"SELECT max(priority) FROM tasks WHERE {where}"
-    arm = f"SELECT max(priority) AS p FROM tasks WHERE {where} AND task_type = :type"
-    return each_type(arm, types, "SELECT max(p) FROM ({arms})")
+    return _aggregate("max", "priority", " AND priority < :prio" if below else "", types)
 
 
 @functools.lru_cache(maxsize=256)
 def soonest_sql(types: int, rest: bool) -> str:
     """The soonest `available_at` of the PENDING tasks at :prio (at and
     below it when `rest`), of the queue's `types` when any."""
-    where = f"queue = :queue AND state = {PENDING} AND priority {'<=' if rest else '='} :prio"
-    if not types:
-        return f"SELECT min(available_at) FROM tasks WHERE {where}"
-    arm = f"SELECT min(available_at) AS a FROM tasks WHERE {where} AND task_type = :type"
-    return each_type(arm, types, "SELECT min(a) FROM ({arms})")
+    return _aggregate("min", "available_at", f" AND priority {'<=' if rest else '='} :prio", types)
 
 
 @functools.lru_cache(maxsize=256)
