@@ -184,3 +184,24 @@ def priority_steps(db: sqlite3.Connection, args: dict[str, Any], types: int = 0)
             return
         probes += 1
         prio = db.execute(priority_sql(types, True), args).fetchone()[0]
+
+
+def soonest_pending(
+    db: sqlite3.Connection,
+    args: dict[str, Any],
+    types: int = 0,
+    *,
+    soonest: int | None = None,
+    enough: int | None = None,
+) -> int | None:
+    """The soonest `available_at` of queue `args["queue"]`'s PENDING tasks
+    (of its `types` task types when any), or `soonest` when that is sooner:
+    one seek (per type) per distinct priority, stopping once the answer is
+    at or before `enough`."""
+    for rest in priority_steps(db, args, types):
+        first = db.execute(soonest_sql(types, rest), args).fetchone()[0]
+        if first is not None and (soonest is None or first < soonest):
+            soonest = first
+        if enough is not None and soonest is not None and soonest <= enough:
+            break
+    return soonest

@@ -136,7 +136,7 @@ from .claim import (
     leased_rows,
     move_counts,
     priority_steps,
-    soonest_sql,
+    soonest_pending,
     types_filter,
 )
 from .listing import (
@@ -646,12 +646,7 @@ class SQLiteEngine(SQLiteSchedules, Storage):
                 f" AND state = {LEASED}{types_clause}",
                 args,
             ).fetchone()[0]
-            for rest in priority_steps(db, args, len(params)):
-                first = db.execute(soonest_sql(len(params), rest), args).fetchone()[0]
-                if first is not None and (soonest is None or first < soonest):
-                    soonest = first
-                if soonest is not None and soonest <= now_us:
-                    break
+            soonest = soonest_pending(db, args, len(params), soonest=soonest, enough=now_us)
         finally:
             db.execute("COMMIT")
         if soonest is None:
@@ -778,13 +773,7 @@ class SQLiteEngine(SQLiteSchedules, Storage):
     @staticmethod
     def _stats(db: sqlite3.Connection, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
         counts = listing.by_state(db.execute(QUEUE_COUNTS, (queue,)))
-        oldest: int | None = None
-        if counts:
-            args: dict[str, Any] = {"queue": queue}
-            for rest in priority_steps(db, args):
-                first = db.execute(soonest_sql(0, rest), args).fetchone()[0]
-                if first is not None and (oldest is None or first < oldest):
-                    oldest = first
+        oldest = soonest_pending(db, {"queue": queue}) if counts else None
         paused = db.execute(IS_PAUSED, (queue,)).fetchone() is not None
         return listing.queue_stats(queue, counts, oldest, now, by_type=by_type, paused=paused)
 
