@@ -10,6 +10,7 @@ import pytest
 from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import LeaseLost
+from ringo_trio.server.storage.limits import Rule
 from tests._kit.storage import LEASE, SyncEngine, claim_one, ref_of, spec
 
 
@@ -46,15 +47,19 @@ def test_claim_order_is_priority_then_available_at_then_enqueue_order(
     assert _claim_ids(engine, clock, 10) == expected_ids[3:]
 
 
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
 @pytest.mark.parametrize("claimed", [[], ["a", "b"], ["b", "c"]])
 def test_order_holds_across_many_distinct_priorities(
-    engine: SyncEngine, clock: ManualClock, claimed: list[str]
+    engine: SyncEngine, clock: ManualClock, claimed: list[str], limited: bool
 ) -> None:
     """Claim order holds however many distinct priorities a queue has (engines may walk
     priorities one by one and fall back to a scan past some number of them), for a
     claim of every type and for a claim of some types (which walks each type's own
-    tasks and takes the first of them all)."""
+    tasks and takes the first of them all), and on a queue with keyed limits, whose
+    claim walks its tasks without a key on their own."""
     now = clock.now()
+    if limited:
+        engine.set_limit("q", Rule("k:", 0.0, 1_000_000, 1, 1), now)
     prios = [(i * 7919) % 61 - 30 for i in range(61)]  # every value in -30..30, shuffled
     # Two tasks of each priority, one per type, the first of the pair alternating.
     types = [("a", "b") if i % 2 else ("b", "a") for i in range(61)]

@@ -80,6 +80,9 @@ def _claim_path_plans(engine: SyncEngine) -> dict[str, str]:
                 f"'{QUEUE}', 1000000, 64, 'w', 2000000, '{{a}}', '{{t,u}}'",
             ),
             "next_wakeup_typed": (sql.claim.next_wakeup_typed, f"'{QUEUE}', '{{t,u}}'"),
+            "limit_unkeyed": (sql.limits.unkeyed, f"'{QUEUE}', 1000000, 64, NULL"),
+            "limit_unkeyed_head": (sql.limits.unkeyed_head, f"'{QUEUE}', NULL"),
+            "limit_key_heads": (sql.limits.key_heads, f"'{QUEUE}', '{{k:big}}', NULL"),
         },
     )
 
@@ -95,14 +98,22 @@ def _assert_seeks(plans: dict[str, str]) -> None:
         else:
             assert "tasks_pending_type" not in plan, (name, plan)
     # (The keyed count groups what it read, keyed tasks only: its sort is not a walk.)
-    for name in ("claim", "next_wakeup"):
+    for name in ("claim", "next_wakeup", "limit_unkeyed", "limit_unkeyed_head"):
         assert "Sort" not in plans[name], (name, plans[name])
-    assert "tasks_pending" in plans["claim"], plans["claim"]
+    assert "Sort Key: tasks" not in plans["limit_key_heads"], plans["limit_key_heads"]
+    for name in ("claim", "next_wakeup"):
+        assert "using tasks_pending on" in plans[name], (name, plans[name])
+        assert "tasks_pending_unkeyed" not in plans[name], (name, plans[name])
     for name in ("claim", "claim_typed"):
         assert "tasks_leased" in plans[name], (name, plans[name])  # the expiry's walk
-    assert "tasks_pending" in plans["next_wakeup"], plans["next_wakeup"]
     assert "tasks_leased" in plans["next_wakeup_typed"], plans["next_wakeup_typed"]
-    assert "tasks_limit_pending" in plans["limit_key_rows"], plans["limit_key_rows"]
+    for name in ("limit_key_rows", "limit_key_heads"):
+        assert "tasks_limit_pending" in plans[name], (name, plans[name])
+    # A limited claim's tasks without a key: their own index, never a walk of
+    # `tasks_pending` through the keys' tasks ahead of them (schema 16).
+    for name in ("limit_unkeyed", "limit_unkeyed_head"):
+        assert "tasks_pending_unkeyed" in plans[name], (name, plans[name])
+        assert "using tasks_pending on" not in plans[name], (name, plans[name])
 
 
 def test_a_backlog_on_a_table_never_analyzed_is_claimed_by_index_seeks(

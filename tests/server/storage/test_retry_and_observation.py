@@ -9,6 +9,7 @@ import pytest
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import FailedPrecondition, NotFound
+from ringo_trio.server.storage.limits import Rule
 from tests._kit.storage import LEASE, SyncEngine, claim_one, ref_of, spec
 
 # -- retry ---------------------------------------------------------------------
@@ -174,15 +175,29 @@ def test_next_wakeup_is_now_when_work_is_already_claimable(
     assert engine.next_wakeup("q", [], clock.now()) == clock.now()
 
 
-def test_next_wakeup_across_many_priorities(engine: SyncEngine, clock: ManualClock) -> None:
+@pytest.mark.parametrize("limits", ["none", "unkeyed", "keyed"])
+def test_next_wakeup_across_many_priorities(
+    engine: SyncEngine, clock: ManualClock, limits: str
+) -> None:
     """The soonest moment is found however many distinct priorities the queue has,
-    of every task type or of the types asked for (each walked on its own)."""
+    of every task type or of the types asked for (each walked on its own), on a
+    queue with keyed limits too: its tasks without a key, and a key's own tasks,
+    are each walked priority by priority."""
     now = clock.now()
-    specs = [spec(priority=p, delay=timedelta(seconds=100 + p)) for p in range(40, 0, -1)]
-    specs.append(spec(priority=-1, delay=timedelta(seconds=7)))
-    specs += [spec("u", priority=p, delay=timedelta(seconds=50 + p)) for p in range(40, 0, -1)]
-    specs.append(spec("u", priority=-2, delay=timedelta(seconds=5)))
-    specs.append(spec("v", priority=-3, delay=timedelta(seconds=3)))
+    key = "k:a" if limits == "keyed" else ""
+    if limits != "none":
+        # A rule no task is held by: "unkeyed" has no task it applies to.
+        engine.set_limit("q", Rule("k:", 0.0, 1_000_000, 1, 1000), now)
+    specs = [
+        spec(priority=p, delay=timedelta(seconds=100 + p), limit_key=key) for p in range(40, 0, -1)
+    ]
+    specs.append(spec(priority=-1, delay=timedelta(seconds=7), limit_key=key))
+    specs += [
+        spec("u", priority=p, delay=timedelta(seconds=50 + p), limit_key=key)
+        for p in range(40, 0, -1)
+    ]
+    specs.append(spec("u", priority=-2, delay=timedelta(seconds=5), limit_key=key))
+    specs.append(spec("v", priority=-3, delay=timedelta(seconds=3), limit_key=key))
     engine.enqueue("q", specs, now)
     assert engine.next_wakeup("q", [], now) == now + timedelta(seconds=3)
     assert engine.next_wakeup("q", ["t"], now) == now + timedelta(seconds=7)

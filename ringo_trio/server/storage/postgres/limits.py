@@ -10,6 +10,11 @@ of one key are serialized across daemons while it holds that lock, and the
 rate and the concurrency hold globally. Heads are picked FOR UPDATE SKIP
 LOCKED as in the plain claim. Settling, expiry, cancel and release need no
 change: they end leases, which the next claim counts.
+
+Walks: the tasks without a key by their own index (`tasks_pending_unkeyed`,
+schema 16) and each key's by `tasks_limit_pending`, each priority by
+priority, so neither a key's backlog held by its rule nor tasks scheduled
+far ahead are read by a claim or a wake-up of the queue.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from ..limits import (
     pick,
 )
 from ..rows import COLS, LEASED, PENDING
-from .schema import LIMIT_LEASED, LIMIT_PENDING, ident
+from .schema import LIMIT_LEASED, LIMIT_PENDING, UNKEYED_PENDING, ident
 from .settle import expire
 from .sql import Spelling, types_filter
 
@@ -100,12 +105,18 @@ class LimitSql:
                 ORDER BY priority DESC, available_at, seq LIMIT k.n
                 FOR UPDATE SKIP LOCKED) c
         """
+        # The tasks without a key, priority by priority on
+        # `tasks_pending_unkeyed`: neither the keys' tasks nor tasks
+        # scheduled far ahead are read.
         self.unkeyed = f"""
-            SELECT seq, priority, available_at FROM {t}
-            WHERE queue = $1 AND state = {PENDING} AND limit_key = ''
-                AND available_at <= $2 {types_filter(4)}
-            ORDER BY priority DESC, available_at, seq LIMIT $3
-            FOR UPDATE SKIP LOCKED
+            WITH RECURSIVE {s.prios_of(UNKEYED_PENDING)}
+            SELECT c.seq, prios.p, c.available_at FROM prios CROSS JOIN LATERAL (
+                SELECT seq, available_at FROM {t}
+                WHERE queue = $1 AND priority = prios.p AND {UNKEYED_PENDING}
+                    AND available_at <= $2 {types_filter(4)}
+                ORDER BY available_at, seq LIMIT $3
+                FOR UPDATE SKIP LOCKED) c
+            LIMIT $3
         """
         self.lease = f"""
             UPDATE {t} k SET state = {LEASED}, attempt = k.attempt + 1,
@@ -125,13 +136,33 @@ class LimitSql:
                 {types_filter(2)}
         """
         self.unkeyed_head = f"""
-            SELECT min(available_at) FROM {t} WHERE queue = $1 AND state = {PENDING}
-                AND limit_key = '' {types_filter(2)}
+            WITH RECURSIVE {s.prios_of(UNKEYED_PENDING)}
+            SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL (
+                SELECT available_at FROM {t}
+                WHERE queue = $1 AND priority = prios.p AND {UNKEYED_PENDING} {types_filter(2)}
+                ORDER BY available_at LIMIT 1) f
         """
+
+        # Each key's soonest waiting task, priority by priority (one seek
+        # of `tasks_limit_pending` per key and priority): a key's backlog
+        # is not read whole.
+        def key_prio(below: str) -> str:
+            return f"""(SELECT priority FROM {t} WHERE queue = $1 AND limit_key = kp.key
+                AND {LIMIT_PENDING}{below} ORDER BY priority DESC LIMIT 1)"""
+
         self.key_heads = f"""
-            SELECT k.key, (SELECT min(available_at) FROM {t}
-                WHERE queue = $1 AND limit_key = k.key AND {LIMIT_PENDING} {types_filter(3)})
-            FROM unnest($2::text[]) AS k(key)
+            WITH RECURSIVE kp(key, p) AS (
+                SELECT kp.key, {key_prio("")} FROM unnest($2::text[]) AS kp(key)
+                UNION ALL
+                SELECT kp.key, {key_prio(" AND priority < kp.p")} FROM kp
+                WHERE kp.p IS NOT NULL
+            )
+            SELECT kp.key, min(f.available_at) FROM kp CROSS JOIN LATERAL (
+                SELECT available_at FROM {t}
+                WHERE queue = $1 AND limit_key = kp.key AND {LIMIT_PENDING}
+                    AND priority = kp.p {types_filter(3)}
+                ORDER BY available_at LIMIT 1) f
+            GROUP BY kp.key
         """
         self.key_rows = f"""
             SELECT t.limit_key,

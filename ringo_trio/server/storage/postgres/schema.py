@@ -62,6 +62,11 @@ FINISHED_TYPED = f"{FINISHED_TERM} AND task_type IS NOT NULL"
 # the untyped statements, whose `state = PENDING` does imply this, off it.
 PENDING_BY_TYPE = f"state <= {PENDING}"
 PENDING_TYPED = f"{PENDING_BY_TYPE} AND task_type IS NOT NULL"
+# How a limited claim spells the tasks without a key (`tasks_pending_unkeyed`,
+# schema 16): `state <= PENDING` again, so these statements have that index
+# alone to seek (`tasks_pending` would walk the keys' tasks ahead of them;
+# their type filter passes NULL, so it never proves `tasks_pending_type`'s).
+UNKEYED_PENDING = f"{PENDING_BY_TYPE} AND limit_key = ''"
 
 
 def count_function(s: str, name: str, changes: str) -> str:
@@ -457,6 +462,16 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
         (
             f"CREATE INDEX tasks_pending_type ON {s}.tasks"
             f" (queue, task_type, priority DESC, available_at, seq) WHERE {PENDING_TYPED}",
+        ),
+        # The claim order of the tasks without a limit key: a claim on a
+        # queue with keyed limits reads them apart from its keys'
+        # (`limits.LimitSql.unkeyed`), not by a walk of `tasks_pending`
+        # through every keyed task ahead of them — a key's backlog held by
+        # its rule was read on every claim and wake-up of its queue. One
+        # entry per unkeyed task while PENDING.
+        (
+            f"CREATE INDEX tasks_pending_unkeyed ON {s}.tasks"
+            f" (queue, priority DESC, available_at, seq) WHERE {UNKEYED_PENDING}",
         ),
     )
 

@@ -21,18 +21,23 @@ class Spelling:
 
     def __init__(self, schema: str, channel: str, instance: str) -> None:
         self.schema = schema
-        t = self.tasks = f"{ident(schema)}.tasks"
+        self.tasks = f"{ident(schema)}.tasks"
         self._channel = literal(channel)
         self._sender = literal(instance + " ")
         self._waits = f"{ident(schema)}.task_waits"
         self._wait_channel = wait_channel(ident(schema))
-        # The queue's distinct PENDING priorities, highest first, one index
-        # seek each (a recursive walk), so far-future tasks are never scanned.
-        self.prios = f"""prios(p) AS (
-                (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
+        self.prios = self.prios_of(f"state = {PENDING}")
+
+    def prios_of(self, pending: str) -> str:
+        """`prios(p)`: the distinct priorities of the queue's `pending`
+        tasks, highest first, one index seek each (a recursive walk), so
+        far-future tasks are never scanned."""
+        t = self.tasks
+        return f"""prios(p) AS (
+                (SELECT priority FROM {t} WHERE queue = $1 AND {pending}
                  ORDER BY priority DESC LIMIT 1)
                 UNION ALL
-                SELECT (SELECT priority FROM {t} WHERE queue = $1 AND state = {PENDING}
+                SELECT (SELECT priority FROM {t} WHERE queue = $1 AND {pending}
                         AND priority < prios.p ORDER BY priority DESC LIMIT 1)
                 FROM prios WHERE prios.p IS NOT NULL
             )"""

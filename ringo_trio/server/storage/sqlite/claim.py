@@ -30,6 +30,10 @@ _T = TypeVar("_T")
 # A claim seeks priority by priority; a queue with more distinct priorities
 # than this falls back to one ordered scan for the rest, bounding the seeks.
 PRIORITY_PROBES = 16
+# The tasks a walk steps through: every PENDING task of the queue
+# (`tasks_pending`), unless a walk names others (a limited claim's unkeyed
+# tasks, `schema.UNKEYED_PENDING`).
+PENDING_TERM = f"state = {PENDING}"
 _INSERT_HEAD = (
     "INSERT INTO tasks (id, queue, task_type, payload, unique_key, state, attempt,"
     " max_attempts, base_max_attempts, priority, backoff_initial_us, backoff_max_us,"
@@ -96,11 +100,11 @@ def each_type(arm: str, types: int, combine: str) -> str:
     )
 
 
-def _aggregate(fn: str, column: str, terms: str, types: int) -> str:
-    """`fn(column)` (min or max) over the PENDING tasks of the queue meeting
+def _aggregate(fn: str, column: str, terms: str, types: int, pending: str) -> str:
+    """`fn(column)` (min or max) over the `pending` tasks of the queue meeting
     `terms` (each ` AND ...`), of its `types` when any: the same of each
     type, combined."""
-    where = f"queue = :queue AND state = {PENDING}{terms}"
+    where = f"queue = :queue AND {pending}{terms}"
     if not types:
         return f"SELECT {fn}({column}) FROM tasks WHERE {where}"
     arm = f"SELECT {fn}({column}) AS x FROM tasks WHERE {where} AND task_type = :type"
@@ -108,17 +112,27 @@ def _aggregate(fn: str, column: str, terms: str, types: int) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def priority_sql(types: int, below: bool) -> str:
-    """The highest PENDING priority of the queue (of its `types`, when
-    any), below :prio when `below`: one index seek (per type)."""
-    return _aggregate("max", "priority", " AND priority < :prio" if below else "", types)
+def priority_sql(types: int, below: bool, pending: str = PENDING_TERM) -> str:
+    """The highest priority of the queue's `pending` tasks (of its `types`,
+    when any), below :prio when `below`: one index seek (per type)."""
+    return _aggregate("max", "priority", " AND priority < :prio" if below else "", types, pending)
 
 
 @functools.lru_cache(maxsize=256)
-def soonest_sql(types: int, rest: bool) -> str:
-    """The soonest `available_at` of the PENDING tasks at :prio (at and
+def soonest_sql(types: int, rest: bool, pending: str = PENDING_TERM) -> str:
+    """The soonest `available_at` of the `pending` tasks at :prio (at and
     below it when `rest`), of the queue's `types` when any."""
-    return _aggregate("min", "available_at", f" AND priority {'<=' if rest else '='} :prio", types)
+    return _aggregate(
+        "min", "available_at", f" AND priority {'<=' if rest else '='} :prio", types, pending
+    )
+
+
+def due_at_step(rest: bool) -> tuple[str, str]:
+    """A claim step's term and order: the due tasks at :prio (`rest`: at
+    and below it, in one ordered scan), in claim order."""
+    if rest:
+        return "priority <= :prio", "priority DESC, available_at, seq"
+    return "priority = :prio", "available_at, seq"
 
 
 @functools.lru_cache(maxsize=256)
@@ -126,9 +140,8 @@ def claim_sql(types: int, rest: bool) -> str:
     """Lease the first :limit due tasks at :prio (`rest`: at and below it,
     in one ordered scan), of the queue's `types` when any: each type's
     first :limit by its own walk, then the first :limit of those."""
-    prio = "priority <= :prio" if rest else "priority = :prio"
-    order = "priority DESC, available_at, seq" if rest else "available_at, seq"
-    where = f"queue = :queue AND state = {PENDING} AND {prio} AND available_at <= :now"
+    prio, order = due_at_step(rest)
+    where = f"queue = :queue AND {PENDING_TERM} AND {prio} AND available_at <= :now"
     if not types:
         picked = f"SELECT seq FROM tasks WHERE {where} ORDER BY {order} LIMIT :limit"
     else:
@@ -166,15 +179,17 @@ def leased_rows(rows: list[Any]) -> list[LeasedTask]:
     return [leased(r) for r in rows]
 
 
-def priority_steps(db: sqlite3.Connection, args: dict[str, Any], types: int = 0) -> Iterator[bool]:
-    """Steps through the distinct PENDING priorities of queue `args["queue"]`
-    (of its `types` task types :t0, :t1, ... of `types_filter` when any),
-    highest first, one index seek (per type) each, setting `args["prio"]`
-    to each. After `PRIORITY_PROBES` of them the last step yields
-    `rest=True`: it stands for its priority and every lower one (the others
-    yield False). Stop iterating as soon as you have enough; the next seek
-    runs only on demand."""
-    prio = db.execute(priority_sql(types, False), args).fetchone()[0]
+def priority_steps(
+    db: sqlite3.Connection, args: dict[str, Any], types: int = 0, pending: str = PENDING_TERM
+) -> Iterator[bool]:
+    """Steps through the distinct priorities of queue `args["queue"]`'s
+    `pending` tasks (of its `types` task types :t0, :t1, ... of
+    `types_filter` when any), highest first, one index seek (per type) each,
+    setting `args["prio"]` to each. After `PRIORITY_PROBES` of them the last
+    step yields `rest=True`: it stands for its priority and every lower one
+    (the others yield False). Stop iterating as soon as you have enough; the
+    next seek runs only on demand."""
+    prio = db.execute(priority_sql(types, False, pending), args).fetchone()[0]
     probes = 0
     while prio is not None:
         rest = probes == PRIORITY_PROBES
@@ -183,7 +198,7 @@ def priority_steps(db: sqlite3.Connection, args: dict[str, Any], types: int = 0)
         if rest:
             return
         probes += 1
-        prio = db.execute(priority_sql(types, True), args).fetchone()[0]
+        prio = db.execute(priority_sql(types, True, pending), args).fetchone()[0]
 
 
 def soonest_pending(
@@ -193,13 +208,14 @@ def soonest_pending(
     *,
     soonest: int | None = None,
     enough: int | None = None,
+    pending: str = PENDING_TERM,
 ) -> int | None:
-    """The soonest `available_at` of queue `args["queue"]`'s PENDING tasks
+    """The soonest `available_at` of queue `args["queue"]`'s `pending` tasks
     (of its `types` task types when any), or `soonest` when that is sooner:
     one seek (per type) per distinct priority, stopping once the answer is
     at or before `enough`."""
-    for rest in priority_steps(db, args, types):
-        first = db.execute(soonest_sql(types, rest), args).fetchone()[0]
+    for rest in priority_steps(db, args, types, pending):
+        first = db.execute(soonest_sql(types, rest, pending), args).fetchone()[0]
         if first is not None and (soonest is None or first < soonest):
             soonest = first
         if enough is not None and soonest is not None and soonest <= enough:

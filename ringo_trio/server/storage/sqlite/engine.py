@@ -28,6 +28,11 @@ Rows: one table `tasks`; times are integer microseconds since the Unix epoch
   state = PENDING` -- the same order per task type: a claim naming types
   walks each type's own tasks (one seek per type and priority) and takes
   the first of those, so a backlog of other types costs it nothing.
+* `tasks_pending_unkeyed (queue, priority DESC, available_at) WHERE state
+  <= PENDING AND limit_key = ''` -- the same order of the tasks without a
+  limit key: a claim on a queue with keyed limits walks them apart from its
+  keys' (`tasks_limit_pending`, one walk per key), so a key's backlog held
+  by its rule costs the queue's claims and wake-ups nothing.
 * `tasks_leased (queue, lease_until) WHERE state = LEASED` -- lease expiry,
   which claim runs for its queue before leasing.
 * `tasks_unique_key (queue, unique_key) UNIQUE WHERE unique_key != ''` --

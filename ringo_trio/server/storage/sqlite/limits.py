@@ -5,6 +5,7 @@ the claims, so a key's TAT and lease count cannot change under a claim."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,8 @@ from ..limits import (
     pick,
 )
 from ..rows import COLS, LEASED, PENDING
-from .schema import LIMIT_LEASED, LIMIT_PENDING
+from .claim import due_at_step, priority_steps, soonest_pending
+from .schema import LIMIT_LEASED, LIMIT_PENDING, UNKEYED_PENDING
 
 RULES = "SELECT queue, prefix, rate, per_us, burst, concurrency FROM limit_rules"
 # The distinct keys with waiting tasks, one seek of tasks_limit_pending each.
@@ -58,13 +60,36 @@ def heads_sql(types_clause: str) -> str:
     """
 
 
-def unkeyed_sql(types_clause: str) -> str:
+@functools.lru_cache(maxsize=256)
+def unkeyed_sql(unkeyed: str, rest: bool) -> str:
+    """The first :n due tasks without a key at a priority step (`unkeyed`:
+    `UNKEYED_PENDING` and the claim's type filter)."""
+    prio, order = due_at_step(rest)
     return f"""
         SELECT seq, priority, available_at FROM tasks
-        WHERE queue = :queue AND state = {PENDING} AND limit_key = ''
-            AND available_at <= :now{types_clause}
-        ORDER BY priority DESC, available_at, seq LIMIT :n
+        WHERE queue = :queue AND {unkeyed} AND {prio} AND available_at <= :now
+        ORDER BY {order} LIMIT :n
     """
+
+
+def unkeyed_heads(
+    db: sqlite3.Connection, types_clause: str, args: dict[str, Any], limit: int
+) -> list[Candidate]:
+    """The first `limit` due tasks without a key, in claim order: priority
+    by priority on `tasks_pending_unkeyed`, so neither the keys' tasks nor
+    tasks scheduled far ahead are read."""
+    unkeyed = UNKEYED_PENDING + types_clause
+    steps = {**args, "n": limit}
+    found: list[Candidate] = []
+    for rest in priority_steps(db, steps, pending=unkeyed):
+        found += (
+            Candidate(seq, prio, avail, "")
+            for seq, prio, avail in db.execute(unkeyed_sql(unkeyed, rest), steps)
+        )
+        if len(found) >= limit:
+            break
+        steps["n"] = limit - len(found)
+    return found
 
 
 def claim(
@@ -78,10 +103,7 @@ def claim(
     has expired the queue's overdue leases); the leased rows (`COLS`)."""
     now_us = args["now"]
     queue = args["queue"]
-    found: list[Candidate] = [
-        Candidate(seq, prio, avail, "")
-        for seq, prio, avail in db.execute(unkeyed_sql(types_clause), {**args, "n": limit})
-    ]
+    found = unkeyed_heads(db, types_clause, args, limit)
     limited: dict[str, tuple[Rule, int | None]] = {}
     keys = [k for (k,) in db.execute(KEYS, {"queue": queue})][:MAX_LIMIT_KEYS_PER_CLAIM]
     for key in keys:
@@ -142,20 +164,14 @@ def next_wakeup(
     ).fetchone()[0]
     if soonest_lease is not None:
         moments.append(soonest_lease)
-    unkeyed = db.execute(
-        f"SELECT min(available_at) FROM tasks WHERE queue = :queue AND state = {PENDING}"
-        f" AND limit_key = ''{types_clause}",
-        args,
-    ).fetchone()[0]
+    unkeyed = soonest_pending(db, dict(args), enough=now_us, pending=UNKEYED_PENDING + types_clause)
     if unkeyed is not None:
         moments.append(unkeyed)
+    key_pending = f"limit_key = :key AND {LIMIT_PENDING}{types_clause}"
     for (key,) in db.execute(KEYS, {"queue": queue}).fetchall()[:MAX_LIMIT_KEYS_PER_CLAIM]:
         at = {**args, "key": key}
-        head = db.execute(
-            f"SELECT min(available_at) FROM tasks WHERE queue = :queue AND limit_key = :key"
-            f" AND {LIMIT_PENDING}{types_clause}",
-            at,
-        ).fetchone()[0]
+        # Priority by priority: a key's backlog is not read whole.
+        head = soonest_pending(db, dict(at), enough=now_us, pending=key_pending)
         if head is None:
             continue
         rule = match(rules, key)

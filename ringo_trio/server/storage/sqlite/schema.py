@@ -60,6 +60,11 @@ _COUNT_DOWN = (
 # The keyed-limit index terms, spelled alike in their queries.
 LIMIT_PENDING = f"state = {PENDING} AND limit_key != ''"
 LIMIT_LEASED = f"state = {LEASED} AND limit_key != ''"
+# The unkeyed tasks a limited claim walks (`tasks_pending_unkeyed`, schema
+# 16). No stored state is below PENDING, so this admits PENDING alone; spelled
+# `<=`, it does not imply `tasks_pending`'s `state = PENDING`, so only this
+# index serves the statements that spell it, whatever the statistics say.
+UNKEYED_PENDING = f"state <= {PENDING} AND limit_key = ''"
 
 FINISHED_INDEXES = (
     ("tasks_finished", "queue, task_type, state"),
@@ -259,6 +264,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "CREATE INDEX tasks_pending_type ON tasks (queue, task_type, priority DESC,"
         f" available_at) WHERE state = {PENDING}",
+    ),
+    # The claim order of the tasks without a limit key: a claim on a queue
+    # with keyed limits reads them apart from its keys' (`limits.claim`),
+    # not by a walk of `tasks_pending` through every keyed task ahead of
+    # them — a key's backlog held by its rule was read on every claim and
+    # wake-up of its queue. One entry per unkeyed task while PENDING.
+    (
+        "CREATE INDEX tasks_pending_unkeyed ON tasks (queue, priority DESC, available_at)"
+        f" WHERE {UNKEYED_PENDING}",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,155 @@
+"""Claims behind a backlog they may not take (engine alone).
+
+    PYTHONPATH=. python bench/claim_backlog.py [--case typed|keyed|both]
+        [--ahead 50000] [--claims 10] [--postgres DSN]
+
+Per engine (SQLite in a temporary file; PostgreSQL in a scratch schema of
+``--postgres``, dropped afterwards), ``--ahead`` PENDING tasks enqueued first
+that the claims measured must not walk, then 2,000 they take:
+
+* ``typed``: the backlog is of type ``b``, then 2,000 of type ``a``;
+  ``--claims`` claims of 64 with ``task_types=["a"]``, as many with
+  ``["a", "c"]`` (a type with no task: a second walk), as many without types
+  (they take ``b`` tasks, the head of the queue), and as many wake-ups
+  (`next_wakeup`) of ``["a"]``. Every registry's worker claims with its task
+  types (docs/deployment.md, "Claims of some task types").
+* ``keyed``: the queue has a rule (``tenant:``, concurrency 1) and the
+  backlog is one key's (``tenant:big``), held by its rule after its first
+  task is leased; then 2,000 tasks without a key. Claims of 64 (each takes
+  unkeyed tasks: the key's one slot is taken), as many wake-ups, then (the
+  unkeyed tasks all claimed) as many claims and wake-ups of the idle queue,
+  which must find the key's next start: a limited queue's claim reads its
+  unkeyed tasks apart from its keys' (docs/limits.md, "Fairness").
+
+Prints the mean milliseconds of each, and of enqueueing the backlog (calls
+of 1,000) per 1,000 tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pathlib
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+
+from ringo_trio._proto.ringo.v1 import TaskSpec
+from ringo_trio.server.storage.base import Storage
+from ringo_trio.server.storage.limits import Rule
+from ringo_trio.server.storage.postgres import PostgresEngine
+from ringo_trio.server.storage.sqlite import SQLiteEngine
+
+LEASE = timedelta(seconds=30)
+BATCH = 64
+
+
+async def enqueue_ms(engine: Storage, spec: TaskSpec, count: int, now: datetime) -> float:
+    """Enqueue `count` copies of `spec` in calls of 1,000; ms per 1,000."""
+    started = time.perf_counter()
+    for start in range(0, count, 1000):
+        await engine.enqueue("q", [spec] * min(1000, count - start), now)
+    return (time.perf_counter() - started) / count * 1000 * 1000
+
+
+def mean_ms(claims: int) -> Callable[[Callable[[], Awaitable[Any]]], Awaitable[float]]:
+    async def mean(call: Callable[[], Awaitable[Any]]) -> float:
+        started = time.perf_counter()
+        for _ in range(claims):
+            await call()
+        return (time.perf_counter() - started) / claims * 1000
+
+    return mean
+
+
+async def typed(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
+    now = datetime.now(UTC)
+    enqueue = await enqueue_ms(engine, TaskSpec(task_type="b"), ahead, now)
+    await engine.enqueue("q", [TaskSpec(task_type="a")] * 2000, now)
+    later = now + timedelta(seconds=1)
+    mean = mean_ms(claims)
+    return {
+        "enqueue, per 1,000": enqueue,
+        'claim ["a"]': await mean(lambda: engine.claim("q", ["a"], BATCH, "w", LEASE, later)),
+        'claim ["a", "c"]': await mean(
+            lambda: engine.claim("q", ["a", "c"], BATCH, "w", LEASE, later)
+        ),
+        "claim, no types": await mean(lambda: engine.claim("q", [], BATCH, "w", LEASE, later)),
+        'next_wakeup ["a"]': await mean(lambda: engine.next_wakeup("q", ["a"], later)),
+    }
+
+
+async def keyed(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
+    now = datetime.now(UTC)
+    await engine.set_limit("q", Rule("tenant:", 0.0, 1_000_000, 1, 1), now)
+    enqueue = await enqueue_ms(engine, TaskSpec(task_type="b", limit_key="tenant:big"), ahead, now)
+    await engine.enqueue("q", [TaskSpec(task_type="a")] * 2000, now)
+    later = now + timedelta(seconds=1)
+    mean = mean_ms(claims)
+    results = {
+        "enqueue, per 1,000": enqueue,
+        "claim": await mean(lambda: engine.claim("q", [], BATCH, "w", LEASE, later)),
+        "next_wakeup": await mean(lambda: engine.next_wakeup("q", [], later)),
+    }
+    while await engine.claim("q", [], 1000, "w", LEASE, later):
+        pass
+    # Nothing to take now: the key's one slot is leased, the unkeyed are gone.
+    results["claim, idle"] = await mean(lambda: engine.claim("q", [], BATCH, "w", LEASE, later))
+    results["next_wakeup, idle"] = await mean(lambda: engine.next_wakeup("q", [], later))
+    return results
+
+
+CASES = {"typed": typed, "keyed": keyed}
+
+
+async def run(
+    case: Callable[[Storage, int, int], Awaitable[dict[str, float]]],
+    engine: Storage,
+    ahead: int,
+    claims: int,
+) -> dict[str, float]:
+    await engine.open()
+    try:
+        return await case(engine, ahead, claims)
+    finally:
+        await engine.close()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--case", choices=[*CASES, "both"], default="both")
+    parser.add_argument("--ahead", type=int, default=50_000)
+    parser.add_argument("--claims", type=int, default=10)
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    args = parser.parse_args()
+    for name in CASES if args.case == "both" else [args.case]:
+        case = CASES[name]
+        results: dict[str, dict[str, float]] = {}
+        with tempfile.TemporaryDirectory() as scratch:
+            sqlite = SQLiteEngine(pathlib.Path(scratch) / "ringo.db")
+            results["sqlite"] = await run(case, sqlite, args.ahead, args.claims)
+        schema = f"bench_claim_backlog_{time.time_ns()}"
+        try:
+            results["postgres"] = await run(
+                case, PostgresEngine(args.postgres, schema=schema), args.ahead, args.claims
+            )
+        finally:
+            conn = await asyncpg.connect(args.postgres)
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            finally:
+                await conn.close()
+        print(f"{name}: {args.ahead:,} tasks ahead; ms per call (claims of {BATCH})")
+        names = list(results["sqlite"])
+        print(f"| {'':20} | " + " | ".join(f"{n:>18}" for n in names) + " |")
+        for engine_name, row in results.items():
+            print(f"| {engine_name:20} | " + " | ".join(f"{row[n]:18.2f}" for n in names) + " |")
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
