@@ -1,11 +1,12 @@
 """Claims behind a backlog they may not take (engine alone).
 
-    PYTHONPATH=. python bench/claim_backlog.py [--case typed|keyed|both]
+    PYTHONPATH=. python bench/claim_backlog.py [--case typed|keyed|keys|all]
         [--ahead 50000] [--claims 10] [--postgres DSN]
 
 Per engine (SQLite in a temporary file; PostgreSQL in a scratch schema of
 ``--postgres``, dropped afterwards), ``--ahead`` PENDING tasks enqueued first
-that the claims measured must not walk, then 2,000 they take:
+that the claims measured must not walk, then 2,000 they take (``keys``:
+many keys instead):
 
 * ``typed``: the backlog is of type ``b``, then 2,000 of type ``a``;
   ``--claims`` claims of 64 with ``task_types=["a"]``, as many with
@@ -20,6 +21,10 @@ that the claims measured must not walk, then 2,000 they take:
   unkeyed tasks all claimed) as many claims and wake-ups of the idle queue,
   which must find the key's next start: a limited queue's claim reads its
   unkeyed tasks apart from its keys' (docs/limits.md, "Fairness").
+* ``keys``: the same rule at concurrency 2, ``--ahead`` / 10 keys with ten
+  tasks each; claims of 64 while keys may start tasks, then (every key
+  holding its two leases) claims and wake-ups of the idle queue, which look
+  at every key (at most `MAX_LIMIT_KEYS_PER_CLAIM`, 1,000).
 
 Prints the mean milliseconds of each, and of enqueueing the backlog (calls
 of 1,000) per 1,000 tasks.
@@ -104,7 +109,30 @@ async def keyed(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
     return results
 
 
-CASES = {"typed": typed, "keyed": keyed}
+async def keys(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
+    now = datetime.now(UTC)
+    await engine.set_limit("q", Rule("tenant:", 0.0, 1_000_000, 1, 2), now)
+    count = max(ahead // 10, 1)
+    specs = [TaskSpec(task_type="a", limit_key=f"tenant:{k}") for k in range(count)]
+    started = time.perf_counter()
+    for _ in range(10):
+        await engine.enqueue("q", specs, now)
+    enqueue = (time.perf_counter() - started) / (10 * count) * 1000 * 1000
+    later = now + timedelta(seconds=1)
+    mean = mean_ms(claims)
+    results = {
+        "enqueue, per 1,000": enqueue,
+        "claim": await mean(lambda: engine.claim("q", [], BATCH, "w", LEASE, later)),
+    }
+    while await engine.claim("q", [], 1000, "w", LEASE, later):
+        pass
+    # Every key holds its two leases: nothing to take, every key to look at.
+    results["claim, idle"] = await mean(lambda: engine.claim("q", [], BATCH, "w", LEASE, later))
+    results["next_wakeup, idle"] = await mean(lambda: engine.next_wakeup("q", [], later))
+    return results
+
+
+CASES = {"typed": typed, "keyed": keyed, "keys": keys}
 
 
 async def run(
@@ -122,12 +150,12 @@ async def run(
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--case", choices=[*CASES, "both"], default="both")
+    parser.add_argument("--case", choices=[*CASES, "all"], default="all")
     parser.add_argument("--ahead", type=int, default=50_000)
     parser.add_argument("--claims", type=int, default=10)
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()
-    for name in CASES if args.case == "both" else [args.case]:
+    for name in CASES if args.case == "all" else [args.case]:
         case = CASES[name]
         results: dict[str, dict[str, float]] = {}
         with tempfile.TemporaryDirectory() as scratch:

@@ -11,6 +11,7 @@ state's own index, not read the queue's active tasks and sort them.
 from __future__ import annotations
 
 import pathlib
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -83,6 +84,8 @@ def _claim_path_plans(engine: SyncEngine) -> dict[str, str]:
             "limit_unkeyed": (sql.limits.unkeyed, f"'{QUEUE}', 1000000, 64, NULL"),
             "limit_unkeyed_head": (sql.limits.unkeyed_head, f"'{QUEUE}', NULL"),
             "limit_key_heads": (sql.limits.key_heads, f"'{QUEUE}', '{{k:big}}', NULL"),
+            "limit_read_keys": (sql.limits.read_keys, f"'{QUEUE}', '{{k:a,k:b}}'"),
+            "limit_lock_keys": (sql.limits.lock_keys, f"'{QUEUE}', '{{k:a,k:b}}'"),
         },
     )
 
@@ -109,6 +112,13 @@ def _assert_seeks(plans: dict[str, str]) -> None:
     assert "tasks_leased" in plans["next_wakeup_typed"], plans["next_wakeup_typed"]
     for name in ("limit_key_rows", "limit_key_heads"):
         assert "tasks_limit_pending" in plans[name], (name, plans[name])
+    # A key's state row: one lookup per key asked, never the queue's rows
+    # each compared with every key of the array.
+    for name in ("limit_read_keys", "limit_lock_keys"):
+        assert re.search(r"Index Cond: \(\(queue = \$1\) AND \(key = \w+\.key\)\)", plans[name]), (
+            name,
+            plans[name],
+        )
     # A limited claim's tasks without a key: their own index, never a walk of
     # `tasks_pending` through the keys' tasks ahead of them (schema 16).
     for name in ("limit_unkeyed", "limit_unkeyed_head"):

@@ -281,6 +281,17 @@ _KEY = f"limit_key = :key AND {sqlite_schema.LIMIT_PENDING}"
         ("unkeyed-soonest", sqlite_claim.soonest_sql(0, False, _UNKEYED), "tasks_pending_unkeyed"),
         ("key-priority", sqlite_claim.priority_sql(0, True, _KEY), "tasks_limit_pending"),
         ("key-soonest", sqlite_claim.soonest_sql(0, True, _KEY), "tasks_limit_pending"),
+        (
+            "key-heads-typed",
+            sqlite_limits.heads_sql(" AND task_type IN (:t0)"),
+            "tasks_limit_pending",
+        ),
+        (
+            "key-soonest-typed",
+            sqlite_limits.key_heads_sql(" AND task_type IN (:t0)"),
+            "tasks_limit_pending",
+        ),
+        ("key-leases", sqlite_limits.LEASED_BY_KEY, "tasks_limit_leased"),
         ("expire-queue", sqlite_settle.EXPIRE_QUEUE, "tasks_leased"),
         ("expire-all", sqlite_settle.EXPIRE_ALL, "tasks_leased"),
         ("ack", sqlite_settle.ACK, "tasks_id"),
@@ -386,6 +397,29 @@ def test_a_limited_claim_does_not_walk_a_keys_backlog(sqlite: SyncEngine) -> Non
     assert wake == clock.now() + timedelta(microseconds=RECHECK_US)
     # Reading the key's 2,000 tasks takes over 120 steps.
     assert max(claim_steps, idle_steps, wake_steps) < 40, (claim_steps, idle_steps, wake_steps)
+
+
+def test_a_typed_limited_claim_walks_each_keys_own_tasks(sqlite: SyncEngine) -> None:
+    """Property: on a queue with keyed limits, a claim and a wake-up naming
+    one task type (a registry's worker of one type) read each key's own
+    tasks, however many tasks of that type other keys hold: before, SQLite
+    took `tasks_pending_type` for each key's heads and walked every task of
+    the type, once per key."""
+    clock = ManualClock()
+    sqlite.set_limit("q", Rule("k:", 0.0, 1_000_000, 1, 1), clock.now())
+    sqlite.enqueue("q", [spec(limit_key="k:big") for _ in range(2000)], clock.now())
+    small = sqlite.enqueue("q", [spec(limit_key=f"k:{i}") for i in range(5)], clock.now())
+    claimed, claim_steps = _vm_steps(
+        sqlite, lambda: sqlite.claim("q", ["t"], 10, "w", LEASE, clock.now())
+    )
+    wake, wake_steps = _vm_steps(sqlite, lambda: sqlite.next_wakeup("q", ["t"], clock.now()))
+    assert {lt.task.id for lt in claimed} == {o.task.id for o in small} | {
+        lt.task.id for lt in claimed if lt.task.limit_key == "k:big"
+    }
+    assert len(claimed) == 6  # one of each key: concurrency 1
+    assert wake == clock.now() + timedelta(microseconds=RECHECK_US)
+    # Walking the type's 2,000 tasks once per key takes thousands of steps.
+    assert max(claim_steps, wake_steps) < 60, (claim_steps, wake_steps)
 
 
 def test_watch_returns_at_once(sqlite: SyncEngine) -> None:

@@ -84,16 +84,29 @@ class LimitSql:
             INSERT INTO {sc}.limit_keys (queue, key, tat_us)
             SELECT $1, unnest($2::text[]), 0 ON CONFLICT DO NOTHING
         """
+        # The keys' rows, one index seek per key, whatever the statistics:
+        # `key = ANY($2)` (or a join the planner may turn around) compared
+        # every row of the queue with every key of the array (1,000 keys:
+        # 9 ms on every claim and wake-up). The locks are taken in key
+        # order, one lookup each inside the LATERAL (which the planner
+        # cannot flatten), so two claims never deadlock.
         self.lock_keys = f"""
-            SELECT key, tat_us FROM {sc}.limit_keys WHERE queue = $1 AND key = ANY($2::text[])
-            ORDER BY key FOR UPDATE
+            SELECT l.key, l.tat_us
+            FROM (SELECT key FROM unnest($2::text[]) AS u(key) ORDER BY key) k
+            CROSS JOIN LATERAL (
+                SELECT key, tat_us FROM {sc}.limit_keys WHERE queue = $1 AND key = k.key
+                FOR UPDATE) l
         """
         self.read_keys = f"""
-            SELECT key, tat_us FROM {sc}.limit_keys WHERE queue = $1 AND key = ANY($2::text[])
+            SELECT k.key, (SELECT tat_us FROM {sc}.limit_keys WHERE queue = $1 AND key = k.key)
+            FROM unnest($2::text[]) AS k(key)
         """
+        # Every keyed lease of the queue, counted per key: as many rows as
+        # the queue's workers hold leases, by either index the plan takes
+        # (a filter on the keys asked compared each lease with each key:
+        # 1,000 keys with 2 leases each, 17 ms).
         self.leased = f"""
-            SELECT limit_key, count(*) FROM {t}
-            WHERE queue = $1 AND {LIMIT_LEASED} AND limit_key = ANY($2::text[])
+            SELECT limit_key, count(*) FROM {t} WHERE queue = $1 AND {LIMIT_LEASED}
             GROUP BY limit_key
         """
         self.heads = f"""
@@ -205,7 +218,7 @@ async def claim(
             tats = dict(await conn.fetch(sql.lock_keys, queue, limited))
             # After the locks: a statement of its own sees the leases every
             # other claim of these keys committed.
-            leased = dict(await conn.fetch(sql.leased, queue, limited))
+            leased = dict(await conn.fetch(sql.leased, queue))
         found = [
             Candidate(r[0], r[1], r[2], "")
             for r in await conn.fetch(sql.unkeyed, queue, now_us, limit, types)
@@ -271,7 +284,7 @@ async def next_wakeup(
         keys = [r[0] for r in await conn.fetch(sql.keys, queue)]
         if keys:
             tats = dict(await conn.fetch(sql.read_keys, queue, keys))
-            leased = dict(await conn.fetch(sql.leased, queue, keys))
+            leased = dict(await conn.fetch(sql.leased, queue))
             for key, head in await conn.fetch(sql.key_heads, queue, keys, types):
                 if head is None:
                     continue
