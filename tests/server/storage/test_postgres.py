@@ -21,6 +21,7 @@ import pytest
 from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import SchemaTooNew, StorageUnavailable
+from ringo_trio.server.storage.limits import Rule
 from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine
 from ringo_trio.server.storage.postgres import schema as pg
 from tests._kit.postgres import ADMIN_DSN
@@ -80,6 +81,45 @@ def test_concurrent_claims_never_lease_a_task_twice(
             assert {attempt for _, attempt in leased} == {1}
             assert await a.activity("q", []) == n_tasks
             assert await b.claim("q", [], 10, "late", LEASE, clock.now()) == []
+
+    run(main())
+
+
+def test_a_claim_leaves_the_keys_its_rules_hold_unlocked(dsn: str, schema: str) -> None:
+    """Property: a claim on a queue with keyed limits locks the state row
+    of a key only when the key may start a task: a key held by its
+    concurrency costs no row lock per claim (1,000 held keys: a lock
+    written per key on every claim), so a transaction holding a held key's
+    row (another daemon mid-claim of that key) does not stall the claims of
+    other keys. A key that may start is still locked: its claim waits."""
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with engines(dsn, schema, 1) as (engine,):
+            await engine.set_limit("q", Rule("k:", 0.0, 1_000_000, 1, 1), clock.now())
+            await engine.enqueue("q", [spec(limit_key="k:held") for _ in range(2)], clock.now())
+            [first] = await engine.claim("q", [], 10, "w", LEASE, clock.now())
+            assert first.task.limit_key == "k:held"
+            other = await admin(dsn)
+            try:
+                async with asyncio.TaskGroup() as tg, other.transaction():
+                    await other.execute(
+                        f'SELECT 1 FROM "{schema}".limit_keys WHERE key = $1 FOR UPDATE',
+                        "k:held",
+                    )
+                    await engine.enqueue("q", [spec(limit_key="k:free")], clock.now())
+                    async with asyncio.timeout(5):
+                        [free] = await engine.claim("q", [], 10, "w", LEASE, clock.now())
+                    assert free.task.limit_key == "k:free"
+                    # The held key's slot frees: its claim must take the lock now.
+                    await engine.ack(ref_of(first), clock.now())
+                    claim = tg.create_task(engine.claim("q", [], 10, "w", LEASE, clock.now()))
+                    await asyncio.sleep(0.3)
+                    assert not claim.done()
+                [second] = claim.result()
+                assert second.task.limit_key == "k:held"
+            finally:
+                await other.close()
 
     run(main())
 

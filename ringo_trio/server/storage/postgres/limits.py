@@ -2,12 +2,15 @@
 limited next wakeup (the plan is `storage.limits`').
 
 Concurrency (READ COMMITTED): a limited claim runs in one transaction. It
-locks the `limit_keys` row of every limited key it considers (created when
-missing; in key order, so two claims never deadlock) BEFORE it reads the
-key's TAT and counts the key's leases, each in a statement of its own, so
-it sees every lease another daemon's claim of that key committed: the claims
-of one key are serialized across daemons while it holds that lock, and the
-rate and the concurrency hold globally. Heads are picked FOR UPDATE SKIP
+first reads every limited key's TAT and leases without locks, and leaves
+alone the keys their rules hold (a key it skips on a stale read is one whose
+lease ended meanwhile: that settlement wakes the claimers). It locks the
+`limit_keys` row of every other key (created when missing; in key order, so
+two claims never deadlock) BEFORE it reads the key's TAT and counts the
+key's leases again, each in a statement of its own, so it sees every lease
+another daemon's claim of that key committed: the claims of one key are
+serialized across daemons while it holds that lock, and the rate and the
+concurrency hold globally. Heads are picked FOR UPDATE SKIP
 LOCKED as in the plain claim. Settling, expiry, cancel and release need no
 change: they end leases, which the next claim counts.
 
@@ -210,27 +213,42 @@ async def claim(
         if expired:
             return [], int(expired)
         keys = [r[0] for r in await conn.fetch(sql.keys, queue)]
-        limited = sorted(k for k in keys if match(rules, k) is not None)
+        rule_of = {k: rule for k in keys if (rule := match(rules, k)) is not None}
         tats: dict[str, int] = {}
         leased: dict[str, int] = {}
-        if limited:
-            await conn.execute(sql.ensure_keys, queue, limited)
-            tats = dict(await conn.fetch(sql.lock_keys, queue, limited))
-            # After the locks: a statement of its own sees the leases every
-            # other claim of these keys committed.
-            leased = dict(await conn.fetch(sql.leased, queue))
+        if rule_of:
+            # A first look without locks: a key its rule holds is left
+            # alone, its state row neither created nor locked (1,000 held
+            # keys: a row lock written per key on every claim). What another
+            # claim commits meanwhile only holds a key more; a lease ended
+            # meanwhile frees a slot this claim misses, as one ended just
+            # after it would, and its settlement wakes the claimers.
+            seen = dict(await conn.fetch(sql.read_keys, queue, list(rule_of)))
+            seen_leased = dict(await conn.fetch(sql.leased, queue))
+            may_start = sorted(
+                k
+                for k, rule in rule_of.items()
+                if grant(rule, seen.get(k) or 0, seen_leased.get(k, 0), now_us, limit)
+            )
+            if may_start:
+                await conn.execute(sql.ensure_keys, queue, may_start)
+                tats = dict(await conn.fetch(sql.lock_keys, queue, may_start))
+                # After the locks: a statement of its own sees the leases
+                # every other claim of these keys committed.
+                leased = dict(await conn.fetch(sql.leased, queue))
         found = [
             Candidate(r[0], r[1], r[2], "")
             for r in await conn.fetch(sql.unkeyed, queue, now_us, limit, types)
         ]
         grants: list[int] = []
         for key in keys:
-            rule = match(rules, key)
-            grants.append(
-                limit
-                if rule is None
-                else grant(rule, tats.get(key, 0), leased.get(key, 0), now_us, limit)
-            )
+            rule = rule_of.get(key)
+            if rule is None:
+                grants.append(limit)
+            elif key in tats:
+                grants.append(grant(rule, tats[key], leased.get(key, 0), now_us, limit))
+            else:
+                grants.append(0)  # held at the first look: not locked, not started
         asked = [(k, n) for k, n in zip(keys, grants, strict=True) if n]
         if asked:
             found += (
@@ -248,8 +266,7 @@ async def claim(
                 started[c.key] = started.get(c.key, 0) + 1
         moved = []
         for key, count in started.items():
-            rule = match(rules, key)
-            assert rule is not None
+            rule = rule_of[key]
             if rule.interval_us:
                 moved.append((key, advance(rule, tats[key], now_us, count)))
         if moved:
