@@ -54,12 +54,12 @@ LEASE = timedelta(seconds=30)
 BATCH = 64
 
 
-async def enqueue_ms(engine: Storage, spec: TaskSpec, count: int, now: datetime) -> float:
-    """Enqueue `count` copies of `spec` in calls of 1,000; ms per 1,000."""
+async def enqueue_ms(engine: Storage, specs: list[TaskSpec], now: datetime) -> float:
+    """Enqueue `specs` in calls of 1,000; ms per 1,000."""
     started = time.perf_counter()
-    for start in range(0, count, 1000):
-        await engine.enqueue("q", [spec] * min(1000, count - start), now)
-    return (time.perf_counter() - started) / count * 1000 * 1000
+    for start in range(0, len(specs), 1000):
+        await engine.enqueue("q", specs[start : start + 1000], now)
+    return (time.perf_counter() - started) / len(specs) * 1000 * 1000
 
 
 def mean_ms(claims: int) -> Callable[[Callable[[], Awaitable[Any]]], Awaitable[float]]:
@@ -72,9 +72,24 @@ def mean_ms(claims: int) -> Callable[[Callable[[], Awaitable[Any]]], Awaitable[f
     return mean
 
 
+async def idle(
+    engine: Storage,
+    mean: Callable[[Callable[[], Awaitable[Any]]], Awaitable[float]],
+    later: datetime,
+) -> dict[str, float]:
+    """Claim every task that may start at `later`, then time the claims
+    and wake-ups of the queue with nothing to take."""
+    while await engine.claim("q", [], 1000, "w", LEASE, later):
+        pass
+    return {
+        "claim, idle": await mean(lambda: engine.claim("q", [], BATCH, "w", LEASE, later)),
+        "next_wakeup, idle": await mean(lambda: engine.next_wakeup("q", [], later)),
+    }
+
+
 async def typed(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
     now = datetime.now(UTC)
-    enqueue = await enqueue_ms(engine, TaskSpec(task_type="b"), ahead, now)
+    enqueue = await enqueue_ms(engine, [TaskSpec(task_type="b")] * ahead, now)
     await engine.enqueue("q", [TaskSpec(task_type="a")] * 2000, now)
     later = now + timedelta(seconds=1)
     mean = mean_ms(claims)
@@ -92,21 +107,19 @@ async def typed(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
 async def keyed(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
     now = datetime.now(UTC)
     await engine.set_limit("q", Rule("tenant:", 0.0, 1_000_000, 1, 1), now)
-    enqueue = await enqueue_ms(engine, TaskSpec(task_type="b", limit_key="tenant:big"), ahead, now)
+    enqueue = await enqueue_ms(
+        engine, [TaskSpec(task_type="b", limit_key="tenant:big")] * ahead, now
+    )
     await engine.enqueue("q", [TaskSpec(task_type="a")] * 2000, now)
     later = now + timedelta(seconds=1)
     mean = mean_ms(claims)
-    results = {
+    return {
         "enqueue, per 1,000": enqueue,
         "claim": await mean(lambda: engine.claim("q", [], BATCH, "w", LEASE, later)),
         "next_wakeup": await mean(lambda: engine.next_wakeup("q", [], later)),
+        # Nothing to take then: the key's one slot is leased, the unkeyed are gone.
+        **await idle(engine, mean, later),
     }
-    while await engine.claim("q", [], 1000, "w", LEASE, later):
-        pass
-    # Nothing to take now: the key's one slot is leased, the unkeyed are gone.
-    results["claim, idle"] = await mean(lambda: engine.claim("q", [], BATCH, "w", LEASE, later))
-    results["next_wakeup, idle"] = await mean(lambda: engine.next_wakeup("q", [], later))
-    return results
 
 
 async def keys(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
@@ -114,22 +127,15 @@ async def keys(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
     await engine.set_limit("q", Rule("tenant:", 0.0, 1_000_000, 1, 2), now)
     count = max(ahead // 10, 1)
     specs = [TaskSpec(task_type="a", limit_key=f"tenant:{k}") for k in range(count)]
-    started = time.perf_counter()
-    for _ in range(10):
-        await engine.enqueue("q", specs, now)
-    enqueue = (time.perf_counter() - started) / (10 * count) * 1000 * 1000
+    enqueue = await enqueue_ms(engine, specs * 10, now)
     later = now + timedelta(seconds=1)
     mean = mean_ms(claims)
-    results = {
+    return {
         "enqueue, per 1,000": enqueue,
         "claim": await mean(lambda: engine.claim("q", [], BATCH, "w", LEASE, later)),
+        # Every key holds its two leases then: nothing to take, every key to look at.
+        **await idle(engine, mean, later),
     }
-    while await engine.claim("q", [], 1000, "w", LEASE, later):
-        pass
-    # Every key holds its two leases: nothing to take, every key to look at.
-    results["claim, idle"] = await mean(lambda: engine.claim("q", [], BATCH, "w", LEASE, later))
-    results["next_wakeup, idle"] = await mean(lambda: engine.next_wakeup("q", [], later))
-    return results
 
 
 CASES = {"typed": typed, "keyed": keyed, "keys": keys}

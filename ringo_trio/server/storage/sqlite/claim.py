@@ -17,7 +17,7 @@ import collections
 import functools
 import itertools
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ringo_trio._proto.ringo.v1 import LeasedTask
@@ -127,12 +127,32 @@ def soonest_sql(types: int, rest: bool, pending: str = PENDING_TERM) -> str:
     )
 
 
-def due_at_step(rest: bool) -> tuple[str, str]:
-    """A claim step's term and order: the due tasks at :prio (`rest`: at
-    and below it, in one ordered scan), in claim order."""
-    if rest:
-        return "priority <= :prio", "priority DESC, available_at, seq"
-    return "priority = :prio", "available_at, seq"
+def due_at_step(rest: bool, pending: str = PENDING_TERM) -> tuple[str, str]:
+    """A claim step's WHERE and ORDER BY: the queue's due `pending` tasks
+    at :prio (`rest`: at and below it, in one ordered scan), in claim
+    order."""
+    prio = "priority <= :prio" if rest else "priority = :prio"
+    where = f"queue = :queue AND {pending} AND {prio} AND available_at <= :now"
+    return where, "priority DESC, available_at, seq" if rest else "available_at, seq"
+
+
+def take_in_steps(
+    db: sqlite3.Connection,
+    args: dict[str, Any],
+    limit: int,
+    step_sql: Callable[[bool], str],
+    types: int = 0,
+    pending: str = PENDING_TERM,
+) -> list[Any]:
+    """The rows of `step_sql(rest)` at each priority step of
+    `priority_steps` (its :limit the room left) until `limit` of them."""
+    rows: list[Any] = []
+    for rest in priority_steps(db, args, types, pending):
+        args["limit"] = limit - len(rows)
+        rows += db.execute(step_sql(rest), args)
+        if len(rows) >= limit:
+            break
+    return rows
 
 
 @functools.lru_cache(maxsize=256)
@@ -140,8 +160,7 @@ def claim_sql(types: int, rest: bool) -> str:
     """Lease the first :limit due tasks at :prio (`rest`: at and below it,
     in one ordered scan), of the queue's `types` when any: each type's
     first :limit by its own walk, then the first :limit of those."""
-    prio, order = due_at_step(rest)
-    where = f"queue = :queue AND {PENDING_TERM} AND {prio} AND available_at <= :now"
+    where, order = due_at_step(rest)
     if not types:
         picked = f"SELECT seq FROM tasks WHERE {where} ORDER BY {order} LIMIT :limit"
     else:

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
@@ -140,8 +141,8 @@ from .claim import (
     insert_all,
     leased_rows,
     move_counts,
-    priority_steps,
     soonest_pending,
+    take_in_steps,
     types_filter,
 )
 from .listing import (
@@ -492,11 +493,9 @@ class SQLiteEngine(SQLiteSchedules, Storage):
             if rules:
                 rows = list(map(task_row, limits.claim(db, rules, types_clause, args, limit)))
             else:
-                for rest in priority_steps(db, args, len(params)):
-                    args["limit"] = limit - len(rows)
-                    rows += map(task_row, db.execute(claim_sql(len(params), rest), args))
-                    if len(rows) >= limit:
-                        break
+                types = len(params)
+                step_sql = functools.partial(claim_sql, types)
+                rows = list(map(task_row, take_in_steps(db, args, limit, step_sql, types)))
             move_counts(db, [(queue, r.task_type) for r in rows], PENDING, LEASED)
             # RETURNING yields rows in no promised order.
             rows.sort(key=lambda r: (-r.priority, r.available_at, r.seq))

@@ -25,7 +25,7 @@ from ..limits import (
     pick,
 )
 from ..rows import COLS, LEASED, PENDING
-from .claim import due_at_step, priority_steps, soonest_pending
+from .claim import due_at_step, soonest_pending, take_in_steps
 from .schema import LIMIT_LEASED, LIMIT_PENDING, UNKEYED_PENDING
 
 RULES = "SELECT queue, prefix, rate, per_us, burst, concurrency FROM limit_rules"
@@ -98,6 +98,7 @@ SET_TAT = (
 )
 
 
+@functools.lru_cache(maxsize=256)
 def heads_sql(types_clause: str) -> str:
     return f"""
         SELECT seq, priority, available_at FROM {KEY_TASKS}
@@ -109,14 +110,12 @@ def heads_sql(types_clause: str) -> str:
 
 @functools.lru_cache(maxsize=256)
 def unkeyed_sql(unkeyed: str, rest: bool) -> str:
-    """The first :n due tasks without a key at a priority step (`unkeyed`:
-    `UNKEYED_PENDING` and the claim's type filter)."""
-    prio, order = due_at_step(rest)
-    return f"""
-        SELECT seq, priority, available_at FROM tasks
-        WHERE queue = :queue AND {unkeyed} AND {prio} AND available_at <= :now
-        ORDER BY {order} LIMIT :n
-    """
+    """The first :limit due tasks without a key at a priority step
+    (`unkeyed`: `UNKEYED_PENDING` and the claim's type filter)."""
+    where, order = due_at_step(rest, unkeyed)
+    return (
+        f"SELECT seq, priority, available_at FROM tasks WHERE {where} ORDER BY {order} LIMIT :limit"
+    )
 
 
 def unkeyed_heads(
@@ -126,17 +125,9 @@ def unkeyed_heads(
     by priority on `tasks_pending_unkeyed`, so neither the keys' tasks nor
     tasks scheduled far ahead are read."""
     unkeyed = UNKEYED_PENDING + types_clause
-    steps = {**args, "n": limit}
-    found: list[Candidate] = []
-    for rest in priority_steps(db, steps, pending=unkeyed):
-        found += (
-            Candidate(seq, prio, avail, "")
-            for seq, prio, avail in db.execute(unkeyed_sql(unkeyed, rest), steps)
-        )
-        if len(found) >= limit:
-            break
-        steps["n"] = limit - len(found)
-    return found
+    step_sql = functools.partial(unkeyed_sql, unkeyed)
+    rows = take_in_steps(db, dict(args), limit, step_sql, pending=unkeyed)
+    return [Candidate(seq, prio, avail, "") for seq, prio, avail in rows]
 
 
 def claim(
