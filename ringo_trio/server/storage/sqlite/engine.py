@@ -62,7 +62,10 @@ set them and are kept across attempts and retries; `worker_id` and
 Each concern has its module, and its part of this story there: `schema`
 (migrations), `claim` (inserts, claims, and the counts the hot transitions
 move themselves), `settle` (lease ends, group commit), `listing`
-(inspection), `operate` (cancel, retry, purge), `upkeep` (checkpoints).
+(inspection and pausing: `SQLiteListing`), `limits` (keyed limits:
+`SQLiteLimits`), `schedules` (`SQLiteSchedules`), `operate` (cancel,
+retry, purge), `upkeep` (checkpoints); the mixins are the engine's methods
+of their concern.
 """
 
 from __future__ import annotations
@@ -80,18 +83,16 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT, MAX_LIMIT_RULES
+from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT
 from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
     LeaseRef,
-    QueueStats,
     Task,
     TaskSpec,
 )
 from ringo_trio._wire.rows import TaskRow, push_rows
 
-from .. import listing
 from ..base import (
     Ack,
     EnqueueOutcome,
@@ -101,16 +102,13 @@ from ..base import (
     Settlement,
     Storage,
     StorageError,
-    TaskFilter,
-    TaskPage,
     storage_full,
 )
 from ..history import HISTORY_COLS, with_history
-from ..limits import Rule, RuleCache, RuleStatus
+from ..limits import RuleCache
 from ..retry import delay_us, override_us
 from ..rows import (
     C_QUEUE,
-    C_SEQ,
     C_TASK_TYPE,
     CANCELLED,
     COLS,
@@ -145,20 +143,9 @@ from .claim import (
     take_in_steps,
     types_filter,
 )
+from .limits import SQLiteLimits
 from .listing import (
-    IS_PAUSED,
-    LIST_COLS,
-    PAUSE,
-    PAUSED,
-    PAUSED_NAMES,
-    PRESENT,
-    QUEUE_COUNTS,
-    QUEUE_NAMES,
-    RESUME,
-    WALK_COLS,
-    arm_params,
-    list_sql,
-    listed,
+    SQLiteListing,
 )
 from .operate import (
     CANCEL,
@@ -224,7 +211,7 @@ def _make_private(path: Path) -> None:
             os.chmod(f"{path}{suffix}", 0o600)
 
 
-class SQLiteEngine(SQLiteSchedules, Storage):
+class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
     """`Storage` on one SQLite file (`path` is the database file itself)."""
 
     def __init__(self, path: Path) -> None:
@@ -656,142 +643,6 @@ class SQLiteEngine(SQLiteSchedules, Storage):
         if soonest is None:
             return None
         return from_us(max(soonest, now_us))
-
-    # -- keyed limits (storage.limits) ---------------------------------------
-
-    def _limit_rules(self, queue: str, now_us: int) -> tuple[Rule, ...]:
-        if self._rules.stale(now_us):
-            self._rules.load(self._conn().execute(limits.RULES).fetchall(), now_us)
-        return self._rules.get(queue)
-
-    def limited(self, queue: str) -> bool:
-        return bool(self._rules.get(queue))
-
-    async def set_limit(self, queue: str, rule: Rule, now: datetime) -> bool:
-        with self._write() as db:
-            exists = db.execute(
-                "SELECT 1 FROM limit_rules WHERE queue = ? AND prefix = ?", (queue, rule.prefix)
-            ).fetchone()
-            if exists is None:
-                held = db.execute(
-                    "SELECT count(*) FROM limit_rules WHERE queue = ?", (queue,)
-                ).fetchone()[0]
-                if held >= MAX_LIMIT_RULES:
-                    raise FailedPrecondition(
-                        f"queue {queue!r} already has {held} limit rules (at most"
-                        f" {MAX_LIMIT_RULES}); delete one first"
-                    )
-            db.execute(
-                "INSERT INTO limit_rules (queue, prefix, rate, per_us, burst, concurrency)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET rate = excluded.rate,"
-                " per_us = excluded.per_us, burst = excluded.burst,"
-                " concurrency = excluded.concurrency",
-                (queue, rule.prefix, rule.rate, rule.per_us, rule.burst, rule.concurrency),
-            )
-        self._rules.invalidate()
-        return exists is None
-
-    async def delete_limit(self, queue: str, prefix: str, now: datetime) -> bool:
-        with self._write() as db:
-            deleted = db.execute(
-                "DELETE FROM limit_rules WHERE queue = ? AND prefix = ?", (queue, prefix)
-            ).rowcount
-            if not db.execute("SELECT 1 FROM limit_rules WHERE queue = ?", (queue,)).fetchone():
-                # No rule left: the keys' rate states mean nothing any more.
-                db.execute("DELETE FROM limit_keys WHERE queue = ?", (queue,))
-        self._rules.invalidate()
-        return bool(deleted)
-
-    async def list_limits(
-        self, queue: str | None, now: datetime, *, with_keys: bool
-    ) -> list[RuleStatus]:
-        now_us = to_us(now)
-        self._rules.load(self._conn().execute(limits.RULES).fetchall(), now_us)
-        by_queue = dict(self._rules.queues)
-        if queue is not None:
-            by_queue = {queue: by_queue[queue]} if queue in by_queue else {}
-        return limits.statuses(self._conn(), by_queue, now_us, with_keys)
-
-    # -- inspection (ListTasks, GetQueueStats, ListQueues) -------------------
-
-    async def list_tasks(
-        self,
-        queue: str,
-        where: TaskFilter,
-        *,
-        newest_first: bool,
-        after: int | None,
-        limit: int,
-    ) -> TaskPage:
-        if after is None:
-            after = listing.SEQ_MAX if newest_first else -1
-        db = self._conn()
-        # A read transaction: the walk and the rows it picked are one snapshot.
-        db.execute("BEGIN")
-        try:
-            arms, residual = listing.arms(db.execute(PRESENT, (queue,)), where)
-            if not arms:
-                return TaskPage([], None, [])
-            args: dict[str, Any] = {"queue": queue, "after": after}
-            args.update(arm_params(arms))
-            if residual is None:
-                args["limit"] = limit + 1
-                rows = db.execute(list_sql(LIST_COLS, arms, newest_first), args).fetchall()
-                next_after = rows[limit - 1][C_SEQ] if len(rows) > limit else None
-                rows = rows[:limit]
-            else:
-                budget = listing.scan_budget(limit)
-                args["limit"] = budget
-                walked = db.execute(list_sql(WALK_COLS, arms, newest_first), args).fetchall()
-                seqs, next_after = listing.pick(residual, walked, limit, budget)
-                rows = []
-                if seqs:
-                    marks = ", ".join("?" * len(seqs))
-                    rows = db.execute(
-                        f"SELECT {LIST_COLS} FROM tasks WHERE seq IN ({marks})"
-                        f" ORDER BY seq{' DESC' if newest_first else ''}",
-                        seqs,
-                    ).fetchall()
-        finally:
-            db.execute("COMMIT")
-        return TaskPage([listed(r) for r in rows], next_after, [r[C_SEQ] for r in rows])
-
-    async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
-        db = self._conn()
-        db.execute("BEGIN")
-        try:
-            return self._stats(db, queue, now, by_type=by_type)
-        finally:
-            db.execute("COMMIT")
-
-    async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
-        db = self._conn()
-        db.execute("BEGIN")
-        try:
-            names = {r[0] for r in db.execute(QUEUE_NAMES, (after, limit))}
-            names.update(r[0] for r in db.execute(PAUSED_NAMES, (after, limit)))
-            return [self._stats(db, name, now, by_type=False) for name in sorted(names)[:limit]]
-        finally:
-            db.execute("COMMIT")
-
-    @staticmethod
-    def _stats(db: sqlite3.Connection, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
-        counts = listing.by_state(db.execute(QUEUE_COUNTS, (queue,)))
-        oldest = soonest_pending(db, {"queue": queue}) if counts else None
-        paused = db.execute(IS_PAUSED, (queue,)).fetchone() is not None
-        return listing.queue_stats(queue, counts, oldest, now, by_type=by_type, paused=paused)
-
-    # -- pausing queues (minor 13) -------------------------------------------
-
-    async def set_queue_paused(self, queue: str, paused: bool, now: datetime) -> bool:
-        with self._write() as db:
-            cursor = (
-                db.execute(PAUSE, (queue, to_us(now))) if paused else db.execute(RESUME, (queue,))
-            )
-            return cursor.rowcount > 0
-
-    async def paused_queues(self) -> frozenset[str]:
-        return frozenset(row[0] for row in self._conn().execute(PAUSED))
 
     # -- operations (CancelTask, RetryTasks) ---------------------------------
 

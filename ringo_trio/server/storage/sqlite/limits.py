@@ -5,17 +5,25 @@ the claims, so a key's TAT and lease count cannot change under a claim."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sqlite3
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from ringo_trio._contract.limits import MAX_LIMIT_KEYS_LISTED, MAX_LIMIT_KEYS_PER_CLAIM
+from ringo_trio._contract.limits import (
+    MAX_LIMIT_KEYS_LISTED,
+    MAX_LIMIT_KEYS_PER_CLAIM,
+    MAX_LIMIT_RULES,
+)
 
+from ..base import FailedPrecondition
 from ..limits import (
     Candidate,
     KeyState,
     Rule,
+    RuleCache,
     RuleStatus,
     advance,
     grant,
@@ -24,7 +32,7 @@ from ..limits import (
     next_start,
     pick,
 )
-from ..rows import COLS, LEASED, PENDING
+from ..rows import COLS, LEASED, PENDING, to_us
 from .claim import due_at_step, soonest_pending, take_in_steps
 from .schema import LIMIT_LEASED, LIMIT_PENDING, UNKEYED_PENDING
 
@@ -245,3 +253,69 @@ def statuses(
         for rule in sorted(rules, key=lambda r: r.prefix):
             out.append(RuleStatus(queue, rule, tuple(states.get(rule.prefix, ()))))
     return out
+
+
+class SQLiteLimits:
+    """`Storage`'s keyed-limit methods for `SQLiteEngine` (which provides
+    the rest), and the rules cache its claims read (`_limit_rules`)."""
+
+    _rules: RuleCache
+
+    def _conn(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    def _limit_rules(self, queue: str, now_us: int) -> tuple[Rule, ...]:
+        if self._rules.stale(now_us):
+            self._rules.load(self._conn().execute(RULES).fetchall(), now_us)
+        return self._rules.get(queue)
+
+    def limited(self, queue: str) -> bool:
+        return bool(self._rules.get(queue))
+
+    async def set_limit(self, queue: str, rule: Rule, now: datetime) -> bool:
+        with self._write() as db:
+            exists = db.execute(
+                "SELECT 1 FROM limit_rules WHERE queue = ? AND prefix = ?", (queue, rule.prefix)
+            ).fetchone()
+            if exists is None:
+                held = db.execute(
+                    "SELECT count(*) FROM limit_rules WHERE queue = ?", (queue,)
+                ).fetchone()[0]
+                if held >= MAX_LIMIT_RULES:
+                    raise FailedPrecondition(
+                        f"queue {queue!r} already has {held} limit rules (at most"
+                        f" {MAX_LIMIT_RULES}); delete one first"
+                    )
+            db.execute(
+                "INSERT INTO limit_rules (queue, prefix, rate, per_us, burst, concurrency)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET rate = excluded.rate,"
+                " per_us = excluded.per_us, burst = excluded.burst,"
+                " concurrency = excluded.concurrency",
+                (queue, rule.prefix, rule.rate, rule.per_us, rule.burst, rule.concurrency),
+            )
+        self._rules.invalidate()
+        return exists is None
+
+    async def delete_limit(self, queue: str, prefix: str, now: datetime) -> bool:
+        with self._write() as db:
+            deleted = db.execute(
+                "DELETE FROM limit_rules WHERE queue = ? AND prefix = ?", (queue, prefix)
+            ).rowcount
+            if not db.execute("SELECT 1 FROM limit_rules WHERE queue = ?", (queue,)).fetchone():
+                # No rule left: the keys' rate states mean nothing any more.
+                db.execute("DELETE FROM limit_keys WHERE queue = ?", (queue,))
+        self._rules.invalidate()
+        return bool(deleted)
+
+    async def list_limits(
+        self, queue: str | None, now: datetime, *, with_keys: bool
+    ) -> list[RuleStatus]:
+        now_us = to_us(now)
+        self._rules.load(self._conn().execute(RULES).fetchall(), now_us)
+        by_queue = dict(self._rules.queues)
+        if queue is not None:
+            by_queue = {queue: by_queue[queue]} if queue in by_queue else {}
+        return statuses(self._conn(), by_queue, now_us, with_keys)

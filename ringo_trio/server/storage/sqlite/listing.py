@@ -1,5 +1,5 @@
 """The SQLite side of inspection (ListTasks, GetQueueStats, ListQueues;
-the shared rules are in `..listing`).
+the shared rules are in `..listing`) and of pausing queues.
 
 Inspection (ListTasks, GetQueueStats, ListQueues; see `listing`) never
 scans on the loop. `task_counts (queue, task_type, state, n)` is kept exact
@@ -21,15 +21,20 @@ page more in the WAL), enqueue in 1000s 12.3 -> 16.7 us; through the daemon
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sqlite3
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
-from ringo_trio._proto.ringo.v1 import Task
+from ringo_trio._proto.ringo.v1 import QueueStats, Task
 
 from .. import listing
-from ..rows import COLS, row_task
+from ..base import TaskFilter, TaskPage
+from ..rows import C_SEQ, COLS, row_task, to_us
+from .claim import soonest_pending
 from .schema import ACTIVE, FINISHED_TERM
 
 # -- inspection ------------------------------------------------------------
@@ -95,3 +100,94 @@ def listed(row: Sequence[Any]) -> Task:
     task = row_task(row)
     task.last_error = listing.cut_error(task.last_error)
     return task
+
+
+class SQLiteListing:
+    """`Storage`'s inspection and pausing methods for `SQLiteEngine`
+    (which provides the rest): reads in one snapshot each, off the write
+    lock but for pausing."""
+
+    def _conn(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    async def list_tasks(
+        self,
+        queue: str,
+        where: TaskFilter,
+        *,
+        newest_first: bool,
+        after: int | None,
+        limit: int,
+    ) -> TaskPage:
+        if after is None:
+            after = listing.SEQ_MAX if newest_first else -1
+        db = self._conn()
+        # A read transaction: the walk and the rows it picked are one snapshot.
+        db.execute("BEGIN")
+        try:
+            arms, residual = listing.arms(db.execute(PRESENT, (queue,)), where)
+            if not arms:
+                return TaskPage([], None, [])
+            args: dict[str, Any] = {"queue": queue, "after": after}
+            args.update(arm_params(arms))
+            if residual is None:
+                args["limit"] = limit + 1
+                rows = db.execute(list_sql(LIST_COLS, arms, newest_first), args).fetchall()
+                next_after = rows[limit - 1][C_SEQ] if len(rows) > limit else None
+                rows = rows[:limit]
+            else:
+                budget = listing.scan_budget(limit)
+                args["limit"] = budget
+                walked = db.execute(list_sql(WALK_COLS, arms, newest_first), args).fetchall()
+                seqs, next_after = listing.pick(residual, walked, limit, budget)
+                rows = []
+                if seqs:
+                    marks = ", ".join("?" * len(seqs))
+                    rows = db.execute(
+                        f"SELECT {LIST_COLS} FROM tasks WHERE seq IN ({marks})"
+                        f" ORDER BY seq{' DESC' if newest_first else ''}",
+                        seqs,
+                    ).fetchall()
+        finally:
+            db.execute("COMMIT")
+        return TaskPage([listed(r) for r in rows], next_after, [r[C_SEQ] for r in rows])
+
+    async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
+        db = self._conn()
+        db.execute("BEGIN")
+        try:
+            return self._stats(db, queue, now, by_type=by_type)
+        finally:
+            db.execute("COMMIT")
+
+    async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
+        db = self._conn()
+        db.execute("BEGIN")
+        try:
+            names = {r[0] for r in db.execute(QUEUE_NAMES, (after, limit))}
+            names.update(r[0] for r in db.execute(PAUSED_NAMES, (after, limit)))
+            return [self._stats(db, name, now, by_type=False) for name in sorted(names)[:limit]]
+        finally:
+            db.execute("COMMIT")
+
+    @staticmethod
+    def _stats(db: sqlite3.Connection, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
+        counts = listing.by_state(db.execute(QUEUE_COUNTS, (queue,)))
+        oldest = soonest_pending(db, {"queue": queue}) if counts else None
+        paused = db.execute(IS_PAUSED, (queue,)).fetchone() is not None
+        return listing.queue_stats(queue, counts, oldest, now, by_type=by_type, paused=paused)
+
+    # -- pausing queues (minor 13) -------------------------------------------
+
+    async def set_queue_paused(self, queue: str, paused: bool, now: datetime) -> bool:
+        with self._write() as db:
+            cursor = (
+                db.execute(PAUSE, (queue, to_us(now))) if paused else db.execute(RESUME, (queue,))
+            )
+            return cursor.rowcount > 0
+
+    async def paused_queues(self) -> frozenset[str]:
+        return frozenset(row[0] for row in self._conn().execute(PAUSED))
