@@ -474,7 +474,7 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
             "error": LEASE_EXPIRED,
         }
         rows: list[TaskRow] = []
-        rules = self._limit_rules(queue, now_us)
+        rules = self.limit_rules(queue, now_us)
         with self._write() as db:
             db.execute(EXPIRE_QUEUE, args)
             if rules:
@@ -625,7 +625,7 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
         types_clause, params = types_filter(task_types)
         args: dict[str, Any] = {**params, "queue": queue}
         db = self._conn()
-        rules = self._limit_rules(queue, now_us)
+        rules = self.limit_rules(queue, now_us)
         # A read transaction, so the several queries see one snapshot.
         db.execute("BEGIN")
         try:

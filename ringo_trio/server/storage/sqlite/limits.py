@@ -257,7 +257,7 @@ def statuses(
 
 class SQLiteLimits:
     """`Storage`'s keyed-limit methods for `SQLiteEngine` (which provides
-    the rest), and the rules cache its claims read (`_limit_rules`)."""
+    the rest), and the rules cache its claims read (`limit_rules`)."""
 
     _rules: RuleCache
 
@@ -267,7 +267,7 @@ class SQLiteLimits:
     def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         raise NotImplementedError
 
-    def _limit_rules(self, queue: str, now_us: int) -> tuple[Rule, ...]:
+    def limit_rules(self, queue: str, now_us: int) -> tuple[Rule, ...]:
         if self._rules.stale(now_us):
             self._rules.load(self._conn().execute(RULES).fetchall(), now_us)
         return self._rules.get(queue)
