@@ -71,9 +71,6 @@ LARGE: dict[str, str] = {
     "server/rpc/work.py": "the driver of the daemon's half of the Work stream",
     "server/rpc/service.py": "the unary RPCs: a thin method each, the work in validate and storage",
     "server/storage/base.py": "the storage interface: one abstract method per operation",
-    # Over since keyed limits (issue 27); to split: the limit methods out to
-    # their own module (limits.py), as the SQLite engine's are (SQLiteLimits).
-    "server/storage/postgres/engine.py": "the PostgreSQL engine's Storage methods",
 }
 MAX_LINES = 800
 

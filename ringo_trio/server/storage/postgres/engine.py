@@ -24,8 +24,13 @@ operation's statements are.
 
 Each concern has its module, and its part of this story there: `claim`,
 `settle`, `operate`, `listing` (inspection: exact counts from deltas,
-pages merged from index streams) and `paused` hold the statements; `listen` the
-cross-daemon wake-ups, `pool` connection loss, `schema` the migrations.
+pages merged from index streams), `limits` and `paused` hold the statements;
+`listen` the cross-daemon wake-ups, `pool` connection loss, `schema` the
+migrations. The operator's, inspection's, keyed limits' and schedules'
+`Storage` methods are mixins beside their statements (`PostgresOperations`,
+`PostgresListing`, `PostgresLimits`, `PostgresSchedules`), as the SQLite
+engine's are; this module holds the pool, submission, leases, observation
+and the cross-daemon wake-ups.
 
 Time: the caller's `now` (microseconds, as in SQLite); never the database's
 clock. A lease token is minted by `rows.new_lease_tokens` (32 lowercase hex digits,
@@ -47,57 +52,39 @@ from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 
-from ringo_trio._contract.limits import MAX_LIMIT_RULES
-from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, QueueStats, Task, TaskSpec
+from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, Task, TaskSpec
 from ringo_trio._wire.rows import TaskRow
 
-from .. import listing
 from ..base import (
     EnqueueOutcome,
-    FailedPrecondition,
     LeaseLost,
-    NotFound,
     PausedChanged,
     Push,
     Settlement,
     Storage,
     StorageError,
-    TaskFilter,
-    TaskPage,
     guard_claim,
     storage_full,
 )
-from ..history import with_history
-from ..limits import Rule, RuleCache, RuleStatus
+from ..limits import RuleCache
 from ..retry import override_us
 from ..rows import (
     C_SEQ,
-    CANCELLED,
-    DEAD,
-    LEASED,
     MICRO,
-    PENDING,
-    STATES,
-    SUCCEEDED,
-    UINT32_MAX,
     NewTasks,
-    cancelled_text,
-    describe,
-    finished_states,
     from_us,
     lease,
     new_lease_tokens,
     row_task,
-    stuck,
     task_row,
     to_us,
 )
 from . import limits, listen
 from .claim import ClaimSql, claimed_refs, insert_columns, leased_rows, pushes
-from .limits import LimitSql
+from .limits import LimitSql, PostgresLimits
 from .listen import channel
-from .listing import LIST_COLS, WALK_COLS, ListingSql, inspect_transaction, list_sql, listed
-from .operate import OperateSql, one_lookup
+from .listing import ListingSql, PostgresListing
+from .operate import OperateSql, PostgresOperations
 from .paused import PausedSql
 from .pool import (
     CLOSE_TIMEOUT,
@@ -109,7 +96,7 @@ from .pool import (
     unreachable,
 )
 from .schedules import PostgresSchedules
-from .schema import delays_text, migrate, schedule_of
+from .schema import migrate, schedule_of
 from .settle import ACK, NACK, REJECT, SettleSql, lease_lost, settlement_row
 from .sql import Spelling, type_list
 from .waits import STALE_WAITS, WaitSql
@@ -120,8 +107,6 @@ log = logging.getLogger("ringo_trio.server")
 
 _T = TypeVar("_T")
 
-# finished_before unset: later than any time the daemon stores.
-_NO_CUTOFF = 2**63 - 1
 # A claim that expired leases runs again; bounded so a pathological stream
 # of leases expiring under it cannot keep it busy.
 _CLAIM_ROUNDS = 4
@@ -150,7 +135,9 @@ class Sql:
         self.limits = LimitSql(s)
 
 
-class PostgresEngine(PostgresSchedules, Storage):
+class PostgresEngine(
+    PostgresSchedules, PostgresLimits, PostgresListing, PostgresOperations, Storage
+):
     """`Storage` on a PostgreSQL database: the tables live in `schema`
     (created if missing); up to `pool_size` connections at once, plus one
     while `watch` runs and one for `ping`."""
@@ -377,64 +364,6 @@ class PostgresEngine(PostgresSchedules, Storage):
                     raise
         return set(row[0] or ())
 
-    async def get(
-        self,
-        queue: str,
-        *,
-        task_id: str | None = None,
-        unique_key: str | None = None,
-        history: bool = False,
-    ) -> Task:
-        one_lookup(task_id, unique_key)
-        sql = self._sql.operate
-        if task_id is not None:
-            row = await self._fetchrow(
-                sql.history_by_id if history else sql.get_by_id, queue, task_id
-            )
-        else:
-            row = await self._fetchrow(
-                sql.history_by_key if history else sql.get_by_key, queue, unique_key
-            )
-        if row is None:
-            raise NotFound(describe(queue, task_id, unique_key))
-        return with_history(row) if history else row_task(row)
-
-    async def _lock(
-        self, conn: asyncpg.Connection, queue: str, task_id: str | None, unique_key: str | None
-    ) -> Any:
-        """The task named by exactly one of id / unique key, its row locked
-        for the rest of the transaction (seq, state, available_at,
-        lease_until); NotFound."""
-        one_lookup(task_id, unique_key)
-        if task_id is not None:
-            found = await conn.fetchrow(self._sql.operate.lock_by_id, queue, task_id)
-        else:
-            found = await conn.fetchrow(self._sql.operate.lock_by_key, queue, unique_key)
-        if found is None:
-            raise NotFound(describe(queue, task_id, unique_key))
-        return found
-
-    async def retry(
-        self,
-        queue: str,
-        now: datetime,
-        *,
-        task_id: str | None = None,
-        unique_key: str | None = None,
-    ) -> Task:
-        now_us = to_us(now)
-        async with self._conn() as conn, conn.transaction():
-            found = await self._lock(conn, queue, task_id, unique_key)
-            if found[1] not in (SUCCEEDED, DEAD, CANCELLED) and not stuck(found[2], found[3]):
-                raise FailedPrecondition(
-                    f"{describe(queue, task_id, unique_key)} is {STATES[found[1]].name};"
-                    " only SUCCEEDED, DEAD or CANCELLED tasks (or stuck ones) can be retried"
-                )
-            # The attempts retry adds need their delays too.
-            max_attempts = min(found[4] + found[5], UINT32_MAX)
-            delays = schedule_of(found[6], found[7], found[8], max_attempts)
-            return row_task(await conn.fetchrow(self._sql.operate.retry, found[0], now_us, delays))
-
     # -- leases ------------------------------------------------------------
 
     async def claim(
@@ -491,7 +420,7 @@ class PostgresEngine(PostgresSchedules, Storage):
         until = now_us + lease_duration // MICRO
         types = type_list(task_types)
         rows: list[Any] = []
-        rules = await self._limit_rules(queue, now_us)
+        rules = await self.limit_rules(queue, now_us)
         if rules:
             for _ in range(_CLAIM_ROUNDS):
                 async with self._conn() as conn:
@@ -654,7 +583,7 @@ class PostgresEngine(PostgresSchedules, Storage):
         """As the interface says; a moment that has already come (a due task,
         an expired lease not yet reaped) is reported as `now`."""
         now_us = to_us(now)
-        rules = await self._limit_rules(queue, now_us)
+        rules = await self.limit_rules(queue, now_us)
         if rules:
             async with self._conn() as conn:
                 soonest = await limits.next_wakeup(
@@ -696,7 +625,7 @@ class PostgresEngine(PostgresSchedules, Storage):
             self.channel,
             self.instance,
             notify,
-            self._fold,
+            self.fold_counts,
             paused_changed,
             (self.limits_channel, lambda queue: self._rules_changed(queue, notify)),
         )
@@ -706,250 +635,3 @@ class PostgresEngine(PostgresSchedules, Storage):
         if queue:
             # Its dispatchers claim again under the new rule.
             notify(queue)
-
-    # -- keyed limits (storage.limits) ---------------------------------------
-
-    async def _limit_rules(self, queue: str, now_us: int) -> tuple[Rule, ...]:
-        if self._rules.stale(now_us):
-            self._rules.load(await self._fetch(self._sql.limits.rules), now_us)
-        return self._rules.get(queue)
-
-    def limited(self, queue: str) -> bool:
-        return bool(self._rules.get(queue))
-
-    async def _tell_rules(self, conn: asyncpg.Connection, queue: str) -> None:
-        await conn.execute("SELECT pg_notify($1, $2)", self.limits_channel, queue)
-
-    async def set_limit(self, queue: str, rule: Rule, now: datetime) -> bool:
-        sql = self._sql.limits
-        async with self._conn() as conn, conn.transaction():
-            await conn.execute(sql.lock_queue, queue)
-            exists = await conn.fetchval(sql.rule_exists, queue, rule.prefix)
-            if exists is None:
-                held = await conn.fetchval(sql.rule_count, queue)
-                if held >= MAX_LIMIT_RULES:
-                    raise FailedPrecondition(
-                        f"queue {queue!r} already has {held} limit rules (at most"
-                        f" {MAX_LIMIT_RULES}); delete one first"
-                    )
-            await conn.execute(
-                sql.upsert,
-                queue,
-                rule.prefix,
-                rule.rate,
-                rule.per_us,
-                rule.burst,
-                rule.concurrency,
-            )
-            await self._tell_rules(conn, queue)
-        self._rules.invalidate()
-        return exists is None
-
-    async def delete_limit(self, queue: str, prefix: str, now: datetime) -> bool:
-        sql = self._sql.limits
-        async with self._conn() as conn, conn.transaction():
-            await conn.execute(sql.lock_queue, queue)
-            deleted = await conn.execute(sql.delete, queue, prefix)
-            await conn.execute(sql.drop_keys, queue)
-            await self._tell_rules(conn, queue)
-        self._rules.invalidate()
-        return bool(deleted != "DELETE 0")
-
-    async def list_limits(
-        self, queue: str | None, now: datetime, *, with_keys: bool
-    ) -> list[RuleStatus]:
-        now_us = to_us(now)
-        self._rules.load(await self._fetch(self._sql.limits.rules), now_us)
-        by_queue = dict(self._rules.queues)
-        if queue is not None:
-            by_queue = {queue: by_queue[queue]} if queue in by_queue else {}
-        async with self._conn() as conn:
-            return await limits.statuses(conn, self._sql.limits, by_queue, now_us, with_keys)
-
-    # -- inspection (ListTasks, GetQueueStats, ListQueues) -------------------
-
-    async def list_tasks(
-        self,
-        queue: str,
-        where: TaskFilter,
-        *,
-        newest_first: bool,
-        after: int | None,
-        limit: int,
-    ) -> TaskPage:
-        if after is None:
-            after = listing.SEQ_MAX if newest_first else -1
-        async with self._conn() as conn, inspect_transaction(conn):
-            pairs = [(r[0], r[1]) for r in await conn.fetch(self._sql.listing.present, queue)]
-            arms, residual = listing.arms(pairs, where)
-            types = listing.arm_types(arms)
-            if not arms:
-                return TaskPage([], None, [])
-            if residual is None:
-                sql = list_sql(self._sql.tasks, LIST_COLS, arms, newest_first)
-                rows = await conn.fetch(sql, queue, after, limit + 1, *types)
-                next_after = rows[limit - 1][C_SEQ] if len(rows) > limit else None
-                rows = rows[:limit]
-            else:
-                budget = listing.scan_budget(limit)
-                sql = list_sql(self._sql.tasks, WALK_COLS, arms, newest_first)
-                walked = await conn.fetch(sql, queue, after, budget, *types)
-                seqs, next_after = listing.pick(residual, walked, limit, budget)
-                rows = []
-                if seqs:
-                    rows = await conn.fetch(self._sql.listing.listed_by_seq, seqs)
-                    if newest_first:
-                        rows.reverse()
-        return TaskPage([listed(r) for r in rows], next_after, [r[C_SEQ] for r in rows])
-
-    async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
-        [stats] = await self._queues_stats([queue], now, by_type=by_type)
-        return stats
-
-    async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
-        await self._fold()
-        async with self._conn() as conn:
-            names = [r[0] for r in await conn.fetch(self._sql.listing.queue_names, after, limit)]
-        return await self._queues_stats(names, now, by_type=False, fold=False)
-
-    async def _queues_stats(
-        self, names: list[str], now: datetime, *, by_type: bool, fold: bool = True
-    ) -> list[QueueStats]:
-        if not names:
-            return []
-        if fold:
-            await self._fold()
-        rows: dict[str, list[Any]] = {name: [] for name in names}
-        async with self._conn() as conn, inspect_transaction(conn):
-            for queue, task_type, state, n in await conn.fetch(
-                self._sql.listing.queues_counts, names
-            ):
-                rows[queue].append((task_type, state, n))
-            oldest = dict(list(r) for r in await conn.fetch(self._sql.listing.queues_oldest, names))
-            paused = {r[0] for r in await conn.fetch(self._sql.paused.among, names)}
-        return [
-            listing.queue_stats(
-                n, listing.by_state(rows[n]), oldest[n], now, by_type=by_type, paused=n in paused
-            )
-            for n in names
-        ]
-
-    async def set_queue_paused(self, queue: str, paused: bool, now: datetime) -> bool:
-        async with self._conn() as conn:
-            return bool(await self._sql.paused.set(conn, queue, paused, to_us(now)))
-
-    async def paused_queues(self) -> frozenset[str]:
-        return frozenset(row[0] for row in await self._fetch(self._sql.paused.all))
-
-    async def _fold(self) -> None:
-        """Sum the committed count deltas into task_counts (`watch` does it
-        too, so they do not pile up while nobody reads stats)."""
-        async with self._conn() as conn, conn.transaction():
-            await conn.execute(self._sql.listing.fold_lock)
-            await conn.execute(self._sql.listing.fold)
-
-    # -- operations (CancelTask, RetryTasks) ---------------------------------
-
-    async def cancel(
-        self,
-        queue: str,
-        reason: str,
-        now: datetime,
-        *,
-        task_id: str | None = None,
-        unique_key: str | None = None,
-    ) -> Task:
-        async with self._conn() as conn, conn.transaction():
-            # Locked, so a claim or settlement racing the cancel either ran
-            # before (and the cancel sees its outcome) or waits and then
-            # matches no row.
-            found = await self._lock(conn, queue, task_id, unique_key)
-            seq, state = found[0], found[1]
-            if state == CANCELLED:
-                return row_task(await conn.fetchrow(self._sql.operate.by_seq, seq))
-            if state not in (PENDING, LEASED):
-                raise FailedPrecondition(
-                    f"{describe(queue, task_id, unique_key)} is {STATES[state].name};"
-                    " only PENDING or LEASED tasks can be cancelled"
-                )
-            row = await conn.fetchrow(
-                self._sql.operate.cancel, seq, to_us(now), cancelled_text(reason)
-            )
-            return row_task(row)
-
-    async def cancel_ids(
-        self, queue: str, task_ids: Sequence[str], reason: str, now: datetime
-    ) -> list[tuple[str, str]]:
-        async with self._conn() as conn:
-            rows = await conn.fetch(
-                self._sql.operate.cancel_ids,
-                queue,
-                to_us(now),
-                cancelled_text(reason),
-                list(task_ids),
-            )
-        return [(row[0], row[1]) for row in rows]
-
-    async def delete_ids(self, queue: str, task_ids: Sequence[str], states: Sequence[int]) -> int:
-        async with self._conn() as conn:
-            count: int = await conn.fetchval(
-                self._sql.operate.delete_ids, queue, list(task_ids), list(states)
-            )
-        return count
-
-    async def retry_dead(
-        self,
-        queue: str,
-        task_types: Sequence[str],
-        finished_before: datetime | None,
-        limit: int,
-        now: datetime,
-    ) -> int:
-        if limit <= 0:
-            return 0
-        before = _NO_CUTOFF if finished_before is None else to_us(finished_before)
-        async with self._conn() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                self._sql.operate.retry_dead,
-                queue,
-                before,
-                limit,
-                to_us(now),
-                type_list(task_types),
-            )
-            if row[0]:
-                # The attempts retry added need their delays too.
-                schedules: dict[tuple[Any, ...], str] = {}
-                seqs = []
-                delays = []
-                for (seq, initial, maximum, max_attempts), multiplier in zip(
-                    row[2], row[3], strict=True
-                ):
-                    kind = (initial, maximum, multiplier, max_attempts)
-                    if kind not in schedules:
-                        schedules[kind] = delays_text(schedule_of(*kind))
-                    seqs.append(seq)
-                    delays.append(schedules[kind])
-                await conn.execute(self._sql.operate.retry_delays, seqs, delays)
-        return int(row[0])
-
-    # -- purge and retention (DeleteTasks, ringod --retain-*) ----------------
-
-    async def delete_finished(
-        self,
-        queue: str | None,
-        states: Sequence[int],
-        finished_before: datetime | None,
-        limit: int,
-    ) -> int:
-        wanted = finished_states(states)
-        if limit <= 0 or not wanted:
-            return 0
-        before = _NO_CUTOFF if finished_before is None else to_us(finished_before)
-        if queue is None:
-            row = await self._fetchrow(self._sql.operate.delete_finished, wanted, before, limit)
-        else:
-            row = await self._fetchrow(
-                self._sql.operate.delete_finished_queue, wanted, before, limit, queue
-            )
-        return int(row[0])

@@ -22,17 +22,25 @@ far ahead are read by a claim or a wake-up of the queue.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 
-from ringo_trio._contract.limits import MAX_LIMIT_KEYS_LISTED, MAX_LIMIT_KEYS_PER_CLAIM
+from ringo_trio._contract.limits import (
+    MAX_LIMIT_KEYS_LISTED,
+    MAX_LIMIT_KEYS_PER_CLAIM,
+    MAX_LIMIT_RULES,
+)
 
+from ..base import FailedPrecondition
 from ..limits import (
     Candidate,
     KeyState,
     Rule,
+    RuleCache,
     RuleStatus,
     advance,
     grant,
@@ -41,7 +49,7 @@ from ..limits import (
     next_start,
     pick,
 )
-from ..rows import COLS, LEASED, PENDING
+from ..rows import COLS, LEASED, PENDING, to_us
 from .schema import LIMIT_LEASED, LIMIT_PENDING, UNKEYED_PENDING, ident
 from .settle import expire
 from .sql import Spelling, types_filter
@@ -331,3 +339,76 @@ async def statuses(
         for rule in sorted(rules, key=lambda r: r.prefix):
             out.append(RuleStatus(queue, rule, tuple(states.get(rule.prefix, ()))))
     return out
+
+
+class PostgresLimits:
+    """`Storage`'s keyed-limit methods for `PostgresEngine` (which provides
+    the rest), and the rules cache its claims read (`limit_rules`): a
+    change is told to every daemon of the schema on `limits_channel`."""
+
+    _rules: RuleCache
+    _sql: Any
+    limits_channel: str
+
+    def _conn(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        raise NotImplementedError
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        raise NotImplementedError
+
+    async def limit_rules(self, queue: str, now_us: int) -> tuple[Rule, ...]:
+        if self._rules.stale(now_us):
+            self._rules.load(await self._fetch(self._sql.limits.rules), now_us)
+        return self._rules.get(queue)
+
+    def limited(self, queue: str) -> bool:
+        return bool(self._rules.get(queue))
+
+    async def _tell_rules(self, conn: asyncpg.Connection, queue: str) -> None:
+        await conn.execute("SELECT pg_notify($1, $2)", self.limits_channel, queue)
+
+    async def set_limit(self, queue: str, rule: Rule, now: datetime) -> bool:
+        sql = self._sql.limits
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute(sql.lock_queue, queue)
+            exists = await conn.fetchval(sql.rule_exists, queue, rule.prefix)
+            if exists is None:
+                held = await conn.fetchval(sql.rule_count, queue)
+                if held >= MAX_LIMIT_RULES:
+                    raise FailedPrecondition(
+                        f"queue {queue!r} already has {held} limit rules (at most"
+                        f" {MAX_LIMIT_RULES}); delete one first"
+                    )
+            await conn.execute(
+                sql.upsert,
+                queue,
+                rule.prefix,
+                rule.rate,
+                rule.per_us,
+                rule.burst,
+                rule.concurrency,
+            )
+            await self._tell_rules(conn, queue)
+        self._rules.invalidate()
+        return exists is None
+
+    async def delete_limit(self, queue: str, prefix: str, now: datetime) -> bool:
+        sql = self._sql.limits
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute(sql.lock_queue, queue)
+            deleted = await conn.execute(sql.delete, queue, prefix)
+            await conn.execute(sql.drop_keys, queue)
+            await self._tell_rules(conn, queue)
+        self._rules.invalidate()
+        return bool(deleted != "DELETE 0")
+
+    async def list_limits(
+        self, queue: str | None, now: datetime, *, with_keys: bool
+    ) -> list[RuleStatus]:
+        now_us = to_us(now)
+        self._rules.load(await self._fetch(self._sql.limits.rules), now_us)
+        by_queue = dict(self._rules.queues)
+        if queue is not None:
+            by_queue = {queue: by_queue[queue]} if queue in by_queue else {}
+        async with self._conn() as conn:
+            return await statuses(conn, self._sql.limits, by_queue, now_us, with_keys)

@@ -9,7 +9,7 @@ type, state) updated by every claim, ack and nack of every daemon would
 queue concurrent transactions on its row lock, and a claim (PENDING row,
 then LEASED) against a nack (LEASED, then PENDING) would deadlock. So
 statement triggers only INSERT each statement's net changes into
-`task_count_deltas` (inserts never wait on each other), and `_fold` moves
+`task_count_deltas` (inserts never wait on each other), and `fold_counts` moves
 them into `task_counts` -- under an advisory lock, so folders never meet --
 before every stats read and on `watch`'s beat. A read sums `task_counts`
 and the deltas committed since the fold, in one snapshot: exact. An
@@ -30,15 +30,17 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 
 from ringo_trio._contract.limits import MAX_LIST_ERROR_BYTES
-from ringo_trio._proto.ringo.v1 import Task
+from ringo_trio._proto.ringo.v1 import QueueStats, Task
 
 from .. import listing
-from ..rows import COLS, LEASED, PENDING, row_task
+from ..base import TaskFilter, TaskPage
+from ..rows import C_SEQ, COLS, LEASED, PENDING, row_task, to_us
 from .schema import ident, lock_key
 from .sql import Spelling
 
@@ -168,3 +170,97 @@ async def inspect_transaction(conn: asyncpg.Connection) -> AsyncIterator[None]:
             " SET LOCAL enable_sort = off"
         )
         yield
+
+
+class PostgresListing:
+    """`Storage`'s inspection and pausing methods for `PostgresEngine`
+    (which provides the rest), and the fold of the count deltas
+    (`fold_counts`), which `watch` runs on its beat too."""
+
+    _sql: Any
+
+    def _conn(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        raise NotImplementedError
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        raise NotImplementedError
+
+    async def list_tasks(
+        self,
+        queue: str,
+        where: TaskFilter,
+        *,
+        newest_first: bool,
+        after: int | None,
+        limit: int,
+    ) -> TaskPage:
+        if after is None:
+            after = listing.SEQ_MAX if newest_first else -1
+        async with self._conn() as conn, inspect_transaction(conn):
+            pairs = [(r[0], r[1]) for r in await conn.fetch(self._sql.listing.present, queue)]
+            arms, residual = listing.arms(pairs, where)
+            types = listing.arm_types(arms)
+            if not arms:
+                return TaskPage([], None, [])
+            if residual is None:
+                sql = list_sql(self._sql.tasks, LIST_COLS, arms, newest_first)
+                rows = await conn.fetch(sql, queue, after, limit + 1, *types)
+                next_after = rows[limit - 1][C_SEQ] if len(rows) > limit else None
+                rows = rows[:limit]
+            else:
+                budget = listing.scan_budget(limit)
+                sql = list_sql(self._sql.tasks, WALK_COLS, arms, newest_first)
+                walked = await conn.fetch(sql, queue, after, budget, *types)
+                seqs, next_after = listing.pick(residual, walked, limit, budget)
+                rows = []
+                if seqs:
+                    rows = await conn.fetch(self._sql.listing.listed_by_seq, seqs)
+                    if newest_first:
+                        rows.reverse()
+        return TaskPage([listed(r) for r in rows], next_after, [r[C_SEQ] for r in rows])
+
+    async def queue_stats(self, queue: str, now: datetime, *, by_type: bool) -> QueueStats:
+        [stats] = await self._queues_stats([queue], now, by_type=by_type)
+        return stats
+
+    async def list_queues(self, now: datetime, *, after: str, limit: int) -> list[QueueStats]:
+        await self.fold_counts()
+        async with self._conn() as conn:
+            names = [r[0] for r in await conn.fetch(self._sql.listing.queue_names, after, limit)]
+        return await self._queues_stats(names, now, by_type=False, fold=False)
+
+    async def _queues_stats(
+        self, names: list[str], now: datetime, *, by_type: bool, fold: bool = True
+    ) -> list[QueueStats]:
+        if not names:
+            return []
+        if fold:
+            await self.fold_counts()
+        rows: dict[str, list[Any]] = {name: [] for name in names}
+        async with self._conn() as conn, inspect_transaction(conn):
+            for queue, task_type, state, n in await conn.fetch(
+                self._sql.listing.queues_counts, names
+            ):
+                rows[queue].append((task_type, state, n))
+            oldest = dict(list(r) for r in await conn.fetch(self._sql.listing.queues_oldest, names))
+            paused = {r[0] for r in await conn.fetch(self._sql.paused.among, names)}
+        return [
+            listing.queue_stats(
+                n, listing.by_state(rows[n]), oldest[n], now, by_type=by_type, paused=n in paused
+            )
+            for n in names
+        ]
+
+    async def set_queue_paused(self, queue: str, paused: bool, now: datetime) -> bool:
+        async with self._conn() as conn:
+            return bool(await self._sql.paused.set(conn, queue, paused, to_us(now)))
+
+    async def paused_queues(self) -> frozenset[str]:
+        return frozenset(row[0] for row in await self._fetch(self._sql.paused.all))
+
+    async def fold_counts(self) -> None:
+        """Sum the committed count deltas into task_counts (`watch` does it
+        too, so they do not pile up while nobody reads stats)."""
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute(self._sql.listing.fold_lock)
+            await conn.execute(self._sql.listing.fold)

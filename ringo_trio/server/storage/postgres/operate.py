@@ -23,11 +23,36 @@ Concurrency (READ COMMITTED):
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+
+from ringo_trio._proto.ringo.v1 import Task
+
 from .. import history
-from ..history import HISTORY_COLS, postgres_push
-from ..rows import CANCELLED, COLS, DEAD, LEASED, PENDING, SUCCEEDED, UINT32_MAX
-from .schema import FINISHED_TERM
-from .sql import Spelling, types_filter
+from ..base import FailedPrecondition, NotFound
+from ..history import HISTORY_COLS, postgres_push, with_history
+from ..rows import (
+    CANCELLED,
+    COLS,
+    DEAD,
+    LEASED,
+    PENDING,
+    STATES,
+    SUCCEEDED,
+    UINT32_MAX,
+    cancelled_text,
+    describe,
+    finished_states,
+    row_task,
+    stuck,
+    to_us,
+)
+from .schema import FINISHED_TERM, delays_text, schedule_of
+from .sql import Spelling, type_list, types_filter
 
 
 class OperateSql:
@@ -168,3 +193,187 @@ class OperateSql:
 def one_lookup(task_id: str | None, unique_key: str | None) -> None:
     if (task_id is None) == (unique_key is None):
         raise ValueError("exactly one of task_id / unique_key")
+
+
+#: finished_before unset: later than any time the daemon stores.
+NO_CUTOFF = 2**63 - 1
+
+
+class PostgresOperations:
+    """`Storage`'s lookup and operator methods for `PostgresEngine` (which
+    provides the rest): get, retry, cancel, bulk retry and cancel, delete,
+    purge and retention."""
+
+    _sql: Any
+
+    def _conn(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        raise NotImplementedError
+
+    async def _fetchrow(self, sql: str, *args: Any) -> Any:
+        raise NotImplementedError
+
+    # -- lookups and retry (GetTask, RetryTask) ------------------------------
+
+    async def get(
+        self,
+        queue: str,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+        history: bool = False,
+    ) -> Task:
+        one_lookup(task_id, unique_key)
+        sql = self._sql.operate
+        if task_id is not None:
+            row = await self._fetchrow(
+                sql.history_by_id if history else sql.get_by_id, queue, task_id
+            )
+        else:
+            row = await self._fetchrow(
+                sql.history_by_key if history else sql.get_by_key, queue, unique_key
+            )
+        if row is None:
+            raise NotFound(describe(queue, task_id, unique_key))
+        return with_history(row) if history else row_task(row)
+
+    async def _lock(
+        self, conn: asyncpg.Connection, queue: str, task_id: str | None, unique_key: str | None
+    ) -> Any:
+        """The task named by exactly one of id / unique key, its row locked
+        for the rest of the transaction (seq, state, available_at,
+        lease_until); NotFound."""
+        one_lookup(task_id, unique_key)
+        if task_id is not None:
+            found = await conn.fetchrow(self._sql.operate.lock_by_id, queue, task_id)
+        else:
+            found = await conn.fetchrow(self._sql.operate.lock_by_key, queue, unique_key)
+        if found is None:
+            raise NotFound(describe(queue, task_id, unique_key))
+        return found
+
+    async def retry(
+        self,
+        queue: str,
+        now: datetime,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+    ) -> Task:
+        now_us = to_us(now)
+        async with self._conn() as conn, conn.transaction():
+            found = await self._lock(conn, queue, task_id, unique_key)
+            if found[1] not in (SUCCEEDED, DEAD, CANCELLED) and not stuck(found[2], found[3]):
+                raise FailedPrecondition(
+                    f"{describe(queue, task_id, unique_key)} is {STATES[found[1]].name};"
+                    " only SUCCEEDED, DEAD or CANCELLED tasks (or stuck ones) can be retried"
+                )
+            # The attempts retry adds need their delays too.
+            max_attempts = min(found[4] + found[5], UINT32_MAX)
+            delays = schedule_of(found[6], found[7], found[8], max_attempts)
+            return row_task(await conn.fetchrow(self._sql.operate.retry, found[0], now_us, delays))
+
+    # -- operations (CancelTask, RetryTasks) ---------------------------------
+
+    async def cancel(
+        self,
+        queue: str,
+        reason: str,
+        now: datetime,
+        *,
+        task_id: str | None = None,
+        unique_key: str | None = None,
+    ) -> Task:
+        async with self._conn() as conn, conn.transaction():
+            # Locked, so a claim or settlement racing the cancel either ran
+            # before (and the cancel sees its outcome) or waits and then
+            # matches no row.
+            found = await self._lock(conn, queue, task_id, unique_key)
+            seq, state = found[0], found[1]
+            if state == CANCELLED:
+                return row_task(await conn.fetchrow(self._sql.operate.by_seq, seq))
+            if state not in (PENDING, LEASED):
+                raise FailedPrecondition(
+                    f"{describe(queue, task_id, unique_key)} is {STATES[state].name};"
+                    " only PENDING or LEASED tasks can be cancelled"
+                )
+            row = await conn.fetchrow(
+                self._sql.operate.cancel, seq, to_us(now), cancelled_text(reason)
+            )
+            return row_task(row)
+
+    async def cancel_ids(
+        self, queue: str, task_ids: Sequence[str], reason: str, now: datetime
+    ) -> list[tuple[str, str]]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                self._sql.operate.cancel_ids,
+                queue,
+                to_us(now),
+                cancelled_text(reason),
+                list(task_ids),
+            )
+        return [(row[0], row[1]) for row in rows]
+
+    async def delete_ids(self, queue: str, task_ids: Sequence[str], states: Sequence[int]) -> int:
+        async with self._conn() as conn:
+            count: int = await conn.fetchval(
+                self._sql.operate.delete_ids, queue, list(task_ids), list(states)
+            )
+        return count
+
+    async def retry_dead(
+        self,
+        queue: str,
+        task_types: Sequence[str],
+        finished_before: datetime | None,
+        limit: int,
+        now: datetime,
+    ) -> int:
+        if limit <= 0:
+            return 0
+        before = NO_CUTOFF if finished_before is None else to_us(finished_before)
+        async with self._conn() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                self._sql.operate.retry_dead,
+                queue,
+                before,
+                limit,
+                to_us(now),
+                type_list(task_types),
+            )
+            if row[0]:
+                # The attempts retry added need their delays too.
+                schedules: dict[tuple[Any, ...], str] = {}
+                seqs = []
+                delays = []
+                for (seq, initial, maximum, max_attempts), multiplier in zip(
+                    row[2], row[3], strict=True
+                ):
+                    kind = (initial, maximum, multiplier, max_attempts)
+                    if kind not in schedules:
+                        schedules[kind] = delays_text(schedule_of(*kind))
+                    seqs.append(seq)
+                    delays.append(schedules[kind])
+                await conn.execute(self._sql.operate.retry_delays, seqs, delays)
+        return int(row[0])
+
+    # -- purge and retention (DeleteTasks, ringod --retain-*) ----------------
+
+    async def delete_finished(
+        self,
+        queue: str | None,
+        states: Sequence[int],
+        finished_before: datetime | None,
+        limit: int,
+    ) -> int:
+        wanted = finished_states(states)
+        if limit <= 0 or not wanted:
+            return 0
+        before = NO_CUTOFF if finished_before is None else to_us(finished_before)
+        if queue is None:
+            row = await self._fetchrow(self._sql.operate.delete_finished, wanted, before, limit)
+        else:
+            row = await self._fetchrow(
+                self._sql.operate.delete_finished_queue, wanted, before, limit, queue
+            )
+        return int(row[0])

@@ -232,7 +232,7 @@ def migrations(s: str) -> tuple[tuple[str | Step, ...], ...]:
         # Minor 9: the handler's return value of a SUCCEEDED task.
         (f"ALTER TABLE {s}.tasks ADD COLUMN result bytea",),
         # Minor 9, inspection: the listing indexes, and exact counts kept by
-        # statement triggers as append-only deltas that `_fold` sums into
+        # statement triggers as append-only deltas that `fold_counts` sums into
         # task_counts (see the module docstring). The triggers are created
         # before the backfill: CREATE TRIGGER locks out writers until the
         # migration commits, so no change is counted twice or missed.
