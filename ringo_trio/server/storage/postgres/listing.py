@@ -3,8 +3,7 @@ the shared rules are in `..listing`): the counts folded from their deltas,
 and pages merged from index streams in a snapshot that can only walk
 indexes.
 
-Inspection (ListTasks, GetQueueStats, ListQueues; shared rules in `..listing`). Counts
-must be exact and cheap at a million tasks, but one counter row per (queue,
+Counts must be exact and cheap at a million tasks, but one counter row per (queue,
 type, state) updated by every claim, ack and nack of every daemon would
 queue concurrent transactions on its row lock, and a claim (PENDING row,
 then LEASED) against a nack (LEASED, then PENDING) would deadlock. So
