@@ -15,13 +15,18 @@ nox.options.reuse_existing_virtualenvs = True
 
 ROOT = pathlib.Path(__file__).parent
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+# pytest-xdist, two processes: CI's two cores. Every test starts its own
+# daemons, ports, files and PostgreSQL databases, so any two run at once;
+# ``nox -s tests -- -n 0`` runs the suite in one process.
+PARALLEL = ("-n", "2")
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The default suite: everything except tests marked slow or hostile."""
+    """The default suite: everything except tests marked slow or hostile,
+    on two processes (`PARALLEL`)."""
     session.install("-e", ".[test]")
-    session.run("pytest", "-m", "not slow and not hostile", *session.posargs)
+    session.run("pytest", *PARALLEL, "-m", "not slow and not hostile", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -74,6 +79,7 @@ def compiled(session: nox.Session) -> None:
     with _compiled_in_place(session):
         session.run(
             "pytest",
+            *PARALLEL,
             "-m",
             "not slow and not hostile",
             "tests/test_compiled.py",
