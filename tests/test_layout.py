@@ -70,7 +70,6 @@ LARGE: dict[str, str] = {
     "_contract/work/client.py": "the client's half of the Work stream: one machine",
     "server/rpc/work.py": "the driver of the daemon's half of the Work stream",
     "server/rpc/service.py": "the unary RPCs: a thin method each, the work in validate and storage",
-    "server/storage/base.py": "the storage interface: one abstract method per operation",
 }
 MAX_LINES = 800
 

@@ -60,7 +60,7 @@ does not send.
 A lease reaches its client only with the reply, so a Claim that ends any
 other way hands its leases back (`Storage.release`: PENDING, the attempt
 unspent) and wakes the queue: a caller cancelled while a round is in flight
-(that round the engine returns, see `storage.base.guard_claim`; the rounds
+(that round the engine returns, see `storage.handback.guard_claim`; the rounds
 before it, `_claim_now`), and a reply that cannot be delivered
 (`_serve_claim`). A later round that fails answers with the earlier ones.
 
@@ -200,9 +200,9 @@ from ..storage.base import (
     Storage,
     StorageFull,
     StorageUnavailable,
-    hand_back,
     stamp_ttl,
 )
+from ..storage.handback import hand_back
 from . import validate as v
 from .codec import Preencoded
 from .commit import GroupCommit

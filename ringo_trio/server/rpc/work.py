@@ -197,9 +197,9 @@ from ..storage.base import (
     Settlement,
     Storage,
     StorageUnavailable,
-    hand_back,
     stamp_ttl,
 )
+from ..storage.handback import hand_back
 from . import validate as v
 from .connections import trailers_without_reset
 from .paused import PausedQueues

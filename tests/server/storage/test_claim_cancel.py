@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, Task, TaskState
-from ringo_trio.server.storage import base as _base
-from ringo_trio.server.storage.base import Push, Storage, TaskFilter, guard_claim
+from ringo_trio.server.storage import handback
+from ringo_trio.server.storage.base import Push, Storage, TaskFilter
+from ringo_trio.server.storage.handback import guard_claim
 from tests._kit.storage import LEASE, SyncEngine, ref_of, spec
 
 # Past this many suspensions a claim is assumed to be looping, not claiming.
@@ -255,7 +256,7 @@ def test_a_cancelled_claim_that_never_finishes_is_given_up_after_a_bound(
     """Property: the canceller of a claim stuck in its backend waits for it at
     most HAND_BACK_TIMEOUT (then the claim is cancelled too, with a warning),
     so a dead database cannot hold a cancelled stream, or shutdown, forever."""
-    monkeypatch.setattr(_base, "HAND_BACK_TIMEOUT", 0.05)
+    monkeypatch.setattr(handback, "HAND_BACK_TIMEOUT", 0.05)
     storage = _StuckClaims()
     now = datetime.now(UTC)
 

@@ -63,9 +63,9 @@ from ..base import (
     Settlement,
     Storage,
     StorageError,
-    guard_claim,
     storage_full,
 )
+from ..handback import guard_claim
 from ..limits import RuleCache
 from ..retry import override_us
 from ..rows import (
