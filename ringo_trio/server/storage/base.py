@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import ClassVar
 
+from ringo_trio._contract.limits import MAX_LIMIT_RULES
 from ringo_trio._proto.ringo.v1 import (
     Lease,
     LeasedTask,
@@ -107,6 +108,7 @@ __all__ = [
     "StorageError",
     "StorageFull",
     "StorageUnavailable",
+    "refuse_rule_over",
     "storage_full",
 ]
 
@@ -684,6 +686,16 @@ class Storage(abc.ABC):
         """Whether `queue` had rules when this engine last read them (no
         query; see `storage.limits` for how stale that may be)."""
         return False
+
+
+def refuse_rule_over(queue: str, held: int) -> None:
+    """FailedPrecondition when `queue`, holding `held` rules, has no room for
+    another (`MAX_LIMIT_RULES`): `Storage.set_limit`'s check on both engines."""
+    if held >= MAX_LIMIT_RULES:
+        raise FailedPrecondition(
+            f"queue {queue!r} already has {held} limit rules (at most"
+            f" {MAX_LIMIT_RULES}); delete one first"
+        )
 
 
 def storage_full(storage: Storage, cause: BaseException) -> StorageFull:

@@ -33,7 +33,7 @@ when a notification is lost.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -172,9 +172,11 @@ class RuleCache:
     def get(self, queue: str) -> tuple[Rule, ...]:
         return self._rules.get(queue, ())
 
-    @property
-    def queues(self) -> Mapping[str, tuple[Rule, ...]]:
-        return self._rules
+    def listed(self, queue: str | None) -> dict[str, tuple[Rule, ...]]:
+        """ListLimits' rules by queue: every queue's, or `queue`'s alone."""
+        if queue is None:
+            return dict(self._rules)
+        return {queue: self._rules[queue]} if queue in self._rules else {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,14 @@ to the state streams with the types checked per row."""
 SEQ_MAX = 2**63 - 1
 
 
+def first_after(after: int | None, newest_first: bool) -> int:
+    """A page's cursor: the seq it starts after (the first page: past the
+    end its order starts from)."""
+    if after is not None:
+        return after
+    return SEQ_MAX if newest_first else -1
+
+
 @dataclass(frozen=True, slots=True)
 class Residual:
     """The per-row check of a page whose streams do not decide the filter

@@ -99,6 +99,12 @@ def to_us(moment: datetime) -> int:
     return (moment - EPOCH) // MICRO
 
 
+def cutoff_us(finished_before: datetime | None) -> int:
+    """A purge's or bulk retry's cutoff as stored times compare with it:
+    unset, later than any time the daemon stores."""
+    return 2**63 - 1 if finished_before is None else to_us(finished_before)
+
+
 LATEST_US = to_us(MAX_NOT_BEFORE + MAX_DELAY + MAX_LEASE)
 """No time written within the limits is later than this."""
 
@@ -313,6 +319,13 @@ _setattr = object.__setattr__
 def cancelled_text(reason: str) -> str:
     """A cancelled task's last_error."""
     return f"cancelled: {reason}" if reason else "cancelled"
+
+
+def one_lookup(task_id: str | None, unique_key: str | None) -> None:
+    """A lookup names exactly one of task_id / unique_key (the service
+    refuses any other before it gets here)."""
+    if (task_id is None) == (unique_key is None):
+        raise ValueError("exactly one of task_id / unique_key")
 
 
 def describe(queue: str, task_id: str | None, unique_key: str | None) -> str:

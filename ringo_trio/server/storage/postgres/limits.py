@@ -32,10 +32,9 @@ import asyncpg  # type: ignore[import-untyped]
 from ringo_trio._contract.limits import (
     MAX_LIMIT_KEYS_LISTED,
     MAX_LIMIT_KEYS_PER_CLAIM,
-    MAX_LIMIT_RULES,
 )
 
-from ..base import FailedPrecondition
+from ..base import refuse_rule_over
 from ..limits import (
     Candidate,
     KeyState,
@@ -373,12 +372,7 @@ class PostgresLimits:
             await conn.execute(sql.lock_queue, queue)
             exists = await conn.fetchval(sql.rule_exists, queue, rule.prefix)
             if exists is None:
-                held = await conn.fetchval(sql.rule_count, queue)
-                if held >= MAX_LIMIT_RULES:
-                    raise FailedPrecondition(
-                        f"queue {queue!r} already has {held} limit rules (at most"
-                        f" {MAX_LIMIT_RULES}); delete one first"
-                    )
+                refuse_rule_over(queue, await conn.fetchval(sql.rule_count, queue))
             await conn.execute(
                 sql.upsert,
                 queue,
@@ -407,8 +401,6 @@ class PostgresLimits:
     ) -> list[RuleStatus]:
         now_us = to_us(now)
         self._rules.load(await self._fetch(self._sql.limits.rules), now_us)
-        by_queue = dict(self._rules.queues)
-        if queue is not None:
-            by_queue = {queue: by_queue[queue]} if queue in by_queue else {}
+        by_queue = self._rules.listed(queue)
         async with self._conn() as conn:
             return await statuses(conn, self._sql.limits, by_queue, now_us, with_keys)

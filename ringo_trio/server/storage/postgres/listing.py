@@ -193,8 +193,7 @@ class PostgresListing:
         after: int | None,
         limit: int,
     ) -> TaskPage:
-        if after is None:
-            after = listing.SEQ_MAX if newest_first else -1
+        after = listing.first_after(after, newest_first)
         async with self._conn() as conn, inspect_transaction(conn):
             pairs = [(r[0], r[1]) for r in await conn.fetch(self._sql.listing.present, queue)]
             arms, residual = listing.arms(pairs, where)

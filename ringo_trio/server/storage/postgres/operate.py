@@ -45,8 +45,10 @@ from ..rows import (
     SUCCEEDED,
     UINT32_MAX,
     cancelled_text,
+    cutoff_us,
     describe,
     finished_states,
+    one_lookup,
     row_task,
     stuck,
     to_us,
@@ -190,15 +192,6 @@ class OperateSql:
         self.delete_finished_queue = delete_finished("queues(q) AS (SELECT $4::text)", "$4")
 
 
-def one_lookup(task_id: str | None, unique_key: str | None) -> None:
-    if (task_id is None) == (unique_key is None):
-        raise ValueError("exactly one of task_id / unique_key")
-
-
-#: finished_before unset: later than any time the daemon stores.
-NO_CUTOFF = 2**63 - 1
-
-
 class PostgresOperations:
     """`Storage`'s lookup and operator methods for `PostgresEngine` (which
     provides the rest): get, retry, cancel, bulk retry and cancel, delete,
@@ -331,7 +324,7 @@ class PostgresOperations:
     ) -> int:
         if limit <= 0:
             return 0
-        before = NO_CUTOFF if finished_before is None else to_us(finished_before)
+        before = cutoff_us(finished_before)
         async with self._conn() as conn, conn.transaction():
             row = await conn.fetchrow(
                 self._sql.operate.retry_dead,
@@ -369,7 +362,7 @@ class PostgresOperations:
         wanted = finished_states(states)
         if limit <= 0 or not wanted:
             return 0
-        before = NO_CUTOFF if finished_before is None else to_us(finished_before)
+        before = cutoff_us(finished_before)
         if queue is None:
             row = await self._fetchrow(self._sql.operate.delete_finished, wanted, before, limit)
         else:

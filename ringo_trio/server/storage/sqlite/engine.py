@@ -121,6 +121,7 @@ from ..rows import (
     SUCCEEDED,
     NewTasks,
     cancelled_text,
+    cutoff_us,
     describe,
     finished_states,
     from_us,
@@ -149,7 +150,6 @@ from .listing import (
 )
 from .operate import (
     CANCEL,
-    NO_CUTOFF,
     OLDEST_FINISHED,
     OLDEST_FINISHED_QUEUE,
     RETRY,
@@ -696,7 +696,7 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
             **params,
             "queue": queue,
             "now": to_us(now),
-            "before": NO_CUTOFF if finished_before is None else to_us(finished_before),
+            "before": cutoff_us(finished_before),
             "limit": limit,
         }
         with self._write() as db:
@@ -716,7 +716,7 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
             return 0
         args: dict[str, Any] = {
             "queue": queue,
-            "before": NO_CUTOFF if finished_before is None else to_us(finished_before),
+            "before": cutoff_us(finished_before),
             "limit": limit,
         }
         sql = OLDEST_FINISHED if queue is None else OLDEST_FINISHED_QUEUE

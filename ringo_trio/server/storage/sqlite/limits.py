@@ -15,10 +15,9 @@ from typing import Any
 from ringo_trio._contract.limits import (
     MAX_LIMIT_KEYS_LISTED,
     MAX_LIMIT_KEYS_PER_CLAIM,
-    MAX_LIMIT_RULES,
 )
 
-from ..base import FailedPrecondition
+from ..base import refuse_rule_over
 from ..limits import (
     Candidate,
     KeyState,
@@ -284,11 +283,7 @@ class SQLiteLimits:
                 held = db.execute(
                     "SELECT count(*) FROM limit_rules WHERE queue = ?", (queue,)
                 ).fetchone()[0]
-                if held >= MAX_LIMIT_RULES:
-                    raise FailedPrecondition(
-                        f"queue {queue!r} already has {held} limit rules (at most"
-                        f" {MAX_LIMIT_RULES}); delete one first"
-                    )
+                refuse_rule_over(queue, held)
             db.execute(
                 "INSERT INTO limit_rules (queue, prefix, rate, per_us, burst, concurrency)"
                 " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET rate = excluded.rate,"
@@ -315,7 +310,5 @@ class SQLiteLimits:
     ) -> list[RuleStatus]:
         now_us = to_us(now)
         self._rules.load(self._conn().execute(RULES).fetchall(), now_us)
-        by_queue = dict(self._rules.queues)
-        if queue is not None:
-            by_queue = {queue: by_queue[queue]} if queue in by_queue else {}
+        by_queue = self._rules.listed(queue)
         return statuses(self._conn(), by_queue, now_us, with_keys)

@@ -122,8 +122,7 @@ class SQLiteListing:
         after: int | None,
         limit: int,
     ) -> TaskPage:
-        if after is None:
-            after = listing.SEQ_MAX if newest_first else -1
+        after = listing.first_after(after, newest_first)
         db = self._conn()
         # A read transaction: the walk and the rows it picked are one snapshot.
         db.execute("BEGIN")

@@ -19,7 +19,17 @@ from typing import Any
 from .. import history
 from ..base import NotFound
 from ..history import sqlite_push
-from ..rows import CANCELLED, COLS, DEAD, LEASED, PENDING, SUCCEEDED, UINT32_MAX, describe
+from ..rows import (
+    CANCELLED,
+    COLS,
+    DEAD,
+    LEASED,
+    PENDING,
+    SUCCEEDED,
+    UINT32_MAX,
+    describe,
+    one_lookup,
+)
 from .schema import FINISHED_TERM
 
 # The lease is cleared for a stuck LEASED task (see `rows.stuck`); a
@@ -47,8 +57,6 @@ OLDEST_FINISHED_QUEUE = (
     " AND queue = :queue AND state = :state AND finished_at < :before"
     " ORDER BY finished_at, seq LIMIT :limit"
 )
-# finished_before unset: later than any time the daemon stores.
-NO_CUTOFF = 2**63 - 1
 
 
 # A LEASED task's lease goes with it: the worker's next command on the lease
@@ -131,8 +139,7 @@ def find(
 ) -> Any:
     """`columns` of the task named by exactly one of task_id / unique_key;
     NotFound if the queue holds no such task."""
-    if (task_id is None) == (unique_key is None):
-        raise ValueError("exactly one of task_id / unique_key")
+    one_lookup(task_id, unique_key)
     if task_id is not None:
         where, value = "id = :value", task_id
     else:
