@@ -5,7 +5,11 @@ from __future__ import annotations
 import itertools
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from ringo_trio._contract.limits import MAX_LIMIT_RULES
 from ringo_trio._proto.ringo.v1 import TaskSpec
+from ringo_trio.server.storage.base import FailedPrecondition
 from ringo_trio.server.storage.limits import Rule
 from tests._kit.storage import SyncEngine
 
@@ -92,3 +96,22 @@ def _ref(leased):  # type: ignore[no-untyped-def]
 
     lease = leased.lease
     return LeaseRef(task_id=lease.task_id, attempt=lease.attempt, lease_token=lease.lease_token)
+
+
+def test_a_queue_holds_at_most_max_limit_rules(engine: SyncEngine) -> None:
+    """Property (both engines): a queue holds at most `MAX_LIMIT_RULES`
+    rules; one rule more is refused (FailedPrecondition, naming the bound)
+    and changes nothing, while a rule already held may still be replaced,
+    and another queue is not counted against it."""
+    for i in range(MAX_LIMIT_RULES):
+        assert engine.set_limit("q", Rule(f"k{i}:", 0.0, 1_000_000, 1, 1), T0) is True
+    with pytest.raises(FailedPrecondition, match=f"at most {MAX_LIMIT_RULES}"):
+        engine.set_limit("q", Rule("one-more:", 0.0, 1_000_000, 1, 1), T0)
+    held = {s.rule.prefix for s in engine.list_limits("q", T0, with_keys=False)}
+    assert held == {f"k{i}:" for i in range(MAX_LIMIT_RULES)}
+    assert engine.set_limit("q", Rule("k0:", 5.0, 1_000_000, 2, 0), T0) is False
+    [replaced] = [
+        s.rule for s in engine.list_limits("q", T0, with_keys=False) if s.rule.prefix == "k0:"
+    ]
+    assert (replaced.rate, replaced.burst, replaced.concurrency) == (5.0, 2, 0)
+    assert engine.set_limit("other", Rule("one-more:", 0.0, 1_000_000, 1, 1), T0) is True
