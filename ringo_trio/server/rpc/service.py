@@ -806,8 +806,7 @@ class QueueService(QueueServiceBase):
     async def get_queue_activity(
         self, message: GetQueueActivityRequest
     ) -> GetQueueActivityResponse:
-        now = self._clock.now()
-        minor = self._session_minor(message.context, now)
+        now, minor = self._admit_at(message.context)
         _require(minor, Feature.ACTIVITY, "GetQueueActivity")
         if message.due_only:
             _require(minor, Feature.DUE_ONLY_ACTIVITY, "GetQueueActivity due_only")
@@ -818,82 +817,71 @@ class QueueService(QueueServiceBase):
 
     # -- operating the queues (minor 9; the work is in `operate`) ---------
 
-    def _operate_now(
-        self, context: RequestContext | None, rpc: str, feature: Feature = Feature.OPERATE
-    ) -> datetime:
-        now = self._clock.now()
-        _require(self._session_minor(context, now), feature, rpc)
+    def _admit_for(self, context: RequestContext | None, rpc: str, feature: Feature) -> datetime:
+        """`_admit`, refused below the minor that brought `feature`: the
+        call's `now`."""
+        now, minor = self._admit_at(context)
+        _require(minor, feature, rpc)
         return now
 
     # -- keyed limits (minor 13) ----------------------------------------------
 
-    def _limits_now(self, context: Any, what: str) -> datetime:
-        now, minor = self._admit_at(context)
-        _require(minor, Feature.LIMITS, what)
-        return now
-
     @_rpc
     async def set_limit(self, message: SetLimitRequest) -> SetLimitResponse:
-        now = self._limits_now(message.context, "SetLimit")
+        now = self._admit_for(message.context, "SetLimit", Feature.LIMITS)
         return await self._limits.set_limit(message, now)
 
     @_rpc
     async def list_limits(self, message: ListLimitsRequest) -> ListLimitsResponse:
-        now = self._limits_now(message.context, "ListLimits")
+        now = self._admit_for(message.context, "ListLimits", Feature.LIMITS)
         return await self._limits.list_limits(message, now)
 
     @_rpc
     async def delete_limit(self, message: DeleteLimitRequest) -> DeleteLimitResponse:
-        now = self._limits_now(message.context, "DeleteLimit")
+        now = self._admit_for(message.context, "DeleteLimit", Feature.LIMITS)
         return await self._limits.delete_limit(message, now)
 
     @_rpc
     async def list_tasks(self, message: ListTasksRequest) -> ListTasksResponse:
-        now = self._operate_now(message.context, "ListTasks")
+        now = self._admit_for(message.context, "ListTasks", Feature.OPERATE)
         return await self._operations.list_tasks(message, now)
 
     @_rpc
     async def get_queue_stats(self, message: GetQueueStatsRequest) -> GetQueueStatsResponse:
-        now = self._operate_now(message.context, "GetQueueStats")
+        now = self._admit_for(message.context, "GetQueueStats", Feature.OPERATE)
         return await self._operations.get_queue_stats(message, now)
 
     @_rpc
     async def list_queues(self, message: ListQueuesRequest) -> ListQueuesResponse:
-        now = self._operate_now(message.context, "ListQueues")
+        now = self._admit_for(message.context, "ListQueues", Feature.OPERATE)
         return await self._operations.list_queues(message, now)
 
     @_rpc
     async def cancel_task(self, message: CancelTaskRequest) -> CancelTaskResponse:
-        now = self._operate_now(message.context, "CancelTask")
+        now = self._admit_for(message.context, "CancelTask", Feature.OPERATE)
         return await self._operations.cancel_task(message, now)
 
     @_rpc
     async def cancel_tasks(self, message: CancelTasksRequest) -> CancelTasksResponse:
-        now = self._operate_now(message.context, "CancelTasks", Feature.BULK_BY_FILTER)
+        now = self._admit_for(message.context, "CancelTasks", Feature.BULK_BY_FILTER)
         return await self._operations.cancel_tasks(message, now)
 
     @_rpc
     async def delete_tasks(self, message: DeleteTasksRequest) -> DeleteTasksResponse:
-        now = self._operate_now(message.context, "DeleteTasks")
+        now = self._admit_for(message.context, "DeleteTasks", Feature.OPERATE)
         return await self._operations.delete_tasks(message, now)
 
     @_rpc
     async def retry_tasks(self, message: RetryTasksRequest) -> RetryTasksResponse:
-        now = self._operate_now(message.context, "RetryTasks")
+        now = self._admit_for(message.context, "RetryTasks", Feature.OPERATE)
         return await self._operations.retry_tasks(message, now)
 
     @_rpc
     async def set_queue_paused(self, message: SetQueuePausedRequest) -> SetQueuePausedResponse:
-        now = self._operate_now(message.context, "SetQueuePaused", Feature.PAUSE_QUEUES)
+        now = self._admit_for(message.context, "SetQueuePaused", Feature.PAUSE_QUEUES)
         return await self._operations.set_queue_paused(message, now)
 
     # -- schedules (minor 13; the firing is `schedules.ScheduleLoop`) -----
-
-    def _schedules_now(self, context: RequestContext | None, rpc: str) -> datetime:
-        now = self._clock.now()
-        minor = self._session_minor(context, now)
-        _require(minor, Feature.SCHEDULES, rpc)
-        return now
 
     def _poke(self) -> None:
         if self._schedules is not None:
@@ -901,7 +889,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def put_schedule(self, message: PutScheduleRequest) -> PutScheduleResponse:
-        now = self._schedules_now(message.context, "PutSchedule")
+        now = self._admit_for(message.context, "PutSchedule", Feature.SCHEDULES)
         schedule = v.schedule(message.schedule)
         stored, created = await self._storage.put_schedule(
             schedule, now, max_per_queue=limits.MAX_SCHEDULES_PER_QUEUE
@@ -911,7 +899,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def list_schedules(self, message: ListSchedulesRequest) -> ListSchedulesResponse:
-        self._schedules_now(message.context, "ListSchedules")
+        self._admit_for(message.context, "ListSchedules", Feature.SCHEDULES)
         queue = v.name(message.queue, "queue") if message.queue else None
         schedules = await self._storage.list_schedules(queue)
         # Within MAX_REPLY_BYTES (a schedule's payload may be 1 MiB): the
@@ -921,7 +909,7 @@ class QueueService(QueueServiceBase):
 
     @_rpc
     async def delete_schedule(self, message: DeleteScheduleRequest) -> DeleteScheduleResponse:
-        self._schedules_now(message.context, "DeleteSchedule")
+        self._admit_for(message.context, "DeleteSchedule", Feature.SCHEDULES)
         queue = v.name(message.queue, "queue")
         name = v.name(message.name, "name")
         return DeleteScheduleResponse(deleted=await self._storage.delete_schedule(queue, name))
@@ -930,7 +918,7 @@ class QueueService(QueueServiceBase):
     async def set_schedule_paused(
         self, message: SetSchedulePausedRequest
     ) -> SetSchedulePausedResponse:
-        now = self._schedules_now(message.context, "SetSchedulePaused")
+        now = self._admit_for(message.context, "SetSchedulePaused", Feature.SCHEDULES)
         queue = v.name(message.queue, "queue")
         name = v.name(message.name, "name")
         stored = await self._storage.set_schedule_paused(queue, name, message.paused, now)
