@@ -555,3 +555,52 @@ def test_a_failed_checkpoint_is_logged_and_retried(
     assert [r.getMessage() for r in caplog.records] == [
         "WAL checkpoint failed (will retry): database or disk is full"
     ]
+
+
+def test_upkeep_sleeps_while_nothing_is_committed(
+    sqlite: SyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: an idle engine's upkeep waits for a commit, not on a timer
+    -- no pass at all while nothing is committed, before the first commit or
+    after a checkpoint -- and the first commit is checkpointed one interval
+    later. (Polling, an idle daemon woke ten times a second, and a daemon on
+    a test's virtual clock stepped through its days 0.1 s at a time.)"""
+    engine = sqlite.raw
+    assert isinstance(engine, SQLiteEngine)
+    interval = 0.00123  # upkeep's passes are its sleeps of exactly this
+    passes = 0
+    checkpoints = 0
+    real_sleep = asyncio.sleep
+    real_off_loop = sqlite_upkeep.off_loop
+
+    async def counted_sleep(delay: float) -> None:
+        nonlocal passes
+        passes += delay == interval
+        await real_sleep(delay)
+
+    async def counted_checkpoint(db: sqlite3.Connection, sql: str) -> None:
+        nonlocal checkpoints
+        checkpoints += 1
+        await real_off_loop(db, sql)
+
+    monkeypatch.setattr(sqlite_engine.asyncio, "sleep", counted_sleep)
+    monkeypatch.setattr(sqlite_engine, "off_loop", counted_checkpoint)
+    now = ManualClock().now()
+
+    async def scenario() -> tuple[int, int, int]:
+        upkeep = asyncio.create_task(engine.maintain(interval=interval))
+        try:
+            await real_sleep(0.1)  # idle: ~80 passes if it polled
+            idle = passes
+            await engine.enqueue("q", [spec()], now)
+            async with asyncio.timeout(10.0):
+                while not checkpoints:
+                    await real_sleep(0.001)
+            await real_sleep(0.1)  # idle again
+            return idle, passes, checkpoints
+        finally:
+            upkeep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await upkeep
+
+    assert sqlite.run(scenario()) == (0, 1, 1)

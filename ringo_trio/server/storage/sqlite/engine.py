@@ -217,8 +217,9 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._db: sqlite3.Connection | None = None
-        # Write transactions committed: upkeep checkpoints only after one.
-        self._commits = 0
+        # Set by each committed write transaction: upkeep waits for it, so an
+        # idle daemon's upkeep sleeps instead of polling (`maintain`).
+        self._committed = asyncio.Event()
         self._rules = RuleCache()
 
     # -- lifecycle ---------------------------------------------------------
@@ -268,19 +269,21 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
 
     async def maintain(self, interval: float = CHECKPOINT_INTERVAL) -> None:
         """WAL checkpoints in a worker thread, off the event loop, until
-        cancelled (see the module docstring)."""
+        cancelled (see the module docstring): `interval` after the first
+        commit since the last checkpoint, none while nothing is committed."""
         db = self._conn()
         checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # Bound to this run's loop; what was committed before upkeep started
+        # is left to the next commit's checkpoint, as SQLite would leave it.
+        self._committed = committed = asyncio.Event()
         try:
             db.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
-            # The commits the last successful checkpoint covers.
-            covered = self._commits
             failing = False
             while True:
+                await committed.wait()
                 await asyncio.sleep(interval)
-                if self._commits == covered:
-                    continue
-                commits = self._commits
+                # Commits from here on are the next checkpoint's.
+                committed.clear()
                 try:
                     await off_loop(checkpointer, "PRAGMA wal_checkpoint(PASSIVE)")
                 except sqlite3.Error as exc:
@@ -290,8 +293,8 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
                     if not failing:
                         log.warning("WAL checkpoint failed (will retry): %s", exc)
                     failing = True
+                    committed.set()
                 else:
-                    covered = commits
                     failing = False
         finally:
             if self._db is db:
@@ -305,7 +308,7 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
         try:
             with immediate(self._conn()) as db:
                 yield db
-            self._commits += 1
+            self._committed.set()
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode == sqlite3.SQLITE_FULL:
                 raise storage_full(self, exc) from exc
