@@ -449,6 +449,30 @@ def test_credit_withdrawn_after_the_claim_stops_the_pushes() -> None:
     assert session.credit == 0
 
 
+def test_a_grant_whose_target_strands_the_credit_is_refused() -> None:
+    """Property (credit held always fits): a grant of 0 whose target lowers
+    the capacity under the credit still held plus what is outstanding is
+    refused ``credit_capacity`` and changes nothing -- accepted, the daemon
+    would push that credit over the worker's new capacity (hypothesis found
+    it: grant 1 at capacity 1, then grant 0 with target 0). A target the
+    credit still fits is accepted."""
+    session = _registered(concurrency=2)
+    assert session.credit_update(1, available=0, target=None, grant=2).error is None
+    refused = session.credit_update(2, available=0, target=1, grant=0)
+    assert refused.error is not None
+    assert refused.error.metadata == {"reason": reasons.CREDIT_CAPACITY}
+    assert (session.credit, session.capacity) == (2, 2)
+    session.check()
+    session.claim_size()
+    session.claimed([("a", 100.0, 1)])
+    session.pushed(session.next_pushes(0.0, [10])[0])
+    # Credit 1 + outstanding 1 fit a target of 2, not of 1.
+    assert session.credit_update(3, available=0, target=2, grant=0).error is None
+    assert session.credit_update(4, available=0, target=1, grant=0).error is not None
+    assert (session.credit, session.capacity, session.outstanding) == (1, 2, 1)
+    session.check()
+
+
 def test_a_lease_answered_lease_lost_frees_its_slot() -> None:
     """A command about a lease answered LEASE_LOST ends it: it no longer
     counts against the stream's capacity (cancelled: with the reason)."""

@@ -436,8 +436,10 @@ class ServerSession:
             return Answer(request_id)  # drained or stopping: grants nothing
         capacity = self.capacity if target is None else target
         credit = available if grant is None else self.credit + grant
-        adds = credit if grant is None else grant
-        if adds and credit + self._outstanding > capacity:
+        # The credit held after the update, not only credit added: a grant of
+        # 0 whose target lowers the capacity would leave the credit left
+        # standing over it, and the pushes it covers over the capacity.
+        if credit and credit + self._outstanding > capacity:
             # Not clamped: the worker's view is stale (a push crossed this
             # update), so it resamples and sends a fresh one.
             return Answer(
