@@ -1380,6 +1380,28 @@ def test_renewal_granted_after_the_lease_was_given_up_is_nacked() -> None:
     assert session.in_flight == 0
 
 
+@pytest.mark.parametrize("renewing", [True, False], ids=["renewal-out", "no-renewal"])
+def test_a_stop_seen_after_the_deadline_hands_the_lease_back_released(renewing: bool) -> None:
+    """Property (no attempt spent by our own stopping): a handler the worker's
+    stop ended in time but whose exit is seen only after the local deadline
+    (a freeze at the same instant) hands its lease back with a release — at
+    once, or once the renewal in flight is answered — never with the nack a
+    lease lost while its handler ran is handed back with (the test above).
+    Found by tests/contract/test_simulation.py's soak (``[no attempt spent by
+    our own stopping] the stop gave back <lease ... ended nacked>``)."""
+    session, _ = active(1, lease=9.0)
+    session.task_pushed(A, "tok", 9.0, 0.0)
+    if renewing:
+        (extend,) = session.poll(6.0)
+        assert session.settle(A, Outcome.RELEASE, 9.5) == []
+        outputs = session.result(extend.request_id, None, 9.6)
+    else:
+        outputs = session.settle(A, Outcome.RELEASE, 9.5)
+    [back] = [o for o in outputs if isinstance(o, Settle)]
+    assert (back.key, back.lease_token, back.outcome) == (A, "tok", Outcome.RELEASE)
+    assert not session.holds(A)
+
+
 @pytest.mark.parametrize("answer", [None, LEASE_LOST], ids=["renewed", "lost"])
 def test_a_grant_waits_for_the_renewal_of_a_lease_lost_meanwhile(
     answer: CommandError | None,

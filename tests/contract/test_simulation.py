@@ -587,6 +587,38 @@ def test_orphans_holding_every_slot_get_no_credit() -> None:
     )
 
 
+def test_a_stop_and_a_freeze_at_one_instant_spend_no_attempt() -> None:
+    """Found by this simulation's soak. The worker stops at once just before
+    a handler's natural end, and freezes for 4 s in that same instant with
+    the handler's renewal in flight; the handler's exit (a release) is seen
+    after the local deadline, then the renewal's answer. The lease went back
+    with a nack and spent the attempt (``[no attempt spent by our own
+    stopping] the stop gave back <lease L7 task5#2 ... ended nacked>``); a
+    stop decided in time hands it back with a release."""
+    quick = (Run(0.0, "ack", 0.0),)
+    replay(
+        Scenario(
+            seed=0,
+            minor=9,
+            lease=10.0,
+            max_delay=0.0,
+            workers=(WorkerSpec(2),),
+            tasks=(
+                TaskSpec(1, quick),
+                TaskSpec(1, quick),
+                TaskSpec(1, (Run(5.0, "ack", 0.0),)),
+                TaskSpec(1, (Run(5.0, "ack", 0.0),)),
+                TaskSpec(1, (Run(5.002, "ack", 0.0),)),
+                TaskSpec(2, (Run(26.667, "nack", 0.0),)),
+            ),
+            faults=(Fault(at=189, kind=PAUSE, a=0.2, b=0.0),),
+            stop_at=187,
+            stop_now=True,
+            grace=0.0,
+        )
+    )
+
+
 def test_every_property_has_a_name() -> None:
     assert len(set(PROPERTIES)) == len(PROPERTIES)
 
