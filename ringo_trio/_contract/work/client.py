@@ -113,12 +113,10 @@ cancellation, a fence) settles its unfinished leases with
 ``Outcome.RELEASE``: at minor >= 7 a ``release`` command, which returns the
 task at once without spending its attempt; below, today's nack. A handler
 that *fails* spends its attempt (``NACK``); only the worker's own stopping
-does not. A lease given up at its local deadline is handed back with a nack,
-as its expiry would spend the attempt (a handler that blocks the loop past
-its lease must not run forever) — unless its handler had already exited by
-our stop, the exit seen only after the deadline (a freeze): that hand-back,
-at once or once a renewal in flight is answered, is a release (the
-simulation found it: the stop and a freeze at one instant spent an attempt).
+does not. A lease given up at its local deadline goes back with a nack, as
+its expiry would spend the attempt (a handler that blocks the loop past its
+lease must not run forever) — unless our stop had already ended its handler
+and a freeze hid that exit until after the deadline (``_Lease.give_back``).
 
 *Version gating.* The session is built for the negotiated minor and owns
 what it implies: ordered request ids (minor >= 6), a target concurrency
@@ -361,7 +359,8 @@ class _Lease:
     state: LeaseState = LeaseState.HELD
     told_cancelled: bool = False  # TaskCancelled was output for it
     # What handing it back after a give-up says: NACK, as its expiry would
-    # spend the attempt; RELEASE once its handler exited by our own stop.
+    # spend the attempt; RELEASE once its handler exited by our own stop (at
+    # once, or when the renewal in flight is answered).
     give_back: Outcome = Outcome.NACK
 
     def step(self, what: _LeaseInput, key: LeaseKey) -> None:
@@ -714,9 +713,7 @@ class WorkSession:
             # The deadline passed and no `poll` has seen it yet (a freeze that
             # ended in this very step): the outcome is not sent — an ack would
             # outlive the lease — the lease is given up as `poll` gives it up,
-            # and the handler, finished, frees its slot. A worker's own stop
-            # decided in time spends no attempt: the hand-back, now or once a
-            # renewal in flight is answered, is then a release.
+            # and the handler, finished, frees its slot.
             if outcome is Outcome.RELEASE:
                 lease.give_back = Outcome.RELEASE
             out = [o for o in self._expire(key, lease, now) if not isinstance(o, CancelHandler)]

@@ -9,11 +9,9 @@ waits through (`/tmp` micro-run, 40,000 claim + ack: 31-47 calls over 2 ms,
 `maintain` does it instead: a PASSIVE checkpoint on a second connection in
 a worker thread, `CHECKPOINT_INTERVAL` after the first commit since the
 last one. Between commits it waits on an event the commits set, not on a
-timer: an idle daemon's upkeep never wakes (polling every 0.1 s, it woke
-an idle daemon ten times a second, and a daemon on a test's virtual clock
-stepped through its days 0.1 s at a time whenever a thread's result came
-late: a 30-day retention test took 0.5 s alone and 30-80 s on a loaded
-machine). PASSIVE never blocks a writer; once it has copied
+timer: an idle daemon's upkeep never wakes (a poll woke it ten times a
+second, and stepped a daemon on a virtual clock through its days 0.1 s at
+a time). PASSIVE never blocks a writer; once it has copied
 every frame, the next write starts the WAL over, so the file stays near
 what an interval writes. The loop's own automatic checkpoint stays as a
 backstop at `BACKSTOP_PAGES` (a thread that cannot keep up, a stuck
