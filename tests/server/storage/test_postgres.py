@@ -9,8 +9,10 @@ sessions, exactly as separate processes would.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
+import random
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,12 +20,13 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
+from ringo_trio._proto.ringo.v1 import LeasedTask, RetryBackoff, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import SchemaTooNew, StorageUnavailable
 from ringo_trio.server.storage.limits import Rule
 from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine
 from ringo_trio.server.storage.postgres import schema as pg
+from ringo_trio.server.storage.rows import to_us
 from tests._kit.postgres import ADMIN_DSN
 from tests._kit.storage import LEASE, engines, ref_of, run, spec, watching
 
@@ -122,6 +125,82 @@ def test_a_claim_leaves_the_keys_its_rules_hold_unlocked(dsn: str, schema: str) 
                 await other.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_racing_limited_claims_of_two_daemons_keep_every_rule(
+    dsn: str, schema: str, seed: int
+) -> None:
+    """Property: a key's concurrency and its rate hold across daemons. Two
+    engines on one database race 12 limited claims at a time (each at its
+    own `now`, up to 2 ms apart, of random types and sizes) over keys under
+    a concurrency rule and a rate rule, half the leases acked between
+    rounds: no key ever holds more leases than its concurrency, and no
+    window of W µs holds more of a rate key's starts than ``burst + (W +
+    late credit) / interval`` (docs/limits.md) -- whichever daemon started
+    them. Red when a claim grants from its first look without locks (the
+    leases or the TAT read before the key's lock)."""
+    rnd = random.Random(seed)
+    clock = ManualClock()
+    held_rule = Rule("c:", 0.0, 1_000_000, 1, rnd.randint(1, 3))
+    rate_rule = Rule(
+        "r:", float(rnd.choice([5, 20, 100])), 1_000_000, rnd.randint(1, 3), rnd.choice([0, 2])
+    )
+    keys = ["c:1", "c:2", "r:1", "r:2", "", "z:1"]
+
+    async def main() -> dict[str, list[int]]:
+        starts: dict[str, list[int]] = {}
+        async with engines(dsn, schema, 2, pool_size=8) as (a, b):
+            for limit_rule in (held_rule, rate_rule):
+                await a.set_limit("q", limit_rule, clock.now())
+            await a.enqueue(
+                "q",
+                [spec(rnd.choice("tu"), limit_key=rnd.choice(keys)) for _ in range(300)],
+                clock.now(),
+            )
+            held: list[LeasedTask] = []
+            for _ in range(20):
+                nows = [
+                    clock.now() + timedelta(microseconds=rnd.randint(0, 2000)) for _ in range(12)
+                ]
+                claims = await asyncio.gather(
+                    *(
+                        (a, b)[i % 2].claim(
+                            "q", rnd.choice([[], ["t"], ["u"]]), rnd.randint(1, 8), "w", LEASE, now
+                        )
+                        for i, now in enumerate(nows)
+                    )
+                )
+                for leased, now in zip(claims, nows, strict=True):
+                    held += leased
+                    for lt in leased:
+                        starts.setdefault(lt.task.limit_key, []).append(to_us(now))
+                leases = collections.Counter(lt.task.limit_key for lt in held)
+                for key in ("c:1", "c:2"):
+                    assert leases[key] <= held_rule.concurrency, (key, leases, held_rule)
+                for key in ("r:1", "r:2"):
+                    assert leases[key] <= (rate_rule.concurrency or len(held)), (key, leases)
+                rnd.shuffle(held)
+                done, held = held[: len(held) // 2], held[len(held) // 2 :]
+                await asyncio.gather(
+                    *((a, b)[i % 2].ack(ref_of(lt), clock.now()) for i, lt in enumerate(done))
+                )
+                clock.advance(timedelta(milliseconds=rnd.choice([1, 10, 50, 200])))
+        return starts
+
+    starts = run(main())
+    assert sum(map(len, starts.values())) > 100  # the rounds did start tasks
+    interval = rate_rule.interval_us
+    credit = min(interval / 2, 20_000)
+    for key in ("r:1", "r:2"):
+        at = sorted(starts.get(key, []))
+        for i, first in enumerate(at):
+            for j in range(i, len(at)):
+                assert j - i + 1 <= rate_rule.burst + (at[j] - first + credit) / interval, (
+                    key,
+                    at,
+                    rate_rule,
+                )
 
 
 def test_concurrent_expiry_processes_each_lease_once(dsn: str, schema: str) -> None:
