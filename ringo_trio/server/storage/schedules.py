@@ -181,7 +181,6 @@ SCHEDULE_COLS = (
     " priority, max_attempts, next_fire_at, last_fired_at, last_task_id, fired, skipped,"
     " created_at, updated_at"
 )
-C_NEXT_FIRE = 12
 
 
 def schedule_row(s: Schedule) -> tuple[Any, ...]:

@@ -121,6 +121,7 @@ def test_pause_resume_has_no_burst(engine: SyncEngine) -> None:
     [
         (MisfirePolicy.SKIP, 1, [], 10),
         (MisfirePolicy.CATCH_UP, 3, [8, 9, 10], 7),
+        (MisfirePolicy.CATCH_UP, 1, [10], 9),
         (MisfirePolicy.CATCH_UP, 50, list(range(1, 11)), 0),
     ],
 )
@@ -142,6 +143,54 @@ def test_misfire_after_an_outage(
     [stored] = engine.list_schedules("q")
     assert stored.next_fire_at == T0 + timedelta(hours=1, minutes=1)
     assert (stored.fired, stored.skipped) == (len(fired_minutes), skipped)
+
+
+def test_the_grace_includes_its_last_microsecond(engine: SyncEngine) -> None:
+    """Property: SKIP fires a tick exactly `SCHEDULE_GRACE` late, not one
+    µs later."""
+    put(engine, sched(cron="1-10 * * * *"), T0)
+    on_the_edge = T0 + timedelta(minutes=10) + limits.SCHEDULE_GRACE
+    report = engine.fire_schedules(on_the_edge, LIMIT)
+    assert keys(engine) == [tick_key("s", T0 + timedelta(minutes=10))]
+    assert report.skipped == {("q", "s"): 9}
+
+
+@pytest.mark.parametrize("catch_up", [1, 4])
+def test_a_tick_at_the_edge_of_the_search_is_counted_once(
+    engine: SyncEngine, catch_up: int
+) -> None:
+    """Property: firing exactly on a tick after an outage (so the search for
+    the latest ticks starts on a tick too) fires the latest `catch_up` and
+    counts every other tick skipped exactly once."""
+    put(engine, sched(cron="* * * * *", misfire=MisfirePolicy.CATCH_UP, catch_up=catch_up), T0)
+    report = engine.fire_schedules(T0 + timedelta(minutes=10), LIMIT)
+    latest = range(11 - catch_up, 11)
+    assert keys(engine) == sorted(tick_key("s", T0 + timedelta(minutes=m)) for m in latest)
+    assert report.skipped == {("q", "s"): 10 - catch_up}
+
+
+def test_putting_an_unchanged_schedule_again_keeps_its_due_tick(engine: SyncEngine) -> None:
+    """Property: an application that puts its schedules at every start
+    (the usual way) does not lose a tick that came due while it was down:
+    a re-put with the same timing keeps the overdue ``next_fire_at``, and
+    the next firing fires it (within the grace) with the schedule's
+    priority and attempts, read back from the store as they were put. A
+    re-put that pauses stores no next tick; one that resumes starts from
+    now, as a resume does."""
+    put(engine, sched(cron="0 * * * *", priority=3, max_attempts=5), T0 + timedelta(minutes=5))
+    late = T0 + timedelta(hours=1, seconds=20)  # the 01:00 tick is due, not fired yet
+    again = put(engine, sched(cron="0 * * * *", priority=3, max_attempts=5), late)
+    assert again.next_fire_at == T0 + timedelta(hours=1)
+    assert engine.list_schedules("q") == [again]
+    report = engine.fire_schedules(late, LIMIT)
+    [task] = report.created
+    assert task.unique_key == tick_key("s", T0 + timedelta(hours=1))
+    assert (task.priority, task.max_attempts) == (3, 5)
+    paused = put(engine, sched(cron="0 * * * *", paused=True), T0 + timedelta(hours=1, minutes=1))
+    assert paused.next_fire_at is None
+    # Resumed by a re-put after 02:00 and 03:00 came due while paused: neither fires.
+    resumed = put(engine, sched(cron="0 * * * *"), T0 + timedelta(hours=3, seconds=10))
+    assert resumed.next_fire_at == T0 + timedelta(hours=4)
 
 
 def test_skip_fires_the_tick_on_time(engine: SyncEngine) -> None:
@@ -243,7 +292,29 @@ class ScheduleModel(RuleBasedStateMachine):
             if "cron" in timing
             else Every(timing["every"], stored.created_at)
         )
-        self.model[name] = {"timing": t, "misfire": misfire, "marker": self.now, "active": True}
+        self.model[name] = {
+            "timing": t,
+            "misfire": misfire,
+            "marker": self.now,
+            "active": True,
+            "spec": timing,
+        }
+
+    @rule(name=st.sampled_from(["a", "b", "c"]))
+    def put_again(self, name: str) -> None:
+        """The same schedule put again (an application's every start): an
+        active one keeps its due ticks; a paused one is resumed from now."""
+        if name not in self.model:
+            return
+        m = self.model[name]
+        put(
+            self.engine,
+            sched(name, queue=self.queue, misfire=m["misfire"], catch_up=CATCH_UP, **m["spec"]),
+            self.now,
+        )
+        if not m["active"]:
+            m["active"] = True
+            m["marker"] = self.now
 
     @rule(name=st.sampled_from(["a", "b", "c"]), paused=st.booleans())
     def pause(self, name: str, paused: bool) -> None:
