@@ -10,6 +10,7 @@ from datetime import timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ringo_trio._contract.limits import MAX_DELAY
 from ringo_trio.server.storage.retry import (
     MAX_DELAY_US,
     backoff_us,
@@ -93,6 +94,38 @@ def test_the_schedule_holds_every_attempts_delay(
         assert delays[min(attempt, len(delays)) - 1] == delay_us(
             initial, maximum, multiplier, attempt
         )
+
+
+@given(VALID_US, VALID_US, VALID_MULTIPLIERS, st.integers(0, 300))
+def test_a_valid_schedule_stops_where_its_delays_settle(
+    initial: int, maximum: int, multiplier: float, attempts: int
+) -> None:
+    """Property: within the limits a schedule is as short as its policy
+    allows (PostgreSQL stores one per task): a constant policy is one
+    entry; a growing one stops at the first attempt that reaches its cap,
+    so no entry before the last is the cap, and one shorter than
+    `attempts` ends on it."""
+    delays = schedule(initial, maximum, multiplier, attempts)
+    cap = min(maximum, MAX_DELAY_US)
+    if multiplier == 1:
+        assert len(delays) == 1
+        return
+    assert cap not in delays[:-1]
+    if len(delays) < max(attempts, 1):
+        assert delays[-1] == cap
+
+
+def test_the_default_policy_and_the_edges_of_a_delay() -> None:
+    """The default policy (1 s doubling to 5 min) is a schedule of 10
+    entries; any delay stops at `MAX_DELAY`; a hand-written shrinking
+    policy's delay rounds down to whole µs and never below 0."""
+    default = schedule(1_000_000, 300_000_000, 2.0, 1_000)
+    assert [d // 1_000_000 for d in default] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
+    huge = MAX_DELAY * 4 // timedelta(microseconds=1)
+    assert timedelta(microseconds=delay_us(huge, huge, 2.0, 3)) == MAX_DELAY
+    assert backoff_us(1, 10, 1.0, 1) == 1
+    assert backoff_us(1, 10, 0.5, 2) == 0  # half a µs
+    assert backoff_us(3, 10, 0.5, 2) == 1  # 1.5 µs
 
 
 def test_a_nack_delay_replaces_the_policy_within_the_limits() -> None:
