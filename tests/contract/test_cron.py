@@ -11,7 +11,7 @@ from croniter import croniter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringo_trio._contract.cron import MAX_EVERY, CronError, Every, parse_cron, zone
+from ringo_trio._contract.cron import MAX_EVERY, MIN_EVERY, CronError, Every, parse_cron, zone
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
@@ -203,6 +203,12 @@ def test_day_of_month_or_day_of_week() -> None:
         ("0 0 1,,2 * *", "day of month", 7),
         ("0 0 * * mon-xyz", "day of week", 13),
         ("70 0 0 * * *", "second", 1),
+        # One past each field's bound (one short of it for the lows).
+        ("60 * * * *", "minute", 1),
+        ("60 0 0 * * *", "second", 1),
+        ("0 0 32 * *", "day of month", 5),
+        ("0 0 0 * *", "day of month", 5),
+        ("0 0 1 0 *", "month", 7),
     ],
 )
 def test_errors_name_field_and_position(expression: str, field: str, position: int) -> None:
@@ -234,6 +240,18 @@ def test_every_is_anchored(interval: timedelta, anchor: datetime, offset: timede
     assert tick > after
     assert (tick - anchor) % interval == timedelta(0)
     assert tick - interval <= after or tick == anchor
+
+
+def test_every_is_bounded_to_the_microsecond() -> None:
+    """`MIN_EVERY` and `MAX_EVERY` themselves are accepted, a µs past
+    either is refused."""
+    anchor = datetime(2030, 1, 1, tzinfo=UTC)
+    one_us = timedelta(microseconds=1)
+    for interval in (MIN_EVERY, MAX_EVERY):
+        assert Every(interval, anchor).next_fire(anchor) == anchor + interval
+    for interval in (MIN_EVERY - one_us, MAX_EVERY + one_us):
+        with pytest.raises(ValueError, match="every must be within"):
+            Every(interval, anchor)
 
 
 def test_zone_names() -> None:
