@@ -12,9 +12,11 @@ import collections
 import contextlib
 import hashlib
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
@@ -22,8 +24,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
+from hypothesis.stateful import RuleBasedStateMachine
 
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, Task, TaskSpec, TaskState
+from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import (
     Storage,
     TaskFilter,
@@ -114,6 +118,31 @@ def open_engine(kind: EngineKind, scratch: pathlib.Path) -> Iterator[SyncEngine]
             yield sync
         finally:
             sync.run(sync.raw.close())
+
+
+class EngineStateMachine(RuleBasedStateMachine):
+    """A hypothesis state machine over one fresh engine of `kind` (a scratch
+    dir of its own, its own loop) and a manual clock, closed and removed at
+    teardown: what the storage models (test_model.py, test_limits_model.py)
+    share."""
+
+    def __init__(self, kind: EngineKind) -> None:
+        super().__init__()
+        self.scratch = pathlib.Path(tempfile.mkdtemp(prefix="ringo-model-"))
+        self.runner = asyncio.Runner()
+        self.engine = SyncEngine(kind, self.scratch, self.runner)
+        self.clock = ManualClock()
+
+    def teardown(self) -> None:
+        try:
+            self.engine.run(self.engine.raw.close())
+        finally:
+            self.runner.close()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    @property
+    def now(self) -> datetime:
+        return self.clock.now()
 
 
 LEASE = timedelta(seconds=30)

@@ -19,17 +19,12 @@ rate are then also checked against plain counts, not the plan.
 
 from __future__ import annotations
 
-import asyncio
-import pathlib
-import shutil
-import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -38,7 +33,6 @@ from hypothesis.stateful import (
 )
 
 from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, TaskSpec, TaskState
-from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.limits import (
     Candidate,
     Rule,
@@ -50,7 +44,7 @@ from ringo_trio.server.storage.limits import (
 )
 from ringo_trio.server.storage.retry import backoff_us
 from ringo_trio.server.storage.rows import to_us
-from tests._kit.storage import EngineKind, SyncEngine
+from tests._kit.storage import EngineKind, EngineStateMachine
 
 Q = "q"
 TYPES = ("x", "y")
@@ -90,30 +84,15 @@ class Model:
     token: str = ""
 
 
-class LimitsMachine(RuleBasedStateMachine):
+class LimitsMachine(EngineStateMachine):
     def __init__(self, kind: EngineKind) -> None:
-        super().__init__()
-        self.scratch = pathlib.Path(tempfile.mkdtemp(prefix="ringo-limits-model-"))
-        self.runner = asyncio.Runner()
-        self.engine = SyncEngine(kind, self.scratch, self.runner)
-        self.clock = ManualClock()
+        super().__init__(kind)
         self.tasks: dict[str, Model] = {}
         self.rules: dict[str, Rule] = {}
         self.tats: dict[str, int] = {}
         # Every start of a key under a rate, with the rule it started under.
         self.starts: dict[str, list[tuple[int, Rule]]] = {}
         self.seq = 0
-
-    def teardown(self) -> None:
-        try:
-            self.engine.run(self.engine.raw.close())
-        finally:
-            self.runner.close()
-            shutil.rmtree(self.scratch, ignore_errors=True)
-
-    @property
-    def now(self) -> datetime:
-        return self.clock.now()
 
     @property
     def now_us(self) -> int:

@@ -8,10 +8,6 @@ engine must agree with a plain Python model of the state machine in `_base.py`.
 
 from __future__ import annotations
 
-import asyncio
-import pathlib
-import shutil
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -30,7 +25,6 @@ from hypothesis.stateful import (
 
 from ringo_trio._contract.limits import DEFAULT_MAX_ATTEMPTS
 from ringo_trio._proto.ringo.v1 import LeaseRef, RetryBackoff, TaskSpec, TaskState
-from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import (
     Ack,
     FailedPrecondition,
@@ -41,7 +35,7 @@ from ringo_trio.server.storage.base import (
     Settlement,
 )
 from ringo_trio.server.storage.retry import backoff_us
-from tests._kit.storage import EngineKind, SyncEngine
+from tests._kit.storage import EngineKind, EngineStateMachine
 
 QUEUES = ("q", "r")
 TYPES = ("x", "y")
@@ -121,29 +115,14 @@ class Model:
         self.worker = ""
 
 
-class EngineMachine(RuleBasedStateMachine):
+class EngineMachine(EngineStateMachine):
     def __init__(self, kind: EngineKind) -> None:
-        super().__init__()
-        self.scratch = pathlib.Path(tempfile.mkdtemp(prefix="ringo-model-"))
-        self.runner = asyncio.Runner()
-        self.engine = SyncEngine(kind, self.scratch, self.runner)
-        self.clock = ManualClock()
+        super().__init__(kind)
         self.tasks: dict[str, Model] = {}
         self.keys: dict[tuple[str, str], str] = {}
         self.refs: list[LeaseRef] = []
         self.seen_attempt: dict[str, int] = {}
         self.seq = 0
-
-    def teardown(self) -> None:
-        try:
-            self.engine.run(self.engine.raw.close())
-        finally:
-            self.runner.close()
-            shutil.rmtree(self.scratch, ignore_errors=True)
-
-    @property
-    def now(self) -> datetime:
-        return self.clock.now()
 
     # -- model helpers ----------------------------------------------------------
 
