@@ -25,6 +25,7 @@ from hypothesis.stateful import (
 
 from ringo_trio._contract import reasons
 from ringo_trio._contract.work.server import (
+    MAX_CONCURRENCY,
     PUSH_BUDGET_BYTES,
     PUSH_MESSAGE_BYTES,
     Answer,
@@ -409,6 +410,51 @@ def test_shutdown_waits_for_outstanding_leases() -> None:
     session.settling("a")
     session.settled("a", Ending.SETTLED)
     assert session.quiet
+
+
+def test_a_frame_being_answered_holds_a_stopping_stream_open() -> None:
+    """Property: a stopping stream is not quiet while a frame it read is
+    still being answered (its answer must reach the worker before the call
+    ends), and is once the answer is written; frames nest."""
+    session = _registered()
+    session.begin_frame()
+    session.begin_frame()
+    session.shutdown()
+    assert not session.quiet
+    session.end_frame()
+    assert not session.quiet
+    session.end_frame()
+    assert session.quiet
+
+
+def test_a_second_register_and_an_empty_body_are_refused_apart() -> None:
+    """Property: on a registered stream another ``register`` is refused
+    FAILED_PRECONDITION (open a new stream), a body naming no command
+    INVALID_ARGUMENT naming ``body``; the stream stays open."""
+    session = _registered()
+    again = session.admit(1, "register")
+    assert again is not None
+    assert again.error is not None
+    assert again.error.code == "FAILED_PRECONDITION"
+    empty = session.admit(2, "")
+    assert empty is not None
+    assert empty.error is not None
+    assert (empty.error.code, empty.error.metadata) == ("INVALID_ARGUMENT", {"field": "body"})
+    assert session.state is State.OPEN
+
+
+def test_the_concurrency_bound_is_inclusive() -> None:
+    """`MAX_CONCURRENCY` itself is a valid registration and target; one
+    more is refused."""
+    session = _registered(concurrency=MAX_CONCURRENCY)
+    assert session.capacity == MAX_CONCURRENCY
+    with pytest.raises(StreamEnd, match="max_concurrency"):
+        _registered(concurrency=MAX_CONCURRENCY + 1)
+    ok = session.credit_update(1, available=0, target=MAX_CONCURRENCY, grant=0)
+    assert ok.error is None
+    refused = session.credit_update(2, available=0, target=MAX_CONCURRENCY + 1, grant=0)
+    assert refused.error is not None
+    assert refused.error.metadata.get("field") == "credit.target_concurrency"
 
 
 def test_a_claim_holds_at_most_the_payload_budget() -> None:
