@@ -443,6 +443,36 @@ def test_a_second_register_and_an_empty_body_are_refused_apart() -> None:
     assert session.state is State.OPEN
 
 
+def test_a_driver_error_repeated_in_every_answer_is_cut() -> None:
+    """Property: the storage driver's error text, repeated in the answer of
+    every command left in a batch, is cut to 400 characters (the last one
+    an ellipsis) so a batch of answers stays within the reply bound; a
+    shorter text, and one of exactly 400, goes whole. A lost lease's
+    answer names why even when storage gave no message."""
+    prefix = "storage unavailable: "
+    for given, said in [
+        ("x" * 399, "x" * 399),
+        ("x" * 400, "x" * 400),
+        ("x" * 401, "x" * 399 + "…"),
+        ("y" * 50_000, "y" * 399 + "…"),
+    ]:
+        session = _registered()
+        answer = session.storage_down(1, given)
+        assert answer.error is not None
+        assert answer.error.message == prefix + said
+        assert session.ending is not None
+    session = _registered()
+    cancelled = session.lost(1, None, cancelled=True, message="").error
+    gone = session.lost(2, None, cancelled=False, message="").error
+    assert cancelled is not None
+    assert gone is not None
+    assert (cancelled.message, cancelled.metadata) == (
+        "the task was cancelled",
+        {"reason": reasons.CANCELLED},
+    )
+    assert gone.message == "the lease is not the task's current lease"
+
+
 def test_the_concurrency_bound_is_inclusive() -> None:
     """`MAX_CONCURRENCY` itself is a valid registration and target; one
     more is refused."""
