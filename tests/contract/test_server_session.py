@@ -11,6 +11,7 @@ properties the daemon promises, checked against bookkeeping of the test's own.
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -471,6 +472,30 @@ def test_a_driver_error_repeated_in_every_answer_is_cut() -> None:
         {"reason": reasons.CANCELLED},
     )
     assert gone.message == "the lease is not the task's current lease"
+
+
+@pytest.mark.parametrize(
+    ("lease", "margin"),
+    [(60.0, 5.0), (4.0, 2.0)],
+    ids=["the margin", "half a short lease"],
+)
+def test_a_push_needs_the_margin_left_on_its_lease(lease: float, margin: float) -> None:
+    """Property: a claimed lease is pushed only while more than the margin
+    is left on it — 5 s, or half the lease when that is shorter, so a short
+    lease can still be pushed — else it and those after it go back; the
+    driver's deadline for the push (`fresh_for`) is the first claimed
+    lease's end less the margin, none when nothing is claimed."""
+    for left, pushed in [(margin + 0.1, True), (margin - 0.1, False)]:
+        session = ServerSession()
+        session.register(
+            minor=11, ordered_request_ids=True, max_concurrency=4, lease_duration=lease
+        )
+        assert session.fresh_for(0.0) == math.inf
+        session.credit_update(1, available=2, target=None, grant=None)
+        session.claim_size()
+        session.claimed([("a", 100.0 + left, 1), ("b", 200.0, 1)])
+        assert session.fresh_for(100.0) == pytest.approx(left - margin)
+        assert session.next_pushes(100.0, [10, 10]) == ((2, False) if pushed else (0, True))
 
 
 def test_the_concurrency_bound_is_inclusive() -> None:
