@@ -12,6 +12,7 @@ on time.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -56,6 +57,22 @@ def test_an_idle_key_starts_exactly_its_burst(rule: Rule, want: int, idle_us: in
     assert n == min(want, rule.burst)
     tat = advance(rule, T0, now, n)
     assert grant(rule, tat, 0, now, rule.burst) == rule.burst - n
+
+
+@pytest.mark.parametrize("rate", [1.5, 3.0, 7.0, 33.0])
+@pytest.mark.parametrize("burst", [2, 3, 5])
+def test_a_fractional_interval_keeps_the_whole_burst(rate: float, burst: int) -> None:
+    """Regression (found by the property above in CI): at 3/s an interval
+    is 333,333.3 µs, and an epoch in µs plus that fraction rounds to a
+    quarter µs; the grant and the TAT's rounding up cut a burst of 2 to 1
+    start. Now an idle key starts its whole burst, also in several claims
+    at one instant, and no more."""
+    rule = Rule("k:", rate, 1_000_000, burst, 0)
+    for now in (T0, T0 + 7):
+        assert grant(rule, 0, 0, now, 100) == burst
+        for started in range(1, burst + 1):
+            tat = advance(rule, 0, now, started)
+            assert grant(rule, tat, 0, now, 100) == burst - started
 
 
 @given(rule=RATED, leased=st.integers(0, 5), concurrency=st.integers(1, 4))
