@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,6 +32,7 @@ from ringo_trio.server.storage.base import (
     Storage,
     TaskFilter,
 )
+from ringo_trio.server.storage.limits import Rule
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.postgres.pool import SERVER_SETTINGS
 from ringo_trio.server.storage.sqlite import SQLiteEngine
@@ -118,6 +119,19 @@ def open_engine(kind: EngineKind, scratch: pathlib.Path) -> Iterator[SyncEngine]
             yield sync
         finally:
             sync.run(sync.raw.close())
+
+
+def assert_within_rate(starts: Sequence[int], rule: Rule) -> None:
+    """No window of W µs holds more of `starts` (µs, one key's, in order)
+    than ``burst + (W + late credit) / interval``, the late credit being
+    ``min(interval / 2, 20 ms)`` — docs/limits.md's bound, written here
+    from the docs, not from `storage.limits`."""
+    interval = rule.interval_us
+    credit = min(interval / 2, 20_000)
+    for i, first in enumerate(starts):
+        for j in range(i, len(starts)):
+            allowed = rule.burst + (starts[j] - first + credit) / interval
+            assert j - i + 1 <= allowed + 1e-9, (starts, rule)
 
 
 class EngineStateMachine(RuleBasedStateMachine):

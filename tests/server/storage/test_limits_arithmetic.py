@@ -29,6 +29,7 @@ from ringo_trio.server.storage.limits import (
     next_start,
     rate_start,
 )
+from tests._kit.storage import assert_within_rate
 
 T0 = 1_800_000_000_000_000  # µs: a realistic epoch moment
 RATED = st.builds(
@@ -101,17 +102,13 @@ def test_no_window_holds_more_starts_than_the_rate_allows(
     """Claims at arbitrary moments, each taking what `grant` allows: no
     window of W µs holds more than ``burst + (W + late credit) / interval``
     starts (docs/limits.md)."""
-    interval = rule.interval_us
-    credit = min(interval / 2, LATE_CREDIT_US)
     tat, now, starts = 0, T0, []
     for gap, want in zip(gaps, wants, strict=False):
         now += gap
         n = grant(rule, tat, 0, now, want)
         tat = advance(rule, tat, now, n)
         starts += [now] * n
-    for i, first in enumerate(starts):
-        for j in range(i, len(starts)):
-            assert j - i + 1 <= rule.burst + (starts[j] - first + credit) / interval + 1e-9
+    assert_within_rate(starts, rule)
 
 
 @given(
