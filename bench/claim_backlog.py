@@ -1,6 +1,6 @@
 """Claims behind a backlog they may not take (engine alone).
 
-    PYTHONPATH=. python bench/claim_backlog.py [--case typed|keyed|keys|all]
+    PYTHONPATH=. python bench/claim_backlog.py [--case typed|keyed|keys|typed_limited|all]
         [--ahead 50000] [--claims 10] [--postgres DSN]
 
 Per engine (SQLite in a temporary file; PostgreSQL in a scratch schema of
@@ -25,6 +25,14 @@ many keys instead):
   tasks each; claims of 64 while keys may start tasks, then (every key
   holding its two leases) claims and wake-ups of the idle queue, which look
   at every key (at most `MAX_LIMIT_KEYS_PER_CLAIM`, 1,000).
+
+* ``typed_limited``: the queue has a rule (``tenant:``, concurrency 1),
+  the backlog is of type ``b``, half without a key and half under the key
+  ``tenant:b``, then ten tasks of type ``a`` under another key and 2,000 of
+  type ``a`` without; claims of 64 and wake-ups with
+  ``task_types=["a"]``: a registry's worker on a queue with keyed limits
+  that another registry's backlog shares (docs/deployment.md, "Claims of
+  some task types on a queue with keyed limits").
 
 Prints the mean milliseconds of each, and of enqueueing the backlog (calls
 of 1,000) per 1,000 tasks.
@@ -138,7 +146,27 @@ async def keys(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
     }
 
 
-CASES = {"typed": typed, "keyed": keyed, "keys": keys}
+async def typed_limited(engine: Storage, ahead: int, claims: int) -> dict[str, float]:
+    now = datetime.now(UTC)
+    await engine.set_limit("q", Rule("tenant:", 0.0, 1_000_000, 1, 1), now)
+    half = ahead // 2
+    enqueue = await enqueue_ms(
+        engine,
+        [TaskSpec(task_type="b")] * half + [TaskSpec(task_type="b", limit_key="tenant:b")] * half,
+        now,
+    )
+    await engine.enqueue("q", [TaskSpec(task_type="a", limit_key="tenant:big")] * 10, now)
+    await engine.enqueue("q", [TaskSpec(task_type="a")] * 2000, now)
+    later = now + timedelta(seconds=1)
+    mean = mean_ms(claims)
+    return {
+        "enqueue, per 1,000": enqueue,
+        'claim ["a"]': await mean(lambda: engine.claim("q", ["a"], BATCH, "w", LEASE, later)),
+        'next_wakeup ["a"]': await mean(lambda: engine.next_wakeup("q", ["a"], later)),
+    }
+
+
+CASES = {"typed": typed, "keyed": keyed, "keys": keys, "typed_limited": typed_limited}
 
 
 async def run(

@@ -409,13 +409,16 @@ def checkpointed(scratch: pathlib.Path) -> bool:
 def undo_limits(schema: str | None = None) -> list[str]:
     """The statements that undo the keyed-limits migration (minor 13), the
     attempt history's (minor 14), the typed claim order's index (schema 15
-    on both engines) and the unkeyed one (schema 16): for a test that makes a store look as an older
-    daemon left it, whose migrations then run again. `schema`: PostgreSQL's
+    on both engines), the unkeyed one (schema 16) and the typed limited ones
+    (schema 17): for a test that makes a store look as an older daemon left
+    it, whose migrations then run again. `schema`: PostgreSQL's
     (quoted), None for SQLite."""
     s = "" if schema is None else f"{schema}."
     return [
         f"DROP INDEX {s}tasks_pending_type",
         f"DROP INDEX {s}tasks_pending_unkeyed",
+        f"DROP INDEX {s}tasks_pending_unkeyed_type",
+        f"DROP INDEX {s}tasks_limit_pending_type",
         f"DROP INDEX {s}tasks_limit_pending",
         f"DROP INDEX {s}tasks_limit_leased",
         f"DROP TABLE {s}limit_rules",

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ringo_trio._contract.limits import MAX_LIMIT_RULES
+from ringo_trio._contract.limits import MAX_LIMIT_KEYS_PER_CLAIM, MAX_LIMIT_RULES
 from ringo_trio._proto.ringo.v1 import TaskSpec
 from ringo_trio.server.storage.base import FailedPrecondition
 from ringo_trio.server.storage.limits import Rule
@@ -89,6 +89,28 @@ def test_fairness_small_key_not_delayed_by_a_deep_one(engine: SyncEngine) -> Non
         ]
         now += timedelta(milliseconds=100)
     assert len(small) == 5
+
+
+def test_a_claim_of_some_types_looks_at_the_keys_of_its_types(engine: SyncEngine) -> None:
+    """Property: a claim looks at most at `MAX_LIMIT_KEYS_PER_CLAIM` keys,
+    in key order, among the keys with waiting tasks of the types it claims:
+    keys holding only other types' tasks, however many and however early in
+    key order, never crowd its own out (a worker of one registry waited
+    behind another registry's first 1,000 keys, its keyed tasks never
+    claimed nor woken for), and its wake-up names its own key's task."""
+    others = [
+        TaskSpec(task_type="b", payload=b"", limit_key=f"a:{i:04}")
+        for i in range(MAX_LIMIT_KEYS_PER_CLAIM + 1)
+    ]
+    engine.enqueue("q", others, T0)
+    [mine] = engine.enqueue("q", _specs("z:1", 1), T0)
+    engine.set_limit("q", Rule("z:", 0.0, 1_000_000, 1, 1), T0)
+    assert engine.next_wakeup("q", ["t", "c"], T0) == T0
+    got = engine.claim("q", ["c", "t"], 10, "w", LEASE, T0)
+    assert [g.task.id for g in got] == [mine.task.id]
+    # A claim of any type still looks at the first keys in key order.
+    first = engine.claim("q", [], 10, "w", LEASE, T0)
+    assert [g.task.limit_key for g in first] == [f"a:{i:04}" for i in range(10)]
 
 
 def _ref(leased):  # type: ignore[no-untyped-def]

@@ -49,7 +49,14 @@ from ..limits import (
     pick,
 )
 from ..rows import COLS, LEASED, PENDING, to_us
-from .schema import LIMIT_LEASED, LIMIT_PENDING, UNKEYED_PENDING, ident
+from .schema import (
+    LIMIT_LEASED,
+    LIMIT_PENDING,
+    LIMIT_PENDING_BY_TYPE,
+    UNKEYED_BY_TYPE,
+    UNKEYED_PENDING,
+    ident,
+)
 from .settle import expire
 from .sql import Spelling, types_filter
 
@@ -90,6 +97,26 @@ class LimitSql:
             )
             SELECT key FROM k WHERE key IS NOT NULL LIMIT {MAX_LIMIT_KEYS_PER_CLAIM}
         """
+        # The same among the keys with waiting tasks of the types $2: each
+        # type's keys in key order on `tasks_limit_pending_type` (type
+        # before key: one seek per key), at most the cap of each, then the
+        # first of those, so keys holding only other types' tasks never
+        # crowd a claim's own out.
+        self.keys_typed = f"""
+            WITH RECURSIVE claimed_types(t) AS (SELECT DISTINCT unnest($2::text[])),
+            k(t, key, n) AS (
+                SELECT ct.t, (SELECT limit_key FROM {t} WHERE queue = $1 AND {LIMIT_PENDING_BY_TYPE}
+                              AND task_type = ct.t ORDER BY limit_key LIMIT 1), 1
+                FROM claimed_types ct
+                UNION ALL
+                SELECT k.t, (SELECT limit_key FROM {t} WHERE queue = $1 AND {LIMIT_PENDING_BY_TYPE}
+                             AND task_type = k.t AND limit_key > k.key
+                             ORDER BY limit_key LIMIT 1), k.n + 1
+                FROM k WHERE k.key IS NOT NULL AND k.n < {MAX_LIMIT_KEYS_PER_CLAIM}
+            )
+            SELECT DISTINCT key FROM k WHERE key IS NOT NULL
+            ORDER BY key LIMIT {MAX_LIMIT_KEYS_PER_CLAIM}
+        """
         self.ensure_keys = f"""
             INSERT INTO {sc}.limit_keys (queue, key, tat_us)
             SELECT $1, unnest($2::text[]), 0 ON CONFLICT DO NOTHING
@@ -119,26 +146,56 @@ class LimitSql:
             SELECT limit_key, count(*) FROM {t} WHERE queue = $1 AND {LIMIT_LEASED}
             GROUP BY limit_key
         """
+        # Each key's first n due tasks (`heads_typed`: of the types $5,
+        # each type among the key's tasks on its own, on
+        # `tasks_limit_pending_type`, then the first n of those), so a
+        # key's backlog of other types is not read.
+        key_due = f"queue = $1 AND limit_key = k.key AND {LIMIT_PENDING} AND available_at <= $4"
+        key_due_typed = key_due.replace(LIMIT_PENDING, LIMIT_PENDING_BY_TYPE)
+        claim_order = "priority DESC, available_at, seq"
         self.heads = f"""
             SELECT c.seq, c.priority, c.available_at, k.key
             FROM unnest($2::text[], $3::bigint[]) AS k(key, n) CROSS JOIN LATERAL (
-                SELECT seq, priority, available_at FROM {t}
-                WHERE queue = $1 AND limit_key = k.key AND {LIMIT_PENDING}
-                    AND available_at <= $4 {types_filter(5)}
-                ORDER BY priority DESC, available_at, seq LIMIT k.n
+                SELECT seq, priority, available_at FROM {t} WHERE {key_due}
+                ORDER BY {claim_order} LIMIT k.n
                 FOR UPDATE SKIP LOCKED) c
         """
+        self.heads_typed = f"""
+            WITH claimed_types(t) AS (SELECT DISTINCT unnest($5::text[]))
+            SELECT c.seq, c.priority, c.available_at, k.key
+            FROM unnest($2::text[], $3::bigint[]) AS k(key, n) CROSS JOIN LATERAL (
+                SELECT d.seq, d.priority, d.available_at
+                FROM claimed_types CROSS JOIN LATERAL (
+                    SELECT seq, priority, available_at FROM {t}
+                    WHERE {key_due_typed} AND task_type = claimed_types.t
+                    ORDER BY {claim_order} LIMIT k.n
+                    FOR UPDATE SKIP LOCKED) d
+                ORDER BY d.priority DESC, d.available_at, d.seq LIMIT k.n) c
+        """
         # The tasks without a key, priority by priority on
-        # `tasks_pending_unkeyed`: neither the keys' tasks nor tasks
-        # scheduled far ahead are read.
+        # `tasks_pending_unkeyed` (`unkeyed_typed`, of the types $4: each
+        # type on its own on `tasks_pending_unkeyed_type`, the first $3 of
+        # each, then the first $3 of those): neither the keys' tasks, nor
+        # tasks of other types, nor tasks scheduled far ahead are read.
+        due = f"queue = $1 AND priority = prios.p AND {UNKEYED_PENDING} AND available_at <= $2"
+        due_typed = due.replace(UNKEYED_PENDING, UNKEYED_BY_TYPE)
         self.unkeyed = f"""
             WITH RECURSIVE {s.prios_of(UNKEYED_PENDING)}
             SELECT c.seq, prios.p, c.available_at FROM prios CROSS JOIN LATERAL (
-                SELECT seq, available_at FROM {t}
-                WHERE queue = $1 AND priority = prios.p AND {UNKEYED_PENDING}
-                    AND available_at <= $2 {types_filter(4)}
+                SELECT seq, available_at FROM {t} WHERE {due}
                 ORDER BY available_at, seq LIMIT $3
                 FOR UPDATE SKIP LOCKED) c
+            LIMIT $3
+        """
+        self.unkeyed_typed = f"""
+            WITH RECURSIVE {s.typed_prios(4, UNKEYED_BY_TYPE)}
+            SELECT c.seq, prios.p, c.available_at FROM prios CROSS JOIN LATERAL (
+                SELECT d.seq, d.available_at FROM claimed_types CROSS JOIN LATERAL (
+                    SELECT seq, available_at FROM {t}
+                    WHERE {due_typed} AND task_type = claimed_types.t
+                    ORDER BY available_at, seq LIMIT $3
+                    FOR UPDATE SKIP LOCKED) d
+                ORDER BY d.available_at, d.seq LIMIT $3) c
             LIMIT $3
         """
         self.lease = f"""
@@ -162,31 +219,54 @@ class LimitSql:
             WITH RECURSIVE {s.prios_of(UNKEYED_PENDING)}
             SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL (
                 SELECT available_at FROM {t}
-                WHERE queue = $1 AND priority = prios.p AND {UNKEYED_PENDING} {types_filter(2)}
+                WHERE queue = $1 AND priority = prios.p AND {UNKEYED_PENDING}
                 ORDER BY available_at LIMIT 1) f
+        """
+        self.unkeyed_head_typed = f"""
+            WITH RECURSIVE {s.typed_prios(2, UNKEYED_BY_TYPE)}
+            SELECT min(f.available_at) FROM prios CROSS JOIN LATERAL (
+                SELECT available_at FROM claimed_types CROSS JOIN LATERAL (
+                    SELECT available_at FROM {t}
+                    WHERE queue = $1 AND priority = prios.p AND {UNKEYED_BY_TYPE}
+                        AND task_type = claimed_types.t
+                    ORDER BY available_at LIMIT 1) d) f
         """
 
         # Each key's soonest waiting task, priority by priority (one seek
-        # of `tasks_limit_pending` per key and priority): a key's backlog
-        # is not read whole.
-        def key_prio(below: str) -> str:
-            return f"""(SELECT priority FROM {t} WHERE queue = $1 AND limit_key = kp.key
-                AND {LIMIT_PENDING}{below} ORDER BY priority DESC LIMIT 1)"""
-
-        self.key_heads = f"""
-            WITH RECURSIVE kp(key, p) AS (
-                SELECT kp.key, {key_prio("")} FROM unnest($2::text[]) AS kp(key)
-                UNION ALL
-                SELECT kp.key, {key_prio(" AND priority < kp.p")} FROM kp
-                WHERE kp.p IS NOT NULL
+        # of `tasks_limit_pending` per key and priority; `key_heads_typed`:
+        # of `tasks_limit_pending_type` per key, type of $3 and priority): a
+        # key's backlog is not read whole, nor its tasks of other types.
+        def key_heads(typed: bool) -> str:
+            of_type = " AND task_type = kp.t" if typed else ""
+            pending = LIMIT_PENDING_BY_TYPE if typed else LIMIT_PENDING
+            start = (
+                "SELECT k.key, ty.t FROM unnest($2::text[]) AS k(key)"
+                " CROSS JOIN (SELECT DISTINCT unnest($3::text[])) AS ty(t)"
+                if typed
+                else "SELECT key, NULL::text FROM unnest($2::text[]) AS k(key)"
             )
-            SELECT kp.key, min(f.available_at) FROM kp CROSS JOIN LATERAL (
-                SELECT available_at FROM {t}
-                WHERE queue = $1 AND limit_key = kp.key AND {LIMIT_PENDING}
-                    AND priority = kp.p {types_filter(3)}
-                ORDER BY available_at LIMIT 1) f
-            GROUP BY kp.key
-        """
+
+            def key_prio(below: str) -> str:
+                return f"""(SELECT priority FROM {t} WHERE queue = $1 AND limit_key = kp.key
+                    AND {pending}{of_type}{below} ORDER BY priority DESC LIMIT 1)"""
+
+            return f"""
+                WITH RECURSIVE kp(key, t, p) AS (
+                    SELECT kp.key, kp.t, {key_prio("")} FROM ({start}) AS kp(key, t)
+                    UNION ALL
+                    SELECT kp.key, kp.t, {key_prio(" AND priority < kp.p")} FROM kp
+                    WHERE kp.p IS NOT NULL
+                )
+                SELECT kp.key, min(f.available_at) FROM kp CROSS JOIN LATERAL (
+                    SELECT available_at FROM {t}
+                    WHERE queue = $1 AND limit_key = kp.key AND {pending}
+                        AND priority = kp.p{of_type}
+                    ORDER BY available_at LIMIT 1) f
+                GROUP BY kp.key
+            """
+
+        self.key_heads = key_heads(typed=False)
+        self.key_heads_typed = key_heads(typed=True)
         self.key_rows = f"""
             SELECT t.limit_key,
                 count(*) FILTER (WHERE t.state = {PENDING} AND t.available_at <= $2),
@@ -198,6 +278,15 @@ class LimitSql:
             LEFT JOIN {sc}.limit_keys k ON k.queue = $1 AND k.key = t.limit_key
             GROUP BY t.limit_key
         """
+
+
+async def _keys(
+    conn: asyncpg.Connection, sql: LimitSql, queue: str, types: list[str] | None
+) -> list[str]:
+    """The keys a claim (of `types`) looks at."""
+    if types is None:
+        return [r[0] for r in await conn.fetch(sql.keys, queue)]
+    return [r[0] for r in await conn.fetch(sql.keys_typed, queue, types)]
 
 
 async def claim(
@@ -219,7 +308,7 @@ async def claim(
         expired = await conn.fetchval(sql.expire, queue, now_us)
         if expired:
             return [], int(expired)
-        keys = [r[0] for r in await conn.fetch(sql.keys, queue)]
+        keys = await _keys(conn, sql, queue, types)
         rule_of = {k: rule for k in keys if (rule := match(rules, k)) is not None}
         tats: dict[str, int] = {}
         leased: dict[str, int] = {}
@@ -243,10 +332,11 @@ async def claim(
                 # After the locks: a statement of its own sees the leases
                 # every other claim of these keys committed.
                 leased = dict(await conn.fetch(sql.leased, queue))
-        found = [
-            Candidate(r[0], r[1], r[2], "")
-            for r in await conn.fetch(sql.unkeyed, queue, now_us, limit, types)
-        ]
+        if types is None:
+            unkeyed = await conn.fetch(sql.unkeyed, queue, now_us, limit)
+        else:
+            unkeyed = await conn.fetch(sql.unkeyed_typed, queue, now_us, limit, types)
+        found = [Candidate(r[0], r[1], r[2], "") for r in unkeyed]
         grants: list[int] = []
         for key in keys:
             rule = rule_of.get(key)
@@ -258,12 +348,12 @@ async def claim(
                 grants.append(0)  # held at the first look: not locked, not started
         asked = [(k, n) for k, n in zip(keys, grants, strict=True) if n]
         if asked:
-            found += (
-                Candidate(r[0], r[1], r[2], r[3])
-                for r in await conn.fetch(
-                    sql.heads, queue, [k for k, _ in asked], [n for _, n in asked], now_us, types
-                )
-            )
+            heads = (queue, [k for k, _ in asked], [n for _, n in asked], now_us)
+            if types is None:
+                rows = await conn.fetch(sql.heads, *heads)
+            else:
+                rows = await conn.fetch(sql.heads_typed, *heads, types)
+            found += (Candidate(r[0], r[1], r[2], r[3]) for r in rows)
         chosen = pick(found, limit)
         if not chosen:
             return [], 0
@@ -301,15 +391,21 @@ async def next_wakeup(
 ) -> int | None:
     moments: list[int] = []
     async with conn.transaction(readonly=True, isolation="repeatable_read"):
-        for q in (sql.soonest_lease, sql.unkeyed_head):
-            value = await conn.fetchval(q, queue, types)
-            if value is not None:
-                moments.append(value)
-        keys = [r[0] for r in await conn.fetch(sql.keys, queue)]
+        soonest_lease = await conn.fetchval(sql.soonest_lease, queue, types)
+        if types is None:
+            unkeyed = await conn.fetchval(sql.unkeyed_head, queue)
+        else:
+            unkeyed = await conn.fetchval(sql.unkeyed_head_typed, queue, types)
+        moments += (m for m in (soonest_lease, unkeyed) if m is not None)
+        keys = await _keys(conn, sql, queue, types)
         if keys:
             tats = dict(await conn.fetch(sql.read_keys, queue, keys))
             leased = dict(await conn.fetch(sql.leased, queue))
-            for key, head in await conn.fetch(sql.key_heads, queue, keys, types):
+            if types is None:
+                heads = await conn.fetch(sql.key_heads, queue, keys)
+            else:
+                heads = await conn.fetch(sql.key_heads_typed, queue, keys, types)
+            for key, head in heads:
                 if head is None:
                     continue
                 rule = match(rules, key)

@@ -42,16 +42,17 @@ class Spelling:
                 FROM prios WHERE prios.p IS NOT NULL
             )"""
 
-    def typed_prios(self, n: int) -> str:
-        """`prios` of the tasks of the types $n only, each type once in
-        `claimed_types(t)`: the highest PENDING priority of any of them,
-        then the next lower one, one seek of `tasks_pending_type` per type
-        each, so no walk reads a task of another type."""
+    def typed_prios(self, n: int, pending: str = PENDING_BY_TYPE) -> str:
+        """`prios` of the `pending` tasks of the types $n only, each type
+        once in `claimed_types(t)`: the highest priority of any of them,
+        then the next lower one, one seek per type each (of
+        `tasks_pending_type`; of `tasks_pending_unkeyed_type` for a limited
+        claim's unkeyed tasks), so no walk reads a task of another type."""
         t = self.tasks
 
         def highest(below: str) -> str:
             return f"""(SELECT max(f.priority) FROM claimed_types CROSS JOIN LATERAL (
-                    SELECT priority FROM {t} WHERE queue = $1 AND {PENDING_BY_TYPE}
+                    SELECT priority FROM {t} WHERE queue = $1 AND {pending}
                         AND task_type = claimed_types.t{below}
                     ORDER BY priority DESC LIMIT 1) f)"""
 

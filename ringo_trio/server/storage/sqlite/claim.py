@@ -156,28 +156,32 @@ def take_in_steps(
 
 
 @functools.lru_cache(maxsize=256)
-def claim_sql(types: int, rest: bool) -> str:
-    """Lease the first :limit due tasks at :prio (`rest`: at and below it,
-    in one ordered scan), of the queue's `types` when any: each type's
-    first :limit by its own walk, then the first :limit of those."""
-    where, order = due_at_step(rest)
+def due_sql(types: int, rest: bool, pending: str = PENDING_TERM, columns: str = "seq") -> str:
+    """`columns` of the first :limit due `pending` tasks at :prio (`rest`:
+    at and below it, in one ordered scan), of the queue's `types` when any:
+    each type's first :limit by its own walk, then the first :limit of
+    those."""
+    where, order = due_at_step(rest, pending)
     if not types:
-        picked = f"SELECT seq FROM tasks WHERE {where} ORDER BY {order} LIMIT :limit"
-    else:
-        # The merge (of two types or more) sorts what the arms picked: at
-        # most :limit per type.
-        keys = ", priority, available_at" if types > 1 else ""
-        arm = (
-            f"SELECT seq{keys} FROM tasks"
-            f" WHERE {where} AND task_type = :type ORDER BY {order} LIMIT :limit"
-        )
-        merged = f"SELECT seq FROM ({{arms}}) ORDER BY {order} LIMIT :limit"
-        picked = each_type(arm, types, merged)
+        return f"SELECT {columns} FROM tasks WHERE {where} ORDER BY {order} LIMIT :limit"
+    # The merge (of two types or more) sorts what the arms picked: at most
+    # :limit per type.
+    picked = "seq, priority, available_at" if types > 1 else columns
+    arm = (
+        f"SELECT {picked} FROM tasks"
+        f" WHERE {where} AND task_type = :type ORDER BY {order} LIMIT :limit"
+    )
+    return each_type(arm, types, f"SELECT {columns} FROM ({{arms}}) ORDER BY {order} LIMIT :limit")
+
+
+@functools.lru_cache(maxsize=256)
+def claim_sql(types: int, rest: bool) -> str:
+    """Lease the tasks `due_sql` picks."""
     return f"""
         UPDATE tasks SET state = {LEASED}, attempt = attempt + 1,
             lease_token = ringo_token(), worker_id = :worker, lease_until = :until,
             updated_at = :now, leased_at = :now, leased_by = :worker
-        WHERE seq IN ({picked})
+        WHERE seq IN ({due_sql(types, rest)})
         RETURNING {COLS}
     """
 

@@ -466,7 +466,7 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
         if limit <= 0:
             return []
         now_us = to_us(now)
-        types_clause, params = types_filter(task_types)
+        _, params = types_filter(task_types)
         args: dict[str, Any] = {
             **params,
             "queue": queue,
@@ -481,7 +481,8 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
         with self._write() as db:
             db.execute(EXPIRE_QUEUE, args)
             if rules:
-                rows = list(map(task_row, limits.claim(db, rules, types_clause, args, limit)))
+                claimed = limits.claim(db, rules, len(params), args, limit)
+                rows = list(map(task_row, claimed))
             else:
                 types = len(params)
                 step_sql = functools.partial(claim_sql, types)
@@ -633,7 +634,9 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
         db.execute("BEGIN")
         try:
             if rules:
-                soonest = limits.next_wakeup(db, rules, types_clause, {**args, "now": now_us})
+                soonest = limits.next_wakeup(
+                    db, rules, len(params), types_clause, {**args, "now": now_us}
+                )
                 return None if soonest is None else from_us(max(soonest, now_us))
             soonest = db.execute(
                 f"SELECT min(lease_until) FROM tasks WHERE queue = :queue"

@@ -32,50 +32,99 @@ from ..limits import (
     pick,
 )
 from ..rows import COLS, LEASED, PENDING, to_us
-from .claim import due_at_step, soonest_pending, take_in_steps
+from .claim import due_sql, each_type, soonest_pending, take_in_steps
 from .schema import LIMIT_LEASED, LIMIT_PENDING, UNKEYED_PENDING
 
 RULES = "SELECT queue, prefix, rate, per_us, burst, concurrency FROM limit_rules"
-# The distinct keys with waiting tasks, the first `MAX_LIMIT_KEYS_PER_CLAIM`
-# in key order, one seek of tasks_limit_pending each (`k`, ending in a NULL
-# when fewer).
-KEYS_CTE = f"""
-    k(key) AS (
-        SELECT (SELECT limit_key FROM tasks WHERE queue = :queue AND {LIMIT_PENDING}
-                ORDER BY limit_key LIMIT 1)
-        UNION ALL
-        SELECT (SELECT limit_key FROM tasks WHERE queue = :queue AND {LIMIT_PENDING}
-                AND limit_key > k.key ORDER BY limit_key LIMIT 1)
-        FROM k WHERE k.key IS NOT NULL LIMIT {MAX_LIMIT_KEYS_PER_CLAIM}
-    )
-"""
-KEYS = f"WITH RECURSIVE {KEYS_CTE} SELECT key FROM k WHERE key IS NOT NULL"
-
-
-# A key's own tasks, whatever types a claim names: with one type SQLite's
-# planner took `tasks_pending_type`, a walk of that type's tasks of every
-# key, once per key.
+# A key's own tasks: with one type SQLite's planner took
+# `tasks_pending_type` for an untyped walk of a key, a walk of that type's
+# tasks of every key, once per key. A claim of some types walks each of its
+# types on its own (`tasks_limit_pending_type`, type before key): the keys
+# with waiting tasks of its types, and each key's tasks of each type, so
+# neither a key's backlog of other types nor a key holding only such a
+# backlog is read.
 KEY_TASKS = "tasks INDEXED BY tasks_limit_pending"
+KEY_TYPE_TASKS = "tasks INDEXED BY tasks_limit_pending_type"
+_KEY_PENDING = f"queue = :queue AND {LIMIT_PENDING}"
+
+
+def _types_named(types: int) -> str:
+    return " UNION ALL ".join(f"SELECT :t{i}" for i in range(types))
 
 
 @functools.lru_cache(maxsize=256)
-def key_heads_sql(types_clause: str) -> str:
-    """(key, soonest waiting task at one of its priorities) of the keys
-    with waiting tasks (the first `MAX_LIMIT_KEYS_PER_CLAIM`, in key order,
-    as `KEYS`), of the claim's types: one statement for every key, one seek
-    per key and priority, never a walk of a key's backlog."""
-    pending = f"queue = :queue AND {LIMIT_PENDING}"
+def keys_cte(types: int) -> str:
+    """`keys(key)`: the distinct keys with waiting tasks (of the claim's
+    `types` when any, then also `ty(type)`), the first
+    `MAX_LIMIT_KEYS_PER_CLAIM` in key order: one seek each (per type)."""
+    if not types:
+        return f"""
+            k(key) AS (
+                SELECT (SELECT limit_key FROM tasks WHERE {_KEY_PENDING}
+                        ORDER BY limit_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT limit_key FROM tasks WHERE {_KEY_PENDING}
+                        AND limit_key > k.key ORDER BY limit_key LIMIT 1)
+                FROM k WHERE k.key IS NOT NULL LIMIT {MAX_LIMIT_KEYS_PER_CLAIM}
+            ), keys(key) AS (SELECT key FROM k WHERE key IS NOT NULL)
+        """
     return f"""
-        WITH RECURSIVE {KEYS_CTE}, kp(key, prio) AS (
-            SELECT key, (SELECT max(priority) FROM tasks WHERE {pending} AND limit_key = k.key)
-            FROM k WHERE key IS NOT NULL
+        ty(type) AS ({_types_named(types)}), k(type, key, n) AS (
+            SELECT type, (SELECT limit_key FROM {KEY_TYPE_TASKS}
+                          WHERE {_KEY_PENDING} AND task_type = ty.type
+                          ORDER BY limit_key LIMIT 1), 1
+            FROM ty
             UNION ALL
-            SELECT key, (SELECT max(priority) FROM tasks
-                         WHERE {pending} AND limit_key = kp.key AND priority < kp.prio)
+            SELECT type, (SELECT limit_key FROM {KEY_TYPE_TASKS}
+                          WHERE {_KEY_PENDING} AND task_type = k.type AND limit_key > k.key
+                          ORDER BY limit_key LIMIT 1), n + 1
+            FROM k WHERE k.key IS NOT NULL AND n < {MAX_LIMIT_KEYS_PER_CLAIM}
+        ), keys(key) AS (
+            SELECT DISTINCT key FROM k WHERE key IS NOT NULL
+            ORDER BY key LIMIT {MAX_LIMIT_KEYS_PER_CLAIM}
+        )
+    """
+
+
+@functools.lru_cache(maxsize=256)
+def keys_sql(types: int) -> str:
+    return f"WITH RECURSIVE {keys_cte(types)} SELECT key FROM keys"
+
+
+@functools.lru_cache(maxsize=256)
+def key_heads_sql(types: int) -> str:
+    """(key, soonest waiting task at one of its priorities) of the keys
+    `keys_sql` names, of the claim's `types` when any: one statement for
+    every key, one seek per key (and type) and priority, never a walk of a
+    key's backlog."""
+    if not types:
+        return f"""
+            WITH RECURSIVE {keys_cte(0)}, kp(key, prio) AS (
+                SELECT key, (SELECT max(priority) FROM {KEY_TASKS}
+                             WHERE {_KEY_PENDING} AND limit_key = keys.key)
+                FROM keys
+                UNION ALL
+                SELECT key, (SELECT max(priority) FROM {KEY_TASKS}
+                             WHERE {_KEY_PENDING} AND limit_key = kp.key AND priority < kp.prio)
+                FROM kp WHERE prio IS NOT NULL
+            )
+            SELECT key, (SELECT min(available_at) FROM {KEY_TASKS}
+                         WHERE {_KEY_PENDING} AND limit_key = kp.key AND priority = kp.prio)
+            FROM kp WHERE prio IS NOT NULL
+        """
+    of_type = f"{_KEY_PENDING} AND limit_key = kp.key AND task_type = kp.type"
+    return f"""
+        WITH RECURSIVE {keys_cte(types)}, kp(key, type, prio) AS (
+            SELECT keys.key, ty.type, (SELECT max(priority) FROM {KEY_TYPE_TASKS}
+                WHERE {_KEY_PENDING} AND limit_key = keys.key AND task_type = ty.type)
+            FROM keys, ty
+            UNION ALL
+            SELECT key, type, (SELECT max(priority) FROM {KEY_TYPE_TASKS}
+                               WHERE {of_type} AND priority < kp.prio)
             FROM kp WHERE prio IS NOT NULL
         )
-        SELECT key, (SELECT min(available_at) FROM {KEY_TASKS}
-                     WHERE {pending} AND limit_key = kp.key AND priority = kp.prio{types_clause})
+        SELECT key, (SELECT min(available_at) FROM {KEY_TYPE_TASKS}
+                     WHERE {of_type} AND priority = kp.prio)
         FROM kp WHERE prio IS NOT NULL
     """
 
@@ -106,41 +155,42 @@ SET_TAT = (
 
 
 @functools.lru_cache(maxsize=256)
-def heads_sql(types_clause: str) -> str:
-    return f"""
-        SELECT seq, priority, available_at FROM {KEY_TASKS}
-        WHERE queue = :queue AND limit_key = :key AND {LIMIT_PENDING}
-            AND available_at <= :now{types_clause}
-        ORDER BY priority DESC, available_at, seq LIMIT :n
-    """
-
-
-@functools.lru_cache(maxsize=256)
-def unkeyed_sql(unkeyed: str, rest: bool) -> str:
-    """The first :limit due tasks without a key at a priority step
-    (`unkeyed`: `UNKEYED_PENDING` and the claim's type filter)."""
-    where, order = due_at_step(rest, unkeyed)
-    return (
-        f"SELECT seq, priority, available_at FROM tasks WHERE {where} ORDER BY {order} LIMIT :limit"
+def heads_sql(types: int) -> str:
+    """A key's first :n due tasks (of the claim's `types` when any: each
+    type's by its own walk, then the first :n of those), in claim order."""
+    where = f"{_KEY_PENDING} AND limit_key = :key AND available_at <= :now"
+    order = "priority DESC, available_at, seq"
+    if not types:
+        return (
+            f"SELECT seq, priority, available_at FROM {KEY_TASKS}"
+            f" WHERE {where} ORDER BY {order} LIMIT :n"
+        )
+    arm = (
+        f"SELECT seq, priority, available_at FROM {KEY_TYPE_TASKS}"
+        f" WHERE {where} AND task_type = :type ORDER BY {order} LIMIT :n"
     )
+    return each_type(arm, types, f"SELECT * FROM ({{arms}}) ORDER BY {order} LIMIT :n")
 
 
 def unkeyed_heads(
-    db: sqlite3.Connection, types_clause: str, args: dict[str, Any], limit: int
+    db: sqlite3.Connection, types: int, args: dict[str, Any], limit: int
 ) -> list[Candidate]:
-    """The first `limit` due tasks without a key, in claim order: priority
-    by priority on `tasks_pending_unkeyed`, so neither the keys' tasks nor
-    tasks scheduled far ahead are read."""
-    unkeyed = UNKEYED_PENDING + types_clause
-    step_sql = functools.partial(unkeyed_sql, unkeyed)
-    rows = take_in_steps(db, dict(args), limit, step_sql, pending=unkeyed)
+    """The first `limit` due tasks without a key (of the claim's `types`
+    when any), in claim order: priority by priority on
+    `tasks_pending_unkeyed`, or each type on its own on
+    `tasks_pending_unkeyed_type`, so neither the keys' tasks, nor tasks of
+    other types, nor tasks scheduled far ahead are read."""
+    step_sql = functools.partial(
+        due_sql, types, pending=UNKEYED_PENDING, columns="seq, priority, available_at"
+    )
+    rows = take_in_steps(db, dict(args), limit, step_sql, types, UNKEYED_PENDING)
     return [Candidate(seq, prio, avail, "") for seq, prio, avail in rows]
 
 
 def claim(
     db: sqlite3.Connection,
     rules: Sequence[Rule],
-    types_clause: str,
+    types: int,
     args: dict[str, Any],
     limit: int,
 ) -> list[Any]:
@@ -148,9 +198,9 @@ def claim(
     has expired the queue's overdue leases); the leased rows (`COLS`)."""
     now_us = args["now"]
     queue = args["queue"]
-    found = unkeyed_heads(db, types_clause, args, limit)
+    found = unkeyed_heads(db, types, args, limit)
     limited: dict[str, tuple[Rule, int | None]] = {}
-    keys = [k for (k,) in db.execute(KEYS, {"queue": queue})]
+    keys = [k for (k,) in db.execute(keys_sql(types), args)]
     leased = dict(db.execute(LEASED_BY_KEY, {"queue": queue})) if keys else {}
     for key in keys:
         rule = match(rules, key)
@@ -163,9 +213,7 @@ def claim(
         if n:
             found += (
                 Candidate(seq, prio, avail, key)
-                for seq, prio, avail in db.execute(
-                    heads_sql(types_clause), {**args, "key": key, "n": n}
-                )
+                for seq, prio, avail in db.execute(heads_sql(types), {**args, "key": key, "n": n})
             )
     chosen = pick(found, limit)
     if not chosen:
@@ -192,7 +240,11 @@ def claim(
 
 
 def next_wakeup(
-    db: sqlite3.Connection, rules: Sequence[Rule], types_clause: str, args: dict[str, Any]
+    db: sqlite3.Connection,
+    rules: Sequence[Rule],
+    types: int,
+    types_clause: str,
+    args: dict[str, Any],
 ) -> int | None:
     """The soonest moment (µs) a waiting task of the queue may start within
     its key's rule, or a lease of it ends; inside the caller's read
@@ -207,11 +259,11 @@ def next_wakeup(
     ).fetchone()[0]
     if soonest_lease is not None:
         moments.append(soonest_lease)
-    unkeyed = soonest_pending(db, dict(args), enough=now_us, pending=UNKEYED_PENDING + types_clause)
+    unkeyed = soonest_pending(db, dict(args), types, enough=now_us, pending=UNKEYED_PENDING)
     if unkeyed is not None:
         moments.append(unkeyed)
     heads: dict[str, int] = {}
-    for key, first in db.execute(key_heads_sql(types_clause), args):
+    for key, first in db.execute(key_heads_sql(types), args):
         if first is not None and (key not in heads or first < heads[key]):
             heads[key] = first
     leased = dict(db.execute(LEASED_BY_KEY, {"queue": queue})) if heads else {}

@@ -274,6 +274,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX tasks_pending_unkeyed ON tasks (queue, priority DESC, available_at)"
         f" WHERE {UNKEYED_PENDING}",
     ),
+    # The claim order of each task type, with a limit key and without: a
+    # worker of some types on a queue with keyed limits finds the tasks
+    # without a key (`limits.unkeyed_heads`), the keys with tasks of its
+    # types (`limits.keys_cte`) and each key's tasks (`heads_sql`) by seeks
+    # per type, not by a walk of `tasks_pending_unkeyed` or of the keys'
+    # tasks through the tasks of other types ahead of its own. One entry
+    # more per task while PENDING.
+    (
+        "CREATE INDEX tasks_pending_unkeyed_type ON tasks"
+        f" (queue, task_type, priority DESC, available_at) WHERE {UNKEYED_PENDING}",
+        "CREATE INDEX tasks_limit_pending_type ON tasks"
+        f" (queue, task_type, limit_key, priority DESC, available_at) WHERE {LIMIT_PENDING}",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
