@@ -55,6 +55,7 @@ from ringo_trio._contract.work.client import (
     GRANT_CAP,
     GRANT_FRACTION,
     MAX_CREDIT_REFUSALS,
+    MAX_REQUEST_ID,
     PREFETCH_GRANT_CAP,
     Answered,
     CancelHandler,
@@ -66,6 +67,7 @@ from ringo_trio._contract.work.client import (
     Extend,
     Input,
     LeaseKey,
+    LeaseState,
     LocalProtocolError,
     Outcome,
     Output,
@@ -82,6 +84,7 @@ from ringo_trio._contract.work.client import (
 )
 
 BATCH_MINOR = FEATURES[Feature.BATCH_FRAMES]
+TARGET_MINOR = FEATURES[Feature.TARGET_CONCURRENCY]
 OPERATE_MINOR = FEATURES[Feature.OPERATE]
 
 
@@ -1858,3 +1861,163 @@ def test_freeing_an_outside_slot_that_is_not_held_is_our_bug() -> None:
     ended.end()
     with pytest.raises(LocalProtocolError):
         ended.outside_slot_freed(NOW)
+
+
+# The edges a mutation run of this module found untested (docs/testing.md,
+# "Tests that can go red"): each case below went red with its comparison
+# moved by one, or its `and` read as `or`.
+
+
+def test_a_grant_cap_of_one_and_a_concurrency_of_zero_are_accepted() -> None:
+    """The bounds are inclusive: a session may grant one slot at a time,
+    and a worker may start with no slot of its own (every one outside)."""
+    assert WorkSession(concurrency=4, minor=BATCH_MINOR, grant_cap=1).grant_cap == 1
+    assert WorkSession(concurrency=0, minor=7).concurrency == 0
+
+
+def test_refusals_of_the_first_credit_break_the_session_at_the_twentieth() -> None:
+    """Twenty refusals in a row break the session, counted from the first
+    credit too (not from one short of it)."""
+    session, frame = active(2, credit=False)
+    for refusal in range(1, MAX_CREDIT_REFUSALS):
+        (frame,) = session.result(frame.request_id, CAPACITY, 0.0)
+        assert isinstance(frame, Credit), refusal
+    with pytest.raises(SessionBroken, match=f"refused {MAX_CREDIT_REFUSALS} credit"):
+        session.result(frame.request_id, CAPACITY, 0.0)
+
+
+def test_the_last_request_id_is_usable_and_the_next_breaks_the_session() -> None:
+    """Request ids run up to 2**64 - 1, the wire's bound, inclusive; the
+    next command breaks the session (a new stream starts ids over)."""
+    session, _ = active(1)
+    session.task_pushed(A, "tok", LEASE, 0.0)
+    session._next_id = MAX_REQUEST_ID  # 2**64 commands, skipped
+    assert session.report_progress(A, 1, 2, "", 0.0).request_id == MAX_REQUEST_ID
+    with pytest.raises(SessionBroken, match="request id space exhausted"):
+        session.report_progress(A, 2, 2, "", 0.0)
+
+
+def test_a_daemon_without_an_echo_leaves_the_concurrency_as_asked() -> None:
+    """A registration whose ``max_concurrency`` is 0 (a daemon that echoes
+    nothing) says nothing of the stream's capacity: the session keeps its
+    concurrency and asks for all of it. With a target (``dynamic_target``)
+    an echo does not lower it either: the target is the session's."""
+    session = WorkSession(concurrency=3, minor=7)
+    session.register()
+    (credit,) = session.registered(
+        lease_duration=LEASE, max_concurrency=0, ordered_request_ids=True, now=0.0
+    )
+    assert isinstance(credit, Credit)
+    assert (session.concurrency, credit.available) == (3, 3)
+    target = WorkSession(concurrency=3, minor=TARGET_MINOR, dynamic_target=True)
+    target.register()
+    target.registered(
+        lease_duration=LEASE,
+        max_concurrency=1,
+        ordered_request_ids=target.ordered_request_ids,
+        now=0.0,
+    )
+    assert target.concurrency == 3
+
+
+def test_a_push_of_a_lease_still_settling_is_a_remote_error() -> None:
+    """A task's attempt is pushed once: pushed again while its settlement
+    is in flight (its slot already free), the session refuses it rather
+    than run the attempt twice."""
+    session, _ = active(2)
+    session.task_pushed(A, "tok", LEASE, 0.0)
+    settle = frames(session.settle(A, Outcome.ACK, 1.0))[0]
+    assert isinstance(settle, Settle)
+    with pytest.raises(RemoteProtocolError, match="pushed twice"):
+        session.task_pushed(A, "tok", LEASE, 1.0)
+
+
+def test_a_settlement_refused_because_the_task_was_cancelled_says_so() -> None:
+    """An ack the daemon refuses because an operator cancelled the task
+    tells the worker (`TaskCancelled`), once; a plain lost lease does not."""
+    session, _ = active(2)
+    session.task_pushed(A, "tok", LEASE, 0.0)
+    session.task_pushed(B, "tok", LEASE, 0.0)
+    ack_a = frames(session.settle(A, Outcome.ACK, 1.0))[0]
+    ack_b = frames(session.settle(B, Outcome.ACK, 1.0))[0]
+    assert session.result(ack_a.request_id, CANCELLED, 1.0) == [
+        CommandDone(ack_a.request_id, CommandKind.SETTLE, CANCELLED),
+        TaskCancelled(A),
+    ]
+    assert session.result(ack_b.request_id, LEASE_LOST, 1.0) == [
+        CommandDone(ack_b.request_id, CommandKind.SETTLE, LEASE_LOST)
+    ]
+
+
+def test_an_outcome_at_the_very_deadline_is_not_sent() -> None:
+    """The lease ends at its deadline: a handler finishing at that instant,
+    before `poll` saw it, does not ack (the daemon may have expired it and
+    leased the task again); the lease is handed back as a give-up."""
+    session, _ = active(1, lease=9.0)
+    session.task_pushed(A, "tok", 9.0, 0.0)
+    out = session.settle(A, Outcome.ACK, 9.0)
+    (nack,) = [o for o in out if isinstance(o, Settle)]
+    assert nack.outcome is Outcome.NACK
+    assert not [o for o in out if isinstance(o, CancelHandler)]
+    assert session.in_flight == 0  # the finished handler's slot is free
+
+
+@pytest.mark.parametrize("refused", ["progress", "renewal"])
+def test_a_lost_lease_is_still_known_while_its_handler_runs(refused: str) -> None:
+    """A lease lost while its handler still runs (a progress report or a
+    renewal refused) stays known as LOST, its slot held, until the handler
+    exits; then the session forgets it."""
+    session, _ = active(1)
+    session.task_pushed(A, "tok", LEASE, 0.0)
+    if refused == "progress":
+        command = session.report_progress(A, 1, 2, "", 1.0)
+        why = "lease lost (progress report refused)"
+    else:
+        (command,) = session.poll(6.0)
+        assert isinstance(command, Extend)
+        why = "lease lost (renewal refused)"
+    (cancel,) = of_type(session.result(command.request_id, LEASE_LOST, 6.0), CancelHandler)
+    assert cancel == CancelHandler(A, why)
+    assert session.lease_state(A) is LeaseState.LOST
+    assert not session.holds(A)
+    assert session.in_flight == 1
+    session.handler_exited(A, 7.0)
+    assert session.lease_state(A) is None
+
+
+@pytest.mark.parametrize("lease_duration", [0.0, -1.0])
+def test_a_registration_without_a_positive_lease_is_refused(lease_duration: float) -> None:
+    """A lease of no length could never be renewed in time: the session
+    refuses the registration and never enters ACTIVE."""
+    session = WorkSession(concurrency=2, minor=7)
+    session.register()
+    with pytest.raises(RemoteProtocolError, match="non-positive lease duration"):
+        session.registered(
+            lease_duration=lease_duration,
+            max_concurrency=2,
+            ordered_request_ids=True,
+            now=0.0,
+        )
+    assert session.state is State.ERROR
+
+
+@pytest.mark.parametrize("concurrency", [2, 3, 8])
+def test_freed_slots_are_granted_once_half_the_capacity_is_free(concurrency: int) -> None:
+    """Property (minor 10): below the cap, with credit still out, freed
+    slots are asked for once ``capacity // GRANT_FRACTION`` of them (at
+    least one) are free, not before — each grant is worth its round trip —
+    and not later, or slots idle."""
+    session = WorkSession(concurrency=concurrency, minor=BATCH_MINOR)
+    session.register()
+    (first,) = session.registered(
+        lease_duration=60.0, max_concurrency=concurrency, ordered_request_ids=True, now=0.0
+    )
+    assert session.result(first.request_id, None, 0.0) == []
+    batch = max(1, concurrency // GRANT_FRACTION)
+    keys = [LeaseKey(f"t{n}", 1) for n in range(concurrency - 1)]
+    for key in keys:  # one credit left unpushed: the session is not idle
+        session.task_pushed(key, "tok", 60.0, 0.0)
+    for settled, key in enumerate(keys[: batch - 1], start=1):
+        assert of_type(session.settle(key, Outcome.ACK, 1.0), Credit) == [], settled
+    (grant,) = of_type(session.settle(keys[batch - 1], Outcome.ACK, 1.0), Credit)
+    assert grant.grant == batch

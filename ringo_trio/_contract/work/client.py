@@ -893,8 +893,8 @@ class WorkSession:
             # A settling lease has no handler left to cancel: the settlement
             # in flight ends it (its result, LEASE_LOST or not, removes it).
             return []
-        if key not in self._slots and not lease.renewing:
-            del self._leases[key]
+        # A held lease's handler holds its slot: the lease stays, LOST, until
+        # the handler exits (`_free_exited` forgets it then).
         return [CancelHandler(key, reason)]
 
     def _extend_result(
