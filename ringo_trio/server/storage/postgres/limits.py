@@ -280,13 +280,10 @@ class LimitSql:
         """
 
 
-async def _keys(
-    conn: asyncpg.Connection, sql: LimitSql, queue: str, types: list[str] | None
-) -> list[str]:
-    """The keys a claim (of `types`) looks at."""
-    if types is None:
-        return [r[0] for r in await conn.fetch(sql.keys, queue)]
-    return [r[0] for r in await conn.fetch(sql.keys_typed, queue, types)]
+def _by_types(plain: str, typed: str, types: list[str] | None, *args: Any) -> tuple[Any, ...]:
+    """A walk's statement and arguments: `typed`, the claim's types its last
+    parameter, when the claim names types; `plain` otherwise."""
+    return (plain, *args) if types is None else (typed, *args, types)
 
 
 async def claim(
@@ -308,7 +305,7 @@ async def claim(
         expired = await conn.fetchval(sql.expire, queue, now_us)
         if expired:
             return [], int(expired)
-        keys = await _keys(conn, sql, queue, types)
+        keys = [r[0] for r in await conn.fetch(*_by_types(sql.keys, sql.keys_typed, types, queue))]
         rule_of = {k: rule for k in keys if (rule := match(rules, k)) is not None}
         tats: dict[str, int] = {}
         leased: dict[str, int] = {}
@@ -332,11 +329,8 @@ async def claim(
                 # After the locks: a statement of its own sees the leases
                 # every other claim of these keys committed.
                 leased = dict(await conn.fetch(sql.leased, queue))
-        if types is None:
-            unkeyed = await conn.fetch(sql.unkeyed, queue, now_us, limit)
-        else:
-            unkeyed = await conn.fetch(sql.unkeyed_typed, queue, now_us, limit, types)
-        found = [Candidate(r[0], r[1], r[2], "") for r in unkeyed]
+        unkeyed = _by_types(sql.unkeyed, sql.unkeyed_typed, types, queue, now_us, limit)
+        found = [Candidate(r[0], r[1], r[2], "") for r in await conn.fetch(*unkeyed)]
         grants: list[int] = []
         for key in keys:
             rule = rule_of.get(key)
@@ -349,10 +343,7 @@ async def claim(
         asked = [(k, n) for k, n in zip(keys, grants, strict=True) if n]
         if asked:
             heads = (queue, [k for k, _ in asked], [n for _, n in asked], now_us)
-            if types is None:
-                rows = await conn.fetch(sql.heads, *heads)
-            else:
-                rows = await conn.fetch(sql.heads_typed, *heads, types)
+            rows = await conn.fetch(*_by_types(sql.heads, sql.heads_typed, types, *heads))
             found += (Candidate(r[0], r[1], r[2], r[3]) for r in rows)
         chosen = pick(found, limit)
         if not chosen:
@@ -392,20 +383,16 @@ async def next_wakeup(
     moments: list[int] = []
     async with conn.transaction(readonly=True, isolation="repeatable_read"):
         soonest_lease = await conn.fetchval(sql.soonest_lease, queue, types)
-        if types is None:
-            unkeyed = await conn.fetchval(sql.unkeyed_head, queue)
-        else:
-            unkeyed = await conn.fetchval(sql.unkeyed_head_typed, queue, types)
+        unkeyed = await conn.fetchval(
+            *_by_types(sql.unkeyed_head, sql.unkeyed_head_typed, types, queue)
+        )
         moments += (m for m in (soonest_lease, unkeyed) if m is not None)
-        keys = await _keys(conn, sql, queue, types)
+        keys = [r[0] for r in await conn.fetch(*_by_types(sql.keys, sql.keys_typed, types, queue))]
         if keys:
             tats = dict(await conn.fetch(sql.read_keys, queue, keys))
             leased = dict(await conn.fetch(sql.leased, queue))
-            if types is None:
-                heads = await conn.fetch(sql.key_heads, queue, keys)
-            else:
-                heads = await conn.fetch(sql.key_heads_typed, queue, keys, types)
-            for key, head in heads:
+            heads = _by_types(sql.key_heads, sql.key_heads_typed, types, queue, keys)
+            for key, head in await conn.fetch(*heads):
                 if head is None:
                     continue
                 rule = match(rules, key)
