@@ -152,3 +152,23 @@ def test_a_retried_success_stays_in_the_history(engine: SyncEngine, clock: Manua
         (1, "w1", AttemptOutcome.SUCCEEDED),
         (2, "w2", AttemptOutcome.FAILED),
     ]
+
+
+def test_a_first_attempt_shows_while_it_runs_and_once_it_succeeds(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """Property (the attempt in progress is visible from the first): a
+    task's first attempt is in its history while its lease is held
+    (started, not ended, no outcome yet) and once acked (SUCCEEDED), both
+    built from the row, nothing stored yet."""
+    [out] = engine.enqueue("q", [spec()], clock.now())
+    started = clock.now()
+    leased = _claim(engine, clock, "w1")
+    running = _history(engine, out.task.id)
+    assert _outcomes(running) == [(1, "w1", AttemptOutcome.UNSPECIFIED)]
+    assert (running.history[0].started_at, running.history[0].ended_at) == (started, None)
+    clock.advance(timedelta(seconds=2))
+    engine.ack(ref_of(leased), clock.now(), b"ok")
+    done = _history(engine, out.task.id)
+    assert _outcomes(done) == [(1, "w1", AttemptOutcome.SUCCEEDED)]
+    assert (done.history[0].started_at, done.history[0].ended_at) == (started, clock.now())

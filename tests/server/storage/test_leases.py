@@ -367,6 +367,24 @@ def test_release_skips_a_ref_that_is_not_the_live_lease(
     assert engine.get("q", task_id=task_id) == before
 
 
+def test_release_is_refused_at_the_deadline_and_accepted_before_it(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """Property (one deadline for every lease operation): a lease handed
+    back at the very microsecond it ends is over, as for ack or extend, so
+    its attempt stays spent (expiry records it); one microsecond before,
+    the hand-back returns the task with the attempt unspent."""
+    engine.enqueue("q", [spec(), spec()], clock.now())
+    late, early = engine.claim("q", [], 2, "w1", LEASE, clock.now())
+    clock.advance(LEASE - timedelta(microseconds=1))
+    assert engine.release([ref_of(early)], clock.now()) == 1
+    assert engine.get("q", task_id=early.task.id).attempt == 0
+    clock.advance(timedelta(microseconds=1))
+    before = engine.get("q", task_id=late.task.id)
+    assert engine.release([ref_of(late)], clock.now()) == 0
+    assert engine.get("q", task_id=late.task.id) == before
+
+
 def test_release_of_a_mixed_batch_changes_only_the_live_leases(
     engine: SyncEngine, clock: ManualClock
 ) -> None:

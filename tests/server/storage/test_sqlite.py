@@ -343,6 +343,62 @@ def test_claim_does_not_walk_scheduled_tasks(sqlite: SyncEngine) -> None:
     assert steps < 50, steps
 
 
+def _priority_seeks(sqlite: SyncEngine, call: Any) -> tuple[Any, int]:
+    """`call()`'s result and how many priority seeks (`claim.priority_sql`)
+    SQLite ran for it."""
+    db = _conn(sqlite)
+    seeks = 0
+
+    def trace(sql: str) -> None:
+        nonlocal seeks
+        seeks += "max(priority)" in sql
+
+    db.set_trace_callback(trace)
+    try:
+        return call(), seeks
+    finally:
+        db.set_trace_callback(None)
+
+
+@pytest.mark.parametrize("types", [[], ["t"]], ids=["any", "typed"])
+def test_a_walk_of_many_priorities_seeks_a_bounded_number_of_them(
+    sqlite: SyncEngine, types: list[str]
+) -> None:
+    """Property: a claim and a wake-up run a bounded number of statements on
+    the daemon's only loop, however many distinct priorities the queue holds:
+    the walk seeks priority by priority only `PRIORITY_PROBES` times, then
+    scans the rest in one statement; and it stops as soon as it has its
+    answer (a claim once it has its tasks, a wake-up once a task is due),
+    without seeking the priorities below."""
+    probes = sqlite_claim.PRIORITY_PROBES
+    clock = ManualClock()
+    # 200 distinct priorities, each task scheduled a day ahead, and one due
+    # task below them all.
+    sqlite.enqueue(
+        "q",
+        [spec("t", priority=p, delay=timedelta(days=1)) for p in range(-99, 101)],
+        clock.now(),
+    )
+    [due] = sqlite.enqueue("q", [spec("t", priority=-100)], clock.now())
+    wake, wake_seeks = _priority_seeks(sqlite, lambda: sqlite.next_wakeup("q", types, clock.now()))
+    claimed, claim_seeks = _priority_seeks(
+        sqlite, lambda: sqlite.claim("q", types, 10, "w", LEASE, clock.now())
+    )
+    assert wake == clock.now()
+    assert [lt.task.id for lt in claimed] == [due.task.id]
+    assert (claim_seeks, wake_seeks) == (probes + 1, probes + 1)
+    # Tasks due now at the top priority: the claim of as many and the
+    # wake-up read that priority alone.
+    top = sqlite.enqueue("q", [spec("t", priority=200) for _ in range(3)], clock.now())
+    wake, wake_seeks = _priority_seeks(sqlite, lambda: sqlite.next_wakeup("q", types, clock.now()))
+    claimed, claim_seeks = _priority_seeks(
+        sqlite, lambda: sqlite.claim("q", types, 3, "w", LEASE, clock.now())
+    )
+    assert wake == clock.now()
+    assert [lt.task.id for lt in claimed] == [o.task.id for o in top]
+    assert (claim_seeks, wake_seeks) == (1, 1)
+
+
 def test_a_typed_claim_does_not_walk_other_types(sqlite: SyncEngine) -> None:
     """Property: a claim of some task types (every registry's worker makes
     one), its wake-up and the merge of several types cost the same however

@@ -141,7 +141,7 @@ def take_in_steps(
     args: dict[str, Any],
     limit: int,
     step_sql: Callable[[bool], str],
-    types: int = 0,
+    types: int,
     pending: str = PENDING_TERM,
 ) -> list[Any]:
     """The rows of `step_sql(rest)` at each priority step of
@@ -203,7 +203,7 @@ def leased_rows(rows: list[Any]) -> list[LeasedTask]:
 
 
 def priority_steps(
-    db: sqlite3.Connection, args: dict[str, Any], types: int = 0, pending: str = PENDING_TERM
+    db: sqlite3.Connection, args: dict[str, Any], types: int, pending: str
 ) -> Iterator[bool]:
     """Steps through the distinct priorities of queue `args["queue"]`'s
     `pending` tasks (of its `types` task types :t0, :t1, ... of
