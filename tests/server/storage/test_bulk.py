@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from ringo_trio._proto.ringo.v1 import TaskState
+from ringo_trio._proto.ringo.v1 import AttemptOutcome, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage import bulk
 from ringo_trio.server.storage.base import TaskFilter
@@ -23,8 +23,12 @@ def test_a_call_takes_up_to_its_limit_and_says_whether_more_match(
     `limit` of the matching tasks per call, oldest enqueued first, and says
     `more` while matching tasks may be left; tasks the filter does not match
     are never touched."""
-    others = engine.enqueue("q", [spec(unique_key=f"b:{n}") for n in range(5)], clock.now())
-    mine = engine.enqueue("q", [spec(unique_key=f"a:{n}") for n in range(25)], clock.now())
+    others = engine.enqueue("q", [spec("o", unique_key=f"b:{n}") for n in range(5)], clock.now())
+    mine = engine.enqueue("q", [spec("t", unique_key=f"a:{n}") for n in range(25)], clock.now())
+    # The first of each is leased.
+    [held] = engine.claim("q", ["o"], 1, "w", timedelta(seconds=30), clock.now())
+    [leased] = engine.claim("q", ["t"], 1, "w", timedelta(seconds=30), clock.now())
+    assert (held.task.id, leased.task.id) == (others[0].task.id, mine[0].task.id)
     where = TaskFilter(ACTIVE, (), "a:")
     # The third call's limit is met by the queue's last task: nothing left.
     calls = [
@@ -37,10 +41,24 @@ def test_a_call_takes_up_to_its_limit_and_says_whether_more_match(
         (5, False),
         (0, False),
     ]
-    assert [task_id for ids, _ in calls for task_id, _ in ids] == [o.task.id for o in mine]
+    # Oldest enqueued first, call after call (within one, in no order).
+    ids = [o.task.id for o in mine]
+    assert [{task_id for task_id, _ in got} for got, _ in calls] == [
+        set(ids[:10]),
+        set(ids[10:20]),
+        set(ids[20:]),
+        set(),
+    ]
     states = {o.task.id: engine.get("q", task_id=o.task.id).state for o in mine + others}
     assert all(states[o.task.id] == TaskState.CANCELLED for o in mine)
-    assert all(states[o.task.id] == TaskState.PENDING for o in others)
+    assert [states[o.task.id] for o in others] == [TaskState.LEASED] + [TaskState.PENDING] * 4
+    # As CancelTask: the attempt a cancel ends is in the history; a task
+    # cancelled while PENDING had none running.
+    history = [engine.get("q", task_id=o.task.id, history=True).history for o in mine[:2]]
+    assert [[(a.attempt, a.outcome, a.error) for a in h] for h in history] == [
+        [(1, AttemptOutcome.CANCELLED, "cancelled: r")],
+        [],
+    ]
 
 
 def test_created_before_ends_the_walk_at_the_first_newer_task(
@@ -93,4 +111,17 @@ def test_finished_before_is_strict_as_in_the_direct_statements(
     )
     assert by_walk == (0, False)  # the one left DEAD finished at the cutoff
     assert engine.delete_finished("q", list(DEAD), cutoff, 10) == 0
-    assert engine.delete_finished("q", list(DEAD), cutoff + timedelta(microseconds=1), 10) == 2
+    # A microsecond later both paths take their one: the rest stay.
+    after = cutoff + timedelta(microseconds=1)
+    by_walk = engine.run(
+        bulk.delete_matching(engine.raw, "q", TaskFilter(DEAD, (), "y:"), after, 10)
+    )
+    assert by_walk == (1, False)
+    assert engine.delete_finished("q", list(DEAD), after, 10) == 1
+    left = [
+        t.id
+        for t in engine.list_tasks(
+            "q", TaskFilter(), newest_first=False, after=None, limit=100
+        ).tasks
+    ]
+    assert left == [finished[0], finished[1]]  # x:0 and y:0, retried: PENDING

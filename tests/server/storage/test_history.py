@@ -172,3 +172,18 @@ def test_a_first_attempt_shows_while_it_runs_and_once_it_succeeds(
     done = _history(engine, out.task.id)
     assert _outcomes(done) == [(1, "w1", AttemptOutcome.SUCCEEDED)]
     assert (done.history[0].started_at, done.history[0].ended_at) == (started, clock.now())
+
+
+def test_a_retried_dead_task_keeps_its_history_as_it_was(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """Property (no attempt invented): retrying a DEAD task adds nothing to
+    its history (only a SUCCEEDED one's success, built from the row until
+    then, is stored as it goes back to PENDING)."""
+    [out] = engine.enqueue("q", [spec(max_attempts=1)], clock.now())
+    engine.reject(ref_of(_claim(engine, clock, "w1")), "bad", clock.now())
+    dead = _outcomes(_history(engine, out.task.id))
+    assert dead == [(1, "w1", AttemptOutcome.REJECTED)]
+    clock.advance(timedelta(seconds=1))
+    engine.retry("q", clock.now(), task_id=out.task.id)
+    assert _outcomes(_history(engine, out.task.id)) == dead
