@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from ringo_trio._proto.ringo.v1 import AttemptOutcome, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage import bulk
-from ringo_trio.server.storage.base import TaskFilter
+from ringo_trio.server.storage.base import NotFound, TaskFilter
 from tests._kit.storage import SyncEngine, ref_of, spec
 
 ACTIVE = (int(TaskState.PENDING), int(TaskState.LEASED))
@@ -117,6 +119,8 @@ def test_finished_before_is_strict_as_in_the_direct_statements(
         bulk.delete_matching(engine.raw, "q", TaskFilter(DEAD, (), "y:"), after, 10)
     )
     assert by_walk == (1, False)
+    with pytest.raises(NotFound):  # y:1, the one the walk matched
+        engine.get("q", task_id=finished[3])
     assert engine.delete_finished("q", list(DEAD), after, 10) == 1
     left = [
         t.id

@@ -251,15 +251,23 @@ def test_task_ids_are_unique_and_roughly_time_ordered(
         assert max(earlier) < min(later)
 
 
-def test_get_by_id_and_by_key(engine: SyncEngine, clock: ManualClock) -> None:
-    """get finds a task by id or by unique key; an unknown one is NotFound."""
+@pytest.mark.parametrize("history", [False, True], ids=["plain", "history"])
+def test_get_by_id_and_by_key(engine: SyncEngine, clock: ManualClock, history: bool) -> None:
+    """get finds a task by id or by unique key, with its history or without;
+    an unknown one is NotFound, whatever other keyed tasks the queue (or
+    another) holds."""
     [out] = engine.enqueue("q", [spec(unique_key="k")], clock.now())
-    assert engine.get("q", task_id=out.task.id) == out.task
-    assert engine.get("q", unique_key="k") == out.task
+    engine.enqueue("q", [spec(unique_key="k2")], clock.now())
+    engine.enqueue("other", [spec(unique_key="k3")], clock.now())
+    assert engine.get("q", task_id=out.task.id, history=history).id == out.task.id
+    assert engine.get("q", unique_key="k", history=history).id == out.task.id
+    if not history:
+        assert engine.get("q", task_id=out.task.id) == engine.get("q", unique_key="k") == out.task
     with pytest.raises(NotFound):
-        engine.get("q", task_id="no-such-task")
-    with pytest.raises(NotFound):
-        engine.get("q", unique_key="no-such-key")
+        engine.get("q", task_id="no-such-task", history=history)
+    for key in ("no-such-key", "k3"):
+        with pytest.raises(NotFound):
+            engine.get("q", unique_key=key, history=history)
 
 
 def test_queues_are_isolated(engine: SyncEngine, clock: ManualClock) -> None:

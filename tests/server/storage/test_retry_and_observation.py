@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from ringo_trio._proto.ringo.v1 import TaskState
+from ringo_trio._proto.ringo.v1 import RetryBackoff, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import FailedPrecondition, NotFound
 from ringo_trio.server.storage.limits import Rule
@@ -50,6 +50,40 @@ def test_retry_reactivates_a_finished_task(
         assert lt.task.attempt == expected_attempt
         last = engine.nack(ref_of(lt), "again", timedelta(0), clock.now())
     assert last.state == TaskState.DEAD
+
+
+@pytest.mark.parametrize("how", ["one", "bulk"])
+def test_a_retried_task_backs_off_by_its_policy_past_its_first_budget(
+    engine: SyncEngine, clock: ManualClock, how: str
+) -> None:
+    """Property (the policy holds for every attempt): a DEAD task retried,
+    alone or by the bulk retry, waits after its later attempts as its
+    backoff says for those attempts (1, 2, 4 s ...), not as the last delay
+    its first budget held; the tasks it was retried with, each by its own."""
+    policies = [
+        RetryBackoff(initial=timedelta(seconds=s), maximum=timedelta(hours=1), multiplier=2.0)
+        for s in (1, 3)
+    ]
+    outs = engine.enqueue(
+        "q", [spec(max_attempts=2, retry_backoff=p) for p in policies], clock.now()
+    )
+    for _ in range(2):
+        for lt in engine.claim("q", [], 2, "w", LEASE, clock.now()):
+            engine.nack(ref_of(lt), "boom", None, clock.now())
+        clock.advance(timedelta(seconds=10))
+    assert all(engine.get("q", task_id=o.task.id).state == TaskState.DEAD for o in outs)
+    if how == "one":
+        for o in outs:
+            engine.retry("q", clock.now(), task_id=o.task.id)
+    else:
+        assert engine.retry_dead("q", [], None, 10, clock.now()) == 2
+    leased = engine.claim("q", [], 2, "w", LEASE, clock.now())
+    assert [lt.task.attempt for lt in leased] == [3, 3]
+    waits = {}
+    for lt in leased:
+        task = engine.nack(ref_of(lt), "again", None, clock.now())
+        waits[task.id] = task.available_at - clock.now()
+    assert [waits[o.task.id] for o in outs] == [timedelta(seconds=4), timedelta(seconds=12)]
 
 
 @pytest.mark.parametrize("state", ["pending", "scheduled", "leased"])
