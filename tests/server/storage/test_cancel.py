@@ -219,7 +219,9 @@ def test_retry_dead_reactivates_the_oldest_dead_tasks_up_to_the_limit(
     assert first.max_attempts == first.attempt + 5
     assert engine.get("q", task_id=ok.task.id) == succeeded
     assert engine.get("q", task_id=pending.task.id).state == TaskState.PENDING
-    assert engine.retry_dead("q", [], None, 3, clock.now()) == 2
+    assert engine.retry_dead("q", [], None, 1, clock.now()) == 1  # a batch of one
+    assert engine.get("q", task_id=ids[3]).state == TaskState.PENDING
+    assert engine.retry_dead("q", [], None, 3, clock.now()) == 1
     assert engine.retry_dead("q", [], None, 3, clock.now()) == 0
     assert engine.retry_dead("q", [], None, 0, clock.now()) == 0
 
