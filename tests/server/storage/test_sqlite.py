@@ -8,7 +8,7 @@ import contextlib
 import pathlib
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -325,19 +325,7 @@ def test_claim_does_not_walk_scheduled_tasks(sqlite: SyncEngine) -> None:
         "q", [spec(priority=9, delay=timedelta(days=1)) for _ in range(1000)], clock.now()
     )
     [due] = sqlite.enqueue("q", [spec(priority=0)], clock.now())
-    db = _conn(sqlite)
-    steps = 0
-
-    def count() -> int:
-        nonlocal steps
-        steps += 1
-        return 0
-
-    db.set_progress_handler(count, 100)  # called every 100 VM instructions
-    try:
-        [lt] = sqlite.claim("q", [], 1, "w", LEASE, clock.now())
-    finally:
-        db.set_progress_handler(None, 0)
+    [lt], steps = _vm_steps(sqlite, lambda: sqlite.claim("q", [], 1, "w", LEASE, clock.now()))
     assert lt.task.id == due.task.id
     # Scanning the 1000 scheduled entries takes tens of thousands of instructions.
     assert steps < 50, steps
@@ -346,18 +334,11 @@ def test_claim_does_not_walk_scheduled_tasks(sqlite: SyncEngine) -> None:
 def _priority_seeks(sqlite: SyncEngine, call: Any) -> tuple[Any, int]:
     """`call()`'s result and how many priority seeks (`claim.priority_sql`)
     SQLite ran for it."""
-    db = _conn(sqlite)
-    seeks = 0
 
-    def trace(sql: str) -> None:
-        nonlocal seeks
-        seeks += "max(priority)" in sql
+    def seeks(db: sqlite3.Connection, count: Any) -> None:
+        db.set_trace_callback(None if count is None else lambda sql: count("max(priority)" in sql))
 
-    db.set_trace_callback(trace)
-    try:
-        return call(), seeks
-    finally:
-        db.set_trace_callback(None)
+    return _counted(sqlite, call, seeks)
 
 
 @pytest.mark.parametrize("types", [[], ["t"]], ids=["any", "typed"])
@@ -536,21 +517,35 @@ def test_watch_returns_at_once(sqlite: SyncEngine) -> None:
     assert seen == []
 
 
+def _counted(
+    sqlite: SyncEngine, call: Any, hook: Callable[[sqlite3.Connection, Any], None]
+) -> tuple[Any, int]:
+    """`call()`'s result and how many times what `hook` installs on the
+    connection counted (`hook(db, None)` removes it)."""
+    db = _conn(sqlite)
+    counted = 0
+
+    def count(add: int) -> None:
+        nonlocal counted
+        counted += add
+
+    hook(db, count)
+    try:
+        return call(), counted
+    finally:
+        hook(db, None)
+
+
 def _vm_steps(sqlite: SyncEngine, call: Any) -> tuple[Any, int]:
     """`call()`'s result and how many 100-instruction steps SQLite ran for it."""
-    db = _conn(sqlite)
-    steps = 0
 
-    def count() -> int:
-        nonlocal steps
-        steps += 1
-        return 0
+    def steps(db: sqlite3.Connection, count: Any) -> None:
+        if count is None:
+            db.set_progress_handler(None, 0)
+        else:
+            db.set_progress_handler(lambda: count(1) or 0, 100)
 
-    db.set_progress_handler(count, 100)
-    try:
-        return call(), steps
-    finally:
-        db.set_progress_handler(None, 0)
+    return _counted(sqlite, call, steps)
 
 
 def test_activity_does_not_walk_the_backlog(sqlite: SyncEngine) -> None:

@@ -286,6 +286,13 @@ def _by_types(plain: str, typed: str, types: list[str] | None, *args: Any) -> tu
     return (plain, *args) if types is None else (typed, *args, types)
 
 
+async def _keys(
+    conn: asyncpg.Connection, sql: LimitSql, queue: str, types: list[str] | None
+) -> list[str]:
+    """The keys a claim (of `types`) looks at."""
+    return [r[0] for r in await conn.fetch(*_by_types(sql.keys, sql.keys_typed, types, queue))]
+
+
 async def claim(
     conn: asyncpg.Connection,
     sql: LimitSql,
@@ -305,7 +312,7 @@ async def claim(
         expired = await conn.fetchval(sql.expire, queue, now_us)
         if expired:
             return [], int(expired)
-        keys = [r[0] for r in await conn.fetch(*_by_types(sql.keys, sql.keys_typed, types, queue))]
+        keys = await _keys(conn, sql, queue, types)
         rule_of = {k: rule for k in keys if (rule := match(rules, k)) is not None}
         tats: dict[str, int] = {}
         leased: dict[str, int] = {}
@@ -387,7 +394,7 @@ async def next_wakeup(
             *_by_types(sql.unkeyed_head, sql.unkeyed_head_typed, types, queue)
         )
         moments += (m for m in (soonest_lease, unkeyed) if m is not None)
-        keys = [r[0] for r in await conn.fetch(*_by_types(sql.keys, sql.keys_typed, types, queue))]
+        keys = await _keys(conn, sql, queue, types)
         if keys:
             tats = dict(await conn.fetch(sql.read_keys, queue, keys))
             leased = dict(await conn.fetch(sql.leased, queue))
