@@ -527,7 +527,7 @@ async def test_large_claim_never_holds_a_lease_it_does_not_answer() -> None:
     it answers; a storage round leases at most CLAIM_ROUND tasks."""
     storage = _BigTaskStorage(limits.MAX_PAYLOAD_BYTES, available=1000)
     args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=1000))
-    leased = await _service(storage)._claim_now(args, NOW)
+    leased = await _service(storage).claims.claim_now(args, NOW)
     assert len(encode(ClaimResponse(tasks=leased))) <= limits.MAX_REPLY_BYTES
     assert 0 < len(leased) < 1000
     assert storage.leased == {item.task.id for item in leased if item.task}
@@ -539,13 +539,13 @@ async def test_large_claim_of_small_tasks_gets_them_all() -> None:
     are leased, none released, and a short round ends the claim."""
     storage = _BigTaskStorage(100, available=1000)
     args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=1000))
-    leased = await _service(storage)._claim_now(args, NOW)
+    leased = await _service(storage).claims.claim_now(args, NOW)
     assert len(leased) == 1000
     assert storage.released == []
     assert len(storage.limits) == -(-1000 // CLAIM_ROUND)
     storage.available = 5
     storage.limits.clear()
-    assert len(await _service(storage)._claim_now(args, NOW)) == 5
+    assert len(await _service(storage).claims.claim_now(args, NOW)) == 5
     assert len(storage.limits) == 1
 
 
@@ -554,5 +554,5 @@ async def test_a_claim_that_fits_takes_one_round() -> None:
     round (what a manual ``claim(32)`` costs, as before the bound)."""
     storage = _BigTaskStorage(100, available=1000)
     args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=32))
-    assert len(await _service(storage)._claim_now(args, NOW)) == 32
+    assert len(await _service(storage).claims.claim_now(args, NOW)) == 32
     assert storage.limits == [32]

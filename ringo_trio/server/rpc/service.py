@@ -36,41 +36,20 @@ A call below minor 9 knows no CANCELLED state: GetTask, RetryTask and an
 enqueue's duplicate show it such a task as DEAD (`_as_seen_at`), and an
 ``AckRequest.result`` it sets is refused ``UNIMPLEMENTED``.
 
-Long-poll claims
-----------------
-Claim tries storage; if nothing is claimable and the caller allowed a
-``wait_timeout``, it sleeps until the first of: a wake-up for its queue
-(enqueue, nack, retry, an expired lease — `wakeups.QueueWakeups`, armed
-before the attempt so none is lost), the queue's next scheduled moment
-(`Storage.next_wakeup`: a delayed task or backoff becoming due, a lease
-expiring), the caller's deadline, or shutdown. Then it tries again. There is
-no polling interval: an enqueue reaches a waiting claimer in one event-loop
-turn. A client deadline shorter than ``wait_timeout`` shortens the wait, so
-the call answers (empty) instead of being cut off.
-
-Every lease handed out is noted with the `LeaseReaper`, which expires leases
-at their deadline even when nobody is claiming, so activity counts and task
-states stay true.
-
-Replies are bounded by ``MAX_REPLY_BYTES`` (`reply_bounds`): a Claim answers
-fewer tasks rather than a bigger message, and hands back what it leased
-beyond the reply's room before it answers, so it never holds a lease it
-does not send.
-
-A lease reaches its client only with the reply, so a Claim that ends any
-other way hands its leases back (`Storage.release`: PENDING, the attempt
-unspent) and wakes the queue: a caller cancelled while a round is in flight
-(that round the engine returns, see `storage.handback.guard_claim`; the rounds
-before it, `_claim_now`), and a reply that cannot be delivered
-(`_serve_claim`). A later round that fails answers with the earlier ones.
+Claim
+-----
+The unary Claim is a long poll (`claims.LongPollClaims`): it waits for
+claimable work up to its ``wait_timeout``, and a lease reaches its client
+only with the reply — a Claim that ends any other way, its reply
+undelivered included (`QueueService._serve_claim`), hands its leases back.
 
 The Work stream
 ---------------
 ``Work`` is served by `_work.WorkStreams` on grpclib's raw stream (see
 `QueueService.__mapping__`). Its registration passes stages 1-4 like a unary
 call, and its lease commands run the very operations the unary RPCs run
-(`apply_ack` … `apply_progress`), so both paths validate, store and wake up
-alike; only the error channel differs (`ErrorDetail` instead of a status).
+(`leases.LeaseOperations`), so both paths validate, store and wake up alike;
+only the error channel differs (`ErrorDetail` instead of a status).
 
 WaitTask
 --------
@@ -80,7 +59,7 @@ and reads the task: terminal (SUCCEEDED, DEAD, CANCELLED) it answers at once,
 else it waits for a wake-up and reads again, until its timeout (clamped to
 ``MAX_TASK_WAIT`` and to shortly before the client's deadline), when it
 answers the task as it stands. Every path that settles tasks here names them
-to `TaskWaits.settled` after its commit (`apply_ack` … `apply_settlements`,
+to `TaskWaits.settled` after its commit (`leases.LeaseOperations`,
 CancelTask); paths that only count what they changed (lease expiry, purge,
 retention) ask for `TaskWaits.recheck`; other daemons' settlements arrive
 through the store (see `waits`). A task deleted while waited on is
@@ -108,7 +87,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -148,9 +127,6 @@ from ringo_trio._proto.ringo.v1 import (
     GetQueueStatsResponse,
     GetTaskRequest,
     GetTaskResponse,
-    Lease,
-    LeasedTask,
-    LeaseRef,
     ListLimitsRequest,
     ListLimitsResponse,
     ListQueuesRequest,
@@ -194,25 +170,24 @@ from ..schedules import ScheduleLoop
 from ..storage.base import (
     FailedPrecondition,
     LeaseLost,
-    Nack,
     NotFound,
-    Settlement,
     Storage,
     StorageFull,
     StorageUnavailable,
     stamp_ttl,
 )
-from ..storage.handback import hand_back
 from . import validate as v
+from .claims import DEADLINE_MARGIN, LongPollClaims
 from .codec import Preencoded
 from .commit import GroupCommit
 from .enqueue_reply import encode_enqueue_many_reply
 from .gate import current_connection, time_remaining
+from .leases import LeaseOperations
 from .limits import Limits
 from .members import ATTACH_LOCAL_METHOD, Members
 from .operate import Operations
 from .paused import PausedQueues
-from .reply_bounds import claim_within, enqueue_results_fit, fitting
+from .reply_bounds import enqueue_results_fit, fitting
 from .sessions import SessionTable
 from .waits import TaskWaits, WaitLimitReached
 from .wakeups import LeaseReaper, QueueWakeups
@@ -226,14 +201,6 @@ QUEUE_SERVICE_NAME = "ringo.v1.QueueService"
 _WORK_METHOD = f"/{QUEUE_SERVICE_NAME}/Work"
 _CLAIM_METHOD = f"/{QUEUE_SERVICE_NAME}/Claim"
 
-# Minor that introduced each RPC newer than minor 0.
-
-# A scheduled wake-up sleeps this much past the due moment so the retry does
-# not race the deadline and find the task still a microsecond early.
-_SCHEDULE_SLACK = 0.002
-_INCONSISTENT_WAKEUP_RETRY = 0.05
-# How long before the client's own deadline a long-poll gives up waiting.
-_DEADLINE_MARGIN = 0.25
 _TERMINAL = frozenset((TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED))
 
 
@@ -366,11 +333,6 @@ class QueueService(QueueServiceBase):
         self._sessions = sessions
         self._served_minor = served_minor
         self._wakeups = wakeups
-        self._reaper = reaper
-        # The daemon's committer groups settlements across Work streams;
-        # without one (in-process tests), each stream's group is its own
-        # transaction.
-        self._commit = commit
         self.members = members if members is not None else Members(None)
         # Without the daemon's (in-process tests), one whose `run` nobody
         # runs: settlements wake its calls, nothing rechecks them.
@@ -381,6 +343,8 @@ class QueueService(QueueServiceBase):
         # Without the daemon's loop (in-process tests), nothing is poked.
         self._schedules = schedules
         self._limits = Limits(storage, wakeups)
+        self.claims = LongPollClaims(storage, clock, wakeups, reaper, self.paused)
+        self.leases = LeaseOperations(storage, wakeups, reaper, self.waits, commit)
         # Leases of a claim nobody received, handed back by the engine itself:
         # their tasks are claimable again, so the queue's claimers are woken
         # as after any release.
@@ -390,7 +354,8 @@ class QueueService(QueueServiceBase):
             clock=clock,
             wakeups=wakeups,
             reaper=reaper,
-            ops=self,
+            ops=self.leases,
+            admit=self.stream_minor,
             heartbeat_interval=heartbeat_interval,
             paused=self.paused,
         )
@@ -556,7 +521,7 @@ class QueueService(QueueServiceBase):
         client_left = time_remaining()
         if client_left is not None:
             # Answer (the task as it stands) before the client gives up.
-            timeout = min(timeout, client_left - _DEADLINE_MARGIN)
+            timeout = min(timeout, client_left - DEADLINE_MARGIN)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         history = Features(minor).has(Feature.TASK_HISTORY)
@@ -578,7 +543,7 @@ class QueueService(QueueServiceBase):
     async def claim(self, message: ClaimRequest) -> ClaimResponse:
         _, minor = self._admit_at(message.context)
         args = v.claim_args(message)
-        tasks = await self._long_poll(args)
+        tasks = await self.claims.claim(args)
         if Features(minor).has(Feature.LEASE_TTL):
             now = self._clock.now()
             for item in tasks:
@@ -598,96 +563,7 @@ class QueueService(QueueServiceBase):
             await stream.send_message(response)
             await stream.send_trailing_metadata()
         except BaseException:
-            await self._hand_back(response.tasks)
-            raise
-
-    async def _hand_back(self, leased: Sequence[LeasedTask]) -> None:
-        refs = [
-            LeaseRef(task_id=lease.task_id, attempt=lease.attempt, lease_token=lease.lease_token)
-            for lease in (item.lease for item in leased)
-            if lease is not None
-        ]
-        queues = {item.task.queue for item in leased if item.task is not None}
-        if await hand_back(self._storage, refs, self._clock.now()):
-            for queue in queues:
-                self._wakeups.notify(queue)
-
-    async def _long_poll(self, args: v.ClaimArgs) -> list[LeasedTask]:
-        loop = asyncio.get_running_loop()
-        wait = args.wait_timeout.total_seconds()
-        client_left = time_remaining()
-        if client_left is not None:
-            # Answer (empty) shortly before the client gives up rather than be
-            # cancelled at its deadline, possibly right after leasing tasks.
-            wait = min(wait, client_left - _DEADLINE_MARGIN)
-        deadline = loop.time() + wait
-        with self._wakeups.watch(args.queue) as watch:
-            while True:
-                # Armed before the attempt: a notify racing the attempt sets
-                # this very event, so the wait below returns at once.
-                armed = watch.arm()
-                if watch.closed:
-                    # Shutting down: hand out no lease whose response may
-                    # never be delivered.
-                    return []
-                now = self._clock.now()
-                paused = args.queue in self.paused.names  # claims nothing (`paused`)
-                leased = [] if paused else await self._claim_now(args, now)
-                if leased:
-                    return leased
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return []
-                wake_at = None
-                if not paused:
-                    wake_at = await self._storage.next_wakeup(args.queue, args.task_types, now)
-                if wake_at is not None:
-                    if wake_at <= now:
-                        # Storage calls it due yet the claim found nothing:
-                        # back off briefly instead of spinning on it.
-                        until_due = _INCONSISTENT_WAKEUP_RETRY
-                    else:
-                        until_due = (wake_at - self._clock.now()).total_seconds()
-                        until_due = max(until_due, 0.0) + _SCHEDULE_SLACK
-                    remaining = min(remaining, until_due)
-                await watch.wait(armed, remaining)
-
-    async def _claim_now(self, args: v.ClaimArgs, now: datetime) -> list[LeasedTask]:
-        leased: list[LeasedTask] = []  # every round's leases, answered or not
-
-        async def claim(limit: int) -> list[LeasedTask]:
-            try:
-                batch = await self._storage.claim(
-                    args.queue, args.task_types, limit, args.worker_id, args.lease_duration, now
-                )
-            except Exception:
-                if not leased:
-                    raise
-                # The earlier rounds are leased to this caller, and the reply
-                # is the only way it learns of them: an empty round ends the
-                # claim with them.
-                log.warning(
-                    "Claim: a later round failed; answering with the %d task(s) before it",
-                    len(leased),
-                    exc_info=True,
-                )
-                return []
-            for item in batch:
-                # Noted per batch, before the next await; `note` skips a repeat
-                # of the deadline it just saw (every lease of a batch shares one).
-                if item.lease is not None:
-                    self._reaper.note(item.lease.until)
-            leased.extend(batch)
-            return batch
-
-        try:
-            # What a round leased beyond the reply's room is handed back
-            # before the reply (`claim_within`).
-            return await claim_within(claim, self._hand_back, args.limit)
-        except asyncio.CancelledError:
-            # The round in flight is the engine's to hand back; the rounds
-            # before it are only here (a ref handed back twice is skipped).
-            await self._hand_back(leased)
+            await self.claims.hand_back(response.tasks)
             raise
 
     @_rpc
@@ -695,110 +571,31 @@ class QueueService(QueueServiceBase):
         now, minor = self._admit_at(message.context)
         if message.result is not None:
             _require(minor, Feature.RESULT_VALUES, "Ack result")
-        await self.apply_ack(message, now)
+        await self.leases.ack(message, now)
         return AckResponse()
 
     @_rpc
     async def nack(self, message: NackRequest) -> NackResponse:
-        await self.apply_nack(message, self._admit(message.context))
+        await self.leases.nack(message, self._admit(message.context))
         return NackResponse()
 
     @_rpc
     async def reject(self, message: RejectRequest) -> RejectResponse:
-        await self.apply_reject(message, self._admit(message.context))
+        await self.leases.reject(message, self._admit(message.context))
         return RejectResponse()
 
     @_rpc
     async def extend_lease(self, message: ExtendLeaseRequest) -> ExtendLeaseResponse:
         now, minor = self._admit_at(message.context)
-        lease = await self.apply_extend(message, now)
+        lease = await self.leases.extend(message, now)
         if Features(minor).has(Feature.LEASE_TTL):
             stamp_ttl(lease, self._clock.now())
         return ExtendLeaseResponse(lease=lease)
 
     @_rpc
     async def report_progress(self, message: ReportProgressRequest) -> ReportProgressResponse:
-        await self.apply_progress(message, self._admit(message.context))
+        await self.leases.progress(message, self._admit(message.context))
         return ReportProgressResponse()
-
-    # -- lease operations: the unary RPCs above and the Work stream's commands.
-    # Field validation and storage only; the caller has admitted the context
-    # (a Work stream once, at registration) and maps the failures.
-
-    async def apply_ack(self, message: AckRequest, now: datetime) -> None:
-        """The caller has checked that its minor allows a result."""
-        ack = v.ack_settlement(message)
-        task = await self._storage.ack(ack.ref, now, ack.result)
-        self._freed(task.queue, task.limit_key)
-        self.waits.settled((ack.ref.task_id,))
-
-    async def apply_nack(self, message: NackRequest, now: datetime) -> None:
-        nack = v.nack_settlement(message)
-        task = await self._storage.nack(nack.ref, nack.error, nack.retry_delay, now)
-        self._wakeups.notify(task.queue)
-        # DEAD when that was the last attempt; a waiter reads which.
-        self.waits.settled((task.id,))
-
-    async def apply_reject(self, message: RejectRequest, now: datetime) -> None:
-        reject = v.reject_settlement(message)
-        task = await self._storage.reject(reject.ref, reject.error, now)
-        self._freed(task.queue, task.limit_key)
-        self.waits.settled((reject.ref.task_id,))
-
-    def _freed(self, queue: str, limit_key: str | None) -> None:
-        """A lease of `queue` ended without making its task claimable: on a
-        queue with limit rules that frees a slot of its key's concurrency,
-        so the queue's claimers are woken as after an enqueue (the engine's
-        concurrency recheck stays as the backstop for leases that end on
-        another daemon)."""
-        if limit_key and self._storage.limited(queue):
-            self._wakeups.notify(queue)
-
-    async def apply_settlements(
-        self, settlements: Sequence[Settlement], now: datetime
-    ) -> list[str | LeaseLost]:
-        """A Work stream's settlements, in order, committed together (with
-        other streams' through the daemon's `GroupCommit`;
-        `Storage.settle_many` has the contract). The queues whose tasks a
-        nack made claimable again have their dispatchers woken."""
-        if self._commit is not None:
-            answers = await self._commit.settle(settlements, now)
-        else:
-            answers = await self._storage.settle_many(settlements, now)
-        # A nack makes its task claimable again; any settlement on a queue
-        # with limit rules may free its key's concurrency (`_freed`).
-        woken = {
-            answer
-            for item, answer in zip(settlements, answers, strict=True)
-            if isinstance(answer, str) and (type(item) is Nack or self._storage.limited(answer))
-        }
-        for queue in woken:
-            self._wakeups.notify(queue)
-        if self.waits.parked:
-            self.waits.settled(
-                item.ref.task_id
-                for item, answer in zip(settlements, answers, strict=True)
-                if isinstance(answer, str)
-            )
-        return answers
-
-    async def apply_extend(self, message: ExtendLeaseRequest, now: datetime) -> Lease:
-        ref = v.lease_ref(message.lease)
-        extension = v.duration(
-            message.extension, "extension", positive=True, maximum=limits.MAX_LEASE
-        )
-        if extension is None:
-            raise v.FieldError("extension", "is required")
-        lease = await self._storage.extend_lease(ref, extension, now)
-        self._reaper.note(lease.until)
-        return lease
-
-    async def apply_progress(self, message: ReportProgressRequest, now: datetime) -> None:
-        ref = v.lease_ref(message.lease)
-        v.progress_values(message.current, message.total, message.message)
-        await self._storage.report_progress(
-            ref, message.current, message.total, message.message, now
-        )
 
     # -- observation -------------------------------------------------------
 

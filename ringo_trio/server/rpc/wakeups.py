@@ -32,9 +32,26 @@ from datetime import datetime
 from ..clock import Clock
 from ..storage.base import Storage, StorageUnavailable
 
-__all__ = ["LeaseReaper", "QueueWakeups", "Watch"]
+__all__ = ["LeaseReaper", "QueueWakeups", "Watch", "until_due"]
 
 log = logging.getLogger("ringo_trio.server")
+
+# Sleep a little past a scheduled moment, so the claim that follows does not
+# find its task a microsecond early.
+SCHEDULE_SLACK = 0.002
+# Storage called a moment due yet the claim found nothing: back off this long
+# instead of spinning on it.
+INCONSISTENT_WAKEUP_RETRY = 0.05
+
+
+def until_due(wake_at: datetime, claimed_at: datetime, now: datetime) -> float:
+    """Seconds a claimer whose claim at `claimed_at` found nothing sleeps
+    (unless woken) for `wake_at`, the queue's next scheduled moment
+    (`Storage.next_wakeup`); `now` is read after that lookup. The long-poll
+    Claim and the Work stream's dispatcher both wait this way."""
+    if wake_at <= claimed_at:
+        return INCONSISTENT_WAKEUP_RETRY
+    return max((wake_at - now).total_seconds(), 0.0) + SCHEDULE_SLACK
 
 
 class _Slot:

@@ -28,55 +28,39 @@ reopens) and its fields like a unary request's (``INVALID_ARGUMENT`` naming
 stream then runs at the context's minor for its whole life: the session
 token is not looked at again, so a stream outlives its session's TTL.
 
-**Commands** are executed by the reader in arrival order, each answered by
-exactly one ``result`` that is built once and sent before the next frame is
-read: results come back in command order, with no task switch per command.
-Lease commands run the unary RPCs' own validation and storage calls
-(`LeaseOps`, implemented by `QueueService`), with their wake-ups; the
-embedded ``context`` of a command is ignored (registration admitted the
-stream). Acks, nacks and rejects go to storage through ONE function,
-`LeaseOps.apply_settlements` (`Storage.settle_many`): a lone one as a group
-of one, the consecutive ones of a batch as one group. A failure becomes the
-result's `ErrorDetail` (a lease that ended because its task was cancelled:
-``LEASE_LOST`` with ``metadata.reason = "cancelled"``) and the stream goes
-on — except when storage is unavailable (the database cannot be reached):
-that command is answered ``UNAVAILABLE`` and the stream ends with status
-``UNAVAILABLE``, as it does when the dispatcher's claim hits an outage, so the
-worker reconnects instead of settling into a stream that cannot work. Its
-leases are left to expire, as for any stream that ends.
+**Commands** are executed by the reader in arrival order
+(`work_commands.WorkCommands`), each answered by exactly one ``result`` that
+is built once and sent before the next frame is read: results come back in
+command order, with no task switch per command. A command that finds storage
+unavailable (the database cannot be reached) is answered ``UNAVAILABLE`` and
+the stream ends with status ``UNAVAILABLE``, as it does when the
+dispatcher's claim hits an outage, so the worker reconnects instead of
+settling into a stream that cannot work. Its leases are left to expire, as
+for any stream that ends.
 
 **Batches** (minor >= 10): a ``batch`` of commands is exactly its commands
-in order (`_run`), answered by one batch of results. Its consecutive
-settlements are one storage call; any other command first settles the group
-before it, so every command sees the effects of those before it, as one by
-one. From the first credit or drain on, the batch runs under the send lock
-(a credit change and its result are one step on the wire, see *Credit*).
+in order (`WorkCommands.run`), answered by one batch of results. From the
+first credit or drain on, the batch runs under the send lock (see *Credit*).
 After storage was found unavailable, the rest of the batch is answered
 ``UNAVAILABLE`` without being executed, so the batch is still answered
 whole. A malformed batch (empty, over ``MAX_WORK_BATCH``, nested, holding
 ``register``) ends the stream ``INVALID_ARGUMENT``; below minor 10 a batch
 is a body the stream does not know.
 
-**Credit.** Three numbers per stream: *credit* (pushes still allowed),
-*outstanding* (leases pushed on this stream that the worker has not settled
-on it) and *capacity* (the latest ``target_concurrency``, else
-``max_concurrency``). An update is absolute (``available`` replaces the
-credit) or, with ``grant`` set (minor >= 10), additive (credit += grant).
-An update that adds something (``available > 0`` or ``grant > 0``) and
-leaves ``credit + outstanding > capacity`` is refused
-(``RESOURCE_EXHAUSTED``, ``reason=credit_capacity``) and changes nothing, not
-even the capacity; ``available == 0`` is always accepted. A push moves one
-unit from credit to outstanding, so whenever the daemon pushes, pushed and
-unsettled ≤ capacity. A lease leaves outstanding when the worker acks, nacks
-or rejects it on this stream (whatever the outcome), or when any command
-about it is answered ``LEASE_LOST``.
+**Credit** is the session's ledger (`ServerSession`: *credit*,
+*outstanding*, *capacity*; an update that would leave ``credit +
+outstanding > capacity`` is refused ``credit_capacity``), so whenever the
+daemon pushes, pushed and unsettled ≤ capacity. The driver's part is the
+send lock: a credit change is run and answered under it, and a push is
+sized and spent under it, so every push before the result spent the old
+credit and every push after it spends the new one — what lets the worker
+mirror its remaining credit exactly.
 
 **Dispatch** mirrors the long-poll Claim: arm the queue's wake-up, skip a
 paused queue (`paused`: sleep until a wake-up, which a resume sends), claim
 ``min(credit, PUSH_BATCH)`` tasks in one storage call (fewer when payloads
-are big, see *Budget*), push them; when
-nothing is claimable, sleep until a wake-up or the queue's next scheduled
-moment. With no credit it sleeps on the stream's own credit event instead,
+are big, see *Budget*), push them; when nothing is claimable, sleep until a
+wake-up or the queue's next scheduled moment (`wakeups.until_due`). With no credit it sleeps on the stream's own credit event instead,
 so there is no polling interval anywhere. Between rounds it yields to the
 loop, so every woken dispatcher of a queue gets a turn.
 
@@ -107,19 +91,13 @@ long leases), means the worker stopped reading: the stream is reset
 attempt spent; the reset drops the partly written frame, so the worker never
 sees it.
 
-**Release** (``release{lease}``, minor >= 7) is how a stopping worker hands
-back a lease it did not finish: `Storage.release`, as for an undelivered
-push — the task is PENDING at once and the attempt is not spent — then the
-queue is woken. The lease leaves outstanding like a settlement.
-
-**Drain** (``drain{begin}``) stops pushing for good; later credit is
-answered OK and grants nothing. The stream keeps executing commands.
-
-**Shutdown** (`WorkStreams.shutdown`) stops every stream's pushes at once;
-each stream then ends with ``UNAVAILABLE`` as soon as it has no outstanding
-lease, no command in progress and no task frame in flight, so idle workers
-never hold the daemon up, while handlers that finish within the shutdown
-timeout can still ack. A stream still holding leases when the timeout runs
+**Drain and shutdown** are the session's (`ServerSession.drain`,
+`ServerSession.shutdown`): a drain stops pushes for good while commands run
+on; `WorkStreams.shutdown` stops every stream's pushes at once, and each
+stream then ends with ``UNAVAILABLE`` as soon as the session is `quiet` (no
+outstanding lease, no command in progress, no task frame in flight), so idle
+workers never hold the daemon up, while handlers that finish within the
+shutdown timeout can still ack. A stream still holding leases when the timeout runs
 out is cancelled with the other calls and answered ``UNAVAILABLE`` too.
 
 **Ending with a status** sends trailers only, without the RST_STREAM grpclib
@@ -149,7 +127,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
@@ -162,60 +140,43 @@ from ringo_trio._contract import limits
 from ringo_trio._contract.versions import Feature
 from ringo_trio._contract.work.server import (
     STALL_TIMEOUT,
-    Ending,
     ServerSession,
     State,
     StreamEnd,
 )
 from ringo_trio._proto.ringo.v1 import (
-    CreditUpdate,
-    ErrorCode,
-    ExtendLeaseRequest,
     Heartbeat,
-    Lease,
     LeaseRef,
-    ReleaseRequest,
-    ReportProgressRequest,
     RequestContext,
-    TaskState,
-    WorkerDrain,
     WorkerRegistered,
     WorkerRegistration,
     WorkRequest,
     WorkResponse,
-    WorkResult,
 )
 from ringo_trio._wire.work import encode_work_response_batch
 
 from ..clock import Clock
 from ..http.metrics import NO_METRICS, NO_TAP, Metrics, StreamTap
 from ..storage.base import (
-    FailedPrecondition,
-    LeaseLost,
-    NotFound,
     Push,
-    Settlement,
     Storage,
     StorageUnavailable,
-    stamp_ttl,
 )
 from ..storage.handback import hand_back
 from . import validate as v
 from .connections import trailers_without_reset
+from .leases import LeaseOperations
 from .paused import PausedQueues
-from .wakeups import LeaseReaper, QueueWakeups
+from .wakeups import LeaseReaper, QueueWakeups, until_due
+from .work_commands import WorkCommands
 from .work_frames import (
-    answer_frame,
     batch_frame,
     batch_requests,
     encoded,
-    error_frame,
-    ok_frame,
     push_frames,
 )
 
 __all__ = [
-    "LeaseOps",
     "StreamStalled",
     "WorkStreamIO",
     "WorkStreams",
@@ -223,18 +184,7 @@ __all__ = [
 
 log = logging.getLogger("ringo_trio.server")
 
-# As in the long-poll Claim: sleep a little past a scheduled moment so the
-# claim does not find the task a microsecond early, and back off briefly when
-# storage calls a moment due yet nothing was claimable.
-_SCHEDULE_SLACK = 0.002
-_INCONSISTENT_WAKEUP_RETRY = 0.05
-
-# The commands that settle a lease: run in groups by `Storage.settle_many`.
-_SETTLEMENTS = frozenset({"ack", "nack", "reject"})
-
 _SHUTTING_DOWN = "the daemon is shutting down"
-# A placeholder in a list of answers being filled in (never sent).
-_NOT_RUN = WorkResponse()
 _STORAGE_UNAVAILABLE = "storage unavailable"
 
 
@@ -264,24 +214,6 @@ class WorkStreamIO(Protocol):
     async def send_message(self, message: WorkResponse) -> None: ...
 
 
-class LeaseOps(Protocol):
-    """What the stream shares with the unary RPCs (`QueueService`)."""
-
-    def stream_minor(self, context: RequestContext | None, now: datetime) -> int:
-        """The minor of a live session, or GRPCError(OUT_OF_RANGE)."""
-        ...
-
-    async def apply_settlements(
-        self, settlements: Sequence[Settlement], now: datetime
-    ) -> list[str | LeaseLost]:
-        """Acks, nacks and rejects of one stream, in order, in one storage call."""
-        ...
-
-    async def apply_extend(self, message: ExtendLeaseRequest, now: datetime) -> Lease: ...
-
-    async def apply_progress(self, message: ReportProgressRequest, now: datetime) -> None: ...
-
-
 class StreamStalled(Exception):
     """The worker stopped reading: the stream is to be reset, not answered."""
 
@@ -296,7 +228,8 @@ class WorkStreams:
         clock: Clock,
         wakeups: QueueWakeups,
         reaper: LeaseReaper,
-        ops: LeaseOps,
+        ops: LeaseOperations,
+        admit: Callable[[RequestContext | None, datetime], int],
         heartbeat_interval: float,
         paused: PausedQueues | None = None,
     ) -> None:
@@ -307,6 +240,9 @@ class WorkStreams:
         self.wakeups = wakeups
         self.reaper = reaper
         self.ops = ops
+        # The minor of a live session, or GRPCError(OUT_OF_RANGE): a
+        # registration's context is checked like a unary call's.
+        self.admit = admit
         self.heartbeat_interval = heartbeat_interval
         self.paused = paused if paused is not None else PausedQueues(storage, wakeups)
         self.closing = False
@@ -361,11 +297,11 @@ class WorkStreams:
                 w._host,
                 w._pid,
                 max(now - w._since, 0.0),
-                w.succeeded,
-                w.failed,
+                c.succeeded,
+                c.failed,
             )
             for w in self._live
-            if w._queue
+            if (c := w._commands) is not None
         ]
 
     @staticmethod
@@ -378,9 +314,9 @@ class _WorkStream:
 
     __slots__ = (
         "_children",
+        "_commands",
         "_credit_changed",
         "_ended",
-        "_handlers",
         "_host",
         "_last_sent",
         "_lease",
@@ -397,8 +333,6 @@ class _WorkStream:
         "_task_types",
         "_tasks",
         "_worker_id",
-        "failed",
-        "succeeded",
     )
 
     def __init__(self, owner: WorkStreams, stream: WorkStreamIO) -> None:
@@ -420,20 +354,11 @@ class _WorkStream:
         self._host = ""
         self._pid = 0
         self._since = self._loop.time()
-        self.succeeded = 0
-        self.failed = 0
         self._task_types: list[str] = []
         self._lease = limits.DEFAULT_LEASE
         self._tap: StreamTap = NO_TAP
-        # The commands that are neither settlements (`_SETTLEMENTS`, which go
-        # to storage in groups) nor decided by the session alone.
-        self._handlers: dict[str, Callable[[int, Any], Awaitable[WorkResponse]]] = {
-            "credit": self._credit_update,
-            "extend_lease": self._extend,
-            "progress": self._progress,
-            "drain": self._drain,
-            "release": self._release_command,
-        }
+        # Set at registration: until then no command runs.
+        self._commands: WorkCommands | None = None
 
     # -- lifetime ------------------------------------------------------------
 
@@ -532,6 +457,8 @@ class _WorkStream:
         self._spawn(self._heartbeat(), final=False)
         session.end_frame()
         self._end_if_quiet()
+        commands = self._commands
+        assert commands is not None  # `_register` built them
         answer = self._answer
         while True:
             request = await stream.recv_message()
@@ -540,9 +467,9 @@ class _WorkStream:
             session.begin_frame()
             batch = request.batch
             if batch is not None and session.features.has(Feature.BATCH_FRAMES):
-                await answer(batch_requests(batch), batched=True)
+                await answer(commands, batch_requests(batch), batched=True)
             else:
-                await answer((request,), batched=False)
+                await answer(commands, (request,), batched=False)
             session.end_frame()
             self._end_if_quiet()
 
@@ -558,7 +485,7 @@ class _WorkStream:
         session = self._session
         if session.state is State.STOPPING:
             raise GRPCError(Status.UNAVAILABLE, _SHUTTING_DOWN)
-        minor = self._owner.ops.stream_minor(registration.context, self._owner.clock.now())
+        minor = self._owner.admit(registration.context, self._owner.clock.now())
         try:
             queue, worker_id, task_types, lease = _registration_fields(registration)
             registered = session.register(
@@ -581,6 +508,15 @@ class _WorkStream:
         self._task_types = task_types
         self._lease = lease
         self._tap = self._owner.metrics.work_stream(queue, lambda: session.credit)
+        self._commands = WorkCommands(
+            self._owner,
+            session,
+            queue=queue,
+            worker_id=worker_id,
+            tap=self._tap,
+            end=self._end,
+            credit_changed=self._credit_changed,
+        )
         return WorkResponse(
             registered=WorkerRegistered(
                 lease_duration=lease,
@@ -590,7 +526,9 @@ class _WorkStream:
             )
         )
 
-    async def _answer(self, requests: Sequence[WorkRequest], *, batched: bool) -> None:
+    async def _answer(
+        self, commands: WorkCommands, requests: Sequence[WorkRequest], *, batched: bool
+    ) -> None:
         """Run commands in order and send their results: one batch frame for
         a batch, the one result for a lone command."""
         # A credit change and its result are one step on the wire: every push
@@ -606,202 +544,14 @@ class _WorkStream:
             ),
             len(requests),
         )
-        answers = await self._run(requests[:cut])
+        answers = await commands.run(requests[:cut])
         if cut == len(requests):
             await self._send(batch_frame(answers) if batched else answers[0])
             return
         async with self._send_lock:
-            answers += await self._run(requests[cut:])
+            answers += await commands.run(requests[cut:])
             await self._stream.send_message(batch_frame(answers) if batched else answers[0])
         self._last_sent = self._loop.time()
-
-    async def _run(self, requests: Sequence[WorkRequest]) -> list[WorkResponse]:
-        """The result of each command, in order, each executed as if alone,
-        except that consecutive settlements go to storage in one call."""
-        session = self._session
-        answers: list[WorkResponse] = []
-        # (position in answers, command name, body, settlement)
-        group: list[tuple[int, str, Any, Settlement]] = []
-        for request in requests:
-            request_id = request.request_id
-            name, body = betterproto2.which_one_of(request, "body")
-            settles = name in _SETTLEMENTS
-            if group and not settles:
-                # Each command sees the effects of the settlements before it.
-                await self._settle_together(group, requests, answers)
-                group = []
-            index = len(answers)
-            answers.append(_NOT_RUN)
-            refusal = session.admit(
-                request_id, name, has_result=getattr(body, "result", None) is not None
-            )
-            if refusal is not None:
-                answers[index] = answer_frame(refusal)
-                continue
-            if settles:
-                try:
-                    group.append((index, name, body, _settlement(name, body)))
-                except Exception as exc:
-                    answers[index] = self._failure(request_id, name, body, exc)
-                continue
-            answers[index] = await self._command(request_id, name, body)
-        if group:
-            await self._settle_together(group, requests, answers)
-        return answers
-
-    async def _command(self, request_id: int, name: str, body: Any) -> WorkResponse:
-        try:
-            answer = await self._handlers[name](request_id, body)
-        except Exception as exc:
-            return self._failure(request_id, name, body, exc)
-        self._tap.done(name, body)
-        return answer
-
-    async def _settle_together(
-        self,
-        group: Sequence[tuple[int, str, Any, Settlement]],
-        requests: Sequence[WorkRequest],
-        answers: list[WorkResponse],
-    ) -> None:
-        """One storage call for consecutive settlements; each answered as alone."""
-        owner = self._owner
-        session = self._session
-        for _, _, _, item in group:
-            session.settling(item.ref.lease_token)
-        try:
-            outcomes = await owner.ops.apply_settlements(
-                [item for _, _, _, item in group], owner.clock.now()
-            )
-        except Exception as exc:
-            # The whole group failed (and, by the contract, none of it happened).
-            for index, name, body, item in group:
-                session.settled(item.ref.lease_token, None)
-                answers[index] = self._failure(requests[index].request_id, name, body, exc)
-            return
-        tap = self._tap
-        for (index, name, body, item), outcome in zip(group, outcomes, strict=True):
-            request_id = requests[index].request_id
-            if not isinstance(outcome, LeaseLost):
-                session.settled(item.ref.lease_token, Ending.SETTLED)
-                if name == "ack":
-                    self.succeeded += 1
-                else:
-                    self.failed += 1
-                tap.done(name, body)
-                answers[index] = ok_frame(request_id)
-            else:
-                answers[index] = self._failure(request_id, name, body, outcome)
-
-    def _failure(self, request_id: int, name: str, body: Any, exc: Exception) -> WorkResponse:
-        """The result that answers a command that raised `exc`."""
-        if isinstance(exc, v.FieldError):
-            path = f"{name}.{exc.path}" if name else exc.path
-            return error_frame(
-                request_id, ErrorCode.INVALID_ARGUMENT, f"{path}: {exc.reason}", field=path
-            )
-        if isinstance(exc, LeaseLost):
-            self._tap.lost(body)
-            ref = getattr(body, "lease", None)
-            return answer_frame(
-                self._session.lost(
-                    request_id,
-                    None if ref is None else ref.lease_token,
-                    cancelled=exc.cancelled,
-                    message=str(exc),
-                )
-            )
-        if isinstance(exc, NotFound):
-            return error_frame(request_id, ErrorCode.NOT_FOUND, str(exc) or "not found")
-        if isinstance(exc, FailedPrecondition):
-            return error_frame(
-                request_id, ErrorCode.FAILED_PRECONDITION, str(exc) or "not allowed in this state"
-            )
-        if isinstance(exc, StorageUnavailable):
-            # The command's outcome is unknown and the next one would fail
-            # alike: the session answers it and ends the stream.
-            answer = self._session.storage_down(request_id, str(exc))
-            self._end(exc)
-            return answer_frame(answer)
-        log.error(
-            "Work command %s of worker %r failed unexpectedly",
-            name,
-            self._worker_id,
-            exc_info=exc,
-        )
-        return error_frame(
-            request_id,
-            ErrorCode.INTERNAL,
-            f"internal error in {name} ({type(exc).__name__}); see the daemon log",
-        )
-
-    # -- commands: each returns its result frame -------------------------------
-
-    async def _release_command(self, request_id: int, body: ReleaseRequest) -> WorkResponse:
-        ref = body.lease
-        if ref is None:
-            raise v.FieldError("lease", "is required")
-        v.lease_ref(ref, "lease")
-        owner = self._owner
-        session = self._session
-        session.settling(ref.lease_token)
-        try:
-            released = await owner.storage.release([ref], owner.clock.now())
-        except BaseException:
-            session.settled(ref.lease_token, None)
-            raise
-        if not released:
-            raise await self._lost(ref)
-        session.settled(ref.lease_token, Ending.SETTLED)
-        owner.wakeups.notify(self._queue)
-        return ok_frame(request_id)
-
-    async def _lost(self, ref: LeaseRef) -> LeaseLost:
-        """Why a release matched no lease (the bulk `Storage.release` does
-        not say): cancelled when the task is CANCELLED at the ref's attempt."""
-        try:
-            task = await self._owner.storage.get(self._queue, task_id=ref.task_id)
-        except NotFound:
-            task = None
-        if task is not None and task.state == TaskState.CANCELLED and task.attempt == ref.attempt:
-            return LeaseLost(
-                f"task {ref.task_id!r} attempt {ref.attempt}: the task was cancelled",
-                cancelled=True,
-            )
-        return LeaseLost("the lease is not the task's current lease")
-
-    async def _extend(self, request_id: int, body: ExtendLeaseRequest) -> WorkResponse:
-        clock = self._owner.clock
-        lease = await self._owner.ops.apply_extend(body, clock.now())
-        if self._session.features.has(Feature.LEASE_TTL):
-            # Read after storage, as late as the result is built; the worker
-            # times its renewals from their send, never by this ttl.
-            stamp_ttl(lease, clock.now())
-        return WorkResponse(result=WorkResult(request_id=request_id, lease=lease))
-
-    async def _progress(self, request_id: int, body: ReportProgressRequest) -> WorkResponse:
-        await self._owner.ops.apply_progress(body, self._owner.clock.now())
-        return ok_frame(request_id)
-
-    async def _credit_update(self, request_id: int, body: CreditUpdate) -> WorkResponse:
-        session = self._session
-        before = session.credit
-        answer = session.credit_update(
-            request_id,
-            available=body.available,
-            target=body.target_concurrency,
-            grant=body.grant,
-        )
-        if answer.error is None:
-            self._tap.credit(session.credit - before)
-            if session.credit:
-                self._credit_changed.set()
-        return answer_frame(answer)
-
-    async def _drain(self, request_id: int, body: WorkerDrain) -> WorkResponse:
-        answer = self._session.drain(request_id, begin=body.begin)
-        # A dispatcher waiting for credit learns there will be none.
-        self._credit_changed.set()
-        return answer_frame(answer)
 
     # -- dispatcher ----------------------------------------------------------
 
@@ -848,12 +598,7 @@ class _WorkStream:
                 if wake_at is None:
                     await armed.wait()
                     continue
-                if wake_at <= now:
-                    delay = _INCONSISTENT_WAKEUP_RETRY
-                else:
-                    delay = (wake_at - clock.now()).total_seconds()
-                    delay = max(delay, 0.0) + _SCHEDULE_SLACK
-                await watch.wait(armed, delay)
+                await watch.wait(armed, until_due(wake_at, now, clock.now()))
 
     async def _push(self, batch: list[Push]) -> None:
         """Write a claim's pushes as the session sizes them; whatever is not
@@ -959,14 +704,6 @@ class _WorkStream:
                 # the clock an ulp short (re-checking would then sleep ~0 s
                 # again and again, forever on a virtual clock).
             await self._send(WorkResponse(heartbeat=Heartbeat(server_time=clock.now())))
-
-
-def _settlement(name: str, body: Any) -> Settlement:
-    if name == "ack":
-        return v.ack_settlement(body)
-    if name == "nack":
-        return v.nack_settlement(body)
-    return v.reject_settlement(body)
 
 
 def _token(push: Push) -> str:

@@ -377,7 +377,7 @@ def test_claim_over_sqlite_leaves_every_unanswered_task_pending_and_unspent(
             specs = [TaskSpec(task_type="t", payload=b"x" * size) for size in sizes]
             outcomes = await storage.enqueue("q", [v.task_spec(s, "t", NOW) for s in specs], NOW)
             args = v.claim_args(ClaimRequest(queue="q", worker_id="w", limit=limit))
-            answered = await service._claim_now(args, NOW)
+            answered = await service.claims.claim_now(args, NOW)
             assert answered
             assert len(encode(ClaimResponse(tasks=answered))) <= limits.MAX_REPLY_BYTES
             ids = {item.task.id for item in answered if item.task}
