@@ -47,7 +47,13 @@ from ringo_trio.server.rpc.codec import StrictCodec, WireError
 from ringo_trio.server.rpc.reply_bounds import CLAIM_ROUND
 from ringo_trio.server.rpc.service import QueueService
 from ringo_trio.server.rpc.sessions import SessionTable
-from ringo_trio.server.rpc.wakeups import LeaseReaper, QueueWakeups
+from ringo_trio.server.rpc.wakeups import (
+    INCONSISTENT_WAKEUP_RETRY,
+    SCHEDULE_SLACK,
+    LeaseReaper,
+    QueueWakeups,
+    until_due,
+)
 from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from tests._kit.virtual_daemon import PROMPT, on_virtual_time, quiet
@@ -356,6 +362,22 @@ async def test_notify_between_arm_and_wait_is_not_lost() -> None:
         assert fresh is not armed
         assert not fresh.is_set()
     assert wakeups.watched_queues() == 0
+
+
+def test_a_claimer_sleeps_just_past_the_next_scheduled_moment() -> None:
+    """Property (the long-poll Claim and the Work dispatcher alike): a claimer
+    that found nothing sleeps until the queue's next scheduled moment plus a
+    slack, so its next claim never finds the task a microsecond early; a
+    moment that passed while it looked sleeps only the slack; a moment
+    storage calls due at the very claim that found nothing backs off instead
+    of spinning."""
+    later = NOW + timedelta(seconds=3)
+    assert until_due(later, NOW, NOW) == 3 + SCHEDULE_SLACK
+    assert until_due(later, NOW, NOW + timedelta(seconds=1)) == 2 + SCHEDULE_SLACK
+    assert until_due(later, NOW, later + timedelta(seconds=1)) == SCHEDULE_SLACK
+    assert until_due(NOW, NOW, NOW) == INCONSISTENT_WAKEUP_RETRY
+    assert until_due(NOW - timedelta(seconds=1), NOW, NOW) == INCONSISTENT_WAKEUP_RETRY
+    assert INCONSISTENT_WAKEUP_RETRY > SCHEDULE_SLACK > 0
 
 
 async def test_notify_wakes_only_its_queue_and_close_wakes_all() -> None:

@@ -32,7 +32,14 @@ from datetime import datetime
 from ..clock import Clock
 from ..storage.base import Storage, StorageUnavailable
 
-__all__ = ["LeaseReaper", "QueueWakeups", "Watch", "until_due"]
+__all__ = [
+    "INCONSISTENT_WAKEUP_RETRY",
+    "SCHEDULE_SLACK",
+    "LeaseReaper",
+    "QueueWakeups",
+    "Watch",
+    "until_due",
+]
 
 log = logging.getLogger("ringo_trio.server")
 

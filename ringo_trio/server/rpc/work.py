@@ -60,9 +60,10 @@ mirror its remaining credit exactly.
 paused queue (`paused`: sleep until a wake-up, which a resume sends), claim
 ``min(credit, PUSH_BATCH)`` tasks in one storage call (fewer when payloads
 are big, see *Budget*), push them; when nothing is claimable, sleep until a
-wake-up or the queue's next scheduled moment (`wakeups.until_due`). With no credit it sleeps on the stream's own credit event instead,
-so there is no polling interval anywhere. Between rounds it yields to the
-loop, so every woken dispatcher of a queue gets a turn.
+wake-up or the queue's next scheduled moment (`wakeups.until_due`). With no
+credit it sleeps on the stream's own credit event instead, so there is no
+polling interval anywhere. Between rounds it yields to the loop, so every
+woken dispatcher of a queue gets a turn.
 
 **Abandoned pushes.** A claimed lease is sent, or returned: the ``finally``
 that calls `Storage.release` is armed right after the claim, before the
