@@ -10,7 +10,7 @@ import pytest
 from ringo_trio._contract.limits import MAX_LIMIT_KEYS_PER_CLAIM, MAX_LIMIT_RULES
 from ringo_trio._proto.ringo.v1 import TaskSpec
 from ringo_trio.server.storage.base import FailedPrecondition
-from ringo_trio.server.storage.limits import Rule
+from ringo_trio.server.storage.limits import KeyState, Rule
 from tests._kit.storage import SyncEngine
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -137,3 +137,66 @@ def test_a_queue_holds_at_most_max_limit_rules(engine: SyncEngine) -> None:
     ]
     assert (replaced.rate, replaced.burst, replaced.concurrency) == (5.0, 2, 0)
     assert engine.set_limit("other", Rule("one-more:", 0.0, 1_000_000, 1, 1), T0) is True
+
+
+def _us(when: datetime) -> int:
+    return (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def test_listed_keys_count_their_own_queues_tasks_and_rate(engine: SyncEngine) -> None:
+    """Property (both engines): ListLimits with keys reports, per key of the
+    queue asked, its *due* waiting tasks (one enqueued at this very moment
+    counts; one scheduled later does not), its leased ones, and when its
+    rate lets it start next — from its own queue's rate state, never another
+    queue's key of the same name, and counting nothing of another queue."""
+    rule = Rule("k:", 1.0, 1_000_000, 1, 0)  # one start a second, burst 1
+    for queue in ("q", "r"):
+        engine.set_limit(queue, rule, T0)
+    half = T0 + timedelta(milliseconds=500)
+    engine.enqueue("q", _specs("k:a", 3), T0)
+    engine.enqueue(
+        "q",
+        [
+            TaskSpec(task_type="t", payload=b"", limit_key="k:a", delay=timedelta(hours=1)),
+            TaskSpec(task_type="t", payload=b"", limit_key="k:b", delay=timedelta(seconds=0.5)),
+        ],
+        T0,
+    )
+    engine.enqueue("q", [TaskSpec(task_type="t", payload=b"")] * 2, T0)
+    engine.enqueue("r", _specs("k:a", 2), T0)
+    got = engine.claim("q", [], 10, "w", LEASE, T0)
+    assert sorted(g.task.limit_key for g in got) == ["", "", "k:a"]
+    [late] = engine.claim("q", [], 10, "w", LEASE, half)
+    assert late.task.limit_key == "k:b"
+    [q_status] = engine.list_limits("q", half, with_keys=True)
+    assert list(q_status.keys) == [
+        KeyState("k:a", waiting=2, leased=1, next_start_us=_us(T0 + timedelta(seconds=1))),
+        KeyState("k:b", waiting=0, leased=1, next_start_us=_us(half + timedelta(seconds=1))),
+    ]
+    [r_status] = engine.list_limits("r", half, with_keys=True)
+    assert list(r_status.keys) == [KeyState("k:a", waiting=2, leased=0, next_start_us=None)]
+    [plain] = engine.list_limits("q", half, with_keys=False)
+    assert plain.keys == ()
+
+
+def test_deleting_a_queues_last_rule_forgets_only_its_keys_rates(engine: SyncEngine) -> None:
+    """Property (both engines): a key's rate state outlives the deletion of
+    another rule of its queue (the key stays held), is forgotten when its
+    queue's last rule goes (the rule set again starts it afresh), and is
+    never touched by another queue's rules coming or going."""
+    hourly = Rule("k:", 1.0, 3_600_000_000, 1, 0)
+    for queue in ("q", "r"):
+        engine.set_limit(queue, hourly, T0)
+        engine.enqueue(queue, _specs("k:a", 3), T0)
+        assert len(engine.claim(queue, [], 10, "w", LEASE, T0)) == 1
+    engine.set_limit("q", Rule("j:", 0.0, 1_000_000, 1, 1), T0)
+    assert engine.delete_limit("q", "j:", T0)
+    assert engine.claim("q", [], 10, "w", LEASE, T0) == []  # still held by its rate
+    assert engine.delete_limit("q", "k:", T0)
+    engine.set_limit("q", hourly, T0)
+    assert len(engine.claim("q", [], 10, "w", LEASE, T0)) == 1  # afresh: its burst
+    assert engine.claim("r", [], 10, "w", LEASE, T0) == []  # r's key: still held
+    assert engine.delete_limit("r", "k:", T0)
+    engine.set_limit("r", hourly, T0)
+    assert len(engine.claim("r", [], 10, "w", LEASE, T0)) == 1
+    assert engine.claim("q", [], 10, "w", LEASE, T0) == []  # q's new state kept
