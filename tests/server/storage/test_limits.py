@@ -163,7 +163,9 @@ def test_listed_keys_count_their_own_queues_tasks_and_rate(engine: SyncEngine) -
         T0,
     )
     engine.enqueue("q", [TaskSpec(task_type="t", payload=b"")] * 2, T0)
-    engine.enqueue("r", _specs("k:a", 2), T0)
+    engine.enqueue("r", _specs("k:a", 3), T0)
+    [r_now] = engine.list_limits("r", T0, with_keys=True)  # due this very moment
+    assert list(r_now.keys) == [KeyState("k:a", waiting=3, leased=0, next_start_us=None)]
     got = engine.claim("q", [], 10, "w", LEASE, T0)
     assert sorted(g.task.limit_key for g in got) == ["", "", "k:a"]
     [late] = engine.claim("q", [], 10, "w", LEASE, half)
@@ -174,7 +176,7 @@ def test_listed_keys_count_their_own_queues_tasks_and_rate(engine: SyncEngine) -
         KeyState("k:b", waiting=0, leased=1, next_start_us=_us(half + timedelta(seconds=1))),
     ]
     [r_status] = engine.list_limits("r", half, with_keys=True)
-    assert list(r_status.keys) == [KeyState("k:a", waiting=2, leased=0, next_start_us=None)]
+    assert list(r_status.keys) == [KeyState("k:a", waiting=3, leased=0, next_start_us=None)]
     [plain] = engine.list_limits("q", half, with_keys=False)
     assert plain.keys == ()
 
@@ -200,3 +202,26 @@ def test_deleting_a_queues_last_rule_forgets_only_its_keys_rates(engine: SyncEng
     engine.set_limit("r", hourly, T0)
     assert len(engine.claim("r", [], 10, "w", LEASE, T0)) == 1
     assert engine.claim("q", [], 10, "w", LEASE, T0) == []  # q's new state kept
+
+
+@pytest.mark.parametrize("types", [[], ["t"]], ids=["any", "typed"])
+def test_the_keys_a_claim_looks_at_are_its_own_queues_first(
+    engine: SyncEngine, types: list[str]
+) -> None:
+    """Property (both engines): the `MAX_LIMIT_KEYS_PER_CLAIM` keys a claim
+    looks at are the first of its own queue's keys with waiting tasks (of
+    its types): a key of another queue, or (for a typed claim) of another
+    type, sorting before them takes none of their places, so the last of
+    them is still claimed."""
+    keys = [f"k:{i:04}" for i in range(MAX_LIMIT_KEYS_PER_CLAIM)]
+    engine.set_limit("q", Rule("k:", 0.0, 1_000_000, 1, 1), T0)
+    # Every key but the last: a lease held (concurrency 1) and a task waiting.
+    engine.enqueue("q", [spec for key in keys[:-1] for spec in _specs(key, 2)], T0)
+    held = engine.claim("q", [], len(keys), "w", LEASE, T0)
+    assert sorted(g.task.limit_key for g in held) == keys[:-1]
+    engine.enqueue("other", _specs("k:", 1), T0)
+    if types:
+        engine.enqueue("q", [TaskSpec(task_type="u", payload=b"", limit_key="k:")], T0)
+    engine.enqueue("q", _specs(keys[-1], 1), T0)
+    got = engine.claim("q", types, 10, "w", LEASE, T0)
+    assert [g.task.limit_key for g in got] == [keys[-1]]
