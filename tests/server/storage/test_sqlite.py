@@ -517,6 +517,37 @@ def test_watch_returns_at_once(sqlite: SyncEngine) -> None:
     assert seen == []
 
 
+@pytest.mark.parametrize("types", [[], ["t"]], ids=["any", "typed"])
+def test_a_claim_among_many_keys_walks_a_bounded_number_of_them(
+    sqlite: SyncEngine, types: list[str]
+) -> None:
+    """Property: a limited claim and its wake-up look at
+    `MAX_LIMIT_KEYS_PER_CLAIM` keys however many the queue holds (of the
+    claimed types too): with 1,100 and then 2,200 keys, each held by its
+    concurrency with a task waiting, their SQLite VM steps stay the same
+    (within 5 %); a keys walk that does not stop at the cap reads every key
+    (+50 % steps at 2,200 keys)."""
+    now = ManualClock().now()
+    sqlite.set_limit("q", Rule("k:", 0.0, 1_000_000, 1, 1), now)
+    steps = []
+    for first, end in ((0, 1_100), (1_100, 2_200)):
+        keyed = [spec("t", limit_key=f"k:{i:05}") for i in range(first, end) for _ in range(2)]
+        sqlite.enqueue("q", keyed, now)
+        while sqlite.claim("q", [], 1_000, "w", LEASE, now):
+            pass  # one lease per key: every key held, one task waiting
+        claimed, claim_steps = _vm_steps(
+            sqlite, lambda: sqlite.claim("q", types, 10, "w", LEASE, now)
+        )
+        wake, wake_steps = _vm_steps(sqlite, lambda: sqlite.next_wakeup("q", types, now))
+        assert claimed == []
+        assert wake is not None
+        assert wake > now  # the keys' concurrency recheck
+        steps.append((claim_steps, wake_steps))
+    (claim_few, wake_few), (claim_many, wake_many) = steps
+    assert claim_many <= claim_few * 1.05
+    assert wake_many <= wake_few * 1.05
+
+
 def _counted(
     sqlite: SyncEngine, call: Any, hook: Callable[[sqlite3.Connection, Any], None]
 ) -> tuple[Any, int]:
