@@ -11,6 +11,7 @@ from ringo_trio._contract.limits import MAX_LIMIT_KEYS_PER_CLAIM, MAX_LIMIT_RULE
 from ringo_trio._proto.ringo.v1 import TaskSpec
 from ringo_trio.server.storage.base import FailedPrecondition
 from ringo_trio.server.storage.limits import KeyState, Rule
+from ringo_trio.server.storage.rows import to_us
 from tests._kit.storage import SyncEngine
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -139,10 +140,6 @@ def test_a_queue_holds_at_most_max_limit_rules(engine: SyncEngine) -> None:
     assert engine.set_limit("other", Rule("one-more:", 0.0, 1_000_000, 1, 1), T0) is True
 
 
-def _us(when: datetime) -> int:
-    return (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
-
-
 def test_listed_keys_count_their_own_queues_tasks_and_rate(engine: SyncEngine) -> None:
     """Property (both engines): ListLimits with keys reports, per key of the
     queue asked, its *due* waiting tasks (one enqueued at this very moment
@@ -172,8 +169,8 @@ def test_listed_keys_count_their_own_queues_tasks_and_rate(engine: SyncEngine) -
     assert late.task.limit_key == "k:b"
     [q_status] = engine.list_limits("q", half, with_keys=True)
     assert list(q_status.keys) == [
-        KeyState("k:a", waiting=2, leased=1, next_start_us=_us(T0 + timedelta(seconds=1))),
-        KeyState("k:b", waiting=0, leased=1, next_start_us=_us(half + timedelta(seconds=1))),
+        KeyState("k:a", waiting=2, leased=1, next_start_us=to_us(T0 + timedelta(seconds=1))),
+        KeyState("k:b", waiting=0, leased=1, next_start_us=to_us(half + timedelta(seconds=1))),
     ]
     [r_status] = engine.list_limits("r", half, with_keys=True)
     assert list(r_status.keys) == [KeyState("k:a", waiting=3, leased=0, next_start_us=None)]
