@@ -44,6 +44,14 @@ def soak(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def mutate(session: nox.Session) -> None:
+    """One module under mutation against the tests named after it:
+    ``nox -s mutate -- MODULE TEST...`` (tests/mutate.py; docs/testing.md)."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "tests.mutate", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("ruff==0.17.6")
     session.run("ruff", "check", "ringo_trio", "tests", "noxfile.py", "bench")
