@@ -227,6 +227,29 @@ def _check_restart(
     assert operator.le(ticks[-1], datetime.now(UTC))
 
 
+@pytest.mark.trio
+async def test_a_schedule_put_through_one_daemon_is_fired_by_another() -> None:
+    """Property: daemons sharing a PostgreSQL database hear of each other's
+    schedules by looking again, at most `MAX_SCHEDULE_SLEEP` apart (no
+    notification tells them): a schedule put through one daemon, which then
+    stops, goes on firing from the other, whose own loop had nothing
+    scheduled when the schedule was put."""
+    with (
+        trio.fail_after(60),
+        fresh_database() as dsn,
+        postgres_daemons(dsn, 2) as (first, second),
+    ):
+        async with Ringo.connect(first.endpoint) as client:
+            await client.queue("beat").put_schedule("s", "t", every=timedelta(seconds=1))
+        await trio.to_thread.run_sync(first.stop)
+        async with Ringo.connect(second.endpoint) as client:
+            fired_before = len(await _tasks(client, "beat"))
+            with trio.fail_after(3 + 2 * limits.MAX_SCHEDULE_SLEEP):
+                # Another process's firing: nothing here to wait on but the list.
+                while len(await _tasks(client, "beat")) < fired_before + 2:  # noqa: ASYNC110
+                    await trio.sleep(0.2)
+
+
 # -- slow: three daemons on one PostgreSQL database, one killed again and again --
 
 SOAK_TICKS = 60

@@ -185,6 +185,31 @@ def test_sparse_prefix_pages_walk_a_bounded_stretch_and_go_on(
     assert [] in pages
 
 
+def test_task_states_answer_every_known_id_and_omit_the_rest(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """Property: `task_states` (the batched recheck that wakes WaitTask's
+    parked calls) answers the state of every task asked for that exists and
+    of no other id, whatever the batch's size: 1,203 ids, more than one of
+    SQLite's bound-parameter chunks, with unknown ids among them. A task
+    missing from the answer reads as deleted and wakes its waiters."""
+    now = clock.now()
+    ids = [o.task.id for o in engine.enqueue("q", [spec() for _ in range(1_200)], now)]
+    leased = engine.claim("q", [], 3, "w", LEASE, now)
+    engine.ack(ref_of(leased[0]), now)
+    engine.reject(ref_of(leased[1]), "broken", now)
+    expected = dict.fromkeys(ids, PENDING)
+    expected[leased[0].task.id] = SUCCEEDED
+    expected[leased[1].task.id] = DEAD
+    expected[leased[2].task.id] = LEASED
+    unknown = ["01ARZ3NDEKTSV4RRFFQ69G5FAV", "not-an-id", ""]
+    asked = ids[:500] + unknown[:1] + ids[500:] + unknown[1:]
+    assert engine.task_states(asked) == expected
+    assert engine.task_states(ids[499:502]) == {i: expected[i] for i in ids[499:502]}
+    assert engine.task_states(unknown) == {}
+    assert engine.task_states([]) == {}
+
+
 def test_stats_count_by_state_and_type_with_oldest_due_task(
     engine: SyncEngine, clock: ManualClock
 ) -> None:
@@ -211,6 +236,44 @@ def test_stats_count_by_state_and_type_with_oldest_due_task(
     assert [q.queue for q in page] == ["q"]
     assert page[0].by_type == []
     assert page[0].pending == 3
+
+
+def test_a_queue_is_listed_while_it_holds_a_task_and_not_after(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """ListQueues lists a queue while it holds a task in any state, and no
+    longer once its last task is deleted (its counts are then all zero,
+    not gone), while a queue that still holds one is listed as before."""
+    now = clock.now()
+    [lone] = engine.enqueue("gone", [spec()], now)
+    engine.enqueue("kept", [spec()], now)
+    engine.cancel("gone", "not needed", now, task_id=lone.task.id)
+    assert [q.queue for q in engine.list_queues(now, after="", limit=10)] == ["gone", "kept"]
+    assert engine.delete_finished("gone", [CANCELLED], None, 10) == 1
+    assert [q.queue for q in engine.list_queues(now, after="", limit=10)] == ["kept"]
+    assert [q.queue for q in engine.list_queues(now, after="", limit=1)] == ["kept"]
+
+
+@pytest.mark.parametrize("newest_first", [False, True])
+@pytest.mark.parametrize("where", [TaskFilter(), TaskFilter(unique_key_prefix="k")])
+def test_the_page_that_holds_the_last_task_says_there_is_no_next(
+    engine: SyncEngine, clock: ManualClock, newest_first: bool, where: TaskFilter
+) -> None:
+    """A page that ends at the listing's last task carries no cursor, also
+    when it is exactly full: a cursor there would send the dashboard and
+    the CLI to a next page that is always empty. Both the plain listing
+    and one whose filter is checked row by row (a key prefix)."""
+    engine.enqueue("q", [spec(unique_key=f"k{i}") for i in range(5)], clock.now())
+
+    def page(after: int | None, limit: int) -> tuple[int, bool]:
+        got = engine.list_tasks("q", where, newest_first=newest_first, after=after, limit=limit)
+        return len(got.tasks), got.next_after is not None
+
+    assert page(None, 5) == (5, False)
+    assert page(None, 6) == (5, False)
+    first = engine.list_tasks("q", where, newest_first=newest_first, after=None, limit=3)
+    assert (len(first.tasks), first.next_after is not None) == (3, True)
+    assert page(first.next_after, 2) == (2, False)
 
 
 class _PushedLease:

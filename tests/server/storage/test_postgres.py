@@ -49,6 +49,52 @@ async def admin(dsn: str) -> asyncpg.Connection:
     return await asyncpg.connect(dsn)
 
 
+def test_an_engine_without_a_connection_or_a_schema_is_refused() -> None:
+    """A pool of no connection would wait forever on its first call, and an
+    empty schema name spells no tables: both are refused when the engine is
+    made, before any connection; a pool of one is an engine."""
+    dsn = "postgresql://nobody@127.0.0.1:1/none"
+    for pool_size in (0, -1):
+        with pytest.raises(ValueError, match="pool_size must be at least 1"):
+            PostgresEngine(dsn, pool_size=pool_size)
+    with pytest.raises(ValueError, match="schema must not be empty"):
+        PostgresEngine(dsn, schema="")
+    assert PostgresEngine(dsn, pool_size=1).pool_size == 1
+
+
+def test_an_enqueue_that_meets_a_deadlock_is_retried_a_bounded_number_of_times(
+    dsn: str, schema: str
+) -> None:
+    """Property: an enqueue whose insert PostgreSQL aborts as a deadlock (two
+    batches taking the same unique keys in another order) is run again, up
+    to three times in all: two deadlocks in a row store the tasks once,
+    three are the caller's error and store nothing."""
+
+    async def scenario() -> tuple[int, int]:
+        async with engines(dsn, schema, 1) as (e,):
+            real = e._fetchrow
+            budget = 2
+
+            async def deadlocking(sql: str, *args: Any) -> Any:
+                nonlocal budget
+                if sql == e._sql.claim.insert and budget > 0:
+                    budget -= 1
+                    raise asyncpg.exceptions.DeadlockDetectedError("deadlock detected")
+                return await real(sql, *args)
+
+            e._fetchrow = deadlocking  # type: ignore[method-assign]
+            now = ManualClock().now()
+            outcomes = await e.enqueue("q", [spec(unique_key="a"), spec(unique_key="b")], now)
+            assert [o.created for o in outcomes] == [True, True]
+            budget = 3
+            with pytest.raises(asyncpg.exceptions.DeadlockDetectedError):
+                await e.enqueue("q", [spec(unique_key="c")], now)
+            stats = await e.queue_stats("q", now, by_type=False)
+            return stats.pending, budget
+
+    assert run(scenario()) == (2, 0)
+
+
 # -- several daemons on one database -------------------------------------------
 
 

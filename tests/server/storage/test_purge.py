@@ -135,6 +135,20 @@ def test_active_states_are_refused(engine: SyncEngine, clock: ManualClock) -> No
     assert engine.get("q", task_id=out.task.id).state == TaskState.PENDING
 
 
+def test_a_delete_of_nothing_deletes_nothing_and_says_so(
+    engine: SyncEngine, clock: ManualClock
+) -> None:
+    """A limit of 0 (or below), or no state asked for, deletes no task and
+    answers 0: the answer is what retention and DeleteTasks add up and
+    report, and a pass keeps deleting while a batch comes back full."""
+    kept = finish(engine, clock.now(), SUCCEEDED)
+    assert engine.delete_finished("q", [SUCCEEDED], None, 0) == 0
+    assert engine.delete_finished(None, FINISHED, None, -1) == 0
+    assert engine.delete_finished("q", [], None, 10) == 0
+    assert not gone(engine, kept)
+    assert engine.delete_finished("q", [SUCCEEDED], None, 1) == 1
+
+
 def test_a_deleted_tasks_unique_key_can_be_used_again(
     engine: SyncEngine, clock: ManualClock
 ) -> None:

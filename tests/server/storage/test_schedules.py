@@ -19,7 +19,7 @@ from ringo_trio._contract.cron import Every, parse_cron
 from ringo_trio._proto.ringo.v1 import MisfirePolicy, Schedule
 from ringo_trio.server.storage.base import FailedPrecondition, NotFound
 from ringo_trio.server.storage.schedules import tick_key
-from tests._kit.storage import EngineKind, SyncEngine, open_engine, walk
+from tests._kit.storage import EngineKind, SyncEngine, open_engine, spec, walk
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 LIMIT = 100
@@ -65,6 +65,23 @@ def test_put_list_delete(engine: SyncEngine) -> None:
     assert engine.delete_schedule("q", "s") is True
     assert engine.delete_schedule("q", "s") is False
     assert engine.list_schedules(None) == []
+
+
+def test_a_re_put_replaces_what_the_task_will_be(engine: SyncEngine) -> None:
+    """Property: putting a schedule again with another task type, payload,
+    priority or attempts stores all of them (the firing's tasks are made
+    from the stored row), keeping its timing, counters and creation time."""
+    first = put(engine, sched(every=timedelta(minutes=1), payload=b"old"), T0)
+    again = put(
+        engine,
+        sched(every=timedelta(minutes=1), task_type="other", payload=b"new", max_attempts=7),
+        T0 + timedelta(seconds=5),
+    )
+    assert (again.task_type, again.payload, again.max_attempts) == ("other", b"new", 7)
+    assert (again.next_fire_at, again.created_at) == (first.next_fire_at, first.created_at)
+    assert engine.list_schedules("q") == [again]
+    [task] = engine.fire_schedules(T0 + timedelta(minutes=1), LIMIT).created
+    assert (task.task_type, task.payload, task.max_attempts) == ("other", b"new", 7)
 
 
 def test_schedules_per_queue_are_bounded(engine: SyncEngine) -> None:
@@ -199,6 +216,87 @@ def test_skip_fires_the_tick_on_time(engine: SyncEngine) -> None:
     report = engine.fire_schedules(T0 + timedelta(seconds=35), LIMIT)
     assert [t.unique_key for t in report.created] == [tick_key("s", T0 + timedelta(seconds=30))]
     assert report.skipped == {("q", "s"): 2}
+
+
+def test_each_schedule_is_its_own(engine: SyncEngine) -> None:
+    """Property: a schedule is named by its queue and its name together:
+    pausing, firing or deleting one leaves a schedule of the same name in
+    another queue, and another schedule of the same queue, as they were --
+    also when all of them are due at the same moment."""
+    minute = timedelta(minutes=1)
+    for queue, name in (("q", "s"), ("q", "t"), ("other", "s")):
+        put(engine, sched(name, queue=queue, every=minute), T0)
+    paused = engine.set_schedule_paused("q", "s", True, T0 + timedelta(seconds=1))
+    assert (paused.paused, paused.next_fire_at) == (True, None)
+    by_name = {(x.queue, x.name): x for x in engine.list_schedules(None)}
+    assert not by_name["q", "t"].paused
+    assert not by_name["other", "s"].paused
+    assert by_name["q", "t"].next_fire_at == by_name["other", "s"].next_fire_at == T0 + minute
+
+    report = engine.fire_schedules(T0 + minute, LIMIT)
+    assert report.fired == {("q", "t"): 1, ("other", "s"): 1}
+    assert sorted(t.queue for t in report.created) == ["other", "q"]
+    by_name = {(x.queue, x.name): x for x in engine.list_schedules(None)}
+    assert (by_name["q", "s"].paused, by_name["q", "s"].next_fire_at) == (True, None)
+    assert by_name["q", "s"].fired == 0
+    assert by_name["q", "s"].last_task_id == ""
+    for queue, name in (("q", "t"), ("other", "s")):
+        mine = by_name[queue, name]
+        assert (mine.fired, mine.next_fire_at) == (1, T0 + 2 * minute)
+        assert mine.last_task_id == engine.get(queue, unique_key=tick_key(name, T0 + minute)).id
+
+    assert engine.delete_schedule("q", "s") is True
+    assert sorted((x.queue, x.name) for x in engine.list_schedules(None)) == [
+        ("other", "s"),
+        ("q", "t"),
+    ]
+
+
+def test_a_firing_says_more_only_when_more_are_due(engine: SyncEngine) -> None:
+    """Property: a firing takes at most `limit` due schedules, soonest
+    first, and says `more` exactly when due schedules were left (the
+    daemon then fires again at once, instead of at the next due moment);
+    schedules not yet due neither fire nor count."""
+    minute = timedelta(minutes=1)
+    for i in range(2):
+        put(engine, sched(f"due{i}", every=minute), T0)
+    put(engine, sched("later", every=timedelta(hours=1)), T0)
+    exactly = engine.fire_schedules(T0 + minute, 2)
+    assert (set(exactly.fired), exactly.more) == ({("q", "due0"), ("q", "due1")}, False)
+    put(engine, sched("due2", every=minute), T0 + minute)
+    first = engine.fire_schedules(T0 + 2 * minute, 2)
+    assert (len(first.fired), first.more) == (2, True)
+    rest = engine.fire_schedules(T0 + 2 * minute, 2)
+    assert (len(rest.fired), rest.more) == (1, False)
+    assert set(first.fired) | set(rest.fired) == {("q", "due0"), ("q", "due1"), ("q", "due2")}
+    assert ("q", "later") not in set(first.fired) | set(rest.fired) | set(exactly.fired)
+
+
+def test_the_last_task_of_a_catch_up_is_its_latest_tick(engine: SyncEngine) -> None:
+    """Property: a firing that catches up several ticks at once records the
+    task of the latest of them as the schedule's last task (what
+    ListSchedules and the dashboard show)."""
+    put(engine, sched(cron="* * * * *", misfire=MisfirePolicy.CATCH_UP, catch_up=3), T0)
+    report = engine.fire_schedules(T0 + timedelta(minutes=5), LIMIT)
+    assert len(report.created) == 3
+    [stored] = engine.list_schedules("q")
+    latest = engine.get("q", unique_key=tick_key("s", T0 + timedelta(minutes=5)))
+    assert stored.last_task_id == latest.id
+
+
+def test_a_tick_whose_task_exists_points_at_that_task(engine: SyncEngine) -> None:
+    """Property: when a tick's task already exists (its key enqueued by
+    hand, or by a firing that another daemon committed), the firing
+    creates no task and records the existing one as the schedule's last
+    task, never the id of a task it did not store."""
+    put(engine, sched(every=timedelta(minutes=1)), T0)
+    due = T0 + timedelta(minutes=1)
+    [existing] = engine.enqueue("q", [spec(task_type="tick", unique_key=tick_key("s", due))], T0)
+    report = engine.fire_schedules(due, LIMIT)
+    assert report.created == []
+    assert report.fired == {("q", "s"): 1}
+    [stored] = engine.list_schedules("q")
+    assert stored.last_task_id == existing.task.id
 
 
 def test_two_engines_fire_each_tick_once(engine_kind: EngineKind, tmp_path: pathlib.Path) -> None:

@@ -8,6 +8,7 @@ import contextlib
 import pathlib
 import re
 import sqlite3
+import stat
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -78,6 +79,37 @@ def test_open_creates_the_file_and_its_directory(
     with sqlite3.connect(db_path) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     raw.close()
+
+
+def _mode(path: pathlib.Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_database_and_its_files_are_ours_alone(
+    runner: asyncio.Runner, tmp_path: pathlib.Path
+) -> None:
+    """Property: payloads and results sit in the database, its WAL and its
+    shared-memory file, so each is readable by the daemon's user only
+    (0600) whatever the umask, in a directory of its own made 0700 with
+    every missing parent; files an older daemon (or a copy) left readable
+    to others are tightened when the engine opens them."""
+    path = tmp_path / "a" / "b" / "ringo.db"
+    engine = SQLiteEngine(path)
+    runner.run(engine.open())
+    try:
+        runner.run(engine.enqueue("q", [spec(payload=b"secret")], ManualClock().now()))
+        files = [path, path.with_name("ringo.db-wal"), path.with_name("ringo.db-shm")]
+        assert [_mode(f) for f in files] == [0o600] * 3
+        assert _mode(path.parent) == 0o700
+        for f in files:
+            f.chmod(0o644)
+        # A second engine on the same files, as a restarted daemon would find them.
+        again = SQLiteEngine(path)
+        runner.run(again.open())
+        runner.run(again.close())
+        assert [_mode(f) for f in files] == [0o600] * 3
+    finally:
+        runner.run(engine.close())
 
 
 def test_close_is_idempotent_and_a_closed_engine_refuses_calls(
@@ -650,28 +682,40 @@ def test_a_failed_checkpoint_is_logged_and_retried(
     sqlite: SyncEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Property: a checkpoint that fails (a full disk, an I/O error) does
-    not end upkeep -- which would end the daemon's task group -- it is
-    logged once, and the next pass checkpoints what was committed."""
+    not end upkeep -- which would end the daemon's task group -- and the
+    next pass checkpoints what was committed; a run of failures is logged
+    once, at its first failure, and a failure after a checkpoint that
+    worked starts a new run (logged again)."""
     engine = sqlite.raw
     assert isinstance(engine, SQLiteEngine)
     real = sqlite_upkeep.off_loop
-    failures = 0
+    outcomes = iter([False, False, True, False])  # then every pass works
+    passes = 0
+    logged_at: list[int] = []
 
-    async def fail_twice(db: sqlite3.Connection, sql: str) -> None:
-        nonlocal failures
-        if failures < 2:
-            failures += 1
+    async def failing_at_first(db: sqlite3.Connection, sql: str) -> None:
+        nonlocal passes
+        passes += 1
+        logged_at.extend([passes - 1] * (len(caplog.records) - len(logged_at)))
+        if not next(outcomes, True):
             raise sqlite3.OperationalError("database or disk is full")
         await real(db, sql)
 
-    monkeypatch.setattr(sqlite_engine, "off_loop", fail_twice)
+    monkeypatch.setattr(sqlite_engine, "off_loop", failing_at_first)
     now = ManualClock().now()
+
+    async def until(count: int) -> None:
+        async with asyncio.timeout(10.0):
+            while passes < count:  # noqa: ASYNC110 (see above)
+                await asyncio.sleep(0.01)
 
     async def scenario() -> bool:
         upkeep = asyncio.create_task(engine.maintain(interval=0.0))
-        for _ in range(3):
-            await engine.enqueue("q", [spec(payload=bytes(16 * 1024))], now)
-            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # upkeep waits for commits from here on
+        await engine.enqueue("q", [spec(payload=bytes(16 * 1024))], now)
+        await until(3)  # failed, failed, checkpointed
+        await engine.enqueue("q", [spec(payload=bytes(16 * 1024))], now)
+        await until(5)  # failed, checkpointed
         async with asyncio.timeout(10.0):
             while not _checkpointed(sqlite.scratch):  # noqa: ASYNC110 (see above)
                 await asyncio.sleep(0.01)
@@ -683,10 +727,10 @@ def test_a_failed_checkpoint_is_logged_and_retried(
 
     with caplog.at_level("WARNING", logger=sqlite_engine.__name__):
         assert sqlite.run(scenario())
-    assert failures == 2
-    assert [r.getMessage() for r in caplog.records] == [
-        "WAL checkpoint failed (will retry): database or disk is full"
-    ]
+    message = "WAL checkpoint failed (will retry): database or disk is full"
+    assert [r.getMessage() for r in caplog.records] == [message, message]
+    # Each logged before the pass after the failure it reports: passes 1 and 4.
+    assert logged_at == [1, 4]
 
 
 def test_upkeep_sleeps_while_nothing_is_committed(
