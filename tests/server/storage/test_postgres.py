@@ -95,6 +95,32 @@ def test_an_enqueue_that_meets_a_deadlock_is_retried_a_bounded_number_of_times(
     assert run(scenario()) == (2, 0)
 
 
+def test_stats_read_among_other_queues_unfolded_counts_are_their_own(dsn: str, schema: str) -> None:
+    """Property: a queue's stats are its folded counts plus the deltas
+    committed since the fold -- its own deltas only, also when other
+    daemons' commits to other queues land between this daemon's fold and
+    its read (here: the fold skipped, every queue's deltas left waiting)."""
+
+    async def scenario() -> list[tuple[str, int]]:
+        async with engines(dsn, schema, 1) as (e,):
+            now = ManualClock().now()
+            for queue, n in (("p", 1), ("q", 2), ("r", 3)):
+                await e.enqueue(queue, [spec() for _ in range(n)], now)
+            await e.fold_counts()
+            for queue in ("p", "q", "r"):
+                await e.enqueue(queue, [spec()], now)
+
+            async def not_folding() -> None:
+                return None
+
+            e.fold_counts = not_folding  # type: ignore[method-assign]
+            q = await e.queue_stats("q", now, by_type=False)
+            page = await e.list_queues(now, after="p", limit=1)
+            return [("q", q.pending)] + [(s.queue, s.pending) for s in page]
+
+    assert run(scenario()) == [("q", 3), ("q", 3)]
+
+
 # -- several daemons on one database -------------------------------------------
 
 
