@@ -24,8 +24,9 @@ from ringo_trio._proto.ringo.v1 import LeasedTask, RetryBackoff, TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.storage.base import SchemaTooNew, StorageUnavailable
 from ringo_trio.server.storage.limits import Rule
-from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine
+from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine, listen
 from ringo_trio.server.storage.postgres import schema as pg
+from ringo_trio.server.storage.postgres.listen import channel
 from ringo_trio.server.storage.rows import to_us
 from tests._kit.postgres import ADMIN_DSN
 from tests._kit.storage import LEASE, assert_within_rate, engines, ref_of, run, spec, watching
@@ -509,6 +510,85 @@ def test_notifications_reach_other_engines_but_not_their_sender(dsn: str, schema
             assert at_a.seen[-1] == "marker"
 
     run(main())
+
+
+def test_long_schema_names_get_channels_of_their_own(dsn: str, schema: str) -> None:
+    """Property: PostgreSQL cuts channel names at 63 bytes, so a schema
+    whose channel (``ringo:<schema>``) would be longer gets a hashed one of
+    at most 63 bytes: two deployments whose 63-byte schema names share all
+    but their last byte wake their own daemons only; a name that fits is
+    its channel as it is."""
+    assert channel("s" * 57) == "ringo:" + "s" * 57
+    for long in ("s" * 58, "s" * 63, "é" * 31):
+        assert channel(long).startswith("ringo:")
+        assert len(channel(long).encode()) <= 63
+    assert channel("s" * 58) != channel("s" * 57 + "t")
+    long_a = (schema + "_" * 63)[:62] + "a"
+    long_b = long_a[:-1] + "b"
+    now = ManualClock().now()
+
+    async def main() -> None:
+        async with (
+            engines(dsn, long_a, 2) as (a1, a2),
+            engines(dsn, long_b, 2) as (b1, b2),
+            watching(a2) as at_a2,
+            watching(b1) as at_b1,
+        ):
+            await a1.enqueue("q", [spec()], now)
+            await at_a2.wait_for("q")
+            await b2.enqueue("marker", [spec()], now)
+            await at_b1.wait_for("marker")
+            assert at_b1.seen == [None, "marker"]
+
+    run(main())
+
+
+class _Enough(Exception):
+    pass
+
+
+def test_a_listener_backs_off_doubling_to_its_cap_and_starts_over_once_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Property: a listener that cannot connect tries again after 0.1 s,
+    then twice as long each time up to 5 s (a database that is down is not
+    hammered, and is found again within 5 s once up); once a listener had
+    been up and is lost, the wait starts over at 0.1 s."""
+    waited: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        waited.append(delay)
+        if len(waited) == 10:
+            raise _Enough
+
+    monkeypatch.setattr(listen.asyncio, "sleep", sleep)
+    failures = iter([OSError("refused")] * 7 + [listen.Listened()] + [OSError("refused")] * 9)
+
+    async def listen_once() -> None:
+        raise next(failures)
+
+    with pytest.raises(_Enough):
+        run(listen._keep_listening("test listener", listen_once))
+    assert waited == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 0.1, 0.2, 0.4]
+
+
+def test_a_rule_set_through_one_daemon_holds_on_another_at_once(dsn: str, schema: str) -> None:
+    """Property: a limit rule set through one daemon reaches every other
+    daemon of the database at once (a notification on the rules' channel),
+    not at its next reload (`RULES_REFRESH_US`, 2 s): on a clock that does
+    not move, the other daemon's very next claim keeps the new rule."""
+    clock = ManualClock()
+
+    async def main() -> int:
+        async with engines(dsn, schema, 2) as (a, b), watching(b) as at_b:
+            await b.enqueue("q", [spec(limit_key="k:1") for _ in range(2)], clock.now())
+            assert await b.limit_rules("q", to_us(clock.now())) == ()  # read, fresh
+            await a.set_limit("q", Rule("k:", 0.0, 1_000_000, 1, 1), clock.now())
+            async with asyncio.timeout(10):
+                await at_b.wait_for("q")
+            return len(await b.claim("q", [], 2, "w", LEASE, clock.now()))
+
+    assert run(main()) == 1
 
 
 def test_a_rolled_back_change_sends_no_notification(dsn: str, schema: str) -> None:
