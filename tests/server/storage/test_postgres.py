@@ -591,6 +591,46 @@ def test_a_rule_set_through_one_daemon_holds_on_another_at_once(dsn: str, schema
     assert run(main()) == 1
 
 
+def test_a_daemons_waits_outlive_another_daemons_withdrawal_and_start(
+    dsn: str, schema: str
+) -> None:
+    """Property: settlements notify the daemons waiting on the task (WaitTask
+    across daemons), and a registration stays until its own daemon
+    withdraws it: another daemon withdrawing its wait on the same task, or
+    starting (which clears the registrations of vanished daemons,
+    `STALE_WAITS` old), leaves it, and a daemon withdrawing one wait keeps
+    its others -- so each settlement is heard at once."""
+    clock = ManualClock()
+
+    async def main() -> set[str | None]:
+        heard: set[str | None] = set()
+        wanted: set[str] = set()
+        listening, all_heard = asyncio.Event(), asyncio.Event()
+
+        def note(task_id: str | None) -> None:
+            heard.add(task_id)
+            if wanted and wanted <= heard:
+                all_heard.set()
+
+        async with engines(dsn, schema, 1) as (a,), asyncio.TaskGroup() as tg:
+            ids = [o.task.id for o in await a.enqueue("q", [spec(), spec()], clock.now())]
+            wanted.update(ids)
+            watcher = tg.create_task(a.watch_settled(note, listening.set))
+            await listening.wait()
+            await a.register_waits(add=ids[:1], remove=[])
+            async with engines(dsn, schema, 1) as (b,):
+                await b.register_waits(add=ids, remove=[])
+                await b.register_waits(add=[], remove=ids[:1])
+                for leased in await b.claim("q", [], 2, "w", LEASE, clock.now()):
+                    await b.ack(ref_of(leased), clock.now())
+            async with asyncio.timeout(10):
+                await all_heard.wait()
+            watcher.cancel()
+        return heard - {None}
+
+    assert len(run(main())) == 2
+
+
 def test_a_rolled_back_change_sends_no_notification(dsn: str, schema: str) -> None:
     """A notification is sent at commit, never for a rolled-back change: an enqueue the
     server refuses (a NUL byte in a text column) wakes nobody."""
