@@ -102,6 +102,18 @@ class Mutant:
     ident: int
     line: int
     what: str
+    # Which node of the module's ``ast.walk`` order, and which of its edits.
+    index: int
+    variant: int
+
+
+def _sql_edits(statement: str) -> list[tuple[re.Match[str], str]]:
+    """Every edit of a statement, in variant order: where, and into what."""
+    return [
+        (match, replacement)
+        for pattern, replacement in _SQL_EDITS
+        for match in re.finditer(pattern, statement)
+    ]
 
 
 def _edits(tree: ast.Module) -> Iterator[tuple[int, str, int]]:
@@ -124,19 +136,16 @@ def _edits(tree: ast.Module) -> Iterator[tuple[int, str, int]]:
             value = node.value
             if isinstance(value, bool):
                 yield index, f"{value} -> {not value}", 0
-            elif isinstance(value, int) and not isinstance(value, bool):
+            elif isinstance(value, int):
                 yield index, f"{value} -> {value + 1}", 0
                 if value != 0:
                     yield index, f"{value} -> {value - 1}", 1
             elif isinstance(value, str) and _SQL.search(value):
-                variant = 0
-                for pattern, replacement in _SQL_EDITS:
-                    for match in re.finditer(pattern, value):
-                        around = value[max(0, match.start() - 25) : match.end() + 25]
-                        around = " ".join(around.split())
-                        what = f"SQL {match.group()!r} -> {replacement!r} in ...{around}..."
-                        yield index, what, variant
-                        variant += 1
+                for variant, (match, replacement) in enumerate(_sql_edits(value)):
+                    around = value[max(0, match.start() - 25) : match.end() + 25]
+                    around = " ".join(around.split())
+                    what = f"SQL {match.group()!r} -> {replacement!r} in ...{around}..."
+                    yield index, what, variant
 
 
 def _apply(tree: ast.Module, index: int, variant: int) -> ast.Module:
@@ -170,18 +179,13 @@ def _apply(tree: ast.Module, index: int, variant: int) -> ast.Module:
             node.value = value + 1 if variant == 0 else value - 1
         else:
             assert isinstance(value, str)
-            seen = 0
-            for pattern, replacement in _SQL_EDITS:
-                for match in re.finditer(pattern, value):
-                    if seen == variant:
-                        node.value = value[: match.start()] + replacement + value[match.end() :]
-                        return mutated
-                    seen += 1
+            match, replacement = _sql_edits(value)[variant]
+            node.value = value[: match.start()] + replacement + value[match.end() :]
     return mutated
 
 
-def mutants(source: str) -> list[tuple[Mutant, str]]:
-    """Every mutant of a module's source, with the source it becomes.
+def mutants(source: str) -> list[Mutant]:
+    """Every mutant of a module's source (`mutated` writes one out).
 
     Docstrings are left alone (a mutated docstring changes nothing), and so
     is anything under ``if TYPE_CHECKING:``."""
@@ -200,12 +204,16 @@ def mutants(source: str) -> list[tuple[Mutant, str]]:
             if isinstance(annotation, ast.AST):
                 skipped.update(id(n) for n in ast.walk(annotation))
     nodes = list(ast.walk(tree))
-    found = []
     edits = (e for e in _edits(tree) if id(nodes[e[0]]) not in skipped)
-    for ident, (index, what, variant) in enumerate(edits):
-        line = getattr(nodes[index], "lineno", 0)
-        found.append((Mutant(ident, line, what), ast.unparse(_apply(tree, index, variant))))
-    return found
+    return [
+        Mutant(ident, getattr(nodes[index], "lineno", 0), what, index, variant)
+        for ident, (index, what, variant) in enumerate(edits)
+    ]
+
+
+def mutated(source: str, mutant: Mutant) -> str:
+    """The module's source with `mutant`'s one change."""
+    return ast.unparse(_apply(ast.parse(source), mutant.index, mutant.variant))
 
 
 def _run(workdir: pathlib.Path, command: list[str], timeout: float) -> str:
@@ -218,16 +226,19 @@ def _run(workdir: pathlib.Path, command: list[str], timeout: float) -> str:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    code: int | None = None
     try:
         code = process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        # The tests start daemons of their own: the whole group goes.
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        return "timeout"
+        pass
     finally:
+        # The tests start daemons of their own: the whole group goes, also
+        # after a pass (a daemon left behind would hold its port and files).
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    if code is None:
+        return "timeout"
     return "lived" if code == 0 else "killed"
 
 
@@ -262,12 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("name the tests that should kill the mutants")
 
     module = pathlib.Path(args.module)
-    found = mutants((ROOT / module).read_text())
+    source = (ROOT / module).read_text()
+    found = mutants(source)
     if args.only:
         wanted = {int(i) for i in args.only.split(",")}
-        found = [(m, s) for m, s in found if m.ident in wanted]
+        found = [m for m in found if m.ident in wanted]
     if args.list:
-        for mutant, _ in found:
+        for mutant in found:
             print(f"{mutant.ident:4} line {mutant.line:4}  {mutant.what}")
         return 0
     command = [
@@ -293,20 +305,20 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         free = list(workdirs)
 
-        def one(mutant: Mutant, source: str) -> tuple[Mutant, str, float]:
+        def one(mutant: Mutant) -> tuple[Mutant, str, float]:
             workdir = free.pop()
             try:
-                (workdir / module).write_text(source)
+                (workdir / module).write_text(mutated(source, mutant))
                 started = time.monotonic()
                 outcome = _run(workdir, command, args.timeout)
                 return mutant, outcome, time.monotonic() - started
             finally:
-                shutil.copyfile(ROOT / module, workdir / module)
+                (workdir / module).write_text(source)
                 free.append(workdir)
 
         lived = []
         with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
-            for mutant, outcome, took in pool.map(lambda pair: one(*pair), found):
+            for mutant, outcome, took in pool.map(one, found):
                 print(
                     f"{outcome:8} {took:6.1f}s  #{mutant.ident} line {mutant.line}: {mutant.what}",
                     flush=True,

@@ -265,15 +265,15 @@ def test_the_page_that_holds_the_last_task_says_there_is_no_next(
     and one whose filter is checked row by row (a key prefix)."""
     engine.enqueue("q", [spec(unique_key=f"k{i}") for i in range(5)], clock.now())
 
-    def page(after: int | None, limit: int) -> tuple[int, bool]:
+    def page(after: int | None, limit: int) -> tuple[int, int | None]:
         got = engine.list_tasks("q", where, newest_first=newest_first, after=after, limit=limit)
-        return len(got.tasks), got.next_after is not None
+        return len(got.tasks), got.next_after
 
-    assert page(None, 5) == (5, False)
-    assert page(None, 6) == (5, False)
-    first = engine.list_tasks("q", where, newest_first=newest_first, after=None, limit=3)
-    assert (len(first.tasks), first.next_after is not None) == (3, True)
-    assert page(first.next_after, 2) == (2, False)
+    assert page(None, 5) == (5, None)
+    assert page(None, 6) == (5, None)
+    size, cursor = page(None, 3)
+    assert (size, cursor is not None) == (3, True)
+    assert page(cursor, 2) == (2, None)
 
 
 class _PushedLease:

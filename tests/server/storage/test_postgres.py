@@ -26,7 +26,6 @@ from ringo_trio.server.storage.base import SchemaTooNew, StorageUnavailable
 from ringo_trio.server.storage.limits import Rule
 from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine, listen
 from ringo_trio.server.storage.postgres import schema as pg
-from ringo_trio.server.storage.postgres.listen import channel
 from ringo_trio.server.storage.rows import to_us
 from tests._kit.postgres import ADMIN_DSN
 from tests._kit.storage import LEASE, assert_within_rate, engines, ref_of, run, spec, watching
@@ -518,11 +517,11 @@ def test_long_schema_names_get_channels_of_their_own(dsn: str, schema: str) -> N
     at most 63 bytes: two deployments whose 63-byte schema names share all
     but their last byte wake their own daemons only; a name that fits is
     its channel as it is."""
-    assert channel("s" * 57) == "ringo:" + "s" * 57
+    assert listen.channel("s" * 57) == "ringo:" + "s" * 57
     for long in ("s" * 58, "s" * 63, "é" * 31):
-        assert channel(long).startswith("ringo:")
-        assert len(channel(long).encode()) <= 63
-    assert channel("s" * 58) != channel("s" * 57 + "t")
+        assert listen.channel(long).startswith("ringo:")
+        assert len(listen.channel(long).encode()) <= 63
+    assert listen.channel("s" * 58) != listen.channel("s" * 57 + "t")
     long_a = (schema + "_" * 63)[:62] + "a"
     long_b = long_a[:-1] + "b"
     now = ManualClock().now()

@@ -218,6 +218,10 @@ def test_skip_fires_the_tick_on_time(engine: SyncEngine) -> None:
     assert report.skipped == {("q", "s"): 2}
 
 
+def _by_queue_and_name(engine: SyncEngine) -> dict[tuple[str, str], Schedule]:
+    return {(x.queue, x.name): x for x in engine.list_schedules(None)}
+
+
 def test_each_schedule_is_its_own(engine: SyncEngine) -> None:
     """Property: a schedule is named by its queue and its name together:
     pausing, firing or deleting one leaves a schedule of the same name in
@@ -228,7 +232,7 @@ def test_each_schedule_is_its_own(engine: SyncEngine) -> None:
         put(engine, sched(name, queue=queue, every=minute), T0)
     paused = engine.set_schedule_paused("q", "s", True, T0 + timedelta(seconds=1))
     assert (paused.paused, paused.next_fire_at) == (True, None)
-    by_name = {(x.queue, x.name): x for x in engine.list_schedules(None)}
+    by_name = _by_queue_and_name(engine)
     assert not by_name["q", "t"].paused
     assert not by_name["other", "s"].paused
     assert by_name["q", "t"].next_fire_at == by_name["other", "s"].next_fire_at == T0 + minute
@@ -236,7 +240,7 @@ def test_each_schedule_is_its_own(engine: SyncEngine) -> None:
     report = engine.fire_schedules(T0 + minute, LIMIT)
     assert report.fired == {("q", "t"): 1, ("other", "s"): 1}
     assert sorted(t.queue for t in report.created) == ["other", "q"]
-    by_name = {(x.queue, x.name): x for x in engine.list_schedules(None)}
+    by_name = _by_queue_and_name(engine)
     assert (by_name["q", "s"].paused, by_name["q", "s"].next_fire_at) == (True, None)
     assert by_name["q", "s"].fired == 0
     assert by_name["q", "s"].last_task_id == ""
