@@ -13,6 +13,7 @@ import collections
 import contextlib
 import hashlib
 import random
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,7 +29,16 @@ from ringo_trio.server.storage.postgres import SCHEMA_VERSION, PostgresEngine, l
 from ringo_trio.server.storage.postgres import schema as pg
 from ringo_trio.server.storage.rows import to_us
 from tests._kit.postgres import ADMIN_DSN
-from tests._kit.storage import LEASE, assert_within_rate, engines, ref_of, run, spec, watching
+from tests._kit.storage import (
+    LEASE,
+    Notes,
+    assert_within_rate,
+    engines,
+    ref_of,
+    run,
+    spec,
+    watching,
+)
 
 
 @pytest.fixture
@@ -569,6 +579,112 @@ def test_a_listener_backs_off_doubling_to_its_cap_and_starts_over_once_up(
     with pytest.raises(_Enough):
         run(listen._keep_listening("test listener", listen_once))
     assert waited == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 0.1, 0.2, 0.4]
+
+
+class _Relay:
+    """A TCP relay to the PostgreSQL server that can go silent: the
+    connections it relays at that moment stay open and carry nothing more
+    (a peer gone without a FIN: a NAT or a firewall that forgot the flow),
+    while new connections are relayed as before."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._opened = 0
+        self._silent_below = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def silence(self) -> None:
+        self._silent_below = self._opened
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[int]:
+        """The relay's port while the block runs; every relayed connection
+        is closed when it ends."""
+        async with asyncio.TaskGroup() as tg:
+            server = await asyncio.start_server(lambda r, w: self._start(tg, r, w), "127.0.0.1", 0)
+            try:
+                yield server.sockets[0].getsockname()[1]
+            finally:
+                server.close()
+                for task in self._tasks:
+                    task.cancel()
+
+    def _start(
+        self, tg: asyncio.TaskGroup, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self._tasks.append(tg.create_task(self._relay(self._opened, reader, writer)))
+        self._opened += 1
+
+    async def _relay(
+        self, number: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self._target)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                if number >= self._silent_below:
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        try:
+            async with asyncio.TaskGroup() as pumps:
+                pumps.create_task(pump(reader, up_writer))
+                pumps.create_task(pump(up_reader, writer))
+        except* OSError:
+            pass
+        finally:
+            writer.close()
+            up_writer.close()
+
+
+@pytest.mark.parametrize("listener", ["wake-ups", "waits"])
+def test_a_listener_whose_connection_goes_silent_listens_again(
+    dsn: str, listener: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: a listening connection dropped without a FIN delivers
+    nothing and never reports itself closed; each listener (the wake-ups',
+    the waits') proves its connection alive every `WATCH_PING` of silence,
+    gives up one that does not answer and listens again on a new one, so
+    the notifications sent after that are heard (without the ping, never:
+    another daemon's enqueues and settlements would go unheard)."""
+    monkeypatch.setattr(listen, "WATCH_PING", 0.2)
+    channel = f"ringo:silent_{random.getrandbits(48):x}"
+    server = urlsplit(dsn)
+    relay = _Relay((server.hostname or "127.0.0.1", server.port or 5432))
+
+    async def main() -> tuple[list[str | None], str]:
+        notes = Notes()
+        async with relay.serving() as port, asyncio.TaskGroup() as tg, asyncio.timeout(10):
+            user = server.netloc.rpartition("@")[0]
+            relayed = server._replace(netloc=f"{user}@127.0.0.1:{port}").geturl()
+            if listener == "wake-ups":
+                watched = listen.watch(relayed, channel, "me", notes, fold=_nothing)
+                payload, heard = "another q", "q"
+            else:
+                watched = listen.watch_settled(relayed, f"'{channel}'", notes, ready=lambda: None)
+                payload = heard = "task-1"
+            task = tg.create_task(watched)
+            try:
+                await notes.wait_for(None)  # listening
+                relay.silence()
+                await notes.wait_for(None, count=2)  # listening again
+                direct = await asyncpg.connect(dsn)
+                try:
+                    await direct.execute("SELECT pg_notify($1, $2)", channel, payload)
+                finally:
+                    await direct.close()
+                await notes.wait_for(heard)
+            finally:
+                task.cancel()
+        return notes.seen, heard
+
+    seen, heard = run(main())
+    assert seen == [None, None, heard]
+
+
+async def _nothing() -> None:
+    pass
 
 
 def test_a_rule_set_through_one_daemon_holds_on_another_at_once(dsn: str, schema: str) -> None:
