@@ -20,6 +20,7 @@ from ringo_trio import (
     TaskState,
 )
 from ringo_trio._transport.memory import serving_in_memory
+from ringo_trio.server import flags
 from ringo_trio.server.clock import LoopClock
 from ringo_trio.server.daemon import Daemon, DaemonConfig
 from ringo_trio.server.retention import RetentionPolicy
@@ -41,6 +42,13 @@ async def finish(queue: TaskQueue, n: int, *, dead: bool = False, key: str = "")
         await (leased.reject("no") if dead else leased.ack())
         ids.append(leased.task.id)
     return ids
+
+
+async def cancelled(queue: TaskQueue) -> str:
+    """Enqueue a task and cancel it; its id."""
+    task = await queue.enqueue(task_type="t")
+    await queue.cancel_by_id(task.task.id)
+    return task.task.id
 
 
 async def exists(queue: TaskQueue, task_id: str) -> bool:
@@ -147,10 +155,17 @@ async def test_retention_deletes_finished_tasks_once_they_are_old_enough(
     autojump_clock: trio.testing.MockClock, tmp_path: pathlib.Path
 ) -> None:
     """With ringod's defaults (succeeded and cancelled kept 7 days, dead 30), the
-    daemon's own retention, on its clock: 8 days on, a task that succeeded 8 days
-    ago is gone and one that succeeded 6 days ago is kept; a dead task stays until
+    daemon's own retention, on its clock: a task that succeeded (or was
+    cancelled) 7 days and an hour ago is gone and one 6 days and an hour
+    old is kept; a dead task stays until
     it is 30 days old. No wall-clock time passes (the clock is virtual)."""
-    policy = RetentionPolicy(succeeded=7 * DAY, dead=30 * DAY, cancelled=7 * DAY, interval=3600.0)
+    defaults = flags.build_parser().parse_args([])  # ringod's, as it parses them
+    policy = RetentionPolicy(
+        succeeded=defaults.retain_succeeded,
+        dead=defaults.retain_dead,
+        cancelled=defaults.retain_cancelled,
+        interval=3600.0,
+    )
     async with (
         serving_in_memory(virtual_daemon(tmp_path, policy)) as (_daemon, transport, _run),
         RingoClient(transport=transport) as client,
@@ -158,13 +173,17 @@ async def test_retention_deletes_finished_tasks_once_they_are_old_enough(
         queue = client.queue("kept")
         [old] = await finish(queue, 1)
         [dead] = await finish(queue, 1, dead=True)
-        await trio.sleep(2 * DAY.total_seconds())
+        old_cancelled = await cancelled(queue)
+        await trio.sleep(DAY.total_seconds())
         [young] = await finish(queue, 1)
-        await trio.sleep(6 * DAY.total_seconds() + 3600)  # 8 days after `old`
+        young_cancelled = await cancelled(queue)
+        await trio.sleep(6 * DAY.total_seconds() + 3600)  # 7 days and 1 hour after `old`
         assert not await exists(queue, old)
+        assert not await exists(queue, old_cancelled)
         assert await exists(queue, young)
+        assert await exists(queue, young_cancelled)
         assert await exists(queue, dead)
-        await trio.sleep(22 * DAY.total_seconds())  # 30 days and 1 hour after `dead`
+        await trio.sleep(23 * DAY.total_seconds())  # 30 days and 1 hour after `dead`
         assert not await exists(queue, dead)
         assert not await exists(queue, young)
 
