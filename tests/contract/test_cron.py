@@ -244,7 +244,9 @@ def test_every_is_anchored(interval: timedelta, anchor: datetime, offset: timede
 
 def test_every_is_bounded_to_the_microsecond() -> None:
     """`MIN_EVERY` and `MAX_EVERY` themselves are accepted, a µs past
-    either is refused."""
+    either is refused; they are the documented 1 s and 366 days
+    (docs/schedules.md: a yearly tick in a leap year)."""
+    assert (timedelta(seconds=1), timedelta(days=366)) == (MIN_EVERY, MAX_EVERY)
     anchor = datetime(2030, 1, 1, tzinfo=UTC)
     one_us = timedelta(microseconds=1)
     for interval in (MIN_EVERY, MAX_EVERY):
@@ -252,6 +254,38 @@ def test_every_is_bounded_to_the_microsecond() -> None:
     for interval in (MIN_EVERY - one_us, MAX_EVERY + one_us):
         with pytest.raises(ValueError, match="every must be within"):
             Every(interval, anchor)
+
+
+@pytest.mark.parametrize(
+    ("interval", "since_anchor", "tick"),
+    [
+        (timedelta(seconds=1.5), timedelta(seconds=3), timedelta(seconds=4.5)),
+        (timedelta(hours=1), timedelta(days=3, minutes=30), timedelta(days=3, hours=1)),
+        (timedelta(days=2), timedelta(days=9, seconds=1), timedelta(days=10)),
+        (timedelta(days=1, hours=1), timedelta(days=400), timedelta(days=1, hours=1) * 385),
+    ],
+)
+def test_every_counts_whole_days_of_a_long_life(
+    interval: timedelta, since_anchor: timedelta, tick: timedelta
+) -> None:
+    """Property: a schedule's next tick is right days, months and a year
+    after its anchor, and for intervals with a fraction of a second (the
+    microsecond count carries whole days and the microseconds, not only
+    the seconds) -- examples the random anchors above reach
+    too rarely to be sure of."""
+    anchor = datetime(2030, 1, 1, tzinfo=UTC)
+    assert Every(interval, anchor).next_fire(anchor + since_anchor) == anchor + tick
+
+
+def test_february_29th_is_a_day_of_february_and_30th_is_not() -> None:
+    """Property: "29 2" is a valid day (it fires on the next leap day) and
+    "30 2" is not; the other months keep their 30th and 31st."""
+    after = datetime(2030, 1, 1, tzinfo=UTC)
+    assert parse_cron("0 0 29 2 *").next_fire(after) == datetime(2032, 2, 29, tzinfo=UTC)
+    with pytest.raises(CronError, match="no month of the expression has any of its days"):
+        parse_cron("0 0 30 2 *")
+    assert parse_cron("0 0 30 4 *").next_fire(after) == datetime(2030, 4, 30, tzinfo=UTC)
+    assert parse_cron("0 0 31 1,3 *").next_fire(after) == datetime(2030, 1, 31, tzinfo=UTC)
 
 
 def test_zone_names() -> None:
