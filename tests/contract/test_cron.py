@@ -169,6 +169,9 @@ def test_fall_back_fires_the_first_occurrence_once() -> None:
         ("@monthly", "0 0 1 * *"),
         ("@yearly", "0 0 1 1 *"),
         ("5/15 * * * *", "5,20,35,50 * * * *"),
+        # A range of one value is that value (croniter's day-of-week slip aside).
+        ("0 5-5 * * *", "0 5 * * *"),
+        ("0 0 * * fri-fri", "0 0 * * 5"),
     ],
 )
 def test_names_sundays_and_macros(expression: str, equivalent: str) -> None:
