@@ -25,6 +25,7 @@ from ringo_trio._proto.ringo.v1 import (
     ErrorCode,
     ExtendLeaseRequest,
     GetTaskRequest,
+    NackRequest,
     RejectRequest,
     ReleaseRequest,
     RetryTaskRequest,
@@ -116,8 +117,10 @@ async def test_a_worker_holding_a_cancelled_lease_is_told_cancelled(
 
 
 async def test_a_plain_lost_lease_has_no_cancelled_reason(daemon: DaemonProcess) -> None:
-    """A lease lost for any other reason (already settled) is LEASE_LOST without
-    the reason: the worker must not report an operator's cancel that never was."""
+    """A lease lost for any other reason (already settled; an earlier attempt
+    of a task cancelled since) is LEASE_LOST without the reason, for an ack
+    and a release alike: the worker must not report an operator's cancel of
+    its attempt that never was."""
     queue = new_queue()
     with anyio.fail_after(GUARD):
         async with connect(daemon) as client, open_work(client) as work:
@@ -127,9 +130,23 @@ async def test_a_plain_lost_lease_has_no_cancelled_reason(daemon: DaemonProcess)
             [leased] = await work.wait_tasks(1)
             assert (await work.call(ack=AckRequest(lease=ref(leased)))).error is None
             again = await work.call(ack=AckRequest(lease=ref(leased)))
-            assert again.error is not None
-            assert again.error.code == ErrorCode.LEASE_LOST
-            assert "reason" not in again.error.metadata
+            released = await work.call(release=ReleaseRequest(lease=ref(leased)))
+            # An attempt that was nacked, then the task cancelled at its next one.
+            await client.enqueue(queue)
+            await work.call(credit=CreditUpdate(available=1))
+            [_, first] = await work.wait_tasks(2)
+            assert first.task is not None
+            nack = NackRequest(lease=ref(first), retry_delay_override=timedelta(0))
+            assert (await work.call(nack=nack)).error is None
+            [second] = await client.claim(queue)
+            assert second.lease is not None
+            assert second.lease.attempt == 2
+            await _cancel(client, queue, first.task.id, "later")
+            earlier = await work.call(release=ReleaseRequest(lease=ref(first)))
+            for answer in (again, released, earlier):
+                assert answer.error is not None
+                assert answer.error.code == ErrorCode.LEASE_LOST
+                assert "reason" not in answer.error.metadata
 
 
 async def test_cancel_task_states_and_refusals(daemon: DaemonProcess) -> None:

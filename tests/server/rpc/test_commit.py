@@ -264,3 +264,30 @@ def test_stopping_the_committer_fails_waiting_callers_and_refuses_new_ones() -> 
         assert await commit.settle([], T0) == []
 
     asyncio.run(scene())
+
+
+def test_a_flush_fills_up_to_max_items_exactly() -> None:
+    """Property (groups as large as allowed): queued batches join a flush
+    while its settlements stay within `max_items`, a flush of exactly
+    `max_items` included; a committer of fewer than one settlement per
+    flush is refused."""
+    store = Store()
+
+    async def scene() -> None:
+        store.gate = asyncio.Event()
+        commit = GroupCommit(store, max_items=4)  # type: ignore[arg-type]
+        async with asyncio.TaskGroup() as tg:
+            runner = tg.create_task(commit.run())
+            calls = [tg.create_task(commit.settle(acks("first", 1), T0))]
+            await turns(3)  # in flight, held at the gate
+            calls += [tg.create_task(commit.settle(acks(f"b{i}", 2), T0)) for i in range(3)]
+            await turns(1)
+            store.gate.set()
+            await asyncio.wait(calls)
+            runner.cancel()
+        assert [len(items) for items, _ in store.calls] == [1, 4, 2]
+
+    asyncio.run(scene())
+    with pytest.raises(ValueError, match="at least 1"):
+        GroupCommit(store, max_items=0)  # type: ignore[arg-type]
+    GroupCommit(store, max_items=1)  # type: ignore[arg-type]
