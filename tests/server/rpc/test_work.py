@@ -57,6 +57,7 @@ from ringo_trio._wire.work import encode_work_result
 from ringo_trio.server.clock import LoopClock
 from ringo_trio.server.rpc import work_frames
 from ringo_trio.server.rpc.service import QueueService
+from ringo_trio.server.rpc.work import WorkerView
 from ringo_trio.server.storage.base import Push
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from ringo_trio.testing import DaemonProcess, spawn_daemon
@@ -1270,3 +1271,40 @@ def test_an_ok_result_frame_parses_as_its_work_response(request_id: int) -> None
     assert WorkResponse.parse(bytes(frame)) == expected
     assert frame.result is not None
     assert frame.result.request_id == request_id
+
+
+@on_virtual_time
+async def test_the_operators_view_of_a_stream_says_who_it_is_and_what_it_did() -> None:
+    """Property (the dashboard's /workers): each registered stream is listed
+    with its worker id, queue, the host and pid it registered with (a host
+    too long is cut, not refused), how long it has been connected on the
+    daemon's clock, its concurrency, credit and leases, and the tasks it
+    settled on this stream, succeeded apart from failed."""
+    queue = new_queue()
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon) as client,
+        worker(client, queue, worker_id="w", host="h" * 300, pid=4242, max_concurrency=4) as work,
+    ):
+        registered_at = now()
+        await enqueue_n(client, queue, 3)
+        ok(await work.call(credit=CreditUpdate(available=4)))
+        first, second, _ = await work.wait_tasks(3)
+        ok(await work.call(ack=AckRequest(lease=ref(first))))
+        ok(await work.call(reject=RejectRequest(lease=ref(second), error="no")))
+        await quiet(5)
+        [view] = served.daemon.queue_service.work_streams.snapshot()
+        assert view.connected_for == pytest.approx(now() - registered_at)
+        assert view.connected_for >= 5
+        assert view._replace(connected_for=0) == WorkerView(
+            worker_id="w",
+            queue=queue,
+            concurrency=4,
+            credit=1,
+            leases=1,
+            host="h" * limits.MAX_NAME_BYTES,
+            pid=4242,
+            connected_for=0,
+            succeeded=1,
+            failed=1,
+        )
