@@ -212,6 +212,35 @@ def test_no_start_counts_from_arrival() -> None:
     assert Watchdog[int](TaskTimeouts()).waited_too_long(0.0, 1e9) is None
 
 
+def test_on_a_tie_the_timeout_is_the_reason() -> None:
+    """Property (the reason a fenced worker reports): when a handler's
+    start_to_close deadline, its heartbeat deadline and an explicit
+    cancellation fall on the same moment, its timeout is why it was
+    cancelled; a heartbeat deadline tied with a cancellation is the
+    heartbeat's."""
+    both = TaskTimeouts(start_to_close=seconds(1), heartbeat=seconds(1), cancel_grace=seconds(1))
+    watchdog: Watchdog[str] = Watchdog(both)
+    watchdog.started("tie", 0.0)
+    watchdog.cancelled("tie", 1.0, "lease lost")
+    stuck = watchdog.exited("tie", 2.0)
+    assert stuck is not None
+    assert (stuck.why, stuck.cancelled_at) == (watchdog.timeout_text(), 1.0)
+    beat_only: Watchdog[str] = Watchdog(TaskTimeouts(heartbeat=seconds(1), cancel_grace=seconds(1)))
+    beat_only.started("tie", 0.0)
+    beat_only.cancelled("tie", 1.0, "lease lost")
+    stuck = beat_only.exited("tie", 2.0)
+    assert stuck is not None
+    assert stuck.why == beat_only.heartbeat_text()
+
+
+def test_a_cancelled_handler_has_ten_seconds_to_exit_by_default() -> None:
+    """The documented default grace (docs/timeouts.md): 10 s, and only the
+    limits asked for apply."""
+    assert TaskTimeouts() == TaskTimeouts(
+        start_to_close=None, no_start=None, cancel_grace=seconds(10), heartbeat=None
+    )
+
+
 def test_task_timeouts_are_validated() -> None:
     """Bad limits are refused with InvalidArgumentError when built."""
     for bad in (
