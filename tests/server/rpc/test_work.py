@@ -1281,30 +1281,29 @@ async def test_the_operators_view_of_a_stream_says_who_it_is_and_what_it_did() -
     daemon's clock, its concurrency, credit and leases, and the tasks it
     settled on this stream, succeeded apart from failed."""
     queue = new_queue()
-    async with (
-        virtual_daemon() as served,
-        connect(served.daemon) as client,
-        worker(client, queue, worker_id="w", host="h" * 300, pid=4242, max_concurrency=4) as work,
-    ):
-        registered_at = now()
-        await enqueue_n(client, queue, 3)
-        ok(await work.call(credit=CreditUpdate(available=4)))
-        first, second, _ = await work.wait_tasks(3)
-        ok(await work.call(ack=AckRequest(lease=ref(first))))
-        ok(await work.call(reject=RejectRequest(lease=ref(second), error="no")))
-        await quiet(5)
-        [view] = served.daemon.queue_service.work_streams.snapshot()
-        assert view.connected_for == pytest.approx(now() - registered_at)
-        assert view.connected_for >= 5
-        assert view._replace(connected_for=0) == WorkerView(
-            worker_id="w",
-            queue=queue,
-            concurrency=4,
-            credit=1,
-            leases=1,
-            host="h" * limits.MAX_NAME_BYTES,
-            pid=4242,
-            connected_for=0,
-            succeeded=1,
-            failed=1,
-        )
+    registration = {"worker_id": "w", "host": "h" * 300, "pid": 4242, "max_concurrency": 4}
+    async with virtual_daemon() as served, connect(served.daemon) as client:
+        await quiet(100)  # the loop's clock well past 0 when the stream registers
+        async with worker(client, queue, **registration) as work:
+            registered_at = now()
+            await enqueue_n(client, queue, 3)
+            ok(await work.call(credit=CreditUpdate(available=4)))
+            first, second, _ = await work.wait_tasks(3)
+            ok(await work.call(ack=AckRequest(lease=ref(first))))
+            ok(await work.call(reject=RejectRequest(lease=ref(second), error="no")))
+            await quiet(5)
+            [view] = served.daemon.queue_service.work_streams.snapshot()
+            connected_for = now() - registered_at
+    assert connected_for >= 5
+    assert view == WorkerView(
+        worker_id="w",
+        queue=queue,
+        concurrency=4,
+        credit=1,
+        leases=1,
+        host="h" * limits.MAX_NAME_BYTES,
+        pid=4242,
+        connected_for=pytest.approx(connected_for),
+        succeeded=1,
+        failed=1,
+    )
