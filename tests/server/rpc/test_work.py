@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringo_trio._contract import limits
+from ringo_trio._contract.work.server import PUSH_BUDGET_BYTES
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     CreditUpdate,
@@ -1307,3 +1308,32 @@ async def test_the_operators_view_of_a_stream_says_who_it_is_and_what_it_did() -
         succeeded=1,
         failed=1,
     )
+
+
+@on_virtual_time
+async def test_the_part_of_a_claim_beyond_the_push_budget_goes_back_at_once() -> None:
+    """Property (no lease held unpushed): a claim sized by small tasks that
+    turns out to hold big ones keeps what fits in the stream's push budget
+    (`PUSH_BUDGET_BYTES`) and hands the rest back at once, no attempt spent,
+    so they are claimed again and pushed within moments -- not held on
+    leases nobody pushes until those expire."""
+    queue = new_queue()
+    big = b"x" * limits.MAX_PAYLOAD_BYTES
+    count = PUSH_BUDGET_BYTES // len(big) + 3
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon) as client,
+        connect(served.daemon) as reading,  # its pushes fill its connection's window
+        worker(reading, queue, max_concurrency=64, lease_duration=timedelta(seconds=60)) as work,
+    ):
+        await enqueue_n(client, queue, 4)
+        ok(await work.call(credit=CreditUpdate(available=4)))
+        for leased in await work.wait_tasks(4):
+            ok(await work.call(ack=AckRequest(lease=ref(leased))))
+        ids = [(await client.enqueue(queue, payload=big)).id for _ in range(count)]
+        ok(await work.call(credit=CreditUpdate(available=count)))
+        async with asyncio.timeout(5):
+            pushed = (await work.wait_tasks(4 + count))[4:]
+        stored = [await client.get(queue, task_id) for task_id in ids]
+    assert sorted(t.task.id for t in pushed if t.task is not None) == sorted(ids)
+    assert [(t.state, t.attempt) for t in stored] == [(TaskState.LEASED, 1)] * count
