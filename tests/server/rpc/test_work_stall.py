@@ -19,13 +19,14 @@ from ringo_trio._proto.ringo.v1 import (
     WorkRequest,
 )
 from ringo_trio.server.clock import ManualClock
+from ringo_trio.server.rpc.work import StreamStalled
+from tests._kit.virtual_daemon import now, on_virtual_time
 from tests._kit.work_stream import FakeStream, in_process
 
 LEASE_MARGIN = timedelta(seconds=machine.LEASE_MARGIN)
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.anyio
 async def test_a_lease_that_aged_in_the_batch_is_claimed_afresh(
     tmp_path: Path, push_minor: int
 ) -> None:
@@ -75,3 +76,36 @@ async def test_a_lease_that_aged_in_the_batch_is_claimed_afresh(
                 assert (task.state, task.attempt) == (TaskState.LEASED, 1)
             stream.inbox.put_nowait(None)
             await serving
+
+
+@on_virtual_time
+async def test_a_worker_that_stops_reading_is_reset_before_its_leases_run_short(
+    tmp_path: Path,
+) -> None:
+    """Property (stalls): a task frame that cannot be written -- the worker
+    stopped reading, and HTTP/2 flow control holds the send -- ends the
+    stream once the batch's leases are down to their margin, not at
+    `STALL_TIMEOUT` (30 s) however long the leases are; every lease of
+    the batch goes back, PENDING, no attempt spent, for another worker."""
+    lease = timedelta(seconds=12)  # the margin is 5 s: reset 7 s after the claim
+    clock = ManualClock()
+
+    async def stopped_reading(_n: int) -> None:
+        await asyncio.Event().wait()
+
+    async with in_process(tmp_path, clock) as (service, engine, context):
+        outcomes = await engine.enqueue("q", [TaskSpec(task_type="t")] * 3, clock.now())
+        stream = FakeStream(stopped_reading)
+        registration = WorkerRegistration(
+            context=context, queue="q", worker_id="w", max_concurrency=8, lease_duration=lease
+        )
+        stream.inbox.put_nowait(WorkRequest(register=registration))
+        stream.inbox.put_nowait(WorkRequest(request_id=1, credit=CreditUpdate(available=3)))
+        start = now()
+        with pytest.raises(StreamStalled):
+            await service.work_streams.serve(stream)
+        assert now() - start == pytest.approx((lease - LEASE_MARGIN).total_seconds())
+        for outcome in outcomes:
+            assert outcome.task is not None
+            task = await engine.get("q", task_id=outcome.task.id)
+            assert (task.state, task.attempt) == (TaskState.PENDING, 0)
