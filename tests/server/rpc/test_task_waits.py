@@ -11,6 +11,7 @@ of its end, and when the listener for other daemons' settlements closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -165,14 +166,14 @@ async def test_a_recheck_asks_for_at_most_a_thousand_tasks_at_a_time() -> None:
     parked (1,000 ids per query), and every waited id is asked for."""
     store = _Store(shared=False)
     waits = _waits(store, max_waits=3000, per_connection=3000)
-    parked = [waits.park(f"t{i}", "c") for i in range(2500)]
-    async with _Running(waits):
-        waits.recheck()
-        await quiet(0.0)
+    with contextlib.ExitStack() as parked:
+        for i in range(2500):
+            parked.enter_context(waits.park(f"t{i}", "c"))
+        async with _Running(waits):
+            waits.recheck()
+            await quiet(0.0)
     assert [len(ids) for _, ids in store.checks] == [1000, 1000, 500]
     assert {i for _, ids in store.checks for i in ids} == {f"t{i}" for i in range(2500)}
-    for waiter in parked:
-        waiter.__exit__(None, None, None)
 
 
 @on_virtual_time
