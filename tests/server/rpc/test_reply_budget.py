@@ -34,11 +34,13 @@ from ringo_trio._proto.ringo.v1 import (
     RequestContext,
     RetryBackoff,
     Task,
+    TaskAttempt,
     TaskSpec,
     TaskState,
     TaskTypeStats,
 )
 from ringo_trio._wire.codec import decode, encode
+from ringo_trio._wire.primitives import varint
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.rpc import reply_bounds as rb
 from ringo_trio.server.rpc import validate as v
@@ -102,6 +104,7 @@ def test_leased_bound_is_at_least_the_encoding(item: LeasedTask) -> None:
 @PROPERTY
 @given(st.lists(st.integers(0, 2 * MiB), max_size=40), st.integers(0, 8 * MiB))
 @example([10, 10], 2 * (10 + rb.ELEMENT_BYTES) - 1)  # the framing decides
+@example([10, 10], 2 * (10 + rb.ELEMENT_BYTES))  # exactly the budget fits
 @example([10, 10], 20)
 def test_fitting_keeps_the_longest_prefix_within_the_budget(bounds: list[int], budget: int) -> None:
     """Property: `fitting` keeps the longest prefix whose elements, framed,
@@ -168,6 +171,74 @@ def test_a_reply_of_one_task_fits_whatever_it_holds() -> None:
     task = _worst_task()
     assert rb.task_bound(task) <= rb.ONE_TASK_BYTES
     assert len(encode(GetTaskResponse(task=task))) <= limits.MAX_REPLY_BYTES
+
+
+def _unknown(size: int) -> bytes:
+    """A length-delimited field no message of ours has (number 1000)."""
+    return b"\xc2\x3e" + varint(size) + b"u" * size
+
+
+def _every_field_large(size: int) -> LeasedTask:
+    """A leased task whose every text, bytes and unknown field -- its own,
+    its history's, its progress', its backoff's and its lease's -- is
+    `size` bytes: far beyond the slack of the bounds' fixed parts, so a
+    field a bound leaves out (or takes away) shows."""
+    text = "x" * size
+    attempts = [
+        TaskAttempt(attempt=i, worker_id=text, started_at=NOW, ended_at=NOW, error=text)
+        for i in range(limits.MAX_TASK_HISTORY)
+    ]
+    for attempt in attempts:
+        attempt._unknown_fields = _unknown(size)
+    progress = Progress(current=1.0, total=2.0, message=text, updated_at=NOW)
+    progress._unknown_fields = _unknown(size)
+    backoff = RetryBackoff(initial=timedelta(seconds=1), maximum=timedelta(seconds=2))
+    backoff._unknown_fields = _unknown(size)
+    task = _worst_task(
+        id=text,
+        queue=text,
+        task_type=text,
+        payload=b"p" * size,
+        unique_key=text,
+        last_error=text,
+        worker_id=text,
+        limit_key=text,
+        result=b"r" * size,
+        progress=progress,
+        retry_backoff=backoff,
+        history=attempts,
+    )
+    task._unknown_fields = _unknown(size)
+    lease = Lease(task_id=text, attempt=1, lease_token=text, worker_id=text, until=NOW)
+    lease._unknown_fields = _unknown(size)
+    leased = LeasedTask(task=task, lease=lease)
+    leased._unknown_fields = _unknown(size)
+    return leased
+
+
+def test_an_echo_that_exactly_fills_the_budget_fits() -> None:
+    """Property: EnqueueMany echoes tasks whole while their bounds, with
+    each result's framing, are within the budget -- exactly the budget
+    included -- and compacts them one byte past it."""
+    tasks = [_worst_task(i, payload=b"", result=None, history=[]) for i in range(3)]
+    exact = sum(rb.task_bound(t) + 2 * rb.ELEMENT_BYTES + 2 for t in tasks)
+    assert rb.enqueue_results_fit(tasks, exact)
+    assert not rb.enqueue_results_fit(tasks, exact - 1)
+
+
+def test_the_bounds_count_every_field() -> None:
+    """Property (replies within a default client's 4 MiB): `task_bound` and
+    `leased_bound` are at least the encoding of a task whose every field is
+    large -- each text, bytes and unknown field of the task, its history,
+    progress, backoff and lease counts -- and within the fixed parts' slack
+    of it (the Hypothesis property above draws mostly small fields, which
+    the slack alone covers)."""
+    leased = _every_field_large(4096)
+    assert leased.task is not None
+    task_size = len(encode(leased.task))
+    assert task_size <= rb.task_bound(leased.task) <= task_size + 4096
+    leased_size = len(encode(leased))
+    assert leased_size <= rb.leased_bound(leased) <= leased_size + 4096
 
 
 def test_a_compact_reply_of_a_full_batch_of_worst_tasks_fits() -> None:
