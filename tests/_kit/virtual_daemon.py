@@ -50,7 +50,15 @@ from ringo_trio.server.clock import LoopClock
 from ringo_trio.server.daemon import Daemon, DaemonConfig
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 
-__all__ = ["PROMPT", "Served", "now", "on_virtual_time", "quiet", "virtual_daemon"]
+__all__ = [
+    "PROMPT",
+    "Served",
+    "in_background",
+    "now",
+    "on_virtual_time",
+    "quiet",
+    "virtual_daemon",
+]
 
 #: The virtual seconds a test body may take (a deadlock reaches it at once).
 VIRTUAL_LIMIT = 600.0
@@ -97,6 +105,24 @@ def on_virtual_time(
 def now() -> float:
     """The virtual time of the running loop (seconds)."""
     return asyncio.get_running_loop().time()
+
+
+@asynccontextmanager
+async def in_background(loop: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run `loop` (a daemon part's ``run()``, which runs until cancelled) as
+    a task while the block runs; cancelled and awaited when it ends, so a
+    loop that failed or returned early fails the test there."""
+    task = asyncio.create_task(loop)
+    try:
+        yield
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("the background loop returned before it was cancelled")
 
 
 async def quiet(seconds: float = QUIET) -> None:

@@ -18,7 +18,7 @@ from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server.clock import ManualClock
 from ringo_trio.server.retention import Retention, RetentionPolicy
 from ringo_trio.server.storage.base import Storage, StorageUnavailable
-from tests._kit.virtual_daemon import now, on_virtual_time
+from tests._kit.virtual_daemon import in_background, now, on_virtual_time
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -170,12 +170,9 @@ async def test_passes_come_every_interval_from_one_interval_after_the_start() ->
     a starting daemon has its clients to take back first); a policy that
     keeps everything runs no pass at all."""
     store = _Store({TaskState.DEAD: []})
-    running = asyncio.create_task(_retention(store, RetentionPolicy(dead=HOUR, interval=60)).run())
     start = now()
-    await asyncio.sleep(200)
-    running.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await running
+    async with in_background(_retention(store, RetentionPolicy(dead=HOUR, interval=60)).run()):
+        await asyncio.sleep(200)
     assert [at - start for at, _, _ in store.batches] == [60.0, 120.0, 180.0]
     async with asyncio.timeout(1):
         await _retention(store, RetentionPolicy()).run()

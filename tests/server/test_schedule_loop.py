@@ -19,7 +19,7 @@ from ringo_trio.server.clock import LoopClock
 from ringo_trio.server.schedules import ScheduleLoop
 from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.schedules import FiringReport
-from tests._kit.virtual_daemon import now, on_virtual_time
+from tests._kit.virtual_daemon import in_background, now, on_virtual_time
 
 
 class _Store:
@@ -54,7 +54,7 @@ class _Store:
 
 
 class _Loop:
-    """A `ScheduleLoop` running in the background for the test's body."""
+    """A `ScheduleLoop` against `_Store`, with what it wakes and reports."""
 
     def __init__(self, *, shared: bool = False) -> None:
         self.clock = LoopClock(asyncio.get_running_loop().time)
@@ -67,15 +67,6 @@ class _Loop:
 
     def at(self) -> list[float]:
         return [round(at - self.start, 6) for at, _ in self.store.calls]
-
-    async def __aenter__(self) -> _Loop:
-        self._task = asyncio.create_task(self.loop.run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await self._task
 
 
 @on_virtual_time
@@ -102,7 +93,8 @@ async def test_the_loop_sleeps_until_the_next_tick_and_a_poke_wakes_it() -> None
     just past the next due moment (never before it: a round that finds
     nothing due would spin) and, with nothing scheduled, not at all until a
     put or a resume on this daemon pokes it: an idle daemon never wakes."""
-    async with _Loop() as scheduled:
+    scheduled = _Loop()
+    async with in_background(scheduled.loop.run()):
         scheduled.store.add(10)
         await asyncio.sleep(500)
         scheduled.store.add(0)
@@ -117,7 +109,8 @@ async def test_on_a_shared_store_the_loop_looks_every_max_sleep() -> None:
     """Property: on a database other daemons share, a schedule put through
     another daemon is found within `MAX_SCHEDULE_SLEEP` (1 s) however far
     the next tick this daemon knows of is."""
-    async with _Loop(shared=True) as scheduled:
+    scheduled = _Loop(shared=True)
+    async with in_background(scheduled.loop.run()):
         scheduled.store.add(3600)
         await asyncio.sleep(3.5 * limits.MAX_SCHEDULE_SLEEP)
     assert scheduled.at() == [i * limits.MAX_SCHEDULE_SLEEP for i in range(4)]
@@ -130,7 +123,8 @@ async def test_a_failed_round_is_logged_and_tried_again_a_second_later(
     """Property: a round that fails (the database away) never ends the
     daemon: it is logged and tried again after 1 s, and the schedules due
     meanwhile fire then."""
-    async with _Loop() as scheduled:
+    scheduled = _Loop()
+    async with in_background(scheduled.loop.run()):
         scheduled.store.add(0)
         scheduled.store.failures = 2
         with caplog.at_level(logging.ERROR, logger="ringo_trio.server"):

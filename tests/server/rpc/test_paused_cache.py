@@ -14,7 +14,7 @@ import pytest
 from ringo_trio.server.rpc.paused import PausedQueues
 from ringo_trio.server.rpc.wakeups import QueueWakeups
 from ringo_trio.server.storage.base import Storage
-from tests._kit.virtual_daemon import now, on_virtual_time
+from tests._kit.virtual_daemon import in_background, now, on_virtual_time
 
 
 class _Flags:
@@ -74,8 +74,7 @@ async def test_a_change_never_announced_is_found_within_the_refresh_interval() -
     wakeups = QueueWakeups()
     cache = PausedQueues(cast(Storage, flags), wakeups, refresh_interval=5.0)
     start = now()
-    running = asyncio.create_task(cache.run())
-    try:
+    async with in_background(cache.run()):
         flags.paused.add("q")
         await asyncio.sleep(5.5)
         assert cache.names == {"q"}
@@ -86,10 +85,6 @@ async def test_a_change_never_announced_is_found_within_the_refresh_interval() -
             assert armed.is_set()
         assert cache.names == set()
         assert [at - start for at in flags.reads] == [5.0, 10.0]
-    finally:
-        running.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await running
 
 
 @on_virtual_time

@@ -20,7 +20,7 @@ import pytest
 from ringo_trio._proto.ringo.v1 import TaskState
 from ringo_trio.server.rpc import waits as w
 from ringo_trio.server.storage.base import Storage
-from tests._kit.virtual_daemon import now, on_virtual_time, quiet
+from tests._kit.virtual_daemon import in_background, now, on_virtual_time, quiet
 
 PENDING, SUCCEEDED = int(TaskState.PENDING), int(TaskState.SUCCEEDED)
 
@@ -76,22 +76,6 @@ def _waits(store: _Store, **kw: Any) -> w.TaskWaits:
     return w.TaskWaits(cast(Storage, store), **kw)
 
 
-class _Running:
-    """`TaskWaits.run` in the background for the test's body."""
-
-    def __init__(self, waits: w.TaskWaits) -> None:
-        self._waits = waits
-
-    async def __aenter__(self) -> w.TaskWaits:
-        self._task = asyncio.create_task(self._waits.run())
-        return self._waits
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await self._task
-
-
 def test_limits_and_the_recheck_interval_are_checked_when_made() -> None:
     """Property: a negative wait limit or a recheck interval that is not
     positive is refused at construction (a daemon that would refuse every
@@ -134,7 +118,7 @@ async def test_rechecks_come_every_interval_and_wake_the_finished_and_the_gone()
     store = _Store(shared=False)
     store.states = {"running": PENDING, "done": SUCCEEDED}
     waits = _waits(store, recheck_interval=2.0)
-    async with _Running(waits):
+    async with in_background(waits.run()):
         start = now()
         with (
             waits.park("running", "c") as running,
@@ -169,7 +153,7 @@ async def test_a_recheck_asks_for_at_most_a_thousand_tasks_at_a_time() -> None:
     with contextlib.ExitStack() as parked:
         for i in range(2500):
             parked.enter_context(waits.park(f"t{i}", "c"))
-        async with _Running(waits):
+        async with in_background(waits.run()):
             waits.recheck()
             await quiet(0.0)
     assert [len(ids) for _, ids in store.checks] == [1000, 1000, 500]
@@ -184,7 +168,7 @@ async def test_a_shared_store_hears_of_a_wait_before_the_call_reads_its_task() -
     reads at that moment, not `READY_TIMEOUT` later."""
     store = _Store(shared=True, register_takes=0.5)
     waits = _waits(store)
-    async with _Running(waits):
+    async with in_background(waits.run()):
         start = now()
         with waits.park("t", "c") as waiter:
             await waiter.ready()
@@ -198,7 +182,7 @@ async def test_a_wait_that_ends_before_its_registration_goes_out_is_never_sent()
     the shared store nothing: neither the registration nor its withdrawal."""
     store = _Store(shared=True)
     waits = _waits(store)
-    async with _Running(waits):
+    async with in_background(waits.run()):
         with waits.park("t", "c"):
             pass
         await quiet()
@@ -212,7 +196,7 @@ async def test_a_wait_that_ends_while_its_registration_is_in_flight_is_withdrawn
     this daemon), and the waits keep serving."""
     store = _Store(shared=True)
     waits = _waits(store, linger=5.0)
-    async with _Running(waits):
+    async with in_background(waits.run()):
         store.gate.clear()
         with waits.park("t", "c"):
             await quiet(0.0)
@@ -234,7 +218,7 @@ async def test_a_notification_wakes_its_task_at_once_and_a_reconnect_rechecks_al
     store = _Store(shared=True)
     store.states = {"t": PENDING, "u": PENDING}
     waits = _waits(store)
-    async with _Running(waits):
+    async with in_background(waits.run()):
         with waits.park("t", "c") as t, waits.park("u", "c") as u:
             await t.ready()
             await u.ready()
@@ -260,7 +244,7 @@ async def test_the_listener_closes_linger_seconds_after_the_last_wait_ends() -> 
     withdrawal is sent when that call leaves."""
     store = _Store(shared=True)
     waits = _waits(store, linger=5.0)
-    async with _Running(waits):
+    async with in_background(waits.run()):
         start = now()
         with waits.park("t", "c") as waiter:
             await waiter.ready()
@@ -279,7 +263,7 @@ async def test_a_long_wait_is_registered_again_every_refresh() -> None:
     by a daemon starting -- and not more often."""
     store = _Store(shared=True)
     waits = _waits(store)
-    async with _Running(waits):
+    async with in_background(waits.run()):
         start = now()
         with waits.park("t", "c"):
             await quiet(w.REFRESH * 2.5)
@@ -293,7 +277,7 @@ async def test_shutdown_lets_a_call_waiting_for_its_registration_read_at_once() 
     send), not `READY_TIMEOUT` later."""
     store = _Store(shared=True)
     waits = _waits(store)
-    async with _Running(waits):
+    async with in_background(waits.run()):
         store.gate.clear()
         with waits.park("t", "c") as waiter:
             getting_ready = asyncio.create_task(waiter.ready())
