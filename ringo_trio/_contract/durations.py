@@ -35,7 +35,9 @@ def parse_duration(text: str) -> timedelta:
     if match is None:
         raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 5m, 12h, 7d or 2w")
     seconds = float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
-    if not math.isfinite(seconds) or seconds > timedelta.max.total_seconds():
+    # `>=`: timedelta.max in seconds rounds up to a float that timedelta
+    # itself refuses with an OverflowError, which argparse would not catch.
+    if not math.isfinite(seconds) or seconds >= timedelta.max.total_seconds():
         raise ValueError(f"{text!r} is too long a duration")
     return timedelta(seconds=seconds)
 

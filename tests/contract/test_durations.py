@@ -70,3 +70,42 @@ def test_a_retention_is_a_positive_duration_up_to_the_limit() -> None:
 def test_a_formatted_retention_reads_back_the_same(seconds: int) -> None:
     value = timedelta(seconds=seconds)
     assert parse_retention(format_retention(value)) == value
+
+
+@pytest.mark.parametrize("text", ["86400000000000", "99999999999999w", "9" * 400])
+def test_a_duration_beyond_what_timedelta_holds_is_refused_as_bad_input(text: str) -> None:
+    """A `ValueError` (which argparse turns into a usage error), never the
+    `OverflowError` timedelta raises: at 86,400,000,000,000 seconds, the float
+    of `timedelta.max` itself, the bound's edge."""
+    with pytest.raises(ValueError, match="too long a duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (timedelta(weeks=1), "1w"),
+        (timedelta(days=7), "1w"),
+        (timedelta(days=8), "8d"),
+        (timedelta(days=1), "1d"),
+        (timedelta(hours=1), "1h"),
+        (timedelta(minutes=2), "2m"),
+        (timedelta(seconds=60), "1m"),
+        (timedelta(seconds=90), "90s"),
+        (timedelta(seconds=59), "59s"),
+        (timedelta(seconds=1_000_000), "1000000s"),
+        (timedelta(seconds=0.5), "0.5s"),
+        (timedelta(0), "0s"),
+    ],
+)
+def test_a_duration_is_formatted_in_the_largest_exact_unit(value: timedelta, text: str) -> None:
+    """What `ringod --help` and the retention log lines show: a week as `1w`,
+    not `7d` nor `604800s`; a unit is used only when it divides the value."""
+    assert format_duration(value) == text
+
+
+def test_the_longest_retention_is_a_hundred_years() -> None:
+    """docs/operations.md names `36500d`: a day more is refused and points at `forever`."""
+    assert parse_retention("36500d") == timedelta(days=36500) == MAX_RETENTION
+    with pytest.raises(ValueError, match=FOREVER):
+        parse_retention("36501d")

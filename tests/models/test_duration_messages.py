@@ -26,6 +26,8 @@ from ringo_trio._queue.schedules import _schedule_wire
         (timedelta(microseconds=1), "0.000001 seconds"),
         (timedelta(0), "0 seconds"),
         (timedelta(days=999_999_000), "999999000 days"),
+        (timedelta(seconds=-5), "minus 5 seconds"),
+        (-timedelta(days=1, microseconds=500_000), "minus 1 day 0.5 seconds"),
     ],
 )
 def test_describe_duration_is_exact_and_in_words(value: timedelta, words: str) -> None:

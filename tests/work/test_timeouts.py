@@ -12,6 +12,7 @@ run on the in-process daemon (`RingoTestEnv`) in virtual time.
 from __future__ import annotations
 
 import pathlib
+import re
 import time
 from datetime import timedelta
 from typing import Any
@@ -418,6 +419,7 @@ async def test_a_handler_ignoring_its_timeout_fences_the_worker(
                 assert not stuck_exited.is_set()  # found while it ran, not when it returned
                 after = await enqueue(queue, 3, task_type="after")
                 await wait_states(queue, [bystander], {TaskState.SUCCEEDED})
+                await trio.sleep(3)
                 release.set()
             assert len(fences.reports) == 1
             assert stuck in fences.reports[0]
@@ -428,10 +430,19 @@ async def test_a_handler_ignoring_its_timeout_fences_the_worker(
             assert f"task {stuck} (attempt 1)" in text
             assert "start_to_close timeout of 1s exceeded" in text
             assert "ringo supervise" in text
+            # The report went out at the fence; the error, raised once the
+            # handler exited, says how long it really ignored its cancellation.
+            assert _ignored_for(fences.reports[0]) < 1 < 3.5 <= _ignored_for(text)
             assert not set(after) & set(handled)
             assert await states(queue, after) == [TaskState.PENDING] * 3
             # The stuck handler's lease was handed back when it finally exited.
             assert await states(queue, [stuck]) == [TaskState.PENDING]
+
+
+def _ignored_for(text: str) -> float:
+    found = re.search(r"ignored its cancellation \(.*?\) for ([0-9.e+]+)s", text)
+    assert found is not None, text
+    return float(found.group(1))
 
 
 @pytest.mark.trio

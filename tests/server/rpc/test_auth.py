@@ -153,6 +153,68 @@ def test_a_quiet_address_is_forgiven_and_the_table_is_bounded() -> None:
     assert throttle.failed("10.0.0.1", 1, now=92.0).delay == 0.05
 
 
+def test_the_documented_defaults_hold() -> None:
+    """docs/deployment.md's numbers, on the throttle ringod builds: the 5th
+    failure on a connection closes it (the 4th does not); a failure while 16
+    of its address wait is dropped (the 16th waits); an address quiet for
+    60 s starts over (at exactly 60 s it does not); 10,000 addresses are
+    remembered, one more forgets the least recently failing."""
+    throttle = AuthThrottle()
+    closes = []
+    for _ in range(5):
+        verdict = throttle.failed("10.0.0.1", 5000, now=0.0)
+        throttle.answered(verdict)
+        closes.append(verdict.close)
+    assert closes == [False] * 4 + [True]
+
+    waiting = [throttle.failed("10.0.0.2", port, now=0.0) for port in range(17)]
+    assert [v.drop for v in waiting] == [False] * 16 + [True]
+
+    throttle.answered(throttle.failed("10.0.0.3", 1, now=0.0))
+    assert throttle.failed("10.0.0.3", 1, now=60.0).delay == 0.1
+    assert throttle.failed("10.0.0.3", 1, now=120.5).delay == 0.05
+
+    table = AuthThrottle()
+    for n in range(10_000):
+        table.failed(f"10.1.{n // 256}.{n % 256}", 1, now=0.0)
+    assert table.waiting("10.1.0.0") == 1
+    table.failed("10.2.0.0", 1, now=0.0)
+    assert (table.waiting("10.1.0.0"), table.waiting("10.1.0.1")) == (0, 1)
+
+
+def test_a_connection_count_is_kept_for_the_last_16_connections_per_allowed_failure() -> None:
+    """Property: an address's per-connection counts are bounded (16 times
+    `per_connection` connections), so a guesser cycling ports cannot grow
+    them; within that bound a connection's failures add up across others'."""
+    throttle = AuthThrottle(per_connection=2)
+    first = throttle.failed("10.0.0.1", 0, now=0.0)
+    throttle.answered(first)
+    for port in range(1, 32):
+        throttle.answered(throttle.failed("10.0.0.1", port, now=0.0))
+    # 32 connections remembered: the first one's failure still counts.
+    assert throttle.failed("10.0.0.1", 0, now=0.0).close
+    for port in range(100, 133):
+        throttle.answered(throttle.failed("10.0.0.1", port, now=0.0))
+    # 33 more: the first one's count is gone, it starts over.
+    assert not throttle.failed("10.0.0.1", 0, now=0.0).close
+
+
+def test_answers_never_count_the_waiting_below_zero() -> None:
+    """Property: each `answered` gives one slot back, and an answer beyond
+    the failures waiting (an answer path run twice) gives back nothing, so
+    `max_waiting` cannot be talked up by a surplus of answers."""
+    throttle = AuthThrottle(max_waiting=2, per_connection=1000)
+    first = throttle.failed("10.0.0.1", 1, now=0.0)
+    second = throttle.failed("10.0.0.1", 1, now=0.0)
+    throttle.answered(first)
+    assert throttle.waiting("10.0.0.1") == 1
+    throttle.answered(second)
+    throttle.answered(second)
+    assert throttle.waiting("10.0.0.1") == 0
+    verdicts = [throttle.failed("10.0.0.1", 1, now=0.0) for _ in range(3)]
+    assert [v.drop for v in verdicts] == [False, False, True]
+
+
 def test_a_zero_cap_answers_at_once() -> None:
     """Property: --auth-failure-delay 0 answers every failure without waiting
     (a connection is still closed after a few)."""

@@ -313,9 +313,11 @@ class _Queue:
     def __init__(self, tasks: Sequence[Task]) -> None:
         self.rows = [_Row(task) for task in tasks]
         self.rounds: list[int] = []
+        self.released = 0
         self._tokens = 0
 
     async def claim(self, limit: int) -> list[LeasedTask]:
+        assert limit > 0, "a storage round that asks for nothing is a wasted round trip"
         self.rounds.append(limit)
         out = []
         for row in self.rows:
@@ -334,6 +336,7 @@ class _Queue:
         return out
 
     async def release(self, unsent: list[LeasedTask]) -> None:
+        self.released += len(unsent)
         for item in unsent:
             assert item.lease is not None
             [row] = [r for r in self.rows if r.task.id == item.lease.task_id]
@@ -403,6 +406,39 @@ def test_claim_answers_one_task_even_beyond_the_budget() -> None:
     answered = asyncio.run(rb.claim_within(queue.claim, queue.release, 3, budget=10))
     assert [item.task.id for item in answered if item.task] == ["0"]
     assert [row.state for row in queue.rows] == [TaskState.LEASED] + [TaskState.PENDING] * 2
+
+
+def test_after_the_first_round_a_claim_asks_only_for_what_the_room_holds() -> None:
+    """No churn: once a round has shown how big the tasks are, the next asks
+    for no more than the reply's remaining room holds, so no lease is taken
+    only to be handed back (a release is a write per task) and no round asks
+    for nothing. 100 tasks of 60 KiB: the first round (50) leaves room for
+    17 more; the claim answers those 67 in two rounds and releases none."""
+    queue = _Queue([Task(id=f"{i:03}", payload=b"x" * 60 * 1024) for i in range(100)])
+    answered = asyncio.run(rb.claim_within(queue.claim, queue.release, limits.MAX_BATCH))
+    assert queue.rounds == [rb.CLAIM_ROUND, len(answered) - rb.CLAIM_ROUND]
+    assert len(answered) == 67
+    assert queue.released == 0
+    # Room for exactly one more after the first round: a round of one.
+    small = [Task(id=f"{i:03}") for i in range(60)]
+    sized = asyncio.run(rb.claim_within(_Queue(small).claim, _Queue(small).release, 51))
+    budget = sum(rb.leased_bound(item) + rb.ELEMENT_BYTES for item in sized)
+    queue = _Queue(small)
+    answered = asyncio.run(rb.claim_within(queue.claim, queue.release, 60, budget=budget))
+    assert (queue.rounds, len(answered), queue.released) == ([rb.CLAIM_ROUND, 1], 51, 0)
+
+
+def test_a_claim_fills_its_budget_exactly_and_not_one_byte_more() -> None:
+    """The budget's edges: tasks whose bounds add up to exactly the budget
+    are all answered; one byte less and the last goes back."""
+    tasks = [Task(id=str(i), payload=b"x" * 100 * (i + 1)) for i in range(4)]
+    sized = asyncio.run(rb.claim_within(_Queue(tasks).claim, _Queue(tasks).release, 3))
+    budget = sum(rb.leased_bound(item) + rb.ELEMENT_BYTES for item in sized)
+    for room, answers in ((budget, 3), (budget - 1, 2)):
+        queue = _Queue(tasks)
+        answered = asyncio.run(rb.claim_within(queue.claim, queue.release, 4, budget=room))
+        assert [item.task.id for item in answered if item.task] == [str(i) for i in range(answers)]
+        assert queue.released == 4 - answers
 
 
 # -- the daemon's replies, built by the service over a real SQLite engine ----------------
