@@ -54,7 +54,7 @@ from ringo_trio.server.rpc.wakeups import (
     QueueWakeups,
     until_due,
 )
-from ringo_trio.server.storage.base import Storage
+from ringo_trio.server.storage.base import Storage, StorageUnavailable
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from tests._kit.virtual_daemon import PROMPT, on_virtual_time, quiet
 
@@ -395,6 +395,33 @@ async def test_notify_wakes_only_its_queue_and_close_wakes_all() -> None:
     assert wakeups.watched_queues() == 0
 
 
+@on_virtual_time
+async def test_a_wait_lasts_its_seconds_unless_woken() -> None:
+    """Property: a waiter that found nothing sleeps the seconds it was given
+    (a claimer returning early would spin on an empty queue), returns at
+    once when its event is already set or it has no time left, and nothing
+    is closed until `close`."""
+    wakeups = QueueWakeups()
+    loop = asyncio.get_running_loop()
+    with wakeups.watch("q") as watch:
+        assert not watch.closed
+        for seconds in (0.5, 1.0, 3.0):
+            start = loop.time()
+            await watch.wait(watch.arm(), seconds)
+            assert loop.time() - start == pytest.approx(seconds)
+        start = loop.time()
+        await watch.wait(watch.arm(), 0)
+        await watch.wait(watch.arm(), -1)
+        wakeups.notify("q")
+        armed = watch.arm()
+        wakeups.notify("q")
+        await watch.wait(armed, 30)
+        assert loop.time() == start
+        assert not watch.closed
+        wakeups.close()
+        assert watch.closed
+
+
 class _CountingStorage(SQLiteEngine):
     """Only expire_leases is real: it records calls and can fail. The engine is
     never opened, so any other storage call fails loudly."""
@@ -480,6 +507,44 @@ async def test_reaper_backstop_and_engine_errors(caplog: pytest.LogCaptureFixtur
         await _run_reaper(reaper, 0.55)
     assert 4 <= len(storage.expire_calls) <= 7
     assert any("expiring leases failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_sweep_that_fails_expired_nothing_and_wakes_no_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Property: a sweep whose storage call fails (an outage or a bug)
+    reports 0 expired and neither wakes waiters nor tells the WaitTask
+    recheck; an outage is one warning line, anything else a logged trace.
+    A sweep that expired leases does both; a lease with no end is no
+    deadline."""
+    storage = _CountingStorage()
+    wakeups = QueueWakeups()
+    reaper = LeaseReaper(storage, ManualClock(NOW), wakeups)
+    told: list[None] = []
+    reaper.expired_listener = lambda: told.append(None)
+    reaper.note(NOW)
+    reaper.note(None)
+    assert reaper._deadlines == [NOW]
+    storage.expired = 3
+
+    async def unavailable(now: datetime) -> int:
+        raise StorageUnavailable("database restarting")
+
+    with wakeups.watch("q") as watch, caplog.at_level(logging.WARNING, "ringo_trio.server"):
+        armed = watch.arm()
+        storage.fail = True
+        assert await reaper.sweep() == 0
+        storage.expire_leases = unavailable  # type: ignore[method-assign]
+        assert await reaper.sweep() == 0
+        assert not armed.is_set()
+        assert told == []
+        del storage.expire_leases
+        storage.fail = False
+        assert await reaper.sweep() == 3
+        assert armed.is_set()
+        assert told == [None]
+    levels = [(r.levelno, "database restarting" in r.getMessage()) for r in caplog.records]
+    assert levels == [(logging.ERROR, False), (logging.WARNING, True)]
 
 
 # -- claim batching ----------------------------------------------------------------

@@ -51,7 +51,8 @@ def test_batches_sharing_fields_encode_byte_equal(
     rows: list[tuple[str, str, int, timedelta | None, bool]],
 ) -> None:
     """Property (same bytes, memo keyed by value): tasks like one batch's —
-    repeated queues, types, timestamps and equal but distinct backoffs."""
+    repeated queues, types, timestamps and equal but distinct backoffs; tasks
+    equal but for one timestamp do not share an encoding."""
     now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
     results = [
         (
@@ -67,9 +68,10 @@ def test_batches_sharing_fields_encode_byte_equal(
                 retry_backoff=None
                 if initial is None
                 else RetryBackoff(initial=initial, maximum=timedelta(seconds=300), multiplier=2.0),
-                created_at=now,
+                created_at=now - timedelta(seconds=index % 2),
                 updated_at=now,
                 available_at=now + timedelta(seconds=index % 3),
+                limit_key=f"tenant-{index % 2}" if index % 3 else "",
             ),
             created,
         )
@@ -78,3 +80,32 @@ def test_batches_sharing_fields_encode_byte_equal(
     assert encode_enqueue_many_reply(results, len(rows), 0) == encode_enqueue_many_response(
         results, len(rows), 0
     )
+
+
+def test_every_length_around_a_one_byte_size_encodes_byte_equal() -> None:
+    """Same bytes at every length a size's first byte can take: a field or
+    a task of 127 bytes has a one-byte size, of 128 a two-byte one (the
+    shortcut table covers sizes below 128 only). Payloads of 0-300 bytes
+    move the payload field and the whole task across that edge."""
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    for length in range(301):
+        task = Task(
+            id="t",
+            queue="q",
+            task_type="t",
+            payload=b"x" * length,
+            created_at=now,
+            limit_key="k" * (length % 140),
+        )
+        results = [(task, length % 2 == 0)]
+        assert encode_enqueue_many_reply(results, 1, 0) == encode_enqueue_many_response(
+            results, 1, 0
+        ), length
+
+
+def test_a_task_holding_only_a_result_is_encoded_whole() -> None:
+    """Same bytes for a duplicate whose existing task is SUCCEEDED with a
+    result and nothing else beyond a new task's fields: the result is among
+    what sends a task to the generic encoder."""
+    results = [(Task(id="t", queue="q", task_type="t", result=b"done"), False)]
+    assert encode_enqueue_many_reply(results, 0, 1) == encode_enqueue_many_response(results, 0, 1)
