@@ -305,3 +305,33 @@ async def test_parallel_token_guesses_are_not_all_answered(token_daemon: DaemonP
                 assert guesser.closed, burst
                 assert set(guesser.statuses.values()) <= {"16"}
                 assert len(guesser.statuses) <= throttle.per_connection, burst
+
+
+async def test_guesses_from_several_connections_of_one_address_wait_in_one_line(
+    token_daemon: DaemonProcess,
+) -> None:
+    """Property: the throttle is keyed by the peer's host, not its
+    connection: four connections from 127.0.0.1, one wrong guess each, sent
+    at once, are answered one after another with the address's growing
+    delays (0.05 + 0.1 + 0.2 + 0.4 s), so the last answer comes at least
+    0.75 s after the burst. Keyed by connection (the peer's port), all four
+    would be answered after 0.05 s: opening more connections would buy a
+    guesser answers."""
+    answered: list[float] = []
+    with trio.fail_after(20):
+        async with contextlib.AsyncExitStack() as stack:
+            guessers = [await stack.enter_async_context(_guesser(token_daemon)) for _ in range(4)]
+            start = trio.current_time()
+
+            async def guess(guesser: _RawH2, attempt: int) -> None:
+                stream_id = await guesser.guess(f"guess-{attempt}")
+                while stream_id not in guesser.statuses and not guesser.closed:
+                    await guesser.read()
+                assert guesser.statuses.get(stream_id) == "16"
+                answered.append(trio.current_time() - start)
+
+            async with trio.open_nursery() as nursery:
+                for attempt, guesser in enumerate(guessers):
+                    nursery.start_soon(guess, guesser, attempt)
+    assert len(answered) == 4
+    assert max(answered) >= 0.7, answered

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -44,6 +45,7 @@ from ringo_trio._wire.codec import decode, encode
 from ringo_trio.server.clock import LoopClock, ManualClock
 from ringo_trio.server.rpc import validate as v
 from ringo_trio.server.rpc.codec import StrictCodec, WireError
+from ringo_trio.server.rpc.gate import Gate
 from ringo_trio.server.rpc.reply_bounds import CLAIM_ROUND
 from ringo_trio.server.rpc.service import QueueService
 from ringo_trio.server.rpc.sessions import SessionTable
@@ -345,6 +347,38 @@ def test_session_table_is_bounded() -> None:
     assert len(table) == 3
     assert table.lookup(tokens[0], NOW) is None
     assert table.lookup(tokens[-1], NOW) is not None
+
+
+# -- the gate's count of calls in flight -------------------------------------------
+
+
+@on_virtual_time
+async def test_the_drain_waits_for_calls_in_flight_and_says_whether_they_ended() -> None:
+    """Property: `Gate.wait_idle` (the shutdown's drain) is True at once
+    with no call in flight, False when its seconds run out with one still
+    running (the daemon then logs and cancels it), True once the last ends.
+    A daemon whose drain read False with nothing running would warn of
+    calls it cancels at every clean shutdown."""
+    gate = Gate(None)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await gate.wait_idle(5) is True
+    assert loop.time() == start
+    release = asyncio.Event()
+
+    async def method(stream: object) -> None:
+        await release.wait()
+
+    counted = gate._counted(method)
+    call = asyncio.create_task(counted(SimpleNamespace(deadline=None, peer=None)))
+    await asyncio.sleep(0)
+    assert gate.in_flight == 1
+    assert await gate.wait_idle(2) is False
+    assert loop.time() == start + 2
+    release.set()
+    await call
+    assert gate.in_flight == 0
+    assert await gate.wait_idle(5) is True
 
 
 # -- wake-ups --------------------------------------------------------------------
