@@ -533,6 +533,27 @@ async def _attach_once(controller: AdaptiveConcurrency) -> None:
     controller._detach(controller._attach(1))
 
 
+def test_an_adaptive_law_starts_at_its_minimum_in_slow_start() -> None:
+    """A fresh law runs at its minimum and is not probing; until its first
+    congestion each success of a busy worker adds a whole task (slow start),
+    after it 1/limit per success. The bounds reach 2**31-1, the documented
+    most (and so does a resource law's)."""
+    law = AimdLaw(2, 10)
+    assert (law.capacity, law.probing, law.slow_start) == (2, False, True)
+    assert law.finished(law.admit(), Signal.SUCCESS, 2)
+    assert law.finished(law.admit(), Signal.SUCCESS, 3)
+    assert (law.limit, law.probing) == (4.0, False)
+    assert law.finished(law.admit(), Signal.CONGESTION, 4)
+    assert (law.limit, law.probing, law.slow_start) == (2.0, True, False)
+    law.finished(law.admit(), Signal.SUCCESS, 2)
+    assert (law.limit, law.probing) == (2.5, False)
+    for make in (AimdLaw, ResourceLaw):
+        assert make(1, 2**31 - 1).maximum == 2**31 - 1
+        assert make(2**31 - 1, 2**31 - 1).capacity == 2**31 - 1
+        with pytest.raises(InvalidArgumentError):
+            make(1, 2**31)
+
+
 def test_adaptive_law_ignores_signals_of_tasks_admitted_before_the_cut() -> None:
     """One cut per window: congestion of tasks admitted before the last cut
     does not cut again, nor do their successes end probing or grow the limit;
