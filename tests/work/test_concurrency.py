@@ -472,6 +472,57 @@ def test_the_pool_refuses_impossible_reports() -> None:
         pool.sync(member, running=0, committed=0, active=True)
 
 
+def test_a_pool_may_have_no_permits_and_says_when_a_law_changed_it() -> None:
+    """A pool of capacity 0 is valid (every member's share is 0) and a
+    negative one is a bug; `configure` reports a change only when the
+    capacity or probing moved (the worker re-balances its sessions on it);
+    a member of weight 0 would hold no share ever, so it is refused."""
+    pool = PermitPool(0)
+    member = pool.attach(1)
+    assert member.share == 0
+    with pytest.raises(PoolError):
+        PermitPool(-1)
+    with pytest.raises(PoolError):
+        pool.configure(-1, False)
+    with pytest.raises(PoolError):
+        pool.attach(0)
+    assert pool.configure(0, False) is False
+    assert pool.configure(3, False) is True
+    assert member.share == 3
+    assert pool.configure(3, False) is False
+    assert pool.configure(3, True) is True
+    assert pool.configure(3, True) is False
+    # A sync that gives back even one permit says so: others may take it.
+    pool.configure(3, False)
+    assert pool.sync(member, running=0, committed=0, active=True) is False
+    assert member.held == 3
+    pool.configure(2, False)
+    assert pool.sync(member, running=0, committed=0, active=True) is True
+    assert (member.held, pool.held) == (2, 2)
+
+
+def test_a_closing_worker_takes_no_new_permits() -> None:
+    """Property: `balance` reports a worker active only while its session
+    registers or runs and the worker is not closing; a closing worker keeps
+    what it has committed but is given no new permits, which go to the
+    members that stay."""
+    reports: list[bool] = []
+
+    def sync(*, running: int, committed: int, active: bool) -> int:
+        reports.append(active)
+        return 0
+
+    session = WorkSession(concurrency=0, minor=7, dynamic_target=True)
+    session.register()
+    balance(sync, session, handlers=0, closing=False, now=0)
+    balance(sync, session, handlers=0, closing=True, now=0)
+    session.registered(lease_duration=60.0, max_concurrency=1, ordered_request_ids=True, now=0)
+    balance(sync, session, handlers=0, closing=False, now=0)
+    balance(sync, session, handlers=0, closing=True, now=0)
+    balance(sync, None, handlers=0, closing=False, now=0)
+    assert reports == [True, False, True, False, False]
+
+
 def test_controller_arguments_are_checked() -> None:
     """Bad bounds or targets fail at once with InvalidArgumentError."""
     bad_adaptive: list[dict[str, object]] = [
@@ -535,23 +586,46 @@ async def _attach_once(controller: AdaptiveConcurrency) -> None:
 
 def test_an_adaptive_law_starts_at_its_minimum_in_slow_start() -> None:
     """A fresh law runs at its minimum and is not probing; until its first
-    congestion each success of a busy worker adds a whole task (slow start),
+    congestion each success of a busy worker (at least half of the limit in
+    use; less is no reason to grow) adds a whole task (slow start),
     after it 1/limit per success. The bounds reach 2**31-1, the documented
     most (and so does a resource law's)."""
     law = AimdLaw(2, 10)
     assert (law.capacity, law.probing, law.slow_start) == (2, False, True)
+    # Exactly half of the limit in use counts as busy.
+    assert law.finished(law.admit(), Signal.SUCCESS, 1)
     assert law.finished(law.admit(), Signal.SUCCESS, 2)
-    assert law.finished(law.admit(), Signal.SUCCESS, 3)
     assert (law.limit, law.probing) == (4.0, False)
     assert law.finished(law.admit(), Signal.CONGESTION, 4)
     assert (law.limit, law.probing, law.slow_start) == (2.0, True, False)
-    law.finished(law.admit(), Signal.SUCCESS, 2)
+    law.finished(law.admit(), Signal.SUCCESS, 1)
     assert (law.limit, law.probing) == (2.5, False)
+    law.limit = 8.0
+    assert not law.finished(law.admit(), Signal.SUCCESS, 3)
+    assert law.limit == 8.0
     for make in (AimdLaw, ResourceLaw):
         assert make(1, 2**31 - 1).maximum == 2**31 - 1
         assert make(2**31 - 1, 2**31 - 1).capacity == 2**31 - 1
         with pytest.raises(InvalidArgumentError):
             make(1, 2**31)
+
+
+def test_a_resource_law_reads_no_usage_as_room_and_half_use_as_busy() -> None:
+    """A sample that measured nothing changes nothing (and says so); a
+    pressure of 0 (nothing used) doubles the limit rather than dividing by
+    zero; exactly half of the limit in use counts as busy, so it may grow,
+    and less than half does not; pressure shrinks it whatever the use."""
+    law = ResourceLaw(1, 100)
+    law.limit = 4.0
+    assert law.update(None, 4) is False
+    assert law.limit == 4.0
+    assert law.update(0.0, 2) is True
+    assert law.limit == 8.0
+    assert law.update(0.25, 3) is False
+    assert law.limit == 8.0
+    # Over its target it shrinks however little is in use.
+    assert law.update(4.0, 1) is True
+    assert law.limit == 4.0
 
 
 def test_adaptive_law_ignores_signals_of_tasks_admitted_before_the_cut() -> None:
