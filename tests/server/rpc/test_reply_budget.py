@@ -408,6 +408,15 @@ def test_claim_answers_one_task_even_beyond_the_budget() -> None:
     assert [row.state for row in queue.rows] == [TaskState.LEASED] + [TaskState.PENDING] * 2
 
 
+def _budget_of_the_first(tasks: Sequence[Task], count: int) -> int:
+    """The bytes the first `count` of `tasks`, claimed from a fresh queue,
+    take in a reply by the bounds (their lease tokens included)."""
+    queue = _Queue(tasks)
+    claimed = asyncio.run(rb.claim_within(queue.claim, queue.release, count))
+    assert len(claimed) == count
+    return sum(rb.leased_bound(item) + rb.ELEMENT_BYTES for item in claimed)
+
+
 def test_after_the_first_round_a_claim_asks_only_for_what_the_room_holds() -> None:
     """No churn: once a round has shown how big the tasks are, the next asks
     for no more than the reply's remaining room holds, so no lease is taken
@@ -421,8 +430,7 @@ def test_after_the_first_round_a_claim_asks_only_for_what_the_room_holds() -> No
     assert queue.released == 0
     # Room for exactly one more after the first round: a round of one.
     small = [Task(id=f"{i:03}") for i in range(60)]
-    sized = asyncio.run(rb.claim_within(_Queue(small).claim, _Queue(small).release, 51))
-    budget = sum(rb.leased_bound(item) + rb.ELEMENT_BYTES for item in sized)
+    budget = _budget_of_the_first(small, 51)
     queue = _Queue(small)
     answered = asyncio.run(rb.claim_within(queue.claim, queue.release, 60, budget=budget))
     assert (queue.rounds, len(answered), queue.released) == ([rb.CLAIM_ROUND, 1], 51, 0)
@@ -432,8 +440,7 @@ def test_a_claim_fills_its_budget_exactly_and_not_one_byte_more() -> None:
     """The budget's edges: tasks whose bounds add up to exactly the budget
     are all answered; one byte less and the last goes back."""
     tasks = [Task(id=str(i), payload=b"x" * 100 * (i + 1)) for i in range(4)]
-    sized = asyncio.run(rb.claim_within(_Queue(tasks).claim, _Queue(tasks).release, 3))
-    budget = sum(rb.leased_bound(item) + rb.ELEMENT_BYTES for item in sized)
+    budget = _budget_of_the_first(tasks, 3)
     for room, answers in ((budget, 3), (budget - 1, 2)):
         queue = _Queue(tasks)
         answered = asyncio.run(rb.claim_within(queue.claim, queue.release, 4, budget=room))
