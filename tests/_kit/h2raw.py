@@ -7,12 +7,17 @@ import asyncio
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import betterproto2
 import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+from grpclib.protocol import H2Protocol
+
+from ringo_trio.server.rpc.connections import GuardedServer
+from ringo_trio.server.rpc.memory import connect_protocols
 
 WORK_METHOD = "/ringo.v1.QueueService/Work"
 NEGOTIATE_METHOD = "/ringo.v1.QueueService/Negotiate"
@@ -72,6 +77,21 @@ class RawH2:
     @classmethod
     async def connect(cls, host: str, port: int, *, window: int = 65535) -> RawH2:
         reader, writer = await asyncio.open_connection(host, port)
+        client = cls(reader, writer, window)
+        await client.flush()
+        return client
+
+    @classmethod
+    async def in_memory(cls, server: GuardedServer, *, window: int = 65535) -> RawH2:
+        """A connection to an in-memory daemon's server (`virtual_daemon`):
+        no socket, so the daemon's timers run on the test's virtual clock."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        server_side = server.accept()
+        connect_protocols(cast(H2Protocol, protocol), server_side)
+        transport = cast(asyncio.WriteTransport, protocol._transport)  # type: ignore[attr-defined]
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         client = cls(reader, writer, window)
         await client.flush()
         return client

@@ -57,7 +57,6 @@ import asyncio
 import collections
 import contextlib
 import socket
-import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -200,7 +199,10 @@ class _GuardedProtocol(H2Protocol):
         super().__init__(handler, config, h2_config)
         self._limits = limits
         self._timer: asyncio.TimerHandle | None = None
-        self._opened = time.monotonic()
+        # Every moment here is the event loop's clock: the timers that act on
+        # them run on it, and a test's virtual clock then moves them all.
+        self._loop = asyncio.get_running_loop()
+        self._opened = self._loop.time()
         self._going_away = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -227,9 +229,7 @@ class _GuardedProtocol(H2Protocol):
         self.connection.flush()
         self.connection.initialize()
         self.processor = _GuardedProcessor(self.handler, self.connection, self)
-        self._timer = asyncio.get_running_loop().call_later(
-            self._limits.idle_timeout, self._check_idle
-        )
+        self._timer = self._loop.call_later(self._limits.idle_timeout, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
         # h2 parses a whole read (up to 256 KiB with uvloop: thousands of
@@ -247,18 +247,18 @@ class _GuardedProtocol(H2Protocol):
 
     def _check_idle(self) -> None:
         processor = cast(_GuardedProcessor, self.processor)
-        now = time.monotonic()
+        now = self._loop.time()
         timeout = self._limits.idle_timeout
         busy_until = now + timeout
         if not processor.streams:
-            last = max(
-                self._opened, processor.last_call_ended, self.connection.last_stream_created or 0
-            )
-            busy_until = last + timeout
+            # Every call is a registered stream until it ends, so the last
+            # one's end covers its start (grpclib's own stamp of a stream's
+            # creation is on another clock: `time.monotonic`).
+            busy_until = max(self._opened, processor.last_call_ended) + timeout
             if busy_until <= now:
                 self.goaway(ErrorCodes.NO_ERROR, "idle connection")
                 return
-        self._timer = asyncio.get_running_loop().call_later(busy_until - now, self._check_idle)
+        self._timer = self._loop.call_later(busy_until - now, self._check_idle)
 
     def goaway(self, code: ErrorCodes, reason: str) -> None:
         """GOAWAY(`code`), cancel every call, and close the connection soon."""
@@ -276,7 +276,7 @@ class _GuardedProtocol(H2Protocol):
         # and hang up (see the module docstring), its input discarded.
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(_LINGER, self.processor.close, reason)
+        self._timer = self._loop.call_later(_LINGER, self.processor.close, reason)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._timer is not None:
@@ -327,7 +327,7 @@ class _GuardedProcessor(EventsProcessor):
         release = super().register(stream)
 
         def release_stream() -> None:
-            self.last_call_ended = time.monotonic()
+            self.last_call_ended = self._protocol._loop.time()
             release()
 
         return release_stream
@@ -348,7 +348,7 @@ class _GuardedProcessor(EventsProcessor):
 
     def process_stream_reset(self, event: StreamReset) -> None:
         super().process_stream_reset(event)
-        now = time.monotonic()
+        now = self._protocol._loop.time()
         resets = self._resets
         if len(resets) == resets.maxlen and now - resets[0] < self._reset_window:
             self._protocol.goaway(ErrorCodes.ENHANCE_YOUR_CALM, "too many stream resets")

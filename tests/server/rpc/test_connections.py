@@ -1,0 +1,189 @@
+"""The daemon's HTTP/2 connections (`server.rpc.connections`): their limits,
+idle and rapid-reset guards, on virtual time.
+
+A raw HTTP/2 client (`RawH2.in_memory`) talks to an in-memory daemon
+(`virtual_daemon`), so the guards' timers run on trio's MockClock and each
+test asserts the virtual instant a connection is told GOAWAY and closed. The
+hostile suite (tests/hostile/test_exhaustion.py) runs the same guards over
+real sockets, in real seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import h2.errors
+import pytest
+
+from ringo_trio.server.rpc.connections import (
+    DEFAULT_IDLE_TIMEOUT,
+    ConnectionLimits,
+    _set_nodelay,
+)
+from tests._kit.h2raw import NEGOTIATE_METHOD, RawH2, grpc_frame
+from tests._kit.virtual_daemon import Served, now, on_virtual_time, virtual_daemon
+
+# -- the limits ----------------------------------------------------------------------
+
+
+def test_the_documented_connection_limits_hold() -> None:
+    """Property: the defaults docs/protocol.md and docs/deployment.md state
+    are the daemon's: a connection without a call closed after 300 s, pings
+    every 60 s answered within 20 s, 1,000 resets in any 10 s."""
+    limits = ConnectionLimits()
+    assert limits.idle_timeout == 300.0
+    assert limits.keepalive_interval == 60.0
+    assert limits.keepalive_timeout == 20.0
+    assert limits.reset_limit == 1000
+    assert limits.reset_window == 10.0
+
+
+@pytest.mark.parametrize(
+    "field", ["idle_timeout", "keepalive_interval", "keepalive_timeout", "reset_window"]
+)
+def test_a_duration_limit_must_be_positive(field: str) -> None:
+    """Property: a duration of 0 or less is refused with ValueError naming
+    it (a zero idle timeout would close every connection at once); any
+    positive one, however small, is accepted."""
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match=field):
+            ConnectionLimits(**{field: bad})
+    assert getattr(ConnectionLimits(**{field: 0.001}), field) == 0.001
+
+
+def test_the_reset_limit_is_at_least_one() -> None:
+    """Property: a reset limit of 1 is accepted, 0 refused."""
+    assert ConnectionLimits(reset_limit=1).reset_limit == 1
+    with pytest.raises(ValueError, match="reset_limit"):
+        ConnectionLimits(reset_limit=0)
+
+
+def test_grpclib_pings_as_the_limits_say_and_never_gives_up() -> None:
+    """Property: grpclib is configured with the limits' keepalive, with no
+    cap on pings without data (its default stops after two, so a stalled
+    peer would never be found) and pings spaced by the interval (its
+    default: 300 s)."""
+    config = ConnectionLimits(keepalive_interval=7.0, keepalive_timeout=3.0).grpclib_config()
+    assert config._keepalive_time == 7.0
+    assert config._keepalive_timeout == 3.0
+    assert config._http2_max_pings_without_data == 0
+    assert config._http2_min_sent_ping_interval_without_data == 7.0
+
+
+def test_tcp_connections_send_small_frames_at_once() -> None:
+    """Property: a TCP connection gets TCP_NODELAY (without it Nagle holds a
+    reply back for the peer's delayed ACK, ~40 ms a round trip); a Unix
+    socket, which has no such option, is left alone."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        _set_nodelay(tcp)
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    unix_side, _other = socket.socketpair(socket.AF_UNIX)
+    with unix_side, _other:
+        _set_nodelay(unix_side)  # no OSError
+
+
+# -- idle connections ----------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _connected(served: Served) -> AsyncIterator[RawH2]:
+    """A raw HTTP/2 connection to the in-memory daemon, closed on exit."""
+    server = served.daemon._server
+    assert server is not None
+    raw = await RawH2.in_memory(server)
+    try:
+        yield raw
+    finally:
+        raw.close()
+
+
+async def _closed_after(raw: RawH2) -> float:
+    """The virtual seconds until the daemon closes the connection."""
+    start = now()
+    await raw.until(lambda: False, 60)
+    assert raw.eof, "the daemon never closed the connection"
+    return now() - start
+
+
+@on_virtual_time
+async def test_a_connection_that_never_calls_is_told_goaway_at_its_idle_timeout() -> None:
+    """Property: a connection that starts no call gets GOAWAY(NO_ERROR)
+    exactly --idle-timeout after it opened, and the daemon closes it one
+    second later when the peer does not hang up (the second lets the peer
+    read the GOAWAY before the socket goes)."""
+    async with virtual_daemon() as served, _connected(served) as raw:
+        opened = now()
+        await raw.until(lambda: raw.goaway is not None, 2 * DEFAULT_IDLE_TIMEOUT)
+        assert raw.goaway is not None
+        assert raw.goaway.error_code == h2.errors.ErrorCodes.NO_ERROR
+        assert now() == opened + DEFAULT_IDLE_TIMEOUT
+        assert await _closed_after(raw) == 1.0
+
+
+@on_virtual_time
+async def test_a_connection_is_idle_from_the_end_of_its_last_call() -> None:
+    """Property: a call resets the idle clock, and a call kept open holds
+    the connection open however long it lasts: the GOAWAY comes
+    --idle-timeout after the last call ended, never while one runs."""
+    limits = ConnectionLimits(idle_timeout=30.0)
+    async with virtual_daemon(connections=limits) as served, _connected(served) as raw:
+        await raw.until(lambda: False, 20)
+        call = raw.start(NEGOTIATE_METHOD)
+        await raw.flush()
+        # Open for four idle timeouts (answering the daemon's pings).
+        await raw.until(lambda: False, 120)
+        assert raw.goaway is None
+        assert not raw.eof
+        await raw.send(call, grpc_frame(b""), end=True)
+        await raw.until(lambda: raw.streams[call].ended, 10)
+        ended = now()
+        await raw.until(lambda: raw.goaway is not None, 100)
+        assert raw.goaway is not None
+        assert now() == ended + 30.0
+
+
+# -- rapid reset -----------------------------------------------------------------------
+
+
+async def _reset_streams(raw: RawH2, count: int) -> None:
+    """Open `count` calls and cancel each at once, in one write."""
+    for _ in range(count):
+        stream = raw.start(NEGOTIATE_METHOD)
+        raw.conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+    await raw.flush()
+
+
+@on_virtual_time
+async def test_one_reset_more_than_the_limit_within_the_window_gets_goaway() -> None:
+    """Property: --reset-limit resets within the window are served; the next
+    one within it gets GOAWAY(ENHANCE_YOUR_CALM) at once, and the connection
+    closes a second later."""
+    limits = ConnectionLimits(reset_limit=20, reset_window=10.0)
+    async with virtual_daemon(connections=limits) as served, _connected(served) as raw:
+        await _reset_streams(raw, 20)
+        await raw.until(lambda: False, 9.9)
+        assert raw.goaway is None
+        sent = now()
+        await _reset_streams(raw, 1)
+        await raw.until(lambda: raw.goaway is not None, 1)
+        assert raw.goaway is not None
+        assert raw.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert now() == sent
+        assert await _closed_after(raw) == 1.0
+
+
+@on_virtual_time
+async def test_resets_spread_wider_than_the_window_are_never_too_many() -> None:
+    """Property: only resets within one window count: a client cancelling
+    --reset-limit calls per window, window after window, keeps its
+    connection."""
+    limits = ConnectionLimits(reset_limit=20, reset_window=10.0)
+    async with virtual_daemon(connections=limits) as served, _connected(served) as raw:
+        for _ in range(5):
+            await _reset_streams(raw, 20)
+            await raw.until(lambda: False, 10.1)
+        assert raw.goaway is None
+        assert not raw.eof
