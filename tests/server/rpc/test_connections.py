@@ -22,7 +22,7 @@ from ringo_trio.server.rpc.connections import (
     ConnectionLimits,
     _set_nodelay,
 )
-from tests._kit.h2raw import NEGOTIATE_METHOD, RawH2, grpc_frame
+from tests._kit.h2raw import NEGOTIATE_METHOD, WORK_METHOD, RawH2, grpc_frame
 from tests._kit.virtual_daemon import Served, now, on_virtual_time, virtual_daemon
 
 # -- the limits ----------------------------------------------------------------------
@@ -187,3 +187,46 @@ async def test_resets_spread_wider_than_the_window_are_never_too_many() -> None:
             await raw.until(lambda: False, 10.1)
         assert raw.goaway is None
         assert not raw.eof
+
+
+@on_virtual_time
+async def test_after_goaway_the_rest_of_a_large_read_goes_unparsed() -> None:
+    """Property: a read is handed to h2 in 16 KiB slices and parsing stops
+    at the slice whose reset was one too many, so one large write of
+    thousands of resets costs the daemon a slice or two, not all of them:
+    the GOAWAY names a last stream from the first slices."""
+    limits = ConnectionLimits(reset_limit=20, reset_window=10.0)
+    async with virtual_daemon(connections=limits) as served, _connected(served) as raw:
+        streams = 5000
+        for _ in range(streams):
+            stream = raw.start(NEGOTIATE_METHOD)
+            raw.conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+        written = raw.conn.data_to_send()
+        per_stream = len(written) / streams
+        raw.writer.write(written)
+        await raw.until(lambda: raw.goaway is not None, 1)
+        assert raw.goaway is not None
+        assert raw.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        parsed = (raw.goaway.last_stream_id + 1) // 2
+        assert parsed * per_stream <= 2 * 16384, (parsed, per_stream)
+
+
+# -- how a Work stream ends ------------------------------------------------------------
+
+
+@on_virtual_time
+async def test_a_work_stream_refused_ends_by_its_trailers_alone() -> None:
+    """Property: a Work stream the daemon ends with an error status, its
+    client's side still open, gets trailers and no RST_STREAM after them
+    (grpclib's server adds one, and grpclib's client then cancels the read
+    that holds the status: the worker would see a bare reset)."""
+    async with virtual_daemon() as served, _connected(served) as raw:
+        work = raw.start(WORK_METHOD)
+        await raw.send(work, grpc_frame(b""))  # not a registration
+        state = raw.streams[work]
+        await raw.until(lambda: state.ended, 10)
+        assert state.header("grpc-status") == "3"  # INVALID_ARGUMENT
+        # Until the connection's end: every frame the daemon wrote is read.
+        await raw.until(lambda: False, 2 * DEFAULT_IDLE_TIMEOUT)
+        assert raw.eof
+        assert state.reset is None
