@@ -17,11 +17,14 @@ from contextlib import asynccontextmanager
 import h2.errors
 import pytest
 
+from ringo_trio.server.rpc.codec import StrictCodec
 from ringo_trio.server.rpc.connections import (
     DEFAULT_IDLE_TIMEOUT,
     ConnectionLimits,
+    GuardedServer,
     _set_nodelay,
 )
+from ringo_trio.server.rpc.memory import InMemoryChannel
 from tests._kit.h2raw import NEGOTIATE_METHOD, WORK_METHOD, RawH2, grpc_frame
 from tests._kit.virtual_daemon import Served, now, on_virtual_time, virtual_daemon
 
@@ -83,6 +86,23 @@ def test_tcp_connections_send_small_frames_at_once() -> None:
     unix_side, _other = socket.socketpair(socket.AF_UNIX)
     with unix_side, _other:
         _set_nodelay(unix_side)  # no OSError
+
+
+@on_virtual_time
+async def test_an_in_memory_server_serves_from_its_start_to_its_close() -> None:
+    """Property: `GuardedServer.serving`, which the testing kit's in-memory
+    channel asks before it connects, is False before the server starts and
+    after it closes, True between; a channel to a server that is not
+    serving is refused instead of reaching a closed server."""
+    server = GuardedServer([], codec=StrictCodec(), limits=ConnectionLimits())
+    assert not server.serving
+    server.start_in_memory()
+    assert server.serving
+    server.close()
+    await server.wait_closed()
+    assert not server.serving
+    with pytest.raises(ConnectionRefusedError):
+        await InMemoryChannel(server)._create_connection()
 
 
 # -- idle connections ----------------------------------------------------------------
