@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 import h2.errors
 import pytest
 
+from ringo_trio._proto.ringo.v1 import NegotiateRequest
 from ringo_trio.server.rpc.codec import StrictCodec
 from ringo_trio.server.rpc.connections import (
     DEFAULT_IDLE_TIMEOUT,
@@ -229,6 +230,27 @@ async def test_after_goaway_the_rest_of_a_large_read_goes_unparsed() -> None:
         assert raw.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
         parsed = (raw.goaway.last_stream_id + 1) // 2
         assert parsed * per_stream <= 2 * 16384, (parsed, per_stream)
+
+
+@on_virtual_time
+async def test_a_message_of_five_bytes_is_read_as_a_body_not_a_prefix() -> None:
+    """Property: only a message's 5-byte prefix is checked for the
+    compressed flag and the size limit; a body that happens to be 5 bytes
+    long is read as a body (sdk_name "abc" encodes to 5 bytes starting
+    0x0a, which read as a prefix would be "compressed") and reaches the
+    method."""
+    async with virtual_daemon() as served, _connected(served) as raw:
+        body = bytes(NegotiateRequest(sdk_name="abc"))
+        assert len(body) == 5
+        assert body[0] != 0
+        call = raw.start(NEGOTIATE_METHOD)
+        await raw.send(call, grpc_frame(body), end=True)
+        state = raw.streams[call]
+        await raw.until(lambda: state.ended, 10)
+        # The method read it: OUT_OF_RANGE for its protocol major (0), not
+        # UNIMPLEMENTED for a compressed message.
+        assert state.header("grpc-status") == "11", state.header("grpc-message")
+        assert "protocol major 0" in (state.header("grpc-message") or "")
 
 
 # -- how a Work stream ends ------------------------------------------------------------
