@@ -13,11 +13,13 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 import h2.errors
 import pytest
 
-from ringo_trio._proto.ringo.v1 import NegotiateRequest
+from ringo_trio._contract.limits import MAX_MESSAGE_BYTES
+from ringo_trio._proto.ringo.v1 import NegotiateRequest, WorkerRegistration, WorkRequest
 from ringo_trio.server.rpc.codec import StrictCodec
 from ringo_trio.server.rpc.connections import (
     DEFAULT_IDLE_TIMEOUT,
@@ -26,6 +28,7 @@ from ringo_trio.server.rpc.connections import (
     _set_nodelay,
 )
 from ringo_trio.server.rpc.memory import InMemoryChannel
+from tests._kit.grpc_client import connect, new_queue
 from tests._kit.h2raw import NEGOTIATE_METHOD, WORK_METHOD, RawH2, grpc_frame
 from tests._kit.virtual_daemon import Served, now, on_virtual_time, virtual_daemon
 
@@ -272,3 +275,40 @@ async def test_a_work_stream_refused_ends_by_its_trailers_alone() -> None:
         await raw.until(lambda: False, 2 * DEFAULT_IDLE_TIMEOUT)
         assert raw.eof
         assert state.reset is None
+
+
+async def _registered_work_stream(served: Served, raw: RawH2) -> int:
+    """A Work stream whose first message, a valid registration, was read."""
+    async with connect(served.daemon) as client:
+        context = client.context
+    registration = WorkerRegistration(
+        context=context,
+        queue=new_queue("prefix"),
+        worker_id="w",
+        task_types=["t"],
+        max_concurrency=1,
+        lease_duration=timedelta(seconds=30),
+    )
+    work = raw.start(WORK_METHOD)
+    await raw.send(work, grpc_frame(WorkRequest(register=registration)))
+    await raw.until(lambda: bool(raw.streams[work].headers), 10)
+    assert raw.streams[work].header("grpc-status") is None  # registered, open
+    return work
+
+
+@on_virtual_time
+async def test_every_message_of_a_stream_has_its_prefix_checked() -> None:
+    """Property: the size limit holds for each message of a Work stream, not
+    only its first: a later prefix announcing more than MAX_MESSAGE_BYTES
+    ends the stream RESOURCE_EXHAUSTED before a byte of its body is read;
+    one announcing exactly the limit is not refused (the daemon waits for
+    its body)."""
+    async with virtual_daemon() as served, _connected(served) as raw:
+        over = await _registered_work_stream(served, raw)
+        await raw.send(over, b"\x00" + (MAX_MESSAGE_BYTES + 1).to_bytes(4, "big"))
+        await raw.until(lambda: raw.streams[over].ended, 10)
+        assert raw.streams[over].header("grpc-status") == "8"  # RESOURCE_EXHAUSTED
+        at_limit = await _registered_work_stream(served, raw)
+        await raw.send(at_limit, b"\x00" + MAX_MESSAGE_BYTES.to_bytes(4, "big"))
+        await raw.until(lambda: raw.streams[at_limit].ended, 10)
+        assert not raw.streams[at_limit].ended
