@@ -457,19 +457,20 @@ async def test_a_wait_lasts_its_seconds_unless_woken() -> None:
 
 
 class _CountingStorage(SQLiteEngine):
-    """Only expire_leases is real: it records calls and can fail. The engine is
-    never opened, so any other storage call fails loudly."""
+    """Only expire_leases is real: it records calls and raises `failure`
+    when one is set. The engine is never opened, so any other storage call
+    fails loudly."""
 
     def __init__(self) -> None:
         super().__init__(Path("/nonexistent/never-opened.db"))
         self.expire_calls: list[datetime] = []
         self.expired = 0
-        self.fail = False
+        self.failure: Exception | None = None
 
     async def expire_leases(self, now: datetime) -> int:
         self.expire_calls.append(now)
-        if self.fail:
-            raise RuntimeError("engine hiccup")
+        if self.failure is not None:
+            raise self.failure
         return self.expired
 
 
@@ -535,7 +536,7 @@ async def test_reaper_backstop_and_engine_errors(caplog: pytest.LogCaptureFixtur
     `backstop` seconds (leases from a previous process), and an engine error
     is logged without ending the reaper."""
     storage = _CountingStorage()
-    storage.fail = True
+    storage.failure = RuntimeError("engine hiccup")
     reaper = LeaseReaper(storage, _loop_clock(), QueueWakeups(), backstop=0.1)
     with caplog.at_level(logging.ERROR, logger="ringo_trio.server"):
         await _run_reaper(reaper, 0.55)
@@ -560,20 +561,15 @@ async def test_a_sweep_that_fails_expired_nothing_and_wakes_no_one(
     reaper.note(None)
     assert reaper._deadlines == [NOW]
     storage.expired = 3
-
-    async def unavailable(now: datetime) -> int:
-        raise StorageUnavailable("database restarting")
-
     with wakeups.watch("q") as watch, caplog.at_level(logging.WARNING, "ringo_trio.server"):
         armed = watch.arm()
-        storage.fail = True
+        storage.failure = RuntimeError("engine hiccup")
         assert await reaper.sweep() == 0
-        storage.expire_leases = unavailable  # type: ignore[method-assign]
+        storage.failure = StorageUnavailable("database restarting")
         assert await reaper.sweep() == 0
         assert not armed.is_set()
         assert told == []
-        del storage.expire_leases
-        storage.fail = False
+        storage.failure = None
         assert await reaper.sweep() == 3
         assert armed.is_set()
         assert told == [None]
