@@ -127,14 +127,25 @@ class ResourceSample:
 
 class _ProcessSampler:
     """This process's CPU (`time.process_time` deltas over wall time) and
-    resident memory (/proc/self/statm, else the peak from getrusage)."""
+    resident memory (/proc/self/statm, else the peak from getrusage). The
+    clocks and the statm file are its arguments so that a test can give
+    its own."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        wall: Callable[[], float] = time.monotonic,
+        cpu: Callable[[], float] = time.process_time,
+        statm: str = "/proc/self/statm",
+    ) -> None:
+        self._wall = wall
+        self._cpu = cpu
+        self._statm = statm
         self._last: tuple[float, float] | None = None
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
     def __call__(self) -> ResourceSample:
-        now = (time.monotonic(), time.process_time())
+        now = (self._wall(), self._cpu())
         cpu = None
         if self._last is not None and now[0] > self._last[0]:
             cpu = (now[1] - self._last[1]) / (now[0] - self._last[0])
@@ -143,7 +154,7 @@ class _ProcessSampler:
 
     def _rss(self) -> int:
         try:
-            with open("/proc/self/statm", "rb") as statm:
+            with open(self._statm, "rb") as statm:
                 return int(statm.read().split()[1]) * self._page
         except (OSError, ValueError, IndexError):
             # ru_maxrss is the peak (KiB on Linux): an upper bound, which errs

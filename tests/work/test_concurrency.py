@@ -21,7 +21,10 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
+import pathlib
 import random
+import resource
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +56,13 @@ from ringo_trio._contract.work.client import (
     State,
     WorkSession,
 )
-from ringo_trio._work._concurrency import AdaptiveConcurrency, ResourceConcurrency, ResourceSample
+from ringo_trio._work._concurrency import (
+    AdaptiveConcurrency,
+    ResourceConcurrency,
+    ResourceSample,
+    _ProcessSampler,
+    attach,
+)
 from ringo_trio._work._permits import (
     AimdLaw,
     Member,
@@ -578,6 +587,91 @@ def test_a_controller_belongs_to_one_event_loop_at_a_time() -> None:
 
     trio.run(hold_and_try_other_loop)
     trio.run(_attach_once, controller)  # unbound again: a new loop may use it
+
+
+def test_the_documented_controller_defaults_and_edges_hold() -> None:
+    """Property: the defaults docs/worker.md states, the bounds each
+    controller reports, and the argument checks' edges: a CPU target of
+    1,024 cores accepted and anything above refused, a memory target of
+    one byte accepted."""
+    adaptive = AdaptiveConcurrency()
+    assert (adaptive.min, adaptive.max, adaptive._law.decrease) == (1, 256, 0.5)
+    resources = ResourceConcurrency()
+    assert (resources.min, resources.max) == (1, 256)
+    assert (resources.cpu_target, resources.memory_target) == (0.8, None)
+    assert resources.interval == timedelta(seconds=1)
+    bounded = AdaptiveConcurrency(min=3, max=9)
+    assert (bounded.min, bounded.max) == (3, 9)
+    assert ResourceConcurrency(cpu_target=1024).cpu_target == 1024.0
+    with pytest.raises(InvalidArgumentError):
+        ResourceConcurrency(cpu_target=1024.5)
+    assert ResourceConcurrency(memory_target=1).memory_target == 1
+
+
+def test_the_default_sampler_reads_cpu_over_wall_time_and_resident_pages(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Property: the default sampler's CPU is the process time used over the
+    wall time since its previous reading (none at the first reading, none
+    when no wall time passed), and its memory the resident pages (statm's
+    second field) times the page size; without statm, the peak from
+    getrusage (KiB) in bytes."""
+    clock = {"wall": 10.0, "cpu": 3.0}
+    statm = tmp_path / "statm"
+    statm.write_text("1000 25 7 1 0 50 0\n")
+    sampler = _ProcessSampler(
+        wall=lambda: clock["wall"], cpu=lambda: clock["cpu"], statm=str(statm)
+    )
+    resident = 25 * os.sysconf("SC_PAGE_SIZE")
+    assert sampler() == ResourceSample(cpu=None, memory=resident)
+    clock.update(wall=14.0, cpu=4.0)
+    assert sampler() == ResourceSample(cpu=0.25, memory=resident)
+    clock.update(cpu=5.0)
+    assert sampler().cpu is None
+    clock.update(wall=16.0, cpu=7.0)
+    assert sampler().cpu == 1.0
+    without_statm = _ProcessSampler(statm=str(tmp_path / "absent"))
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    memory = without_statm().memory
+    peak_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert memory is not None
+    assert peak_before <= memory <= peak_after
+
+
+def test_the_pressure_is_the_largest_ratio_over_the_resources_measured() -> None:
+    """Property: a sample's pressure is its largest usage/target over the
+    resources that have a target and were measured (a resource without a
+    target, or not measured, does not count); nothing to compare is no
+    pressure (None: the law then leaves the limit alone)."""
+    both = ResourceConcurrency(cpu_target=0.5, memory_target=1000)
+    assert both._pressure(ResourceSample(cpu=0.25, memory=2000)) == 2.0
+    assert both._pressure(ResourceSample(cpu=1.0, memory=100)) == 2.0
+    assert both._pressure(ResourceSample(cpu=None, memory=500)) == 0.5
+    assert both._pressure(ResourceSample(cpu=0.25, memory=None)) == 0.5
+    assert both._pressure(ResourceSample()) is None
+    memory_only = ResourceConcurrency(cpu_target=None, memory_target=1000)
+    assert memory_only._pressure(ResourceSample(cpu=4.0, memory=250)) == 0.25
+    assert memory_only._pressure(ResourceSample(cpu=4.0)) is None
+
+
+def test_a_resource_step_never_makes_the_workers_probe() -> None:
+    """Property: only a congestion cut makes the pool probe (each worker
+    asking for one task at a time); a resource step that moves the
+    capacity leaves the workers' targets at their shares."""
+    controller = ResourceConcurrency(min=1, max=64, cpu_target=1.0)
+
+    async def main() -> None:
+        membership = attach(controller, 1)
+        try:
+            assert membership.sync(running=0, committed=0, active=True) == 1
+            membership.sync(running=1, committed=1, active=True)
+            controller._step(ResourceSample(cpu=0.1))  # 1 of 1 in use: it grows
+            assert controller.capacity == 2
+            assert not controller._pool.probing
+        finally:
+            membership.detach()
+
+    trio.run(main)
 
 
 async def _attach_once(controller: AdaptiveConcurrency) -> None:
