@@ -751,7 +751,8 @@ async def _reset(stream: Any) -> None:
 
 
 def _peer(stream: WorkStreamIO) -> str:
-    """The worker's address as the connection shows it ("" in memory)."""
+    """The host part of the worker's address as its connection shows it
+    ("in-memory" for the testing kit's connections; "" without a peer)."""
     peer = getattr(stream, "peer", None)
     address = peer.addr() if peer is not None else None
     return str(address[0]) if address else ""

@@ -1311,6 +1311,21 @@ async def test_the_operators_view_of_a_stream_says_who_it_is_and_what_it_did() -
 
 
 @on_virtual_time
+async def test_a_stream_registered_without_a_host_is_listed_by_its_peers_address() -> None:
+    """Property: a worker that names no host (an SDK older than the field)
+    is listed by its connection's peer address, the host part only (the
+    in-memory connection's peer is ("in-memory", 0)), not its port."""
+    queue = new_queue()
+    async with (
+        virtual_daemon() as served,
+        connect(served.daemon) as client,
+        worker(client, queue, worker_id="old", max_concurrency=1),
+    ):
+        [view] = served.daemon.queue_service.work_streams.snapshot()
+    assert view.host == "in-memory"
+
+
+@on_virtual_time
 async def test_the_part_of_a_claim_beyond_the_push_budget_goes_back_at_once() -> None:
     """Property (no lease held unpushed): a claim sized by small tasks that
     turns out to hold big ones keeps what fits in the stream's push budget
