@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,23 +37,35 @@ def test_batched_frames_are_the_queued_frames_in_order(
     """Property: what the writer sends for the frames queued when it woke is
     exactly those commands, in order: runs joined into batch frames of at
     least two and at most MAX_WORK_BATCH commands within BATCH_FRAME_BYTES
-    (a single larger command goes alone), a frame marked `alone` (register)
-    never in a batch."""
+    (a single larger command goes alone), each run as long as the bounds
+    allow, a frame marked `alone` (register) never in a batch."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_driver, "MAX_WORK_BATCH", most)
         patch.setattr(_driver, "BATCH_FRAME_BYTES", budget)
         sent = batch_frames(list(frames))
     commands: list[bytes] = []
+    # Each run of commands sent together (None: a frame sent alone).
+    runs: list[list[bytes] | None] = []
     for frame in sent:
         request = decode(frame.data, WorkRequest)
-        if request.batch is None:
+        if frame.alone:
+            runs.append(None)
             commands.append(frame.data)
             continue
-        assert not frame.alone
+        if request.batch is None:
+            runs.append([frame.data])
+            commands.append(frame.data)
+            continue
         elements = request.batch.requests
         assert 2 <= len(elements) <= most
         assert sum(len(bytes(element)) for element in elements) <= budget
-        commands += [bytes(element) for element in elements]
+        runs.append([bytes(element) for element in elements])
+        commands += runs[-1]
+    # A run ends only when the next command would break a bound: no frame
+    # goes out that the one before could have carried.
+    for run, after in itertools.pairwise(runs):
+        if run is not None and after is not None:
+            assert len(run) == most or sum(map(len, run)) + len(after[0]) > budget
     assert [decode(c, WorkRequest) for c in commands] == [
         decode(f.data, WorkRequest) for f in frames
     ]
@@ -65,3 +79,12 @@ def test_queued_settlements_go_out_as_one_frame() -> None:
     request = decode(sent.data, WorkRequest)
     assert request.batch is not None
     assert [r.request_id for r in request.batch.requests] == list(range(1, 65))
+
+
+def test_a_batch_frame_carries_up_to_one_mebibyte_of_commands() -> None:
+    """Property: the SDK's command batches hold at most 1 MiB of commands
+    (docs/protocol.md, Limits), the bound included: two commands of
+    exactly 1 MiB together go in one frame, one byte more makes two."""
+    half = 512 * 1024
+    assert len(batch_frames([Frame(b"x" * half), Frame(b"y" * half)])) == 1
+    assert len(batch_frames([Frame(b"x" * half), Frame(b"y" * (half + 1))])) == 2
