@@ -13,7 +13,7 @@ import pytest
 import trio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from ringo_trio._contract.work.client import RemoteProtocolError, WorkSession
+from ringo_trio._contract.work.client import RemoteProtocolError, State, WorkSession
 from ringo_trio._contract.work.client_events import Drain
 from ringo_trio._proto.ringo.v1 import Heartbeat, WorkRequest, WorkResponse
 from ringo_trio._wire.codec import decode
@@ -81,5 +81,38 @@ def test_a_heartbeat_reaches_the_session_and_an_unknown_frame_is_a_protocol_erro
             ):
                 await driver.read(receive)
             assert session.heartbeats == 1
+
+    trio.run(main)
+
+
+class _QuietOwner:
+    """An owner with no handler running (what `act` asks of it)."""
+
+    def quiet(self) -> bool:
+        return True
+
+    def after_act(self) -> None:
+        pass
+
+
+def test_finishing_a_stream_ends_its_session_and_its_send_side() -> None:
+    """Property: `finish` ends a session still open (a handler that returns
+    later then finds nothing to settle into, instead of a closed stream)
+    and closes the send side, whatever the session's state was."""
+
+    async def main() -> None:
+        session = WorkSession(concurrency=2, minor=7)
+        session.register()
+        session.registered(
+            lease_duration=30.0, max_concurrency=2, ordered_request_ids=True, now=0.0
+        )
+        assert session.state is State.ACTIVE
+        send, sent = anyio.create_memory_object_stream[Frame](10)
+        with sent:
+            driver = StreamDriver(session, send, cast(StreamOwner, _QuietOwner()))
+            await driver.finish(0)
+            assert session.state is State.ENDED
+            with pytest.raises(anyio.ClosedResourceError):
+                send.send_nowait(Frame(b""))
 
     trio.run(main)
