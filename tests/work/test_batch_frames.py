@@ -48,12 +48,8 @@ def test_batched_frames_are_the_queued_frames_in_order(
     runs: list[list[bytes] | None] = []
     for frame in sent:
         request = decode(frame.data, WorkRequest)
-        if frame.alone:
-            runs.append(None)
-            commands.append(frame.data)
-            continue
-        if request.batch is None:
-            runs.append([frame.data])
+        if frame.alone or request.batch is None:
+            runs.append(None if frame.alone else [frame.data])
             commands.append(frame.data)
             continue
         elements = request.batch.requests

@@ -31,11 +31,14 @@ class _Session:
 
 
 @contextmanager
-def _driver(session: object) -> Iterator[tuple[StreamDriver, MemoryObjectReceiveStream[Frame]]]:
-    """A driver over `session` whose written frames arrive in the stream given."""
+def _driver(
+    session: object, owner: object = None
+) -> Iterator[tuple[StreamDriver, MemoryObjectReceiveStream[Frame]]]:
+    """A driver over `session` (and `owner`) whose written frames arrive in
+    the stream given."""
     send, sent = anyio.create_memory_object_stream[Frame](10)
     with send, sent:
-        yield StreamDriver(cast(WorkSession, session), send, cast(StreamOwner, None)), sent
+        yield StreamDriver(cast(WorkSession, session), send, cast(StreamOwner, owner)), sent
 
 
 def _frames(*frames: object) -> MemoryObjectReceiveStream[Any]:
@@ -107,12 +110,10 @@ def test_finishing_a_stream_ends_its_session_and_its_send_side() -> None:
             lease_duration=30.0, max_concurrency=2, ordered_request_ids=True, now=0.0
         )
         assert session.state is State.ACTIVE
-        send, sent = anyio.create_memory_object_stream[Frame](10)
-        with sent:
-            driver = StreamDriver(session, send, cast(StreamOwner, _QuietOwner()))
+        with _driver(session, _QuietOwner()) as (driver, _):
             await driver.finish(0)
             assert session.state is State.ENDED
             with pytest.raises(anyio.ClosedResourceError):
-                send.send_nowait(Frame(b""))
+                driver.send.send_nowait(Frame(b""))
 
     trio.run(main)

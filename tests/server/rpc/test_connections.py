@@ -32,6 +32,19 @@ from tests._kit.grpc_client import connect, new_queue
 from tests._kit.h2raw import NEGOTIATE_METHOD, WORK_METHOD, RawH2, grpc_frame
 from tests._kit.virtual_daemon import Served, now, on_virtual_time, virtual_daemon
 
+
+@asynccontextmanager
+async def _connected(served: Served) -> AsyncIterator[RawH2]:
+    """A raw HTTP/2 connection to the in-memory daemon, closed on exit."""
+    server = served.daemon._server
+    assert server is not None
+    raw = await RawH2.in_memory(server)
+    try:
+        yield raw
+    finally:
+        raw.close()
+
+
 # -- the limits ----------------------------------------------------------------------
 
 
@@ -112,18 +125,6 @@ async def test_an_in_memory_server_serves_from_its_start_to_its_close() -> None:
 # -- idle connections ----------------------------------------------------------------
 
 
-@asynccontextmanager
-async def _connected(served: Served) -> AsyncIterator[RawH2]:
-    """A raw HTTP/2 connection to the in-memory daemon, closed on exit."""
-    server = served.daemon._server
-    assert server is not None
-    raw = await RawH2.in_memory(server)
-    try:
-        yield raw
-    finally:
-        raw.close()
-
-
 async def _closed_after(raw: RawH2) -> float:
     """The virtual seconds until the daemon closes the connection."""
     start = now()
@@ -172,11 +173,16 @@ async def test_a_connection_is_idle_from_the_end_of_its_last_call() -> None:
 # -- rapid reset -----------------------------------------------------------------------
 
 
-async def _reset_streams(raw: RawH2, count: int) -> None:
-    """Open `count` calls and cancel each at once, in one write."""
+def _queue_resets(raw: RawH2, count: int) -> None:
+    """Open `count` calls and cancel each at once (buffered, not written)."""
     for _ in range(count):
         stream = raw.start(NEGOTIATE_METHOD)
         raw.conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+
+
+async def _reset_streams(raw: RawH2, count: int) -> None:
+    """`count` calls opened and cancelled, in one write."""
+    _queue_resets(raw, count)
     await raw.flush()
 
 
@@ -222,9 +228,7 @@ async def test_after_goaway_the_rest_of_a_large_read_goes_unparsed() -> None:
     limits = ConnectionLimits(reset_limit=20, reset_window=10.0)
     async with virtual_daemon(connections=limits) as served, _connected(served) as raw:
         streams = 5000
-        for _ in range(streams):
-            stream = raw.start(NEGOTIATE_METHOD)
-            raw.conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+        _queue_resets(raw, streams)
         written = raw.conn.data_to_send()
         per_stream = len(written) / streams
         raw.writer.write(written)
