@@ -587,7 +587,6 @@ class Handlers:
         error = self.stop_reason or "the worker stopped before the handler finished"
         delay: float | None = None
         result: bytes | None = None
-        finished = False
         fencing = self._fencing
         try:
             if self._close_requested.is_set() or (self.slots is not None and not slot):
@@ -651,7 +650,6 @@ class Handlers:
                         )
                     # else: how the handler learnt of an operator's cancel,
                     # which `task_cancelled` logged at INFO; nobody's error.
-                finished = True
         except anyio.get_cancelled_exc_class():
             raise
         except BaseException as exc:
@@ -673,7 +671,7 @@ class Handlers:
                 stuck = watchdog.exited(running, now)
                 if stuck is not None:
                     fencing.found_stuck(stuck)
-            self.finish(live, key, running, outcome, error, delay, finished, result)
+            self.finish(live, key, running, outcome, error, delay, result)
 
     def hand_back_waiting(self) -> None:
         """The worker is stopping: prefetched tasks still waiting for a slot
@@ -691,7 +689,6 @@ class Handlers:
         outcome: Outcome,
         error: str,
         delay: float | None,
-        finished: bool,
         result: bytes | None = None,
     ) -> None:
         """Settle a handler that exited (synchronously: no cancellation can
@@ -704,7 +701,8 @@ class Handlers:
             self._orphan_exited(now)
         membership = self.membership
         if membership is not None:
-            if finished and outcome is Outcome.ACK:
+            # An ACK is set only once the handler has returned.
+            if outcome is Outcome.ACK:
                 signal = Signal.SUCCESS
             else:
                 signal = Signal.CONGESTION if running.congested else Signal.FAILURE

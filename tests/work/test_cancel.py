@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import logging
 import pathlib
+from collections.abc import Callable, Generator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from ringo_trio import (
@@ -370,7 +373,8 @@ async def test_what_a_handler_returns_is_the_tasks_result(
     """Property: a handler's bytes come back as the SUCCEEDED task's result, a str
     as its UTF-8 bytes; None stores none; any other type is ignored with one
     WARNING naming the type (the task still succeeds); a value over
-    MAX_RESULT_BYTES fails the attempt like an exception — nacked with an error
+    MAX_RESULT_BYTES fails the attempt like an exception (exactly the limit is
+    stored) — nacked with an error
     naming the limit, logged at ERROR — and the task is not SUCCEEDED. Retry
     clears a stored result."""
     caplog.set_level(logging.INFO, logger="ringo_trio")
@@ -380,6 +384,7 @@ async def test_what_a_handler_returns_is_the_tasks_result(
         "none": None,
         "dict": {"not": "a result"},
         "dict2": {"still": "not"},
+        "limit": b"x" * limits.MAX_RESULT_BYTES,
         "huge": b"x" * (limits.MAX_RESULT_BYTES + 1),
     }
     with trio.fail_after(120):
@@ -397,6 +402,7 @@ async def test_what_a_handler_returns_is_the_tasks_result(
             tasks = {kind: await queue.get_by_id(i) for kind, i in ids.items()}
             assert tasks["bytes"].result == b"\x00\xffraw"
             assert tasks["text"].result == "naïve ✓".encode()
+            assert tasks["limit"].result == returns["limit"]  # the limit itself is stored
             for kind in ("none", "dict", "dict2"):
                 assert tasks[kind].state is TaskState.SUCCEEDED
                 assert tasks[kind].result is None
@@ -411,6 +417,55 @@ async def test_what_a_handler_returns_is_the_tasks_result(
     assert warning.levelno == logging.WARNING
     [refused] = _records(caplog, "cannot store")
     assert refused.levelno == logging.ERROR
+    assert "now DEAD" in refused.getMessage()  # its one attempt is spent
+
+
+class _Later:
+    """An awaitable that is not a coroutine (a future, a library's handle)."""
+
+    def __init__(self, value: bytes) -> None:
+        self._value = value
+
+    def __await__(self) -> Generator[Any, None, bytes]:
+        return _result_after_a_checkpoint(self._value).__await__()
+
+
+async def test_a_plain_function_handler_and_the_awaitable_it_returns(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: a handler may be a plain function (docs/worker.md): what it
+    returns is the result, and when that is awaitable — a coroutine or any
+    other awaitable — it is awaited and its value is the result, never the
+    awaitable itself (red when only coroutines are awaited)."""
+    made: dict[str, Callable[[], object]] = {
+        "value": lambda: b"plain",
+        "coroutine": lambda: _result_after_a_checkpoint(b"from a coroutine"),
+        "awaitable": lambda: _Later(b"from an awaitable"),
+    }
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("plain")
+            ids = {
+                kind: (await queue.enqueue(task_type=kind, max_attempts=1)).task.id for kind in made
+            }
+
+            def handle(task: Task, ctx: TaskContext) -> object:
+                return made[task.task_type]()
+
+            # The worker itself, not `run_worker`, whose counting wrapper awaits.
+            async with running(queue.worker(handle)):  # type: ignore[arg-type]
+                await wait_states(queue, list(ids.values()), {TaskState.SUCCEEDED})
+            results = {kind: (await queue.get_by_id(i)).result for kind, i in ids.items()}
+    assert results == {
+        "value": b"plain",
+        "coroutine": b"from a coroutine",
+        "awaitable": b"from an awaitable",
+    }
+
+
+async def _result_after_a_checkpoint(value: bytes) -> bytes:
+    await trio.lowlevel.checkpoint()
+    return value
 
 
 async def test_a_manual_ack_carries_a_result(autojump_clock: trio.testing.MockClock) -> None:

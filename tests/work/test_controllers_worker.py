@@ -201,6 +201,37 @@ async def test_congestion_shrinks_an_adaptive_controller_and_success_regrows_it(
             assert capacities[0] == 1
 
 
+async def test_a_crash_or_a_plain_retry_is_not_congestion(tmp_path: pathlib.Path) -> None:
+    """Property: only ``RetryTaskError(congestion=True)`` cuts an adaptive
+    controller. Handlers that crash or ask for an ordinary retry tell its law
+    nothing: grown to max, it stays at max and does not probe (red when any
+    failure counts as congestion)."""
+    with trio.fail_after(60):
+        async with Ringo.local(tmp_path) as client:
+            controller = AdaptiveConcurrency(min=1, max=4)
+            queue = client.queue("failures")
+            failing = False
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                await trio.sleep(0.01)
+                if failing:
+                    if task.task_type == "crash":
+                        raise ValueError("a bug, not an overload")
+                    raise RetryTaskError("try again", delay=0.0)
+
+            async with running(queue.worker(handle, concurrency=controller)):
+                ids = await enqueue(queue, 40)
+                await eventually(lambda: controller.capacity == 4, within=20)
+                await wait_states(queue, ids, {TaskState.SUCCEEDED}, within=30)
+                failing = True
+                failed = [
+                    (await queue.enqueue(task_type=kind, max_attempts=1)).task.id
+                    for kind in ("crash", "retry") * 10
+                ]
+                await wait_states(queue, failed, {TaskState.DEAD}, within=30)
+                assert (controller.capacity, controller.probing) == (4, False)
+
+
 async def test_a_resource_controller_resizes_running_workers(tmp_path: pathlib.Path) -> None:
     """A ResourceConcurrency's sampling runs inside the attached workers (no
     extra context manager): a resource above its target shrinks the capacity

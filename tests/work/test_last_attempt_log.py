@@ -11,6 +11,8 @@ import trio
 import trio.testing
 
 from ringo_trio import RetryTaskError, Task, TaskContext, TaskState
+from ringo_trio._contract.work.client import LeaseKey
+from ringo_trio._work._handlers import Running, log_outcome
 from ringo_trio.testing import RingoTestEnv
 from tests._kit.workers import running, wait_states
 
@@ -62,3 +64,28 @@ async def test_a_failure_on_the_last_attempt_is_logged_as_the_task_dying(
     )
     assert last.levelno == (logging.WARNING if how == "retry" else logging.ERROR)
     assert last.ringo_dead is True  # type: ignore[attr-defined]
+
+
+async def test_a_task_pushed_without_an_attempt_limit_is_never_called_dead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Property: a push whose ``max_attempts`` is 0 (no limit stated: a daemon
+    that leaves the default unresolved) makes no failure "the last attempt":
+    the line is the ordinary one, at its own level, ``ringo_dead`` False (red
+    when 0 counts as a limit every attempt has reached)."""
+    caplog.set_level(logging.INFO, logger="ringo_trio")
+    task = Task(
+        id="t1",
+        queue="q",
+        task_type="t",
+        payload=b"",
+        state=TaskState.LEASED,
+        attempt=7,
+        max_attempts=0,
+    )
+    context = TaskContext(task, LeaseKey("t1", 7), "w1", None)  # type: ignore[arg-type]
+    running = Running(trio.CancelScope(), context)
+    log_outcome("q", running, logging.INFO, "asked for a retry", "busy", nacked=True)
+    [record] = _outcomes(caplog, "t1")
+    assert "DEAD" not in record.getMessage()
+    assert (record.levelno, record.ringo_dead) == (logging.INFO, False)  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from ringo_trio import (
     TaskContext,
     TaskQueue,
     TaskState,
+    TaskTimeouts,
 )
 from ringo_trio._contract.versions import MINOR
 from ringo_trio._contract.work.client import GRANT_CAP, PREFETCH_GRANT_CAP
@@ -261,3 +262,46 @@ async def test_a_waiting_task_cancelled_by_an_operator_never_runs(
     assert started == [first, later]
     assert stored.state is TaskState.CANCELLED
     assert stored.attempt == 1
+
+
+async def test_a_task_that_waited_for_its_slot_then_runs_like_any_other(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: a prefetched task that waited for its slot far longer than
+    ``no_start`` starts and succeeds — no_start counts from the slot, so a
+    prefetch never fences the worker — and once started it is a running
+    handler like any other: a stop cancels it and hands its lease back
+    unspent (red when the wait counts toward no_start, or when a started
+    task is still taken for a waiting one)."""
+    with trio.fail_after(100):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("slot-wait")
+            ids = await enqueue(queue, 3)
+            started: list[str] = []
+            last_started = trio.Event()
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                started.append(task.id)
+                if len(started) < 3:
+                    await trio.sleep(5)  # the tasks behind it wait 5 s, then 10 s
+                    return
+                last_started.set()
+                await trio.sleep_forever()
+
+            worker = queue.worker(
+                handle,
+                concurrency=1,
+                prefetch=2,
+                task_timeouts=TaskTimeouts(no_start=timedelta(seconds=1)),
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await last_started.wait()
+                await worker.stop()
+            done = [await queue.get_by_id(i) for i in started]
+    assert sorted(started) == sorted(ids)
+    assert [(t.state, t.attempt) for t in done] == [
+        (TaskState.SUCCEEDED, 1),
+        (TaskState.SUCCEEDED, 1),
+        (TaskState.PENDING, 0),  # released: its attempt not spent
+    ]

@@ -21,6 +21,7 @@ import trio
 import trio.testing
 
 from ringo_trio import (
+    LeaseLostError,
     RetryTaskError,
     Ringo,
     RingoError,
@@ -199,6 +200,44 @@ async def test_close_past_the_grace_period_keeps_a_single_attempt_task_alive(
             assert (await queue.get_by_id(task_id)).attempt == 1
 
 
+async def test_progress_after_the_grace_period_is_refused_naming_why(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: a handler cancelled because the grace period ended (its lease
+    is being handed back) that reports progress from its cleanup gets
+    `LeaseLostError` naming that reason, and nothing is stored for the lease:
+    the task is PENDING with its attempt unspent and no progress (red when a
+    cancelled handler whose lease is still held could report, or when the
+    reason is lost)."""
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("late-progress")
+            [task_id] = await enqueue(queue, 1)
+            started = Started()
+            raised: list[LeaseLostError] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                started.note()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    with trio.CancelScope(shield=True):
+                        try:
+                            await ctx.report_progress(1, 2, "cleaning up")
+                        except LeaseLostError as exc:
+                            raised.append(exc)
+
+            worker = queue.worker(handle, grace_period=timedelta(seconds=5))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await started.wait(1)
+                await worker.close()
+            await all_back(queue, [task_id])
+            assert (await queue.get_by_id(task_id)).progress is None
+    [error] = raised
+    assert "grace period" in str(error)
+
+
 async def test_client_aclose_is_bounded_by_the_callers_deadline(tmp_path: pathlib.Path) -> None:
     """The caller's deadline wins: ``client.aclose()`` under ``move_on_after``
     returns at that deadline even while a handler ignores cancellation (it
@@ -311,6 +350,8 @@ async def test_handler_outcomes_are_logged_at_the_level_a_user_expects(
     assert (retry.levelno, retry.exc_info) == (logging.WARNING, None)
     assert "now DEAD" in retry.getMessage()
     assert permanent.levelno == logging.WARNING
+    # Dead because it failed permanently, not because attempts ran out.
+    assert "last attempt" not in permanent.getMessage()
     assert crash.levelno == logging.ERROR
     assert crash.exc_info is not None
     assert isinstance(crash.exc_info[1], ValueError)
@@ -354,7 +395,8 @@ def minor6_daemon(tmp_path: pathlib.Path) -> Iterator[DaemonProcess]:
 
 async def test_an_older_daemon_gets_todays_nack(minor6_daemon: DaemonProcess) -> None:
     """Older daemons keep today's behaviour: below minor 7 there is no release,
-    so a stopping worker nacks (the attempt is spent, the task is not lost)."""
+    so a stopping worker nacks (the attempt is spent, the task is not lost),
+    its error saying the worker stopped."""
     with trio.fail_after(30):
         async with Ringo.connect(minor6_daemon.endpoint) as client:
             assert client.protocol_minor == 6
@@ -369,3 +411,5 @@ async def test_an_older_daemon_gets_todays_nack(minor6_daemon: DaemonProcess) ->
                 await worker.close()
             task = await queue.get_by_id(task_id)
             assert (task.state, task.attempt) == (TaskState.PENDING, 1)
+            # The nack says why the attempt ended: the worker, not the task.
+            assert task.last_error == "the worker stopped before the handler finished"

@@ -21,7 +21,7 @@ import trio.testing
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from ringo_trio import Task, TaskContext, TaskState
+from ringo_trio import InvalidArgumentError, Task, TaskContext, TaskState
 from ringo_trio.testing import RingoTestEnv
 from tests._kit.processes import eventually
 from tests._kit.workers import Concurrent, enqueue, running, wait_states
@@ -146,6 +146,41 @@ async def test_close_acks_handlers_that_finish_within_grace(
                 assert (await queue.get_by_id(task_id)).state is not TaskState.LEASED
 
 
+async def test_close_returns_when_the_last_handler_finishes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: a graceful close waits for the handlers still running, and
+    for exactly as long as the slowest needs — not for the first to finish
+    (the others would be cut short and handed back) and not for the whole
+    grace period: with 0.25 s and 0.75 s handlers and a grace period of 1 s,
+    both succeed and close returns 0.75 s after it was called."""
+    with trio.fail_after(40):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("grace-end")
+            ids = await enqueue(queue, 2)
+            seconds = dict(zip(ids, (0.25, 0.75), strict=True))
+            started: list[str] = []
+            both_started = trio.Event()
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                started.append(task.id)
+                if len(started) == 2:
+                    both_started.set()
+                await both_started.wait()
+                await trio.sleep(seconds[task.id])
+
+            worker = queue.worker(handle, concurrency=2, grace_period=timedelta(seconds=1))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await both_started.wait()
+                began = trio.current_time()
+                await worker.close()
+                took = trio.current_time() - began
+            states = [(await queue.get_by_id(i)).state for i in ids]
+    assert states == [TaskState.SUCCEEDED] * 2
+    assert 0.75 <= took < 0.9
+
+
 async def test_on_idle_fires_once_after_the_queue_drains(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -231,3 +266,39 @@ async def test_a_slot_held_by_a_zombie_is_never_offered_to_the_next_stream(
                 await wait_states(queue, [stubborn, *others], {TaskState.SUCCEEDED}, within=30)
             assert handlers.peak == 1
             assert (stubborn, 2) in seen  # its expired lease was worked again
+
+
+async def test_bad_progress_arguments_are_refused_and_the_handler_goes_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: ``report_progress`` refuses what is not a number (a bool
+    included: True is no progress figure) or a message that is not a str,
+    with `InvalidArgumentError` naming the argument, before anything is
+    sent; the lease is untouched, so a correct report after it is stored
+    and the task succeeds."""
+    bad: list[tuple[dict[str, object], str]] = [
+        ({"current": True}, "current"),
+        ({"current": "1"}, "current"),
+        ({"current": None}, "current"),
+        ({"current": 1, "total": False}, "total"),
+        ({"current": 1, "total": b"2"}, "total"),
+        ({"current": 1, "message": b"bytes"}, "message"),
+    ]
+    refused: list[str] = []
+    with trio.fail_after(60):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("progress-args")
+            [task_id] = await enqueue(queue, 1)
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                for kwargs, _ in bad:
+                    with pytest.raises(InvalidArgumentError) as info:
+                        await ctx.report_progress(**kwargs)  # type: ignore[arg-type]
+                    refused.append(str(info.value))
+                await ctx.report_progress(3, 4, "fine")
+
+            async with running(queue.worker(handle)):
+                [task] = await wait_states(queue, [task_id], {TaskState.SUCCEEDED})
+    assert [what in text for (_, what), text in zip(bad, refused, strict=True)] == [True] * len(bad)
+    assert task.progress is not None
+    assert (task.progress.current, task.progress.total, task.progress.message) == (3, 4, "fine")
