@@ -11,15 +11,20 @@ bytes.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringo_trio._proto.ringo.v1 import (
+    ErrorCode,
+    ErrorDetail,
     Lease,
     LeasedTask,
+    RetryBackoff,
     Task,
+    TaskState,
     WorkResponse,
     WorkResponseBatch,
     WorkResult,
@@ -152,6 +157,11 @@ TTL_SECONDS = st.one_of(
     st.sampled_from(
         [0, 59, 86_399_999_913_600, 86_399_999_999_999, 86_400_000_000_000, -86_399_999_913_600]
     ).flatmap(lambda s: st.sampled_from([s - 86_400, s - 1, s, s + 1, -s])),
+    # Where the decoder stops counting microseconds itself (2**53 of them:
+    # the compiled build divides floats there).
+    st.integers(-2, 2)
+    .map(lambda d: _work_wire._SECONDS_SPAN + d)
+    .flatmap(lambda s: st.sampled_from([s, -s])),
 )
 TTL_NANOS = st.one_of(
     st.integers(-(2**31), 2**31 - 1),
@@ -199,6 +209,122 @@ def test_a_daemon_s_ttl_is_read_to_the_microsecond() -> None:
     pushed = _work_wire._decode(data)
     assert isinstance(pushed, PushedTask)
     assert pushed.ttl is None
+
+
+# A push with every field a push carries, a lease with every field, results
+# with and without a lease and with an error, and a batch of them.
+_AT = datetime(2026, 12, 7, 4, 5, 6, 789_012, tzinfo=UTC)
+_LEASE = Lease(
+    task_id="01JEXAMPLE",
+    attempt=3,
+    lease_token="token-1",
+    worker_id="worker-1",
+    until=_AT + timedelta(seconds=30),
+    ttl=timedelta(seconds=29, microseconds=999_874),
+)
+_PUSH = WorkResponse(
+    task=LeasedTask(
+        task=Task(
+            id="01JEXAMPLE",
+            queue="emails",
+            task_type="send",
+            payload=b"\x00\x80payload",
+            unique_key="unique",
+            state=TaskState.LEASED,
+            attempt=3,
+            max_attempts=5,
+            priority=-2,
+            retry_backoff=RetryBackoff(
+                initial=timedelta(seconds=1), maximum=timedelta(minutes=5), multiplier=2.0
+            ),
+            created_at=_AT,
+            updated_at=_AT + timedelta(seconds=1),
+            available_at=_AT,
+            finished_at=_AT + timedelta(seconds=2),
+            last_error="boom",
+            worker_id="worker-1",
+            lease_until=_AT + timedelta(seconds=30),
+            limit_key="tenant-7",
+        ),
+        lease=_LEASE,
+    )
+)
+_RESULT = WorkResponse(result=WorkResult(request_id=300, lease=_LEASE))
+_HOT_EXAMPLES = {
+    "push": _PUSH,
+    "result": _RESULT,
+    "result without a lease": WorkResponse(result=WorkResult(request_id=1)),
+    "error": WorkResponse(
+        result=WorkResult(
+            request_id=2,
+            error=ErrorDetail(
+                code=ErrorCode.LEASE_LOST, message="gone", metadata={"reason": "cancelled"}
+            ),
+        )
+    ),
+    "batch": WorkResponse(batch=WorkResponseBatch(responses=[_PUSH, _RESULT, _PUSH])),
+}
+# What matters to the wire format: zero, each wire type's key for fields 1-3,
+# a varint's continuation bit, the largest byte.
+_EDIT_BYTES = (0x00, 0x01, 0x02, 0x05, 0x08, 0x0A, 0x10, 0x12, 0x1A, 0x7F, 0x80, 0xFF)
+
+
+def _edits(data: bytes) -> list[bytes]:
+    """Every cut, every byte dropped, every byte replaced by or preceded by
+    each of `_EDIT_BYTES`."""
+    out = [data[:i] for i in range(len(data))]
+    for i in range(len(data)):
+        out.append(data[:i] + data[i + 1 :])
+        for byte in _EDIT_BYTES:
+            out.append(data[:i] + bytes((byte,)) + data[i + 1 :])
+            out.append(data[:i] + bytes((byte,)) + data[i:])
+    return out
+
+
+def test_every_byte_of_a_hot_frame_edited_decodes_as_the_generic_decoder() -> None:
+    """Property (same answer, at every point of the frame): a push with every
+    field, results with and without a lease or with an error, and a batch of
+    them, each cut at every byte, with every byte dropped, and with every
+    byte replaced by or preceded by each byte that matters to the wire
+    format, decode to the generic decoder's value or fail with its error —
+    a fault at each point of the frame, not the few a random draw finds."""
+    for name, frame in _HOT_EXAMPLES.items():
+        data = encode(frame)
+        if name != "error":  # a result with an error is the generic path's
+            assert _work_wire._decode(data) == generic_decode(data), name
+        for edited in _edits(data):
+            assert outcome(_work_wire.decode_work_response, edited) == outcome(
+                generic_decode, edited
+            ), (name, edited.hex())
+
+
+def test_oversized_varints_are_cut_to_their_field_s_width() -> None:
+    """Example (same answer): a varint wider than its field — a request id
+    past 64 bits, an attempt, max_attempts, priority or state past 32 — is
+    cut to the field's width, as protobuf says and the generic decoder does,
+    on the fast path."""
+    wide = b"\xff" * 9 + b"\x7f"  # 2**70 - 1: ten bytes, the most a varint has
+    result = _field(3, b"\x08" + wide)
+    task_fields = b"".join(bytes((number << 3,)) + wide for number in (6, 7, 8, 9))
+    push = _field(2, _field(1, _field(1, b"t") + task_fields) + _field(2, encode(_plain(_LEASE))))
+    for data in (result, push):
+        decoded = _work_wire._decode(data)
+        assert decoded == generic_decode(data)
+    assert _work_wire._decode(result).request_id == 2**64 - 1  # type: ignore[union-attr]
+
+
+def test_a_push_without_its_task_or_its_lease_is_no_push() -> None:
+    """Example: a push missing its lease or its task is not read as a task
+    (there is nothing to run, or no lease to settle it with): the frame
+    comes back as the decoded `WorkResponse`, for the worker to refuse, and
+    inside a batch it is a `ValueError` naming the element."""
+    task = Task(id="t", queue="q", task_type="x")
+    for leased in (LeasedTask(task=task), LeasedTask(lease=_plain(_LEASE)), LeasedTask()):
+        frame = WorkResponse(task=leased)
+        assert _work_wire.decode_work_response(encode(frame)) == frame
+        batch = WorkResponse(batch=WorkResponseBatch(responses=[_RESULT, frame]))
+        with pytest.raises(ValueError, match=r"batch\.responses\[1\]"):
+            _work_wire.decode_work_response(encode(batch))
 
 
 # -- the commands ----------------------------------------------------------------------
