@@ -33,7 +33,7 @@ from ringo_trio._wire import work
 from ringo_trio._wire.codec import encode
 from ringo_trio._wire.primitives import tag_len, varint
 from ringo_trio._work import _frames as _work_wire
-from ringo_trio._work._frames import PushedTask
+from ringo_trio._work._frames import PushedTask, WorkResultFrame
 from tests._kit import generic_frames as generic
 from tests._kit.generic_frames import decode_work_response as generic_decode
 from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, DURATIONS, hot_task, messages, outcome
@@ -166,7 +166,7 @@ TTL_SECONDS = st.one_of(
 TTL_NANOS = st.one_of(
     st.integers(-(2**31), 2**31 - 1),
     st.integers(-999_999, 999_999).map(lambda us: us * 1000),
-    st.sampled_from([0, 1, 500, 999_999_999, -1000, 999_999_500]),
+    st.sampled_from([0, 1, 500, 501, 999, 999_999_999, -1000, -999, 999_999_500]),
 )
 
 
@@ -325,6 +325,82 @@ def test_a_push_without_its_task_or_its_lease_is_no_push() -> None:
         batch = WorkResponse(batch=WorkResponseBatch(responses=[_RESULT, frame]))
         with pytest.raises(ValueError, match=r"batch\.responses\[1\]"):
             _work_wire.decode_work_response(encode(batch))
+
+
+def test_a_ttl_finer_than_a_microsecond_reads_as_the_generic_decoder_reads_it() -> None:
+    """Example (same answer): nanoseconds that are no whole microsecond,
+    below one microsecond and above, either sign, give the generic
+    decoder's ttl (timedelta rounds half to even) on the fast path."""
+    for seconds in (0, 29, -29):
+        for nanos in (1, 499, 500, 501, 999, 1_500, 2_500, 999_999_999):
+            nanos = -nanos if seconds < 0 else nanos
+            ttl = _field(6, b"\x08" + varint(seconds) + b"\x10" + varint(nanos))
+            lease = encode(_plain(Lease(task_id="t", attempt=1, lease_token="k"))) + ttl
+            data = _field(2, _field(1, encode(Task(id="t"))) + _field(2, lease))
+            assert _work_wire._decode(data) == generic_decode(data), (seconds, nanos)
+
+
+def test_a_priority_reads_as_its_int32_at_every_sign_bit() -> None:
+    """Example (same answer): an int32 priority at each bit that could be
+    taken for its sign (bits 30 and 31, both ends of the range) is read on
+    the fast path as the generic decoder reads it."""
+    for priority in (-(2**31), -(2**30), -1, 0, 1, 2**30, 2**30 + 5, 2**31 - 1):
+        frame = WorkResponse(
+            task=LeasedTask(task=Task(id="t", priority=priority), lease=_plain(_LEASE))
+        )
+        data = encode(frame)
+        pushed = _work_wire._decode(data)
+        assert pushed == generic_decode(data)
+        assert isinstance(pushed, PushedTask)
+        assert pushed.task.priority == priority
+
+
+def test_a_result_s_error_is_read_with_its_code_message_and_reason() -> None:
+    """Example: a command result carrying an error is read as that error —
+    its code's name and number, its message, the ``reason`` of its metadata,
+    the lease's until — never as a success; an error detail whose code is
+    unset (0), or none, is a success."""
+    failed = WorkResponse(
+        result=WorkResult(
+            request_id=7,
+            error=ErrorDetail(
+                code=ErrorCode.LEASE_LOST, message="gone", metadata={"reason": "cancelled"}
+            ),
+            lease=_plain(_LEASE),
+        )
+    )
+    assert _work_wire.decode_work_response(encode(failed)) == WorkResultFrame(
+        7, "LEASE_LOST", "gone", "cancelled", _LEASE.until, int(ErrorCode.LEASE_LOST)
+    )
+    for detail in (ErrorDetail(message="no code"), None):
+        ok = WorkResponse(result=WorkResult(request_id=8, error=detail))
+        assert _work_wire.decode_work_response(encode(ok)) == WorkResultFrame(8, "", "", "", None)
+
+
+def test_fields_of_128_bytes_and_more_take_the_fast_path() -> None:
+    """Example (fast path taken, same answer): a push whose every string and
+    bytes field, the task's and the lease's, has a two-byte length (128
+    bytes and more) is read without the generic decoder, into the value it
+    would build; so is a result whose lease has them."""
+    long = "x" * 127 + "é" * 100  # 327 bytes of UTF-8
+    lease = Lease(task_id=long, attempt=1, lease_token=long + "t", worker_id=long + "w", until=_AT)
+    task = Task(
+        id=long,
+        queue=long + "q",
+        task_type=long + "y",
+        payload=long.encode() * 2,
+        unique_key=long + "u",
+        attempt=1,
+        last_error=long + "e",
+        worker_id=long + "w",
+        limit_key=long + "k",
+    )
+    for frame in (
+        WorkResponse(task=LeasedTask(task=task, lease=lease)),
+        WorkResponse(result=WorkResult(request_id=2**40, lease=lease)),
+    ):
+        data = encode(frame)
+        assert _work_wire._decode(data) == generic_decode(data)
 
 
 # -- the commands ----------------------------------------------------------------------
