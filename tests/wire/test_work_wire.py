@@ -123,6 +123,11 @@ def _field(number: int, body: bytes) -> bytes:
     return tag_len(number) + varint(len(body)) + body
 
 
+def _push(task: bytes, lease: bytes) -> bytes:
+    """A push frame of a task's and a lease's encoded bodies, written by hand."""
+    return _field(2, _field(1, task) + _field(2, lease))
+
+
 @PROPERTY
 @given(PUSH, PUSH, st.sampled_from(["leased task", "task", "lease"]))
 def test_merged_pushes_decode_as_the_generic_decoder(
@@ -187,7 +192,7 @@ def test_a_pushed_lease_s_ttl_reads_as_the_generic_decoder_reads_it(
     leased.lease.ttl = None
     ttl = _field(6, b"\x08" + varint(seconds) + b"\x10" + varint(nanos))
     lease = encode(leased.lease) + ttl if last else ttl + encode(leased.lease)
-    data = _field(2, _field(1, encode(leased.task)) + _field(2, lease))
+    data = _push(encode(leased.task), lease)
     generic_outcome = outcome(generic_decode, data)
     assert outcome(_work_wire.decode_work_response, data) == generic_outcome
     if last and not isinstance(generic_outcome, tuple):
@@ -306,7 +311,7 @@ def test_oversized_varints_are_cut_to_their_field_s_width() -> None:
     wide = b"\xff" * 9 + b"\x7f"  # 2**70 - 1: ten bytes, the most a varint has
     result = _field(3, b"\x08" + wide)
     task_fields = b"".join(bytes((number << 3,)) + wide for number in (6, 7, 8, 9))
-    push = _field(2, _field(1, _field(1, b"t") + task_fields) + _field(2, encode(_plain(_LEASE))))
+    push = _push(_field(1, b"t") + task_fields, encode(_plain(_LEASE)))
     for data in (result, push):
         decoded = _work_wire._decode(data)
         assert decoded == generic_decode(data)
@@ -336,7 +341,7 @@ def test_a_ttl_finer_than_a_microsecond_reads_as_the_generic_decoder_reads_it() 
             nanos = -nanos if seconds < 0 else nanos
             ttl = _field(6, b"\x08" + varint(seconds) + b"\x10" + varint(nanos))
             lease = encode(_plain(Lease(task_id="t", attempt=1, lease_token="k"))) + ttl
-            data = _field(2, _field(1, encode(Task(id="t"))) + _field(2, lease))
+            data = _push(encode(Task(id="t")), lease)
             assert _work_wire._decode(data) == generic_decode(data), (seconds, nanos)
 
 
