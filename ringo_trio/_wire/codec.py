@@ -17,21 +17,25 @@ this module compiles, once per message class, a table from the class's
 the nested class, the Timestamp/Duration/wrapper ``unwrap`` — and walks it:
 
 * `decode` is strict: every malformed input — a truncated varint or field,
-  a varint over 10 bytes, field number 0, a group or reserved wire type, a
-  known field with the wrong wire type, invalid UTF-8, a packed run of the
-  wrong size, a Timestamp or Duration outside ``datetime``'s range — raises
-  one `WireError` (a `ValueError`) naming the field path
-  (``tasks[0].retry_backoff.initial: truncated varint``). Unknown fields are
-  checked structurally, skipped and kept in ``_unknown_fields`` (that is how
-  a newer peer stays compatible). Everything else gives the dataclass
-  betterproto2's ``parse`` gives for the same bytes, except that a message
-  setting two members of one oneof is refused (protobuf keeps the last,
-  betterproto2 keeps both, and the daemon would act on a guess).
+  a varint over 10 bytes, field number 0 or past 2**29 - 1, a group or
+  reserved wire type, a known field with the wrong wire type, invalid
+  UTF-8, a packed run of the wrong size, a Timestamp or Duration outside
+  ``datetime``'s range — raises one `WireError` (a `ValueError`) naming the
+  field path (``tasks[0].retry_backoff.initial: truncated varint``).
+  Unknown fields are checked structurally, skipped and kept in
+  ``_unknown_fields`` (that is how a newer peer stays compatible).
+  Everything else gives the dataclass betterproto2's ``parse`` gives for
+  the same bytes, and the message Google's ``protobuf`` reads from them
+  (tests/wire/test_against_protobuf.py), except where a guess would be
+  acted on: two members of one oneof (protobuf keeps the last, betterproto2
+  both) and a message field sent twice (protobuf merges the two,
+  betterproto2 keeps the last) are refused.
 * `encode` gives a canonical proto3 encoding betterproto2 parses back to an
   equal message: implicit-presence fields at their zero value are left out,
   ``optional``/oneof/message fields are written whenever set, repeated
   scalars are packed, map entries carry key and value, a message's
-  ``_unknown_fields`` follow its known fields. Unlike betterproto2 it
+  ``_unknown_fields`` follow its known fields; an integer past 64 bits
+  either way is a ``ValueError``, not a varint no decoder reads. Unlike betterproto2 it
   encodes a negative fractional ``Duration`` with the right sign.
 
 Values are built without the dataclass ``__init__`` (a fresh ``__dict__``
@@ -288,7 +292,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
 }
 
 # How a decoded value lands in the message.
-_SET, _APPEND, _EXTEND, _MAP, _ONEOF = range(5)
+_SET, _APPEND, _EXTEND, _MAP, _ONEOF, _MESSAGE = range(6)
 
 
 class _Plan:
@@ -305,8 +309,8 @@ class _Plan:
     defaults: dict[str, Any]
     #: repeated and map fields: each decoded instance gets its own
     containers: tuple[tuple[str, type], ...]
-    #: oneof member -> (its group, the other members)
-    oneofs: dict[str, tuple[str, tuple[str, ...]]]
+    #: oneof member -> (its group, the other members, whether it is a message)
+    oneofs: dict[str, tuple[str, tuple[str, ...], bool]]
     #: in field-number order: (name, tag, writer, arg, mode); mode is
     #: 0 = implicit presence (skip falsy), 1 = explicit (skip None),
     #: 2 = repeated one by one, 3 = packed, 4 = map (arg: entry writers)
@@ -414,6 +418,7 @@ def _build(plan: _Plan, cls: type[betterproto2.Message]) -> None:
                 (*value_codec, _WIRE_TYPES[value_type]),
                 _DEFAULTS[key_meta.proto_type],
                 value_default,
+                value_type == "message",
             )
             plan.fields[number << 3 | LEN] = (name, _MAP, _r_map_entry, entry)
             containers.append((name, dict))
@@ -430,12 +435,13 @@ def _build(plan: _Plan, cls: type[betterproto2.Message]) -> None:
             else:
                 encoders.append((name, field_key(number, wire_type), writer, arg, 2))
             continue
-        mode = _SET
+        mode = _MESSAGE if proto_type == "message" else _SET
         if meta.group:
             mode = _ONEOF
             plan.oneofs[name] = (
                 meta.group,
                 tuple(sorted(other for other in groups[meta.group] if other != name)),
+                proto_type == "message",
             )
         plan.fields[number << 3 | wire_type] = (name, mode, reader, arg)
         explicit = bool(meta.optional or meta.group) or proto_type == "message"
@@ -477,7 +483,15 @@ def _packed(
 class _Entry:
     """How a map field's entries are read and written."""
 
-    __slots__ = ("key", "key_default", "key_tag", "value", "value_default", "value_tag")
+    __slots__ = (
+        "key",
+        "key_default",
+        "key_tag",
+        "value",
+        "value_default",
+        "value_is_message",
+        "value_tag",
+    )
 
     def __init__(
         self,
@@ -485,11 +499,13 @@ class _Entry:
         value: tuple[Callable[..., Any], Callable[..., Any], Any, int],
         key_default: Any,
         value_default: Callable[[], Any],
+        value_is_message: bool,
     ) -> None:
         self.key = key
         self.value = value
         self.key_default = key_default
         self.value_default = value_default
+        self.value_is_message = value_is_message
         self.key_tag = field_key(1, key[3])
         self.value_tag = field_key(2, value[3])
 
@@ -499,6 +515,7 @@ def _r_map_entry(buf: bytes, pos: int, end: int, entry: _Entry) -> tuple[tuple[A
     value_read, _, value_arg, value_wire = entry.value
     key = entry.key_default
     value = entry.value_default()
+    value_seen = False
     start, stop = read_len(buf, pos, end)
     pos = start
     while pos < stop:
@@ -510,7 +527,10 @@ def _r_map_entry(buf: bytes, pos: int, end: int, entry: _Entry) -> tuple[tuple[A
             if tag == 8 | key_wire:
                 key, pos = key_read(buf, pos, stop, key_arg)
             elif tag == 16 | value_wire:
+                if value_seen and entry.value_is_message:
+                    raise _sent_twice()
                 value, pos = value_read(buf, pos, stop, value_arg)
+                value_seen = True
             else:
                 pos = skip(buf, pos, stop, tag, _ENTRY_FIELDS)
         except WireError as error:
@@ -521,6 +541,16 @@ def _r_map_entry(buf: bytes, pos: int, end: int, entry: _Entry) -> tuple[tuple[A
 
 
 _ENTRY_FIELDS: Final = {1: ("key", "map key"), 2: ("value", "map value")}
+
+
+def _sent_twice(*path: str) -> WireError:
+    # Protobuf merges a singular message field that comes twice; betterproto2
+    # keeps the last. No encoder sends one twice, and a merged Timestamp or
+    # Duration (seconds from one, nanos from the other) is not a value worth
+    # guessing at, so the frame is refused naming the field.
+    error = WireError("message field sent twice")
+    error.parts.extend(path)
+    return error
 
 
 # -- decoding ------------------------------------------------------------------------
@@ -558,8 +588,14 @@ def _decode_fields(plan: _Plan, buf: bytes, pos: int, end: int) -> Any:
             values[name] = value
         elif mode == _APPEND:
             values[name].append(value)
+        elif mode == _MESSAGE:
+            if values[name] is not None:
+                raise _sent_twice(name)
+            values[name] = value
         elif mode == _ONEOF:
-            group, others = plan.oneofs[name]
+            group, others, is_message = plan.oneofs[name]
+            if is_message and values[name] is not None:
+                raise _sent_twice(name)
             for other in others:
                 if values[other] is not None:
                     # Protobuf would keep the last member; a request naming two

@@ -123,10 +123,10 @@ def read_seconds_nanos(buf: bytes, pos: int, end: int) -> tuple[int, int]:
             value = byte & 0x7F
             shift = 7
             while byte > 0x7F:
+                if shift >= 70:  # before the cut: `varint_tail` says the same
+                    raise WireError("varint longer than 10 bytes")
                 if pos >= end:
                     raise WireError("truncated varint")
-                if shift >= 70:
-                    raise WireError("varint longer than 10 bytes")
                 byte = buf[pos]
                 pos += 1
                 value |= (byte & 0x7F) << shift
@@ -208,6 +208,10 @@ def skip(buf: bytes, pos: int, end: int, key: int, known: Any) -> int:
     wire_type = key & 7
     if number == 0:
         raise WireError("field number 0 is invalid")
+    if number > _MAX_FIELD_NUMBER:
+        # Known fields never get here; an unknown one past protobuf's range
+        # would be kept and re-encoded as a field no peer can parse.
+        raise WireError(f"field number {number} is past 2**29 - 1")
     label = known.get(number)
     if label is not None:
         name, proto_type = label
@@ -238,16 +242,21 @@ def skip(buf: bytes, pos: int, end: int, key: int, known: Any) -> int:
 
 
 _SECONDS_NANOS: Final = {1: ("seconds", "int64"), 2: ("nanos", "int32")}
+_MAX_FIELD_NUMBER: Final = (1 << 29) - 1
 
 
 def varint(value: int) -> bytes:
-    """The varint of ``value``; negatives as their 64-bit two's complement."""
+    """The varint of ``value``; negatives as their 64-bit two's complement.
+    Past 64 bits either way is a ValueError: a longer varint is refused by
+    every decoder, ours included."""
     if 0 <= value < 0x80:
         return SMALL[value]
     if value < 0:
         if value < -(1 << 63):
             raise ValueError(f"{value} does not fit a 64-bit varint")
         value &= _M64
+    elif value > _M64:
+        raise ValueError(f"{value} does not fit a 64-bit varint")
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)

@@ -218,3 +218,21 @@ def outcome(decoder: Any, data: bytes) -> Any:
         return decoder(data)
     except Exception as exc:
         return (type(exc), str(exc))
+
+
+# What matters to the wire format: zero, each wire type's key for fields 1-3,
+# a varint's continuation bit, the largest byte.
+_EDIT_BYTES = (0x00, 0x01, 0x02, 0x05, 0x08, 0x0A, 0x10, 0x12, 0x1A, 0x7F, 0x80, 0xFF)
+
+
+def edits(data: bytes) -> list[bytes]:
+    """A fault at every point of an encoding, not where a random draw lands:
+    every cut, every byte dropped, every byte replaced by or preceded by each
+    byte that matters to the wire format."""
+    out = [data[:i] for i in range(len(data))]
+    for i in range(len(data)):
+        out.append(data[:i] + data[i + 1 :])
+        for byte in _EDIT_BYTES:
+            out.append(data[:i] + bytes((byte,)) + data[i + 1 :])
+            out.append(data[:i] + bytes((byte,)) + data[i:])
+    return out

@@ -36,7 +36,14 @@ from ringo_trio._work import _frames as _work_wire
 from ringo_trio._work._frames import PushedTask, WorkResultFrame
 from tests._kit import generic_frames as generic
 from tests._kit.generic_frames import decode_work_response as generic_decode
-from tests._kit.wire_strategies import BETTERPROTO_DURATIONS, DURATIONS, hot_task, messages, outcome
+from tests._kit.wire_strategies import (
+    BETTERPROTO_DURATIONS,
+    DURATIONS,
+    edits,
+    hot_task,
+    messages,
+    outcome,
+)
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -269,21 +276,6 @@ _HOT_EXAMPLES = {
     ),
     "batch": WorkResponse(batch=WorkResponseBatch(responses=[_PUSH, _RESULT, _PUSH])),
 }
-# What matters to the wire format: zero, each wire type's key for fields 1-3,
-# a varint's continuation bit, the largest byte.
-_EDIT_BYTES = (0x00, 0x01, 0x02, 0x05, 0x08, 0x0A, 0x10, 0x12, 0x1A, 0x7F, 0x80, 0xFF)
-
-
-def _edits(data: bytes) -> list[bytes]:
-    """Every cut, every byte dropped, every byte replaced by or preceded by
-    each of `_EDIT_BYTES`."""
-    out = [data[:i] for i in range(len(data))]
-    for i in range(len(data)):
-        out.append(data[:i] + data[i + 1 :])
-        for byte in _EDIT_BYTES:
-            out.append(data[:i] + bytes((byte,)) + data[i + 1 :])
-            out.append(data[:i] + bytes((byte,)) + data[i:])
-    return out
 
 
 def test_every_byte_of_a_hot_frame_edited_decodes_as_the_generic_decoder() -> None:
@@ -297,7 +289,7 @@ def test_every_byte_of_a_hot_frame_edited_decodes_as_the_generic_decoder() -> No
         data = encode(frame)
         if name != "error":  # a result with an error is the generic path's
             assert _work_wire._decode(data) == generic_decode(data), name
-        for edited in _edits(data):
+        for edited in edits(data):
             assert outcome(_work_wire.decode_work_response, edited) == outcome(
                 generic_decode, edited
             ), (name, edited.hex())
