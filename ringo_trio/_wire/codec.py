@@ -35,8 +35,9 @@ the nested class, the Timestamp/Duration/wrapper ``unwrap`` — and walks it:
   ``optional``/oneof/message fields are written whenever set, repeated
   scalars are packed, map entries carry key and value, a message's
   ``_unknown_fields`` follow its known fields; an integer past 64 bits
-  either way is a ``ValueError``, not a varint no decoder reads. Unlike betterproto2 it
-  encodes a negative fractional ``Duration`` with the right sign.
+  either way is a ``ValueError``, not a varint no decoder reads. Unlike
+  betterproto2 it encodes a negative fractional ``Duration`` with the right
+  sign.
 
 Values are built without the dataclass ``__init__`` (a fresh ``__dict__``
 from the class's defaults), which is most of the gain on decode. The module
