@@ -12,7 +12,6 @@ stricter than protobuf (`STRICTER`), never another.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import pathlib
 import re
@@ -283,9 +282,8 @@ def test_what_the_codec_refuses_and_protobuf_reads_is_refused_on_purpose() -> No
         decode(past, Task)
     for key in (b"\xf8\xff\xff\xff\x0f", b"\x80\x80\x80\x80\x10"):  # 2**29 - 1, 2**29
         _agree(Task, key + b"\x01")
-    with contextlib.suppress(DecodeError):
+    with pytest.raises(DecodeError):
         _reference_class(Task).FromString(b"\x80\x80\x80\x80\x10\x01")
-        pytest.fail("protobuf reads field number 2**29")
     with pytest.raises(WireError, match=r"field number 536870912 is past 2\*\*29 - 1"):
         decode(b"\x80\x80\x80\x80\x10\x01", Task)
     assert decode(b"\xf8\xff\xff\xff\x0f\x01", Task)._unknown_fields == b"\xf8\xff\xff\xff\x0f\x01"
