@@ -1,6 +1,7 @@
 """Durations as operators type them: ``90s``, ``5m``, ``12h``, ``7d``, ``2w``,
 or a bare number of seconds. Shared by `ringo` and `ringod` flags; a
-retention (``ringod --retain-*``) is such a duration or ``forever``."""
+retention (``ringod --retain-*``) is such a duration or ``forever``, and
+the succeeded tasks' may be ``never``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from datetime import timedelta
 __all__ = [
     "FOREVER",
     "MAX_RETENTION",
+    "NEVER",
     "describe_duration",
     "format_duration",
     "format_retention",
@@ -20,6 +22,10 @@ __all__ = [
 
 FOREVER = "forever"
 """The retention that keeps tasks (the one way to turn a retention off)."""
+NEVER = "never"
+"""The retention that keeps no task: its ack deletes it (``ringod
+--retain-succeeded never``). Read as a zero retention, which the plain
+spelling ``0`` is not (it reads as "no limit" to some)."""
 MAX_RETENTION = timedelta(days=100 * 365)
 """Longer retentions are refused (say `FOREVER`): the cutoff, now minus the
 retention, must stay a valid date."""
@@ -73,12 +79,20 @@ def describe_duration(value: timedelta) -> str:
     return " ".join(parts)
 
 
-def parse_retention(text: str) -> timedelta | None:
+def parse_retention(text: str, *, never: bool = False) -> timedelta | None:
     """A retention: a positive duration up to `MAX_RETENTION`, or ``forever``
-    (None: never delete). ``0`` is refused rather than guessed at, since it
-    reads as "keep nothing" to some and as "no limit" to others."""
-    if text.strip().lower() == FOREVER:
+    (None: never delete), or, where `never` allows it, ``never`` (zero: keep
+    none). ``0`` is refused rather than guessed at, since it reads as "keep
+    nothing" to some and as "no limit" to others."""
+    word = text.strip().lower()
+    if word == FOREVER:
         return None
+    if word == NEVER:
+        if not never:
+            raise ValueError(
+                f"{text!r}: only succeeded tasks can be kept {NEVER!r} (deleted by their ack)"
+            )
+        return timedelta(0)
     value = parse_duration(text)
     if value <= timedelta(0):
         raise ValueError(
@@ -93,4 +107,6 @@ def parse_retention(text: str) -> timedelta | None:
 
 def format_retention(value: timedelta | None) -> str:
     """What `parse_retention` reads back as `value`."""
-    return FOREVER if value is None else format_duration(value)
+    if value is None:
+        return FOREVER
+    return NEVER if not value else format_duration(value)

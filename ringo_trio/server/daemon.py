@@ -241,6 +241,8 @@ class Daemon:
         # recheck finds the waited tasks among them.
         self.reaper.expired_listener = self.waits.recheck
         self.retention.deleted_listener = self.waits.recheck
+        storage.delete_succeeded = config.retention.delete_at_ack
+        storage.waited = self.waits
         self.paused = PausedQueues(storage, self.wakeups, refresh_interval=config.paused_refresh)
         # Schedules: each tick one task, enqueued here and woken like an enqueue.
         self.schedules = ScheduleLoop(storage, self.clock, self.wakeups.notify)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from ringo_trio._contract import limits, versions
-from ringo_trio._contract.durations import FOREVER, format_retention, parse_retention
+from ringo_trio._contract.durations import FOREVER, NEVER, format_retention, parse_retention
 from ringo_trio._contract.versions import SDK_VERSION
 
 from .logs import LOG_FORMATS
@@ -154,11 +154,15 @@ def _pool_size(value: str) -> int:
     return size
 
 
-def _retention(value: str) -> timedelta | None:
+def _retention(value: str, *, never: bool = False) -> timedelta | None:
     try:
-        return parse_retention(value)
+        return parse_retention(value, never=never)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _succeeded_retention(value: str) -> timedelta | None:
+    return _retention(value, never=True)
 
 
 def _retention_batch(value: str) -> int:
@@ -372,17 +376,23 @@ def build_parser() -> argparse.ArgumentParser:
         "finished tasks are deleted in the background once they finished this long ago"
         f" (DURATION: 90s, 12h, 7d, 2w, ...; or '{FOREVER}' to keep them)",
     )
-    for state, default in (
-        ("succeeded", DEFAULT_RETAIN_SUCCEEDED),
-        ("dead", DEFAULT_RETAIN_DEAD),
-        ("cancelled", DEFAULT_RETAIN_CANCELLED),
+    for state, default, parse, also in (
+        (
+            "succeeded",
+            DEFAULT_RETAIN_SUCCEEDED,
+            _succeeded_retention,
+            f"; '{NEVER}': the ack deletes the task unless a WaitTask waits on it",
+        ),
+        ("dead", DEFAULT_RETAIN_DEAD, _retention, ""),
+        ("cancelled", DEFAULT_RETAIN_CANCELLED, _retention, ""),
     ):
         retention.add_argument(
             f"--retain-{state}",
             metavar="DURATION",
-            type=_retention,
+            type=parse,
             default=default,
-            help=f"keep {state.upper()} tasks this long (default {format_retention(default)})",
+            help=f"keep {state.upper()} tasks this long"
+            f" (default {format_retention(default)}{also})",
         )
     retention.add_argument(
         "--retention-interval",

@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 A `RetentionPolicy` says how long a finished task is kept after it finished,
 per state (``ringod --retain-succeeded 7d --retain-dead 30d
---retain-cancelled 7d``; None keeps that state forever). `Retention.run`
+--retain-cancelled 7d``; None keeps that state forever; zero, succeeded
+tasks only, has the acks delete them: `RetentionPolicy.delete_at_ack`,
+and a pass deletes what they kept an interval later). `Retention.run`
 lives in the daemon's task group for the daemon's whole life and makes one
 *pass* every `RetentionPolicy.interval` seconds, the first one interval
 after the start.
@@ -95,7 +97,7 @@ class RetentionPolicy:
 
     def __post_init__(self) -> None:
         for state, keep in self.retained():
-            if keep <= timedelta(0):
+            if keep < timedelta(0) or (not keep and state != TaskState.SUCCEEDED):
                 raise ValueError(f"the {state.name} retention must be positive (or None)")
         if not self.interval > 0:
             raise ValueError("the retention interval must be positive")
@@ -103,6 +105,12 @@ class RetentionPolicy:
             raise ValueError(f"the retention batch must be within 1..{MAX_DELETE_BATCH}")
         if not self.pause >= 0:
             raise ValueError("the pause between retention batches must not be negative")
+
+    @property
+    def delete_at_ack(self) -> bool:
+        """Succeeded tasks are kept no time (``--retain-succeeded never``):
+        the Work stream's acks delete their tasks (`Storage.delete_succeeded`)."""
+        return self.succeeded == timedelta(0)
 
     def retained(self) -> list[tuple[TaskState, timedelta]]:
         """(state, retention) of every state that is not kept forever."""
@@ -138,6 +146,10 @@ class Retention:
         batch = self.policy.batch
         deleted: dict[TaskState, int] = {}
         for state, keep in self.policy.retained():
+            # Kept no time: what the acks left (a task a WaitTask waited on,
+            # one acked by the unary call) goes once an interval old, so a
+            # waiter woken by its ack has read it by then.
+            keep = keep or timedelta(seconds=self.policy.interval)
             deleted[state] = 0
             while True:
                 n = await self._storage.delete_finished(None, [int(state)], now - keep, batch)

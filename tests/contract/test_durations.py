@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from ringo_trio._contract.durations import (
     FOREVER,
     MAX_RETENTION,
+    NEVER,
     format_duration,
     format_retention,
     parse_duration,
@@ -62,8 +63,21 @@ def test_a_retention_is_a_positive_duration_up_to_the_limit() -> None:
     for text in ("0", "0s", "0d", format_duration(MAX_RETENTION + timedelta(days=1))):
         with pytest.raises(ValueError, match=FOREVER):
             parse_retention(text)
-    with pytest.raises(ValueError, match="not a duration"):
+    with pytest.raises(ValueError, match="only succeeded tasks"):
         parse_retention("never")
+
+
+@pytest.mark.parametrize("text", ["never", "NEVER", " Never "])
+def test_never_is_the_zero_retention_only_where_asked_for(text: str) -> None:
+    """`never` (succeeded tasks: the ack deletes them) reads as a zero
+    retention only where the caller allows it, and reads back the same;
+    the plain `0` stays refused."""
+    assert parse_retention(text, never=True) == timedelta(0)
+    assert format_retention(timedelta(0)) == NEVER
+    with pytest.raises(ValueError, match="only succeeded tasks"):
+        parse_retention(text)
+    with pytest.raises(ValueError, match=FOREVER):
+        parse_retention("0", never=True)
 
 
 @given(st.integers(min_value=1, max_value=int(MAX_RETENTION.total_seconds())))

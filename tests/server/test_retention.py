@@ -27,8 +27,9 @@ HOUR = timedelta(hours=1)
 @pytest.mark.parametrize(
     "fields",
     [
-        {"succeeded": timedelta(0)},
+        {"succeeded": -HOUR},
         {"dead": timedelta(0)},
+        {"cancelled": timedelta(0)},
         {"cancelled": -HOUR},
         {"interval": 0.0},
         {"batch": 0},
@@ -37,8 +38,10 @@ HOUR = timedelta(hours=1)
     ],
 )
 def test_a_policy_that_cannot_be_honoured_is_refused(fields: dict[str, Any]) -> None:
-    """Property: a retention of no time (every finished task deleted at
-    once, which `None`'s "forever" is easily mistaken for), a pass every 0
+    """Property: a negative retention, a dead or cancelled retention of no
+    time (every such task deleted at once, which `None`'s "forever" is
+    easily mistaken for; only succeeded tasks can be kept no time, and
+    then their acks delete them), a pass every 0
     seconds, an empty or oversized batch and a negative pause are refused
     when the policy is made, never run."""
     with pytest.raises(ValueError, match=r"retention|interval|batch|pause"):
@@ -123,6 +126,23 @@ async def test_a_pass_deletes_what_is_too_old_batch_after_batch_and_tells_the_wa
     assert record.getMessage() == (
         "retention deleted 7 finished task(s) in 0.75s: 5 SUCCEEDED, 2 DEAD"
     )
+
+
+@on_virtual_time
+async def test_succeeded_tasks_kept_no_time_go_with_their_acks_and_a_pass_takes_the_rest() -> None:
+    """Property (``--retain-succeeded never``): a policy keeping succeeded
+    tasks no time has the acks delete them (`delete_at_ack`), and its pass
+    deletes the SUCCEEDED tasks the acks kept (a waited one, one acked by
+    the unary call) once they are an interval old, never younger: a waiter
+    woken by the ack reads its task before the pass can take it."""
+    policy = RetentionPolicy(succeeded=timedelta(0), interval=60.0)
+    assert policy.delete_at_ack
+    assert not RetentionPolicy(succeeded=HOUR).delete_at_ack
+    assert not RetentionPolicy().delete_at_ack
+    minute = timedelta(minutes=1)
+    store = _Store({TaskState.SUCCEEDED: [NOW - 2 * minute, NOW - minute / 2]})
+    assert await _retention(store, policy).sweep() == 1
+    assert store.finished[int(TaskState.SUCCEEDED)] == [NOW - minute / 2]
 
 
 @on_virtual_time

@@ -224,6 +224,10 @@ class TaskWaits:
                     self._to_withdraw.add(task_id)
                 self._kick.set()
 
+    def __contains__(self, task_id: object) -> bool:
+        """A parked call waits on `task_id` (`Storage.waited`)."""
+        return task_id in self._by_id
+
     def connections(self) -> int:
         """Connections holding at least one parked call."""
         return len(self._by_connection)

@@ -66,7 +66,7 @@ only to encode it was a tenth of the daemon's CPU per task.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import ClassVar
@@ -269,6 +269,18 @@ class Storage(abc.ABC):
     of a claim that did not return them (`handback.guard_claim`): those tasks are
     claimable again and no caller is left to say so (the daemon wakes the
     queue's claimers; `watch` does not hear an engine's own writes)."""
+
+    delete_succeeded: bool = False
+    """An ack of a group commit (`settle_many`) deletes its task rather than
+    keep it SUCCEEDED (``ringod --retain-succeeded never``), unless a WaitTask
+    waits on it. The task leaves as retention would take it: its unique key
+    is free, its counts drop, a later WaitTask finds nothing. A waited task,
+    or one acked by `ack`, stays SUCCEEDED for retention's next pass."""
+
+    waited: Container[str] = frozenset()
+    """The task ids this daemon's WaitTask calls wait on, which
+    `delete_succeeded` keeps; engines with `waits_across_processes` keep
+    those registered by any daemon (`register_waits`) too."""
 
     @abc.abstractmethod
     async def open(self) -> None:

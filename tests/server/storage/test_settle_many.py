@@ -143,6 +143,14 @@ def _tasks(engine: SyncEngine, queue: str) -> list[Task]:
     return [_normal(t, ids) for t in tasks]
 
 
+def _by_scene(engine: SyncEngine, queue: str, leases: list[LeasedTask]) -> dict[int, Task]:
+    """The queue's tasks by their place in the scene, without id and queue."""
+    place = {ref_of(lease).task_id: i for i, lease in enumerate(leases)}
+    return {
+        place[task.id]: dataclasses.replace(task, id="", queue="") for task in brute(engine, queue)
+    }
+
+
 def _settle_both(
     engine: SyncEngine, scene: Scene, items: list[Item], settle_after: timedelta
 ) -> tuple[str, str, list[str | LeaseLost], list[str | LeaseLost], datetime]:
@@ -398,3 +406,108 @@ def test_postgres_groups_meeting_on_rows_never_deadlock(
         answers = engine.run(scene())
         assert sorted(isinstance(a, str) for a in answers) == [False, False, True, True]
         assert {t.state for t in brute(engine, "q")} == {TaskState.SUCCEEDED}
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data(), scene=_scenes(), settle_after=st.sampled_from([SHORT, SHORT * 2]))
+def test_a_group_that_deletes_succeeded_tasks_leaves_the_rest_as_one_by_one(
+    engine: SyncEngine, data: st.DataObject, scene: Scene, settle_after: timedelta
+) -> None:
+    """Property (``--retain-succeeded never``, `Storage.delete_succeeded`):
+    a Work stream's group (each task named once) answers exactly what
+    settling its items one by one answers, and leaves the same tasks behind
+    but for the SUCCEEDED ones no WaitTask waits on, which are gone; a
+    waited one stays SUCCEEDED with its result. The queue stats equal a
+    count of the tasks left (a deleted task leaves no count behind)."""
+    items = data.draw(_items(len(scene.max_attempts)))
+    named: set[int] = set()
+    items = [i for i in items if not (i.task in named or named.add(i.task))]
+    waited = data.draw(st.frozensets(st.integers(0, len(scene.max_attempts) - 1)))
+    n = next(_queues)
+    native_q, reference_q = f"native{n}", f"reference{n}"
+    now = ManualClock().now()
+    native_leases = _setup(engine, native_q, scene, now)
+    reference_leases = _setup(engine, reference_q, scene, now)
+    waited_ids = [ref_of(native_leases[i]).task_id for i in waited]
+    raw = engine.raw
+    shared = raw.waits_across_processes
+    registered = waited_ids[::2] if shared else []
+    if registered:
+        # Waits registered by any daemon; the rest are this daemon's own,
+        # parked before their registration committed.
+        engine.register_waits(add=registered, remove=[])
+    raw.waited = frozenset(waited_ids[1::2] if shared else waited_ids)
+    raw.delete_succeeded = True
+    later = now + settle_after
+    try:
+        native = engine.settle_many([_realize(i, native_leases) for i in items], later)
+    finally:
+        raw.delete_succeeded = False
+        raw.waited = frozenset()
+        if registered:
+            engine.register_waits(add=[], remove=registered)
+    reference = engine.run(
+        Storage.settle_many(engine.raw, [_realize(i, reference_leases) for i in items], later)
+    )
+    assert [_answer(a) for a in native] == [
+        _answer(native_q if a == reference_q else a) for a in reference
+    ]
+    native_tasks = _by_scene(engine, native_q, native_leases)
+    reference_tasks = _by_scene(engine, reference_q, reference_leases)
+    assert native_tasks == {
+        i: task
+        for i, task in reference_tasks.items()
+        if task.state is not TaskState.SUCCEEDED or i in waited
+    }
+    for queue in (native_q, reference_q):
+        assert counts_of(engine, queue, later) == expected_counts(brute(engine, queue))
+
+
+def test_a_deleting_group_frees_the_unique_key_and_keeps_the_waited_task(
+    engine: SyncEngine,
+) -> None:
+    """Property (``--retain-succeeded never``): acks of a group delete their
+    tasks, as retention would (the unique key can be enqueued again, no count
+    is left), except the task a WaitTask waits on, which is SUCCEEDED with
+    its result; a nack in the same group retries as ever."""
+    now = ManualClock().now()
+    engine.enqueue("q", [spec(unique_key=f"k{i}") for i in range(5)], now)
+    leases = engine.claim("q", [], 5, "w", LONG, now)
+    refs = [ref_of(lease) for lease in leases]
+    raw = engine.raw
+    if raw.waits_across_processes:
+        # Task 4 waited on by another daemon, task 1 by this one.
+        engine.register_waits(add=[refs[4].task_id], remove=[])
+        raw.waited = frozenset({refs[1].task_id})
+    else:
+        raw.waited = frozenset({refs[1].task_id, refs[4].task_id})
+    raw.delete_succeeded = True
+    answers = engine.settle_many(
+        [
+            Ack(refs[0], b"a"),
+            Ack(refs[1], b"b"),
+            Nack(refs[2], "boom", None),
+            Ack(refs[3], None),
+            Ack(refs[4], b"e"),
+        ],
+        now,
+    )
+    assert answers == ["q"] * 5
+    left = {task.id: task for task in brute(engine, "q")}
+    assert set(left) == {refs[1].task_id, refs[2].task_id, refs[4].task_id}
+    for i, result in ((1, b"b"), (4, b"e")):
+        assert left[refs[i].task_id].state is TaskState.SUCCEEDED
+        assert left[refs[i].task_id].result == result
+    assert left[refs[2].task_id].state is TaskState.PENDING
+    assert counts_of(engine, "q", now) == expected_counts(list(left.values()))
+    [again] = engine.enqueue("q", [spec(unique_key="k0")], now)
+    assert again.created
+    assert again.task.id != refs[0].task_id
+    # A deleted task's lease acked again is lost, as a kept one's would be.
+    for lost in engine.settle_many([Ack(refs[0], None), Ack(refs[3], None)], now):
+        assert isinstance(lost, LeaseLost)
+        assert not lost.cancelled

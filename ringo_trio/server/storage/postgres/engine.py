@@ -496,12 +496,20 @@ class PostgresEngine(
         if not settlements:
             return []
         rows = [settlement_row(item) for item in settlements]
-        if len(rows) == 1:
+        deleting = self.delete_succeeded
+        # A lone ack that may delete takes the group statement, which alone
+        # deletes; the other lone items their single statements.
+        if len(rows) == 1 and not (deleting and rows[0][3] == ACK):
             return [await self._settle_one(rows[0], now)]
         cols = [list(col) for col in zip(*rows, strict=True)]
         ids, attempts = cols[0], cols[1]
+        sql = self._sql.settle
         async with self._conn() as conn:
-            row = await conn.fetchrow(self._sql.settle.settle_many, *cols, to_us(now))
+            if deleting:
+                waited = [task_id for task_id in ids if task_id in self.waited]
+                row = await conn.fetchrow(sql.settle_many_deleting, *cols, to_us(now), waited)
+            else:
+                row = await conn.fetchrow(sql.settle_many, *cols, to_us(now))
             # Positions are 1-based (WITH ORDINALITY).
             settled = dict(zip(row[0] or (), row[1] or (), strict=True))
             cancelled: set[int] = set()

@@ -145,7 +145,25 @@ class SettleSql:
         # row out: the settled items' positions and queues, and the
         # notifications of the queues nacks made claimable.
         again = f"l.kind = {NACK} AND k.attempt < k.max_attempts"
-        self.settle_many = f"""
+
+        def group(delete_acked: bool) -> str:
+            # `delete_acked` (`Storage.delete_succeeded`): the acks of tasks
+            # no daemon waits on are deleted (`gone`), by a DELETE beside the
+            # UPDATE; $9 names the ids this daemon's own calls wait on, whose
+            # registration may not have committed yet. A deleted row writes
+            # no index entry where an update writes five (bench/results.md,
+            # "Levers").
+            if delete_acked:
+                waited = f"EXISTS (SELECT 1 FROM {s.task_waits} w WHERE w.task_id = d.id)"
+                gone = f"d.kind = {ACK} AND NOT d.id = ANY($9::text[]) AND NOT {waited}"
+                delete = f"""gone AS (
+                DELETE FROM {t} k USING live l WHERE k.seq = l.seq AND l.gone
+                RETURNING l.ord, k.queue
+            ), """
+                also = f" UNION ALL SELECT ord, queue, {SUCCEEDED}, false FROM gone"
+            else:
+                gone, delete, also = "false", "", ""
+            return f"""
             WITH d AS (
                 SELECT DISTINCT ON (u.id, u.attempt, u.token) u.*
                 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::smallint[],
@@ -153,7 +171,7 @@ class SettleSql:
                     WITH ORDINALITY AS u(id, attempt, token, kind, result, error, delay, ord)
                 ORDER BY u.id, u.attempt, u.token, u.ord
             ), live AS MATERIALIZED (
-                SELECT k.seq, d.ord, d.kind, d.result, d.error, d.delay
+                SELECT k.seq, d.ord, d.kind, d.result, d.error, d.delay, {gone} AS gone
                 FROM d CROSS JOIN LATERAL (
                     SELECT seq FROM {t}
                     WHERE id = d.id AND state = {LEASED} AND attempt = d.attempt
@@ -163,13 +181,13 @@ class SettleSql:
             ), s AS (
                 UPDATE {t} k SET
                     history = CASE WHEN l.kind = {ACK} THEN k.history ELSE {
-            postgres_push(
-                "$8",
-                f"CASE WHEN l.kind = {NACK} THEN {FAILED} ELSE {REJECTED} END",
-                "l.error",
-                "k.",
-            )
-        } END,
+                postgres_push(
+                    "$8",
+                    f"CASE WHEN l.kind = {NACK} THEN {FAILED} ELSE {REJECTED} END",
+                    "l.error",
+                    "k.",
+                )
+            } END,
                     state = CASE WHEN l.kind = {ACK} THEN {SUCCEEDED}
                         WHEN {again} THEN {PENDING} ELSE {DEAD} END,
                     available_at = CASE WHEN {again}
@@ -178,12 +196,15 @@ class SettleSql:
                     last_error = CASE WHEN l.kind = {ACK} THEN k.last_error ELSE l.error END,
                     result = CASE WHEN l.kind = {ACK} THEN l.result ELSE k.result END,
                     worker_id = '', lease_token = '', lease_until = NULL, updated_at = $8
-                FROM live l WHERE k.seq = l.seq
-                RETURNING l.ord, k.queue, k.state, {s.notify_ended("k.")} AS waited
-            )
-            SELECT array_agg(s.ord), array_agg(s.queue), {notify_pending("s")},
-                count(s.waited) FROM s
+                FROM live l WHERE k.seq = l.seq AND NOT l.gone
+                RETURNING l.ord, k.queue, k.state, {s.notify_ended("k.")} IS NOT NULL AS waited
+            ), {delete}a (ord, queue, state, waited) AS (SELECT * FROM s{also})
+            SELECT array_agg(a.ord), array_agg(a.queue), {notify_pending("a")},
+                count(*) FILTER (WHERE a.waited) FROM a
         """
+
+        self.settle_many = group(delete_acked=False)
+        self.settle_many_deleting = group(delete_acked=True)
         # The miss path of lease operations: which of these (id, attempt)
         # ended by CancelTask (their 1-based positions).
         self.cancelled_of = f"""

@@ -24,7 +24,7 @@ class Spelling:
         self.tasks = f"{ident(schema)}.tasks"
         self._channel = literal(channel)
         self._sender = literal(instance + " ")
-        self._waits = f"{ident(schema)}.task_waits"
+        self.task_waits = f"{ident(schema)}.task_waits"
         self._wait_channel = wait_channel(ident(schema))
         self.prios = self.prios_of(f"state = {PENDING}")
 
@@ -88,7 +88,7 @@ class Spelling:
         executor (measured in bench/results.md, "WaitTask"; a subquery over
         the statement's rows, or a statement trigger, cost far more)."""
         return (
-            f"CASE WHEN {row}{FINISHED_TERM} AND EXISTS (SELECT 1 FROM {self._waits} w"
+            f"CASE WHEN {row}{FINISHED_TERM} AND EXISTS (SELECT 1 FROM {self.task_waits} w"
             f" WHERE w.task_id = {row}id) THEN pg_notify({self._wait_channel}, {row}id) END"
         )
 

@@ -548,6 +548,12 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
                 # Different tasks: no item can change what another does, so
                 # the acks go first, together.
                 acks = [(i, item) for i, item in enumerate(settlements) if type(item) is Ack]
+                if self.delete_succeeded:
+                    # A task a WaitTask waits on is kept for it to read.
+                    waited = self.waited
+                    gone = [ack for ack in acks if ack[1].ref.task_id not in waited]
+                    acks = [ack for ack in acks if ack[1].ref.task_id in waited]
+                    ack_together(db, gone, now_us, answers, succeeded, delete=True)
                 ack_together(db, acks, now_us, answers, succeeded)
             for i, item in enumerate(settlements):
                 if answers[i] is None:

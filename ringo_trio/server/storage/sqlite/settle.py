@@ -124,6 +124,22 @@ def ack_many_sql(count: int) -> str:
     """
 
 
+@functools.lru_cache(maxsize=16)
+def delete_acked_sql(count: int) -> str:
+    """`count` acks of different tasks that delete them
+    (`Storage.delete_succeeded`), as one lease-guarded DELETE: ?1 is the
+    time, then (id, attempt, token) per ack. The counts' row trigger takes
+    each deleted task off LEASED."""
+    refs = ", ".join(f"(?{i}, ?{i + 1}, ?{i + 2})" for i in range(2, 3 * count, 3))
+    return f"""
+        WITH refs (id, attempt, token) AS (VALUES {refs})
+        DELETE FROM tasks INDEXED BY tasks_id
+        WHERE id IN (SELECT id FROM refs) AND state = {LEASED} AND lease_until > ?1
+            AND (attempt, lease_token) = (SELECT attempt, token FROM refs WHERE refs.id = tasks.id)
+        RETURNING id, queue
+    """
+
+
 # Acks per `ack_many_sql` statement, largest first: a group is cut into
 # these, so a handful of statements stay prepared in the statement cache.
 ACK_CHUNKS = (256, 64, 32, 16, 8, 4, 2, 1)
@@ -150,25 +166,32 @@ def ack_together(
     now_us: int,
     answers: list[str | LeaseLost | None],
     succeeded: list[tuple[str, str]],
+    *,
+    delete: bool = False,
 ) -> None:
-    """Acks of different tasks by `ack_many_sql`: each answer is its
-    task's queue, or LeaseLost (the statement matched no row for it)."""
+    """Acks of different tasks by `ack_many_sql`, or by `delete_acked_sql`
+    when they `delete` their tasks: each answer is its task's queue, or
+    LeaseLost (the statement matched no row for it). `succeeded` gains the
+    (queue, task type) of each task kept SUCCEEDED, for its counts."""
     for piece in pieces(acks, ACK_CHUNKS):
         args: list[Any] = [now_us]
         for _, item in piece:
             ref = item.ref
-            args += (ref.task_id, ref.attempt, ref.lease_token, item.result)
-        acked = {
-            task_id: (queue, task_type)
-            for task_id, queue, task_type in db.execute(ack_many_sql(len(piece)), args)
-        }
+            args += (ref.task_id, ref.attempt, ref.lease_token)
+            if not delete:
+                args.append(item.result)
+        if delete:
+            acked = {
+                task_id: queue for task_id, queue in db.execute(delete_acked_sql(len(piece)), args)
+            }
+        else:
+            acked = {}
+            for task_id, queue, task_type in db.execute(ack_many_sql(len(piece)), args):
+                acked[task_id] = queue
+                succeeded.append((queue, task_type))
         for i, item in piece:
             found = acked.get(item.ref.task_id)
-            if found is None:
-                answers[i] = lost(db, item.ref)
-            else:
-                answers[i] = found[0]
-                succeeded.append(found)
+            answers[i] = lost(db, item.ref) if found is None else found
 
 
 def settle_one(
