@@ -118,7 +118,8 @@ def bench(session: nox.Session) -> None:
     ``nox -s bench -- --quick`` is a small smoke run; ``-- --only
     noop,huey,latency`` runs a subset of the rounds (names: noop, sleep,
     noop_prefetch, sleep_prefetch, enqueue_many, unary, postgres, pg_noop,
-    pg_sleep, huey, procrastinate, graphile, bullmq, pgqueuer, latency);
+    pg_sleep, noop_never, pg_noop_never, huey, procrastinate, graphile,
+    bullmq, pgqueuer, latency);
     ``-- --baseline REV`` measures git revision REV and this tree side by side
     and reports current / baseline; ``-- --profile DIR`` profiles the no-op
     Worker run with py-spy. All knobs: ``python bench/run.py --help``.

@@ -76,6 +76,8 @@ BENCHMARK_NAMES = (
     "postgres",
     "pg_noop",
     "pg_sleep",
+    "noop_never",
+    "pg_noop_never",
     "huey",
     "procrastinate",
     "graphile",
@@ -95,7 +97,15 @@ COMPANIONS = {
     "pgqueuer": ("pg_noop", "pg_sleep"),
 }
 # What runs on PostgreSQL (skipped by --no-postgres).
-POSTGRES_NAMES = ("postgres", "pg_noop", "pg_sleep", "procrastinate", "graphile", "pgqueuer")
+POSTGRES_NAMES = (
+    "postgres",
+    "pg_noop",
+    "pg_sleep",
+    "pg_noop_never",
+    "procrastinate",
+    "graphile",
+    "pgqueuer",
+)
 PEER_HEADING = "## Targets: against the peers"
 # Written by hand from a `--profile` run: a run never touches it.
 ANALYSIS_HEADING = "## Where the time goes"

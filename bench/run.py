@@ -30,6 +30,9 @@ A full run writes two sections of bench/results.md, in this order:
      concurrency (the Worker's counterpart of the peers' perf settings);
    * ``pg_noop``, ``pg_sleep``: those prefetch runs on ONE daemon on a fresh
      PostgreSQL database, with the database backends' CPU;
+   * ``noop_never``, ``pg_noop_never``: the no-op prefetch runs on a daemon
+     started with ``--retain-succeeded never`` (the acks delete their tasks,
+     as the peers delete their jobs);
    * ``graphile`` (``bench/peer_graphile.py``), ``pgqueuer``
      (``bench/peer_pgqueuer.py``): the same server, a fresh database per run,
      ``--peer-tasks`` jobs added in bulk, then one worker process, no-op at
@@ -669,13 +672,13 @@ def _profile(daemon: DaemonProcess, n: int, out_dir: pathlib.Path, *, native: bo
 
 
 @contextmanager
-def _sqlite_daemon() -> Iterator[DaemonProcess]:
-    """A fresh ``ringod`` on SQLite in a temporary directory."""
+def _sqlite_daemon(flags: Sequence[str] = ()) -> Iterator[DaemonProcess]:
+    """A fresh ``ringod`` on SQLite in a temporary directory, with `flags`."""
     with (
         tempfile.TemporaryDirectory(prefix="ringo-bench-") as tmp,
         spawn_daemon(
             pathlib.Path(tmp) / "data",
-            extra_args=["--log-level", "warning"],
+            extra_args=["--log-level", "warning", *flags],
             command=_tree.daemon_command(),
         ) as daemon,
     ):
@@ -683,14 +686,15 @@ def _sqlite_daemon() -> Iterator[DaemonProcess]:
 
 
 @contextmanager
-def _postgres_daemon() -> Iterator[tuple[DaemonProcess, str]]:
-    """A fresh ``ringod`` on a fresh PostgreSQL database (`_pg`); yields it and the DSN."""
+def _postgres_daemon(flags: Sequence[str] = ()) -> Iterator[tuple[DaemonProcess, str]]:
+    """A fresh ``ringod`` with `flags` on a fresh PostgreSQL database
+    (`_pg`); yields it and the DSN."""
     with (
         _pg.fresh_database() as dsn,
         DaemonProcess(
             None,
             postgres_dsn=dsn,
-            extra_args=["--log-level", "warning"],
+            extra_args=["--log-level", "warning", *flags],
             command=_tree.daemon_command(),
         ) as daemon,
     ):
@@ -739,11 +743,17 @@ _PG_SLEEP = (
     "PostgreSQL, one daemon, 10 ms-sleep handler, concurrency 256, prefetch 256 ({tasks:,} tasks)"
 )
 # --only name: (label, on PostgreSQL, concurrency, handler's sleep, prefetch)
-_PREFETCH_RUNS = {
-    "noop_prefetch": (_NOOP_PREFETCH, False, 64, 0.0, 64),
-    "sleep_prefetch": (_SLEEP_PREFETCH, False, 256, 0.010, 256),
-    "pg_noop": (_PG_NOOP, True, 64, 0.0, 64),
-    "pg_sleep": (_PG_SLEEP, True, 256, 0.010, 256),
+# `--retain-succeeded never`: the acks delete their tasks, as the peers'
+# workers delete their jobs (bench/results.md, "Levers").
+_NEVER = ("--retain-succeeded", "never")
+_KEPT_NEVER = ", succeeded tasks not kept"
+_PREFETCH_RUNS: dict[str, tuple[str, bool, int, float, int, tuple[str, ...]]] = {
+    "noop_prefetch": (_NOOP_PREFETCH, False, 64, 0.0, 64, ()),
+    "sleep_prefetch": (_SLEEP_PREFETCH, False, 256, 0.010, 256, ()),
+    "pg_noop": (_PG_NOOP, True, 64, 0.0, 64, ()),
+    "pg_sleep": (_PG_SLEEP, True, 256, 0.010, 256, ()),
+    "noop_never": (_NOOP_PREFETCH + _KEPT_NEVER, False, 64, 0.0, 64, _NEVER),
+    "pg_noop_never": (_PG_NOOP + _KEPT_NEVER, True, 64, 0.0, 64, _NEVER),
 }
 # The peers run as ours do: no-op at concurrency 64, a 10 ms sleep at 256.
 _PEER_RUNS = (("no-op", 64, 0.0), ("10 ms", 256, 0.010))
@@ -855,13 +865,13 @@ def _tree_child(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         return _peer_metrics(name, args.peer_tasks)
     if name in _PREFETCH_RUNS:
         # As the SQLite Worker runs, with a prefetch; on PostgreSQL, one daemon.
-        label, postgres, concurrency, sleep, prefetch = _PREFETCH_RUNS[name]
+        label, postgres, concurrency, sleep, prefetch, flags = _PREFETCH_RUNS[name]
         count = tasks if not sleep else tasks // 2
         with ExitStack() as stack:
             if postgres:
-                daemon, dsn = stack.enter_context(_postgres_daemon())
+                daemon, dsn = stack.enter_context(_postgres_daemon(flags))
             else:
-                daemon, dsn = stack.enter_context(_sqlite_daemon()), None
+                daemon, dsn = stack.enter_context(_sqlite_daemon(flags)), None
             run = _work_run(
                 daemon, f"bench-{name}", count, concurrency, sleep, dsn=dsn, prefetch=prefetch
             )

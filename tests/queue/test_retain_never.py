@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 import trio
 
-from ringo_trio import NotFoundError, RingoClient, TaskQueue, TaskRegistry, TaskState
+from ringo_trio import RingoClient, TaskRegistry, TaskState
 from ringo_trio._transport.memory import serving_in_memory
 from ringo_trio.server import flags
 from ringo_trio.server.clock import LoopClock
@@ -21,6 +21,7 @@ from ringo_trio.server.storage.base import Storage
 from ringo_trio.server.storage.postgres import PostgresEngine
 from ringo_trio.server.storage.sqlite import SQLiteEngine
 from tests._kit.processes import eventually
+from tests.queue.test_purge import exists
 
 GUARD = 60
 tasks = TaskRegistry(queue="never")
@@ -52,14 +53,6 @@ async def test_the_flag_reads_never_for_succeeded_tasks_only() -> None:
     for state in ("dead", "cancelled"):
         with pytest.raises(SystemExit):
             parser.parse_args([f"--retain-{state}", "never"])
-
-
-async def _gone(queue: TaskQueue, task_id: str) -> bool:
-    try:
-        await queue.get_by_id(task_id)
-    except NotFoundError:
-        return True
-    return False
 
 
 @pytest.mark.trio
@@ -110,7 +103,7 @@ async def test_acks_delete_their_tasks_and_a_waited_task_keeps_its_result(
                 # Closing drains: every ack is settled once it returns.
                 await worker.close()
             for handle in quick_ones:
-                assert await _gone(queue, handle.task_id)
+                assert not await exists(queue, handle.task_id)
             assert results == [42]
             kept = await queue.get_by_id(waited.task_id)
             assert kept.state is TaskState.SUCCEEDED
