@@ -91,10 +91,10 @@ PEER_NAMES = ("huey", "procrastinate", "latency", "graphile", "bullmq", "pgqueue
 # A peer is compared with our rows of the same run: naming it runs those too.
 COMPANIONS = {
     "huey": ("noop", "sleep"),
-    "bullmq": ("noop_prefetch", "sleep_prefetch"),
+    "bullmq": ("noop_prefetch", "sleep_prefetch", "noop_never"),
     "procrastinate": ("postgres",),
-    "graphile": ("pg_noop", "pg_sleep"),
-    "pgqueuer": ("pg_noop", "pg_sleep"),
+    "graphile": ("pg_noop", "pg_sleep", "pg_noop_never"),
+    "pgqueuer": ("pg_noop", "pg_sleep", "pg_noop_never"),
 }
 # What runs on PostgreSQL (skipped by --no-postgres).
 POSTGRES_NAMES = (

@@ -989,8 +989,48 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
         for name in ("graphile", "pgqueuer")
         for i, (ours, what) in enumerate(zip(pg_runs, runs_of, strict=True))
     ]
+    # The same no-op runs on a daemon that keeps no succeeded task, as the
+    # peers keep no finished job: the like-for-like rows, held to the same goals.
+    never = {
+        engine: _PREFETCH_RUNS[name][0].format(tasks=tasks)
+        for engine, name in (("PostgreSQL", "pg_noop_never"), ("SQLite", "noop_never"))
+    }
+    like_for_like = [
+        Target(
+            f"{engine}, no-op c=64, succeeded tasks not kept / {_PEERS[name][1]}, steady rate",
+            f"{never[engine]}: {_STEADY}",
+            "tasks/s",
+            peer=f"{peer(name, 0)}: {_STEADY}",
+            ratio_at_least=goal,
+        )
+        for (name, engine, _runs), goal in zip(
+            companions,
+            (TARGET_GRAPHILE_RATIO, TARGET_PGQUEUER_RATIO, TARGET_BULLMQ_RATIO),
+            strict=True,
+        )
+    ]
+    like_for_like += [
+        Target(
+            f"{engine}, no-op c=64, succeeded tasks not kept, worker + daemon CPU per task",
+            f"{never[engine]}: {_CPU_PER_TASK}",
+            "µs",
+            at_most=TARGET_CPU_PER_TASK_US,
+        )
+        for engine in ("SQLite", "PostgreSQL")
+    ]
+    like_for_like += [
+        Target(
+            f"PostgreSQL CPU per 1,000 tasks, no-op c=64, succeeded tasks not kept"
+            f" / {_PEERS[name][1]}",
+            f"{never['PostgreSQL']}: {_SERVER_CPU}",
+            "s",
+            peer=f"{peer(name, 0)}: PostgreSQL CPU per 1,000 tasks",
+        )
+        for name in ("graphile", "pgqueuer")
+    ]
     return [
         *against_peers,
+        *like_for_like,
         *cpu_per_task,
         *worker_cpu,
         *server_cpu,

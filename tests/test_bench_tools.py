@@ -190,19 +190,25 @@ def test_each_peer_runs_with_our_rows_on_its_own_storage(compare: ModuleType) ->
     """The PostgreSQL peers (graphile-worker, pgqueuer) are held against our
     Worker runs on one PostgreSQL daemon, BullMQ against ours on SQLite (both
     with a prefetch, as the peers run in their perf configurations); and
-    `--no-postgres` leaves out every PostgreSQL run, ours and theirs."""
+    `--no-postgres` leaves out every PostgreSQL run, ours and theirs. Each
+    is also held against our no-op run on a daemon that keeps no succeeded
+    task (``--retain-succeeded never``), as the peers keep no finished job."""
     assert compare.expand(["graphile", "pgqueuer", "bullmq"]) == [
         "pg_noop",
         "pg_sleep",
+        "pg_noop_never",
         "graphile",
         "pgqueuer",
         "noop_prefetch",
         "sleep_prefetch",
+        "noop_never",
         "bullmq",
     ]
     on_postgres = set(compare.POSTGRES_NAMES)
-    assert {"pg_noop", "pg_sleep", "graphile", "pgqueuer", "postgres"} <= on_postgres
-    assert not {"noop", "sleep", "noop_prefetch", "bullmq", "huey"} & on_postgres
+    assert {"pg_noop", "pg_sleep", "pg_noop_never", "graphile", "pgqueuer", "postgres"} <= (
+        on_postgres
+    )
+    assert not {"noop", "sleep", "noop_prefetch", "noop_never", "bullmq", "huey"} & on_postgres
     assert set(compare.PEER_NAMES) <= set(compare.BENCHMARK_NAMES)
 
 
