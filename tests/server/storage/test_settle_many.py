@@ -511,3 +511,37 @@ def test_a_deleting_group_frees_the_unique_key_and_keeps_the_waited_task(
     for lost in engine.settle_many([Ack(refs[0], None), Ack(refs[3], None)], now):
         assert isinstance(lost, LeaseLost)
         assert not lost.cancelled
+
+
+def test_a_deleting_ack_at_the_moment_its_lease_expires_is_lost(engine: SyncEngine) -> None:
+    """Property (a stale lease cannot complete a task, ``--retain-succeeded
+    never``): an ack arriving at the very instant its lease ends is
+    LeaseLost and deletes nothing; the task is still there for the next
+    worker, as it is when succeeded tasks are kept."""
+    now = ManualClock().now()
+    engine.enqueue("q", [spec(), spec()], now)
+    leases = engine.claim("q", [], 2, "w", SHORT, now)
+    engine.raw.delete_succeeded = True
+    answers = engine.settle_many([Ack(ref_of(lease), b"late") for lease in leases], now + SHORT)
+    for answer in answers:
+        assert isinstance(answer, LeaseLost)
+        assert not answer.cancelled
+    left = brute(engine, "q")
+    assert sorted(task.id for task in left) == sorted(ref_of(lease).task_id for lease in leases)
+    assert all(task.state is not TaskState.SUCCEEDED for task in left)
+
+
+def test_a_deleting_group_of_one_ack_deletes_and_of_one_nack_retries(engine: SyncEngine) -> None:
+    """Property (``--retain-succeeded never``): a group holding one ack (a
+    quiet Work stream's flush) deletes its task like a larger group, and a
+    group of one nack retries its task as ever."""
+    now = ManualClock().now()
+    engine.enqueue("q", [spec(), spec()], now)
+    acked, nacked = (ref_of(lease) for lease in engine.claim("q", [], 2, "w", LONG, now))
+    engine.raw.delete_succeeded = True
+    assert engine.settle_many([Ack(acked, b"r")], now) == ["q"]
+    assert engine.settle_many([Nack(nacked, "boom", None)], now) == ["q"]
+    [left] = brute(engine, "q")
+    assert left.id == nacked.task_id
+    assert left.state is TaskState.PENDING
+    assert counts_of(engine, "q", now) == expected_counts([left])
