@@ -940,34 +940,48 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
     )
     runs_of = ("no-op c=64", "10 ms c=256")
 
+    # Our no-op runs on a daemon that keeps no succeeded task, as the peers
+    # keep no finished job: the like-for-like rows, held to the same goals.
+    never = {
+        engine: _PREFETCH_RUNS[name][0].format(tasks=tasks)
+        for engine, name in (("PostgreSQL", "pg_noop_never"), ("SQLite", "noop_never"))
+    }
+    kept_never = "no-op c=64, succeeded tasks not kept"
+    goals = (TARGET_GRAPHILE_RATIO, TARGET_PGQUEUER_RATIO, TARGET_BULLMQ_RATIO)
+    # (peer, what, our run, the peer's run, goal)
+    steady = [
+        (name, f"{engine}, {what}", ours, i, goal)
+        for (name, engine, runs), goal in zip(companions, goals, strict=True)
+        for i, (ours, what) in enumerate(zip(runs, runs_of, strict=True))
+    ] + [
+        (name, f"{engine}, {kept_never}", never[engine], 0, goal)
+        for (name, engine, _runs), goal in zip(companions, goals, strict=True)
+    ]
     against_peers = [
         Target(
-            f"{engine}, {what} / {_PEERS[name][1]}, steady rate",
+            f"{what} / {_PEERS[name][1]}, steady rate",
             f"{ours}: {_STEADY}",
             "tasks/s",
             peer=f"{peer(name, i)}: {_STEADY}",
             ratio_at_least=goal,
         )
-        for (name, engine, runs), goal in zip(
-            companions,
-            (TARGET_GRAPHILE_RATIO, TARGET_PGQUEUER_RATIO, TARGET_BULLMQ_RATIO),
-            strict=True,
-        )
-        for i, (ours, what) in enumerate(zip(runs, runs_of, strict=True))
+        for name, what, ours, i, goal in steady
     ]
     cpu_per_task = [
         Target(
             f"{engine}, {what}, worker + daemon CPU per task",
             f"{ours}: {_CPU_PER_TASK}",
             "µs",
-            at_most=TARGET_CPU_PER_TASK_US if what == "no-op c=64" else None,
+            at_most=TARGET_CPU_PER_TASK_US if what.startswith("no-op c=64") else None,
         )
-        for engine, runs in (
-            ("SQLite", (noop, sleep)),
-            ("SQLite, prefetch", fast),
-            ("PostgreSQL, prefetch", pg_runs),
+        for engine, runs, whats in (
+            ("SQLite", (noop, sleep), runs_of),
+            ("SQLite, prefetch", fast, runs_of),
+            ("PostgreSQL, prefetch", pg_runs, runs_of),
+            ("SQLite", (never["SQLite"],), (kept_never,)),
+            ("PostgreSQL", (never["PostgreSQL"],), (kept_never,)),
         )
-        for ours, what in zip(runs, runs_of, strict=True)
+        for ours, what in zip(runs, whats, strict=True)
     ]
     worker_cpu = [
         Target(
@@ -987,50 +1001,13 @@ def _targets(args: argparse.Namespace) -> list[compare.Target]:
             peer=f"{peer(name, i)}: PostgreSQL CPU per 1,000 tasks",
         )
         for name in ("graphile", "pgqueuer")
-        for i, (ours, what) in enumerate(zip(pg_runs, runs_of, strict=True))
-    ]
-    # The same no-op runs on a daemon that keeps no succeeded task, as the
-    # peers keep no finished job: the like-for-like rows, held to the same goals.
-    never = {
-        engine: _PREFETCH_RUNS[name][0].format(tasks=tasks)
-        for engine, name in (("PostgreSQL", "pg_noop_never"), ("SQLite", "noop_never"))
-    }
-    like_for_like = [
-        Target(
-            f"{engine}, no-op c=64, succeeded tasks not kept / {_PEERS[name][1]}, steady rate",
-            f"{never[engine]}: {_STEADY}",
-            "tasks/s",
-            peer=f"{peer(name, 0)}: {_STEADY}",
-            ratio_at_least=goal,
+        for ours, what, i in (
+            *((ours, what, i) for i, (ours, what) in enumerate(zip(pg_runs, runs_of, strict=True))),
+            (never["PostgreSQL"], kept_never, 0),
         )
-        for (name, engine, _runs), goal in zip(
-            companions,
-            (TARGET_GRAPHILE_RATIO, TARGET_PGQUEUER_RATIO, TARGET_BULLMQ_RATIO),
-            strict=True,
-        )
-    ]
-    like_for_like += [
-        Target(
-            f"{engine}, no-op c=64, succeeded tasks not kept, worker + daemon CPU per task",
-            f"{never[engine]}: {_CPU_PER_TASK}",
-            "µs",
-            at_most=TARGET_CPU_PER_TASK_US,
-        )
-        for engine in ("SQLite", "PostgreSQL")
-    ]
-    like_for_like += [
-        Target(
-            f"PostgreSQL CPU per 1,000 tasks, no-op c=64, succeeded tasks not kept"
-            f" / {_PEERS[name][1]}",
-            f"{never['PostgreSQL']}: {_SERVER_CPU}",
-            "s",
-            peer=f"{peer(name, 0)}: PostgreSQL CPU per 1,000 tasks",
-        )
-        for name in ("graphile", "pgqueuer")
     ]
     return [
         *against_peers,
-        *like_for_like,
         *cpu_per_task,
         *worker_cpu,
         *server_cpu,
