@@ -55,7 +55,7 @@ from ringo_trio._proto.ringo.v1 import (
 )
 from ringo_trio._wire import work
 from ringo_trio._wire.codec import WireError, build, decode, encode, message_classes
-from ringo_trio._wire.primitives import read_seconds_nanos
+from ringo_trio._wire.primitives import read_seconds_nanos, varint
 from ringo_trio._work._frames import PushedTask, WorkResultFrame
 from tests._kit import generic_frames as generic
 from tests._kit.wire_strategies import (
@@ -283,6 +283,26 @@ def test_a_map_entry_s_key_and_value_are_named_in_its_errors() -> None:
     assert decode(b"\x2a\x07\x08\x01\x18\x07\x12\x01v", Kitchen).names == {1: "v"}
 
 
+@pytest.mark.parametrize(
+    "nanos", [1, 499, 500, 501, 600, 999, 1_000, 1_499, 1_500, 1_501, 2_500, 999_999_999]
+)
+@pytest.mark.parametrize("seconds", [0, 7, -7])
+def test_a_duration_s_nanos_round_to_microseconds_as_betterproto_does(
+    seconds: int, nanos: int
+) -> None:
+    """Property (one reading of a Duration): nanoseconds that are not whole
+    microseconds round as betterproto2's ``Duration.to_timedelta`` rounds
+    them (half to even), below one microsecond too (600 ns is 1 µs, 500 ns
+    is 0), whoever sent them; whole microseconds take the exact path."""
+    if seconds < 0:
+        nanos = -nanos  # a Duration's seconds and nanos share their sign
+    body = bytes(Timestamp(seconds=seconds, nanos=nanos))  # the same two fields
+    data = b"\x22" + bytes([len(body)]) + body  # NackRequest field 4, length-delimited
+    expected = NackRequest.parse(data).retry_delay_override
+    assert decode(data, NackRequest).retry_delay_override == expected
+    assert expected == timedelta(seconds=seconds, microseconds=nanos / 1e3)
+
+
 def test_negative_durations_keep_their_sign() -> None:
     """Example: -0.5 s survives our encoder (betterproto2's sends +0.5 s; not pinned)."""
     nack = NackRequest(retry_delay_override=timedelta(seconds=-0.5))
@@ -456,6 +476,11 @@ def test_a_time_s_body_reads_as_the_generic_codec_reads_a_timestamp() -> None:
         for edited in (*edits(data), data + b"\x18\x05", data + eleven, eleven + data):
             inline = _read_time(lambda b: read_seconds_nanos(b, 0, len(b)), edited)
             assert inline == _read_time(_generic_time, edited), edited.hex()
+    # Varints a sender wrote unsigned, one past each field's largest value:
+    # read as the field's width wraps them, int64 and int32 alike.
+    wrapped = b"\x08" + varint(2**63) + b"\x10" + varint(2**31)
+    assert read_seconds_nanos(wrapped, 0, len(wrapped)) == (-(2**63), -(2**31))
+    assert _read_time(_generic_time, wrapped) == (-(2**63), -(2**31))
 
 
 def test_out_of_range_timestamps_and_durations_are_refused() -> None:
