@@ -284,7 +284,7 @@ def test_a_map_entry_s_key_and_value_are_named_in_its_errors() -> None:
 
 
 @pytest.mark.parametrize(
-    "nanos", [1, 499, 500, 501, 600, 999, 1_000, 1_499, 1_500, 1_501, 2_500, 999_999_999]
+    "nanos", [1, 499, 500, 501, 600, 999, 1_000, 1_499, 1_500, 1_501, 2_500, 501_501, 999_999_999]
 )
 @pytest.mark.parametrize("seconds", [0, 7, -7])
 def test_a_duration_s_nanos_round_to_microseconds_as_betterproto_does(
@@ -478,9 +478,13 @@ def test_a_time_s_body_reads_as_the_generic_codec_reads_a_timestamp() -> None:
             assert inline == _read_time(_generic_time, edited), edited.hex()
     # Varints a sender wrote unsigned, one past each field's largest value:
     # read as the field's width wraps them, int64 and int32 alike.
-    wrapped = b"\x08" + varint(2**63) + b"\x10" + varint(2**31)
-    assert read_seconds_nanos(wrapped, 0, len(wrapped)) == (-(2**63), -(2**31))
-    assert _read_time(_generic_time, wrapped) == (-(2**63), -(2**31))
+    for seconds, nanos, read in (
+        (2**63, 2**31, (-(2**63), -(2**31))),
+        (2**64 - 1, 2**32 + 2**30, (-1, 2**30)),  # int32 keeps the low 32 bits
+    ):
+        wrapped = b"\x08" + varint(seconds) + b"\x10" + varint(nanos)
+        assert read_seconds_nanos(wrapped, 0, len(wrapped)) == read
+        assert _read_time(_generic_time, wrapped) == read
 
 
 def test_out_of_range_timestamps_and_durations_are_refused() -> None:
