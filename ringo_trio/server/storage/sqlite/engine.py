@@ -550,10 +550,12 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
                 acks = [(i, item) for i, item in enumerate(settlements) if type(item) is Ack]
                 if self.delete_succeeded:
                     # A task a WaitTask waits on is kept for it to read.
-                    waited = self.waited
-                    gone = [ack for ack in acks if ack[1].ref.task_id not in waited]
-                    acks = [ack for ack in acks if ack[1].ref.task_id in waited]
+                    kept: list[tuple[int, Ack]] = []
+                    gone: list[tuple[int, Ack]] = []
+                    for ack in acks:
+                        (kept if ack[1].ref.task_id in self.waited else gone).append(ack)
                     ack_together(db, gone, now_us, answers, succeeded, delete=True)
+                    acks = kept
                 ack_together(db, acks, now_us, answers, succeeded)
             for i, item in enumerate(settlements):
                 if answers[i] is None:

@@ -107,15 +107,21 @@ EXPIRE_QUEUE = f"{EXPIRE_ALL} AND queue = :queue"
 CANCELLED_AT = f"SELECT 1 FROM tasks WHERE id = :id AND state = {CANCELLED} AND attempt = :attempt"
 
 
+def _refs(count: int) -> str:
+    """The (id, attempt, token, result) rows of `count` acks: ?1 is the time,
+    then four parameters per ack."""
+    rows = ", ".join(f"(?{i}, ?{i + 1}, ?{i + 2}, ?{i + 3})" for i in range(2, 4 * count, 4))
+    return f"refs (id, attempt, token, result) AS (VALUES {rows})"
+
+
 @functools.lru_cache(maxsize=16)
 def ack_many_sql(count: int) -> str:
-    """`count` acks of different tasks as one lease-guarded UPDATE: ?1 is
-    the time, then (id, attempt, token, result) per ack. INDEXED BY: each
-    ref is a seek of `tasks_id`, whatever the planner guesses."""
-    refs = ", ".join(f"(?{i}, ?{i + 1}, ?{i + 2}, ?{i + 3})" for i in range(2, 4 * count, 4))
+    """`count` acks of different tasks as one lease-guarded UPDATE
+    (`_refs`). INDEXED BY: each ref is a seek of `tasks_id`, whatever the
+    planner guesses."""
     assignments = ACK_SET.replace(":now", "?1").replace(":result", "refs.result")
     return f"""
-        WITH refs (id, attempt, token, result) AS (VALUES {refs})
+        WITH {_refs(count)}
         UPDATE tasks INDEXED BY tasks_id SET {assignments}
         FROM refs
         WHERE tasks.id = refs.id AND state = {LEASED} AND tasks.attempt = refs.attempt
@@ -127,16 +133,15 @@ def ack_many_sql(count: int) -> str:
 @functools.lru_cache(maxsize=16)
 def delete_acked_sql(count: int) -> str:
     """`count` acks of different tasks that delete them
-    (`Storage.delete_succeeded`), as one lease-guarded DELETE: ?1 is the
-    time, then (id, attempt, token) per ack. The counts' row trigger takes
-    each deleted task off LEASED."""
-    refs = ", ".join(f"(?{i}, ?{i + 1}, ?{i + 2})" for i in range(2, 3 * count, 3))
+    (`Storage.delete_succeeded`), as one lease-guarded DELETE with the
+    parameters and answer of `ack_many_sql` (the results go unread). The
+    counts' row trigger takes each deleted task off LEASED."""
     return f"""
-        WITH refs (id, attempt, token) AS (VALUES {refs})
+        WITH {_refs(count)}
         DELETE FROM tasks INDEXED BY tasks_id
         WHERE id IN (SELECT id FROM refs) AND state = {LEASED} AND lease_until > ?1
             AND (attempt, lease_token) = (SELECT attempt, token FROM refs WHERE refs.id = tasks.id)
-        RETURNING id, queue
+        RETURNING id, queue, task_type
     """
 
 
@@ -173,21 +178,16 @@ def ack_together(
     when they `delete` their tasks: each answer is its task's queue, or
     LeaseLost (the statement matched no row for it). `succeeded` gains the
     (queue, task type) of each task kept SUCCEEDED, for its counts."""
+    statement = delete_acked_sql if delete else ack_many_sql
     for piece in pieces(acks, ACK_CHUNKS):
         args: list[Any] = [now_us]
         for _, item in piece:
             ref = item.ref
-            args += (ref.task_id, ref.attempt, ref.lease_token)
+            args += (ref.task_id, ref.attempt, ref.lease_token, item.result)
+        acked = {}
+        for task_id, queue, task_type in db.execute(statement(len(piece)), args):
+            acked[task_id] = queue
             if not delete:
-                args.append(item.result)
-        if delete:
-            acked = {
-                task_id: queue for task_id, queue in db.execute(delete_acked_sql(len(piece)), args)
-            }
-        else:
-            acked = {}
-            for task_id, queue, task_type in db.execute(ack_many_sql(len(piece)), args):
-                acked[task_id] = queue
                 succeeded.append((queue, task_type))
         for i, item in piece:
             found = acked.get(item.ref.task_id)
