@@ -105,7 +105,7 @@ from .rpc.service import QueueService
 from .rpc.sessions import SessionTable
 from .rpc.throttle import DEFAULT_CAP, AuthThrottle
 from .rpc.waits import DEFAULT_RECHECK_INTERVAL as DEFAULT_WAIT_RECHECK
-from .rpc.waits import TaskWaits
+from .rpc.waits import REASK_WINDOW, TaskWaits
 from .rpc.wakeups import LeaseReaper, QueueWakeups
 from .schedules import ScheduleLoop
 from .storage.base import Storage, StorageFull
@@ -235,7 +235,12 @@ class Daemon:
         )
         self.retention = Retention(storage, self.clock, config.retention)
         self.waits = TaskWaits(
-            storage, max_waits=config.max_waits, recheck_interval=config.wait_recheck
+            storage,
+            max_waits=config.max_waits,
+            recheck_interval=config.wait_recheck,
+            # Acks that delete must not take a result from under a client
+            # between two of its calls.
+            reask_window=REASK_WINDOW if config.retention.delete_at_ack else 0.0,
         )
         # Expiry and purges count what they changed without naming it: a
         # recheck finds the waited tasks among them.

@@ -55,15 +55,11 @@ async def test_the_flag_reads_never_for_succeeded_tasks_only() -> None:
             parser.parse_args([f"--retain-{state}", "never"])
 
 
-@pytest.mark.trio
-@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
-async def test_acks_delete_their_tasks_and_a_waited_task_keeps_its_result(
+def _never_daemon(
     engine: str, tmp_path: pathlib.Path, request: pytest.FixtureRequest
-) -> None:
-    """Property (both engines, ``--retain-succeeded never``): every task a
-    worker finishes is deleted by its ack (not found, its unique key free,
-    no SUCCEEDED count left), while a task a WaitTask was parked on when it
-    succeeded is kept SUCCEEDED, and the waiter gets its result."""
+) -> Callable[[Callable[[], float]], Daemon]:
+    """`serving_in_memory`'s factory of a ``--retain-succeeded never``
+    daemon on `engine`, its store fresh."""
     storage: Storage
     if engine == "sqlite":
         storage = SQLiteEngine(tmp_path / "ringo.db")
@@ -75,6 +71,19 @@ async def test_acks_delete_their_tasks_and_a_waited_task_keeps_its_result(
         config = DaemonConfig(port=0, retention=RetentionPolicy(succeeded=never))
         return Daemon(config, storage, clock=LoopClock(loop_time))
 
+    return make
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+async def test_acks_delete_their_tasks_and_a_waited_task_keeps_its_result(
+    engine: str, tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
+    """Property (both engines, ``--retain-succeeded never``): every task a
+    worker finishes is deleted by its ack (not found, its unique key free,
+    no SUCCEEDED count left), while a task a WaitTask was parked on when it
+    succeeded is kept SUCCEEDED, and the waiter gets its result."""
+    make = _never_daemon(engine, tmp_path, request)
     gate = trio.Event()
     _gates.append(gate)
     _ran.clear()
@@ -111,3 +120,34 @@ async def test_acks_delete_their_tasks_and_a_waited_task_keeps_its_result(
             assert (stats.pending, stats.leased, stats.succeeded) == (0, 0, 1)
             again = await quick.configure(unique_key="k0").enqueue(client, 0)
             assert again.task_id != quick_ones[0].task_id
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+async def test_a_wait_asked_again_after_its_task_succeeded_still_gets_the_result(
+    engine: str, tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
+    """Property (both engines, ``--retain-succeeded never``): no result is
+    lost to a client that waits all along. It waits in calls of at most a
+    minute and asks again when one ends; an ack landing between two calls,
+    when no call is parked, keeps the task for the next one (the daemon's
+    re-ask window), which gets the result instead of `NotFoundError`."""
+    make = _never_daemon(engine, tmp_path, request)
+    gate = trio.Event()
+    _gates.append(gate)
+    with trio.fail_after(GUARD):
+        async with (
+            serving_in_memory(make) as (daemon, transport, _run),
+            RingoClient(transport=transport) as client,
+        ):
+            handle = await held.enqueue(client, 5)
+            async with trio.open_nursery() as nursery:
+                worker = tasks.worker(client, concurrency=2)
+                await nursery.start(worker.run)
+                with pytest.raises(TimeoutError):
+                    await handle.result(timeout=0.2)
+                assert daemon.waits.parked == 0
+                gate.set()
+                # Closing drains: the handler finishes and its ack is settled.
+                await worker.close()
+            assert await handle.result(timeout=GUARD) == 10

@@ -41,6 +41,15 @@ a parked call adds its `Waiter` (measured: bench/results.md, "WaitTask").
 Limits: `max_waits` per daemon and `per_connection` per HTTP/2 connection;
 one more is `WaitLimitReached` (RESOURCE_EXHAUSTED), refused before it
 costs anything.
+
+The ids waited on are also what a daemon that deletes succeeded tasks at
+their ack keeps (`Storage.waited`, ``--retain-succeeded never``). A client
+waits in calls of at most a minute and asks again when one ends, so between
+two calls nobody is parked on the id; an ack landing in that gap would
+delete the result the client is about to ask for. With a `reask_window`,
+an id whose last call left stays waited on (``in``, and on a shared store
+registered) for that many seconds, bounded by `max_waits` ids (the oldest
+forgotten first).
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Iterable
 from typing import Final
 
@@ -70,6 +80,10 @@ READY_TIMEOUT: Final = 2.0
 REFRESH: Final = 60.0
 # Ids per recheck query: a bounded statement however many calls are parked.
 _CHECK_CHUNK = 1000
+# How long a daemon deleting succeeded tasks keeps an id waited on after its
+# last call left: one park, the longest a client's next ask can queue behind
+# its other waits for a slot of its connection (`limits.MAX_TASK_WAIT`).
+REASK_WINDOW: Final = limits.MAX_TASK_WAIT.total_seconds()
 
 
 class WaitLimitReached(Exception):
@@ -152,9 +166,10 @@ class TaskWaits:
         per_connection: int = limits.MAX_WAITS_PER_CONNECTION,
         recheck_interval: float = DEFAULT_RECHECK_INTERVAL,
         linger: float = DEFAULT_LINGER,
+        reask_window: float = 0.0,
     ) -> None:
-        if max_waits < 0 or per_connection < 0:
-            raise ValueError("wait limits must not be negative")
+        if max_waits < 0 or per_connection < 0 or reask_window < 0:
+            raise ValueError("wait limits and the re-ask window must not be negative")
         if not recheck_interval > 0:
             raise ValueError("recheck_interval must be positive")
         self._storage = storage
@@ -162,8 +177,12 @@ class TaskWaits:
         self.per_connection = per_connection
         self._recheck_interval = recheck_interval
         self._linger = linger
+        self._reask_window = reask_window
         self.shared = storage.waits_across_processes
         self._by_id: dict[str, _Entry] = {}
+        # Ids whose last call left, and when (loop time), oldest first, kept
+        # `reask_window` seconds: still waited on, their registration kept.
+        self._ended: dict[str, float] = {}
         self._by_connection: dict[object, int] = {}
         self.parked = 0
         self.closed = False
@@ -195,6 +214,7 @@ class TaskWaits:
             )
         entry = self._by_id.get(task_id)
         if entry is None:
+            self._ended.pop(task_id, None)
             registered = asyncio.get_running_loop().create_future() if self.shared else None
             entry = self._by_id[task_id] = _Entry(registered)
             if self.shared:
@@ -217,16 +237,33 @@ class TaskWaits:
         entry.waiters -= 1
         if entry.waiters == 0:
             del self._by_id[task_id]
-            if self.shared:
-                if task_id in self._to_register:
-                    self._to_register.discard(task_id)
-                else:
-                    self._to_withdraw.add(task_id)
-                self._kick.set()
+            if self._reask_window > 0:
+                # Kept waited on (and registered) until its window passes.
+                self._ended[task_id] = asyncio.get_running_loop().time()
+                if len(self._ended) > self.max_waits:
+                    self._forget(next(iter(self._ended)))
+            elif not self.shared:
+                return
+            elif task_id in self._to_register:
+                self._to_register.discard(task_id)
+            else:
+                self._to_withdraw.add(task_id)
+            self._kick.set()
+
+    def _forget(self, task_id: str) -> None:
+        """An ended id's window passed (or it made room): no longer waited on."""
+        del self._ended[task_id]
+        if not self.shared:
+            return
+        if task_id in self._to_register:
+            self._to_register.discard(task_id)
+        else:
+            self._to_withdraw.add(task_id)
 
     def __contains__(self, task_id: object) -> bool:
-        """A parked call waits on `task_id` (`Storage.waited`)."""
-        return task_id in self._by_id
+        """A parked call waits on `task_id`, or one did less than
+        `reask_window` seconds ago (`Storage.waited`)."""
+        return task_id in self._by_id or task_id in self._ended
 
     def connections(self) -> int:
         """Connections holding at least one parked call."""
@@ -303,6 +340,7 @@ class TaskWaits:
         idle_since: float | None = None
         while True:
             self._kick.clear()
+            ended_until = self._forget_ended(loop.time())
             if self.shared:
                 if loop.time() >= next_refresh:
                     next_refresh = loop.time() + REFRESH
@@ -313,9 +351,9 @@ class TaskWaits:
                 self._recheck_due = False
                 await self._check_all()
                 next_check = loop.time() + self._recheck_interval
-            if self._by_id:
+            if self._by_id or self._ended:
                 idle_since = None
-                wake_at = next_check
+                wake_at = min(next_check, ended_until) if self._by_id else ended_until
             else:
                 if idle_since is None:
                     idle_since = now
@@ -328,6 +366,16 @@ class TaskWaits:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(wake_at - loop.time(), 0.0)):
                     await self._kick.wait()
+
+    def _forget_ended(self, now: float) -> float:
+        """Forget the ended ids whose window has passed; when the next one's
+        passes (infinity: none left)."""
+        while self._ended:
+            task_id, ended_at = next(iter(self._ended.items()))
+            if ended_at + self._reask_window > now:
+                return ended_at + self._reask_window
+            self._forget(task_id)
+        return math.inf
 
     async def _sync_registrations(self) -> None:
         add, self._to_register = self._to_register, set()

@@ -278,9 +278,10 @@ class Storage(abc.ABC):
     or one acked by `ack`, stays SUCCEEDED for retention's next pass."""
 
     waited: Container[str] = frozenset()
-    """The task ids this daemon's WaitTask calls wait on, which
-    `delete_succeeded` keeps; engines with `waits_across_processes` keep
-    those registered by any daemon (`register_waits`) too."""
+    """The task ids this daemon's WaitTask calls wait on (or did a moment
+    ago: `TaskWaits`' re-ask window), which `delete_succeeded` keeps;
+    engines with `waits_across_processes` keep those registered by any
+    daemon (`register_waits`) too."""
 
     @abc.abstractmethod
     async def open(self) -> None:

@@ -288,3 +288,69 @@ async def test_shutdown_lets_a_call_waiting_for_its_registration_read_at_once() 
             assert now() == start
             assert waiter.closed
         store.gate.set()
+
+
+@on_virtual_time
+async def test_an_id_stays_waited_on_for_the_reask_window_after_its_last_call() -> None:
+    """Property (``--retain-succeeded never``): a task whose last call left
+    is still waited on -- its ack keeps it -- for `reask_window` seconds
+    from when the last call left, a call parked again meanwhile restarting
+    the window; then it is forgotten. Without a window (a daemon that keeps
+    succeeded tasks), it is forgotten as the call leaves."""
+    waits = _waits(_Store(shared=False), reask_window=60.0)
+    async with in_background(waits.run()):
+        with waits.park("t", "c"):
+            pass
+        await quiet(30.0)
+        assert "t" in waits
+        with waits.park("t", "c"):
+            await quiet(10.0)
+        assert waits.parked == 0
+        await quiet(59.0)
+        assert "t" in waits
+        await quiet(2.0)
+        assert "t" not in waits
+    plain = _waits(_Store(shared=False))
+    with plain.park("t", "c"):
+        assert "t" in plain
+    assert "t" not in plain
+
+
+@on_virtual_time
+async def test_a_shared_store_keeps_an_ended_wait_registered_for_the_reask_window() -> None:
+    """Property: on a shared store, another daemon's deleting ack keeps a
+    task through the same window -- the registration is withdrawn when the
+    window passes, not when the call leaves -- and the listener stays up
+    until `linger` seconds after that."""
+    store = _Store(shared=True)
+    waits = _waits(store, reask_window=60.0, linger=5.0)
+    async with in_background(waits.run()):
+        start = now()
+        with waits.park("t", "c") as waiter:
+            await waiter.ready()
+            await quiet(10.0)
+        await quiet(30.0)
+        assert store.removed("t") == []
+        await quiet(40.0)
+        assert store.removed("t") == [start + 70.0]
+        assert store.listened == [[start, start + 75.0]]
+        assert store.added("t") == [start]
+
+
+@on_virtual_time
+async def test_ended_waits_are_kept_for_at_most_max_waits_ids_oldest_forgotten_first() -> None:
+    """Property: the ids kept after their calls left are bounded by
+    `max_waits` (a client churning short waits cannot grow the daemon's
+    memory); past it the oldest is forgotten at once and, on a shared store,
+    withdrawn."""
+    store = _Store(shared=True)
+    # A window under a second is a window too.
+    waits = _waits(store, reask_window=0.5, max_waits=2)
+    async with in_background(waits.run()):
+        for task_id in ("a", "b", "c"):
+            with waits.park(task_id, "c") as waiter:
+                await waiter.ready()
+            await quiet(0.1)
+        assert ["a" in waits, "b" in waits, "c" in waits] == [False, True, True]
+        assert store.removed("a")
+        assert not store.removed("b")
