@@ -275,3 +275,34 @@ def test_the_abuse_benchmark_runs_the_cases_named_in_their_order(http_abuse: Mod
         http_abuse.case_names("idle,slow")
     with pytest.raises(ValueError, match="unknown"):
         http_abuse.case_names(",")
+
+
+def test_each_scale_out_row_is_read_against_one_daemon_and_worker_of_its_prefetch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scale-out section (``run.py --postgres-only``) sets each row
+    against one daemon and one worker process with the same prefetch, so a
+    second process's gain is not confused with prefetch's."""
+    monkeypatch.delitem(sys.modules, "run", raising=False)
+    run = _bench_module(monkeypatch, "run")
+
+    def row(daemons: int, workers: int, prefetch: int, rate: float) -> object:
+        return run.ScaleRun(
+            daemons=daemons,
+            workers=workers,
+            prefetch=prefetch,
+            tasks=1000,
+            elapsed=1000 / rate,
+            per_worker=[1000 // workers] * workers,
+            daemon_cpu=0.1,
+            worker_cpu=0.1,
+            server_cpu=0.1,
+        )
+
+    runs = [[row(1, 1, 0, 1000)], [row(2, 1, 0, 1500)], [row(1, 1, 64, 4000)]]
+    runs.append([row(1, 2, 64, 5000), row(1, 2, 64, 6000)])
+    text = run._scaleout_section(runs, 2)
+    assert "| 2 / 1 / 0 | 1,500 tasks/s | 1.50 x | 1,000 |" in text
+    assert "| 1 / 1 / 64 | 4,000 tasks/s | 1.00 x |" in text
+    assert "| 1 / 2 / 64 | 6,000 tasks/s | 1.50 x | 500 / 500 |" in text
+    assert "1 / 2 / 64 5,000, 6,000 tasks/s" in text

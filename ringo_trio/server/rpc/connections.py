@@ -94,6 +94,8 @@ RESET_LIMIT = 1000
 RESET_WINDOW = 10.0
 
 _ACCEPT_ENCODING = ("grpc-accept-encoding", "identity")
+# What a refusal of compression tells the client to do instead.
+_SEND_UNCOMPRESSED = f"send messages uncompressed ({': '.join(_ACCEPT_ENCODING)})"
 # Seconds a connection told GOAWAY stays open for the peer to read it.
 _LINGER = 1.0
 # Bytes of input handed to h2 at a time.
@@ -342,8 +344,7 @@ class _GuardedProcessor(EventsProcessor):
             if name == "grpc-encoding" and value != "identity":
                 cast(_GuardedStream, stream).refusal = GRPCError(
                     Status.UNIMPLEMENTED,
-                    f"grpc-encoding {value!r} is not supported; send messages uncompressed"
-                    " (grpc-accept-encoding: identity)",
+                    f"grpc-encoding {value!r} is not supported; {_SEND_UNCOMPRESSED}",
                 )
 
     def process_stream_reset(self, event: StreamReset) -> None:
@@ -378,8 +379,7 @@ class _GuardedStream(Stream):
             if prefix[0]:
                 raise GRPCError(
                     Status.UNIMPLEMENTED,
-                    "compressed messages are not supported; send messages uncompressed"
-                    " (grpc-accept-encoding: identity)",
+                    f"compressed messages are not supported; {_SEND_UNCOMPRESSED}",
                 )
             length = int.from_bytes(prefix[1:5])
             if length > MAX_MESSAGE_BYTES:

@@ -242,19 +242,21 @@ class TaskWaits:
                 self._ended[task_id] = asyncio.get_running_loop().time()
                 if len(self._ended) > self.max_waits:
                     self._forget(next(iter(self._ended)))
-            elif not self.shared:
-                return
-            elif task_id in self._to_register:
-                self._to_register.discard(task_id)
+            elif self.shared:
+                self._unregister(task_id)
             else:
-                self._to_withdraw.add(task_id)
+                return
             self._kick.set()
 
     def _forget(self, task_id: str) -> None:
         """An ended id's window passed (or it made room): no longer waited on."""
         del self._ended[task_id]
-        if not self.shared:
-            return
+        if self.shared:
+            self._unregister(task_id)
+
+    def _unregister(self, task_id: str) -> None:
+        """Nobody waits on `task_id` any more: its registration is withdrawn,
+        or never sent if it has not gone out yet."""
         if task_id in self._to_register:
             self._to_register.discard(task_id)
         else:
