@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,9 +16,12 @@ import trio
 import trustme
 
 from ringo_trio import Ringo, RingoClient, Supervisor, Task, TaskContext, TaskState
+from ringo_trio._endpoint import parse_endpoint
 from ringo_trio._errors import InvalidArgumentError, UnavailableError
+from ringo_trio._transport.grpclib import Transport
 from ringo_trio.server import main as _main
 from ringo_trio.testing import DaemonProcess, spawn_daemon
+from tests._kit.processes import free_port
 from tests._kit.workers import running, wait_states
 
 
@@ -130,6 +134,21 @@ async def test_an_untrusted_daemon_certificate_is_refused_clearly(
             message = await _refused(client)
             assert "TLS handshake failed" in message
             assert "CERTIFICATE_VERIFY_FAILED" in message
+
+
+@pytest.mark.trio
+async def test_a_tls_transport_whose_daemon_never_answered_closes_cleanly(pki: Pki) -> None:
+    """Property: closing a TLS transport that never had a connection (the
+    daemon was not there) neither fails nor waits for a TLS close that
+    cannot come, and a second close is a no-op."""
+    endpoint = parse_endpoint(f"grpcs://127.0.0.1:{free_port()}")
+    endpoint = endpoint.with_tls(ssl.create_default_context(cafile=pki.ca))
+    with trio.fail_after(30):
+        async with Transport(endpoint) as transport:
+            with pytest.raises(UnavailableError):
+                await transport.health_check(rpc_timeout=5)
+            await transport.aclose()
+            await transport.aclose()
 
 
 @pytest.mark.trio

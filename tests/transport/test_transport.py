@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -16,11 +17,12 @@ from typing import Any
 import anyio
 import grpclib.const
 import grpclib.exceptions
+import grpclib.protocol
 import grpclib.server
 import pytest
 import trio
 
-from ringo_trio import FailedPreconditionError, RingoError, UnavailableError
+from ringo_trio import FailedPreconditionError, NotFoundError, RingoError, UnavailableError
 from ringo_trio._endpoint import Endpoint, parse_endpoint
 from ringo_trio._proto.grpc.health.v1 import (
     HealthCheckRequest,
@@ -34,7 +36,8 @@ from ringo_trio._proto.ringo.v1 import (
     WorkResponse,
     WorkResult,
 )
-from ringo_trio._transport.grpclib import HEALTH_CHECK, HEALTH_WATCH, Transport
+from ringo_trio._transport.base import SessionRejectedError
+from ringo_trio._transport.grpclib import HEALTH_CHECK, HEALTH_WATCH, Transport, _map_error
 from ringo_trio.testing import DaemonProcess, spawn_daemon
 from tests._kit.processes import eventually, free_port
 
@@ -49,6 +52,30 @@ class RawReply:
 
     def SerializeToString(self) -> bytes:
         return self.data
+
+
+class _ClosingServer(grpclib.server.Server):
+    """grpclib's server, whose close also closes the connections still open.
+    Neither grpclib's nor asyncio's (Python 3.11) does: a connection whose
+    client's close the server's loop has not read yet when it ends is left
+    to the collector, and its unclosed socket's ResourceWarning fails
+    whichever test is running then (filterwarnings = error)."""
+
+    def __init__(self, handlers: list[Any]) -> None:
+        super().__init__(handlers)
+        self._protocols: list[grpclib.protocol.H2Protocol] = []
+
+    def _protocol_factory(self) -> grpclib.protocol.H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.append(protocol)
+        return protocol
+
+    async def wait_closed(self) -> None:
+        await super().wait_closed()
+        for protocol in self._protocols:
+            if hasattr(protocol, "connection"):  # made: it has a transport
+                protocol.connection.close()
+        await asyncio.sleep(0)  # the transports' closing callbacks
 
 
 class EchoServer:
@@ -97,7 +124,7 @@ class EchoServer:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        server = grpclib.server.Server([self])
+        server = _ClosingServer([self])
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
@@ -385,3 +412,112 @@ async def test_unavailable_and_closed_asyncio() -> None:
 async def test_malformed_unary_reply_asyncio(echo: EchoServer) -> None:
     with anyio.fail_after(20):
         await malformed_unary_reply(echo)
+
+
+# -- the error boundary and the lifecycle, without a server -----------------------
+
+
+@pytest.mark.parametrize(
+    ("raised", "mapped", "says"),
+    [
+        (
+            grpclib.exceptions.GRPCError(grpclib.const.Status.OUT_OF_RANGE, "session 7 expired"),
+            SessionRejectedError,
+            "session 7 expired",
+        ),
+        (
+            grpclib.exceptions.GRPCError(grpclib.const.Status.OUT_OF_RANGE),
+            SessionRejectedError,
+            "session rejected by the daemon",
+        ),
+        (
+            grpclib.exceptions.GRPCError(grpclib.const.Status.NOT_FOUND, "no task 'x'"),
+            NotFoundError,
+            "no task 'x'",
+        ),
+        (
+            grpclib.exceptions.GRPCError(grpclib.const.Status.UNAVAILABLE, "draining"),
+            UnavailableError,
+            "daemon at 127.0.0.1:7 is unavailable: draining",
+        ),
+        (ConnectionRefusedError(), UnavailableError, "unavailable: ConnectionRefusedError"),
+        (OSError("no route to host"), UnavailableError, "unavailable: no route to host"),
+        (ssl.SSLError("bad certificate"), UnavailableError, "TLS handshake failed"),
+    ],
+)
+def test_transport_errors_become_ringo_errors_that_keep_their_detail(
+    raised: Exception, mapped: type[RingoError], says: str
+) -> None:
+    """Property: at the transport's one error boundary, each gRPC status and
+    transport failure becomes the SDK's own error, and the user still reads
+    what went wrong: the daemon's detail, or the failure's name when it has
+    no text of its own."""
+    error = _map_error(raised, endpoint_of(7))
+    assert type(error) is mapped
+    assert says in str(error)
+
+
+def test_errors_that_are_not_the_transports_are_left_alone() -> None:
+    """A bug in the SDK (any other exception) is not disguised as an outage."""
+    assert _map_error(ValueError("a bug"), endpoint_of(7)) is None
+
+
+@pytest.mark.trio
+async def test_a_transport_is_entered_only_once() -> None:
+    """Entering a Transport again, while in it, is refused: one transport owns
+    one loop binding and one channel."""
+    with trio.fail_after(20):
+        async with Transport(endpoint_of(free_port())) as transport:
+            with pytest.raises(RingoError, match="only once"):
+                async with transport:
+                    pass
+
+
+@pytest.mark.trio
+async def test_a_failure_of_the_sdks_own_code_under_a_stream_comes_out_as_itself(
+    echo: EchoServer,
+) -> None:
+    """Property: an exception of the SDK's own code under a stream (here its
+    frame coalescing) is no transport error: it ends the stream block as
+    itself, neither mapped to an outage nor turned into another error."""
+
+    def broken(queued: list[WorkRequest]) -> list[WorkRequest]:
+        raise ValueError("a coalescing bug")
+
+    async def send_one(transport: Transport) -> None:
+        channels = transport.open_stream(WORK, WorkRequest, WorkResponse, coalesce=broken)
+        async with channels as stream:
+            assert stream.send is not None
+            await stream.send.send(request(1))
+            await trio.sleep(15)
+
+    with trio.fail_after(20):
+        async with Transport(endpoint_of(echo.port)) as transport:
+            with pytest.raises(ValueError, match="a coalescing bug"):
+                await send_one(transport)
+
+
+@pytest.mark.trio
+async def test_what_queued_up_while_the_writer_waited_goes_to_coalesce_together(
+    echo: EchoServer,
+) -> None:
+    """Property: the frames the SDK queued while the stream's writer was
+    away reach `coalesce` together, so they can leave as one batch frame,
+    and none is held back waiting for more."""
+    batches: list[list[int]] = []
+
+    def record(queued: list[WorkRequest]) -> list[WorkRequest]:
+        batches.append([message.request_id for message in queued])
+        return queued
+
+    with trio.fail_after(20):
+        async with (
+            Transport(endpoint_of(echo.port)) as transport,
+            transport.open_stream(WORK, WorkRequest, WorkResponse, coalesce=record) as stream,
+        ):
+            assert stream.send is not None
+            for request_id in (1, 2, 3):
+                stream.send.send_nowait(request(request_id))
+            answered = [(await stream.receive.receive()).result.request_id for _ in range(3)]
+    assert answered == [1, 2, 3]
+    assert batches == [[1, 2, 3]]
