@@ -81,9 +81,11 @@ took 14 minutes on 2 cores shared with other jobs (load average 3-5);
 ``postgres`` (1-2 min a round) and ``procrastinate`` (30-70 s) are the
 longest.
 
-``--postgres-only`` measures the scale-out alone, best of ``--repeat`` with
-CPU per process kind, and replaces the "PostgreSQL scale-out" section (not
-part of the full run, whose targets section has the 1/2/3-daemon figures).
+``--postgres-only`` measures the scale-out alone (`SCALE_OUT`: 1-3 daemons,
+two worker processes on one daemon, each without and with prefetch), best of
+``--repeat`` with CPU per process kind, and replaces the "PostgreSQL
+scale-out" section (not part of the full run, whose targets section has the
+figures without prefetch).
 
 ``--baseline REV`` measures git revision REV and this tree side by side in
 one run (bench/compare.py: a temporary ``git worktree``, each side's
@@ -383,7 +385,7 @@ def _work_run(
 # -- PostgreSQL scale-out (daemons and worker processes on one database) -------
 
 
-async def _scaleout_worker(endpoint: str, queue: str, concurrency: int) -> None:
+async def _scaleout_worker(endpoint: str, queue: str, concurrency: int, prefetch: int) -> None:
     """A worker process of the scale-out rows: registers, says so, handles
     until its stdin closes, closes the worker and reports what it did."""
     seen = 0
@@ -393,7 +395,7 @@ async def _scaleout_worker(endpoint: str, queue: str, concurrency: int) -> None:
         seen += 1
 
     async with Ringo.connect(endpoint) as client:
-        worker = client.queue(queue).worker(handle, concurrency=concurrency)
+        worker = client.queue(queue).worker(handle, concurrency=concurrency, prefetch=prefetch)
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
             cpu_started = time.process_time()
@@ -408,6 +410,7 @@ async def _scaleout_worker(endpoint: str, queue: str, concurrency: int) -> None:
 class ScaleRun:
     daemons: int
     workers: int  # worker processes in all (one or more per daemon)
+    prefetch: int  # each worker's
     tasks: int
     elapsed: float  # the shared not_before → no active task left
     per_worker: list[int]  # tasks each worker (one per daemon) handled
@@ -429,33 +432,50 @@ async def _enqueue_at(endpoint: str, queue: str, n: int, at: datetime) -> None:
 
 
 async def _until_idle(endpoint: str, queue: str, at: datetime) -> float:
-    """Seconds from `at` until the queue has no active task (polled)."""
+    """Seconds from `at` until the queue has no active task, polled from its
+    counters (`TaskQueue.stats`): `active_count` walks up to 1,000 index
+    entries and their rows a poll, which cost PostgreSQL a third of the CPU
+    the scale-out rows charge to the tasks (measured: 1.7x the no-op run's
+    per task with it, on a server without autovacuum)."""
     async with Ringo.connect(endpoint) as client:
+        q = client.queue(queue)
         while True:
-            if await _active_count(client, queue) == 0:
+            if hasattr(q, "stats"):
+                stats = await q.stats()
+                active = stats.pending + stats.leased
+            else:  # a baseline tree from before TaskQueue.stats (--baseline)
+                active = await _active_count(client, queue)
+            if active == 0:
                 return (datetime.now(UTC) - at).total_seconds()
             await trio.sleep(0.05)
+
+
+# --postgres-only: (daemons, worker processes per daemon, prefetch), each
+# against the first row of its prefetch.
+SCALE_OUT = ((1, 1, 0), (2, 1, 0), (3, 1, 0), (1, 2, 0), (1, 1, 64), (2, 1, 64), (1, 2, 64))
 
 
 class _HeadStartMissed(RuntimeError):
     pass
 
 
-def _scale_run(count: int, n: int, concurrency: int = 64, *, workers: int = 1) -> ScaleRun:
+def _scale_run(
+    count: int, n: int, concurrency: int = 64, *, workers: int = 1, prefetch: int = 0
+) -> ScaleRun:
     """One scale-out run. Enqueueing must be over before the shared start;
     on a busy machine it can take longer than the first guess, so a run that
     misses it starts again (fresh database) with a longer head start. The
     head start is not timed: only a wasted wait when it is too long."""
     for rate in (5_000.0, 1_500.0, 500.0):
         try:
-            return _scale_attempt(count, n, concurrency, rate, workers)
+            return _scale_attempt(count, n, concurrency, rate, workers, prefetch)
         except _HeadStartMissed:
             print(f"scale-out: enqueueing {n:,} tasks took over {n / rate:.0f} s; again")
     raise RuntimeError(f"enqueueing {n:,} tasks never fit the head start; lower --tasks")
 
 
 def _scale_attempt(
-    count: int, n: int, concurrency: int, enqueue_rate: float, workers_each: int
+    count: int, n: int, concurrency: int, enqueue_rate: float, workers_each: int, prefetch: int
 ) -> ScaleRun:
     queue = "bench-scaleout"
     with _pg.fresh_database() as dsn, ExitStack() as stack:
@@ -476,7 +496,8 @@ def _scale_attempt(
                 worker = subprocess.Popen(
                     [
                         *[*_tree.python(), str(pathlib.Path(__file__).resolve())],
-                        *["--scaleout-worker", daemon.endpoint, queue, str(concurrency)],
+                        "--scaleout-worker",
+                        *[daemon.endpoint, queue, str(concurrency), str(prefetch)],
                     ],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
@@ -517,6 +538,7 @@ def _scale_attempt(
     return ScaleRun(
         daemons=count,
         workers=len(per_worker),
+        prefetch=prefetch,
         tasks=n,
         elapsed=elapsed,
         per_worker=per_worker,
@@ -528,18 +550,21 @@ def _scale_attempt(
 
 def _scaleout_section(runs: Sequence[Sequence[ScaleRun]], repeat: int) -> str:
     best = [max(group, key=lambda r: r.rate) for group in runs]
-    base = best[0].rate
+    # Each row against one daemon and one worker process of its own prefetch.
+    base = {r.prefetch: r.rate for r in reversed(best) if (r.daemons, r.workers) == (1, 1)}
     lines = [
         POSTGRES_HEADING,
         "",
-        f"{datetime.now(UTC):%Y-%m-%d}, {os.cpu_count()} cores, PostgreSQL on the same"
-        f" machine; {best[0].tasks:,} no-op tasks per run, best of {repeat}. N `ringod`"
-        " processes on ONE fresh database, one worker process per daemon (`Worker`,"
-        " concurrency 64, no-op handler). Every task is enqueued with one shared"
-        " `not_before` after all workers registered, so the daemons start together;"
-        " timed from that moment until no task of the queue is active.",
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, PostgreSQL on"
+        f" the same machine (load average {os.getloadavg()[0]:.1f} at the end);"
+        f" {best[0].tasks:,} no-op tasks per run, best of {repeat}. N `ringod` processes"
+        " on ONE fresh database, one or two worker processes per daemon (`Worker`,"
+        " concurrency 64, no-op handler, `prefetch` 0 or 64). Every task is enqueued"
+        " with one shared `not_before` after all workers registered, so they start"
+        " together; timed from that moment until no task of the queue is active."
+        " Reproduce: `python bench/run.py --postgres-only`.",
         "",
-        "| daemons / worker processes | throughput | vs 1 daemon"
+        "| daemons / worker processes / prefetch | throughput | vs 1 / 1, same prefetch"
         " | tasks per worker | CPU per 1,000 tasks: workers / daemons / PostgreSQL"
         " | cores busy (sum) |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -547,9 +572,10 @@ def _scaleout_section(runs: Sequence[Sequence[ScaleRun]], repeat: int) -> str:
     for run in best:
         per = 1000 / run.tasks
         cpu = run.worker_cpu + run.daemon_cpu + run.server_cpu
+        ratio = run.rate / base[run.prefetch] if run.prefetch in base else float("nan")
         lines.append(
-            f"| {run.daemons} / {run.workers} | {run.rate:,.0f} tasks/s | {run.rate / base:.2f} x"
-            f" | {' / '.join(f'{t:,}' for t in run.per_worker)}"
+            f"| {run.daemons} / {run.workers} / {run.prefetch} | {run.rate:,.0f} tasks/s"
+            f" | {ratio:.2f} x | {' / '.join(f'{t:,}' for t in run.per_worker)}"
             f" | {run.worker_cpu * per:.2f} s / {run.daemon_cpu * per:.2f} s"
             f" / {run.server_cpu * per:.2f} s | {cpu / run.elapsed:.2f} |"
         )
@@ -557,7 +583,7 @@ def _scaleout_section(runs: Sequence[Sequence[ScaleRun]], repeat: int) -> str:
         "",
         "Runs: "
         + "; ".join(
-            f"{group[0].daemons} daemon(s) / {group[0].workers} worker(s)"
+            f"{group[0].daemons} / {group[0].workers} / {group[0].prefetch}"
             f" {', '.join(f'{r.rate:,.0f}' for r in group)}"
             for group in runs
         )
@@ -565,17 +591,14 @@ def _scaleout_section(runs: Sequence[Sequence[ScaleRun]], repeat: int) -> str:
         " read from /proc; cores busy = all three CPU figures over the run's time"
         " (other jobs on the machine not counted).",
         "",
-        "**Reading the curve.** A Work stream executes its worker's commands in order,"
-        " each ack one PostgreSQL transaction, so a single stream is bound by that round"
-        " trip as much as by CPU; every added daemon brings its own stream and its own"
-        f" round trips. **{os.cpu_count()} cores bound the curve**: N daemons, N worker"
-        " processes and PostgreSQL itself share them (cores busy above, plus whatever"
-        f" else runs: load average {os.getloadavg()[0]:.1f} at the end), so on this"
-        " machine another daemon soon only splits the same CPU, and run-to-run noise"
-        " is large. On a machine per daemon, throughput grows with daemons until the"
-        " database's CPU (or its commit I/O) is the limit. The lever for a single"
-        " daemon is per-stream ack latency (group commit of a stream's pending acks;"
-        " proposal 5 below).",
+        "**Reading it.** Every process here shares the same"
+        f" {os.cpu_count()} cores: daemons, worker processes and PostgreSQL. Once they"
+        " are busy (the last column near the core count), another process only"
+        " splits the same CPU, and what moves the rate is CPU per task (the CPU"
+        " column). Where cores are left, a second worker process adds handlers'"
+        " CPU and a second daemon its own Work streams and round trips; on a"
+        " machine per process, throughput grows until the database's CPU or its"
+        " commit I/O is the limit.",
         "",
     ]
     return "\n".join(lines) + "\n"
@@ -1248,13 +1271,13 @@ def main() -> None:
     which.add_argument(
         "--no-postgres", action="store_true", help="skip PostgreSQL (ours and procrastinate)"
     )
-    parser.add_argument("--scaleout-worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--scaleout-worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--tree-child", metavar="NAME", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scaleout_worker is not None:
-        endpoint, queue, concurrency = args.scaleout_worker
+        endpoint, queue, concurrency, prefetch = args.scaleout_worker
         _worker.tune_gc_if_known()
-        trio.run(_scaleout_worker, endpoint, queue, int(concurrency))
+        trio.run(_scaleout_worker, endpoint, queue, int(concurrency), int(prefetch))
         return
     args.n = args.n or (300 if args.quick else 2000)
     args.tasks = args.tasks or (2000 if args.quick else 20_000)
@@ -1278,8 +1301,13 @@ def main() -> None:
             print(_profile(daemon, args.tasks, args.profile, native=args.native))
         return
     if args.postgres_only:
-        runs = [[_scale_run(count, args.tasks) for _ in range(repeat)] for count in (1, 2, 3)]
-        runs.append([_scale_run(1, args.tasks, workers=2) for _ in range(repeat)])
+        runs = [
+            [
+                _scale_run(daemons, args.tasks, workers=workers, prefetch=prefetch)
+                for _ in range(repeat)
+            ]
+            for daemons, workers, prefetch in SCALE_OUT
+        ]
         write(POSTGRES_HEADING, _scaleout_section(runs, repeat))
         return
     names = args.only or list(compare.BENCHMARK_NAMES)
