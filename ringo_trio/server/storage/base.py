@@ -518,11 +518,12 @@ class Storage(abc.ABC):
     async def activity(
         self, queue: str, task_types: Sequence[str], *, due_by: datetime | None = None
     ) -> int:
-        """PENDING + LEASED tasks of the queue, counted up to
-        `MAX_ACTIVITY_COUNT` (a larger number answers that), so the count
-        stops early however deep the queue is. With `due_by`, a PENDING task
+        """PENDING + LEASED tasks of the queue, up to `MAX_ACTIVITY_COUNT`
+        (a larger number answers that), read from the exact counts, so it
+        costs the same however deep the queue. With `due_by`, a PENDING task
         counts only if its available_at <= due_by (scheduled ones are left
-        out); LEASED tasks always count."""
+        out; counted on an index, stopping at the cap); LEASED tasks always
+        count."""
 
     @abc.abstractmethod
     async def next_wakeup(

@@ -613,9 +613,9 @@ def _vm_steps(sqlite: SyncEngine, call: Any) -> tuple[Any, int]:
 
 def test_activity_does_not_walk_the_backlog(sqlite: SyncEngine) -> None:
     """GetQueueActivity runs on the daemon's only event loop, polled 4x/s by
-    every idle worker: its work is bounded by MAX_ACTIVITY_COUNT however deep
-    the queue, and a task-type filter seeks (tasks_active_type) instead of
-    walking a backlog of other types."""
+    every idle worker: it reads the queue's counts (a row per type and
+    state), never its tasks, so it costs a few steps however deep the queue
+    and whatever the type filter."""
     clock = ManualClock()
     for _ in range(10):
         sqlite.enqueue("q", [spec("t") for _ in range(1000)], clock.now())
@@ -624,11 +624,11 @@ def test_activity_does_not_walk_the_backlog(sqlite: SyncEngine) -> None:
     typed, typed_steps = _vm_steps(sqlite, lambda: sqlite.activity("q", ["b"]))
     deep, deep_steps = _vm_steps(sqlite, lambda: sqlite.activity("q", []))
     assert (other, typed, deep) == (0, 3, MAX_ACTIVITY_COUNT)
-    # A seek is a step or two; walking 1,000 index entries about 90; counting
-    # the 10,000-task backlog would take about 900.
+    # Reading the counts is a step or two; walking the 1,000 index entries
+    # the cap allows took about 90, counting the 10,000-task backlog ~900.
     assert other_steps < 5, other_steps
     assert typed_steps < 5, typed_steps
-    assert deep_steps < 200, deep_steps
+    assert deep_steps < 5, deep_steps
 
 
 def test_the_finished_term_admits_exactly_the_finished_states() -> None:

@@ -99,9 +99,6 @@ class ClaimSql:
         # $3 of those.
         self.claim = self._claim(s, typed=False)
         self.claim_typed = self._claim(s, typed=True)
-        self.activity = (
-            f"SELECT {ident(s.schema)}.ringo_activity($1, $2::text[], {MAX_ACTIVITY_COUNT})"
-        )
         self.due_activity = (
             f"SELECT {ident(s.schema)}.ringo_due_activity($1, $2::text[], {MAX_ACTIVITY_COUNT}, $3)"
         )

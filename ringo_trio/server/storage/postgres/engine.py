@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 
+from ringo_trio._contract.limits import MAX_ACTIVITY_COUNT
 from ringo_trio._proto.ringo.v1 import Lease, LeasedTask, LeaseRef, Task, TaskSpec
 from ringo_trio._wire.rows import TaskRow
 
@@ -578,11 +579,11 @@ class PostgresEngine(
         self, queue: str, task_types: Sequence[str], *, due_by: datetime | None = None
     ) -> int:
         if due_by is None:
-            row = await self._fetchrow(self._sql.claim.activity, queue, type_list(task_types))
-        else:
-            row = await self._fetchrow(
-                self._sql.claim.due_activity, queue, type_list(task_types), to_us(due_by)
-            )
+            row = await self._fetchrow(self._sql.listing.active, queue, type_list(task_types))
+            return min(int(row[0]), MAX_ACTIVITY_COUNT)
+        row = await self._fetchrow(
+            self._sql.claim.due_activity, queue, type_list(task_types), to_us(due_by)
+        )
         return int(row[0])
 
     async def next_wakeup(

@@ -70,6 +70,18 @@ class ListingSql:
                 SELECT queue, task_type, state, d FROM {deltas} WHERE queue = ANY($1::text[])
             ) c GROUP BY queue, task_type, state
         """
+        # PENDING and LEASED tasks of queue $1 ($2: of these types; NULL: all),
+        # exact in one snapshot as `queues_counts`: what GetQueueActivity
+        # answers without walking the index entries a drained queue keeps.
+        active = f"queue = $1 AND state IN ({PENDING}, {LEASED})"
+        of_types = "($2::text[] IS NULL OR task_type = ANY($2::text[]))"
+        self.active = f"""
+            SELECT coalesce(sum(n), 0) FROM (
+                SELECT n FROM {counts} WHERE {active} AND {of_types}
+                UNION ALL
+                SELECT d FROM {deltas} WHERE {active} AND {of_types}
+            ) c
+        """
         oldest_of = s.prios.replace("$1", "n.name")
         self.queues_oldest = f"""
             SELECT n.name, (

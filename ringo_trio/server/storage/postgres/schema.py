@@ -104,7 +104,10 @@ def count_function(s: str, name: str, changes: str) -> str:
 
 
 def activity_functions(s: str) -> tuple[str, str]:
-    """GetQueueActivity's counts as the current schema answers them: up to
+    """GetQueueActivity's counts as the current schema answers them (the
+    engine reads `task_counts` instead of `ringo_activity` since 2026-12-07;
+    the function stays for daemons of earlier releases on the same
+    database, and `ringo_due_activity` is still the due-only count): up to
     `cap` PENDING and LEASED tasks of queue `q` (`ringo_due_activity`:
     leaving out PENDING tasks not due at `due`, microseconds as
     `available_at`). Without types, one capped count per state on its own

@@ -610,19 +610,23 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
     ) -> int:
         types_clause, type_params = types_filter(task_types)
         params: dict[str, str | int] = {**type_params, "queue": queue}
-        due_clause = ""
-        if due_by is not None:
-            # Still tasks_active_type, but the scheduled tasks left out are
-            # read and skipped, not counted toward the LIMIT: the walk grows
-            # with the queue's scheduled backlog (until the cap is reached).
-            due_clause = f" AND (state = {LEASED} OR available_at <= :due_by)"
-            params["due_by"] = to_us(due_by)
-        # tasks_active_type; the LIMIT bounds the walk (this runs on the loop).
+        if due_by is None:
+            # The exact counts, a row per task type: no walk past the
+            # tasks a drained queue's index still lists.
+            counted = f"SELECT sum(n) FROM task_counts WHERE queue = :queue AND {ACTIVE}"
+            total = self._conn().execute(counted + types_clause, params).fetchone()[0]
+            return min(int(total or 0), MAX_ACTIVITY_COUNT)
+        # Still tasks_active_type, but the scheduled tasks left out are read
+        # and skipped, not counted toward the LIMIT: the walk grows with the
+        # queue's scheduled backlog (until the cap is reached).
+        params["due_by"] = to_us(due_by)
+        # The LIMIT bounds the walk (this runs on the loop).
         return int(
             self._conn()
             .execute(
                 f"SELECT count(*) FROM (SELECT 1 FROM tasks WHERE queue = :queue AND {ACTIVE}"
-                f"{types_clause}{due_clause} LIMIT {MAX_ACTIVITY_COUNT})",
+                f"{types_clause} AND (state = {LEASED} OR available_at <= :due_by)"
+                f" LIMIT {MAX_ACTIVITY_COUNT})",
                 params,
             )
             .fetchone()[0]
