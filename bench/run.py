@@ -432,20 +432,14 @@ async def _enqueue_at(endpoint: str, queue: str, n: int, at: datetime) -> None:
 
 
 async def _until_idle(endpoint: str, queue: str, at: datetime) -> float:
-    """Seconds from `at` until the queue has no active task, polled from its
-    counters (`TaskQueue.stats`): `active_count` walks up to 1,000 index
-    entries and their rows a poll, which cost PostgreSQL a third of the CPU
-    the scale-out rows charge to the tasks (measured: 1.7x the no-op run's
-    per task with it, on a server without autovacuum)."""
+    """Seconds from `at` until the queue has no active task, polled as a
+    user's drain would (`active_count`). The daemon answers it from the
+    queue's counts; before 2026-12-07 it walked up to 1,000 index entries and
+    their rows a poll, which cost PostgreSQL over a third of the CPU these
+    rows charged to the tasks."""
     async with Ringo.connect(endpoint) as client:
-        q = client.queue(queue)
         while True:
-            if hasattr(q, "stats"):
-                stats = await q.stats()
-                active = stats.pending + stats.leased
-            else:  # a baseline tree from before TaskQueue.stats (--baseline)
-                active = await _active_count(client, queue)
-            if active == 0:
+            if await _active_count(client, queue) == 0:
                 return (datetime.now(UTC) - at).total_seconds()
             await trio.sleep(0.05)
 
