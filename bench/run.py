@@ -433,10 +433,8 @@ async def _enqueue_at(endpoint: str, queue: str, n: int, at: datetime) -> None:
 
 async def _until_idle(endpoint: str, queue: str, at: datetime) -> float:
     """Seconds from `at` until the queue has no active task, polled as a
-    user's drain would (`active_count`). The daemon answers it from the
-    queue's counts; before 2026-12-07 it walked up to 1,000 index entries and
-    their rows a poll, which cost PostgreSQL over a third of the CPU these
-    rows charged to the tasks."""
+    user's drain would (`active_count`: the daemon reads the queue's counts,
+    so the polls cost the database next to nothing)."""
     async with Ringo.connect(endpoint) as client:
         while True:
             if await _active_count(client, queue) == 0:

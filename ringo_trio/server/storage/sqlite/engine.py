@@ -145,9 +145,7 @@ from .claim import (
     types_filter,
 )
 from .limits import SQLiteLimits
-from .listing import (
-    SQLiteListing,
-)
+from .listing import ACTIVE_COUNT, SQLiteListing
 from .operate import (
     CANCEL,
     OLDEST_FINISHED,
@@ -613,8 +611,7 @@ class SQLiteEngine(SQLiteSchedules, SQLiteLimits, SQLiteListing, Storage):
         if due_by is None:
             # The exact counts, a row per task type: no walk past the
             # tasks a drained queue's index still lists.
-            counted = f"SELECT sum(n) FROM task_counts WHERE queue = :queue AND {ACTIVE}"
-            total = self._conn().execute(counted + types_clause, params).fetchone()[0]
+            total = self._conn().execute(ACTIVE_COUNT + types_clause, params).fetchone()[0]
             return min(int(total or 0), MAX_ACTIVITY_COUNT)
         # Still tasks_active_type, but the scheduled tasks left out are read
         # and skipped, not counted toward the LIMIT: the walk grows with the

@@ -64,6 +64,9 @@ PAUSE = "INSERT INTO paused_queues (queue, paused_at) VALUES (?, ?) ON CONFLICT 
 RESUME = "DELETE FROM paused_queues WHERE queue = ?"
 PAUSED = "SELECT queue FROM paused_queues"
 QUEUE_COUNTS = "SELECT task_type, state, n FROM task_counts WHERE queue = ?"
+# Its PENDING and LEASED tasks, exactly (GetQueueActivity); the engine
+# appends a task-type filter of named parameters (`claim.types_filter`).
+ACTIVE_COUNT = f"SELECT sum(n) FROM task_counts WHERE queue = :queue AND {ACTIVE}"
 
 
 def list_sql(cols: str, arms: Sequence[listing.Arm], newest_first: bool) -> str:
