@@ -131,6 +131,45 @@ def test_stats_read_among_other_queues_unfolded_counts_are_their_own(dsn: str, s
     assert run(scenario()) == [("q", 3), ("q", 3)]
 
 
+def test_stats_never_wait_for_another_daemons_fold(dsn: str, schema: str) -> None:
+    """Property: a stats read (GetQueueStats, ListQueues) never waits for
+    another daemon's fold of the count deltas, and is exact while that fold
+    is in progress; the deltas fold once the other is done, each once.
+    Here the other folder holds the fold's lock in an open transaction."""
+
+    async def scenario() -> tuple[int, int, list[tuple[str, int]], int, int]:
+        async with engines(dsn, schema, 1) as (e,):
+            now = ManualClock().now()
+            await e.enqueue("q", [spec() for _ in range(3)], now)
+            other = await admin(dsn)
+            try:
+                async with other.transaction():
+                    await other.execute(
+                        "SELECT pg_advisory_xact_lock($1)", pg.lock_key(schema + " counts")
+                    )
+                    async with asyncio.timeout(5):
+                        stats = await e.queue_stats("q", now, by_type=False)
+                        await e.enqueue("q", [spec()], now)
+                        again = await e.queue_stats("q", now, by_type=False)
+                        page = await e.list_queues(now, after="", limit=10)
+                unfolded = await other.fetchval(
+                    f'SELECT coalesce(sum(d), 0) FROM "{schema}".task_count_deltas'
+                )
+                await e.fold_counts()
+                left = await other.fetchval(f'SELECT count(*) FROM "{schema}".task_count_deltas')
+                folded = await other.fetchval(
+                    f'SELECT n FROM "{schema}".task_counts WHERE queue = $1 AND state = $2',
+                    "q",
+                    int(TaskState.PENDING),
+                )
+            finally:
+                await other.close()
+            assert unfolded == 4, "the fold ran under another folder's lock"
+            return stats.pending, again.pending, [(s.queue, s.pending) for s in page], left, folded
+
+    assert run(scenario()) == (3, 4, [("q", 4)], 0, 4)
+
+
 # -- several daemons on one database -------------------------------------------
 
 

@@ -9,10 +9,10 @@ queue concurrent transactions on its row lock, and a claim (PENDING row,
 then LEASED) against a nack (LEASED, then PENDING) would deadlock. So
 statement triggers only INSERT each statement's net changes into
 `task_count_deltas` (inserts never wait on each other), and `fold_counts` moves
-them into `task_counts` -- under an advisory lock, so folders never meet --
-before every stats read and on `watch`'s beat. A read sums `task_counts`
-and the deltas committed since the fold, in one snapshot: exact. An
-index-only count of the queue's index entries was measured first and
+them into `task_counts` -- under an advisory lock, so folders never meet,
+and skipped by whoever finds it taken -- before every stats read and on
+`watch`'s beat. A read sums `task_counts` and the deltas committed since
+the fold, in one snapshot: exact. An index-only count of the queue's index entries was measured first and
 dropped: 0.7 s at 1,000,000 tasks. Pages are a Merge Append of index scans
 on partial indexes (as in SQLite): `tasks_active_type (queue, task_type,
 seq)` for PENDING/LEASED (usable by a statement naming types only,
@@ -51,12 +51,21 @@ class ListingSql:
         t = s.tasks
         counts = f"{ident(s.schema)}.task_counts"
         deltas = f"{ident(s.schema)}.task_count_deltas"
-        # Folds the committed deltas into task_counts. Only folders write
-        # task_counts, one at a time (the advisory lock), so its row locks
-        # never meet the write path's.
-        self.fold_lock = f"SELECT pg_advisory_xact_lock({lock_key(s.schema + ' counts')})"
+        # Folds the committed deltas into task_counts, in one statement.
+        # Only folders write task_counts, so its row locks never meet the
+        # write path's; and one at a time (the advisory lock, taken before
+        # the DELETE reads a row), so two folders' upserts never meet in a
+        # cycle. A folder that finds the lock taken folds nothing rather than
+        # wait: reads are exact either way, and a stats read behind a stuck
+        # folder would wait with it. A row another folder moved after this
+        # statement's snapshot is skipped by the DELETE's re-check, and the
+        # upsert adds to the committed count, so no delta counts twice.
         self.fold = f"""
-            WITH moved AS (DELETE FROM {deltas} RETURNING queue, task_type, state, d)
+            WITH mine AS (SELECT pg_try_advisory_xact_lock({lock_key(s.schema + " counts")}) AS got
+            ), moved AS (
+                DELETE FROM {deltas} WHERE (SELECT got FROM mine)
+                RETURNING queue, task_type, state, d
+            )
             INSERT INTO {counts} AS c (queue, task_type, state, n)
             SELECT queue, task_type, state, sum(d) FROM moved GROUP BY queue, task_type, state
             ON CONFLICT (queue, task_type, state) DO UPDATE SET n = c.n + excluded.n
@@ -101,13 +110,16 @@ class ListingSql:
                 SELECT task_type, state, d FROM {deltas} WHERE queue = $1
             ) c GROUP BY task_type, state HAVING sum(n) > 0
         """
-        # The queues after $1 holding a task, by the folded counts (a queue
-        # whose first tasks came after the fold shows up in the next call),
-        # and the paused ones, which may hold none (paused ahead of time).
+        # The queues after $1 holding a task, by the counts as
+        # `queues_counts` reads them, and the paused ones, which may hold
+        # none (paused ahead of time).
         paused = f"{ident(s.schema)}.paused_queues"
         self.queue_names = f"""
-            SELECT queue FROM {counts} WHERE queue > $1
-            GROUP BY queue HAVING sum(n) > 0
+            SELECT queue FROM (
+                SELECT queue, n FROM {counts} WHERE queue > $1
+                UNION ALL
+                SELECT queue, d FROM {deltas} WHERE queue > $1
+            ) c GROUP BY queue HAVING sum(n) > 0
             UNION SELECT queue FROM {paused} WHERE queue > $1
             ORDER BY queue LIMIT $2
         """
@@ -269,8 +281,8 @@ class PostgresListing:
         return frozenset(row[0] for row in await self._fetch(self._sql.paused.all))
 
     async def fold_counts(self) -> None:
-        """Sum the committed count deltas into task_counts (`watch` does it
-        too, so they do not pile up while nobody reads stats)."""
-        async with self._conn() as conn, conn.transaction():
-            await conn.execute(self._sql.listing.fold_lock)
+        """Sum the committed count deltas into task_counts, unless another
+        folder is at it (`watch` does it too, so they do not pile up while
+        nobody reads stats)."""
+        async with self._conn() as conn:
             await conn.execute(self._sql.listing.fold)
