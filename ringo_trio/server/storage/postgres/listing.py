@@ -3,25 +3,26 @@ the shared rules are in `..listing`): the counts folded from their deltas,
 and pages merged from index streams in a snapshot that can only walk
 indexes.
 
-Counts must be exact and cheap at a million tasks, but one counter row per (queue,
-type, state) updated by every claim, ack and nack of every daemon would
-queue concurrent transactions on its row lock, and a claim (PENDING row,
-then LEASED) against a nack (LEASED, then PENDING) would deadlock. So
+Counts must be exact and cheap at a million tasks, but one counter row per
+(queue, type, state) updated by every claim, ack and nack of every daemon
+would queue concurrent transactions on its row lock, and a claim (PENDING
+row, then LEASED) against a nack (LEASED, then PENDING) would deadlock. So
 statement triggers only INSERT each statement's net changes into
-`task_count_deltas` (inserts never wait on each other), and `fold_counts` moves
-them into `task_counts` -- under an advisory lock, so folders never meet,
-and skipped by whoever finds it taken -- before every stats read and on
-`watch`'s beat. A read sums `task_counts` and the deltas committed since
-the fold, in one snapshot: exact. An index-only count of the queue's index entries was measured first and
-dropped: 0.7 s at 1,000,000 tasks. Pages are a Merge Append of index scans
-on partial indexes (as in SQLite): `tasks_active_type (queue, task_type,
-seq)` for PENDING/LEASED (usable by a statement naming types only,
-`schema.ACTIVE_TYPED`), `tasks_finished (queue, task_type, state, seq)`
-for the finished states. A non-HOT UPDATE adds an entry to every index
-whose predicate the new row meets, so a claim adds none to them and an ack
-one, where full listing indexes cost two each. The inspection statements run
-in a read-only snapshot that turns sequential scans, bitmap scans and sorts
-off for its own transaction, so no plan reads every row of a big queue.
+`task_count_deltas` (inserts never wait on each other), and `fold_counts`
+moves them into `task_counts` -- under an advisory lock, so folders never
+meet, and skipped by whoever finds it taken -- before every stats read and
+on `watch`'s beat. A read sums `task_counts` and the deltas committed since
+the fold, in one snapshot: exact. An index-only count of the queue's index
+entries was measured first and dropped: 0.7 s at 1,000,000 tasks. Pages are
+a Merge Append of index scans on partial indexes (as in SQLite):
+`tasks_active_type (queue, task_type, seq)` for PENDING/LEASED (usable by a
+statement naming types only, `schema.ACTIVE_TYPED`), `tasks_finished (queue,
+task_type, state, seq)` for the finished states. A non-HOT UPDATE adds an
+entry to every index whose predicate the new row meets, so a claim adds none
+to them and an ack one, where full listing indexes cost two each. The
+inspection statements run in a read-only snapshot that turns sequential
+scans, bitmap scans and sorts off for its own transaction, so no plan reads
+every row of a big queue.
 """
 
 from __future__ import annotations

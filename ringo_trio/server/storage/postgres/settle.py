@@ -33,7 +33,7 @@ from ..base import Ack, LeaseLost, Nack, Reject, Settlement
 from ..history import EXPIRED, FAILED, REJECTED, RELEASED, postgres_push
 from ..retry import override_us
 from ..rows import CANCELLED, COLS, DEAD, LEASE_EXPIRED, LEASED, PENDING, SUCCEEDED
-from .schema import literal
+from .schema import LEASED_BY_ID, literal
 from .sql import Spelling
 
 # A group commit's item kinds (the $4 of its statement).
@@ -41,7 +41,7 @@ ACK, NACK, REJECT = 0, 1, 2
 
 # The live lease at $4. Every LeaseRef operation is one UPDATE guarded
 # by this, so a stale ref matches no row and changes nothing.
-MATCH = f"id = $1 AND state = {LEASED} AND attempt = $2 AND lease_token = $3 AND lease_until > $4"
+MATCH = f"id = $1 AND {LEASED_BY_ID} AND attempt = $2 AND lease_token = $3 AND lease_until > $4"
 
 
 def retry_at(now: str, delay: str) -> str:
@@ -174,7 +174,7 @@ class SettleSql:
                 SELECT k.seq, d.ord, d.kind, d.result, d.error, d.delay, {gone} AS gone
                 FROM d CROSS JOIN LATERAL (
                     SELECT seq FROM {t}
-                    WHERE id = d.id AND state = {LEASED} AND attempt = d.attempt
+                    WHERE id = d.id AND {LEASED_BY_ID} AND attempt = d.attempt
                         AND lease_token = d.token AND lease_until > $8
                     FOR UPDATE) k
                 ORDER BY d.id
