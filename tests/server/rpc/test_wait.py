@@ -22,6 +22,7 @@ from ringo_trio._contract.versions import FEATURES, Feature
 from ringo_trio._proto.ringo.v1 import (
     AckRequest,
     CancelTaskRequest,
+    ClaimRequest,
     CreditUpdate,
     LeasedTask,
     NackRequest,
@@ -348,3 +349,32 @@ async def test_postgres_waits_answer_and_free_their_slots(pg_daemon: DaemonProce
             # and the two slots are free again.
             for _ in range(2):
                 assert (await _wait(client, queue, task.id)).state == TaskState.SUCCEEDED
+
+
+@pytest.mark.anyio
+async def test_a_wait_answers_the_snapshot_before_the_clients_deadline(
+    daemon: DaemonProcess,
+) -> None:
+    """Property: a WaitTask whose client deadline (1 s) comes before its
+    timeout (50 s) answers with the task as it stands shortly before that
+    deadline, instead of running into it: the caller gets the task, not
+    DEADLINE_EXCEEDED. So does a long-poll Claim that finds nothing (an
+    empty answer). Real time: the deadline is the client's clock."""
+    queue = new_queue()
+    with anyio.fail_after(GUARD):
+        async with connect(daemon) as client:
+            task = await client.enqueue(queue, delay=timedelta(hours=1))
+            request = WaitTaskRequest(
+                context=client.context, queue=queue, task_id=task.id, timeout=LONG
+            )
+            started = anyio.current_time()
+            response = await client.stub.wait_task(request, timeout=1.0)
+            assert response.task is not None
+            assert response.task.state == TaskState.PENDING
+            assert anyio.current_time() - started < 1.0
+            claim = ClaimRequest(
+                context=client.context, queue=queue, limit=1, worker_id="w1", wait_timeout=LONG
+            )
+            started = anyio.current_time()
+            assert (await client.stub.claim(claim, timeout=1.0)).tasks == []
+            assert anyio.current_time() - started < 1.0
