@@ -271,7 +271,8 @@ def _rpc(method: _Method[_Service, _Req, _Resp]) -> _Method[_Service, _Req, _Res
             if exc.cancelled:
                 # The SDK tells the lease's holder why: the detail names the reason.
                 raise GRPCError(
-                    Status.ABORTED, f"{exc or 'the lease is gone'} (reason: {reasons.CANCELLED})"
+                    Status.ABORTED,
+                    f"{str(exc) or 'the lease is gone'} (reason: {reasons.CANCELLED})",
                 ) from None
             raise GRPCError(
                 Status.ABORTED, str(exc) or "the lease is not the task's current lease"
