@@ -378,3 +378,24 @@ async def test_a_wait_answers_the_snapshot_before_the_clients_deadline(
             started = anyio.current_time()
             assert (await client.stub.claim(claim, timeout=1.0)).tasks == []
             assert anyio.current_time() - started < 1.0
+
+
+@on_virtual_time
+async def test_a_wait_woken_near_its_timeout_by_a_retry_waits_out_its_timeout() -> None:
+    """Property: a nack that leaves the task PENDING half a second before the
+    wait's timeout does not end the wait early: it answers at its timeout
+    (3 s), with the task as it then stands, not at the nack."""
+    queue = new_queue()
+    async with (
+        virtual_daemon(**NO_RECHECK) as served,
+        connect(served.daemon) as waiter,
+        connect(served.daemon) as worker,
+    ):
+        task, leased = await _leased(worker, queue, max_attempts=3)
+        started = now()
+        waiting = asyncio.create_task(_wait(waiter, queue, task.id, park=timedelta(seconds=3)))
+        await asyncio.sleep(2.5)
+        await worker.stub.nack(NackRequest(context=worker.context, lease=ref(leased), error="no"))
+        answered = await waiting
+        assert answered.state == TaskState.PENDING
+        assert 3 <= now() - started < 3 + PROMPT
