@@ -1,0 +1,192 @@
+"""What each step of a no-op task's life costs PostgreSQL: ours against a
+table as lean as graphile-worker's.
+
+    python bench/pg_phases.py [--tasks 12800] [--batch 64] [--repeat 2]
+
+Straight on the storage engine, no daemon, one connection's worth of calls
+at a time (uvloop when importable, as ringod): `--tasks` tasks enqueued in
+batches of `--batch`, all of them claimed `--batch` at a time, then all
+acked in groups of `--batch`. Each step is measured alone: the WAL it
+wrote and the CPU of the PostgreSQL backends (when the server runs here),
+per task. Three stores, each in a fresh database (`_pg.ADMIN`), in turn
+within each repeat:
+
+* ``ours``: `PostgresEngine` as `ringod` runs it (succeeded tasks kept);
+* ``ours, never``: `--retain-succeeded never` (an ack deletes its task);
+* ``lean``: one table shaped like graphile-worker 0.18's jobs (a bigint
+  key, a `key` unique index, the claim's partial index over the available
+  jobs, no count trigger, no history), enqueued by one INSERT, claimed by
+  `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)`, acked by
+  `DELETE ... WHERE id = ANY`: the floor a queue with no lease guard, no
+  counts and no ordered lock step pays for the same three steps.
+
+Prints one line per store and step: the medians over the repeats (and
+their range) of WAL bytes and PostgreSQL CPU µs per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+import _pg
+import asyncpg  # type: ignore[import-untyped]
+
+from ringo_trio._proto.ringo.v1 import LeaseRef, TaskSpec
+from ringo_trio.server.storage.base import Ack
+from ringo_trio.server.storage.postgres import PostgresEngine
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+PAYLOAD = b"x" * 16
+STEPS = ("enqueue", "claim", "ack")
+
+Step = Callable[[], Awaitable[None]]
+
+LEAN_SCHEMA = """
+    CREATE TABLE jobs (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        queue text NOT NULL, task text NOT NULL, payload bytea,
+        priority integer NOT NULL DEFAULT 0, run_at bigint NOT NULL,
+        attempts integer NOT NULL DEFAULT 0, max_attempts integer NOT NULL DEFAULT 25,
+        locked_at bigint, locked_by text, key text,
+        is_available boolean GENERATED ALWAYS AS
+            (locked_at IS NULL AND attempts < max_attempts) STORED);
+    CREATE UNIQUE INDEX jobs_key ON jobs (key);
+    CREATE INDEX jobs_main ON jobs (priority, run_at) INCLUDE (id, task) WHERE is_available
+"""
+
+
+async def _measure(
+    dsn: str, conn: asyncpg.Connection, tasks: int, step: Step
+) -> tuple[float, float]:
+    """(WAL bytes, PostgreSQL CPU µs) per task of `step`."""
+    lsn = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
+    wal = await conn.fetchval(lsn)
+    cpu = _pg.server_cpu(dsn)
+    await step()
+    return (await conn.fetchval(lsn) - wal) / tasks, _pg.cpu_since(dsn, cpu) / tasks * 1e6
+
+
+async def _ours(
+    dsn: str, args: argparse.Namespace, *, never: bool
+) -> dict[str, tuple[float, float]]:
+    engine = PostgresEngine(dsn, schema="phases")
+    engine.delete_succeeded = never
+    await engine.open()
+    conn = await asyncpg.connect(dsn)
+    refs: list[LeaseRef] = []
+
+    async def enqueue() -> None:
+        for _ in range(0, args.tasks, args.batch):
+            specs = [TaskSpec(task_type="t", payload=PAYLOAD) for _ in range(args.batch)]
+            await engine.enqueue("q", specs, NOW)
+
+    async def claim() -> None:
+        while len(refs) < args.tasks:
+            for leased in await engine.claim("q", [], args.batch, "w", timedelta(hours=1), NOW):
+                lease = leased.lease
+                assert lease is not None
+                refs.append(LeaseRef(lease.task_id, lease.attempt, lease.lease_token))
+
+    async def ack() -> None:
+        for start in range(0, len(refs), args.batch):
+            answers = await engine.settle_many(
+                [Ack(r) for r in refs[start : start + args.batch]], NOW
+            )
+            assert all(a == "q" for a in answers), answers
+
+    try:
+        return {
+            name: await _measure(dsn, conn, args.tasks, step)
+            for name, step in zip(STEPS, (enqueue, claim, ack), strict=True)
+        }
+    finally:
+        await conn.close()
+        await engine.close()
+
+
+async def _lean(dsn: str, args: argparse.Namespace) -> dict[str, tuple[float, float]]:
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(LEAN_SCHEMA)
+    ids: list[int] = []
+
+    async def enqueue() -> None:
+        for _ in range(0, args.tasks, args.batch):
+            await conn.execute(
+                "INSERT INTO jobs (queue, task, payload, run_at)"
+                " SELECT 'q', 't', p, 0 FROM unnest($1::bytea[]) p",
+                [PAYLOAD] * args.batch,
+            )
+
+    async def claim() -> None:
+        while len(ids) < args.tasks:
+            rows = await conn.fetch(
+                """UPDATE jobs SET attempts = attempts + 1, locked_at = 1, locked_by = 'w'
+                WHERE id IN (SELECT id FROM jobs WHERE is_available AND run_at <= 1
+                    ORDER BY priority, run_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+                RETURNING *""",
+                args.batch,
+            )
+            ids.extend(r["id"] for r in rows)
+
+    async def ack() -> None:
+        for start in range(0, len(ids), args.batch):
+            await conn.execute(
+                "DELETE FROM jobs WHERE id = ANY($1::bigint[]) AND locked_by = 'w'",
+                ids[start : start + args.batch],
+            )
+
+    try:
+        return {
+            name: await _measure(dsn, conn, args.tasks, step)
+            for name, step in zip(STEPS, (enqueue, claim, ack), strict=True)
+        }
+    finally:
+        await conn.close()
+
+
+async def _store(name: str, args: argparse.Namespace) -> dict[str, tuple[float, float]]:
+    with _pg.fresh_database() as dsn:
+        if name == "lean":
+            return await _lean(dsn, args)
+        return await _ours(dsn, args, never=name == "ours, never")
+
+
+def _cell(values: list[float]) -> str:
+    return f"{statistics.median(values):,.1f} ({min(values):,.1f}-{max(values):,.1f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=12_800)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    stores = ("ours", "ours, never", "lean")
+    seen: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for _ in range(args.repeat):
+        for store in stores:
+            for step, cost in run(_store(store, args)).items():
+                seen.setdefault((store, step), []).append(cost)
+    print("| store | step | WAL bytes per task | PostgreSQL CPU µs per task |")
+    print("| --- | --- | --- | --- |")
+    for store in stores:
+        for step in STEPS:
+            costs = seen[store, step]
+            print(
+                f"| {store} | {step} | {_cell([c[0] for c in costs])}"
+                f" | {_cell([c[1] for c in costs])} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
