@@ -70,6 +70,16 @@ async def _measure(
     return (await conn.fetchval(lsn) - wal) / tasks, _pg.cpu_since(dsn, cpu) / tasks * 1e6
 
 
+async def _steps(
+    dsn: str, conn: asyncpg.Connection, tasks: int, steps: tuple[Step, Step, Step]
+) -> dict[str, tuple[float, float]]:
+    """Each of `STEPS` run in turn and measured alone."""
+    return {
+        name: await _measure(dsn, conn, tasks, step)
+        for name, step in zip(STEPS, steps, strict=True)
+    }
+
+
 async def _ours(
     dsn: str, args: argparse.Namespace, *, never: bool
 ) -> dict[str, tuple[float, float]]:
@@ -99,10 +109,7 @@ async def _ours(
             assert all(a == "q" for a in answers), answers
 
     try:
-        return {
-            name: await _measure(dsn, conn, args.tasks, step)
-            for name, step in zip(STEPS, (enqueue, claim, ack), strict=True)
-        }
+        return await _steps(dsn, conn, args.tasks, (enqueue, claim, ack))
     finally:
         await conn.close()
         await engine.close()
@@ -140,10 +147,7 @@ async def _lean(dsn: str, args: argparse.Namespace) -> dict[str, tuple[float, fl
             )
 
     try:
-        return {
-            name: await _measure(dsn, conn, args.tasks, step)
-            for name, step in zip(STEPS, (enqueue, claim, ack), strict=True)
-        }
+        return await _steps(dsn, conn, args.tasks, (enqueue, claim, ack))
     finally:
         await conn.close()
 
