@@ -42,7 +42,7 @@ from .. import listing
 from ..base import TaskFilter, TaskPage
 from ..rows import C_SEQ, COLS, LEASED, PENDING, row_task, to_us
 from .schema import ident, lock_key
-from .sql import Spelling
+from .sql import Spelling, types_filter
 
 
 class ListingSql:
@@ -71,27 +71,26 @@ class ListingSql:
             SELECT queue, task_type, state, sum(d) FROM moved GROUP BY queue, task_type, state
             ON CONFLICT (queue, task_type, state) DO UPDATE SET n = c.n + excluded.n
         """
-        # Counts of the queues $1 at one snapshot: folded counts plus the
-        # deltas committed since the fold (few: the fold just ran).
+
+        def counted(cols: str, where: str) -> str:
+            """(`cols`, n) of the counts matching `where` at one snapshot:
+            the folded rows and the deltas committed since the fold (few:
+            every stats read and the listener's beat fold), so exact."""
+            return f"""SELECT {cols}, n FROM {counts} WHERE {where}
+                UNION ALL
+                SELECT {cols}, d FROM {deltas} WHERE {where}"""
+
+        # Counts of the queues $1.
         self.queues_counts = f"""
             SELECT queue, task_type, state, sum(n) FROM (
-                SELECT queue, task_type, state, n FROM {counts} WHERE queue = ANY($1::text[])
-                UNION ALL
-                SELECT queue, task_type, state, d FROM {deltas} WHERE queue = ANY($1::text[])
+                {counted("queue, task_type, state", "queue = ANY($1::text[])")}
             ) c GROUP BY queue, task_type, state
         """
-        # PENDING and LEASED tasks of queue $1 ($2: of these types; NULL: all),
-        # exact in one snapshot as `queues_counts`: what GetQueueActivity
-        # answers without walking the index entries a drained queue keeps.
-        active = f"queue = $1 AND state IN ({PENDING}, {LEASED})"
-        of_types = "($2::text[] IS NULL OR task_type = ANY($2::text[]))"
-        self.active = f"""
-            SELECT coalesce(sum(n), 0) FROM (
-                SELECT n FROM {counts} WHERE {active} AND {of_types}
-                UNION ALL
-                SELECT d FROM {deltas} WHERE {active} AND {of_types}
-            ) c
-        """
+        # PENDING and LEASED tasks of queue $1 ($2: of these types; NULL:
+        # all): what GetQueueActivity answers without walking the index
+        # entries a drained queue keeps.
+        active = f"queue = $1 AND state IN ({PENDING}, {LEASED}) {types_filter(2)}"
+        self.active = f"SELECT coalesce(sum(n), 0) FROM ({counted('queue', active)}) c"
         oldest_of = s.prios.replace("$1", "n.name")
         self.queues_oldest = f"""
             SELECT n.name, (
@@ -105,22 +104,16 @@ class ListingSql:
         # The (task type, state) pairs of queue $1 holding tasks: the
         # listing's streams.
         self.present = f"""
-            SELECT task_type, state FROM (
-                SELECT task_type, state, n FROM {counts} WHERE queue = $1
-                UNION ALL
-                SELECT task_type, state, d FROM {deltas} WHERE queue = $1
-            ) c GROUP BY task_type, state HAVING sum(n) > 0
+            SELECT task_type, state FROM ({counted("task_type, state", "queue = $1")}) c
+            GROUP BY task_type, state HAVING sum(n) > 0
         """
         # The queues after $1 holding a task, by the counts as
         # `queues_counts` reads them, and the paused ones, which may hold
         # none (paused ahead of time).
         paused = f"{ident(s.schema)}.paused_queues"
         self.queue_names = f"""
-            SELECT queue FROM (
-                SELECT queue, n FROM {counts} WHERE queue > $1
-                UNION ALL
-                SELECT queue, d FROM {deltas} WHERE queue > $1
-            ) c GROUP BY queue HAVING sum(n) > 0
+            SELECT queue FROM ({counted("queue", "queue > $1")}) c
+            GROUP BY queue HAVING sum(n) > 0
             UNION SELECT queue FROM {paused} WHERE queue > $1
             ORDER BY queue LIMIT $2
         """
