@@ -229,8 +229,15 @@ def _tail(buf: bytes, pos: int, end: int) -> _Tail:
     backoff: RetryBackoff | None = None
     moments: list[datetime | None] = [None, None, None, None]
     last_error = limit_key = ""
+    # Message fields read so far, one bit each (field number): the generic
+    # decoder refuses one sent twice, so a second one is its to refuse.
+    seen = 0
     while pos < end:
         key = buf[pos]
+        if key == 0x52 or key == 0x5A or key == 0x62 or key == 0x6A or key == 0x72:
+            if seen >> (key >> 3) & 1:
+                raise _Generic
+            seen |= 1 << (key >> 3)
         if key == 0x30 or key == 0x38 or key == 0x40 or key == 0x48:
             value, pos = read_varint(buf, pos + 1, end)
             if key == 0x30:

@@ -27,6 +27,7 @@ from ringo_trio._proto.ringo.v1 import (
 from ringo_trio._queue import _batch as _batch_wire
 from ringo_trio._queue._batch import encode_enqueue_many_request
 from ringo_trio._wire.codec import encode
+from ringo_trio._wire.primitives import WireError, varint
 from ringo_trio.testing.strategies import names, retry_backoffs
 from tests._kit.generic_frames import (
     decode_enqueue_many_response,
@@ -103,6 +104,35 @@ def test_corrupted_replies_fail_or_decode_as_the_generic_decoder(
         assert outcome(_batch_wire.decode_enqueue_many_reply, attempt) == outcome(
             decode_enqueue_many_response, attempt
         )
+
+
+# A task's message fields after fields 1-5: one value for each, to send twice.
+_MESSAGE_FIELDS = {
+    "retry_backoff": RetryBackoff(initial=timedelta(seconds=1), maximum=timedelta(seconds=9)),
+    "created_at": datetime(2030, 1, 1, tzinfo=UTC),
+    "updated_at": datetime(2030, 1, 2, tzinfo=UTC),
+    "available_at": datetime(2030, 1, 3, tzinfo=UTC),
+    "finished_at": datetime(2030, 1, 4, tzinfo=UTC),
+}
+
+
+@PROPERTY
+@given(messages(Task, BETTERPROTO_DURATIONS, nan=False), st.sampled_from(sorted(_MESSAGE_FIELDS)))
+def test_a_message_field_sent_twice_is_refused_as_the_generic_decoder_does(
+    task: Task, field: str
+) -> None:
+    """Property (same error): a task whose backoff or timestamp comes twice is
+    refused naming the field, as the generic decoder refuses it; neither copy
+    is taken for the task's value (protobuf would merge them, betterproto2
+    keep the last)."""
+    again = encode(Task(**{field: _MESSAGE_FIELDS[field]}))
+    body = encode(_fresh(task)) + again
+    result = b"\x0a" + varint(len(body)) + body
+    reply = b"\x0a" + varint(len(result)) + result
+    refused = outcome(decode_enqueue_many_response, reply)
+    if getattr(_fresh(task), field) is not None:
+        assert refused == (WireError, f"results[0].task.{field}: message field sent twice")
+    assert outcome(_batch_wire.decode_enqueue_many_reply, reply) == refused
 
 
 def test_a_result_without_its_task_is_refused_as_before() -> None:
