@@ -6,9 +6,11 @@ table as lean as graphile-worker's.
 Straight on the storage engine, no daemon, one connection's worth of calls
 at a time (uvloop when importable, as ringod): `--tasks` tasks enqueued in
 batches of `--batch`, all of them claimed `--batch` at a time, then all
-acked in groups of `--batch`. Each step is measured alone: the WAL it
-wrote and the CPU of the PostgreSQL backends (when the server runs here),
-per task. Three stores, each in a fresh database (`_pg.ADMIN`), in turn
+acked in groups of `--batch`; then, on as many tasks enqueued again
+(unmeasured), the steady shape of a worker's run: a claim of `--batch`,
+then the ack of what it leased, in turn. Each step is measured alone: the
+WAL it wrote and the CPU of the PostgreSQL backends (when the server runs
+here), per task. Three stores, each in a fresh database (`_pg.ADMIN`), in turn
 within each repeat:
 
 * ``ours``: `PostgresEngine` as `ringod` runs it (succeeded tasks kept);
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -41,7 +44,8 @@ from ringo_trio.server.storage.postgres import PostgresEngine
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 PAYLOAD = b"x" * 16
-STEPS = ("enqueue", "claim", "ack")
+STEPS = ("enqueue", "claim", "ack", "claim, in turn", "ack, in turn")
+LSN = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
 
 Step = Callable[[], Awaitable[None]]
 
@@ -63,21 +67,63 @@ async def _measure(
     dsn: str, conn: asyncpg.Connection, tasks: int, step: Step
 ) -> tuple[float, float]:
     """(WAL bytes, PostgreSQL CPU µs) per task of `step`."""
-    lsn = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
-    wal = await conn.fetchval(lsn)
+    wal = await conn.fetchval(LSN)
     cpu = _pg.server_cpu(dsn)
     await step()
-    return (await conn.fetchval(lsn) - wal) / tasks, _pg.cpu_since(dsn, cpu) / tasks * 1e6
+    return (await conn.fetchval(LSN) - wal) / tasks, _pg.cpu_since(dsn, cpu) / tasks * 1e6
+
+
+Claim = Callable[[int], Awaitable[None]]
+
+
+def _on_cpu_ns(pids: list[int]) -> int:
+    """Nanoseconds on a CPU so far of the processes `pids` (the scheduler's
+    own count: precise enough to time one statement, where /proc's CPU
+    ticks are 10 ms)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/schedstat") as stat:
+            total += int(stat.read().split()[0])
+    return total
 
 
 async def _steps(
-    dsn: str, conn: asyncpg.Connection, tasks: int, steps: tuple[Step, Step, Step]
+    dsn: str,
+    conn: asyncpg.Connection,
+    args: argparse.Namespace,
+    enqueue: Step,
+    claim: Claim,
+    ack: Step,
 ) -> dict[str, tuple[float, float]]:
-    """Each of `STEPS` run in turn and measured alone."""
-    return {
-        name: await _measure(dsn, conn, tasks, step)
-        for name, step in zip(STEPS, steps, strict=True)
+    """Each of `STEPS` run in turn and measured alone. `claim(n)` leases
+    batches until `n` leases are held, `ack` settles every lease held."""
+
+    async def claim_all() -> None:
+        await claim(args.tasks)
+
+    costs = {
+        name: await _measure(dsn, conn, args.tasks, step)
+        for name, step in zip(STEPS, (enqueue, claim_all, ack), strict=False)
     }
+    await enqueue()
+    # The steady shape, each call timed apart on the store's own backends
+    # (found once: `server_cpu` asks psql, far too slow to run per call).
+    backends = [pid for pid in _pg.server_cpu(dsn) if pid != conn.get_server_pid()]
+    spent = {name: [0.0, 0.0] for name in STEPS[3:]}
+
+    async def timed(name: str, step: Awaitable[None]) -> None:
+        wal = await conn.fetchval(LSN)
+        ns = _on_cpu_ns(backends)
+        await step
+        spent[name][1] += _on_cpu_ns(backends) - ns
+        spent[name][0] += float(await conn.fetchval(LSN) - wal)
+
+    for _ in range(0, args.tasks, args.batch):
+        await timed(STEPS[3], claim(args.batch))
+        await timed(STEPS[4], ack())
+    for name, (wal, ns) in spent.items():
+        costs[name] = (wal / args.tasks, ns / 1e3 / args.tasks)
+    return costs
 
 
 async def _ours(
@@ -94,8 +140,8 @@ async def _ours(
             specs = [TaskSpec(task_type="t", payload=PAYLOAD) for _ in range(args.batch)]
             await engine.enqueue("q", specs, NOW)
 
-    async def claim() -> None:
-        while len(refs) < args.tasks:
+    async def claim(upto: int) -> None:
+        while len(refs) < upto:
             for leased in await engine.claim("q", [], args.batch, "w", timedelta(hours=1), NOW):
                 lease = leased.lease
                 assert lease is not None
@@ -107,9 +153,10 @@ async def _ours(
                 [Ack(r) for r in refs[start : start + args.batch]], NOW
             )
             assert all(a == "q" for a in answers), answers
+        refs.clear()
 
     try:
-        return await _steps(dsn, conn, args.tasks, (enqueue, claim, ack))
+        return await _steps(dsn, conn, args, enqueue, claim, ack)
     finally:
         await conn.close()
         await engine.close()
@@ -117,20 +164,22 @@ async def _ours(
 
 async def _lean(dsn: str, args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     conn = await asyncpg.connect(dsn)
-    await conn.execute(LEAN_SCHEMA)
+    # Its own connection, as `ours` has its pool: `conn` measures.
+    work = await asyncpg.connect(dsn)
+    await work.execute(LEAN_SCHEMA)
     ids: list[int] = []
 
     async def enqueue() -> None:
         for _ in range(0, args.tasks, args.batch):
-            await conn.execute(
+            await work.execute(
                 "INSERT INTO jobs (queue, task, payload, run_at)"
                 " SELECT 'q', 't', p, 0 FROM unnest($1::bytea[]) p",
                 [PAYLOAD] * args.batch,
             )
 
-    async def claim() -> None:
-        while len(ids) < args.tasks:
-            rows = await conn.fetch(
+    async def claim(upto: int) -> None:
+        while len(ids) < upto:
+            rows = await work.fetch(
                 """UPDATE jobs SET attempts = attempts + 1, locked_at = 1, locked_by = 'w'
                 WHERE id IN (SELECT id FROM jobs WHERE is_available AND run_at <= 1
                     ORDER BY priority, run_at LIMIT $1 FOR UPDATE SKIP LOCKED)
@@ -141,14 +190,16 @@ async def _lean(dsn: str, args: argparse.Namespace) -> dict[str, tuple[float, fl
 
     async def ack() -> None:
         for start in range(0, len(ids), args.batch):
-            await conn.execute(
+            await work.execute(
                 "DELETE FROM jobs WHERE id = ANY($1::bigint[]) AND locked_by = 'w'",
                 ids[start : start + args.batch],
             )
+        ids.clear()
 
     try:
-        return await _steps(dsn, conn, args.tasks, (enqueue, claim, ack))
+        return await _steps(dsn, conn, args, enqueue, claim, ack)
     finally:
+        await work.close()
         await conn.close()
 
 
