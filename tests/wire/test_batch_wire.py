@@ -156,6 +156,64 @@ def test_repeated_backoffs_are_shared_values() -> None:
     assert batch == decode_enqueue_many_response(data)
 
 
+@pytest.mark.parametrize("size", [127, 128, 129, 16_384])
+def test_fields_whose_length_takes_a_second_byte_read_as_the_generic_decoder_does(
+    size: int,
+) -> None:
+    """Example (same answer, fast path): a task's id, queue, type, payload and
+    unique key of 127 bytes (a one-byte length) and of 128 and more (the
+    length's varint continues into a second byte, which is not content)."""
+    text = "x" * (size - 1) + "y"
+    task = Task(
+        id=text, queue=text, task_type=text, payload=text.encode(), unique_key=text, state=1
+    )
+    data = encode(EnqueueManyResponse(results=[EnqueueResult(task=task, created=False)]))
+    assert _batch_wire._decode(data) == decode_enqueue_many_response(data)
+
+
+@pytest.mark.parametrize("wrap", [bytearray, memoryview])
+def test_a_reply_in_a_buffer_decodes_as_its_bytes_do(wrap: Any) -> None:
+    """Example (same answer): a reply handed over as a bytearray or a
+    memoryview gives the models its bytes give, payloads as `bytes`."""
+    task = Task(id="a", queue="q", task_type="t", payload=b"p", state=1)
+    data = encode(EnqueueManyResponse(results=[EnqueueResult(task=task, created=False)]))
+    batch = _batch_wire.decode_enqueue_many_reply(wrap(data))
+    assert batch == decode_enqueue_many_response(data)
+    assert type(batch.results[0].task.payload) is bytes
+
+
+def test_a_backoff_right_after_the_first_fields_is_read_on_the_fast_path() -> None:
+    """Example (fast path taken): a task whose state, attempts and priority
+    are all zero (left out on the wire) has its backoff straight after its
+    unique key; the fast path reads it rather than handing the reply on."""
+    task = Task(id="a", queue="q", task_type="t", unique_key="k")
+    task.retry_backoff = RetryBackoff(initial=timedelta(seconds=1), maximum=timedelta(seconds=3))
+    data = encode(EnqueueManyResponse(results=[EnqueueResult(task=task, created=True)]))
+    assert _batch_wire._decode(data) == decode_enqueue_many_response(data)
+
+
+def test_off_the_fast_path_a_created_task_gets_only_a_missing_payload() -> None:
+    """Example (a created task is what was sent, on the generic path too): a
+    reply the fast path hands on (its tasks carry a worker id) gives the
+    created task it sent without a payload the payload sent for it, and
+    leaves a payload the reply carries as the reply says."""
+    bare = Task(id="a", queue="q", task_type="t", state=1, worker_id="w")
+    echoed = Task(id="b", queue="q", task_type="t", state=1, worker_id="w", payload=b"echo")
+    data = encode(
+        EnqueueManyResponse(
+            results=[
+                EnqueueResult(task=bare, created=True),
+                EnqueueResult(task=echoed, created=True),
+            ]
+        )
+    )
+    with pytest.raises(_batch_wire._Generic):
+        _batch_wire._decode(data)
+    batch = _batch_wire.decode_enqueue_many_reply(data, [b"sent a", b"sent b"])
+    assert [result.task.payload for result in batch.results] == [b"sent a", b"echo"]
+    assert [result.created for result in batch.results] == [True, True]
+
+
 # -- payloads of created tasks ----------------------------------------------------------
 
 
@@ -231,6 +289,7 @@ _SPECS = st.builds(
     max_attempts=st.none() | st.integers(1, 100),
     retry_backoff=st.none() | retry_backoffs(),
     priority=st.integers(-(2**31), 2**31 - 1),
+    limit_key=st.none() | names(),
 ).flatmap(
     lambda spec: st.one_of(
         st.just(spec),
