@@ -63,14 +63,31 @@ LEAN_SCHEMA = """
 """
 
 
+CpuClock = Callable[[], Callable[[], float]]
+
+
+async def _bracket(
+    conn: asyncpg.Connection, start_cpu: CpuClock, step: Awaitable[None]
+) -> tuple[float, float]:
+    """(WAL bytes, CPU seconds) of `step`; `start_cpu()` starts a CPU clock
+    and returns what reads it."""
+    wal = await conn.fetchval(LSN)
+    cpu_since = start_cpu()
+    await step
+    return float(await conn.fetchval(LSN) - wal), cpu_since()
+
+
 async def _measure(
     dsn: str, conn: asyncpg.Connection, tasks: int, step: Step
 ) -> tuple[float, float]:
     """(WAL bytes, PostgreSQL CPU µs) per task of `step`."""
-    wal = await conn.fetchval(LSN)
-    cpu = _pg.server_cpu(dsn)
-    await step()
-    return (await conn.fetchval(LSN) - wal) / tasks, _pg.cpu_since(dsn, cpu) / tasks * 1e6
+
+    def start_cpu() -> Callable[[], float]:
+        before = _pg.server_cpu(dsn)
+        return lambda: _pg.cpu_since(dsn, before)
+
+    wal, cpu = await _bracket(conn, start_cpu, step())
+    return wal / tasks, cpu / tasks * 1e6
 
 
 Claim = Callable[[int], Awaitable[None]]
@@ -111,18 +128,20 @@ async def _steps(
     backends = [pid for pid in _pg.server_cpu(dsn) if pid != conn.get_server_pid()]
     spent = {name: [0.0, 0.0] for name in STEPS[3:]}
 
+    def start_cpu() -> Callable[[], float]:
+        before = _on_cpu_ns(backends)
+        return lambda: (_on_cpu_ns(backends) - before) / 1e9
+
     async def timed(name: str, step: Awaitable[None]) -> None:
-        wal = await conn.fetchval(LSN)
-        ns = _on_cpu_ns(backends)
-        await step
-        spent[name][1] += _on_cpu_ns(backends) - ns
-        spent[name][0] += float(await conn.fetchval(LSN) - wal)
+        wal, cpu = await _bracket(conn, start_cpu, step)
+        spent[name][0] += wal
+        spent[name][1] += cpu
 
     for _ in range(0, args.tasks, args.batch):
         await timed(STEPS[3], claim(args.batch))
         await timed(STEPS[4], ack())
-    for name, (wal, ns) in spent.items():
-        costs[name] = (wal / args.tasks, ns / 1e3 / args.tasks)
+    for name, (wal, cpu) in spent.items():
+        costs[name] = (wal / args.tasks, cpu / args.tasks * 1e6)
     return costs
 
 

@@ -229,15 +229,8 @@ def _tail(buf: bytes, pos: int, end: int) -> _Tail:
     backoff: RetryBackoff | None = None
     moments: list[datetime | None] = [None, None, None, None]
     last_error = limit_key = ""
-    # Message fields read so far, one bit each (field number): the generic
-    # decoder refuses one sent twice, so a second one is its to refuse.
-    seen = 0
     while pos < end:
         key = buf[pos]
-        if key == 0x52 or key == 0x5A or key == 0x62 or key == 0x6A or key == 0x72:
-            if seen >> (key >> 3) & 1:
-                raise _Generic
-            seen |= 1 << (key >> 3)
         if key == 0x30 or key == 0x38 or key == 0x40 or key == 0x48:
             value, pos = read_varint(buf, pos + 1, end)
             if key == 0x30:
@@ -251,8 +244,14 @@ def _tail(buf: bytes, pos: int, end: int) -> _Tail:
                 if priority >> 31:
                     priority -= 1 << 32
         elif key == 0x5A or key == 0x62 or key == 0x6A or key == 0x72:
-            moments[(key - 0x5A) >> 3], pos = read_timestamp(buf, pos + 1, end, None)
+            index = (key - 0x5A) >> 3
+            # A message field sent twice: the generic decoder refuses it.
+            if moments[index] is not None:
+                raise _Generic
+            moments[index], pos = read_timestamp(buf, pos + 1, end, None)
         elif key == 0x52:
+            if backoff is not None:
+                raise _Generic
             start, pos = read_len(buf, pos + 1, end)
             backoff = RetryBackoff.from_wire(decode(buf[start:pos], _WireRetryBackoff))
         elif key == 0x7A:
