@@ -18,8 +18,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringo_trio._proto.ringo.v1 import LeasedTask, LeaseRef, RetryBackoff, TaskState, WorkResponse
-from ringo_trio._wire.codec import decode
+from ringo_trio._proto.ringo.v1 import (
+    Lease,
+    LeasedTask,
+    LeaseRef,
+    RetryBackoff,
+    Task,
+    TaskState,
+    WorkResponse,
+)
+from ringo_trio._wire.codec import decode, encode
 from ringo_trio._wire.rows import MAX_DURATION_US, MAX_US, MIN_US, TaskRow
 from ringo_trio._wire.rows import push_rows as encode_rows
 from ringo_trio._wire.work import encode_work_push
@@ -66,7 +74,9 @@ STORED_TEXT = st.one_of(
     st.sampled_from(["ü", "日本", "\U0001f600"]),
 )
 PAYLOADS = st.one_of(
-    st.just(b""), st.binary(max_size=40), st.sampled_from([b"\x00", b"x" * 127, b"x" * 70_000])
+    st.just(b""),
+    st.binary(max_size=40),
+    st.sampled_from([b"\x00", b"x" * 127, b"x" * 128, b"x" * 70_000]),
 )
 FLOATS = st.one_of(st.floats(), st.sampled_from([0.0, -0.0, 1.0, 2.0]), st.integers(-3, 3))
 UINT32 = st.one_of(st.integers(0, 2**32 - 1), st.sampled_from([0, 1, 127, 128]))
@@ -107,7 +117,7 @@ def rows(draw: st.DrawFn) -> tuple[Any, ...]:
         instant(),
         draw(INSTANTS),
         instant(),
-        draw(st.one_of(st.none(), INSTANTS)),
+        None if draw(st.booleans()) else instant(),
         draw(st.one_of(st.none(), TEXT)),
         draw(FLOATS) if progress else None,
         draw(FLOATS) if progress else None,
@@ -189,6 +199,130 @@ def test_a_push_sent_with_its_ttl_is_the_generic_encoding_of_the_lease_with_it(
     claimed.lease.ttl = lease_ttl(until, now)
     assert claimed.lease.ttl >= timedelta(0)
     assert push.frame_with(ttl_field(until, now)) == encode_work_push(claimed)
+
+
+def a_row(**columns: Any) -> TaskRow:
+    """A plain claimed row (a task's first attempt, leased for 30 s), with
+    `columns` in place of its own."""
+    now_us = 1_764_763_200_000_000
+    row = TaskRow(
+        seq=1,
+        id="01KBM4Z6S3C9T7X2Q8W5N0R4YH",
+        queue="q",
+        task_type="t",
+        payload=b"p",
+        unique_key="",
+        state=int(TaskState.LEASED),
+        attempt=1,
+        max_attempts=3,
+        priority=0,
+        backoff_initial_us=1_000_000,
+        backoff_max_us=60_000_000,
+        backoff_multiplier=2.0,
+        created_at=now_us,
+        updated_at=now_us,
+        available_at=now_us,
+        finished_at=None,
+        last_error="",
+        progress_current=None,
+        progress_total=None,
+        progress_message=None,
+        progress_at=None,
+        worker_id="w",
+        lease_until=now_us + 30_000_000,
+        lease_token="token",
+        result=None,
+        limit_key="",
+    )
+    return row._replace(**columns)
+
+
+def test_fields_whose_length_takes_a_second_byte_push_as_the_generic_encoder_does() -> None:
+    """Property (same bytes) at every length where a varint length takes a
+    second byte: payloads from 0 to 300 bytes put the payload field, the
+    encoded Task and the whole frame each at 127, 128 and 129 bytes in
+    turn, lease tokens from 0 to 200 characters the Lease (a one-byte
+    length read as `<= 0x80` indexes past the one-byte table, one read as
+    `< 0x81` writes 128 in one byte). And none of these plain rows is
+    handed to the generic encoder."""
+    small = {"id": "a", "created_at": 1, "updated_at": 1, "available_at": 1, "finished_at": 2}
+    rows_ = [a_row(**small, payload=b"x" * n) for n in range(301)]
+    rows_ += [a_row(**small, lease_token="k" * n) for n in range(201)]
+    pushes = push_rows(rows_)
+    assert [_fields(p) for p in pushes] == [_reference(r) for r in rows_]
+    # Every one of them on the encoder's own path: a plain row never costs
+    # the generic encoder's ~20 µs.
+    assert [_fields(p) for p in encode_rows(rows_, _explode)] == [_fields(p) for p in pushes]
+    edges = {127, 128, 129}
+    assert edges <= {len(p.task or b"") for p in pushes}
+    assert edges <= {len(p.lease or b"") for p in pushes}
+    assert edges <= {len(encode(leased(r))) for r in rows_}
+
+
+def test_times_and_durations_clamp_to_what_protobuf_can_hold() -> None:
+    """The clamps are protobuf's own bounds, not only the same on both
+    paths: a Timestamp holds 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z,
+    a Duration up to 315,576,000,000 s (10,000 years). A stored moment or
+    duration at a bound is pushed as itself, one past it as the bound."""
+    micro = timedelta(microseconds=1)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    first, last = datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    longest = timedelta(seconds=315_576_000_000)
+    low, high, most = (first - epoch) // micro, (last - epoch) // micro, longest // micro
+    cases = [
+        (a_row(created_at=high, backoff_initial_us=most, backoff_max_us=most), last, longest),
+        (
+            a_row(created_at=high + 1, backoff_initial_us=most + 1, backoff_max_us=2**63 - 1),
+            last,
+            longest,
+        ),
+        (a_row(created_at=low, backoff_initial_us=1, backoff_max_us=1), first, micro),
+        (
+            a_row(created_at=low - 1, backoff_initial_us=-1, backoff_max_us=-(2**63)),
+            first,
+            timedelta(0),
+        ),
+    ]
+    for row, moment, duration in cases:
+        [push] = push_rows([row])
+        assert push.frame == _reference(row)[0]
+        leased_task = decode(push.frame, WorkResponse).task
+        assert leased_task is not None
+        assert leased_task.task is not None
+        assert leased_task.task.created_at == moment
+        backoff = leased_task.task.retry_backoff
+        assert backoff is not None
+        assert backoff.maximum == duration
+
+
+def test_a_push_without_a_task_or_a_lease_is_the_generic_encoding() -> None:
+    """Property (same bytes) off the claim's path: `Push.of` a LeasedTask
+    that lacks its task, its lease or both writes the generic encoder's
+    frame, with and without a ttl (joined into the lease, dropped when
+    there is none), and counts nothing it does not have: no lease token,
+    deadline, attempt or task id without a lease, no payload without a
+    task."""
+    until = datetime(2026, 12, 3, 12, 0, 30, tzinfo=UTC)
+    task = Task(id="a", queue="q", task_type="t", payload=b"x" * 200)
+    lease = Lease(task_id="a", attempt=2, lease_token="k", worker_id="w", until=until)
+    ttl = timedelta(seconds=30)
+    lease_with_ttl = Lease(
+        task_id="a", attempt=2, lease_token="k", worker_id="w", until=until, ttl=ttl
+    )
+    for leased_task, counted in [
+        (LeasedTask(task=task), ("", 0, None, None, 200)),
+        (LeasedTask(lease=lease), ("a", 2, "k", until, 0)),
+        (LeasedTask(), ("", 0, None, None, 0)),
+        (LeasedTask(task=task, lease=lease), ("a", 2, "k", until, 200)),
+    ]:
+        push = Push.of(leased_task)
+        assert push.frame == encode_work_push(leased_task)
+        assert (push.task_id, push.attempt, push.lease_token, push.until, push.size) == counted
+        with_ttl = LeasedTask(
+            task=leased_task.task,
+            lease=None if leased_task.lease is None else lease_with_ttl,
+        )
+        assert push.frame_with(ttl_field(until, until - ttl)) == encode_work_push(with_ttl)
 
 
 # -- on the engines -----------------------------------------------------------------
