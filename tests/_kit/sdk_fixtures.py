@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -51,3 +52,18 @@ def no_leaked_daemons() -> Iterator[None]:
     before = set(live_daemon_children())
     yield
     assert [d for d in live_daemon_children() if d not in before] == []
+
+
+def count_calls(client: RingoClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the unary calls `client` sends from now on (so a test
+    can say that a bad argument failed before anything was sent)."""
+    connection = client._connection
+    sent: list[str] = []
+    call = connection.call
+
+    async def counting(method: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append(method)
+        return await call(method, *args, **kwargs)
+
+    monkeypatch.setattr(connection, "call", counting)
+    return sent

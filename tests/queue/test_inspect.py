@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
-from typing import Any
 
 import pytest
 import trio
@@ -13,28 +12,14 @@ import trio
 from ringo_trio import (
     IncompatibleVersionError,
     InvalidArgumentError,
-    RingoClient,
     TaskSpec,
     TaskState,
 )
 from ringo_trio._contract import limits
 from ringo_trio.testing import RingoTestEnv
+from tests._kit.sdk_fixtures import count_calls
 
 pytestmark = pytest.mark.trio
-
-
-def _count_calls(client: RingoClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the unary calls the client sends from now on."""
-    connection = client._connection
-    sent: list[str] = []
-    call = connection.call
-
-    async def counting(method: str, *args: Any, **kwargs: Any) -> Any:
-        sent.append(method)
-        return await call(method, *args, **kwargs)
-
-    monkeypatch.setattr(connection, "call", counting)
-    return sent
 
 
 async def test_list_fetches_pages_lazily_and_stops_when_left(
@@ -49,7 +34,7 @@ async def test_list_fetches_pages_lazily_and_stops_when_left(
         queue = env.client.queue("q")
         batch = await queue.enqueue_many([TaskSpec("t", payload=b"p") for _ in range(10)])
         ids = [r.task.id for r in batch.results]
-        sent = _count_calls(env.client, monkeypatch)
+        sent = count_calls(env.client, monkeypatch)
         listing = queue.list(page_size=3)
         assert sent == []
         seen = []
@@ -91,6 +76,8 @@ async def test_list_filters_and_list_page_tokens(autojump_clock: trio.testing.Mo
         )
         assert [t.unique_key for t in rest.tasks] == ["k4"]
         assert rest.next_page_token is None
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            first.next_page_token = None  # type: ignore[misc]
 
 
 async def test_stats_and_queues(autojump_clock: trio.testing.MockClock) -> None:
@@ -126,11 +113,12 @@ async def test_bad_arguments_and_old_daemons_fail_before_sending(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Property: a page size outside 1..MAX_LIST_PAGE, a state that is not a
-    TaskState, or a daemon session below minor 9 fails at once, with nothing
-    sent."""
+    TaskState, a wait's timeout that is not a non-negative number of seconds
+    (a bool, a string, a negative number, NaN), or a daemon session below
+    minor 9 fails at once, with nothing sent."""
     async with RingoTestEnv.start() as env:
         queue = env.client.queue("q")
-        sent = _count_calls(env.client, monkeypatch)
+        sent = count_calls(env.client, monkeypatch)
         for page_size in (0, limits.MAX_LIST_PAGE + 1):
             with pytest.raises(InvalidArgumentError, match="page_size"):
                 queue.list(page_size=page_size)
@@ -138,6 +126,9 @@ async def test_bad_arguments_and_old_daemons_fail_before_sending(
             await queue.list_page(states=["dead"])  # type: ignore[list-item]
         with pytest.raises(InvalidArgumentError, match="UNSPECIFIED"):
             queue.list(states=[TaskState.UNSPECIFIED])
+        for timeout in (True, "1", -1, float("nan"), timedelta(seconds=-1)):
+            with pytest.raises(InvalidArgumentError, match="timeout"):
+                await queue.wait("0" * 26, timeout=timeout)  # type: ignore[arg-type]
         connection = env.client._connection
         monkeypatch.setattr(
             connection, "_session", dataclasses.replace(connection.session, minor=8)

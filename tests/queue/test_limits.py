@@ -16,8 +16,10 @@ import pytest
 import trio
 import trio.testing
 
-from ringo_trio import LimitRule, Task, TaskContext, TaskState
+from ringo_trio import InvalidArgumentError, LimitRule, Task, TaskContext, TaskState
+from ringo_trio._contract import limits
 from ringo_trio.testing import RingoTestEnv
+from tests._kit.sdk_fixtures import count_calls
 from tests._kit.workers import enqueue, running, wait_states
 
 pytestmark = pytest.mark.trio
@@ -134,7 +136,8 @@ async def test_every_end_of_a_lease_frees_the_keys_concurrency(
 async def test_keys_are_independent(autojump_clock: trio.testing.MockClock) -> None:
     """Property: a rule applies to each key under its prefix separately
     (two keys at concurrency 1 run 2 at once), the longest prefix wins, and
-    a key no rule matches (or no key) is not limited."""
+    a key no rule matches (or no key) is not limited; `limits()` lists the
+    rules, with their keys only when asked for."""
     with trio.fail_after(GUARD):
         async with RingoTestEnv.start() as env:
             queue = env.client.queue("keys")
@@ -153,6 +156,10 @@ async def test_keys_are_independent(autojump_clock: trio.testing.MockClock) -> N
                 LimitRule("t:", concurrency=1),
                 LimitRule("t:big:", concurrency=3),
             ]
+            # Keys only when asked for: every key above holds tasks.
+            assert [r.keys for r in rules] == [(), ()]
+            keyed = await queue.limits(with_keys=True)
+            assert [sorted(k.key for k in r.keys) for r in keyed] == [["t:a", "t:b"], ["t:big:c"]]
 
 
 async def test_a_small_key_is_not_stuck_behind_a_deep_one(
@@ -181,3 +188,37 @@ async def test_a_small_key_is_not_stuck_behind_a_deep_one(
             assert len(small) == 10
             assert all(at <= 0.05 * i + 0.05 for i, at in enumerate(small)), small
             assert len(starts["deep"]) >= 35
+
+
+async def test_a_bad_rule_fails_before_sending(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: a rule with neither a rate nor a concurrency, a prefix that
+    is not a string, a `per` that is not a non-negative timedelta, or a
+    burst or concurrency outside 1 to its maximum fails at once with
+    `InvalidArgumentError`, nothing sent and no rule set; the bounds
+    themselves are accepted."""
+    async with RingoTestEnv.start() as env:
+        queue = env.client.queue("rules")
+        sent = count_calls(env.client, monkeypatch)
+        bad: list[dict[str, object]] = [
+            {},
+            {"prefix": 7, "rate": 1.0},
+            {"rate": 1.0, "per": 1},
+            {"rate": 1.0, "per": timedelta(seconds=-1)},
+            {"rate": 1.0, "burst": 0},
+            {"rate": 1.0, "burst": limits.MAX_LIMIT_BURST + 1},
+            {"concurrency": 0},
+            {"concurrency": limits.MAX_LIMIT_CONCURRENCY + 1},
+        ]
+        for arguments in bad:
+            prefix = arguments.pop("prefix", "p:")
+            with pytest.raises(InvalidArgumentError):
+                await queue.set_limit(prefix, **arguments)  # type: ignore[arg-type]
+        assert sent == []
+        assert await queue.limits() == []
+        await queue.set_limit("p:", rate=1.0, burst=1, concurrency=1)
+        await queue.set_limit(
+            "q:", rate=1.0, burst=limits.MAX_LIMIT_BURST, concurrency=limits.MAX_LIMIT_CONCURRENCY
+        )
+        assert [status.rule.prefix for status in await queue.limits()] == ["p:", "q:"]
