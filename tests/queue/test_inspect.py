@@ -53,7 +53,8 @@ async def test_list_fetches_pages_lazily_and_stops_when_left(
 async def test_list_filters_and_list_page_tokens(autojump_clock: trio.testing.MockClock) -> None:
     """Property: states, task types and unique-key prefix filter the listing;
     list_page hands out a token that, passed back with the same filters,
-    continues where the page ended, and None on the last page."""
+    continues where the page ended, and None on the last page; a page of
+    one task is a page."""
     async with RingoTestEnv.start() as env:
         queue = env.client.queue("q")
         await queue.enqueue_many([TaskSpec(f"t{i % 2}", unique_key=f"k{i}") for i in range(6)])
@@ -76,6 +77,8 @@ async def test_list_filters_and_list_page_tokens(autojump_clock: trio.testing.Mo
         )
         assert [t.unique_key for t in rest.tasks] == ["k4"]
         assert rest.next_page_token is None
+        one = await queue.list_page(task_types=["t0"], page_size=1)
+        assert [t.unique_key for t in one.tasks] == ["k0"]
         with pytest.raises(dataclasses.FrozenInstanceError):
             first.next_page_token = None  # type: ignore[misc]
 
@@ -113,9 +116,10 @@ async def test_bad_arguments_and_old_daemons_fail_before_sending(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Property: a page size outside 1..MAX_LIST_PAGE, a state that is not a
-    TaskState, a wait's timeout that is not a non-negative number of seconds
-    (a bool, a string, a negative number, NaN), or a daemon session below
-    minor 9 fails at once, with nothing sent."""
+    TaskState, a claim's limit outside 1..MAX_BATCH, a wait's timeout that
+    is not a non-negative number of seconds (a bool, a string, a negative
+    number, NaN), or a daemon session below minor 9 fails at once, with
+    nothing sent."""
     async with RingoTestEnv.start() as env:
         queue = env.client.queue("q")
         sent = count_calls(env.client, monkeypatch)
@@ -126,6 +130,9 @@ async def test_bad_arguments_and_old_daemons_fail_before_sending(
             await queue.list_page(states=["dead"])  # type: ignore[list-item]
         with pytest.raises(InvalidArgumentError, match="UNSPECIFIED"):
             queue.list(states=[TaskState.UNSPECIFIED])
+        for limit in (0, limits.MAX_BATCH + 1):
+            with pytest.raises(InvalidArgumentError, match="limit"):
+                await queue.claim(limit)
         for timeout in (True, "1", -1, float("nan"), timedelta(seconds=-1)):
             with pytest.raises(InvalidArgumentError, match="timeout"):
                 await queue.wait("0" * 26, timeout=timeout)  # type: ignore[arg-type]

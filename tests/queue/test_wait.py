@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import trio
+import trio.testing
 
 from ringo_trio import (
     IncompatibleVersionError,
@@ -16,8 +17,8 @@ from ringo_trio import (
     Task,
     TaskState,
 )
-from ringo_trio._contract import versions
-from ringo_trio.testing import DaemonProcess, spawn_daemon
+from ringo_trio._contract import limits, versions
+from ringo_trio.testing import DaemonProcess, RingoTestEnv, spawn_daemon
 from tests._kit.processes import free_port
 
 pytestmark = pytest.mark.trio
@@ -119,3 +120,72 @@ async def test_wait_rides_out_a_daemon_restart(engine_daemon: DaemonProcess) -> 
                 [leased] = await queue.claim()
                 await leased.ack()
             assert [t.state for t in got] == [TaskState.SUCCEEDED]
+
+
+# -- on virtual time (the daemon in process, trio's autojump clock) ----------------
+
+
+async def test_a_wait_outlasts_the_daemons_parks(autojump_clock: trio.testing.MockClock) -> None:
+    """Property: a wait asks again each time the daemon's park (at most a
+    minute) ends with the task still running, without a timeout and with
+    one longer than a park: both return the task that succeeds 150 virtual
+    seconds in, neither an error at the end of the first park."""
+    with trio.fail_after(3600):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("q")
+            ids = [(await queue.enqueue(task_type="t")).task.id for _ in range(2)]
+            got: dict[str, Task] = {}
+
+            async def wait(task_id: str, limit: float | None) -> None:
+                got[task_id] = await queue.wait(task_id, timeout=limit)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait, ids[0], None)
+                nursery.start_soon(wait, ids[1], 300)
+                await trio.sleep(150)
+                for leased in await queue.claim(2):
+                    await leased.ack()
+            assert {task_id: task.state for task_id, task in got.items()} == {
+                ids[0]: TaskState.SUCCEEDED,
+                ids[1]: TaskState.SUCCEEDED,
+            }
+
+
+async def test_waits_past_the_parked_ones_wait_their_turn_in_the_client(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: a client parks at most MAX_WAITS_PER_CONNECTION waits at the
+    daemon; one more waits in the client for a slot. With a timeout it
+    raises TimeoutError at its own deadline, naming the slots; without one
+    it parks as soon as a parked wait ends, and returns its task."""
+    with trio.fail_after(3600):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("q")
+            parked = [
+                (await queue.enqueue(task_type="t")).task.id
+                for _ in range(limits.MAX_WAITS_PER_CONNECTION)
+            ]
+            extra = (await queue.enqueue(task_type="extra")).task.id
+            got: list[str] = []
+
+            async def wait(task_id: str) -> None:
+                got.append((await queue.wait(task_id)).id)
+
+            async with trio.open_nursery() as nursery:
+                for task_id in parked:
+                    nursery.start_soon(wait, task_id)
+                await trio.sleep(1)
+                start = trio.current_time()
+                with pytest.raises(TimeoutError, match="parked waits"):
+                    await queue.wait(extra, timeout=10)
+                assert trio.current_time() - start == pytest.approx(10)
+                nursery.start_soon(wait, extra)
+                await trio.sleep(1)
+                [first] = await queue.claim(task_types=["t"])
+                await first.ack()
+                await trio.sleep(1)
+                [late] = await queue.claim(task_types=["extra"])
+                await late.ack()
+                await trio.sleep(1)
+                assert got == [first.task.id, extra]
+                nursery.cancel_scope.cancel()
