@@ -54,15 +54,21 @@ def no_leaked_daemons() -> Iterator[None]:
     assert [d for d in live_daemon_children() if d not in before] == []
 
 
-def count_calls(client: RingoClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def count_calls(
+    client: RingoClient, monkeypatch: pytest.MonkeyPatch, *, most: int | None = None
+) -> list[str]:
     """The names of the unary calls `client` sends from now on (so a test
-    can say that a bad argument failed before anything was sent)."""
+    can say that a bad argument failed before anything was sent); with
+    `most`, a call past that many fails the test instead of being sent (a
+    loop of calls on virtual time would never end)."""
     connection = client._connection
     sent: list[str] = []
     call = connection.call
 
     async def counting(method: str, *args: Any, **kwargs: Any) -> Any:
         sent.append(method)
+        if most is not None and len(sent) > most:
+            raise AssertionError(f"more than {most} calls: {sent}")
         return await call(method, *args, **kwargs)
 
     monkeypatch.setattr(connection, "call", counting)

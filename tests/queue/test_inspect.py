@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import trio
@@ -14,6 +15,7 @@ from ringo_trio import (
     InvalidArgumentError,
     TaskSpec,
     TaskState,
+    UnavailableError,
 )
 from ringo_trio._contract import limits
 from ringo_trio.testing import RingoTestEnv
@@ -147,3 +149,45 @@ async def test_bad_arguments_and_old_daemons_fail_before_sending(
         with pytest.raises(IncompatibleVersionError, match="minor"):
             await env.client.queues()
         assert sent == []
+
+
+async def test_a_read_is_asked_again_after_a_drop_and_a_write_is_not(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: a call that only reads (a lookup by id or unique key, a
+    list page, stats, the active count, the rules) is sent again, once,
+    when its connection dropped and came back, and answers; a call that
+    writes (an enqueue, a cancel, a rule set) is not, since it may have
+    been applied: its UnavailableError reaches the caller."""
+    async with RingoTestEnv.start() as env:
+        queue = env.client.queue("q")
+        task = (await queue.enqueue(task_type="t", unique_key="k")).task
+        connection = env.client._connection
+        transport = connection.require_transport()
+        unary = transport.unary
+        dropped: list[str] = []
+
+        async def first_call_drops(method: str, *args: Any, **kwargs: Any) -> Any:
+            if method not in dropped:
+                dropped.append(method)
+                raise UnavailableError("dropped")
+            return await unary(method, *args, **kwargs)
+
+        async def back_at_once(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        monkeypatch.setattr(transport, "unary", first_call_drops)
+        monkeypatch.setattr(connection, "recover", back_at_once)
+        assert (await queue.get_by_id(task.id)).id == task.id
+        assert (await queue.get_by_unique_key("k")).id == task.id
+        assert [t.id for t in (await queue.list_page()).tasks] == [task.id]
+        assert (await queue.stats()).pending == 1
+        assert await queue.active_count() == 1
+        assert await queue.limits() == []
+        with pytest.raises(UnavailableError):
+            await queue.enqueue(task_type="t")
+        with pytest.raises(UnavailableError):
+            await queue.cancel_by_id(task.id)
+        with pytest.raises(UnavailableError):
+            await queue.set_limit("p:", concurrency=1)
+        assert (await queue.get_by_id(task.id)).state is TaskState.PENDING

@@ -20,6 +20,7 @@ from ringo_trio import (
 from ringo_trio._contract import limits, versions
 from ringo_trio.testing import DaemonProcess, RingoTestEnv, spawn_daemon
 from tests._kit.processes import free_port
+from tests._kit.sdk_fixtures import count_calls
 
 pytestmark = pytest.mark.trio
 
@@ -189,3 +190,25 @@ async def test_waits_past_the_parked_ones_wait_their_turn_in_the_client(
                 await trio.sleep(1)
                 assert got == [first.task.id, extra]
                 nursery.cancel_scope.cancel()
+
+
+async def test_a_wait_at_its_deadline_asks_no_more(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: a wait whose deadline has come when an answer arrives raises
+    TimeoutError there and then: timeout=0 is exactly one look, and a 5 s
+    timeout on a task that stays PENDING ends 5 virtual seconds later after
+    one ask (the daemon parked it 5 s), not in asks at the deadline."""
+    with trio.fail_after(3600):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("q")
+            task = (await queue.enqueue(task_type="t")).task
+            sent = count_calls(env.client, monkeypatch, most=2)
+            with pytest.raises(TimeoutError):
+                await queue.wait(task.id, timeout=0)
+            assert sent == ["WaitTask"]
+            start = trio.current_time()
+            with pytest.raises(TimeoutError):
+                await queue.wait(task.id, timeout=5)
+            assert trio.current_time() - start == pytest.approx(5)
+            assert sent == ["WaitTask", "WaitTask"]
