@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import trio
@@ -16,6 +17,7 @@ from ringo_trio import (
     Ringo,
     Task,
     TaskState,
+    UnavailableError,
 )
 from ringo_trio._contract import limits, versions
 from ringo_trio.testing import DaemonProcess, RingoTestEnv, spawn_daemon
@@ -212,3 +214,39 @@ async def test_a_wait_at_its_deadline_asks_no_more(
                 await queue.wait(task.id, timeout=5)
             assert trio.current_time() - start == pytest.approx(5)
             assert sent == ["WaitTask", "WaitTask"]
+
+
+async def test_a_wait_on_a_daemon_away_backs_off_until_its_deadline(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: while the daemon cannot be reached, a wait asks again after
+    0.2 s, the pause doubling to at most 2 s, and raises UnavailableError
+    at its own deadline: not later, and not in a loop of asks. Each ask is
+    sent twice at once (WaitTask only reads, so the connection replays it
+    once after a drop)."""
+    with trio.fail_after(3600):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("q")
+            task = (await queue.enqueue(task_type="t")).task
+            connection = env.client._connection
+            transport = connection.require_transport()
+            asked: list[float] = []
+
+            async def away(method: str, *args: Any, **kwargs: Any) -> Any:
+                asked.append(trio.current_time())
+                if len(asked) > 20:
+                    raise AssertionError(f"asked in a loop: {asked}")
+                raise UnavailableError("the daemon is away")
+
+            async def back_at_once(*args: Any, **kwargs: Any) -> None:
+                return None
+
+            monkeypatch.setattr(transport, "unary", away)
+            monkeypatch.setattr(connection, "recover", back_at_once)
+            start = trio.current_time()
+            with pytest.raises(UnavailableError):
+                await queue.wait(task.id, timeout=6)
+            assert trio.current_time() - start == pytest.approx(6)
+            # The last pause is cut short by the deadline (1 s of 2).
+            rounds = [0.0, 0.2, 0.6, 1.4, 3.0, 5.0, 6.0]
+            assert [round(at - start, 6) for at in asked] == [r for r in rounds for _ in (1, 2)]
