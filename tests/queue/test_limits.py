@@ -197,7 +197,8 @@ async def test_a_bad_rule_fails_before_sending(
     is not a string, a `per` that is not a non-negative timedelta, or a
     burst or concurrency outside 1 to its maximum fails at once with
     `InvalidArgumentError`, nothing sent and no rule set; the bounds
-    themselves are accepted."""
+    themselves are accepted, and a rule of a rate alone or a concurrency
+    alone limits only that."""
     async with RingoTestEnv.start() as env:
         queue = env.client.queue("rules")
         sent = count_calls(env.client, monkeypatch)
@@ -222,3 +223,6 @@ async def test_a_bad_rule_fails_before_sending(
             "q:", rate=1.0, burst=limits.MAX_LIMIT_BURST, concurrency=limits.MAX_LIMIT_CONCURRENCY
         )
         assert [status.rule.prefix for status in await queue.limits()] == ["p:", "q:"]
+        # A rate alone caps no key's concurrency, a concurrency alone no rate.
+        assert await queue.set_limit("r:", rate=5.0) == LimitRule("r:", rate=5.0)
+        assert await queue.set_limit("s:", concurrency=2) == LimitRule("s:", concurrency=2)
