@@ -6,7 +6,7 @@ Defined here and re-exported by the conftest.py of each directory whose tests dr
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -73,3 +73,26 @@ def count_calls(
 
     monkeypatch.setattr(connection, "call", counting)
     return sent
+
+
+def route_calls(
+    client: RingoClient,
+    monkeypatch: pytest.MonkeyPatch,
+    route: Callable[..., Awaitable[Any]],
+) -> None:
+    """Send `client`'s unary calls through ``route(send, method, *args,
+    **kwargs)``, `send` being the transport's own call (a route may fail a
+    call instead, as a dropped connection does), and make the connection's
+    recovery from a drop instant."""
+    connection = client._connection
+    transport = connection.require_transport()
+    send = transport.unary
+
+    async def routed(method: str, *args: Any, **kwargs: Any) -> Any:
+        return await route(send, method, *args, **kwargs)
+
+    async def back_at_once(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    monkeypatch.setattr(transport, "unary", routed)
+    monkeypatch.setattr(connection, "recover", back_at_once)

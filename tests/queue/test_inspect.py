@@ -19,7 +19,7 @@ from ringo_trio import (
 )
 from ringo_trio._contract import limits
 from ringo_trio.testing import RingoTestEnv
-from tests._kit.sdk_fixtures import count_calls
+from tests._kit.sdk_fixtures import count_calls, route_calls
 
 pytestmark = pytest.mark.trio
 
@@ -162,22 +162,15 @@ async def test_a_read_is_asked_again_after_a_drop_and_a_write_is_not(
     async with RingoTestEnv.start() as env:
         queue = env.client.queue("q")
         task = (await queue.enqueue(task_type="t", unique_key="k")).task
-        connection = env.client._connection
-        transport = connection.require_transport()
-        unary = transport.unary
         dropped: list[str] = []
 
-        async def first_call_drops(method: str, *args: Any, **kwargs: Any) -> Any:
+        async def first_call_drops(send: Any, method: str, *args: Any, **kwargs: Any) -> Any:
             if method not in dropped:
                 dropped.append(method)
                 raise UnavailableError("dropped")
-            return await unary(method, *args, **kwargs)
+            return await send(method, *args, **kwargs)
 
-        async def back_at_once(*args: Any, **kwargs: Any) -> None:
-            return None
-
-        monkeypatch.setattr(transport, "unary", first_call_drops)
-        monkeypatch.setattr(connection, "recover", back_at_once)
+        route_calls(env.client, monkeypatch, first_call_drops)
         assert (await queue.get_by_id(task.id)).id == task.id
         assert (await queue.get_by_unique_key("k")).id == task.id
         assert [t.id for t in (await queue.list_page()).tasks] == [task.id]

@@ -22,7 +22,7 @@ from ringo_trio import (
 from ringo_trio._contract import limits, versions
 from ringo_trio.testing import DaemonProcess, RingoTestEnv, spawn_daemon
 from tests._kit.processes import free_port
-from tests._kit.sdk_fixtures import count_calls
+from tests._kit.sdk_fixtures import count_calls, route_calls
 
 pytestmark = pytest.mark.trio
 
@@ -228,21 +228,15 @@ async def test_a_wait_on_a_daemon_away_backs_off_until_its_deadline(
         async with RingoTestEnv.start() as env:
             queue = env.client.queue("q")
             task = (await queue.enqueue(task_type="t")).task
-            connection = env.client._connection
-            transport = connection.require_transport()
             asked: list[float] = []
 
-            async def away(method: str, *args: Any, **kwargs: Any) -> Any:
+            async def away(send: Any, method: str, *args: Any, **kwargs: Any) -> Any:
                 asked.append(trio.current_time())
                 if len(asked) > 20:
                     raise AssertionError(f"asked in a loop: {asked}")
                 raise UnavailableError("the daemon is away")
 
-            async def back_at_once(*args: Any, **kwargs: Any) -> None:
-                return None
-
-            monkeypatch.setattr(transport, "unary", away)
-            monkeypatch.setattr(connection, "recover", back_at_once)
+            route_calls(env.client, monkeypatch, away)
             start = trio.current_time()
             with pytest.raises(UnavailableError):
                 await queue.wait(task.id, timeout=6)
