@@ -1,0 +1,141 @@
+"""`TaskQueue.worker`'s arguments: each check at its edge, and what a worker
+does on its defaults.
+
+A refused argument fails at once, before the worker exists (nothing is
+registered with the connection, so the client's close has nothing of it to
+drain); an accepted one at the edge of its range makes a worker. The
+defaults' test runs the daemon in process on trio's autojump clock, so "30
+seconds of grace" is measured on the clock the worker runs on.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from ringo_trio import (
+    AdaptiveConcurrency,
+    InvalidArgumentError,
+    Ringo,
+    Task,
+    TaskContext,
+    TaskState,
+)
+from ringo_trio._contract import limits
+from ringo_trio.testing import RingoTestEnv
+from tests._kit.workers import enqueue
+
+pytestmark = pytest.mark.trio
+
+MAX_CONCURRENCY = 2**31 - 1
+
+
+def _ok(task: Task, ctx: TaskContext) -> None:
+    return None
+
+
+REFUSED: list[dict[str, Any]] = [
+    {"lease_duration": limits.MAX_LEASE + timedelta(microseconds=1)},
+    {"lease_duration": 60},
+    {"grace_period": 30},
+    {"stop_timeout": timedelta(0)},
+    {"stop_timeout": timedelta(seconds=-1)},
+    {"stop_timeout": 5},
+    {"prefetch": -1},
+    {"prefetch": True},
+    {"prefetch": 1.5},
+    {"prefetch": 1, "concurrency": AdaptiveConcurrency(min=1, max=4)},
+    {"prefetch": 1, "concurrency": MAX_CONCURRENCY},
+    {"weight": True},
+    {"weight": 1.5},
+    {"idle_counts_scheduled": 1},
+]
+
+ACCEPTED: list[dict[str, Any]] = [
+    {"lease_duration": limits.MAX_LEASE},
+    {"lease_duration": timedelta(0)},
+    {"grace_period": timedelta(0)},
+    {"stop_timeout": timedelta(microseconds=1)},
+    {"prefetch": 0, "concurrency": AdaptiveConcurrency(min=1, max=4)},
+    {"prefetch": 5, "concurrency": 1},
+    {"prefetch": 1, "concurrency": MAX_CONCURRENCY - 1},
+    {"concurrency": MAX_CONCURRENCY},
+    {"weight": 1},
+]
+
+
+@pytest.mark.parametrize("kwargs", REFUSED, ids=repr)
+async def test_an_argument_past_its_edge_is_refused(
+    kwargs: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    """Property: a lease longer than the daemon's maximum (by a microsecond),
+    a stop timeout of zero, a negative or non-integer prefetch, a prefetch
+    with a shared controller or one that takes the handlers past 2**31-1,
+    and durations or flags of the wrong type, are each an
+    InvalidArgumentError when the worker is made."""
+    with trio.fail_after(30):
+        async with Ringo.local(tmp_path) as client:
+            with pytest.raises(InvalidArgumentError):
+                client.queue("args").worker(_ok, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", ACCEPTED, ids=repr)
+async def test_an_argument_at_its_edge_makes_a_worker(
+    kwargs: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    """Property: the edges themselves are in range: a lease of exactly the
+    daemon's maximum or of zero (the daemon's default), no grace period, the
+    shortest stop timeout, a prefetch beyond a concurrency of one, and a
+    concurrency plus prefetch of exactly 2**31-1."""
+    with trio.fail_after(30):
+        async with Ringo.local(tmp_path) as client:
+            worker = client.queue("args").worker(_ok, **kwargs)
+            if isinstance(kwargs.get("concurrency"), int):
+                assert worker.concurrency == kwargs["concurrency"]
+
+
+async def test_a_worker_on_its_defaults(autojump_clock: trio.testing.MockClock) -> None:
+    """Property: a worker made with only a handler has a concurrency and a
+    weight of one, holds one lease at a time (no prefetch: the other tasks
+    stay PENDING while its handler runs), and when closed gives its running
+    handler exactly 30 seconds before cancelling it — whose task then goes
+    back PENDING with its attempt kept."""
+    with trio.fail_after(600):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("defaults")
+            ids = await enqueue(queue, 3)
+            started = trio.Event()
+            cancelled_at: list[float] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                started.set()
+                try:
+                    await trio.sleep_forever()
+                except trio.Cancelled:
+                    cancelled_at.append(trio.current_time())
+                    raise
+
+            worker = queue.worker(handle)
+            assert (worker.concurrency, worker.weight) == (1, 1)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await started.wait()
+                # Long enough for a prefetching worker's second claim to land.
+                await trio.sleep(5)
+                states = [(await queue.get_by_id(i)).state for i in ids]
+                assert sorted(states, key=lambda s: s.name) == [
+                    TaskState.LEASED,
+                    TaskState.PENDING,
+                    TaskState.PENDING,
+                ]
+                closing_at = trio.current_time()
+                await worker.close()
+            assert cancelled_at == [closing_at + 30]
+            tasks = [await queue.get_by_id(i) for i in ids]
+            assert all(t.state is TaskState.PENDING for t in tasks)
+            assert sorted(t.attempt for t in tasks) == [0, 0, 0]
