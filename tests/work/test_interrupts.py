@@ -14,11 +14,12 @@ from collections.abc import Iterator
 import anyio
 import pytest
 import trio
+import trio.testing
 import trio_asyncio
 
 from ringo_trio import Ringo, Task, TaskContext, TaskSpec
 from ringo_trio import _interrupts as interrupts
-from ringo_trio.testing import DaemonProcess
+from ringo_trio.testing import DaemonProcess, RingoTestEnv
 
 
 async def _protected_on_asyncio_side() -> bool:
@@ -117,6 +118,41 @@ def test_a_ctrl_c_during_a_stop_cancels_it_and_is_handled_as_before(sigint: _Han
         assert signal.getsignal(signal.SIGINT) is sigint
 
     trio.run(main)
+
+
+def test_a_workers_stop_puts_the_sigint_handler_back_when_run_ends(sigint: _Handler) -> None:
+    """Property: a stopping worker's Ctrl-C rule lasts as long as its stop.
+    While its cancelled handler exits, a SIGINT would cancel the stop; once
+    `run` has returned, the handler in place before is back and no stop is
+    left registered (a later Ctrl-C is the program's again)."""
+    during: list[bool] = []
+
+    async def main() -> None:
+        with trio.fail_after(600):
+            async with RingoTestEnv.start() as env:
+                queue = env.client.queue("stop-sigint")
+                await queue.enqueue(TaskSpec("t"))
+                started = trio.Event()
+
+                async def handle(task: Task, ctx: TaskContext) -> None:
+                    started.set()
+                    try:
+                        await trio.sleep_forever()
+                    except trio.Cancelled:
+                        during.append(signal.getsignal(signal.SIGINT) is not sigint)
+                        raise
+
+                worker = queue.worker(handle)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(worker.run)
+                    await started.wait()
+                    await worker.stop()
+                assert signal.getsignal(signal.SIGINT) is sigint
+                assert not interrupts._stops
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert during == [True]
+    assert sigint.calls == 0
 
 
 def test_a_handler_put_in_place_of_ours_meanwhile_is_left_alone(sigint: _Handler) -> None:

@@ -1,16 +1,19 @@
 """`TaskQueue.worker`'s arguments: each check at its edge, and what a worker
-does on its defaults.
+does on its defaults and its fixed bounds (one slot, no prefetch, 30 s of
+grace, a 5 s stop timeout, three failed recoveries before ``run`` gives up).
 
 A refused argument fails at once, before the worker exists (nothing is
 registered with the connection, so the client's close has nothing of it to
 drain); an accepted one at the edge of its range makes a worker. The
-defaults' test runs the daemon in process on trio's autojump clock, so "30
+defaults' tests run the daemon in process on trio's autojump clock, so "30
 seconds of grace" is measured on the clock the worker runs on.
 """
 
 from __future__ import annotations
 
 import pathlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +28,7 @@ from ringo_trio import (
     Task,
     TaskContext,
     TaskState,
+    UnavailableError,
 )
 from ringo_trio._contract import limits
 from ringo_trio.testing import RingoTestEnv
@@ -139,3 +143,91 @@ async def test_a_worker_on_its_defaults(autojump_clock: trio.testing.MockClock) 
             tasks = [await queue.get_by_id(i) for i in ids]
             assert all(t.state is TaskState.PENDING for t in tasks)
             assert sorted(t.attempt for t in tasks) == [0, 0, 0]
+
+
+async def test_a_stop_waits_five_seconds_for_a_handler_that_ignores_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: on the default ``stop_timeout``, `Worker.stop` returns
+    exactly 5 seconds after it began when a handler ignores its cancellation,
+    while ``run`` goes on until that handler exits."""
+    with trio.fail_after(600):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("stop-timeout")
+            await enqueue(queue, 1)
+            started = trio.Event()
+
+            async def stubborn(task: Task, ctx: TaskContext) -> None:
+                started.set()
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(60)
+
+            worker = queue.worker(stubborn)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await started.wait()
+                began = trio.current_time()
+                await worker.stop()
+                assert trio.current_time() == began + 5
+                assert worker.running == 1
+            assert trio.current_time() == began + 60
+
+
+async def test_run_gives_up_after_three_failed_recoveries_in_a_row(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Property: a worker whose Work stream cannot open raises the cause from
+    ``run`` after three attempts in a row (not retrying forever, not giving
+    up sooner), each after the connection's recovery."""
+    with trio.fail_after(600):
+        async with RingoTestEnv.start() as env:
+            connection = env.client._connection
+            opened: list[str] = []
+            recoveries: list[bool] = []
+
+            @asynccontextmanager
+            async def unreachable(method: str, *args: Any, **kwargs: Any) -> AsyncIterator[None]:
+                opened.append(method)
+                raise UnavailableError("the daemon is away")
+                yield  # pragma: no cover
+
+            async def recover(failed: object, *, session_rejected: bool) -> None:
+                recoveries.append(session_rejected)
+
+            monkeypatch.setattr(connection, "open_stream", unreachable)
+            monkeypatch.setattr(connection, "recover", recover)
+            worker = env.client.queue("away").worker(_ok)
+            with pytest.raises(UnavailableError, match="the daemon is away"):
+                await worker.run()
+    assert opened == ["Work"] * 3
+    assert recoveries == [False] * 3
+
+
+async def test_a_worker_set_to_concurrency_zero_takes_no_work(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: ``set_concurrency(0)`` pauses a running worker: tasks
+    enqueued while it is at zero stay PENDING, unleased (none is held back
+    in the worker either); raising it again runs every one of them."""
+    with trio.fail_after(600):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("paused-worker")
+            seen: list[str] = []
+
+            async def handle(task: Task, ctx: TaskContext) -> None:
+                seen.append(task.id)
+
+            worker = queue.worker(handle)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await worker.set_concurrency(0)
+                ids = await enqueue(queue, 3)
+                await trio.sleep(10)
+                assert seen == []
+                tasks = [await queue.get_by_id(i) for i in ids]
+                assert [t.state for t in tasks] == [TaskState.PENDING] * 3
+                await worker.set_concurrency(2)
+                while len(seen) < 3:
+                    await trio.sleep(0.1)
+                await worker.close()
+            assert sorted(seen) == sorted(ids)
