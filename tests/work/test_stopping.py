@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import pathlib
+import signal
 import weakref
 from collections.abc import Iterator
 from datetime import timedelta
@@ -87,6 +89,45 @@ async def test_cancelling_run_releases_every_lease_without_spending_attempts(
             assert scope.cancelled_caught
             assert worker.running == 0
             await all_back(queue, ids)
+
+
+async def test_a_cancelled_run_returns_within_stop_timeout_from_a_frozen_daemon(
+    daemon: DaemonProcess,
+) -> None:
+    """Property: ``stop_timeout`` bounds a cancelled ``run`` even when the
+    daemon answers nothing (frozen by SIGSTOP: no release is answered, the
+    stream is never closed from its side): ``run`` returns once it is spent,
+    abandoning the leases to expiry, instead of waiting for the daemon."""
+    stop_timeout = 1.0
+    with trio.fail_after(30):
+        async with Ringo.connect(daemon.endpoint) as client:
+            queue = client.queue("frozen")
+            await enqueue(queue, 4)
+            started = Started()
+            worker = queue.worker(
+                started.forever, concurrency=4, stop_timeout=timedelta(seconds=stop_timeout)
+            )
+            cancelled: list[bool] = []
+
+            async def run(*, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+                with trio.CancelScope() as scope:
+                    task_status.started(scope)
+                    await worker.run()
+                cancelled.append(scope.cancelled_caught)
+
+            async with trio.open_nursery() as nursery:
+                scope = await nursery.start(run)
+                await started.wait(4)
+                os.kill(daemon.pid, signal.SIGSTOP)
+                try:
+                    scope.cancel()
+                    # The bound under test, with room for a loaded machine.
+                    with trio.fail_after(stop_timeout + 5):
+                        await worker.close()
+                finally:
+                    os.kill(daemon.pid, signal.SIGCONT)
+            assert cancelled == [True]
+            assert worker.running == 0
 
 
 async def test_stop_skips_the_grace_period_and_releases_every_lease(

@@ -4,19 +4,19 @@ grace, a 5 s stop timeout, three failed recoveries before ``run`` gives up).
 
 A refused argument fails at once, before the worker exists (nothing is
 registered with the connection, so the client's close has nothing of it to
-drain); an accepted one at the edge of its range makes a worker. The
-defaults' tests run the daemon in process on trio's autojump clock, so "30
-seconds of grace" is measured on the clock the worker runs on.
+drain); an accepted one at the edge of its range makes a worker. Every
+test runs the daemon in process on trio's autojump clock, so "30 seconds
+of grace" is measured on the clock the worker runs on, at no real cost.
 """
 
 from __future__ import annotations
 
-import pathlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import pytest
 import trio
 import trio.testing
@@ -24,13 +24,13 @@ import trio.testing
 from ringo_trio import (
     AdaptiveConcurrency,
     InvalidArgumentError,
-    Ringo,
     Task,
     TaskContext,
     TaskState,
     UnavailableError,
 )
 from ringo_trio._contract import limits
+from ringo_trio._transport.base import StreamChannels
 from ringo_trio.testing import RingoTestEnv
 from tests._kit.workers import enqueue
 
@@ -75,7 +75,7 @@ ACCEPTED: list[dict[str, Any]] = [
 
 @pytest.mark.parametrize("kwargs", REFUSED, ids=repr)
 async def test_an_argument_past_its_edge_is_refused(
-    kwargs: dict[str, Any], tmp_path: pathlib.Path
+    kwargs: dict[str, Any], autojump_clock: trio.testing.MockClock
 ) -> None:
     """Property: a lease longer than the daemon's maximum (by a microsecond),
     a stop timeout of zero, a negative or non-integer prefetch, a prefetch
@@ -83,22 +83,22 @@ async def test_an_argument_past_its_edge_is_refused(
     and durations or flags of the wrong type, are each an
     InvalidArgumentError when the worker is made."""
     with trio.fail_after(30):
-        async with Ringo.local(tmp_path) as client:
+        async with RingoTestEnv.start() as env:
             with pytest.raises(InvalidArgumentError):
-                client.queue("args").worker(_ok, **kwargs)
+                env.client.queue("args").worker(_ok, **kwargs)
 
 
 @pytest.mark.parametrize("kwargs", ACCEPTED, ids=repr)
 async def test_an_argument_at_its_edge_makes_a_worker(
-    kwargs: dict[str, Any], tmp_path: pathlib.Path
+    kwargs: dict[str, Any], autojump_clock: trio.testing.MockClock
 ) -> None:
     """Property: the edges themselves are in range: a lease of exactly the
     daemon's maximum or of zero (the daemon's default), no grace period, the
     shortest stop timeout, a prefetch beyond a concurrency of one, and a
     concurrency plus prefetch of exactly 2**31-1."""
     with trio.fail_after(30):
-        async with Ringo.local(tmp_path) as client:
-            worker = client.queue("args").worker(_ok, **kwargs)
+        async with RingoTestEnv.start() as env:
+            worker = env.client.queue("args").worker(_ok, **kwargs)
             if isinstance(kwargs.get("concurrency"), int):
                 assert worker.concurrency == kwargs["concurrency"]
 
@@ -177,30 +177,45 @@ async def test_run_gives_up_after_three_failed_recoveries_in_a_row(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Property: a worker whose Work stream cannot open raises the cause from
-    ``run`` after three attempts in a row (not retrying forever, not giving
-    up sooner), each after the connection's recovery."""
+    ``run`` after three failures in a row (not retrying forever, not giving
+    up sooner), each after the connection's recovery; a stream that
+    registered starts the count again: here two failures, a stream that
+    registers and is then ended by the daemon, and three more failures,
+    six opens in all."""
     with trio.fail_after(600):
         async with RingoTestEnv.start() as env:
             connection = env.client._connection
+            open_stream = connection.open_stream
             opened: list[str] = []
             recoveries: list[bool] = []
 
             @asynccontextmanager
-            async def unreachable(method: str, *args: Any, **kwargs: Any) -> AsyncIterator[None]:
+            async def flaky(method: str, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
                 opened.append(method)
-                raise UnavailableError("the daemon is away")
-                yield  # pragma: no cover
+                if len(opened) != 3:
+                    raise UnavailableError("the daemon is away")
+                # The registration goes through; then the stream ends.
+                send, receive = anyio.create_memory_object_stream[Any](1)
+                async with open_stream(method, *args, **kwargs) as channels, receive:
+
+                    async def registration_only() -> None:
+                        async with send:
+                            await send.send(await channels.receive.receive())
+
+                    helpers.start_soon(registration_only)
+                    yield StreamChannels(channels.send, receive)
 
             async def recover(failed: object, *, session_rejected: bool) -> None:
                 recoveries.append(session_rejected)
 
-            monkeypatch.setattr(connection, "open_stream", unreachable)
+            monkeypatch.setattr(connection, "open_stream", flaky)
             monkeypatch.setattr(connection, "recover", recover)
             worker = env.client.queue("away").worker(_ok)
-            with pytest.raises(UnavailableError, match="the daemon is away"):
-                await worker.run()
-    assert opened == ["Work"] * 3
-    assert recoveries == [False] * 3
+            async with trio.open_nursery() as helpers:
+                with pytest.raises(UnavailableError, match="the daemon is away"):
+                    await worker.run()
+    assert opened == ["Work"] * 6
+    assert recoveries == [False] * 6
 
 
 async def test_a_worker_set_to_concurrency_zero_takes_no_work(
@@ -213,9 +228,12 @@ async def test_a_worker_set_to_concurrency_zero_takes_no_work(
         async with RingoTestEnv.start() as env:
             queue = env.client.queue("paused-worker")
             seen: list[str] = []
+            all_seen = trio.Event()
 
             async def handle(task: Task, ctx: TaskContext) -> None:
                 seen.append(task.id)
+                if len(seen) == 3:
+                    all_seen.set()
 
             worker = queue.worker(handle)
             async with trio.open_nursery() as nursery:
@@ -227,7 +245,6 @@ async def test_a_worker_set_to_concurrency_zero_takes_no_work(
                 tasks = [await queue.get_by_id(i) for i in ids]
                 assert [t.state for t in tasks] == [TaskState.PENDING] * 3
                 await worker.set_concurrency(2)
-                while len(seen) < 3:
-                    await trio.sleep(0.1)
+                await all_seen.wait()
                 await worker.close()
             assert sorted(seen) == sorted(ids)
