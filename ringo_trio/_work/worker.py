@@ -409,7 +409,6 @@ class Worker:
                 raise
             self._interrupt = self._interrupt or interrupt
         finally:
-            self._closing = True
             if self._shield is not None:
                 forget(self._shield)
             self._shield = None
@@ -520,8 +519,6 @@ class Worker:
         then waits for each. Idempotent."""
         self._close_requested.set()
         self._handlers.hand_back_waiting()
-        if not self._run_started:
-            self._closing = True
 
     # -- sessions ---------------------------------------------------------------
 
