@@ -27,12 +27,13 @@ from ringo_trio import (
     Task,
     TaskContext,
     TaskState,
+    TaskTimeouts,
     UnavailableError,
 )
 from ringo_trio._contract import limits
 from ringo_trio._transport.base import StreamChannels
 from ringo_trio.testing import RingoTestEnv
-from tests._kit.workers import enqueue
+from tests._kit.workers import enqueue, wait_states
 
 pytestmark = pytest.mark.trio
 
@@ -248,3 +249,68 @@ async def test_a_worker_set_to_concurrency_zero_takes_no_work(
                 await all_seen.wait()
                 await worker.close()
             assert sorted(seen) == sorted(ids)
+
+
+async def test_on_idle_waits_for_a_handler_the_daemon_no_longer_counts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: ``on_idle`` never fires while a handler still runs, even one
+    whose task the daemon no longer counts as active (cancelled by an
+    operator, its handler slow to exit): it fires only after that handler
+    has exited and the queue then stayed quiet."""
+    with trio.fail_after(600):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("idle-lingering")
+            await enqueue(queue, 1, unique_key="job")
+            started, idle = trio.Event(), trio.Event()
+            exited_at: list[float] = []
+            idle_at: list[float] = []
+
+            async def lingering(task: Task, ctx: TaskContext) -> None:
+                started.set()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await trio.sleep(30)
+                    exited_at.append(trio.current_time())
+
+            def on_idle() -> None:
+                idle_at.append(trio.current_time())
+                idle.set()
+
+            worker = queue.worker(lingering, on_idle=on_idle)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await started.wait()
+                await queue.cancel("job", reason="not needed")
+                assert await queue.active_count() == 0
+                await idle.wait()
+                await worker.close()
+    [exited] = exited_at
+    [fired] = idle_at
+    assert exited < fired
+
+
+async def test_no_start_counts_from_the_push_not_from_the_clocks_origin(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Property: a task pushed to a worker with a ``no_start`` limit, long
+    after the worker's clock began, starts at once and succeeds: the wait
+    is measured from the push's arrival (a worker that measured it from
+    anywhere earlier would hand every task back and fence itself)."""
+    with trio.fail_after(600):
+        async with RingoTestEnv.start() as env:
+            queue = env.client.queue("no-start")
+            seen: list[str] = []
+            worker = queue.worker(
+                lambda task, ctx: seen.append(task.id),
+                task_timeouts=TaskTimeouts(no_start=timedelta(seconds=5)),
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await trio.sleep(100)
+                ids = await enqueue(queue, 2)
+                await wait_states(queue, ids, {TaskState.SUCCEEDED})
+                await worker.close()
+    assert sorted(seen) == sorted(ids)
